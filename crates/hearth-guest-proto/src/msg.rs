@@ -1,0 +1,359 @@
+//! The JSON messages carried in `Hello`, `Open`, `Ctl` and `Close` frames,
+//! and the binary layout of exec output in `Data` frames.
+
+use std::collections::BTreeMap;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+/// Protocol versions this build speaks, newest last.
+pub const SUPPORTED_VERSIONS: &[u16] = &[1];
+
+/// Host → guest, first frame on a fresh connection.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Hello {
+    pub versions: Vec<u16>,
+    /// Echoed in the ack so the host can tell a fresh ack from a stale one.
+    pub nonce: u64,
+}
+
+/// Guest → host answer to [`Hello`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HelloAck {
+    /// The version chosen, or `None` when no offered version is supported.
+    pub version: Option<u16>,
+    pub nonce: u64,
+    pub agent_version: String,
+}
+
+/// Picks the newest version both sides speak.
+pub fn negotiate(offered: &[u16]) -> Option<u16> {
+    SUPPORTED_VERSIONS
+        .iter()
+        .rev()
+        .find(|v| offered.contains(v))
+        .copied()
+}
+
+/// The operation a stream is opened for (payload of an `Open` frame).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Start a command, or attach to the running one with the same `command_id`.
+    Exec(ExecRequest),
+    /// Re-attach to an existing command and replay its output from the offsets.
+    Attach {
+        command_id: String,
+        stdout_offset: u64,
+        stderr_offset: u64,
+    },
+    /// Read a file; the guest answers `FileInfo` then `Data` frames then `Eof`.
+    ReadFile {
+        path: String,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        length: Option<u64>,
+    },
+    /// Create or replace a file with the `Data` the host sends until `Eof`.
+    WriteFile {
+        path: String,
+        #[serde(default)]
+        mode: Option<u32>,
+    },
+    Stat {
+        path: String,
+    },
+    List {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        #[serde(default)]
+        parents: bool,
+    },
+    Remove {
+        path: String,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Connect to a TCP port inside the guest; then `Data` flows both ways.
+    TcpDial {
+        port: u16,
+    },
+    Info,
+    /// Sync filesystems and power the guest off.
+    Shutdown,
+}
+
+/// How to start a command. Durations are in milliseconds; see field docs for
+/// the sentinel values, which follow LangSmith's API.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// A shell command line, run as `shell -c command`.
+    #[serde(default)]
+    pub command: String,
+    /// When set, run this argv directly, without a shell (`command` is ignored).
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    /// Default `/bin/bash`, falling back to `/bin/sh` when bash is absent.
+    #[serde(default)]
+    pub shell: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// User name or numeric uid; default root.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Kill the process group after this long; 0 = no deadline.
+    #[serde(default)]
+    pub timeout_ms: u64,
+    /// Kill when no client has been attached this long; negative = never.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_ms: i64,
+    /// Keep a finished command for reconnects this long; negative = forever.
+    #[serde(default = "default_ttl")]
+    pub ttl_ms: i64,
+    #[serde(default)]
+    pub kill_on_disconnect: bool,
+    /// Run under a pseudo-terminal of this size (stderr merges into stdout).
+    #[serde(default)]
+    pub pty: Option<PtySize>,
+    /// Client-chosen id; a second exec with the same id attaches instead.
+    #[serde(default)]
+    pub command_id: Option<String>,
+}
+
+fn default_idle_timeout() -> i64 {
+    300_000
+}
+fn default_ttl() -> i64 {
+    600_000
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// Control messages on an exec stream, host → guest.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecInput {
+    /// Send a signal to the process group (default SIGKILL).
+    Kill {
+        #[serde(default)]
+        signal: Option<i32>,
+    },
+    Resize(PtySize),
+    /// Close the command's stdin.
+    CloseStdin,
+}
+
+/// Control messages on an exec stream, guest → host.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    Started {
+        command_id: String,
+        pid: u32,
+    },
+    /// The command ended; `signal` is set when a signal ended it, and then
+    /// `exit_code` is 128 + signal, as a shell reports it.
+    Exit {
+        exit_code: i32,
+        #[serde(default)]
+        signal: Option<i32>,
+    },
+    Error {
+        error_type: ExecErrorType,
+        message: String,
+    },
+}
+
+/// LangSmith's exec error types.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ExecErrorType {
+    CommandTimeout,
+    CommandNotFound,
+    SessionExpired,
+    CommandError,
+}
+
+/// Which output of a command a chunk belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputChannel {
+    Stdout = 1,
+    Stderr = 2,
+}
+
+/// Exec output travels in `Data` frames as `[channel u8][offset u64 LE][bytes]`.
+pub const OUTPUT_HEADER_LEN: usize = 9;
+
+pub fn encode_output(channel: OutputChannel, offset: u64, data: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(OUTPUT_HEADER_LEN + data.len());
+    b.put_u8(channel as u8);
+    b.put_u64_le(offset);
+    b.extend_from_slice(data);
+    b.freeze()
+}
+
+/// Parses an exec output chunk; `None` when malformed.
+pub fn decode_output(payload: &Bytes) -> Option<(OutputChannel, u64, Bytes)> {
+    if payload.len() < OUTPUT_HEADER_LEN {
+        return None;
+    }
+    let channel = match payload[0] {
+        1 => OutputChannel::Stdout,
+        2 => OutputChannel::Stderr,
+        _ => return None,
+    };
+    let mut off = [0u8; 8];
+    off.copy_from_slice(&payload[1..9]);
+    Some((channel, u64::from_le_bytes(off), payload.slice(OUTPUT_HEADER_LEN..)))
+}
+
+/// Kinds of failure of a file or network operation.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OpErrorKind {
+    NotFound,
+    PermissionDenied,
+    IsADirectory,
+    NotADirectory,
+    AlreadyExists,
+    InvalidPath,
+    ConnectionRefused,
+    BadRequest,
+    Unsupported,
+    Io,
+}
+
+/// A failed operation, as sent in a `Ctl` or `Close` frame.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct OpError {
+    pub kind: OpErrorKind,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(kind: OpErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn from_io(e: &std::io::Error, what: &str) -> Self {
+        use std::io::ErrorKind as K;
+        let kind = match e.kind() {
+            K::NotFound => OpErrorKind::NotFound,
+            K::PermissionDenied => OpErrorKind::PermissionDenied,
+            K::AlreadyExists => OpErrorKind::AlreadyExists,
+            K::ConnectionRefused => OpErrorKind::ConnectionRefused,
+            K::IsADirectory => OpErrorKind::IsADirectory,
+            K::NotADirectory => OpErrorKind::NotADirectory,
+            K::InvalidInput | K::InvalidFilename => OpErrorKind::InvalidPath,
+            _ => OpErrorKind::Io,
+        };
+        Self::new(kind, format!("{what}: {e}"))
+    }
+}
+
+/// Replies on file, dial and info streams, guest → host.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    Ok,
+    /// First reply to `ReadFile`: the bytes that will follow.
+    FileInfo {
+        size: u64,
+        length: u64,
+    },
+    Written {
+        bytes: u64,
+    },
+    Stat(FileStat),
+    List {
+        entries: Vec<FileStat>,
+    },
+    Connected,
+    Info(GuestInfo),
+    Error(OpError),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileStat {
+    pub name: String,
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: i64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GuestInfo {
+    pub agent_version: String,
+    pub protocol_version: u16,
+    pub kernel_release: String,
+    pub hostname: String,
+    pub uptime_ms: u64,
+    pub mem_total_bytes: u64,
+    pub mem_available_bytes: u64,
+    pub cpus: u32,
+    pub running_commands: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_tagged_json() {
+        let r = Request::Exec(ExecRequest {
+            command: "echo hi".into(),
+            ..Default::default()
+        });
+        let s = serde_json::to_string(&r).unwrap();
+        assert!(s.starts_with(r#"{"op":"exec","command":"echo hi""#), "{s}");
+        let back: Request = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, r);
+        let exec: Request = serde_json::from_str(r#"{"op":"exec","command":"x"}"#).unwrap();
+        let Request::Exec(e) = exec else { panic!() };
+        assert_eq!(e.idle_timeout_ms, 300_000);
+        assert_eq!(e.ttl_ms, 600_000);
+        assert!(serde_json::from_str::<Request>(r#"{"op":"exec","bogus":1}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"format_disk"}"#).is_err());
+    }
+
+    #[test]
+    fn output_chunks_round_trip_and_reject_garbage() {
+        let b = encode_output(OutputChannel::Stderr, 1 << 40, b"abc");
+        let (c, off, data) = decode_output(&b).unwrap();
+        assert_eq!((c, off, &data[..]), (OutputChannel::Stderr, 1 << 40, &b"abc"[..]));
+        assert!(decode_output(&Bytes::from_static(&[1, 2, 3])).is_none());
+        assert!(decode_output(&Bytes::from_static(&[9; 12])).is_none());
+    }
+
+    #[test]
+    fn version_negotiation_picks_common_newest() {
+        assert_eq!(negotiate(&[1, 2, 3]), Some(1));
+        assert_eq!(negotiate(&[7]), None);
+        assert_eq!(negotiate(&[]), None);
+    }
+}

@@ -1,0 +1,754 @@
+//! Many logical streams over one held byte stream, with per-stream flow
+//! control. The same code runs on both ends: the host opens streams, the
+//! guest accepts them.
+//!
+//! Flow control: every stream starts with [`INITIAL_WINDOW`] bytes of send
+//! credit in each direction. `Open`, `Data` and `Ctl` frames spend credit;
+//! the receiver returns it with `Window` frames as its consumer reads. A peer
+//! that sends beyond the credit it was given, or grants absurd credit, is
+//! violating the protocol and the whole connection is torn down: on the host
+//! this is how a hostile guest is contained. Because a busy stream can only
+//! ever have one window of bytes in flight, a large download cannot starve a
+//! concurrent exec.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::frame::{Frame, FrameCodec, FrameError, FrameKind, MAX_PAYLOAD};
+use crate::msg::{negotiate, Hello, HelloAck, OpError};
+
+/// Send credit each stream starts with, in each direction.
+pub const INITIAL_WINDOW: u32 = 1024 * 1024;
+/// The receiver returns credit once this much has been consumed.
+const WINDOW_UPDATE_THRESHOLD: u32 = INITIAL_WINDOW / 4;
+/// More outstanding credit than this on one stream is a protocol violation.
+const MAX_CREDIT: usize = 16 * INITIAL_WINDOW as usize;
+
+/// Which end of the held stream this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Host,
+    Guest,
+}
+
+/// The connection failed; every stream on it is gone.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum MuxError {
+    #[error("guest channel closed: {reason}")]
+    Closed { reason: String },
+    #[error("stream {stream} was closed")]
+    StreamClosed { stream: u32 },
+    #[error("message does not fit in one frame ({len} bytes)")]
+    TooLarge { len: usize },
+}
+
+/// The handshake did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("peer closed the channel during the handshake")]
+    Eof,
+    #[error("no handshake answer within {0:?}")]
+    Timeout(Duration),
+    #[error("peer speaks none of our protocol versions")]
+    NoCommonVersion,
+    #[error("bad handshake frame: {0}")]
+    Protocol(String),
+}
+
+/// What a stream receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    Data(Bytes),
+    /// A JSON control message; parse it with `serde_json::from_slice`.
+    Ctl(Bytes),
+    /// The peer sends no more data.
+    Eof,
+    /// The stream ended; carries the peer's error, or the connection's.
+    Close(Option<OpError>),
+}
+
+struct Slot {
+    tx: mpsc::UnboundedSender<Incoming>,
+    credit: Arc<Semaphore>,
+    /// Bytes the peer may still send us on this stream.
+    recv_allowed: u64,
+}
+
+#[derive(Default)]
+struct State {
+    streams: HashMap<u32, Slot>,
+    pings: HashMap<u64, oneshot::Sender<()>>,
+    closed: Option<String>,
+}
+
+struct Inner {
+    role: Role,
+    out: mpsc::UnboundedSender<Frame>,
+    state: Mutex<State>,
+    next_id: AtomicU32,
+    next_ping: AtomicU64,
+    closed_tx: watch::Sender<Option<String>>,
+    accept_tx: Option<mpsc::UnboundedSender<(Stream, Bytes)>>,
+}
+
+/// A handle on a multiplexed connection. Cheap to clone.
+#[derive(Clone)]
+pub struct Mux {
+    inner: Arc<Inner>,
+}
+
+/// New streams opened by the peer (guest side only).
+pub type Acceptor = mpsc::UnboundedReceiver<(Stream, Bytes)>;
+
+impl Mux {
+    /// Starts the reader and writer tasks on the current tokio runtime.
+    /// The guest side also gets the streams the host opens.
+    pub fn start<R, W>(
+        role: Role,
+        reader: FramedRead<R, FrameCodec>,
+        writer: FramedWrite<W, FrameCodec>,
+    ) -> (Mux, Option<Acceptor>)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (out, out_rx) = mpsc::unbounded_channel();
+        let (accept_tx, accept_rx) = match role {
+            Role::Guest => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                (Some(tx), Some(rx))
+            }
+            Role::Host => (None, None),
+        };
+        let (closed_tx, _) = watch::channel(None);
+        let inner = Arc::new(Inner {
+            role,
+            out,
+            state: Mutex::new(State::default()),
+            next_id: AtomicU32::new(1),
+            next_ping: AtomicU64::new(1),
+            closed_tx,
+            accept_tx,
+        });
+        tokio::spawn(write_loop(inner.clone(), writer, out_rx));
+        tokio::spawn(read_loop(inner.clone(), reader));
+        (Mux { inner }, accept_rx)
+    }
+
+    /// Opens a stream for `request` (host side).
+    pub async fn open<T: Serialize>(&self, request: &T) -> Result<Stream, MuxError> {
+        let payload = Bytes::from(serde_json::to_vec(request).unwrap_or_default());
+        if payload.len() > MAX_PAYLOAD {
+            return Err(MuxError::TooLarge { len: payload.len() });
+        }
+        // Host streams are odd, so they can never collide with a guest id.
+        let id = self.inner.next_id.fetch_add(2, Ordering::Relaxed);
+        let stream = self.inner.register(id)?;
+        let frame = Frame::new(FrameKind::Open, id, payload);
+        stream.sender.spend(frame.flow_cost()).await?;
+        self.inner.send(frame)?;
+        Ok(stream)
+    }
+
+    /// Round trip of a `Ping` through the peer's reader loop.
+    pub async fn ping(&self) -> Result<(), MuxError> {
+        let token = self.inner.next_ping.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = self.inner.lock();
+            if let Some(reason) = &st.closed {
+                return Err(MuxError::Closed {
+                    reason: reason.clone(),
+                });
+            }
+            st.pings.insert(token, tx);
+        }
+        self.inner.send(Frame::new(
+            FrameKind::Ping,
+            0,
+            token.to_le_bytes().to_vec(),
+        ))?;
+        rx.await.map_err(|_| self.inner.closed_error())
+    }
+
+    /// Resolves when the connection is gone, with the reason.
+    pub async fn closed(&self) -> String {
+        let mut rx = self.inner.closed_tx.subscribe();
+        loop {
+            if let Some(reason) = rx.borrow_and_update().clone() {
+                return reason;
+            }
+            if rx.changed().await.is_err() {
+                return "mux dropped".into();
+            }
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.inner.lock().closed.is_some()
+    }
+
+    /// Tears the connection down (both tasks stop, every stream is closed).
+    pub fn shutdown(&self, reason: &str) {
+        self.inner.fail(reason.to_owned());
+    }
+
+    /// Number of open streams (for health and tests).
+    pub fn stream_count(&self) -> usize {
+        self.inner.lock().streams.len()
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State inconsistent in a
+        // way that matters more than losing the connection; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn closed_error(&self) -> MuxError {
+        MuxError::Closed {
+            reason: self
+                .lock()
+                .closed
+                .clone()
+                .unwrap_or_else(|| "closed".into()),
+        }
+    }
+
+    fn send(&self, frame: Frame) -> Result<(), MuxError> {
+        self.out.send(frame).map_err(|_| self.closed_error())
+    }
+
+    fn register(self: &Arc<Self>, id: u32) -> Result<Stream, MuxError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let credit = Arc::new(Semaphore::new(INITIAL_WINDOW as usize));
+        let mut st = self.lock();
+        if let Some(reason) = &st.closed {
+            return Err(MuxError::Closed {
+                reason: reason.clone(),
+            });
+        }
+        st.streams.insert(
+            id,
+            Slot {
+                tx,
+                credit: credit.clone(),
+                recv_allowed: INITIAL_WINDOW as u64,
+            },
+        );
+        drop(st);
+        let guard = Arc::new(CloseGuard {
+            id,
+            inner: self.clone(),
+        });
+        Ok(Stream {
+            sender: StreamSender {
+                id,
+                credit,
+                guard: guard.clone(),
+            },
+            receiver: StreamReceiver {
+                id,
+                rx,
+                consumed: 0,
+                done: false,
+                guard,
+            },
+        })
+    }
+
+    /// Ends the connection: every stream sees `Close`, every waiter wakes.
+    fn fail(&self, reason: String) {
+        let mut st = self.lock();
+        if st.closed.is_some() {
+            return;
+        }
+        tracing::debug!(role = ?self.role, %reason, "held stream closed");
+        st.closed = Some(reason.clone());
+        for (_, slot) in st.streams.drain() {
+            slot.credit.close();
+            let _ = slot.tx.send(Incoming::Close(Some(OpError::new(
+                crate::msg::OpErrorKind::Io,
+                format!("guest channel closed: {reason}"),
+            ))));
+        }
+        st.pings.clear();
+        drop(st);
+        self.closed_tx.send_replace(Some(reason));
+    }
+
+    /// Handles one frame from the peer. An `Err` is a protocol violation.
+    fn dispatch(self: &Arc<Self>, frame: Frame) -> Result<(), String> {
+        let cost = frame.flow_cost() as u64;
+        match frame.kind {
+            FrameKind::Hello => {
+                if self.role == Role::Guest {
+                    // The host re-sent its hello (it may not have seen our ack).
+                    let hello: Hello = serde_json::from_slice(&frame.payload)
+                        .map_err(|e| format!("bad hello: {e}"))?;
+                    let _ = self.out.send(hello_ack_frame(&hello));
+                    Ok(())
+                } else {
+                    Err("the guest may not send hello".into())
+                }
+            }
+            FrameKind::HelloAck => Ok(()), // a late duplicate; harmless
+            FrameKind::Ping => {
+                let _ = self.out.send(Frame::new(FrameKind::Pong, 0, frame.payload));
+                Ok(())
+            }
+            FrameKind::Pong => {
+                let mut token = [0u8; 8];
+                token.copy_from_slice(&frame.payload[..8]);
+                if let Some(tx) = self.lock().pings.remove(&u64::from_le_bytes(token)) {
+                    let _ = tx.send(());
+                }
+                Ok(())
+            }
+            FrameKind::Open => {
+                let Some(accept) = &self.accept_tx else {
+                    return Err("the guest may not open streams".into());
+                };
+                if self.lock().streams.contains_key(&frame.stream) {
+                    return Err(format!("stream {} opened twice", frame.stream));
+                }
+                let stream = self.register(frame.stream).map_err(|e| e.to_string())?;
+                if let Some(slot) = self.lock().streams.get_mut(&frame.stream) {
+                    slot.recv_allowed = slot.recv_allowed.saturating_sub(cost);
+                }
+                let _ = accept.send((stream, frame.payload));
+                Ok(())
+            }
+            FrameKind::Data | FrameKind::Ctl | FrameKind::Eof | FrameKind::Close => {
+                let mut st = self.lock();
+                let Some(slot) = st.streams.get_mut(&frame.stream) else {
+                    // Frames in flight for a stream we already closed.
+                    return Ok(());
+                };
+                if cost > slot.recv_allowed {
+                    return Err(format!(
+                        "stream {} sent {cost} bytes with only {} bytes of credit",
+                        frame.stream, slot.recv_allowed
+                    ));
+                }
+                slot.recv_allowed -= cost;
+                let msg = match frame.kind {
+                    FrameKind::Data => Incoming::Data(frame.payload),
+                    FrameKind::Ctl => Incoming::Ctl(frame.payload),
+                    FrameKind::Eof => Incoming::Eof,
+                    _ => {
+                        let reason = if frame.payload.is_empty() {
+                            None
+                        } else {
+                            Some(serde_json::from_slice::<OpError>(&frame.payload).unwrap_or_else(
+                                |_| OpError::new(crate::msg::OpErrorKind::Io, "stream reset by peer"),
+                            ))
+                        };
+                        if let Some(slot) = st.streams.remove(&frame.stream) {
+                            slot.credit.close();
+                            let _ = slot.tx.send(Incoming::Close(reason));
+                        }
+                        return Ok(());
+                    }
+                };
+                let _ = slot.tx.send(msg);
+                Ok(())
+            }
+            FrameKind::Window => {
+                let credit = frame.window_credit() as usize;
+                let st = self.lock();
+                if let Some(slot) = st.streams.get(&frame.stream) {
+                    if slot.credit.available_permits() + credit > MAX_CREDIT {
+                        return Err(format!("stream {} granted excessive credit", frame.stream));
+                    }
+                    slot.credit.add_permits(credit);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The consumer of a stream has read `n` bytes: let the peer send more.
+    fn return_credit(&self, id: u32, n: u32) {
+        let mut st = self.lock();
+        if let Some(slot) = st.streams.get_mut(&id) {
+            slot.recv_allowed += n as u64;
+            drop(st);
+            let _ = self.out.send(Frame::window(id, n));
+        }
+    }
+
+    fn close_stream(&self, id: u32, reason: Option<&OpError>) {
+        let mut st = self.lock();
+        if let Some(slot) = st.streams.remove(&id) {
+            slot.credit.close();
+            drop(st);
+            let payload = reason
+                .map(|r| serde_json::to_vec(r).unwrap_or_default())
+                .unwrap_or_default();
+            let _ = self.out.send(Frame::new(FrameKind::Close, id, payload));
+        }
+    }
+}
+
+fn hello_ack_frame(hello: &Hello) -> Frame {
+    let ack = HelloAck {
+        version: negotiate(&hello.versions),
+        nonce: hello.nonce,
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    Frame::new(
+        FrameKind::HelloAck,
+        0,
+        serde_json::to_vec(&ack).unwrap_or_default(),
+    )
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    inner: Arc<Inner>,
+    mut writer: FramedWrite<W, FrameCodec>,
+    mut rx: mpsc::UnboundedReceiver<Frame>,
+) {
+    let mut closed = inner.closed_tx.subscribe();
+    loop {
+        let frame = tokio::select! {
+            f = rx.recv() => f,
+            _ = closed.changed() => None,
+        };
+        let Some(frame) = frame else { break };
+        if let Err(e) = writer.feed(frame).await {
+            inner.fail(format!("write: {e}"));
+            break;
+        }
+        // Batch whatever else is queued into one flush.
+        while let Ok(frame) = rx.try_recv() {
+            if let Err(e) = writer.feed(frame).await {
+                inner.fail(format!("write: {e}"));
+                return;
+            }
+        }
+        if let Err(e) = writer.flush().await {
+            inner.fail(format!("write: {e}"));
+            break;
+        }
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(inner: Arc<Inner>, mut reader: FramedRead<R, FrameCodec>) {
+    let mut closed = inner.closed_tx.subscribe();
+    let reason = loop {
+        let next = tokio::select! {
+            n = reader.next() => n,
+            _ = closed.changed() => return,
+        };
+        match next {
+            None => break "peer closed the channel".to_owned(),
+            Some(Err(e)) => break format!("protocol error: {e}"),
+            Some(Ok(frame)) => {
+                if let Err(violation) = inner.dispatch(frame) {
+                    break format!("protocol violation: {violation}");
+                }
+            }
+        }
+    };
+    if inner.role == Role::Host {
+        tracing::warn!(%reason, "guest channel lost");
+    }
+    inner.fail(reason);
+}
+
+/// Sends `Close` for a stream once both of its halves are dropped.
+struct CloseGuard {
+    id: u32,
+    inner: Arc<Inner>,
+}
+
+impl Drop for CloseGuard {
+    fn drop(&mut self) {
+        self.inner.close_stream(self.id, None);
+    }
+}
+
+/// One logical stream; split it to read and write from different tasks.
+pub struct Stream {
+    pub sender: StreamSender,
+    pub receiver: StreamReceiver,
+}
+
+impl Stream {
+    pub fn id(&self) -> u32 {
+        self.sender.id
+    }
+    pub fn split(self) -> (StreamSender, StreamReceiver) {
+        (self.sender, self.receiver)
+    }
+    pub async fn recv(&mut self) -> Option<Incoming> {
+        self.receiver.recv().await
+    }
+    pub async fn recv_ctl<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, RecvError> {
+        self.receiver.recv_ctl().await
+    }
+    pub async fn send_data(&self, data: Bytes) -> Result<(), MuxError> {
+        self.sender.send_data(data).await
+    }
+    pub async fn send_ctl<T: Serialize>(&self, msg: &T) -> Result<(), MuxError> {
+        self.sender.send_ctl(msg).await
+    }
+    pub fn send_eof(&self) -> Result<(), MuxError> {
+        self.sender.send_eof()
+    }
+}
+
+/// The writing half of a stream. Cloneable.
+#[derive(Clone)]
+pub struct StreamSender {
+    id: u32,
+    credit: Arc<Semaphore>,
+    guard: Arc<CloseGuard>,
+}
+
+impl StreamSender {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    async fn spend(&self, n: u32) -> Result<(), MuxError> {
+        match self.credit.acquire_many(n).await {
+            Ok(permit) => {
+                permit.forget();
+                Ok(())
+            }
+            Err(_) => Err(self.stream_gone()),
+        }
+    }
+
+    fn stream_gone(&self) -> MuxError {
+        let st = self.guard.inner.lock();
+        match &st.closed {
+            Some(reason) => MuxError::Closed {
+                reason: reason.clone(),
+            },
+            None => MuxError::StreamClosed { stream: self.id },
+        }
+    }
+
+    /// Sends bytes, waiting for credit; large buffers go out in several frames.
+    pub async fn send_data(&self, mut data: Bytes) -> Result<(), MuxError> {
+        while !data.is_empty() {
+            let chunk = data.split_to(data.len().min(MAX_PAYLOAD));
+            self.send_frame(FrameKind::Data, chunk).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one already-framed chunk (at most [`MAX_PAYLOAD`] bytes) as `Data`.
+    pub async fn send_chunk(&self, chunk: Bytes) -> Result<(), MuxError> {
+        if chunk.len() > MAX_PAYLOAD {
+            return Err(MuxError::TooLarge { len: chunk.len() });
+        }
+        self.send_frame(FrameKind::Data, chunk).await
+    }
+
+    pub async fn send_ctl<T: Serialize>(&self, msg: &T) -> Result<(), MuxError> {
+        let payload = Bytes::from(serde_json::to_vec(msg).unwrap_or_default());
+        if payload.len() > MAX_PAYLOAD {
+            return Err(MuxError::TooLarge { len: payload.len() });
+        }
+        self.send_frame(FrameKind::Ctl, payload).await
+    }
+
+    async fn send_frame(&self, kind: FrameKind, payload: Bytes) -> Result<(), MuxError> {
+        let frame = Frame::new(kind, self.id, payload);
+        self.spend(frame.flow_cost()).await?;
+        if self.credit.is_closed() {
+            return Err(self.stream_gone());
+        }
+        self.guard.inner.send(frame)
+    }
+
+    pub fn send_eof(&self) -> Result<(), MuxError> {
+        if self.credit.is_closed() {
+            return Err(self.stream_gone());
+        }
+        self.guard
+            .inner
+            .send(Frame::new(FrameKind::Eof, self.id, Bytes::new()))
+    }
+
+    /// Ends the stream now, telling the peer why.
+    pub fn close(&self, reason: Option<&OpError>) {
+        self.guard.inner.close_stream(self.id, reason);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.credit.is_closed()
+    }
+}
+
+/// A stream message could not be received as the expected control message.
+#[derive(Debug, thiserror::Error)]
+pub enum RecvError {
+    #[error("stream ended")]
+    Ended(Option<OpError>),
+    #[error("unexpected message on stream: {0}")]
+    Unexpected(String),
+}
+
+/// The reading half of a stream.
+pub struct StreamReceiver {
+    id: u32,
+    rx: mpsc::UnboundedReceiver<Incoming>,
+    consumed: u32,
+    done: bool,
+    guard: Arc<CloseGuard>,
+}
+
+impl StreamReceiver {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The next message; `None` after `Close` was delivered.
+    pub async fn recv(&mut self) -> Option<Incoming> {
+        if self.done {
+            return None;
+        }
+        let msg = self.rx.recv().await;
+        match &msg {
+            Some(Incoming::Data(b)) | Some(Incoming::Ctl(b)) => {
+                self.consumed += (b.len() as u32).max(1);
+                if self.consumed >= WINDOW_UPDATE_THRESHOLD {
+                    self.guard.inner.return_credit(self.id, self.consumed);
+                    self.consumed = 0;
+                }
+            }
+            Some(Incoming::Close(_)) | None => self.done = true,
+            Some(Incoming::Eof) => {}
+        }
+        msg
+    }
+
+    /// Receives the next message and parses it as a control message.
+    pub async fn recv_ctl<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, RecvError> {
+        match self.recv().await {
+            Some(Incoming::Ctl(b)) => {
+                serde_json::from_slice(&b).map_err(|e| RecvError::Unexpected(e.to_string()))
+            }
+            Some(Incoming::Close(reason)) => Err(RecvError::Ended(reason)),
+            None => Err(RecvError::Ended(None)),
+            Some(other) => Err(RecvError::Unexpected(format!("{other:?}"))),
+        }
+    }
+}
+
+/// Host side of the handshake: offers our versions until the guest answers.
+/// Frames other than the ack are ignored; undecodable bytes fail it.
+pub async fn host_handshake<R, W>(
+    reader: &mut FramedRead<R, FrameCodec>,
+    writer: &mut FramedWrite<W, FrameCodec>,
+    deadline: Duration,
+) -> Result<HelloAck, HandshakeError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let nonce = rand_nonce();
+    let hello = Hello {
+        versions: crate::msg::SUPPORTED_VERSIONS.to_vec(),
+        nonce,
+    };
+    let payload = serde_json::to_vec(&hello).unwrap_or_default();
+    let give_up = tokio::time::Instant::now() + deadline;
+    loop {
+        writer
+            .send(Frame::new(FrameKind::Hello, 0, payload.clone()))
+            .await
+            .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
+        let resend = tokio::time::Instant::now() + Duration::from_millis(500);
+        loop {
+            let wait_until = resend.min(give_up);
+            match tokio::time::timeout_at(wait_until, reader.next()).await {
+                Err(_) if wait_until == give_up => return Err(HandshakeError::Timeout(deadline)),
+                Err(_) => break,
+                Ok(None) => return Err(HandshakeError::Eof),
+                Ok(Some(Err(FrameError::Io(e)))) => return Err(HandshakeError::Protocol(e)),
+                Ok(Some(Err(e))) => return Err(HandshakeError::Protocol(e.to_string())),
+                Ok(Some(Ok(f))) if f.kind == FrameKind::HelloAck => {
+                    let ack: HelloAck = serde_json::from_slice(&f.payload)
+                        .map_err(|e| HandshakeError::Protocol(format!("bad hello ack: {e}")))?;
+                    if ack.nonce != nonce {
+                        continue;
+                    }
+                    return match ack.version {
+                        Some(_) => Ok(ack),
+                        None => Err(HandshakeError::NoCommonVersion),
+                    };
+                }
+                Ok(Some(Ok(_))) => continue,
+            }
+        }
+    }
+}
+
+/// Guest side of the handshake: waits for a hello and answers it. Bytes that
+/// do not decode are skipped one at a time, so a guest whose host reconnected
+/// mid-frame finds the next hello.
+pub async fn guest_handshake<R, W>(
+    reader: &mut FramedRead<R, FrameCodec>,
+    writer: &mut FramedWrite<W, FrameCodec>,
+) -> Result<u16, HandshakeError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        match reader.next().await {
+            None => return Err(HandshakeError::Eof),
+            Some(Err(FrameError::Io(e))) => return Err(HandshakeError::Protocol(e)),
+            Some(Err(_)) => {
+                use bytes::Buf;
+                let buf = reader.read_buffer_mut();
+                if !buf.is_empty() {
+                    buf.advance(1);
+                }
+            }
+            Some(Ok(f)) if f.kind == FrameKind::Hello => {
+                let Ok(hello) = serde_json::from_slice::<Hello>(&f.payload) else {
+                    continue;
+                };
+                let frame = hello_ack_frame(&hello);
+                writer
+                    .send(frame)
+                    .await
+                    .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
+                match negotiate(&hello.versions) {
+                    Some(v) => return Ok(v),
+                    None => continue,
+                }
+            }
+            Some(Ok(_)) => continue,
+        }
+    }
+}
+
+fn rand_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.finish()
+}
