@@ -99,7 +99,9 @@ impl Frame {
     /// with free frames.
     pub fn flow_cost(&self) -> u32 {
         match self.kind {
-            FrameKind::Data | FrameKind::Ctl | FrameKind::Open => (self.payload.len() as u32).max(1),
+            FrameKind::Data | FrameKind::Ctl | FrameKind::Open => {
+                (self.payload.len() as u32).max(1)
+            }
             _ => 0,
         }
     }
@@ -111,7 +113,11 @@ pub enum FrameError {
     #[error("unknown frame kind {kind:#04x}")]
     UnknownKind { kind: u8 },
     #[error("frame of kind {kind:?} announces {len} bytes, more than the limit of {max}")]
-    TooLong { kind: FrameKind, len: u32, max: usize },
+    TooLong {
+        kind: FrameKind,
+        len: u32,
+        max: usize,
+    },
     #[error("frame of kind {kind:?} has a {len}-byte payload, expected {expected}")]
     BadLength {
         kind: FrameKind,
@@ -141,7 +147,8 @@ impl Decoder for FrameCodec {
             return Ok(None);
         }
         let kind_byte = src[0];
-        let kind = FrameKind::from_u8(kind_byte).ok_or(FrameError::UnknownKind { kind: kind_byte })?;
+        let kind =
+            FrameKind::from_u8(kind_byte).ok_or(FrameError::UnknownKind { kind: kind_byte })?;
         let stream = u32::from_le_bytes([src[1], src[2], src[3], src[4]]);
         let len = u32::from_le_bytes([src[5], src[6], src[7], src[8]]);
         if len as usize > MAX_PAYLOAD {

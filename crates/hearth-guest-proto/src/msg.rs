@@ -214,7 +214,11 @@ pub fn decode_output(payload: &Bytes) -> Option<(OutputChannel, u64, Bytes)> {
     };
     let mut off = [0u8; 8];
     off.copy_from_slice(&payload[1..9]);
-    Some((channel, u64::from_le_bytes(off), payload.slice(OUTPUT_HEADER_LEN..)))
+    Some((
+        channel,
+        u64::from_le_bytes(off),
+        payload.slice(OUTPUT_HEADER_LEN..),
+    ))
 }
 
 /// Kinds of failure of a file or network operation.
@@ -345,7 +349,10 @@ mod tests {
     fn output_chunks_round_trip_and_reject_garbage() {
         let b = encode_output(OutputChannel::Stderr, 1 << 40, b"abc");
         let (c, off, data) = decode_output(&b).unwrap();
-        assert_eq!((c, off, &data[..]), (OutputChannel::Stderr, 1 << 40, &b"abc"[..]));
+        assert_eq!(
+            (c, off, &data[..]),
+            (OutputChannel::Stderr, 1 << 40, &b"abc"[..])
+        );
         assert!(decode_output(&Bytes::from_static(&[1, 2, 3])).is_none());
         assert!(decode_output(&Bytes::from_static(&[9; 12])).is_none());
     }

@@ -172,11 +172,8 @@ impl Mux {
             }
             st.pings.insert(token, tx);
         }
-        self.inner.send(Frame::new(
-            FrameKind::Ping,
-            0,
-            token.to_le_bytes().to_vec(),
-        ))?;
+        self.inner
+            .send(Frame::new(FrameKind::Ping, 0, token.to_le_bytes().to_vec()))?;
         rx.await.map_err(|_| self.inner.closed_error())
     }
 
@@ -350,9 +347,16 @@ impl Inner {
                         let reason = if frame.payload.is_empty() {
                             None
                         } else {
-                            Some(serde_json::from_slice::<OpError>(&frame.payload).unwrap_or_else(
-                                |_| OpError::new(crate::msg::OpErrorKind::Io, "stream reset by peer"),
-                            ))
+                            Some(
+                                serde_json::from_slice::<OpError>(&frame.payload).unwrap_or_else(
+                                    |_| {
+                                        OpError::new(
+                                            crate::msg::OpErrorKind::Io,
+                                            "stream reset by peer",
+                                        )
+                                    },
+                                ),
+                            )
                         };
                         if let Some(slot) = st.streams.remove(&frame.stream) {
                             slot.credit.close();

@@ -20,7 +20,9 @@ async fn pair() -> (Mux, Acceptor) {
     });
     let mut r = FramedRead::new(hr, FrameCodec);
     let mut w = FramedWrite::new(hw, FrameCodec);
-    let ack = host_handshake(&mut r, &mut w, Duration::from_secs(5)).await.unwrap();
+    let ack = host_handshake(&mut r, &mut w, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert_eq!(ack.version, Some(1));
     let (host, _) = Mux::start(Role::Host, r, w);
     let (_g, accept) = guest.await.unwrap();
@@ -39,7 +41,8 @@ fn serve(mut accept: Acceptor, n: usize) {
                         let mut sent = 0;
                         while sent < n {
                             let len = (n - sent).min(64 * 1024);
-                            let chunk: Vec<u8> = (sent..sent + len).map(|i| (i % 251) as u8).collect();
+                            let chunk: Vec<u8> =
+                                (sent..sent + len).map(|i| (i % 251) as u8).collect();
                             stream.send_data(Bytes::from(chunk)).await.unwrap();
                             sent += len;
                         }
@@ -106,7 +109,11 @@ async fn slow_bulk_reader_does_not_stall_other_streams() {
 async fn host_against_raw(bytes: Vec<u8>) -> (Mux, DuplexStream) {
     let (host_io, mut guest_io) = tokio::io::duplex(1024 * 1024);
     let (hr, hw) = tokio::io::split(host_io);
-    let (host, _) = Mux::start(Role::Host, FramedRead::new(hr, FrameCodec), FramedWrite::new(hw, FrameCodec));
+    let (host, _) = Mux::start(
+        Role::Host,
+        FramedRead::new(hr, FrameCodec),
+        FramedWrite::new(hw, FrameCodec),
+    );
     guest_io.write_all(&bytes).await.unwrap();
     (host, guest_io)
 }
@@ -114,9 +121,14 @@ async fn host_against_raw(bytes: Vec<u8>) -> (Mux, DuplexStream) {
 #[tokio::test]
 async fn garbage_from_guest_closes_the_channel_without_panic() {
     let (host, _io) = host_against_raw(vec![0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0, 0, 1, 2, 3]).await;
-    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed())
+        .await
+        .unwrap();
     assert!(reason.contains("unknown frame kind"), "{reason}");
-    assert!(matches!(host.open(&Request::Info).await, Err(MuxError::Closed { .. })));
+    assert!(matches!(
+        host.open(&Request::Info).await,
+        Err(MuxError::Closed { .. })
+    ));
 }
 
 #[tokio::test]
@@ -126,7 +138,9 @@ async fn truncated_frame_then_eof_closes_the_channel() {
     let (host, io) = host_against_raw(bytes).await;
     let mut s = host.open(&Request::Info).await.unwrap();
     drop(io);
-    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed())
+        .await
+        .unwrap();
     assert!(!reason.is_empty());
     assert!(matches!(s.recv().await, Some(Incoming::Close(Some(_)))));
 }
@@ -141,26 +155,38 @@ async fn guest_exceeding_its_window_is_cut_off() {
         tokio_util::codec::Encoder::encode(&mut FrameCodec, frame.clone(), &mut codec_buf).unwrap();
     }
     io.write_all(&codec_buf).await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed())
+        .await
+        .unwrap();
     assert!(reason.contains("credit"), "{reason}");
 }
 
 #[tokio::test]
 async fn guest_may_not_open_streams_or_grant_absurd_credit() {
     let mut buf = bytes::BytesMut::new();
-    tokio_util::codec::Encoder::encode(&mut FrameCodec, Frame::new(FrameKind::Open, 2, &b"{}"[..]), &mut buf).unwrap();
+    tokio_util::codec::Encoder::encode(
+        &mut FrameCodec,
+        Frame::new(FrameKind::Open, 2, &b"{}"[..]),
+        &mut buf,
+    )
+    .unwrap();
     let (host, _io) = host_against_raw(buf.to_vec()).await;
-    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed())
+        .await
+        .unwrap();
     assert!(reason.contains("may not open"), "{reason}");
 
     let (host, mut io) = host_against_raw(Vec::new()).await;
     let _s = host.open(&Request::Info).await.unwrap();
     let mut buf = bytes::BytesMut::new();
     for _ in 0..20 {
-        tokio_util::codec::Encoder::encode(&mut FrameCodec, Frame::window(1, u32::MAX), &mut buf).unwrap();
+        tokio_util::codec::Encoder::encode(&mut FrameCodec, Frame::window(1, u32::MAX), &mut buf)
+            .unwrap();
     }
     io.write_all(&buf).await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), host.closed())
+        .await
+        .unwrap();
     assert!(reason.contains("excessive credit"), "{reason}");
 }
 

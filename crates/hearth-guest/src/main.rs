@@ -1,1 +1,194 @@
-fn main() { println!("{:?}", std::env::args().collect::<Vec<_>>()); let t = std::thread::spawn(|| 1); println!("{}", t.join().unwrap()); }
+//! `hearth-guest`: PID 1 of every Hearth microVM.
+//!
+//! Boots the guest (pseudo filesystems, virtio modules, root disk,
+//! switch_root), reaps zombies, and serves the host agent over one
+//! virtio-serial port (`hearth.agent`) with the protocol of
+//! `hearth-guest-proto`: exec sessions, files, TCP dial, info, shutdown.
+//! It runs unprivileged toward the host: it can only answer requests.
+
+mod exec;
+mod files;
+mod init;
+mod net;
+mod reaper;
+mod sys;
+mod users;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hearth_guest_proto::{
+    guest_handshake, FrameCodec, GuestInfo, Mux, Reply, Request, Role, Stream, SUPPORTED_VERSIONS,
+};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+const PORT_NAME: &str = "hearth.agent";
+
+fn main() {
+    let pid1 = std::process::id() == 1;
+    if pid1 {
+        if let Err(e) = init::boot() {
+            eprintln!("hearth-guest: boot failed: {e}");
+            sys::power_off();
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hearth-guest: runtime: {e}");
+            if pid1 {
+                sys::power_off();
+            }
+            std::process::exit(1);
+        }
+    };
+    rt.block_on(async {
+        reaper::start();
+        let port = std::env::args().nth(1).map(PathBuf::from);
+        serve(port).await;
+    });
+}
+
+/// Finds `/dev/vportNpM` whose sysfs name is ours.
+fn find_port() -> Option<PathBuf> {
+    let dir = std::fs::read_dir("/sys/class/virtio-ports").ok()?;
+    for e in dir.flatten() {
+        let name = std::fs::read_to_string(e.path().join("name")).unwrap_or_default();
+        if name.trim() == PORT_NAME {
+            return Some(PathBuf::from("/dev").join(e.file_name()));
+        }
+    }
+    None
+}
+
+async fn open_port(explicit: Option<PathBuf>) -> sys::SharedFd {
+    loop {
+        let path = explicit.clone().or_else(find_port);
+        if let Some(path) = path {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+            {
+                Ok(f) => match sys::FdIo::new(f.into()) {
+                    Ok(io) => return sys::SharedFd(Arc::new(io)),
+                    Err(e) => eprintln!("hearth-guest: {}: {e}", path.display()),
+                },
+                Err(e) => eprintln!("hearth-guest: open {}: {e}", path.display()),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Serves the host forever. The port is opened once (a second open fails
+/// with EBUSY); if the host side goes away, we wait for its next hello.
+async fn serve(port: Option<PathBuf>) {
+    let io = open_port(port).await;
+    loop {
+        let mut reader = FramedRead::new(io.clone(), FrameCodec);
+        let mut writer = FramedWrite::new(io.clone(), FrameCodec);
+        let version = match guest_handshake(&mut reader, &mut writer).await {
+            Ok(v) => v,
+            Err(_) => {
+                // Host not connected (reads return EOF): poll gently.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (mux, accept) = Mux::start(Role::Guest, reader, writer);
+        let Some(mut accept) = accept else { return };
+        loop {
+            tokio::select! {
+                next = accept.recv() => match next {
+                    Some((stream, payload)) => {
+                        tokio::spawn(handle(stream, payload, version));
+                    }
+                    None => break,
+                },
+                _ = mux.closed() => break,
+            }
+        }
+        mux.shutdown("host went away");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
+    let req = match serde_json::from_slice::<Request>(&payload) {
+        Ok(r) => r,
+        Err(e) => {
+            let err = hearth_guest_proto::OpError::new(
+                hearth_guest_proto::OpErrorKind::BadRequest,
+                format!("bad request: {e}"),
+            );
+            let _ = stream.send_ctl(&Reply::Error(err)).await;
+            return;
+        }
+    };
+    match req {
+        Request::Exec(e) => exec::handle_exec(stream, e).await,
+        Request::Attach {
+            command_id,
+            stdout_offset,
+            stderr_offset,
+        } => exec::handle_attach(stream, command_id, stdout_offset, stderr_offset).await,
+        Request::ReadFile {
+            path,
+            offset,
+            length,
+        } => files::read_file(stream, path, offset, length).await,
+        Request::WriteFile { path, mode } => files::write_file(stream, path, mode).await,
+        Request::Stat { path } => files::stat(stream, path).await,
+        Request::List { path } => files::list(stream, path).await,
+        Request::Mkdir { path, parents } => files::mkdir(stream, path, parents).await,
+        Request::Remove { path, recursive } => files::remove(stream, path, recursive).await,
+        Request::TcpDial { port } => net::dial(stream, port).await,
+        Request::Info => {
+            let _ = stream.send_ctl(&Reply::Info(info(version))).await;
+        }
+        Request::Shutdown => {
+            sys::sync();
+            let _ = stream.send_ctl(&Reply::Ok).await;
+            if std::process::id() == 1 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                sys::power_off();
+            }
+        }
+    }
+}
+
+fn meminfo_kib(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn info(version: u16) -> GuestInfo {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let mem = read("/proc/meminfo");
+    let uptime_s: f64 = read("/proc/uptime")
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    GuestInfo {
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+        protocol_version: version.min(*SUPPORTED_VERSIONS.last().unwrap_or(&1)),
+        kernel_release: read("/proc/sys/kernel/osrelease").trim().into(),
+        hostname: read("/proc/sys/kernel/hostname").trim().into(),
+        uptime_ms: (uptime_s * 1000.0) as u64,
+        mem_total_bytes: meminfo_kib(&mem, "MemTotal:") * 1024,
+        mem_available_bytes: meminfo_kib(&mem, "MemAvailable:") * 1024,
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
+        running_commands: exec::running_count(),
+    }
+}

@@ -1,0 +1,258 @@
+//! File operations: streamed reads and writes, stat, list, mkdir, remove.
+//! Relative paths resolve from the default user's home, as in LangSmith.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use hearth_guest_proto::{
+    FileKind, FileStat, Incoming, OpError, OpErrorKind, Reply, Stream, MAX_PAYLOAD,
+};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use crate::users;
+
+fn resolve(path: &str) -> Result<PathBuf, OpError> {
+    if path.is_empty() || path.contains('\0') {
+        return Err(OpError::new(
+            OpErrorKind::InvalidPath,
+            format!("invalid path {path:?}"),
+        ));
+    }
+    let p = Path::new(path);
+    Ok(if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        Path::new(users::default_home()).join(p)
+    })
+}
+
+async fn reply(stream: &Stream, r: Reply) {
+    let _ = stream.send_ctl(&r).await;
+}
+
+async fn reply_result(stream: &Stream, r: Result<Reply, OpError>) {
+    reply(stream, r.unwrap_or_else(Reply::Error)).await
+}
+
+fn stat_of(path: &Path, meta: &std::fs::Metadata) -> FileStat {
+    let ft = meta.file_type();
+    FileStat {
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".into()),
+        path: path.to_string_lossy().into_owned(),
+        kind: if ft.is_symlink() {
+            FileKind::Symlink
+        } else if ft.is_dir() {
+            FileKind::Dir
+        } else if ft.is_file() {
+            FileKind::File
+        } else {
+            FileKind::Other
+        },
+        size: meta.len(),
+        mode: meta.permissions().mode() & 0o7777,
+        mtime: meta.mtime(),
+    }
+}
+
+pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option<u64>) {
+    let result = async {
+        let p = resolve(&path)?;
+        let io = |e: std::io::Error| OpError::from_io(&e, &p.to_string_lossy());
+        let meta = tokio::fs::metadata(&p).await.map_err(io)?;
+        if meta.is_dir() {
+            return Err(OpError::new(
+                OpErrorKind::IsADirectory,
+                format!("{path} is a directory"),
+            ));
+        }
+        let mut f = tokio::fs::File::open(&p).await.map_err(io)?;
+        let size = meta.len();
+        let start = offset.min(size);
+        let len = length.map_or(size - start, |l| l.min(size - start));
+        f.seek(std::io::SeekFrom::Start(start)).await.map_err(io)?;
+        Ok((f, size, len))
+    }
+    .await;
+    let (mut f, size, len) = match result {
+        Ok(v) => v,
+        Err(e) => return reply(&stream, Reply::Error(e)).await,
+    };
+    if stream
+        .send_ctl(&Reply::FileInfo { size, length: len })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut left = len;
+    let mut buf = vec![0u8; MAX_PAYLOAD];
+    while left > 0 {
+        let want = (left as usize).min(buf.len());
+        match f.read(&mut buf[..want]).await {
+            Ok(0) => break, // the file shrank meanwhile
+            Ok(n) => {
+                if stream
+                    .send_data(Bytes::copy_from_slice(&buf[..n]))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                left -= n as u64;
+            }
+            Err(e) => {
+                stream.sender.close(Some(&OpError::from_io(&e, &path)));
+                return;
+            }
+        }
+    }
+    // Eof then (on drop) Close leave through the same ordered queue.
+    let _ = stream.send_eof();
+}
+
+pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
+    let p = match resolve(&path) {
+        Ok(p) => p,
+        Err(e) => return reply(&stream, Reply::Error(e)).await,
+    };
+    let io = |e: std::io::Error| OpError::from_io(&e, &path);
+    if p.is_dir() {
+        return reply(
+            &stream,
+            Reply::Error(OpError::new(
+                OpErrorKind::IsADirectory,
+                format!("{path} is a directory"),
+            )),
+        )
+        .await;
+    }
+    let dir = p.parent().unwrap_or(Path::new("/")).to_path_buf();
+    if let Err(e) = tokio::fs::create_dir_all(&dir).await {
+        return reply(&stream, Reply::Error(io(e))).await;
+    }
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        ".{name}.hearth-{}",
+        std::process::id() as u64 ^ stream.id() as u64
+    ));
+    let mut f = match tokio::fs::File::create(&tmp).await {
+        Ok(f) => f,
+        Err(e) => return reply(&stream, Reply::Error(io(e))).await,
+    };
+    let mut written = 0u64;
+    let outcome: Result<(), Option<OpError>> = loop {
+        match stream.recv().await {
+            Some(Incoming::Data(d)) => {
+                if let Err(e) = f.write_all(&d).await {
+                    break Err(Some(io(e)));
+                }
+                written += d.len() as u64;
+            }
+            Some(Incoming::Eof) => break Ok(()),
+            Some(Incoming::Ctl(_)) => {}
+            Some(Incoming::Close(_)) | None => break Err(None),
+        }
+    };
+    let finish = async {
+        outcome?;
+        f.flush().await.map_err(|e| Some(io(e)))?;
+        let perm = std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777);
+        tokio::fs::set_permissions(&tmp, perm)
+            .await
+            .map_err(|e| Some(io(e)))?;
+        tokio::fs::rename(&tmp, &p).await.map_err(|e| Some(io(e)))?;
+        Ok::<(), Option<OpError>>(())
+    }
+    .await;
+    match finish {
+        Ok(()) => reply(&stream, Reply::Written { bytes: written }).await,
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            if let Some(e) = e {
+                reply(&stream, Reply::Error(e)).await;
+            }
+        }
+    }
+}
+
+pub async fn stat(stream: Stream, path: String) {
+    let r = async {
+        let p = resolve(&path)?;
+        let meta = tokio::fs::symlink_metadata(&p)
+            .await
+            .map_err(|e| OpError::from_io(&e, &path))?;
+        Ok(Reply::Stat(stat_of(&p, &meta)))
+    }
+    .await;
+    reply_result(&stream, r).await
+}
+
+pub async fn list(stream: Stream, path: String) {
+    let r = async {
+        let p = resolve(&path)?;
+        let io = |e: std::io::Error| OpError::from_io(&e, &path);
+        let mut rd = tokio::fs::read_dir(&p).await.map_err(io)?;
+        let mut entries = Vec::new();
+        while let Some(e) = rd.next_entry().await.map_err(io)? {
+            if let Ok(meta) = tokio::fs::symlink_metadata(e.path()).await {
+                entries.push(stat_of(&e.path(), &meta));
+            }
+            // A reply must fit in one frame.
+            if entries.len() >= 200 {
+                break;
+            }
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Reply::List { entries })
+    }
+    .await;
+    reply_result(&stream, r).await
+}
+
+pub async fn mkdir(stream: Stream, path: String, parents: bool) {
+    let r = async {
+        let p = resolve(&path)?;
+        let res = if parents {
+            tokio::fs::create_dir_all(&p).await
+        } else {
+            tokio::fs::create_dir(&p).await
+        };
+        res.map_err(|e| OpError::from_io(&e, &path))?;
+        Ok(Reply::Ok)
+    }
+    .await;
+    reply_result(&stream, r).await
+}
+
+pub async fn remove(stream: Stream, path: String, recursive: bool) {
+    let r = async {
+        let p = resolve(&path)?;
+        if p == Path::new("/") {
+            return Err(OpError::new(
+                OpErrorKind::InvalidPath,
+                "refusing to remove /",
+            ));
+        }
+        let io = |e: std::io::Error| OpError::from_io(&e, &path);
+        let meta = tokio::fs::symlink_metadata(&p).await.map_err(io)?;
+        if meta.is_dir() {
+            if recursive {
+                tokio::fs::remove_dir_all(&p).await.map_err(io)?;
+            } else {
+                tokio::fs::remove_dir(&p).await.map_err(io)?;
+            }
+        } else {
+            tokio::fs::remove_file(&p).await.map_err(io)?;
+        }
+        Ok(Reply::Ok)
+    }
+    .await;
+    reply_result(&stream, r).await
+}

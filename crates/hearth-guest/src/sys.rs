@@ -1,0 +1,313 @@
+//! The few raw system calls the guest agent needs, each wrapped once.
+//! All `unsafe` of this crate lives in this module.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cstr(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in string"))
+}
+
+pub fn mount(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> io::Result<()> {
+    let (src, target, fstype, data) = (cstr(src)?, cstr(target)?, cstr(fstype)?, cstr(data)?);
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
+    check(unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    })
+    .map(drop)
+}
+
+pub fn umount_detach(target: &str) -> io::Result<()> {
+    let target = cstr(target)?;
+    // SAFETY: valid NUL-terminated path.
+    check(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
+pub fn chroot_here() -> io::Result<()> {
+    let dot = cstr(".")?;
+    // SAFETY: valid NUL-terminated path.
+    check(unsafe { libc::chroot(dot.as_ptr()) }).map(drop)
+}
+
+/// Loads a kernel module from an open file. `EEXIST` (already loaded or
+/// built in) is success.
+pub fn finit_module(file: &std::fs::File) -> io::Result<()> {
+    let empty = cstr("")?;
+    // SAFETY: finit_module takes an fd, a NUL-terminated parameter string and flags.
+    let ret = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), empty.as_ptr(), 0) };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+pub fn power_off() -> ! {
+    // SAFETY: sync and reboot have no memory-safety preconditions.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_POWER_OFF);
+    }
+    // reboot only returns on failure; there is nothing left to do.
+    std::process::exit(1)
+}
+
+pub fn sync() {
+    // SAFETY: no preconditions.
+    unsafe { libc::sync() }
+}
+
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: pointer and length describe a valid byte slice.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// Brings the loopback interface up, so guest programs can use 127.0.0.1.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() has no memory preconditions; the fd is owned below.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fd is a fresh, valid descriptor that we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads into the ifreq we pass, which is valid for writes.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
+    // SAFETY: the kernel filled ifru_flags in the union for SIOCGIFFLAGS.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we pass.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) })?;
+    Ok(())
+}
+
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid array of two ints.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 returned two fresh descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Opens a pseudo-terminal pair of the given size: (master, slave).
+pub fn openpty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (mut master, mut slave) = (0 as RawFd, 0 as RawFd);
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: out-pointers are valid; name and termios may be null.
+    check(unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &ws,
+        )
+    })?;
+    // SAFETY: openpty returned two fresh descriptors that we now own.
+    let pair = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    for fd in [&pair.0, &pair.1] {
+        // SAFETY: setting FD_CLOEXEC on a valid descriptor.
+        check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    }
+    Ok(pair)
+}
+
+pub fn set_winsize(fd: RawFd, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
+    check(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) }).map(drop)
+}
+
+/// Signals a whole process group.
+pub fn kill_group(pgid: u32, signal: i32) {
+    // SAFETY: kill has no memory preconditions; a negative pid names a group.
+    unsafe {
+        libc::kill(-(pgid as libc::pid_t), signal);
+    }
+}
+
+/// Called in the child between fork and exec: new session, and for a PTY
+/// the slave (already on fd 0) becomes the controlling terminal.
+pub fn child_setup(pty: bool) -> io::Result<()> {
+    // SAFETY: setsid and ioctl are async-signal-safe and touch no Rust state.
+    check(unsafe { libc::setsid() })?;
+    if pty {
+        // SAFETY: as above; fd 0 is the pty slave.
+        check(unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) })?;
+    }
+    Ok(())
+}
+
+/// One reaped child: its pid and wait status.
+pub fn wait_any() -> Option<(u32, i32)> {
+    let mut status = 0;
+    // SAFETY: status is a valid out-pointer.
+    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    if pid > 0 {
+        Some((pid as u32, status))
+    } else {
+        None
+    }
+}
+
+/// (exit code as a shell reports it, signal) from a wait status.
+pub fn decode_status(status: i32) -> (i32, Option<i32>) {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        (128 + sig, Some(sig))
+    } else {
+        (libc::WEXITSTATUS(status), None)
+    }
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a valid descriptor.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(drop)
+}
+
+/// Async reads and writes on any pollable descriptor (pipe, pty master,
+/// virtio port).
+pub struct FdIo {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl FdIo {
+    pub fn new(fd: OwnedFd) -> io::Result<Self> {
+        set_nonblocking(fd.as_raw_fd())?;
+        // SAFETY: OwnedFd keeps the descriptor open and unchanged for as
+        // long as the AsyncFd owns it.
+        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?;
+        Ok(Self { fd })
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd.get_ref().as_raw_fd()
+    }
+
+    fn read_raw(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: buf is valid for writes of buf.len() bytes.
+        let n = unsafe { libc::read(self.raw(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            // A pty master reports EIO once the slave side is gone: that is EOF.
+            if e.raw_os_error() == Some(libc::EIO) {
+                return Ok(0);
+            }
+            Err(e)
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn write_raw(&self, buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: buf is valid for reads of buf.len() bytes.
+        let n = unsafe { libc::write(self.raw(), buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    pub fn poll_read_bytes(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let mut guard = ready!(self.fd.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match guard.try_io(|_| self.read_raw(unfilled)) {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    pub fn poll_write_bytes(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        loop {
+            let mut guard = ready!(self.fd.poll_write_ready(cx))?;
+            match guard.try_io(|_| self.write_raw(buf)) {
+                Ok(r) => return Poll::Ready(r),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+/// A shared [`FdIo`] usable as a tokio reader or writer from several tasks.
+#[derive(Clone)]
+pub struct SharedFd(pub std::sync::Arc<FdIo>);
+
+impl AsyncRead for SharedFd {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.0.poll_read_bytes(cx, buf)
+    }
+}
+
+impl AsyncWrite for SharedFd {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.0.poll_write_bytes(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
