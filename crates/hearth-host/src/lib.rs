@@ -1,1 +1,19 @@
-//! hearth-host
+//! The Hearth host agent: the only privileged process on a node.
+//!
+//! - [`host::Host`]: boots VMs from Hearth's guest artifacts through the
+//!   [`hearth_vmm`] backend, drives the VM state machine ([`vm::VmState`]),
+//!   notices dead VMMs and broken guest channels at once, and after a restart
+//!   accounts for (and cleans up) every VM a previous run started.
+//! - [`guest::GuestClient`]: the typed client of one guest agent over its
+//!   held stream (exec with replay, files, TCP dial, info).
+//! - [`api`]: the host's private HTTP + WebSocket API on loopback, which the
+//!   control plane (and `hearth` commands) use.
+
+pub mod api;
+pub mod guest;
+pub mod host;
+pub mod vm;
+
+pub use guest::{ExecHandle, ExecOutput, ExecUpdate, GuestClient, GuestError};
+pub use host::{error_chain, CreateVm, Host, HostConfig, HostError};
+pub use vm::{Vm, VmRecord, VmState};

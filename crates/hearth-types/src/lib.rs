@@ -50,7 +50,11 @@ pub struct ParseIdError {
 impl FromStr for VmId {
     type Err = ParseIdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        uuid::Uuid::parse_str(s).map(Self).map_err(|_| ParseIdError { input: s.to_owned() })
+        uuid::Uuid::parse_str(s)
+            .map(Self)
+            .map_err(|_| ParseIdError {
+                input: s.to_owned(),
+            })
     }
 }
 
@@ -82,11 +86,11 @@ impl ByteSize {
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        if b >= Self::GIB && b % Self::GIB == 0 {
+        if b >= Self::GIB && b.is_multiple_of(Self::GIB) {
             write!(f, "{}GiB", b / Self::GIB)
-        } else if b >= Self::MIB && b % Self::MIB == 0 {
+        } else if b >= Self::MIB && b.is_multiple_of(Self::MIB) {
             write!(f, "{}MiB", b / Self::MIB)
-        } else if b >= Self::KIB && b % Self::KIB == 0 {
+        } else if b >= Self::KIB && b.is_multiple_of(Self::KIB) {
             write!(f, "{}KiB", b / Self::KIB)
         } else {
             write!(f, "{b}B")
@@ -110,7 +114,9 @@ pub struct ParseSizeError {
 impl FromStr for ByteSize {
     type Err = ParseSizeError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseSizeError { input: s.to_owned() };
+        let err = || ParseSizeError {
+            input: s.to_owned(),
+        };
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);

@@ -1,0 +1,483 @@
+//! Typed client of one guest agent over its held stream.
+//!
+//! Everything the guest sends back is parsed here (after the frame decoder
+//! in `hearth-guest-proto`): a reply that does not parse is an error for
+//! that operation, never a panic.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hearth_guest_proto::{
+    decode_output, host_handshake, ExecErrorType, ExecEvent, ExecInput, ExecRequest, FileStat,
+    FrameCodec, GuestInfo, Incoming, Mux, OpError, OpErrorKind, OutputChannel, PtySize, Reply,
+    Request, Role, Stream, StreamReceiver, StreamSender,
+};
+use tokio::net::UnixStream;
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+/// A guest operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GuestError {
+    #[error("guest agent did not answer the handshake: {0}")]
+    Handshake(String),
+    #[error("guest channel: {0}")]
+    Channel(#[from] hearth_guest_proto::MuxError),
+    #[error("{0}")]
+    Op(OpError),
+    #[error("guest sent an unexpected reply: {0}")]
+    Protocol(String),
+}
+
+impl GuestError {
+    pub fn op_kind(&self) -> Option<OpErrorKind> {
+        match self {
+            Self::Op(e) => Some(e.kind),
+            _ => None,
+        }
+    }
+}
+
+/// A connected guest agent.
+#[derive(Clone)]
+pub struct GuestClient {
+    mux: Mux,
+    pub agent_version: String,
+    pub protocol_version: u16,
+}
+
+impl GuestClient {
+    /// Connects to the VMM's end of the agent port and runs the handshake.
+    pub async fn connect(socket: &std::path::Path, deadline: Duration) -> Result<Self, GuestError> {
+        let io = UnixStream::connect(socket)
+            .await
+            .map_err(|e| GuestError::Handshake(format!("connect {}: {e}", socket.display())))?;
+        let (r, w) = io.into_split();
+        Self::handshake(r, w, deadline).await
+    }
+
+    /// Handshake over any byte stream (tests use in-memory pipes).
+    pub async fn handshake<R, W>(r: R, w: W, deadline: Duration) -> Result<Self, GuestError>
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut reader = FramedRead::new(r, FrameCodec);
+        let mut writer = FramedWrite::new(w, FrameCodec);
+        let ack = host_handshake(&mut reader, &mut writer, deadline)
+            .await
+            .map_err(|e| GuestError::Handshake(e.to_string()))?;
+        let (mux, _) = Mux::start(Role::Host, reader, writer);
+        Ok(Self {
+            mux,
+            agent_version: ack.agent_version,
+            protocol_version: ack.version.unwrap_or(0),
+        })
+    }
+
+    pub fn mux(&self) -> &Mux {
+        &self.mux
+    }
+
+    /// Resolves when the channel is gone, with the reason.
+    pub async fn closed(&self) -> String {
+        self.mux.closed().await
+    }
+
+    async fn request(&self, req: &Request) -> Result<Stream, GuestError> {
+        Ok(self.mux.open(req).await?)
+    }
+
+    /// Sends a request and waits for its single reply.
+    async fn call(&self, req: &Request) -> Result<Reply, GuestError> {
+        let mut s = self.request(req).await?;
+        let reply = recv_reply(&mut s.receiver).await?;
+        match reply {
+            Reply::Error(e) => Err(GuestError::Op(e)),
+            r => Ok(r),
+        }
+    }
+
+    pub async fn ping(&self) -> Result<(), GuestError> {
+        Ok(self.mux.ping().await?)
+    }
+
+    pub async fn info(&self) -> Result<GuestInfo, GuestError> {
+        match self.call(&Request::Info).await? {
+            Reply::Info(i) => Ok(i),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn shutdown(&self) -> Result<(), GuestError> {
+        self.call(&Request::Shutdown).await.map(drop)
+    }
+
+    pub async fn stat(&self, path: &str) -> Result<FileStat, GuestError> {
+        match self.call(&Request::Stat { path: path.into() }).await? {
+            Reply::Stat(s) => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn list(&self, path: &str) -> Result<Vec<FileStat>, GuestError> {
+        match self.call(&Request::List { path: path.into() }).await? {
+            Reply::List { entries } => Ok(entries),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<(), GuestError> {
+        self.call(&Request::Mkdir {
+            path: path.into(),
+            parents,
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), GuestError> {
+        self.call(&Request::Remove {
+            path: path.into(),
+            recursive,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Starts reading a file; the reader yields its bytes.
+    pub async fn read_file(
+        &self,
+        path: &str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> Result<FileReader, GuestError> {
+        let mut s = self
+            .request(&Request::ReadFile {
+                path: path.into(),
+                offset,
+                length,
+            })
+            .await?;
+        match recv_reply(&mut s.receiver).await? {
+            Reply::FileInfo { size, length } => Ok(FileReader {
+                size,
+                length,
+                received: 0,
+                stream: s,
+            }),
+            Reply::Error(e) => Err(GuestError::Op(e)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Starts writing a file; send its bytes, then `finish`.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+    ) -> Result<FileWriter, GuestError> {
+        let s = self
+            .request(&Request::WriteFile {
+                path: path.into(),
+                mode,
+            })
+            .await?;
+        Ok(FileWriter { stream: s })
+    }
+
+    /// Convenience: writes a whole buffer.
+    pub async fn write_all(&self, path: &str, data: Bytes) -> Result<u64, GuestError> {
+        let w = self.write_file(path, None).await?;
+        w.send(data).await?;
+        w.finish().await
+    }
+
+    /// Convenience: reads a whole file into memory.
+    pub async fn read_all(&self, path: &str) -> Result<Vec<u8>, GuestError> {
+        let mut r = self.read_file(path, 0, None).await?;
+        let mut out = Vec::with_capacity(r.length as usize);
+        while let Some(chunk) = r.next_chunk().await? {
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecHandle, GuestError> {
+        let s = self.request(&Request::Exec(req)).await?;
+        Ok(ExecHandle::new(s))
+    }
+
+    pub async fn attach(
+        &self,
+        command_id: &str,
+        stdout_offset: u64,
+        stderr_offset: u64,
+    ) -> Result<ExecHandle, GuestError> {
+        let s = self
+            .request(&Request::Attach {
+                command_id: command_id.into(),
+                stdout_offset,
+                stderr_offset,
+            })
+            .await?;
+        Ok(ExecHandle::new(s))
+    }
+
+    /// Connects to a TCP port inside the guest.
+    pub async fn dial(&self, port: u16) -> Result<Stream, GuestError> {
+        let mut s = self.request(&Request::TcpDial { port }).await?;
+        match recv_reply(&mut s.receiver).await? {
+            Reply::Connected => Ok(s),
+            Reply::Error(e) => Err(GuestError::Op(e)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Runs a command to completion and collects its output (tests, `hearth run`).
+    pub async fn run(&self, req: ExecRequest) -> Result<ExecOutput, GuestError> {
+        let mut h = self.exec(req).await?;
+        let mut out = ExecOutput::default();
+        while let Some(ev) = h.next().await? {
+            match ev {
+                ExecUpdate::Started { .. } => {}
+                ExecUpdate::Output { channel, data, .. } => match channel {
+                    OutputChannel::Stdout => out.stdout.extend_from_slice(&data),
+                    OutputChannel::Stderr => out.stderr.extend_from_slice(&data),
+                },
+                ExecUpdate::Exit { exit_code, signal } => {
+                    out.exit_code = Some(exit_code);
+                    out.signal = signal;
+                }
+                ExecUpdate::Error {
+                    error_type,
+                    message,
+                } => out.error = Some((error_type, message)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn unexpected(r: &Reply) -> GuestError {
+    GuestError::Protocol(format!("{r:?}"))
+}
+
+async fn recv_reply(rx: &mut StreamReceiver) -> Result<Reply, GuestError> {
+    match rx.recv().await {
+        Some(Incoming::Ctl(b)) => {
+            serde_json::from_slice(&b).map_err(|e| GuestError::Protocol(e.to_string()))
+        }
+        Some(Incoming::Close(Some(e))) => Err(GuestError::Op(e)),
+        Some(Incoming::Close(None)) | None => {
+            Err(GuestError::Protocol("stream closed before reply".into()))
+        }
+        Some(other) => Err(GuestError::Protocol(format!(
+            "expected a reply, got {other:?}"
+        ))),
+    }
+}
+
+/// Collected result of [`GuestClient::run`].
+#[derive(Debug, Default, Clone)]
+pub struct ExecOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub error: Option<(ExecErrorType, String)>,
+}
+
+/// What happens on an exec stream, as the host sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecUpdate {
+    Started {
+        command_id: String,
+        pid: u32,
+    },
+    Output {
+        channel: OutputChannel,
+        offset: u64,
+        data: Bytes,
+    },
+    Exit {
+        exit_code: i32,
+        signal: Option<i32>,
+    },
+    Error {
+        error_type: ExecErrorType,
+        message: String,
+    },
+}
+
+/// A running command's stream; split it to read and write concurrently.
+pub struct ExecHandle {
+    pub events: ExecEvents,
+    pub control: ExecControl,
+}
+
+impl ExecHandle {
+    fn new(s: Stream) -> Self {
+        let (tx, rx) = s.split();
+        Self {
+            events: ExecEvents {
+                rx,
+                finished: false,
+            },
+            control: ExecControl { tx },
+        }
+    }
+    pub async fn next(&mut self) -> Result<Option<ExecUpdate>, GuestError> {
+        self.events.next().await
+    }
+}
+
+/// The receiving half of an exec stream.
+pub struct ExecEvents {
+    rx: StreamReceiver,
+    finished: bool,
+}
+
+impl ExecEvents {
+    /// The next update; `None` after the final `Exit` or `Error`.
+    pub async fn next(&mut self) -> Result<Option<ExecUpdate>, GuestError> {
+        if self.finished {
+            return Ok(None);
+        }
+        loop {
+            let msg = self.rx.recv().await;
+            return match msg {
+                Some(Incoming::Data(d)) => match decode_output(&d) {
+                    Some((channel, offset, data)) => Ok(Some(ExecUpdate::Output {
+                        channel,
+                        offset,
+                        data,
+                    })),
+                    None => Err(GuestError::Protocol("malformed output chunk".into())),
+                },
+                Some(Incoming::Ctl(c)) => {
+                    let ev: ExecEvent = serde_json::from_slice(&c)
+                        .map_err(|e| GuestError::Protocol(format!("bad exec event: {e}")))?;
+                    Ok(Some(match ev {
+                        ExecEvent::Started { command_id, pid } => {
+                            ExecUpdate::Started { command_id, pid }
+                        }
+                        ExecEvent::Exit { exit_code, signal } => {
+                            self.finished = true;
+                            ExecUpdate::Exit { exit_code, signal }
+                        }
+                        ExecEvent::Error {
+                            error_type,
+                            message,
+                        } => {
+                            self.finished = true;
+                            ExecUpdate::Error {
+                                error_type,
+                                message,
+                            }
+                        }
+                    }))
+                }
+                Some(Incoming::Eof) => continue,
+                msg @ (Some(Incoming::Close(_)) | None) if !self.finished => {
+                    self.finished = true;
+                    let reason = match msg {
+                        Some(Incoming::Close(r)) => r,
+                        _ => None,
+                    };
+                    let message = reason
+                        .map(|r| r.message)
+                        .unwrap_or_else(|| "command stream closed by the guest".into());
+                    Ok(Some(ExecUpdate::Error {
+                        error_type: ExecErrorType::CommandError,
+                        message,
+                    }))
+                }
+                Some(Incoming::Close(_)) | None => Ok(None),
+            };
+        }
+    }
+}
+
+/// The sending half of an exec stream. Cloneable.
+#[derive(Clone)]
+pub struct ExecControl {
+    tx: StreamSender,
+}
+
+impl ExecControl {
+    pub async fn stdin(&self, data: Bytes) -> Result<(), GuestError> {
+        Ok(self.tx.send_data(data).await?)
+    }
+    pub async fn close_stdin(&self) -> Result<(), GuestError> {
+        Ok(self.tx.send_ctl(&ExecInput::CloseStdin).await?)
+    }
+    pub async fn kill(&self, signal: Option<i32>) -> Result<(), GuestError> {
+        Ok(self.tx.send_ctl(&ExecInput::Kill { signal }).await?)
+    }
+    pub async fn resize(&self, rows: u16, cols: u16) -> Result<(), GuestError> {
+        Ok(self
+            .tx
+            .send_ctl(&ExecInput::Resize(PtySize { rows, cols }))
+            .await?)
+    }
+    /// Detaches from the command (it keeps running unless `kill_on_disconnect`).
+    pub fn detach(&self) {
+        self.tx.close(None);
+    }
+}
+
+/// Bytes of a file being read from the guest.
+pub struct FileReader {
+    /// Size of the whole file.
+    pub size: u64,
+    /// Bytes this read will deliver.
+    pub length: u64,
+    received: u64,
+    stream: Stream,
+}
+
+impl FileReader {
+    /// The next chunk; `None` at the end. A short file is an error.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, GuestError> {
+        match self.stream.recv().await {
+            Some(Incoming::Data(d)) => {
+                self.received += d.len() as u64;
+                if self.received > self.length {
+                    return Err(GuestError::Protocol(
+                        "guest sent more bytes than announced".into(),
+                    ));
+                }
+                Ok(Some(d))
+            }
+            Some(Incoming::Eof) => Ok(None),
+            Some(Incoming::Close(Some(e))) => Err(GuestError::Op(e)),
+            Some(Incoming::Ctl(_)) => Err(GuestError::Protocol(
+                "unexpected control message in file data".into(),
+            )),
+            Some(Incoming::Close(None)) | None => {
+                Err(GuestError::Protocol("file stream closed early".into()))
+            }
+        }
+    }
+}
+
+/// A file being written into the guest.
+pub struct FileWriter {
+    stream: Stream,
+}
+
+impl FileWriter {
+    pub async fn send(&self, data: Bytes) -> Result<(), GuestError> {
+        Ok(self.stream.send_data(data).await?)
+    }
+
+    /// Ends the file and waits until it is in place; returns its size.
+    pub async fn finish(mut self) -> Result<u64, GuestError> {
+        self.stream.send_eof()?;
+        match recv_reply(&mut self.stream.receiver).await? {
+            Reply::Written { bytes } => Ok(bytes),
+            Reply::Error(e) => Err(GuestError::Op(e)),
+            other => Err(unexpected(&other)),
+        }
+    }
+}

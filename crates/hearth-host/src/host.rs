@@ -1,0 +1,559 @@
+//! The host agent's VM manager: boots VMs from Hearth's guest artifacts,
+//! connects to their agents, watches them, and reconciles after a restart.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hearth_image::{GuestArtifacts, ImageConfig, ImageName, Progress};
+use hearth_types::{ByteSize, MilliCpu, VmId};
+use hearth_vmm::{Accel, DiskFormat, DiskSpec, Qemu, QemuConfig, VmInstance, VmSpec, Vmm};
+use serde::{Deserialize, Serialize};
+
+use crate::guest::GuestClient;
+use crate::vm::{now_ms, Vm, VmRecord, VmState};
+
+/// Settings of a host agent.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// Persistent state: artifacts, VM records and disks.
+    pub data_dir: PathBuf,
+    /// Runtime state on tmpfs: sockets, logs, guest memory files.
+    pub run_root: PathBuf,
+    pub qemu_binary: PathBuf,
+    /// How long a boot may take until the guest agent answers.
+    pub boot_timeout: Duration,
+    /// How long a stop waits for the guest to power off before killing it.
+    pub stop_grace: Duration,
+    /// Where the KVM-or-TCG probe caches its answer.
+    pub accel_cache: PathBuf,
+}
+
+impl HostConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
+        // Separate data dirs (tests, several agents) get separate runtime dirs.
+        let tag = blake3_tag(&data_dir);
+        Self {
+            run_root: PathBuf::from("/dev/shm").join(format!("hearth-{tag}")),
+            accel_cache: data_dir.join("accel.json"),
+            data_dir,
+            qemu_binary: PathBuf::from("qemu-system-x86_64"),
+            boot_timeout: Duration::from_secs(90),
+            stop_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+fn blake3_tag(p: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    p.hash(&mut h);
+    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
+
+/// A request to boot a VM.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateVm {
+    #[serde(default = "default_image")]
+    pub image: ImageName,
+    #[serde(default = "default_memory")]
+    pub memory: ByteSize,
+    #[serde(default = "default_cpu")]
+    pub cpu: MilliCpu,
+}
+
+fn default_image() -> ImageName {
+    ImageName::Default
+}
+fn default_memory() -> ByteSize {
+    ByteSize::mib(512)
+}
+fn default_cpu() -> MilliCpu {
+    MilliCpu::vcpus(1)
+}
+
+impl Default for CreateVm {
+    fn default() -> Self {
+        Self {
+            image: default_image(),
+            memory: default_memory(),
+            cpu: default_cpu(),
+        }
+    }
+}
+
+/// Why a host operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("no vm {0}")]
+    NotFound(VmId),
+    #[error("vm {id} is {state:?}, not {wanted}")]
+    WrongState {
+        id: VmId,
+        state: VmState,
+        wanted: &'static str,
+    },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("prepare guest artifacts")]
+    Image(#[from] hearth_image::ImageError),
+    #[error("vm {id}: {what}")]
+    Io {
+        id: VmId,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("vmm")]
+    Vmm(#[from] hearth_vmm::VmmError),
+    #[error("vm {id} did not become ready: {reason}")]
+    Boot { id: VmId, reason: String },
+    #[error("guest")]
+    Guest(#[from] crate::guest::GuestError),
+}
+
+/// The host agent's view of its VMs.
+pub struct Host {
+    cfg: HostConfig,
+    images: ImageConfig,
+    qemu: Qemu,
+    accel: Accel,
+    artifacts: tokio::sync::Mutex<HashMap<ImageName, Arc<GuestArtifacts>>>,
+    vms: Mutex<HashMap<VmId, Arc<Vm>>>,
+}
+
+impl Host {
+    /// Prepares the kernel and initramfs (building them on first use),
+    /// decides KVM or TCG, and reconciles VMs left by a previous run.
+    pub async fn start(
+        cfg: HostConfig,
+        progress: Arc<dyn Progress>,
+    ) -> Result<Arc<Self>, HostError> {
+        let io = |what: &str, e| HostError::Io {
+            id: VmId::new(),
+            what: what.to_owned(),
+            source: e,
+        };
+        std::fs::create_dir_all(cfg.data_dir.join("vms")).map_err(|e| io("create data dir", e))?;
+        std::fs::create_dir_all(&cfg.run_root).map_err(|e| io("create run dir", e))?;
+        let images = ImageConfig::new(&cfg.data_dir);
+        // The busybox image is tiny; the kernel + initramfs are what the probe needs.
+        let base = {
+            let (images, p) = (images.clone(), progress.clone());
+            tokio::task::spawn_blocking(move || {
+                hearth_image::ensure_all(&images, ImageName::Busybox, p.as_ref())
+            })
+            .await
+            .map_err(|e| HostError::Invalid(format!("artifact task: {e}")))??
+        };
+        let accel = hearth_vmm::probe_accel(
+            &cfg.qemu_binary,
+            &base.kernel.vmlinuz,
+            &base.initramfs.path,
+            &cfg.accel_cache,
+            hearth_vmm::accel::DEFAULT_PROBE_DEADLINE,
+        )
+        .await;
+        tracing::info!(%accel, "guests will run under {accel}");
+        let qemu = Qemu::new(QemuConfig {
+            binary: cfg.qemu_binary.clone(),
+            accel,
+            ..QemuConfig::default()
+        });
+        let mut artifacts = HashMap::new();
+        artifacts.insert(ImageName::Busybox, Arc::new(base));
+        let host = Arc::new(Self {
+            cfg,
+            images,
+            qemu,
+            accel,
+            artifacts: tokio::sync::Mutex::new(artifacts),
+            vms: Mutex::new(HashMap::new()),
+        });
+        host.recover().await;
+        Ok(host)
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.cfg
+    }
+
+    pub fn accel(&self) -> Accel {
+        self.accel
+    }
+
+    /// Builds (or finds) the artifacts of an image.
+    pub async fn artifacts(
+        &self,
+        image: ImageName,
+        progress: Arc<dyn Progress>,
+    ) -> Result<Arc<GuestArtifacts>, HostError> {
+        let mut cache = self.artifacts.lock().await;
+        if let Some(a) = cache.get(&image) {
+            return Ok(a.clone());
+        }
+        let images = self.images.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            hearth_image::ensure_all(&images, image, progress.as_ref())
+        })
+        .await
+        .map_err(|e| HostError::Invalid(format!("artifact task: {e}")))??;
+        let built = Arc::new(built);
+        cache.insert(image, built.clone());
+        Ok(built)
+    }
+
+    fn vms(&self) -> std::sync::MutexGuard<'_, HashMap<VmId, Arc<Vm>>> {
+        self.vms.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn list(&self) -> Vec<VmRecord> {
+        let mut v: Vec<_> = self.vms().values().map(|vm| vm.record()).collect();
+        v.sort_by_key(|r| r.created_at_ms);
+        v
+    }
+
+    pub fn get(&self, id: VmId) -> Result<Arc<Vm>, HostError> {
+        self.vms().get(&id).cloned().ok_or(HostError::NotFound(id))
+    }
+
+    /// The guest of a ready VM.
+    pub fn guest(&self, id: VmId) -> Result<GuestClient, HostError> {
+        let vm = self.get(id)?;
+        match (vm.state(), vm.guest()) {
+            (VmState::Ready, Some(g)) => Ok(g),
+            (state, _) => Err(HostError::WrongState {
+                id,
+                state,
+                wanted: "ready",
+            }),
+        }
+    }
+
+    /// Boots a VM and waits until its guest agent answers.
+    pub async fn create_vm(self: &Arc<Self>, req: CreateVm) -> Result<Arc<Vm>, HostError> {
+        if req.memory < ByteSize::mib(64) || !req.memory.bytes().is_multiple_of(ByteSize::MIB) {
+            return Err(HostError::Invalid(format!(
+                "memory must be a whole number of MiB, at least 64MiB (got {})",
+                req.memory
+            )));
+        }
+        if req.cpu.0 == 0 || req.cpu.whole_vcpus() > 64 {
+            return Err(HostError::Invalid(format!(
+                "cpu must be 1..64 vCPUs (got {} millicores)",
+                req.cpu.0
+            )));
+        }
+        let artifacts = self
+            .artifacts(req.image, Arc::new(hearth_image::QuietProgress))
+            .await?;
+        let id = VmId::new();
+        let dir = self.cfg.data_dir.join("vms").join(id.to_string());
+        let run_dir = self.cfg.run_root.join(id.to_string());
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| HostError::Io { id, what, source }
+        };
+        std::fs::create_dir_all(&dir).map_err(io("create vm dir"))?;
+        std::fs::create_dir_all(&run_dir).map_err(io("create run dir"))?;
+        let vm = Arc::new(Vm::new(
+            VmRecord {
+                id,
+                image: req.image,
+                memory: req.memory,
+                cpu: req.cpu,
+                state: VmState::Provisioning,
+                reason: None,
+                pid: None,
+                accel: Some(self.accel.to_string()),
+                created_at_ms: now_ms(),
+                boot_ms: None,
+            },
+            dir.clone(),
+            run_dir.clone(),
+        ));
+        self.vms().insert(id, vm.clone());
+        match self.boot(&vm, &artifacts).await {
+            Ok(()) => Ok(vm),
+            Err(e) => {
+                let reason = error_chain(&e);
+                vm.transition(VmState::Failed, Some(reason));
+                if let Some(inst) = vm.instance() {
+                    let _ = inst.kill().await;
+                }
+                self.cleanup_runtime(&vm);
+                Err(e)
+            }
+        }
+    }
+
+    async fn boot(
+        self: &Arc<Self>,
+        vm: &Arc<Vm>,
+        artifacts: &GuestArtifacts,
+    ) -> Result<(), HostError> {
+        let started = Instant::now();
+        let id = vm.id;
+        let overlay = vm.dir.join("root.qcow2");
+        let out = tokio::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+            .arg(&artifacts.rootfs.path)
+            .arg(&overlay)
+            .output()
+            .await
+            .map_err(|source| HostError::Io {
+                id,
+                what: "run qemu-img".into(),
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(HostError::Boot {
+                id,
+                reason: format!(
+                    "qemu-img create: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        let rec = vm.record();
+        let spec = VmSpec {
+            id,
+            cpu: rec.cpu,
+            memory: rec.memory,
+            kernel: artifacts.kernel.vmlinuz.clone(),
+            initrd: artifacts.initramfs.path.clone(),
+            cmdline: vec![format!("hearth.image={}", rec.image)],
+            disks: vec![DiskSpec {
+                path: overlay,
+                format: DiskFormat::Qcow2,
+                read_only: false,
+            }],
+            run_dir: vm.run_dir.clone(),
+            mem_path: vm.run_dir.join("guest.mem"),
+        };
+        let instance = Arc::new(self.qemu.boot(&spec).await?);
+        let pid = instance.pid();
+        vm.update(|r| r.pid = Some(pid));
+        *vm.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance.clone());
+
+        // The guest agent answers once the kernel has booted; QEMU dying
+        // meanwhile ends the wait at once.
+        let connect = GuestClient::connect(instance.channel_path(), self.cfg.boot_timeout);
+        let guest = tokio::select! {
+            g = connect => g.map_err(|e| HostError::Boot { id, reason: format!("{e}; console: {}", console_tail(instance.console_log())) })?,
+            exit = instance.wait_exit() => return Err(HostError::Boot { id, reason: format!("qemu exited during boot ({exit}); console: {}", console_tail(instance.console_log())) }),
+        };
+        *vm.guest.lock().unwrap_or_else(|p| p.into_inner()) = Some(guest.clone());
+        let boot_ms = started.elapsed().as_millis() as u64;
+        vm.update(|r| r.boot_ms = Some(boot_ms));
+        if !vm.transition(VmState::Ready, None) {
+            return Err(HostError::Boot {
+                id,
+                reason: "vm left provisioning during boot".into(),
+            });
+        }
+        tracing::info!(vm = %id, pid, boot_ms, "vm ready");
+        tokio::spawn(watch_vm(self.clone(), vm.clone(), instance, guest));
+        Ok(())
+    }
+
+    pub async fn pause(&self, id: VmId) -> Result<VmRecord, HostError> {
+        let vm = self.get(id)?;
+        let inst = self.running_instance(&vm, VmState::Ready, "ready")?;
+        inst.pause().await?;
+        vm.transition(VmState::Paused, None);
+        Ok(vm.record())
+    }
+
+    pub async fn resume(&self, id: VmId) -> Result<VmRecord, HostError> {
+        let vm = self.get(id)?;
+        let inst = self.running_instance(&vm, VmState::Paused, "paused")?;
+        inst.resume().await?;
+        vm.transition(VmState::Ready, None);
+        Ok(vm.record())
+    }
+
+    fn running_instance(
+        &self,
+        vm: &Vm,
+        want: VmState,
+        wanted: &'static str,
+    ) -> Result<Arc<hearth_vmm::QemuInstance>, HostError> {
+        let state = vm.state();
+        match vm.instance() {
+            Some(i) if state == want => Ok(i),
+            _ => Err(HostError::WrongState {
+                id: vm.id,
+                state,
+                wanted,
+            }),
+        }
+    }
+
+    /// Graceful stop: the guest syncs and powers off; QEMU is killed if it
+    /// does not exit within the grace period.
+    pub async fn stop(&self, id: VmId) -> Result<VmRecord, HostError> {
+        let vm = self.get(id)?;
+        let state = vm.state();
+        if state.is_terminal() {
+            return Ok(vm.record());
+        }
+        if !vm.transition(VmState::Stopping, None) {
+            return Ok(vm.record());
+        }
+        if let Some(inst) = vm.instance() {
+            if state == VmState::Paused {
+                let _ = inst.resume().await;
+            }
+            if let Some(g) = vm.guest() {
+                let _ = tokio::time::timeout(Duration::from_secs(2), g.shutdown()).await;
+            }
+            let exited = tokio::time::timeout(self.cfg.stop_grace, inst.wait_exit()).await;
+            if exited.is_err() {
+                inst.stop(Duration::from_secs(2)).await?;
+            }
+        }
+        vm.transition(VmState::Stopped, None);
+        self.cleanup_runtime(&vm);
+        Ok(vm.record())
+    }
+
+    /// Hard stop: SIGKILL to the VMM.
+    pub async fn kill(&self, id: VmId) -> Result<VmRecord, HostError> {
+        let vm = self.get(id)?;
+        if vm.state().is_terminal() {
+            return Ok(vm.record());
+        }
+        vm.transition(VmState::Stopping, Some("killed".into()));
+        if let Some(inst) = vm.instance() {
+            inst.kill().await?;
+        }
+        vm.transition(VmState::Stopped, None);
+        self.cleanup_runtime(&vm);
+        Ok(vm.record())
+    }
+
+    /// Stops the VM if needed and removes every trace of it.
+    pub async fn delete(&self, id: VmId) -> Result<(), HostError> {
+        let vm = self.get(id)?;
+        if !vm.state().is_terminal() {
+            self.kill(id).await?;
+        }
+        vm.transition(VmState::Deleted, None);
+        self.cleanup_runtime(&vm);
+        let _ = std::fs::remove_dir_all(&vm.dir);
+        self.vms().remove(&id);
+        Ok(())
+    }
+
+    /// Stops every running VM (agent shutdown).
+    pub async fn shutdown(&self) {
+        let ids: Vec<VmId> = self.vms().keys().copied().collect();
+        let stops = ids.into_iter().map(|id| self.stop(id));
+        futures_util::future::join_all(stops).await;
+    }
+
+    fn cleanup_runtime(&self, vm: &Vm) {
+        vm.guest.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let _ = std::fs::remove_dir_all(&vm.run_dir);
+    }
+
+    /// After a restart: every VM a previous run left is accounted for. A
+    /// VMM that is still alive (it should have died with its parent) is
+    /// killed by PID after checking its command line names the VM.
+    async fn recover(&self) {
+        let Ok(dir) = std::fs::read_dir(self.cfg.data_dir.join("vms")) else {
+            return;
+        };
+        for entry in dir.flatten() {
+            let Some(vm) = Vm::load(&entry.path(), &self.cfg.run_root) else {
+                continue;
+            };
+            let rec = vm.record();
+            if !rec.state.is_terminal() {
+                if let Some(pid) = rec.pid {
+                    if kill_if_ours(pid, rec.id).await {
+                        tracing::warn!(vm = %rec.id, pid, "killed a VMM left by a previous host agent");
+                    }
+                }
+                vm.transition(
+                    VmState::Failed,
+                    Some("host agent restarted while the vm was running".into()),
+                );
+            }
+            let _ = std::fs::remove_dir_all(&vm.run_dir);
+            self.vms().insert(rec.id, Arc::new(vm));
+        }
+    }
+}
+
+/// SIGKILLs `pid` if it is the VMM of `id`; waits until it is gone.
+async fn kill_if_ours(pid: u32, id: VmId) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let needle = format!("hearth-vm-{id}");
+    if !String::from_utf8_lossy(&cmdline).contains(&needle) {
+        return false;
+    }
+    // SAFETY: kill has no memory-safety preconditions; the pid was checked above.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    }
+    for _ in 0..100 {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        // A zombie still has /proc/<pid>; its cmdline is empty.
+        if std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.is_empty())
+            .unwrap_or(true)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// Marks the VM failed the moment its VMM exits or its guest channel breaks
+/// while it should be running.
+async fn watch_vm(
+    host: Arc<Host>,
+    vm: Arc<Vm>,
+    instance: Arc<hearth_vmm::QemuInstance>,
+    guest: GuestClient,
+) {
+    let reason = tokio::select! {
+        exit = instance.wait_exit() => format!("vmm exited unexpectedly ({exit})"),
+        why = guest.closed() => format!("guest channel lost: {why}"),
+    };
+    let state = vm.state();
+    if matches!(
+        state,
+        VmState::Ready | VmState::Paused | VmState::Provisioning
+    ) && vm.transition(VmState::Failed, Some(reason.clone()))
+    {
+        tracing::warn!(vm = %vm.id, %reason, "vm failed");
+        let _ = instance.kill().await;
+        host.cleanup_runtime(&vm);
+    }
+}
+
+fn console_tail(path: &Path) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let start = text.len().saturating_sub(600);
+    String::from_utf8_lossy(&text[start..]).replace('\n', " | ")
+}
+
+/// `e` and its sources, joined, for records and API messages.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,222 @@
+//! The `default` image: Debian minbase from debootstrap, plus user `user`.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+use super::{chown_ids, make_dir, write_file};
+use crate::{cache, command, ImageConfig, ImageError, Progress};
+
+/// debootstrap variant.
+pub(super) const VARIANT: &str = "minbase";
+/// Packages added to minbase.
+pub(super) const INCLUDE: [&str; 7] = [
+    "bash",
+    "python3",
+    "coreutils",
+    "procps",
+    "git",
+    "curl",
+    "ca-certificates",
+];
+
+/// Runs debootstrap into `tree` and applies Hearth's changes; returns the
+/// mirror used.
+pub(super) fn populate(cfg: &ImageConfig, tree: &Path, p: &dyn Progress) -> Result<String, ImageError> {
+    let mirror = cfg.resolved_mirror();
+    p.step(&format!(
+        "debootstrap {} from {mirror} (takes about a minute)",
+        cfg.suite
+    ));
+    let mut phases = Phases::default();
+    let result = command::run_streaming(
+        Command::new("debootstrap")
+            .arg(format!("--variant={VARIANT}"))
+            .arg(format!("--include={}", INCLUDE.join(",")))
+            .arg(&cfg.suite)
+            .arg(tree)
+            .arg(&mirror),
+        |line| {
+            if let Some(msg) = phases.line(line) {
+                p.step(&format!("debootstrap: {msg}"));
+            }
+        },
+    );
+    // debootstrap mounts proc/sys in the target; never let mkfs copy them.
+    cache::unmount_below(tree)?;
+    result?;
+
+    add_user(tree)?;
+    write_file(&tree.join("etc/hostname"), "hearth\n", 0o644)?;
+    // debootstrap copies the build host's resolver config, which means
+    // nothing inside a sandbox; the guest side configures its own.
+    cache::remove_all(&tree.join("etc/resolv.conf"))?;
+    shrink(tree)?;
+    Ok(mirror)
+}
+
+/// Turns debootstrap's `I:` lines into a few progress lines: phase lines
+/// ("Resolving dependencies…", "Configuring the base system…") pass through,
+/// the hundreds of per-package lines ("Retrieving libc6 2.36-9",
+/// "Validating …", "Extracting bash...") collapse into one line per phase.
+#[derive(Debug, Default)]
+struct Phases {
+    /// The per-package phase being collapsed, if any.
+    current: Option<String>,
+}
+
+impl Phases {
+    fn line(&mut self, line: &str) -> Option<String> {
+        let info = line.strip_prefix("I: ")?.trim();
+        let words: Vec<&str> = info.split_whitespace().collect();
+        let (&verb, rest) = words.split_first()?;
+        if verb == "Validating" {
+            return None; // always follows its "Retrieving" line
+        }
+        let lower = info.to_ascii_lowercase();
+        let per_package = matches!(verb, "Retrieving" | "Extracting" | "Unpacking" | "Configuring")
+            && (1..=2).contains(&rest.len())
+            && !lower.contains("packages")
+            && !lower.contains("release");
+        if per_package {
+            let phase = format!("{} packages", verb.to_ascii_lowercase());
+            if self.current.as_deref() == Some(phase.as_str()) {
+                return None;
+            }
+            self.current = Some(phase.clone());
+            Some(phase)
+        } else {
+            self.current = None;
+            Some(info.to_owned())
+        }
+    }
+}
+
+/// Adds `user` (1000:1000, /home/user, bash) unless it exists.
+fn add_user(tree: &Path) -> Result<(), ImageError> {
+    let etc = tree.join("etc");
+    let passwd = etc.join("passwd");
+    let existing = fs::read_to_string(&passwd).map_err(|e| ImageError::io("read", &passwd, e))?;
+    if existing.lines().any(|l| l.starts_with("user:")) {
+        return Ok(());
+    }
+    append(&passwd, "user:x:1000:1000:user:/home/user:/bin/bash\n")?;
+    append(&etc.join("group"), "user:x:1000:\n")?;
+    // No password (locked); no last-change day, so nothing depends on the
+    // build date.
+    append(&etc.join("shadow"), "user:!::0:99999:7:::\n")?;
+    let gshadow = etc.join("gshadow");
+    if gshadow.exists() {
+        append(&gshadow, "user:!::\n")?;
+    }
+
+    let home = tree.join("home/user");
+    make_dir(&home, 0o755)?;
+    let skel = etc.join("skel");
+    if let Ok(entries) = fs::read_dir(&skel) {
+        for entry in entries.filter_map(Result::ok) {
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            if !is_file {
+                continue;
+            }
+            let dst = home.join(entry.file_name());
+            fs::copy(entry.path(), &dst).map_err(|e| ImageError::io("copy to", &dst, e))?;
+            chown_ids(&dst, 1000, 1000)?;
+        }
+    }
+    chown_ids(&home, 1000, 1000)
+}
+
+fn append(path: &Path, line: &str) -> Result<(), ImageError> {
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(|e| ImageError::io("open", path, e))?;
+    f.write_all(line.as_bytes())
+        .map_err(|e| ImageError::io("append to", path, e))
+}
+
+/// Removes apt's package lists and caches (apt-get update restores them).
+fn shrink(tree: &Path) -> Result<(), ImageError> {
+    let lists = tree.join("var/lib/apt/lists");
+    remove_children(&lists, |name, is_dir| !(is_dir && name == "partial"))?;
+    remove_children(&lists.join("partial"), |_, _| true)?;
+    remove_children(&tree.join("var/cache/apt"), |name, is_dir| {
+        !is_dir && name.ends_with(".bin")
+    })?;
+    remove_children(&tree.join("var/cache/apt/archives"), |name, is_dir| {
+        !is_dir && name.ends_with(".deb")
+    })?;
+    remove_children(&tree.join("var/cache/apt/archives/partial"), |_, _| true)?;
+    Ok(())
+}
+
+/// Removes the entries of `dir` for which `pick(name, is_dir)` holds; a
+/// missing `dir` is fine.
+fn remove_children(dir: &Path, pick: impl Fn(&str, bool) -> bool) -> Result<(), ImageError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(ImageError::io("read directory", dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| ImageError::io("read directory", dir, e))?;
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if pick(&entry.file_name().to_string_lossy(), is_dir) {
+            cache::remove_all(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debootstrap_output_collapses_into_phases() {
+        let log = "\
+I: Retrieving InRelease
+I: Checking Release signature
+I: Retrieving Packages
+I: Validating Packages
+I: Resolving dependencies of required packages...
+W: something odd
+I: Retrieving adduser 3.134
+I: Validating adduser 3.134
+I: Retrieving apt 2.6.1
+I: Validating apt 2.6.1
+I: Chosen extractor for .deb packages: dpkg-deb
+I: Extracting adduser...
+I: Extracting apt...
+I: Unpacking required packages...
+I: Unpacking base-files...
+I: Unpacking bash...
+I: Configuring required packages...
+I: Configuring base-files...
+I: Unpacking the base system...
+I: Base system installed successfully.
+";
+        let mut phases = Phases::default();
+        let shown: Vec<String> = log.lines().filter_map(|l| phases.line(l)).collect();
+        assert_eq!(
+            shown,
+            [
+                "Retrieving InRelease",
+                "Checking Release signature",
+                "Retrieving Packages",
+                "Resolving dependencies of required packages...",
+                "retrieving packages",
+                "Chosen extractor for .deb packages: dpkg-deb",
+                "extracting packages",
+                "Unpacking required packages...",
+                "unpacking packages",
+                "Configuring required packages...",
+                "configuring packages",
+                "Unpacking the base system...",
+                "Base system installed successfully.",
+            ]
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Root images: an ext4 file per [`ImageName`], built by a versioned recipe.
+//!
+//! Each image lives in `artifacts/rootfs-<name>-v<recipe>/` as `rootfs.ext4`
+//! plus `manifest.json` (recipe inputs, size, BLAKE3). A recipe's inputs are
+//! what changes its output: the host's busybox binary for `busybox`, the
+//! suite and package list for `default` (the mirror is not an input: any
+//! mirror serves the same packages). Old recipe versions are left in place:
+//! existing sandboxes may still be layered on them.
+
+mod busybox;
+mod debian;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::{self, Staging};
+use crate::ext4::{self, Times};
+use crate::{ImageConfig, ImageError, ImageName, Progress};
+
+pub use crate::ext4::ROOTFS_LABEL;
+
+/// Recipe version of the busybox image.
+pub(crate) const BUSYBOX_RECIPE: u32 = 2;
+/// Recipe version of the default image.
+pub(crate) const DEFAULT_RECIPE: u32 = 1;
+
+const MIB: u64 = 1024 * 1024;
+const IMAGE_FILE: &str = "rootfs.ext4";
+
+/// A cached root image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootfsArtifact {
+    /// Which image.
+    pub name: ImageName,
+    /// The ext4 image. Never modify it: it is shared by every sandbox.
+    pub path: PathBuf,
+    /// Its (apparent) size in bytes; the file is sparse.
+    pub size_bytes: u64,
+    /// BLAKE3 of the whole image file.
+    pub blake3: String,
+    /// The recipe version it was built with.
+    pub recipe_version: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RootfsManifest {
+    name: ImageName,
+    recipe: u32,
+    inputs: BTreeMap<String, String>,
+    file: String,
+    size: u64,
+    blake3: String,
+    /// Bytes the source tree used before it became an image.
+    tree_bytes: u64,
+    /// Informational (not an input): where packages came from.
+    mirror: Option<String>,
+    built_at_unix: u64,
+    build_seconds: f64,
+}
+
+/// Returns the root image `name`, building it first if needed (needs root).
+pub fn ensure_rootfs(
+    cfg: &ImageConfig,
+    name: ImageName,
+    p: &dyn Progress,
+) -> Result<RootfsArtifact, ImageError> {
+    let inputs = recipe_inputs(cfg, name)?;
+    let artifacts = cfg.artifacts_dir();
+    let dir = artifacts.join(format!("rootfs-{name}-v{}", name.recipe_version()));
+    if let Some(hit) = cached(&dir, name, &inputs) {
+        return Ok(hit);
+    }
+    let _lock = cache::lock(&artifacts, p)?;
+    if let Some(hit) = cached(&dir, name, &inputs) {
+        return Ok(hit);
+    }
+    cache::require_root(&format!("the {name} root image"))?;
+
+    let started = Instant::now();
+    p.step(&format!("building {name} root image"));
+    let staging = Staging::new(&artifacts, &format!("rootfs-{name}"))?;
+    let tree = staging.path().join("root");
+    make_dir(&tree, 0o755)?;
+    let mirror = match name {
+        ImageName::Busybox => {
+            busybox::populate(&tree)?;
+            None
+        }
+        ImageName::Default => Some(debian::populate(cfg, &tree, p)?),
+    };
+    let tree_bytes = ext4::disk_usage(&tree)?;
+    let (size, times) = match name {
+        ImageName::Busybox => (64 * MIB, Times::AllFixed),
+        ImageName::Default => ((tree_bytes + 1024 * MIB).div_ceil(256 * MIB) * 256 * MIB, Times::KeepMtime),
+    };
+
+    p.step(&format!("building {name} root image: mkfs.ext4 ({} MiB)", size / MIB));
+    let out = staging.path().join("out");
+    make_dir(&out, 0o755)?;
+    let img = out.join(IMAGE_FILE);
+    ext4::make_image(&tree, &img, size, name.fs_uuid(), times)?;
+    cache::remove_all(&tree)?;
+    let manifest = RootfsManifest {
+        name,
+        recipe: name.recipe_version(),
+        inputs,
+        file: IMAGE_FILE.to_owned(),
+        size: cache::file_len(&img)?,
+        blake3: cache::hash_file(&img)?,
+        tree_bytes,
+        mirror,
+        built_at_unix: cache::unix_now(),
+        build_seconds: started.elapsed().as_secs_f64(),
+    };
+    cache::write_manifest(&out.join("manifest.json"), &manifest)?;
+    cache::replace(&out, &dir)?;
+    drop(staging);
+    p.done(
+        &format!(
+            "{name} root image ({} MiB, {} MiB used)",
+            manifest.size / MIB,
+            manifest.tree_bytes.div_ceil(MIB)
+        ),
+        started.elapsed(),
+    );
+    Ok(artifact(&dir, manifest))
+}
+
+/// What the image content depends on, besides the recipe version.
+fn recipe_inputs(cfg: &ImageConfig, name: ImageName) -> Result<BTreeMap<String, String>, ImageError> {
+    let mut inputs = BTreeMap::new();
+    match name {
+        ImageName::Busybox => {
+            let bin = busybox::host_busybox()?;
+            inputs.insert("busybox_blake3".to_owned(), cache::hash_file(&bin)?);
+        }
+        ImageName::Default => {
+            inputs.insert("suite".to_owned(), cfg.suite.clone());
+            inputs.insert("variant".to_owned(), debian::VARIANT.to_owned());
+            inputs.insert("include".to_owned(), debian::INCLUDE.join(","));
+        }
+    }
+    Ok(inputs)
+}
+
+fn cached(dir: &Path, name: ImageName, inputs: &BTreeMap<String, String>) -> Option<RootfsArtifact> {
+    let m: RootfsManifest = cache::read_manifest(&dir.join("manifest.json"))?;
+    let ok = m.name == name
+        && m.recipe == name.recipe_version()
+        && &m.inputs == inputs
+        && cache::file_has_len(&dir.join(&m.file), m.size);
+    ok.then(|| artifact(dir, m))
+}
+
+fn artifact(dir: &Path, m: RootfsManifest) -> RootfsArtifact {
+    RootfsArtifact {
+        name: m.name,
+        path: dir.join(&m.file),
+        size_bytes: m.size,
+        blake3: m.blake3,
+        recipe_version: m.recipe,
+    }
+}
+
+/// Creates `path` (parents too) and sets its mode exactly (no umask).
+pub(super) fn make_dir(path: &Path, mode: u32) -> Result<(), ImageError> {
+    fs::create_dir_all(path).map_err(|e| ImageError::io("create directory", path, e))?;
+    set_mode(path, mode)
+}
+
+pub(super) fn set_mode(path: &Path, mode: u32) -> Result<(), ImageError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| ImageError::io("set mode of", path, e))
+}
+
+/// Writes `contents` to `path` with exactly `mode`.
+pub(super) fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), ImageError> {
+    fs::write(path, contents).map_err(|e| ImageError::io("write", path, e))?;
+    set_mode(path, mode)
+}
+
+pub(super) fn chown_ids(path: &Path, uid: u32, gid: u32) -> Result<(), ImageError> {
+    chown(path, Some(uid), Some(gid)).map_err(|e| ImageError::io("chown", path, e))
+}

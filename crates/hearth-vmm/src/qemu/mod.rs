@@ -1,0 +1,516 @@
+//! The QEMU `microvm` backend.
+//!
+//! [`Qemu::boot`] builds the argument vector ([`cmdline`]), spawns QEMU with
+//! its output in `<run_dir>/qemu.log`, writes `<run_dir>/qemu.pid`, and
+//! returns once QMP ([`qmp`]) answers and the guest agent's socket exists. A
+//! background task owns the child process: it reaps it, publishes its
+//! [`ExitInfo`] on a watch channel (so a `kill -9` of QEMU is seen within
+//! milliseconds), and is the only place that signals it, so a signal can
+//! never reach a recycled PID.
+//!
+//! **Thread rule.** QEMU is spawned with `PR_SET_PDEATHSIG=SIGKILL` so that no
+//! VM outlives the host agent. Linux fires that signal when the *thread* that
+//! spawned the child exits, not the process, so call [`Qemu::boot`] from a
+//! runtime worker thread (or a current-thread runtime's thread) that lives as
+//! long as the VM, never from `spawn_blocking` (whose threads exit when idle).
+
+pub mod cmdline;
+pub mod qmp;
+
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use hearth_types::VmId;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, watch};
+
+use crate::{Accel, ExitInfo, VmInstance, VmSpec, Vmm, VmmError};
+use cmdline::RunFiles;
+use qmp::QmpClient;
+
+/// How long [`VmInstance::kill`] waits for the process to disappear after
+/// SIGKILL before reporting an error (it takes milliseconds in practice).
+const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How often startup checks for the sockets.
+const READY_POLL: Duration = Duration::from_millis(5);
+/// How much of `qemu.log` an error carries.
+const LOG_TAIL_BYTES: u64 = 2048;
+
+/// Settings of the QEMU backend.
+#[derive(Debug, Clone)]
+pub struct QemuConfig {
+    /// The QEMU binary; a bare name is looked up on `PATH`.
+    pub binary: PathBuf,
+    /// The accelerator every VM of this backend uses (see [`crate::probe_accel`]).
+    pub accel: Accel,
+    /// Host TSC frequency for TCG guests' `tsc_early_khz`; `None` reads it
+    /// from the host ([`crate::host::tsc_khz`]).
+    pub tsc_khz: Option<u32>,
+    /// How long boot waits for QEMU to answer QMP.
+    pub start_timeout: Duration,
+    /// Default timeout of each QMP request.
+    pub qmp_timeout: Duration,
+}
+
+impl Default for QemuConfig {
+    fn default() -> Self {
+        Self {
+            binary: PathBuf::from("qemu-system-x86_64"),
+            accel: Accel::Tcg,
+            tsc_khz: None,
+            start_timeout: Duration::from_secs(5),
+            qmp_timeout: qmp::DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// The QEMU `microvm` backend.
+#[derive(Debug, Clone)]
+pub struct Qemu {
+    cfg: QemuConfig,
+    /// The TSC value for TCG guests, or why it is unknown.
+    tsc: Result<u32, String>,
+}
+
+impl Qemu {
+    pub fn new(cfg: QemuConfig) -> Self {
+        let tsc = match (cfg.tsc_khz, cfg.accel) {
+            (Some(khz), _) => Ok(khz),
+            (None, Accel::Kvm) => Err("not needed under KVM".to_owned()),
+            (None, Accel::Tcg) => crate::host::tsc_khz().map_err(|e| {
+                tracing::warn!(error = %e, "cannot read the host TSC frequency; TCG boots will fail");
+                e.to_string()
+            }),
+        };
+        if let Ok(khz) = tsc {
+            tracing::debug!(tsc_khz = khz, accel = %cfg.accel, "qemu backend ready");
+        }
+        Self { cfg, tsc }
+    }
+
+    pub fn config(&self) -> &QemuConfig {
+        &self.cfg
+    }
+
+    /// The arguments [`Qemu::boot`] would pass to QEMU for `spec`.
+    pub fn args(&self, spec: &VmSpec) -> Result<Vec<String>, VmmError> {
+        if let (Accel::Tcg, Err(detail)) = (self.cfg.accel, &self.tsc) {
+            return Err(VmmError::TscUnknown {
+                detail: detail.clone(),
+            });
+        }
+        cmdline::build_args(spec, self.cfg.accel, self.tsc.as_ref().ok().copied())
+    }
+
+    async fn boot_qemu(&self, spec: &VmSpec) -> Result<QemuInstance, VmmError> {
+        let vm = spec.id;
+        let args = self.args(spec)?;
+        let files = RunFiles::new(&spec.run_dir);
+        let run_dir_err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| VmmError::RunDir { vm, path, source }
+        };
+
+        // Startup waits for the sockets to appear, so stale ones from an
+        // earlier VM in the same directory must go first. A stale memory file
+        // must go too: QEMU would map it as is, and a cold boot must neither
+        // start from nor reveal another VM's memory.
+        for stale in [&files.qmp_sock, &files.agent_sock, &spec.mem_path] {
+            match std::fs::remove_file(stale) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(run_dir_err(stale)(e)),
+                _ => {}
+            }
+        }
+        let log = std::fs::File::create(&files.qemu_log).map_err(run_dir_err(&files.qemu_log))?;
+        let log2 = log.try_clone().map_err(run_dir_err(&files.qemu_log))?;
+
+        let mut cmd = Command::new(&self.cfg.binary);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .kill_on_drop(false)
+            // Keep terminal signals (Ctrl-C on the host agent) away from VMs;
+            // the host agent decides their fate.
+            .process_group(0);
+        let parent = std::process::id();
+        // SAFETY: the closure runs in the forked child before exec. It calls
+        // only async-signal-safe functions (prctl, getppid) and builds errors
+        // from raw OS codes, which does not allocate.
+        unsafe {
+            cmd.pre_exec(move || die_with_parent(parent));
+        }
+        let spawned_at = Instant::now();
+        let child = cmd.spawn().map_err(|source| VmmError::Spawn {
+            vm,
+            binary: self.cfg.binary.clone(),
+            source,
+        })?;
+        let Some(pid) = child.id() else {
+            return Err(VmmError::Spawn {
+                vm,
+                binary: self.cfg.binary.clone(),
+                source: io::Error::other("spawned child has no pid"),
+            });
+        };
+        let process = Process::watch(child, vm, pid);
+        // If this future is dropped or fails from here on, QEMU must not
+        // linger: the guard kills it unless boot succeeds.
+        let guard = KillOnDrop(Some(&process));
+
+        let started = async {
+            std::fs::write(&files.pid_file, format!("{pid}\n"))
+                .map_err(run_dir_err(&files.pid_file))?;
+            wait_ready(vm, pid, &files, &process, &self.cfg).await
+        };
+        let qmp = match started.await {
+            Ok(qmp) => qmp,
+            Err(e) => {
+                // Reap before returning so the caller may remove run_dir.
+                if let Err(kill_err) = process.kill_and_wait().await {
+                    tracing::error!(%vm, pid, error = %kill_err, "qemu failed to start and survived SIGKILL");
+                }
+                return Err(e);
+            }
+        };
+        guard.disarm();
+        let ready_in = spawned_at.elapsed();
+        tracing::info!(%vm, pid, accel = %self.cfg.accel, ready_ms = ready_in.as_millis() as u64, "qemu started");
+        Ok(QemuInstance {
+            id: vm,
+            accel: self.cfg.accel,
+            files,
+            qmp,
+            process,
+            args,
+            ready_in,
+        })
+    }
+}
+
+impl Vmm for Qemu {
+    type Instance = QemuInstance;
+
+    async fn boot(&self, spec: &VmSpec) -> Result<QemuInstance, VmmError> {
+        self.boot_qemu(spec).await
+    }
+}
+
+/// Sets `PR_SET_PDEATHSIG` in the child, between fork and exec.
+fn die_with_parent(parent: u32) -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG, sig) reads only its integer arguments.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // If the spawning thread already died before prctl, no signal will come;
+    // a changed parent shows that, and the spawn fails instead.
+    // SAFETY: getppid has no preconditions and cannot fail.
+    let ppid = unsafe { libc::getppid() };
+    if u32::try_from(ppid).ok() != Some(parent) {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
+}
+
+async fn wait_ready(
+    vm: VmId,
+    pid: u32,
+    files: &RunFiles,
+    process: &Process,
+    cfg: &QemuConfig,
+) -> Result<QmpClient, VmmError> {
+    let started = Instant::now();
+    let mut last_err = None;
+    loop {
+        if let Some(exit) = process.exit_info() {
+            return Err(VmmError::EarlyExit {
+                vm,
+                pid,
+                exit,
+                log_tail: log_tail(&files.qemu_log),
+            });
+        }
+        let elapsed = started.elapsed();
+        if elapsed >= cfg.start_timeout {
+            let mut log_tail = log_tail(&files.qemu_log);
+            if let Some(e) = last_err {
+                log_tail = format!("{log_tail} (last qmp error: {e})");
+            }
+            return Err(VmmError::StartTimeout {
+                vm,
+                pid,
+                waited: elapsed,
+                log_tail,
+            });
+        }
+        let exists = |p: &Path| p.try_exists().unwrap_or(false);
+        if exists(&files.qmp_sock) && exists(&files.agent_sock) {
+            let budget = (cfg.start_timeout - elapsed).min(cfg.qmp_timeout);
+            match QmpClient::connect(&files.qmp_sock, budget).await {
+                Ok(qmp) => return Ok(qmp.with_timeout(cfg.qmp_timeout)),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        tokio::time::sleep(READY_POLL).await;
+    }
+}
+
+/// The last bytes of QEMU's log, for error messages.
+fn log_tail(path: &Path) -> String {
+    let read = || -> io::Result<String> {
+        let mut f = std::fs::File::open(path)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).trim().to_owned())
+    };
+    match read() {
+        Ok(s) if s.is_empty() => "(empty)".to_owned(),
+        Ok(s) => s,
+        Err(e) => format!("(unreadable: {e})"),
+    }
+}
+
+/// The QEMU process as seen from outside the reaper task.
+#[derive(Debug)]
+struct Process {
+    vm: VmId,
+    pid: u32,
+    kill_tx: mpsc::UnboundedSender<()>,
+    exit_rx: watch::Receiver<Option<ExitInfo>>,
+}
+
+impl Process {
+    /// Hands `child` to a reaper task that publishes its exit and carries
+    /// out kill requests.
+    fn watch(mut child: Child, vm: VmId, pid: u32) -> Self {
+        let (kill_tx, mut kill_rx) = mpsc::unbounded_channel::<()>();
+        let (exit_tx, exit_rx) = watch::channel(None);
+        tokio::spawn(async move {
+            let mut kill_open = true;
+            let status = loop {
+                tokio::select! {
+                    status = child.wait() => break status,
+                    req = kill_rx.recv(), if kill_open => match req {
+                        Some(()) => {
+                            if let Err(e) = child.start_kill() {
+                                tracing::warn!(%vm, pid, error = %e, "SIGKILL of qemu failed");
+                            }
+                        }
+                        // Every handle is gone; keep reaping.
+                        None => kill_open = false,
+                    },
+                }
+            };
+            let info = match status {
+                Ok(s) => ExitInfo::from(s),
+                Err(e) => {
+                    tracing::error!(%vm, pid, error = %e, "cannot collect qemu's exit status");
+                    ExitInfo::default()
+                }
+            };
+            tracing::info!(%vm, pid, exit = %info, "qemu exited");
+            exit_tx.send_replace(Some(info));
+        });
+        Self {
+            vm,
+            pid,
+            kill_tx,
+            exit_rx,
+        }
+    }
+
+    fn exit_info(&self) -> Option<ExitInfo> {
+        *self.exit_rx.borrow()
+    }
+
+    fn request_kill(&self) {
+        // A closed channel means the process was already reaped.
+        let _ = self.kill_tx.send(());
+    }
+
+    async fn wait_exit(&self) -> ExitInfo {
+        let mut rx = self.exit_rx.clone();
+        let info = match rx.wait_for(Option::is_some).await {
+            Ok(info) => info.unwrap_or_default(),
+            // The reaper always publishes before it ends; if it was torn down
+            // with its runtime, the status is unknown.
+            Err(_) => ExitInfo::default(),
+        };
+        info
+    }
+
+    async fn kill_and_wait(&self) -> Result<ExitInfo, VmmError> {
+        self.request_kill();
+        tokio::time::timeout(KILL_WAIT, self.wait_exit())
+            .await
+            .map_err(|_| VmmError::ExitTimeout {
+                vm: self.vm,
+                pid: self.pid,
+                waited: KILL_WAIT,
+            })
+    }
+}
+
+/// Kills the process when dropped, unless disarmed.
+struct KillOnDrop<'a>(Option<&'a Process>);
+
+impl KillOnDrop<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            p.request_kill();
+        }
+    }
+}
+
+/// QEMU's run state, from `query-status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QemuStatus {
+    /// QEMU's `RunState`, e.g. `running`, `paused`, `inmigrate`, `shutdown`.
+    pub status: String,
+    pub running: bool,
+}
+
+/// A running QEMU VM.
+#[derive(Debug)]
+pub struct QemuInstance {
+    id: VmId,
+    accel: Accel,
+    files: RunFiles,
+    qmp: QmpClient,
+    process: Process,
+    args: Vec<String>,
+    ready_in: Duration,
+}
+
+impl QemuInstance {
+    /// The QMP session, for commands beyond the [`VmInstance`] ones.
+    pub fn qmp(&self) -> &QmpClient {
+        &self.qmp
+    }
+
+    /// The files this VM keeps in its run directory.
+    pub fn files(&self) -> &RunFiles {
+        &self.files
+    }
+
+    /// The arguments QEMU was started with.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    /// Time from spawn until QMP answered.
+    pub fn ready_in(&self) -> Duration {
+        self.ready_in
+    }
+
+    /// How QEMU ended, if it has.
+    pub fn exit_info(&self) -> Option<ExitInfo> {
+        self.process.exit_info()
+    }
+
+    pub async fn query_status(&self) -> Result<QemuStatus, VmmError> {
+        let v = self.qmp.execute("query-status", None).await?;
+        let status = v.get("status").and_then(Value::as_str);
+        let running = v.get("running").and_then(Value::as_bool);
+        match (status, running) {
+            (Some(status), Some(running)) => Ok(QemuStatus {
+                status: status.to_owned(),
+                running,
+            }),
+            _ => Err(VmmError::QmpProtocol {
+                path: self.qmp.path().to_owned(),
+                command: "query-status".to_owned(),
+                detail: format!("unexpected return value {v}"),
+                source: None,
+            }),
+        }
+    }
+
+    async fn stop_qemu(&self, grace: Duration) -> Result<(), VmmError> {
+        if self.process.exit_info().is_some() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let quit = self
+            .qmp
+            .execute_with_timeout("quit", None, grace.min(self.qmp.timeout()))
+            .await;
+        match quit {
+            Ok(_) | Err(VmmError::QmpClosed { .. }) => {}
+            Err(e) => {
+                tracing::debug!(vm = %self.id, error = %e, "qmp quit failed; waiting, then SIGKILL")
+            }
+        }
+        let rest = grace.saturating_sub(started.elapsed());
+        if tokio::time::timeout(rest, self.process.wait_exit())
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        tracing::warn!(vm = %self.id, pid = self.process.pid, ?grace, "qemu did not quit in time; SIGKILL");
+        self.process.kill_and_wait().await.map(drop)
+    }
+}
+
+impl VmInstance for QemuInstance {
+    fn id(&self) -> VmId {
+        self.id
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.pid
+    }
+
+    fn accel(&self) -> Accel {
+        self.accel
+    }
+
+    fn channel_path(&self) -> &Path {
+        &self.files.agent_sock
+    }
+
+    fn console_log(&self) -> &Path {
+        &self.files.console_log
+    }
+
+    async fn pause(&self) -> Result<(), VmmError> {
+        self.qmp.execute("stop", None).await.map(drop)
+    }
+
+    async fn resume(&self) -> Result<(), VmmError> {
+        self.qmp.execute("cont", None).await.map(drop)
+    }
+
+    async fn stop(&self, grace: Duration) -> Result<(), VmmError> {
+        self.stop_qemu(grace).await
+    }
+
+    async fn kill(&self) -> Result<(), VmmError> {
+        self.process.kill_and_wait().await.map(drop)
+    }
+
+    async fn wait_exit(&self) -> ExitInfo {
+        self.process.wait_exit().await
+    }
+}

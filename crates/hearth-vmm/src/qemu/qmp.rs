@@ -1,0 +1,500 @@
+//! A minimal QMP client: line-delimited JSON over a unix socket.
+//!
+//! One request is in flight at a time (a mutex). Each request carries an
+//! `id`; replies with another id (a late answer to a request that timed out)
+//! and asynchronous `{"event": …}` messages are skipped while waiting. QEMU
+//! is only semi-trusted, so every line is parsed defensively: a malformed
+//! line fails the request it arrived during, never the process.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::Mutex;
+
+use crate::VmmError;
+
+/// Longest line accepted from QEMU. Replies to the commands we use are a few
+/// hundred bytes; this only bounds memory if QEMU misbehaves.
+const MAX_LINE: usize = 1024 * 1024;
+/// Default per-request timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connected QMP session, past the greeting and capability negotiation.
+#[derive(Debug)]
+pub struct QmpClient {
+    path: PathBuf,
+    timeout: Duration,
+    conn: Mutex<Conn>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    /// Bytes of a line not yet complete; kept across cancelled reads.
+    partial: Vec<u8>,
+    next_id: u64,
+    /// Set when the byte stream can no longer be trusted to be in sync.
+    broken: Option<&'static str>,
+    /// Set once QEMU has closed its end.
+    closed: bool,
+}
+
+/// What one line from QEMU turned out to be, relative to the request waited on.
+enum Message {
+    Reply(Value),
+    Error {
+        class: String,
+        desc: String,
+    },
+    /// An event or a reply to some other request.
+    Skip,
+}
+
+impl QmpClient {
+    /// Connects to the QMP socket at `path`, reads the greeting and enters
+    /// command mode. `timeout` bounds this and every later request.
+    pub async fn connect(path: &Path, timeout: Duration) -> Result<Self, VmmError> {
+        let stream = tokio::time::timeout(timeout, UnixStream::connect(path))
+            .await
+            .map_err(|_| VmmError::QmpTimeout {
+                path: path.to_owned(),
+                command: "connect".to_owned(),
+                timeout,
+            })?
+            .map_err(|source| VmmError::QmpConnect {
+                path: path.to_owned(),
+                source,
+            })?;
+        let (r, w) = stream.into_split();
+        let client = Self {
+            path: path.to_owned(),
+            timeout,
+            conn: Mutex::new(Conn {
+                reader: BufReader::new(r),
+                writer: w,
+                partial: Vec::new(),
+                next_id: 1,
+                broken: None,
+                closed: false,
+            }),
+        };
+        client.greet().await?;
+        Ok(client)
+    }
+
+    /// Replaces the default per-request timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The default per-request timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The socket this client talks to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `command` with optional `arguments` and returns QEMU's `return`
+    /// value, within the client's default timeout.
+    pub async fn execute(
+        &self,
+        command: &str,
+        arguments: Option<Value>,
+    ) -> Result<Value, VmmError> {
+        self.execute_with_timeout(command, arguments, self.timeout)
+            .await
+    }
+
+    /// Like [`QmpClient::execute`], with its own timeout (waiting for the
+    /// connection counts toward it).
+    pub async fn execute_with_timeout(
+        &self,
+        command: &str,
+        arguments: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, VmmError> {
+        let work = async {
+            let mut conn = self.conn.lock().await;
+            self.request(&mut conn, command, arguments).await
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| VmmError::QmpTimeout {
+                path: self.path.clone(),
+                command: command.to_owned(),
+                timeout,
+            })?
+    }
+
+    async fn greet(&self) -> Result<(), VmmError> {
+        let work = async {
+            let mut conn = self.conn.lock().await;
+            let line = self.read_line(&mut conn, "greeting").await?;
+            let greeting = self.parse(&line, "greeting")?;
+            if greeting.get("QMP").is_none() {
+                return Err(self.protocol("greeting", "first message has no \"QMP\" member", None));
+            }
+            self.request(&mut conn, "qmp_capabilities", None)
+                .await
+                .map(drop)
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| VmmError::QmpTimeout {
+                path: self.path.clone(),
+                command: "greeting".to_owned(),
+                timeout: self.timeout,
+            })?
+    }
+
+    async fn request(
+        &self,
+        conn: &mut Conn,
+        command: &str,
+        arguments: Option<Value>,
+    ) -> Result<Value, VmmError> {
+        if conn.closed {
+            return Err(self.closed(command));
+        }
+        if let Some(reason) = conn.broken {
+            return Err(VmmError::QmpBroken {
+                path: self.path.clone(),
+                command: command.to_owned(),
+                reason,
+            });
+        }
+        let id = conn.next_id;
+        conn.next_id += 1;
+        let mut req = json!({ "execute": command, "id": id });
+        if let (Some(args), Some(obj)) = (arguments, req.as_object_mut()) {
+            obj.insert("arguments".to_owned(), args);
+        }
+        let mut bytes = req.to_string().into_bytes();
+        bytes.push(b'\n');
+
+        // If this future is dropped mid-write, QEMU may hold half a request:
+        // the flag stays set and the connection is not used again.
+        conn.broken = Some("a request was interrupted while being written");
+        if let Err(source) = conn.writer.write_all(&bytes).await {
+            use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+            if matches!(source.kind(), BrokenPipe | ConnectionReset) {
+                conn.closed = true;
+                return Err(self.closed(command));
+            }
+            return Err(self.io(command, source));
+        }
+        conn.broken = None;
+
+        loop {
+            let line = self.read_line(conn, command).await?;
+            match self.classify(&line, command, id)? {
+                Message::Reply(v) => return Ok(v),
+                Message::Error { class, desc } => {
+                    return Err(VmmError::QmpCommand {
+                        path: self.path.clone(),
+                        command: command.to_owned(),
+                        class,
+                        desc,
+                    })
+                }
+                Message::Skip => continue,
+            }
+        }
+    }
+
+    /// Reads one `\n`-terminated line. Cancel-safe: bytes already taken from
+    /// the socket stay in `conn.partial`.
+    async fn read_line(&self, conn: &mut Conn, command: &str) -> Result<Vec<u8>, VmmError> {
+        loop {
+            let buf = conn
+                .reader
+                .fill_buf()
+                .await
+                .map_err(|source| self.io(command, source))?;
+            if buf.is_empty() {
+                conn.closed = true;
+                return Err(self.closed(command));
+            }
+            let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(pos) => (pos + 1, true),
+                None => (buf.len(), false),
+            };
+            conn.partial.extend_from_slice(&buf[..take]);
+            conn.reader.consume(take);
+            if done {
+                return Ok(std::mem::take(&mut conn.partial));
+            }
+            if conn.partial.len() > MAX_LINE {
+                conn.broken = Some("qemu sent an over-long line");
+                return Err(self.protocol(
+                    command,
+                    &format!("line longer than {MAX_LINE} bytes"),
+                    None,
+                ));
+            }
+        }
+    }
+
+    fn parse(&self, line: &[u8], command: &str) -> Result<Map<String, Value>, VmmError> {
+        match serde_json::from_slice::<Value>(line) {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(_) => Err(self.protocol(
+                command,
+                &format!("not a JSON object: {}", excerpt(line)),
+                None,
+            )),
+            Err(e) => Err(self.protocol(
+                command,
+                &format!("invalid JSON: {}", excerpt(line)),
+                Some(e),
+            )),
+        }
+    }
+
+    fn classify(&self, line: &[u8], command: &str, id: u64) -> Result<Message, VmmError> {
+        let msg = self.parse(line, command)?;
+        if let Some(event) = msg.get("event") {
+            tracing::debug!(qmp = %self.path.display(), event = %event, "qmp event");
+            return Ok(Message::Skip);
+        }
+        let is_reply = msg.contains_key("return") || msg.contains_key("error");
+        match msg.get("id") {
+            Some(got) if got.as_u64() == Some(id) => {}
+            Some(got) if is_reply => {
+                tracing::debug!(qmp = %self.path.display(), %got, want = id, "skipping stale qmp reply");
+                return Ok(Message::Skip);
+            }
+            _ => {
+                return Err(self.protocol(
+                    command,
+                    &format!("unexpected message: {}", excerpt(line)),
+                    None,
+                ))
+            }
+        }
+        if let Some(ret) = msg.get("return") {
+            return Ok(Message::Reply(ret.clone()));
+        }
+        if let Some(err) = msg.get("error") {
+            let field = |k: &str| err.get(k).and_then(Value::as_str).map(str::to_owned);
+            return match (field("class"), field("desc")) {
+                (Some(class), Some(desc)) => Ok(Message::Error { class, desc }),
+                _ => Err(self.protocol(
+                    command,
+                    &format!("error without class/desc: {}", excerpt(line)),
+                    None,
+                )),
+            };
+        }
+        Err(self.protocol(
+            command,
+            &format!("neither return, error nor event: {}", excerpt(line)),
+            None,
+        ))
+    }
+
+    fn closed(&self, command: &str) -> VmmError {
+        VmmError::QmpClosed {
+            path: self.path.clone(),
+            command: command.to_owned(),
+        }
+    }
+
+    fn io(&self, command: &str, source: std::io::Error) -> VmmError {
+        VmmError::QmpIo {
+            path: self.path.clone(),
+            command: command.to_owned(),
+            source,
+        }
+    }
+
+    fn protocol(&self, command: &str, detail: &str, source: Option<serde_json::Error>) -> VmmError {
+        VmmError::QmpProtocol {
+            path: self.path.clone(),
+            command: command.to_owned(),
+            detail: detail.to_owned(),
+            source,
+        }
+    }
+}
+
+/// The start of a line, for error messages (lossy, bounded).
+fn excerpt(line: &[u8]) -> String {
+    const MAX: usize = 200;
+    let text = String::from_utf8_lossy(&line[..line.len().min(MAX)]);
+    let text = text.trim_end();
+    if line.len() > MAX {
+        format!("{text}…")
+    } else {
+        text.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::io::AsyncBufReadExt;
+    use tokio::net::UnixListener;
+
+    /// A temp dir removed on drop.
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new() -> Self {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "hearth-qmp-test-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&p).expect("create temp dir");
+            Self(p)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// What the fake server does with each request it reads: the lines to
+    /// send back, where `$ID` is replaced by the request's id.
+    type Script = Vec<(&'static str, Vec<&'static str>)>;
+
+    /// Serves one connection: sends the greeting, then for each request
+    /// checks the command name and answers with the scripted lines.
+    async fn fake_qemu(listener: UnixListener, script: Script) {
+        let (stream, _) = listener.accept().await.expect("accept");
+        let (r, mut w) = stream.into_split();
+        let mut lines = BufReader::new(r).lines();
+        w.write_all(b"{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 22, \"minor\": 2, \"major\": 7}}, \"capabilities\": []}}\r\n")
+            .await
+            .expect("greet");
+        for (want, replies) in script {
+            let line = lines.next_line().await.expect("read").expect("request");
+            let req: Value = serde_json::from_str(&line).expect("request is JSON");
+            assert_eq!(req["execute"], want, "request {line}");
+            let id = req["id"].to_string();
+            for r in replies {
+                let out = r.replace("$ID", &id);
+                w.write_all(out.as_bytes()).await.expect("write");
+                w.write_all(b"\r\n").await.expect("write");
+            }
+        }
+        // Hold the connection until the client goes away.
+        let _ = lines.next_line().await;
+    }
+
+    #[tokio::test]
+    async fn talks_to_a_fake_qemu() {
+        let dir = TempDir::new();
+        let sock = dir.0.join("qmp.sock");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        let script: Script = vec![
+            ("qmp_capabilities", vec![r#"{"return": {}, "id": $ID}"#]),
+            (
+                "query-status",
+                vec![
+                    r#"{"timestamp": {"seconds": 1, "microseconds": 2}, "event": "STOP"}"#,
+                    r#"{"return": {"status": "stale"}, "id": 999}"#,
+                    r#"{"return": {"status": "paused", "running": false}, "id": $ID}"#,
+                ],
+            ),
+            (
+                "cont",
+                vec![r#"{"error": {"class": "GenericError", "desc": "nope"}, "id": $ID}"#],
+            ),
+            ("stop", vec!["this is not json"]),
+            ("stop", vec!["[1,2,3]"]),
+            ("stop", vec![r#"{"return": {}}"#]),
+            ("stop", vec![r#"{"error": {"class": 5}, "id": $ID}"#]),
+            ("stop", vec![r#"{"return": {}, "id": $ID}"#]),
+        ];
+        let server = tokio::spawn(fake_qemu(listener, script));
+
+        let qmp = QmpClient::connect(&sock, Duration::from_secs(2))
+            .await
+            .expect("connect");
+        let status = qmp
+            .execute("query-status", None)
+            .await
+            .expect("query-status");
+        assert_eq!(status["status"], "paused");
+
+        match qmp.execute("cont", None).await {
+            Err(VmmError::QmpCommand { class, desc, .. }) => {
+                assert_eq!((class.as_str(), desc.as_str()), ("GenericError", "nope"))
+            }
+            other => panic!("expected a command error, got {other:?}"),
+        }
+        for _ in 0..4 {
+            let got = qmp.execute("stop", None).await;
+            assert!(matches!(got, Err(VmmError::QmpProtocol { .. })), "{got:?}");
+        }
+        // The session is still usable after malformed lines.
+        assert!(qmp.execute("stop", None).await.is_ok());
+        drop(qmp);
+        server.await.expect("server");
+    }
+
+    #[tokio::test]
+    async fn timeout_then_eof() {
+        let dir = TempDir::new();
+        let sock = dir.0.join("qmp.sock");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        // Answers the capabilities, ignores the next request, then hangs up.
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let (r, mut w) = stream.into_split();
+            let mut lines = BufReader::new(r).lines();
+            w.write_all(b"{\"QMP\": {}}\n").await.expect("greet");
+            let _ = lines.next_line().await;
+            w.write_all(b"{\"return\": {}, \"id\": 1}\n")
+                .await
+                .expect("caps");
+            let _ = lines.next_line().await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        });
+        let qmp = QmpClient::connect(&sock, Duration::from_secs(2))
+            .await
+            .expect("connect");
+        let got = qmp
+            .execute_with_timeout("query-status", None, Duration::from_millis(100))
+            .await;
+        assert!(matches!(got, Err(VmmError::QmpTimeout { .. })), "{got:?}");
+        server.await.expect("server");
+        let got = qmp.execute("query-status", None).await;
+        assert!(matches!(got, Err(VmmError::QmpClosed { .. })), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn refuses_a_bad_greeting() {
+        let dir = TempDir::new();
+        let sock = dir.0.join("qmp.sock");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            stream.write_all(b"{\"hello\": 1}\n").await.expect("write");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+        let got = QmpClient::connect(&sock, Duration::from_secs(2)).await;
+        assert!(matches!(got, Err(VmmError::QmpProtocol { .. })), "{got:?}");
+        server.await.expect("server");
+    }
+
+    #[test]
+    fn excerpt_is_bounded() {
+        let long = vec![b'x'; 1000];
+        assert_eq!(excerpt(&long).chars().count(), 201);
+        assert_eq!(excerpt(b"ab\r\n"), "ab");
+    }
+}
