@@ -1,0 +1,67 @@
+//! VM lifecycle on real microVMs: failure detection, pause/resume, stop,
+//! and the default (Debian) image.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use hearth_host::VmState;
+use hearth_image::ImageName;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_vmm_is_reported_failed_within_two_seconds() {
+    let host = host().await;
+    let (vm, g) = vm(&host, ImageName::Busybox).await;
+    assert_eq!(vm.state(), VmState::Ready);
+
+    // Pause and resume through the VMM.
+    host.pause(vm.id).await.unwrap();
+    assert_eq!(vm.state(), VmState::Paused);
+    host.resume(vm.id).await.unwrap();
+    assert_eq!(g.run(sh("echo back")).await.unwrap().stdout, b"back\n");
+
+    let pid = vm.record().pid.unwrap();
+    let t = Instant::now();
+    // SAFETY: signalling the QEMU process this test started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    let mut rx = vm.subscribe();
+    while rx.borrow().state != VmState::Failed {
+        tokio::time::timeout(Duration::from_secs(2), rx.changed())
+            .await
+            .expect("failure reported within 2 s")
+            .unwrap();
+    }
+    assert!(t.elapsed() < Duration::from_secs(2));
+    let reason = vm.record().reason.unwrap_or_default();
+    assert!(
+        reason.contains("vmm exited") || reason.contains("channel"),
+        "{reason}"
+    );
+    // Operations on a failed VM are clear errors.
+    assert!(host.guest(vm.id).is_err());
+    host.delete(vm.id).await.unwrap();
+    assert!(host.get(vm.id).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_image_boots_and_stops_gracefully() {
+    let host = host().await;
+    let (vm, g) = vm(&host, ImageName::Default).await;
+    let out = g.run(sh("python3 -c 'print(2+2)'")).await.unwrap();
+    assert_eq!(out.stdout, b"4\n");
+    let out = g
+        .run(sh(
+            "echo $BASH_VERSION | cut -c1; git --version | cut -d' ' -f1; whoami",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "5\ngit\nroot\n");
+    let t = Instant::now();
+    let rec = host.stop(vm.id).await.unwrap();
+    assert_eq!(rec.state, VmState::Stopped);
+    eprintln!("graceful stop took {:?}", t.elapsed());
+    host.delete(vm.id).await.unwrap();
+}

@@ -1,0 +1,214 @@
+//! Bulk data over the held stream of a real microVM: big outputs, big files,
+//! concurrency under a bulk transfer, and reconnect with replay.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use hearth_guest_proto::{OpErrorKind, OutputChannel};
+use hearth_host::{CreateVm, ExecUpdate};
+use hearth_image::ImageName;
+use hearth_types::ByteSize;
+
+fn pseudo_random(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        out.extend_from_slice(&seed.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_output_files_concurrency_and_replay() {
+    let host = host().await;
+    let vm = host
+        .create_vm(CreateVm {
+            image: ImageName::Busybox,
+            memory: ByteSize::gib(1),
+            ..CreateVm::default()
+        })
+        .await
+        .unwrap();
+    let g = vm.guest().unwrap();
+
+    // 100 MiB of stdout from one command arrives complete and in order.
+    let n = 13_000_000u64;
+    let t = Instant::now();
+    let out = g.run(sh(&format!("seq 1 {n}"))).await.unwrap();
+    let elapsed = t.elapsed();
+    assert_eq!(out.exit_code, Some(0));
+    assert!(
+        out.stdout.len() > 100 * 1024 * 1024,
+        "{} bytes",
+        out.stdout.len()
+    );
+    let mut expected = Vec::with_capacity(out.stdout.len());
+    for i in 1..=n {
+        expected.extend_from_slice(i.to_string().as_bytes());
+        expected.push(b'\n');
+    }
+    assert!(
+        out.stdout == expected,
+        "100 MiB stdout differs from seq's output"
+    );
+    eprintln!("seq: {} MiB in {elapsed:?}", out.stdout.len() >> 20);
+
+    // Upload then download 256 MiB; checksums match.
+    let data = pseudo_random(256 << 20, 7);
+    let sum = blake3::hash(&data);
+    let t = Instant::now();
+    let w = g.write_file("/tmp/big", None).await.unwrap();
+    for chunk in data.chunks(1 << 20) {
+        w.send(Bytes::copy_from_slice(chunk)).await.unwrap();
+    }
+    assert_eq!(w.finish().await.unwrap(), 256 << 20);
+    eprintln!("upload 256 MiB: {:?}", t.elapsed());
+    let t = Instant::now();
+    let back = g.read_all("/tmp/big").await.unwrap();
+    eprintln!("download 256 MiB: {:?}", t.elapsed());
+    assert_eq!(blake3::hash(&back), sum);
+    drop(back);
+
+    // A byte range.
+    let mut r = g.read_file("/tmp/big", 1000, Some(10)).await.unwrap();
+    assert_eq!((r.size, r.length), (256 << 20, 10));
+    let chunk = r.next_chunk().await.unwrap().unwrap();
+    assert_eq!(&chunk[..], &data[1000..1010]);
+    assert!(r.next_chunk().await.unwrap().is_none());
+
+    // Missing file: a clear not-found error.
+    let err = g.read_all("/tmp/nope").await.err().unwrap();
+    assert_eq!(err.op_kind(), Some(OpErrorKind::NotFound), "{err}");
+
+    // 20 concurrent execs while a 256 MiB download runs: all correct, none stalls.
+    let g2 = g.clone();
+    let download = tokio::spawn(async move {
+        let t = Instant::now();
+        let mut r = g2.read_file("/tmp/big", 0, None).await.unwrap();
+        let mut h = blake3::Hasher::new();
+        let mut slow_reader_pause = true;
+        while let Some(c) = r.next_chunk().await.unwrap() {
+            h.update(&c);
+            if slow_reader_pause {
+                // The downloader is slow at first: its window fills up.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                slow_reader_pause = false;
+            }
+        }
+        (h.finalize(), t.elapsed())
+    });
+    let t = Instant::now();
+    let execs = (0..20u32).map(|i| {
+        let g = g.clone();
+        async move {
+            let t = Instant::now();
+            let out = g.run(sh(&format!("echo $(({i} * {i}))"))).await.unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                (i * i).to_string()
+            );
+            t.elapsed()
+        }
+    });
+    let latencies = futures_util::future::join_all(execs).await;
+    let execs_took = t.elapsed();
+    let (dsum, dtook) = download.await.unwrap();
+    assert_eq!(dsum, sum);
+    let worst = latencies.iter().max().unwrap();
+    eprintln!(
+        "20 execs during download: all done in {execs_took:?}, worst {worst:?}; download {dtook:?}"
+    );
+    assert!(
+        *worst < Duration::from_secs(30),
+        "an exec stalled behind the download"
+    );
+
+    // Reconnect: drop the client mid-stream, re-attach with offsets, and
+    // receive exactly the missing bytes.
+    let mut req = sh("for i in $(seq 1 40); do echo line$i; echo err$i >&2; sleep 0.05; done");
+    req.command_id = Some("replay-1".into());
+    let mut h = g.exec(req).await.unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    while out.len() < 30 {
+        match h.next().await.unwrap().unwrap() {
+            ExecUpdate::Output {
+                channel: OutputChannel::Stdout,
+                offset,
+                data,
+            } => {
+                assert_eq!(offset, out.len() as u64);
+                out.extend_from_slice(&data);
+            }
+            ExecUpdate::Output {
+                channel: OutputChannel::Stderr,
+                offset,
+                data,
+            } => {
+                assert_eq!(offset, err.len() as u64);
+                err.extend_from_slice(&data);
+            }
+            _ => {}
+        }
+    }
+    h.control.detach();
+    drop(h);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut h = g
+        .attach("replay-1", out.len() as u64, err.len() as u64)
+        .await
+        .unwrap();
+    let mut exit = None;
+    while let Some(ev) = h.next().await.unwrap() {
+        match ev {
+            ExecUpdate::Output {
+                channel: OutputChannel::Stdout,
+                offset,
+                data,
+            } => {
+                assert_eq!(offset, out.len() as u64, "gap or duplicate on stdout");
+                out.extend_from_slice(&data);
+            }
+            ExecUpdate::Output {
+                channel: OutputChannel::Stderr,
+                offset,
+                data,
+            } => {
+                assert_eq!(offset, err.len() as u64, "gap or duplicate on stderr");
+                err.extend_from_slice(&data);
+            }
+            ExecUpdate::Exit { exit_code, .. } => exit = Some(exit_code),
+            ExecUpdate::Started { command_id, .. } => assert_eq!(command_id, "replay-1"),
+            ExecUpdate::Error { message, .. } => panic!("{message}"),
+        }
+    }
+    let want_out: String = (1..=40).map(|i| format!("line{i}\n")).collect();
+    let want_err: String = (1..=40).map(|i| format!("err{i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&out), want_out);
+    assert_eq!(String::from_utf8_lossy(&err), want_err);
+    assert_eq!(exit, Some(0));
+
+    // Executing again with the same command_id attaches instead of re-running.
+    let mut req = sh("echo should-not-run");
+    req.command_id = Some("replay-1".into());
+    let again = g.run(req).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&again.stdout), want_out);
+
+    // Reconnecting to an id that never existed is CommandNotFound.
+    let mut h = g.attach("no-such-id", 0, 0).await.unwrap();
+    match h.next().await.unwrap() {
+        Some(ExecUpdate::Error { error_type, .. }) => {
+            assert_eq!(
+                error_type,
+                hearth_guest_proto::ExecErrorType::CommandNotFound
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    host.delete(vm.id).await.unwrap();
+}
