@@ -1,1 +1,216 @@
-fn main() {}
+//! `hearth`: the command-line entry point. A thin layer over the libraries:
+//! it parses arguments, sets up logging and calls `hearth-image` and
+//! `hearth-host`.
+
+mod bench;
+mod run;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use hearth_image::ImageName;
+use hearth_types::ByteSize;
+
+#[derive(Parser)]
+#[command(name = "hearth", version, about = "Run untrusted code in microVMs")]
+struct Cli {
+    /// Where Hearth keeps artifacts, VM records and disks.
+    #[arg(
+        long,
+        global = true,
+        env = "HEARTH_DATA_DIR",
+        default_value = "/var/lib/hearth"
+    )]
+    data_dir: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Guest artifacts (kernel, initramfs, root images).
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// Boot a VM, run one command in it, tear it down; exits with the command's code.
+    Run {
+        #[arg(long, default_value = "default")]
+        image: ImageName,
+        #[arg(long, default_value = "512M")]
+        memory: ByteSize,
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
+        /// Run the command through `/bin/sh -c` instead of as an argv.
+        #[arg(long)]
+        shell: bool,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, num_args = 1..)]
+        command: Vec<String>,
+    },
+    /// The host agent.
+    Host {
+        #[command(subcommand)]
+        command: HostCommand,
+    },
+    /// Benchmarks that print numbers.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Build (or verify the cache of) the kernel, initramfs and root images.
+    Build {
+        /// `busybox`, `default` or `all`.
+        #[arg(long, default_value = "all")]
+        image: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum HostCommand {
+    /// Serve the host agent's private API (HTTP + WebSocket) on loopback.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:19190")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Boot, exec round trip, file throughput and memory of the substrate.
+    Substrate {
+        /// Exec round trips to time.
+        #[arg(long, default_value_t = 1000)]
+        execs: usize,
+        /// Cold boots per image.
+        #[arg(long, default_value_t = 5)]
+        boots: usize,
+        /// Size of the file moved for the throughput numbers.
+        #[arg(long, default_value = "256M")]
+        file_size: ByteSize,
+        /// Images to boot (comma separated).
+        #[arg(long, default_value = "busybox,default")]
+        images: String,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hearth: cannot start the runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match rt.block_on(dispatch(cli)) {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            eprintln!("hearth: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+fn parse_images(s: &str) -> anyhow::Result<Vec<ImageName>> {
+    if s == "all" {
+        return Ok(vec![ImageName::Busybox, ImageName::Default]);
+    }
+    s.split(',')
+        .map(|p| p.trim().parse::<ImageName>().map_err(anyhow::Error::from))
+        .collect()
+}
+
+async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>> {
+    let cfg = hearth_host::HostConfig::new(data_dir);
+    hearth_host::Host::start(cfg, Arc::new(hearth_image::StderrProgress))
+        .await
+        .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
+        .context("start the host agent")
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Image {
+            command: ImageCommand::Build { image },
+        } => {
+            let images = parse_images(&image)?;
+            let cfg = hearth_image::ImageConfig::new(&cli.data_dir);
+            tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                for image in images {
+                    let a = hearth_image::ensure_all(&cfg, image, &hearth_image::StderrProgress)
+                        .with_context(|| format!("build the {image} image"))?;
+                    println!(
+                        "{image}: kernel {} ({}), initramfs {}, rootfs {} ({} bytes, blake3 {})",
+                        a.kernel.release,
+                        a.kernel.vmlinuz.display(),
+                        a.initramfs.path.display(),
+                        a.rootfs.path.display(),
+                        a.rootfs.size_bytes,
+                        &a.rootfs.blake3[..16.min(a.rootfs.blake3.len())],
+                    );
+                }
+                Ok(())
+            })
+            .await??;
+            Ok(0)
+        }
+        Command::Run {
+            image,
+            memory,
+            cpus,
+            shell,
+            command,
+        } => run::run(cli.data_dir, image, memory, cpus, shell, command).await,
+        Command::Host {
+            command: HostCommand::Serve { listen },
+        } => {
+            let host = start_host(cli.data_dir).await?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("listen on {listen}"))?;
+            eprintln!(
+                "hearth host agent listening on http://{listen} (guests under {})",
+                host.accel()
+            );
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            hearth_host::api::serve(host.clone(), listener, shutdown)
+                .await
+                .context("serve the host API")?;
+            eprintln!("hearth: stopping VMs");
+            host.shutdown().await;
+            Ok(0)
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Substrate {
+                    execs,
+                    boots,
+                    file_size,
+                    images,
+                },
+        } => {
+            let images = parse_images(&images)?;
+            bench::substrate(cli.data_dir, images, boots, execs, file_size).await?;
+            Ok(0)
+        }
+    }
+}

@@ -466,7 +466,7 @@ async fn read_loop<R: AsyncRead + Unpin>(inner: Arc<Inner>, mut reader: FramedRe
         }
     };
     if inner.role == Role::Host {
-        tracing::warn!(%reason, "guest channel lost");
+        tracing::debug!(%reason, "guest channel lost");
     }
     inner.fail(reason);
 }

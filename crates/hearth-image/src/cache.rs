@@ -60,7 +60,8 @@ pub(crate) fn lock(artifacts: &Path, p: &dyn Progress) -> Result<BuildLock, Imag
 
 /// Removes every `.tmp-*` entry in `artifacts`. Only call with the lock held.
 fn clear_staging(artifacts: &Path) -> Result<(), ImageError> {
-    let entries = fs::read_dir(artifacts).map_err(|e| ImageError::io("read directory", artifacts, e))?;
+    let entries =
+        fs::read_dir(artifacts).map_err(|e| ImageError::io("read directory", artifacts, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| ImageError::io("read directory", artifacts, e))?;
         if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
@@ -150,7 +151,9 @@ fn unescape_mountinfo(s: &str) -> String {
         if bytes[i] == b'\\' && i + 4 <= bytes.len() {
             let oct = &bytes[i + 1..i + 4];
             if oct.iter().all(|b| (b'0'..=b'7').contains(b)) {
-                let v = oct.iter().fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
+                let v = oct
+                    .iter()
+                    .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
                 if let Ok(v) = u8::try_from(v) {
                     out.push(v);
                     i += 4;

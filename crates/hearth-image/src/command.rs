@@ -37,7 +37,12 @@ pub(crate) fn run(cmd: &mut Command) -> Result<Output, ImageError> {
     if output.status.success() {
         Ok(output)
     } else {
-        Err(failed(command, output.status, &output.stderr, &output.stdout))
+        Err(failed(
+            command,
+            output.status,
+            &output.stderr,
+            &output.stdout,
+        ))
     }
 }
 
@@ -99,7 +104,10 @@ pub(crate) fn run_streaming(
     }
 }
 
-fn forward_lines(pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>) -> thread::JoinHandle<()> {
+fn forward_lines(
+    pipe: impl Read + Send + 'static,
+    tx: mpsc::Sender<String>,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut reader = BufReader::new(pipe);
         let mut buf = Vec::new();
@@ -119,7 +127,12 @@ fn forward_lines(pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>) -> 
 }
 
 /// Builds [`ImageError::CommandFailed`] from captured output.
-pub(crate) fn failed(command: String, status: ExitStatus, stderr: &[u8], stdout: &[u8]) -> ImageError {
+pub(crate) fn failed(
+    command: String,
+    status: ExitStatus,
+    stderr: &[u8],
+    stdout: &[u8],
+) -> ImageError {
     let source = if stderr.iter().any(|b| !b.is_ascii_whitespace()) {
         stderr
     } else {
@@ -179,10 +192,9 @@ mod tests {
     #[test]
     fn streaming_sees_both_pipes() {
         let mut lines = Vec::new();
-        run_streaming(
-            Command::new("sh").args(["-c", "echo a; echo b >&2"]),
-            |l| lines.push(l.to_owned()),
-        )
+        run_streaming(Command::new("sh").args(["-c", "echo a; echo b >&2"]), |l| {
+            lines.push(l.to_owned())
+        })
         .unwrap();
         lines.sort();
         assert_eq!(lines, ["a", "b"]);

@@ -134,12 +134,19 @@ impl<W: Write> CpioWriter<W> {
             self.next_ino += 1;
         }
         let fields = [
-            ino, h.mode, 0, // uid
+            ino,
+            h.mode,
+            0, // uid
             0, // gid
-            h.nlink, 0, // mtime
-            h.size, 0, // devmajor
+            h.nlink,
+            0, // mtime
+            h.size,
+            0, // devmajor
             0, // devminor
-            h.rdev.0, h.rdev.1, namesize as u32, 0, // check
+            h.rdev.0,
+            h.rdev.1,
+            namesize as u32,
+            0, // check
         ];
         let mut buf = String::with_capacity(110 + namesize + 3);
         buf.push_str(MAGIC);
@@ -176,7 +183,10 @@ fn check_name(name: &str) -> Result<(), ImageError> {
         Some("name must be relative")
     } else if name.contains('\0') {
         Some("name contains NUL")
-    } else if name.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+    } else if name
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
         Some("name has an empty, '.' or '..' component")
     } else if name == TRAILER {
         Some("name is the trailer marker")
@@ -214,7 +224,9 @@ mod tests {
             let (mode, uid, gid, mtime, size) = (field(1), field(2), field(3), field(5), field(6));
             let (rmaj, rmin, namesize) = (field(9), field(10), field(11) as usize);
             assert_eq!((uid, gid, mtime), (0, 0, 0));
-            let name = std::str::from_utf8(&bytes[110..110 + namesize - 1]).unwrap().to_owned();
+            let name = std::str::from_utf8(&bytes[110..110 + namesize - 1])
+                .unwrap()
+                .to_owned();
             assert_eq!(bytes[110 + namesize - 1], 0);
             let data_start = (110 + namesize).div_ceil(4) * 4;
             let data_end = data_start + size as usize;
@@ -246,10 +258,26 @@ mod tests {
     fn round_trips() {
         let entries = parse(&sample());
         let names: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
-        assert_eq!(names, ["dev", "dev/console", "hearth", "init", "hearth/empty", "hearth/abc"]);
+        assert_eq!(
+            names,
+            [
+                "dev",
+                "dev/console",
+                "hearth",
+                "init",
+                "hearth/empty",
+                "hearth/abc"
+            ]
+        );
         assert_eq!(entries[0].1, 0o040_755);
-        assert_eq!((entries[1].1, entries[1].2, entries[1].3), (0o020_600, 5, 1));
-        assert_eq!((entries[3].1, entries[3].4.as_slice()), (0o100_755, &b"hello"[..]));
+        assert_eq!(
+            (entries[1].1, entries[1].2, entries[1].3),
+            (0o020_600, 5, 1)
+        );
+        assert_eq!(
+            (entries[3].1, entries[3].4.as_slice()),
+            (0o100_755, &b"hello"[..])
+        );
         assert!(entries[4].4.is_empty());
         assert_eq!(entries[5].4, b"abc");
     }
@@ -273,7 +301,11 @@ mod tests {
         let listing = String::from_utf8(out.stdout).unwrap();
         let lines: Vec<&str> = listing.lines().collect();
         assert_eq!(lines.len(), 6, "{listing}");
-        assert!(lines[1].starts_with("crw-------") && lines[1].contains("5,") && lines[1].ends_with("dev/console"));
+        assert!(
+            lines[1].starts_with("crw-------")
+                && lines[1].contains("5,")
+                && lines[1].ends_with("dev/console")
+        );
         assert!(lines[3].starts_with("-rwxr-xr-x") && lines[3].ends_with("init"));
     }
 
@@ -281,7 +313,10 @@ mod tests {
     fn rejects_bad_names_and_short_sources() {
         let mut w = CpioWriter::new(Vec::new(), Path::new("mem"));
         for bad in ["", "/init", "a/../b", "a//b", "TRAILER!!!"] {
-            assert!(matches!(w.dir(bad, 0o755), Err(ImageError::Cpio { .. })), "{bad:?}");
+            assert!(
+                matches!(w.dir(bad, 0o755), Err(ImageError::Cpio { .. })),
+                "{bad:?}"
+            );
         }
         assert!(matches!(
             w.file("short", 0o644, 10, &b"abc"[..]),

@@ -192,7 +192,9 @@ mod tests {
     #[test]
     fn dynamic_binary_is_not_static() {
         match linkage(Path::new("/bin/ls")).unwrap() {
-            Linkage::Dynamic { interpreter } => assert!(interpreter.contains("ld-linux"), "{interpreter}"),
+            Linkage::Dynamic { interpreter } => {
+                assert!(interpreter.contains("ld-linux"), "{interpreter}")
+            }
             Linkage::Static => panic!("/bin/ls reported static"),
         }
         assert!(matches!(

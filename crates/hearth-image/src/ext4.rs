@@ -49,7 +49,18 @@ pub(crate) fn make_image(
     drop(file);
     command::run(
         Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-b", "4096", "-I", "256", "-L", ROOTFS_LABEL, "-U", uuid])
+            .args([
+                "-q",
+                "-F",
+                "-b",
+                "4096",
+                "-I",
+                "256",
+                "-L",
+                ROOTFS_LABEL,
+                "-U",
+                uuid,
+            ])
             .arg("-E")
             .arg(format!(
                 "root_owner=0:0,hash_seed={uuid},assume_storage_prezeroed=1"
@@ -94,7 +105,9 @@ fn normalize_times(tree: &Path, img: &Path, times: Times) -> Result<(), ImageErr
             if !rel.contains(['"', '\n', '\\']) {
                 add(&format!("/{rel}"));
             }
-            let ty = entry.file_type().map_err(|e| ImageError::io("stat", &path, e))?;
+            let ty = entry
+                .file_type()
+                .map_err(|e| ImageError::io("stat", &path, e))?;
             if ty.is_dir() {
                 stack.push(path);
             }
@@ -103,7 +116,12 @@ fn normalize_times(tree: &Path, img: &Path, times: Times) -> Result<(), ImageErr
     let script_path = img.with_extension("debugfs");
     fs::write(&script_path, script).map_err(|e| ImageError::io("write", &script_path, e))?;
     let mut cmd = Command::new("debugfs");
-    cmd.arg("-w").arg("-f").arg(&script_path).arg(img);
+    cmd.arg("-w")
+        .arg("-f")
+        .arg(&script_path)
+        .arg(img)
+        // Closing the filesystem stamps the superblock's write time.
+        .env("E2FSPROGS_FAKE_TIME", FIXED_EPOCH.to_string());
     let command_line = command::describe(&cmd);
     let output = command::run(&mut cmd)?;
     let _ = fs::remove_file(&script_path);

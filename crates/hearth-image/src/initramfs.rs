@@ -164,7 +164,12 @@ fn write_archive(out: &Path, agent: &Path, kernel: &KernelArtifact) -> Result<()
     w.char_device("dev/console", 0o600, 5, 1)?;
     add_file(&mut w, "init", 0o755, agent)?;
     for (i, m) in kernel.modules.iter().enumerate() {
-        add_file(&mut w, &format!("hearth/modules/{i:02}-{}.ko", m.name), 0o644, &m.path)?;
+        add_file(
+            &mut w,
+            &format!("hearth/modules/{i:02}-{}.ko", m.name),
+            0o644,
+            &m.path,
+        )?;
     }
     let file = w
         .finish()?
@@ -173,7 +178,12 @@ fn write_archive(out: &Path, agent: &Path, kernel: &KernelArtifact) -> Result<()
     file.sync_all().map_err(|e| ImageError::io("sync", out, e))
 }
 
-fn add_file<W: Write>(w: &mut CpioWriter<W>, name: &str, perm: u32, src: &Path) -> Result<(), ImageError> {
+fn add_file<W: Write>(
+    w: &mut CpioWriter<W>,
+    name: &str,
+    perm: u32,
+    src: &Path,
+) -> Result<(), ImageError> {
     let f = File::open(src).map_err(|e| ImageError::io("open", src, e))?;
     let len = f
         .metadata()

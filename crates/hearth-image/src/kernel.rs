@@ -172,7 +172,11 @@ fn artifact_from_manifest(dir: &Path, m: &KernelManifest) -> Option<KernelArtifa
     })
 }
 
-fn build(cfg: &ImageConfig, artifacts: &Path, p: &dyn Progress) -> Result<KernelArtifact, ImageError> {
+fn build(
+    cfg: &ImageConfig,
+    artifacts: &Path,
+    p: &dyn Progress,
+) -> Result<KernelArtifact, ImageError> {
     let started = Instant::now();
     let package = resolve_package(&cfg.kernel_package, p)?;
     p.step(&format!("building kernel: downloading {package}"));
@@ -185,13 +189,21 @@ fn build(cfg: &ImageConfig, artifacts: &Path, p: &dyn Progress) -> Result<Kernel
             .current_dir(&download),
     )?;
     let deb = single_deb(&download, &package)?;
-    let info = command::run_stdout(Command::new("dpkg-deb").arg("-f").arg(&deb).args(["Package", "Version"]))?;
-    let (deb_package, version) = parse_control(&info).ok_or_else(|| ImageError::UnexpectedOutput {
-        command: format!("dpkg-deb -f {} Package Version", deb.display()),
-        reason: format!("no Package/Version fields in {info:?}"),
-    })?;
+    let info = command::run_stdout(
+        Command::new("dpkg-deb")
+            .arg("-f")
+            .arg(&deb)
+            .args(["Package", "Version"]),
+    )?;
+    let (deb_package, version) =
+        parse_control(&info).ok_or_else(|| ImageError::UnexpectedOutput {
+            command: format!("dpkg-deb -f {} Package Version", deb.display()),
+            reason: format!("no Package/Version fields in {info:?}"),
+        })?;
 
-    p.step(&format!("building kernel: extracting {deb_package} {version}"));
+    p.step(&format!(
+        "building kernel: extracting {deb_package} {version}"
+    ));
     let tree = staging.path().join("tree");
     command::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree))?;
     let (vmlinuz_src, release) = find_vmlinuz(&tree, &deb_package)?;
@@ -274,12 +286,20 @@ fn build(cfg: &ImageConfig, artifacts: &Path, p: &dyn Progress) -> Result<Kernel
     cache::replace(&out, &final_dir)?;
     drop(staging);
 
-    let artifact = artifact_from_manifest(&final_dir, &manifest).ok_or_else(|| ImageError::BadKernelPackage {
-        package: manifest.package.clone(),
-        reason: format!("files vanished from {} right after the build", final_dir.display()),
+    let artifact = artifact_from_manifest(&final_dir, &manifest).ok_or_else(|| {
+        ImageError::BadKernelPackage {
+            package: manifest.package.clone(),
+            reason: format!(
+                "files vanished from {} right after the build",
+                final_dir.display()
+            ),
+        }
     })?;
     p.done(
-        &format!("kernel {} ({} {})", artifact.release, artifact.package, artifact.package_version),
+        &format!(
+            "kernel {} ({} {})",
+            artifact.release, artifact.package, artifact.package_version
+        ),
         started.elapsed(),
     );
     Ok(artifact)
@@ -296,17 +316,20 @@ fn resolve_package(wanted: &str, p: &dyn Progress) -> Result<String, ImageError>
         package: wanted.to_owned(),
         detail,
     };
-    let (prefix, suffix) =
-        package_family(wanted).ok_or_else(|| unavailable("its name has no ABI number to vary".to_owned()))?;
+    let (prefix, suffix) = package_family(wanted)
+        .ok_or_else(|| unavailable("its name has no ABI number to vary".to_owned()))?;
     let pattern = format!("^{}[0-9]+{}$", regex_escape(prefix), regex_escape(suffix));
-    let listing = command::run_stdout(Command::new("apt-cache").args(["search", "--names-only", &pattern]))?;
+    let listing =
+        command::run_stdout(Command::new("apt-cache").args(["search", "--names-only", &pattern]))?;
     let newest = listing
         .lines()
         .filter_map(|line| line.split_whitespace().next())
         .filter_map(|name| abi_number(name, prefix, suffix).map(|n| (n, name)))
         .max()
         .map(|(_, name)| name.to_owned())
-        .ok_or_else(|| unavailable(format!("no {prefix}*{suffix} package is available either")))?;
+        .ok_or_else(|| unavailable(format!(
+                "no {prefix}*{suffix} package is available either (do apt's lists need `apt-get update`?)"
+            )))?;
     p.warn(&format!(
         "kernel package {wanted} is not available from apt; using the newest of its family, {newest}"
     ));
@@ -329,14 +352,20 @@ fn package_family(name: &str) -> Option<(&str, &str)> {
 }
 
 fn abi_number(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
-    name.strip_prefix(prefix)?.strip_suffix(suffix)?.parse().ok()
+    name.strip_prefix(prefix)?
+        .strip_suffix(suffix)?
+        .parse()
+        .ok()
 }
 
 fn regex_escape(s: &str) -> String {
     s.chars()
         .flat_map(|c| {
             let special = ".+*?()[]{}|^$\\".contains(c);
-            special.then_some('\\').into_iter().chain(std::iter::once(c))
+            special
+                .then_some('\\')
+                .into_iter()
+                .chain(std::iter::once(c))
         })
         .collect()
 }
@@ -356,7 +385,13 @@ fn parse_control(text: &str) -> Option<(String, String)> {
 /// `:`) with `_`.
 fn path_safe(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "._+~-".contains(c) { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._+~-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -426,7 +461,9 @@ fn index_modules(dir: &Path) -> Result<BTreeMap<String, ModuleFile>, ImageError>
         let entries = fs::read_dir(&d).map_err(|e| ImageError::io("read directory", &d, e))?;
         for entry in entries {
             let entry = entry.map_err(|e| ImageError::io("read directory", &d, e))?;
-            let ty = entry.file_type().map_err(|e| ImageError::io("stat", entry.path(), e))?;
+            let ty = entry
+                .file_type()
+                .map_err(|e| ImageError::io("stat", entry.path(), e))?;
             let path = entry.path();
             if ty.is_dir() {
                 stack.push(path);
@@ -439,7 +476,8 @@ fn index_modules(dir: &Path) -> Result<BTreeMap<String, ModuleFile>, ImageError>
                 .iter()
                 .find_map(|ext| name.strip_suffix(ext))
             {
-                out.entry(stem.replace('-', "_")).or_insert(ModuleFile::Compressed(path));
+                out.entry(stem.replace('-', "_"))
+                    .or_insert(ModuleFile::Compressed(path));
             }
         }
     }
@@ -461,8 +499,14 @@ mod tests {
         let (prefix, suffix) = package_family(DEFAULT_KERNEL_PACKAGE).unwrap();
         assert_eq!(prefix, "linux-image-6.1.0-");
         assert_eq!(suffix, "-cloud-amd64-unsigned");
-        assert_eq!(abi_number("linux-image-6.1.0-57-cloud-amd64-unsigned", prefix, suffix), Some(57));
-        assert_eq!(abi_number("linux-image-6.1.0-57-cloud-amd64", prefix, suffix), None);
+        assert_eq!(
+            abi_number("linux-image-6.1.0-57-cloud-amd64-unsigned", prefix, suffix),
+            Some(57)
+        );
+        assert_eq!(
+            abi_number("linux-image-6.1.0-57-cloud-amd64", prefix, suffix),
+            None
+        );
         assert_eq!(package_family("linux-image-cloud-amd64"), None);
         assert_eq!(regex_escape("6.1.0-"), "6\\.1\\.0-");
     }
@@ -472,7 +516,10 @@ mod tests {
         let info = "Package: linux-image-6.1.0-50-cloud-amd64-unsigned\nVersion: 6.1.176-1\n";
         assert_eq!(
             parse_control(info),
-            Some(("linux-image-6.1.0-50-cloud-amd64-unsigned".into(), "6.1.176-1".into()))
+            Some((
+                "linux-image-6.1.0-50-cloud-amd64-unsigned".into(),
+                "6.1.176-1".into()
+            ))
         );
         assert_eq!(parse_control("Package: x\n"), None);
         assert_eq!(path_safe("1:2.3+b1~x"), "1_2.3+b1~x");

@@ -205,7 +205,10 @@ mod tests {
     fn config_defaults() {
         let cfg = ImageConfig::new("/var/lib/hearth");
         assert_eq!(cfg.artifacts_dir(), Path::new("/var/lib/hearth/artifacts"));
-        assert_eq!(cfg.kernel_package, "linux-image-6.1.0-50-cloud-amd64-unsigned");
+        assert_eq!(
+            cfg.kernel_package,
+            "linux-image-6.1.0-50-cloud-amd64-unsigned"
+        );
         assert_eq!(cfg.suite, "bookworm");
         let with = ImageConfig {
             debian_mirror: Some("http://m.example/debian".into()),

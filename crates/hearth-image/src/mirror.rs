@@ -190,6 +190,9 @@ deb http://other.example/debian bookworm-updates main
 
     #[test]
     fn missing_config_falls_back() {
-        assert_eq!(mirror_from_apt(Path::new("/nonexistent"), "bookworm"), FALLBACK_MIRROR);
+        assert_eq!(
+            mirror_from_apt(Path::new("/nonexistent"), "bookworm"),
+            FALLBACK_MIRROR
+        );
     }
 }

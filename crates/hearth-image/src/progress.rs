@@ -4,8 +4,10 @@ use std::time::Duration;
 
 /// Receives progress while artifacts are built.
 ///
-/// Nothing is reported on a cache hit; a build reports a few `step`s and one
-/// `done` per artifact. Implementations must be cheap and must not block.
+/// A build reports a few `step`s and one `done` per artifact; a cache hit
+/// reports nothing (except [`guest_agent_binary`](crate::guest_agent_binary),
+/// which always runs cargo, a no-op when the agent is up to date).
+/// Implementations must be cheap and must not block.
 pub trait Progress: Send + Sync {
     /// A step has started ("building kernel", "debootstrap: Retrieving …").
     fn step(&self, what: &str);

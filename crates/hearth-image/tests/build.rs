@@ -36,9 +36,15 @@ impl Drop for DataDir {
     }
 }
 
-/// Records every report (and echoes it, visible with --nocapture).
-#[derive(Default)]
-struct Recorder(Mutex<Vec<String>>);
+/// Records every report (and echoes it with a timestamp, visible with
+/// --nocapture).
+struct Recorder(Mutex<Vec<String>>, Instant);
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder(Mutex::default(), Instant::now())
+    }
+}
 
 impl Recorder {
     fn lines(&self) -> Vec<String> {
@@ -52,12 +58,16 @@ impl Recorder {
 
 impl Progress for Recorder {
     fn step(&self, what: &str) {
-        eprintln!("[test] {what}");
+        eprintln!("[test +{:.2}s] {what}", self.1.elapsed().as_secs_f64());
         self.0.lock().unwrap().push(what.to_owned());
     }
 
     fn done(&self, what: &str, elapsed: Duration) {
-        eprintln!("[test] {what} done in {:.2}s", elapsed.as_secs_f64());
+        eprintln!(
+            "[test +{:.2}s] {what} done in {:.2}s",
+            self.1.elapsed().as_secs_f64(),
+            elapsed.as_secs_f64()
+        );
         self.0.lock().unwrap().push(format!("done: {what}"));
     }
 }
@@ -158,7 +168,10 @@ fn kernel_and_initramfs() {
     ];
     want.extend(in_order.iter().map(|f| format!("hearth/modules/{f}")));
     assert_eq!(listing.lines().collect::<Vec<_>>(), want);
-    assert_eq!(initramfs.size_bytes, fs::metadata(&initramfs.path).unwrap().len());
+    assert_eq!(
+        initramfs.size_bytes,
+        fs::metadata(&initramfs.path).unwrap().len()
+    );
 
     p.clear();
     let (again, hit) = timed("initramfs cache hit", || {
@@ -199,27 +212,60 @@ fn busybox_rootfs() {
     });
     assert_eq!(img.size_bytes, 64 << 20);
     assert_eq!(img.recipe_version, ImageName::Busybox.recipe_version());
-    assert!(img.path.ends_with("rootfs-busybox-v1/rootfs.ext4"));
+    assert!(img.path.ends_with(format!(
+        "rootfs-busybox-v{}/rootfs.ext4",
+        img.recipe_version
+    )));
 
     let stat = debugfs(&img.path, "stat /bin/busybox");
     assert!(stat.contains("Type: regular"), "{stat}");
     assert!(stat.contains("Mode:  0755"), "{stat}");
-    for link in ["/bin/sh", "/bin/bash", "/usr/bin/env"] {
+    for link in ["/bin/sh", "/usr/bin/env"] {
         let stat = debugfs(&img.path, &format!("stat {link}"));
         assert!(stat.contains("Type: symlink"), "{link}: {stat}");
     }
+    // busybox-static has no `bash` applet, so /bin/bash is a script that
+    // runs busybox's sh.
+    let bash = debugfs(&img.path, "stat /bin/bash");
+    assert!(
+        bash.contains("Type: regular") && bash.contains("Mode:  0755"),
+        "{bash}"
+    );
+    let script = debugfs(&img.path, "cat /bin/bash");
+    assert!(
+        script.starts_with("#!/bin/sh\n") && script.contains("exec /bin/sh"),
+        "{script}"
+    );
     let home = debugfs(&img.path, "stat /home/user");
     assert!(home.contains("User:  1000   Group:  1000"), "{home}");
     let tmp = debugfs(&img.path, "stat /tmp");
     assert!(tmp.contains("Mode:  01777"), "{tmp}");
     let passwd = debugfs(&img.path, "cat /etc/passwd");
-    assert!(passwd.contains("user:x:1000:1000:user:/home/user:/bin/sh"), "{passwd}");
-    let label = Command::new("dumpe2fs").arg("-h").arg(&img.path).output().unwrap();
+    assert!(
+        passwd.contains("user:x:1000:1000:user:/home/user:/bin/sh"),
+        "{passwd}"
+    );
+    let label = Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(&img.path)
+        .output()
+        .unwrap();
     let label = String::from_utf8_lossy(&label.stdout);
-    assert!(label.contains("Filesystem volume name:   hearthroot"), "{label}");
+    assert!(
+        label.contains("Filesystem volume name:   hearthroot"),
+        "{label}"
+    );
     assert!(label.contains(ImageName::Busybox.fs_uuid()), "{label}");
-    let fsck = Command::new("e2fsck").arg("-fn").arg(&img.path).output().unwrap();
-    assert!(fsck.status.success(), "{}", String::from_utf8_lossy(&fsck.stdout));
+    let fsck = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&img.path)
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
 
     p.clear();
     let (again, hit) = timed("busybox rootfs cache hit", || {
@@ -229,6 +275,9 @@ fn busybox_rootfs() {
     assert!(hit < Duration::from_millis(500), "cache hit took {hit:?}");
     assert!(p.lines().is_empty());
 
+    // Rebuild in a later wall-clock second, so any timestamp that escaped
+    // normalization shows up as a different checksum.
+    std::thread::sleep(Duration::from_millis(1100));
     let other = DataDir::new("busybox-repro");
     let twin = ensure_rootfs(&other.config(), ImageName::Busybox, &p).unwrap();
     assert_eq!(twin.blake3, img.blake3, "busybox image is not reproducible");
@@ -279,7 +328,9 @@ fn unavailable_kernel_falls_back_to_newest() {
     assert!(kernel.package.starts_with("linux-image-6.1.0-"));
     assert!(kernel.package.ends_with("-cloud-amd64-unsigned"));
     assert!(
-        p.lines().iter().any(|l| l.starts_with("warning:") && l.contains(&kernel.package)),
+        p.lines()
+            .iter()
+            .any(|l| l.starts_with("warning:") && l.contains(&kernel.package)),
         "{:?}",
         p.lines()
     );
@@ -309,12 +360,24 @@ fn default_rootfs() {
         img.size_bytes >> 20,
         allocated >> 20
     );
-    for path in ["/usr/bin/python3", "/usr/bin/git", "/usr/bin/curl", "/bin/bash", "/etc/ssl/certs/ca-certificates.crt"] {
+    for path in [
+        "/usr/bin/python3",
+        "/usr/bin/git",
+        "/usr/bin/curl",
+        "/bin/bash",
+        "/etc/ssl/certs/ca-certificates.crt",
+    ] {
         let stat = debugfs(&img.path, &format!("stat {path}"));
-        assert!(stat.contains("Type: regular") || stat.contains("Type: symlink"), "{path}: {stat}");
+        assert!(
+            stat.contains("Type: regular") || stat.contains("Type: symlink"),
+            "{path}: {stat}"
+        );
     }
     let passwd = debugfs(&img.path, "cat /etc/passwd");
-    assert!(passwd.contains("user:x:1000:1000:user:/home/user:/bin/bash"), "{passwd}");
+    assert!(
+        passwd.contains("user:x:1000:1000:user:/home/user:/bin/bash"),
+        "{passwd}"
+    );
     let shadow = debugfs(&img.path, "cat /etc/shadow");
     assert!(shadow.lines().any(|l| l.starts_with("user:!:")), "{shadow}");
     assert_eq!(debugfs(&img.path, "cat /etc/hostname").trim(), "hearth");
@@ -322,8 +385,16 @@ fn default_rootfs() {
     assert!(home.contains("User:  1000   Group:  1000"), "{home}");
     let lists = debugfs(&img.path, "ls /var/lib/apt/lists");
     assert!(!lists.contains("_Packages"), "{lists}");
-    let fsck = Command::new("e2fsck").arg("-fn").arg(&img.path).output().unwrap();
-    assert!(fsck.status.success(), "{}", String::from_utf8_lossy(&fsck.stdout));
+    let fsck = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&img.path)
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
 
     p.clear();
     let (again, hit) = timed("default rootfs cache hit", || {

@@ -53,7 +53,11 @@ pub(super) fn populate(tree: &Path) -> Result<(), ImageError> {
     set_mode(&bin, 0o755)?;
 
     let list = command::run_stdout(Command::new(&src).arg("--list-full"))?;
-    let mut applets: Vec<&str> = list.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let mut applets: Vec<&str> = list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     applets.push("bin/sh");
     for applet in applets {
         let rel = Path::new(applet);
@@ -78,7 +82,11 @@ pub(super) fn populate(tree: &Path) -> Result<(), ImageError> {
 
     // busybox has no `bash` applet; LangSmith's default shell is /bin/bash,
     // so it is a wrapper around busybox's POSIX shell.
-    write_file(&tree.join("bin/bash"), "#!/bin/sh\nexec /bin/sh \"$@\"\n", 0o755)?;
+    write_file(
+        &tree.join("bin/bash"),
+        "#!/bin/sh\nexec /bin/sh \"$@\"\n",
+        0o755,
+    )?;
 
     let etc = tree.join("etc");
     write_file(

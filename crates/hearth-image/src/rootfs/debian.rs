@@ -23,7 +23,11 @@ pub(super) const INCLUDE: [&str; 7] = [
 
 /// Runs debootstrap into `tree` and applies Hearth's changes; returns the
 /// mirror used.
-pub(super) fn populate(cfg: &ImageConfig, tree: &Path, p: &dyn Progress) -> Result<String, ImageError> {
+pub(super) fn populate(
+    cfg: &ImageConfig,
+    tree: &Path,
+    p: &dyn Progress,
+) -> Result<String, ImageError> {
     let mirror = cfg.resolved_mirror();
     p.step(&format!(
         "debootstrap {} from {mirror} (takes about a minute)",
@@ -75,8 +79,10 @@ impl Phases {
             return None; // always follows its "Retrieving" line
         }
         let lower = info.to_ascii_lowercase();
-        let per_package = matches!(verb, "Retrieving" | "Extracting" | "Unpacking" | "Configuring")
-            && (1..=2).contains(&rest.len())
+        let per_package = matches!(
+            verb,
+            "Retrieving" | "Extracting" | "Unpacking" | "Configuring"
+        ) && (1..=2).contains(&rest.len())
             && !lower.contains("packages")
             && !lower.contains("release");
         if per_package {

@@ -96,10 +96,16 @@ pub fn ensure_rootfs(
     let tree_bytes = ext4::disk_usage(&tree)?;
     let (size, times) = match name {
         ImageName::Busybox => (64 * MIB, Times::AllFixed),
-        ImageName::Default => ((tree_bytes + 1024 * MIB).div_ceil(256 * MIB) * 256 * MIB, Times::KeepMtime),
+        ImageName::Default => (
+            (tree_bytes + 1024 * MIB).div_ceil(256 * MIB) * 256 * MIB,
+            Times::KeepMtime,
+        ),
     };
 
-    p.step(&format!("building {name} root image: mkfs.ext4 ({} MiB)", size / MIB));
+    p.step(&format!(
+        "building {name} root image: mkfs.ext4 ({} MiB)",
+        size / MIB
+    ));
     let out = staging.path().join("out");
     make_dir(&out, 0o755)?;
     let img = out.join(IMAGE_FILE);
@@ -132,7 +138,10 @@ pub fn ensure_rootfs(
 }
 
 /// What the image content depends on, besides the recipe version.
-fn recipe_inputs(cfg: &ImageConfig, name: ImageName) -> Result<BTreeMap<String, String>, ImageError> {
+fn recipe_inputs(
+    cfg: &ImageConfig,
+    name: ImageName,
+) -> Result<BTreeMap<String, String>, ImageError> {
     let mut inputs = BTreeMap::new();
     match name {
         ImageName::Busybox => {
@@ -148,7 +157,11 @@ fn recipe_inputs(cfg: &ImageConfig, name: ImageName) -> Result<BTreeMap<String, 
     Ok(inputs)
 }
 
-fn cached(dir: &Path, name: ImageName, inputs: &BTreeMap<String, String>) -> Option<RootfsArtifact> {
+fn cached(
+    dir: &Path,
+    name: ImageName,
+    inputs: &BTreeMap<String, String>,
+) -> Option<RootfsArtifact> {
     let m: RootfsManifest = cache::read_manifest(&dir.join("manifest.json"))?;
     let ok = m.name == name
         && m.recipe == name.recipe_version()

@@ -1,0 +1,279 @@
+//! File routes: streamed upload and download (with single byte ranges),
+//! stat, list, mkdir and remove. Paths are the guest's; relative paths
+//! resolve from the default user's home.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use hearth_guest_proto::FileStat;
+use serde::Deserialize;
+
+use super::{guest_call, no_content, ApiError, Query, VmPath};
+use crate::guest::{FileReader, GuestClient};
+use crate::host::Host;
+
+#[derive(Deserialize)]
+pub(super) struct PathQuery {
+    path: String,
+}
+
+#[derive(Deserialize)]
+pub(super) struct UploadQuery {
+    path: String,
+    /// Octal permission bits, such as `755` or `0o600`.
+    mode: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct MkdirQuery {
+    path: String,
+    #[serde(default)]
+    parents: bool,
+}
+
+#[derive(Deserialize)]
+pub(super) struct RemoveQuery {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+}
+
+fn parse_mode(mode: &str) -> Result<u32, ApiError> {
+    let digits = mode.strip_prefix("0o").unwrap_or(mode);
+    match u32::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o7777 && !digits.is_empty() && !digits.starts_with('+') => Ok(m),
+        _ => Err(ApiError::validation(format!(
+            "mode must be octal permission bits such as 644, got {mode:?}"
+        ))),
+    }
+}
+
+/// `PUT /v1/vms/{id}/files?path=P[&mode=octal]`: the request body, streamed
+/// into the guest chunk by chunk; the file appears only once complete.
+pub(super) async fn upload(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    Query(q): Query<UploadQuery>,
+    body: Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let mode = q.mode.as_deref().map(parse_mode).transpose()?;
+    let guest = host.guest(id)?;
+    let writer = guest_call(guest.write_file(&q.path, mode)).await?;
+    let mut body = body.into_data_stream();
+    while let Some(chunk) = body.next().await {
+        // Dropping the writer unfinished discards the partial file.
+        let chunk = chunk.map_err(|e| {
+            ApiError::validation(format!("the upload was interrupted: {e}"))
+        })?;
+        writer.send(chunk).await?;
+    }
+    let bytes = guest_call(writer.finish()).await?;
+    Ok(Json(serde_json::json!({ "bytes": bytes })))
+}
+
+/// A single range of a `Range: bytes=…` header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ByteRange {
+    /// `a-b`, both inclusive.
+    Bounded(u64, u64),
+    /// `a-`
+    From(u64),
+    /// `-n`: the last n bytes.
+    Suffix(u64),
+}
+
+/// Parses a single byte range. Anything else (other units, several
+/// ranges, bad syntax) is `None` and the whole file is served, as RFC 9110
+/// lets a server ignore a Range it does not support.
+fn parse_range(value: &str) -> Option<ByteRange> {
+    let value = value.trim();
+    let (unit, spec) = value.split_once('=')?;
+    if !unit.trim().eq_ignore_ascii_case("bytes") || spec.contains(',') {
+        return None;
+    }
+    let (a, b) = spec.trim().split_once('-')?;
+    let num = |s: &str| {
+        let s = s.trim();
+        if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+            None
+        } else {
+            s.parse::<u64>().ok()
+        }
+    };
+    match (a.trim().is_empty(), b.trim().is_empty()) {
+        (true, true) => None,
+        (true, false) => Some(ByteRange::Suffix(num(b)?)),
+        (false, true) => Some(ByteRange::From(num(a)?)),
+        (false, false) => {
+            let (a, b) = (num(a)?, num(b)?);
+            (a <= b).then_some(ByteRange::Bounded(a, b))
+        }
+    }
+}
+
+fn unsatisfiable(size: u64) -> Response {
+    let mut resp = ApiError::new(
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        "RangeNotSatisfiable",
+        format!("the requested range is outside the file ({size} bytes)"),
+    )
+    .into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+        resp.headers_mut().insert(header::CONTENT_RANGE, v);
+    }
+    resp
+}
+
+/// `GET /v1/vms/{id}/files?path=P`: the file's bytes, streamed from the
+/// guest; honours a single `Range`.
+pub(super) async fn download(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let guest = host.guest(id)?;
+    let range = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_range);
+    let open = |offset, length| guest_call(guest.read_file(&q.path, offset, length));
+    let Some(range) = range else {
+        let reader = open(0, None).await?;
+        return Ok(file_response(reader, None));
+    };
+    let (start, reader) = match range {
+        ByteRange::Bounded(a, b) => (a, open(a, Some((b - a).saturating_add(1))).await?),
+        ByteRange::From(a) => (a, open(a, None).await?),
+        ByteRange::Suffix(n) => {
+            let size = open(0, Some(0)).await?.size;
+            if n == 0 {
+                return Ok(unsatisfiable(size));
+            }
+            let start = size.saturating_sub(n);
+            (start, open(start, None).await?)
+        }
+    };
+    if start >= reader.size || reader.length == 0 {
+        return Ok(unsatisfiable(reader.size));
+    }
+    Ok(file_response(reader, Some(start)))
+}
+
+/// A 200 (or 206 for a range starting at `start`) streaming the reader.
+fn file_response(reader: FileReader, start: Option<u64>) -> Response {
+    let (size, length) = (reader.size, reader.length);
+    let mut resp = Response::new(file_body(reader));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(start) = start {
+        *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+        let end = start + length - 1;
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{end}/{size}")) {
+            resp.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+    }
+    resp
+}
+
+/// The reader's chunks as a response body; a guest failure midway aborts
+/// the response (the client sees a body shorter than its length).
+fn file_body(reader: FileReader) -> Body {
+    let chunks = futures_util::stream::unfold(Some(reader), |reader| async move {
+        let mut reader = reader?;
+        match reader.next_chunk().await {
+            Ok(Some(chunk)) => Some((Ok(chunk), Some(reader))),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "file download failed midway");
+                Some((Err(e), None))
+            }
+        }
+    });
+    Body::from_stream(chunks)
+}
+
+pub(super) async fn stat(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    Query(q): Query<PathQuery>,
+) -> Result<Json<FileStat>, ApiError> {
+    let guest: GuestClient = host.guest(id)?;
+    Ok(Json(guest_call(guest.stat(&q.path)).await?))
+}
+
+pub(super) async fn list(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    Query(q): Query<PathQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let guest = host.guest(id)?;
+    let entries = guest_call(guest.list(&q.path)).await?;
+    Ok(Json(serde_json::json!({ "entries": entries })))
+}
+
+pub(super) async fn mkdir(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    Query(q): Query<MkdirQuery>,
+) -> Result<Response, ApiError> {
+    let guest = host.guest(id)?;
+    guest_call(guest.mkdir(&q.path, q.parents)).await?;
+    Ok(no_content())
+}
+
+pub(super) async fn remove(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    Query(q): Query<RemoveQuery>,
+) -> Result<Response, ApiError> {
+    let guest = host.guest(id)?;
+    guest_call(guest.remove(&q.path, q.recursive)).await?;
+    Ok(no_content())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse_or_are_ignored() {
+        use ByteRange::*;
+        assert_eq!(parse_range("bytes=0-99"), Some(Bounded(0, 99)));
+        assert_eq!(parse_range("bytes=100-"), Some(From(100)));
+        assert_eq!(parse_range("bytes=-5"), Some(Suffix(5)));
+        assert_eq!(parse_range(" Bytes = 1 - 2 "), Some(Bounded(1, 2)));
+        for ignored in [
+            "bytes=5-1",
+            "bytes=0-1,4-5",
+            "items=0-1",
+            "bytes=-",
+            "bytes=x-1",
+            "bytes=+1-2",
+            "bytes=0-99999999999999999999999",
+            "bytes",
+        ] {
+            assert_eq!(parse_range(ignored), None, "{ignored}");
+        }
+    }
+
+    #[test]
+    fn modes_are_octal() {
+        assert_eq!(parse_mode("755").unwrap(), 0o755);
+        assert_eq!(parse_mode("0o600").unwrap(), 0o600);
+        assert_eq!(parse_mode("0644").unwrap(), 0o644);
+        for bad in ["", "9", "17777", "rw", "+7", "0o"] {
+            assert!(parse_mode(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The host agent's private HTTP + WebSocket API, served on loopback to the
+//! control plane and to `hearth` commands.
+//!
+//! Handlers only parse requests and call [`Host`] and
+//! [`GuestClient`](crate::GuestClient) methods; the logic lives in those
+//! types. Every failure, including every rejected request, is answered with
+//! LangSmith's error envelope:
+//!
+//! ```text
+//! {"detail": {"error": "<Type>", "error_id": "<uuid>", "message": "…"}}
+//! ```
+//!
+//! Routes:
+//!
+//! | method and path                          | answer                               |
+//! |------------------------------------------|--------------------------------------|
+//! | `GET /healthz`                           | `{"status":"ok","accel":"tcg"}`      |
+//! | `POST /v1/vms`                           | 201 + `VmRecord` once ready          |
+//! | `GET /v1/vms`                            | `{"vms":[VmRecord…]}`                |
+//! | `GET`, `DELETE /v1/vms/{id}`             | `VmRecord`; 204                      |
+//! | `POST /v1/vms/{id}/{pause,resume,stop,kill}` | `VmRecord`                       |
+//! | `GET /v1/vms/{id}/info`                  | the guest's `GuestInfo`              |
+//! | `GET /v1/vms/{id}/exec/ws`               | LangSmith's exec WebSocket           |
+//! | `POST /v1/vms/{id}/exec`                 | `{"stdout","stderr","exit_code"}`    |
+//! | `PUT`, `GET`, `DELETE /v1/vms/{id}/files?path=` | upload, download (Range), remove |
+//! | `GET /v1/vms/{id}/files/{stat,list}?path=` | `FileStat`; `{"entries":[…]}`      |
+//! | `POST /v1/vms/{id}/files/mkdir?path=`    | 204                                  |
+//! | `GET /v1/vms/{id}/tcp?port=`             | WebSocket of binary frames to a guest port |
+
+mod exec;
+mod files;
+mod vms;
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use hearth_guest_proto::{MuxError, OpErrorKind};
+use hearth_types::VmId;
+use serde::de::DeserializeOwned;
+
+use crate::guest::GuestError;
+use crate::host::{error_chain, Host, HostError};
+
+/// Largest JSON request body; file uploads have no limit.
+pub const JSON_LIMIT: usize = 1024 * 1024;
+/// After the shutdown signal, how long open requests may still finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Deadline of a guest operation that answers with a single reply.
+const GUEST_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The API's routes over `host`.
+pub fn router(host: Arc<Host>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/vms", post(vms::create).get(vms::list))
+        .route("/v1/vms/{id}", get(vms::get).delete(vms::delete))
+        .route("/v1/vms/{id}/pause", post(vms::pause))
+        .route("/v1/vms/{id}/resume", post(vms::resume))
+        .route("/v1/vms/{id}/stop", post(vms::stop))
+        .route("/v1/vms/{id}/kill", post(vms::kill))
+        .route("/v1/vms/{id}/info", get(vms::info))
+        .route("/v1/vms/{id}/tcp", get(vms::tcp))
+        .route("/v1/vms/{id}/exec", post(exec::run))
+        .route("/v1/vms/{id}/exec/ws", get(exec::ws))
+        .route(
+            "/v1/vms/{id}/files",
+            put(files::upload)
+                .get(files::download)
+                .delete(files::remove),
+        )
+        .route("/v1/vms/{id}/files/stat", get(files::stat))
+        .route("/v1/vms/{id}/files/list", get(files::list))
+        .route("/v1/vms/{id}/files/mkdir", post(files::mkdir))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(host)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves; requests still
+/// open then get [`SHUTDOWN_GRACE`] to finish before they are dropped.
+/// WebSocket sessions end with the process.
+pub async fn serve(
+    host: Arc<Host>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "host api listening");
+    }
+    let listener = listener.tap_io(|tcp| {
+        // Exec and tunnel frames are small and latency-bound.
+        let _ = tcp.set_nodelay(true);
+    });
+    let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        let _ = fired_tx.send(());
+    };
+    let server = axum::serve(listener, router(host))
+        .with_graceful_shutdown(signal)
+        .into_future();
+    let grace = async move {
+        match fired_rx.await {
+            Ok(()) => tokio::time::sleep(SHUTDOWN_GRACE).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = server => r,
+        () = grace => {
+            tracing::warn!("host api: requests still open {SHUTDOWN_GRACE:?} after shutdown; dropping them");
+            Ok(())
+        }
+    }
+}
+
+async fn healthz(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok", "accel": host.accel().as_str()}))
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+/// A failed request, answered with LangSmith's error envelope.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// The envelope's `error`: `NotFound`, `ValidationError`, …
+    pub error: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            error,
+            message: message.into(),
+        }
+    }
+
+    /// 400 `ValidationError`.
+    pub fn validation(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "ValidationError", message)
+    }
+
+    /// 422 `ValidationError`: well-formed, but not acceptable.
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "ValidationError", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let error_id = uuid::Uuid::new_v4().to_string();
+        let status = self.status.as_u16();
+        if self.status.is_server_error() {
+            tracing::warn!(status, error = self.error, %error_id, message = %self.message, "api request failed");
+        } else {
+            tracing::info!(status, error = self.error, %error_id, message = %self.message, "api request rejected");
+        }
+        let body = serde_json::json!({
+            "detail": {"error": self.error, "error_id": error_id, "message": self.message}
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<HostError> for ApiError {
+    fn from(e: HostError) -> Self {
+        let message = error_chain(&e);
+        match e {
+            HostError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "NotFound", message),
+            HostError::WrongState { .. } => Self::new(StatusCode::CONFLICT, "Conflict", message),
+            HostError::Invalid(_) => Self::unprocessable(message),
+            HostError::Boot { .. } | HostError::Vmm(_) | HostError::Image(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                message,
+            ),
+            HostError::Io { .. } => Self::internal(message),
+            HostError::Guest(g) => g.into(),
+        }
+    }
+}
+
+impl From<GuestError> for ApiError {
+    fn from(e: GuestError) -> Self {
+        let message = e.to_string();
+        let (status, error) = match &e {
+            GuestError::Op(op) => match op.kind {
+                OpErrorKind::NotFound => (StatusCode::NOT_FOUND, "FileNotFound"),
+                OpErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "PermissionDenied"),
+                OpErrorKind::IsADirectory => (StatusCode::BAD_REQUEST, "IsADirectory"),
+                OpErrorKind::NotADirectory => (StatusCode::BAD_REQUEST, "NotADirectory"),
+                OpErrorKind::InvalidPath => (StatusCode::BAD_REQUEST, "InvalidPath"),
+                OpErrorKind::BadRequest => (StatusCode::BAD_REQUEST, "ValidationError"),
+                OpErrorKind::AlreadyExists => (StatusCode::CONFLICT, "Conflict"),
+                OpErrorKind::ConnectionRefused => (StatusCode::BAD_GATEWAY, "ConnectionError"),
+                OpErrorKind::Unsupported | OpErrorKind::Io => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, "CommandError")
+                }
+            },
+            GuestError::Handshake(_) | GuestError::Channel(MuxError::Closed { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable")
+            }
+            GuestError::Channel(_) => (StatusCode::INTERNAL_SERVER_ERROR, "CommandError"),
+            GuestError::Protocol(_) => (StatusCode::BAD_GATEWAY, "GuestProtocolError"),
+        };
+        Self::new(status, error, message)
+    }
+}
+
+/// A WebSocket endpoint was asked for without a proper upgrade request.
+fn ws_rejection(e: WebSocketUpgradeRejection) -> ApiError {
+    ApiError::new(e.status(), "ValidationError", e.body_text())
+}
+
+/// Runs a host operation as its own task, so a client that disconnects
+/// cannot abandon a boot or a stop half way.
+async fn detached<T: Send + 'static>(
+    op: impl Future<Output = Result<T, HostError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::spawn(op).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => Err(ApiError::internal(format!("host operation failed: {e}"))),
+    }
+}
+
+/// A guest operation with a single reply, bounded in time.
+async fn guest_call<T>(op: impl Future<Output = Result<T, GuestError>>) -> Result<T, ApiError> {
+    match tokio::time::timeout(GUEST_CALL_TIMEOUT, op).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(_) => Err(ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            format!(
+                "the guest agent did not answer within {}s",
+                GUEST_CALL_TIMEOUT.as_secs()
+            ),
+        )),
+    }
+}
+
+/// The `{id}` of a route, parsed as a [`VmId`].
+struct VmPath(VmId);
+
+impl<S: Send + Sync> FromRequestParts<S> for VmPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let axum::extract::Path(raw) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::validation(e.body_text()))?;
+        raw.parse::<VmId>()
+            .map(VmPath)
+            .map_err(|_| ApiError::validation(format!("invalid vm id {raw:?}")))
+    }
+}
+
+/// The query string, parsed as `T`.
+struct Query<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| Query(q.0))
+            .map_err(|e| ApiError::validation(e.body_text()))
+    }
+}
+
+/// A JSON body of at most [`JSON_LIMIT`] bytes, parsed as `T`. An empty
+/// body reads as `{}`, so requests whose fields are all optional need none.
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, ApiError> {
+        let too_large = || {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "PayloadTooLarge",
+                format!("JSON bodies are limited to {JSON_LIMIT} bytes"),
+            )
+        };
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > JSON_LIMIT as u64) {
+            return Err(too_large());
+        }
+        let mut body = req.into_body().into_data_stream();
+        let mut buf = Vec::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk
+                .map_err(|e| ApiError::validation(format!("cannot read the request body: {e}")))?;
+            if buf.len() + chunk.len() > JSON_LIMIT {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        parse_json(&buf).map(JsonBody)
+    }
+}
+
+/// Malformed JSON is a 400; JSON of the wrong shape (types, missing
+/// fields, unknown values) a 422. Messages name the offending field.
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if path == "." {
+            format!("invalid JSON body: {inner}")
+        } else {
+            format!("invalid JSON body at {path}: {inner}")
+        };
+        match inner.classify() {
+            serde_json::error::Category::Data => ApiError::unprocessable(message),
+            _ => ApiError::validation(message),
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::validation(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+/// An empty body.
+fn no_content() -> Response {
+    (StatusCode::NO_CONTENT, Body::empty()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    struct Sample {
+        #[serde(default)]
+        n: Option<u32>,
+        #[allow(dead_code)]
+        name: String,
+    }
+
+    #[test]
+    fn json_errors_are_classified() {
+        let e = parse_json::<Sample>(b"{\"name\":").unwrap_err();
+        assert_eq!((e.status, e.error), (StatusCode::BAD_REQUEST, "ValidationError"));
+        let e = parse_json::<Sample>(br#"{"name":"x","n":"lots"}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.message.contains("n:"), "{}", e.message);
+        let e = parse_json::<Sample>(b"").unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", e.message);
+        assert!(e.message.contains("name"), "{}", e.message);
+        let e = parse_json::<Sample>(br#"{"name":"x"} trailing"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let ok = parse_json::<Sample>(br#" {"name":"x","n":3} "#).unwrap();
+        assert_eq!(ok.n, Some(3));
+    }
+}
