@@ -1,0 +1,145 @@
+//! kill -9 of the host agent: its QEMU processes die with it, and a
+//! restarted agent accounts for every VM it had started.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn data_dir() -> PathBuf {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test");
+    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
+    let dir = shared
+        .join("hosts")
+        .join(format!("restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("artifacts");
+    if !link.exists() {
+        std::os::unix::fs::symlink(shared.join("artifacts"), &link).unwrap();
+    }
+    dir
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(dir: &Path, port: u16) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["host", "serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("HEARTH_DATA_DIR", dir)
+        .env(
+            "HEARTH_ACCEL",
+            std::env::var("HEARTH_ACCEL").unwrap_or_default(),
+        )
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "host agent did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child
+}
+
+/// A minimal HTTP/1.1 exchange (Connection: close).
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let text = String::from_utf8_lossy(&resp);
+    let status: u16 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has an empty cmdline; treat it as gone.
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| !c.is_empty())
+        .unwrap_or(false)
+}
+
+#[test]
+fn host_agent_kill_9_leaves_no_orphans_and_restart_accounts_for_every_vm() {
+    let dir = data_dir();
+    let port = free_port();
+    let mut agent = serve(&dir, port);
+
+    let mut vms = Vec::new();
+    for _ in 0..2 {
+        let (status, vm) = http(
+            port,
+            "POST",
+            "/v1/vms",
+            r#"{"image":"busybox","memory":268435456}"#,
+        );
+        assert_eq!(status, 201, "{vm}");
+        assert_eq!(vm["state"], "ready");
+        vms.push((
+            vm["id"].as_str().unwrap().to_owned(),
+            vm["pid"].as_u64().unwrap() as u32,
+        ));
+    }
+
+    agent.kill().unwrap(); // SIGKILL
+    agent.wait().unwrap();
+    let t = Instant::now();
+    for (_, pid) in &vms {
+        while alive(*pid) {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "qemu {pid} outlived its host agent"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    let port = free_port();
+    let mut agent = serve(&dir, port);
+    let (status, list) = http(port, "GET", "/v1/vms", "");
+    assert_eq!(status, 200);
+    let listed = list["vms"].as_array().unwrap();
+    for (id, _) in &vms {
+        let rec = listed
+            .iter()
+            .find(|v| v["id"] == id.as_str())
+            .expect("vm accounted for");
+        assert_eq!(rec["state"], "failed", "{rec}");
+        assert!(
+            rec["reason"].as_str().unwrap().contains("restarted"),
+            "{rec}"
+        );
+    }
+    // The failed VMs can be cleaned up through the API.
+    for (id, _) in &vms {
+        let (status, _) = http(port, "DELETE", &format!("/v1/vms/{id}"), "");
+        assert_eq!(status, 204);
+    }
+    // SAFETY: signalling the child this test started.
+    unsafe {
+        libc::kill(agent.id() as i32, libc::SIGINT);
+    }
+    let status = agent.wait().unwrap();
+    assert!(status.success(), "clean exit on Ctrl-C: {status:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
