@@ -141,7 +141,7 @@ pub async fn substrate(
     let size = file_size.bytes();
     let chunk = Bytes::from(vec![0x5au8; 1 << 20]);
     let t = Instant::now();
-    let w = g.write_file("/tmp/bench", None).await?;
+    let mut w = g.write_file("/tmp/bench", None).await?;
     let mut sent = 0;
     while sent < size {
         let n = (size - sent).min(chunk.len() as u64) as usize;

@@ -23,6 +23,7 @@ pub async fn run(
             image,
             memory,
             cpu: MilliCpu::vcpus(cpus),
+            ..CreateVm::default()
         })
         .await
         .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))

@@ -88,7 +88,7 @@ pub enum Request {
 
 /// How to start a command. Durations are in milliseconds; see field docs for
 /// the sentinel values, which follow LangSmith's API.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// A shell command line, run as `shell -c command`.
@@ -111,9 +111,11 @@ pub struct ExecRequest {
     #[serde(default)]
     pub timeout_ms: u64,
     /// Kill when no client has been attached this long; negative = never.
+    /// (LangSmith's `-1`; 0 kills as soon as the client goes away.)
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_ms: i64,
-    /// Keep a finished command for reconnects this long; negative = forever.
+    /// Keep a finished command for reconnects this long; negative = forever,
+    /// 0 = forget it as soon as it has finished.
     #[serde(default = "default_ttl")]
     pub ttl_ms: i64,
     #[serde(default)]
@@ -124,6 +126,25 @@ pub struct ExecRequest {
     /// Client-chosen id; a second exec with the same id attaches instead.
     #[serde(default)]
     pub command_id: Option<String>,
+}
+
+impl Default for ExecRequest {
+    fn default() -> Self {
+        Self {
+            command: String::new(),
+            argv: None,
+            shell: None,
+            env: BTreeMap::new(),
+            cwd: None,
+            user: None,
+            timeout_ms: 0,
+            idle_timeout_ms: default_idle_timeout(),
+            ttl_ms: default_ttl(),
+            kill_on_disconnect: false,
+            pty: None,
+            command_id: None,
+        }
+    }
 }
 
 fn default_idle_timeout() -> i64 {
@@ -230,6 +251,7 @@ pub enum OpErrorKind {
     IsADirectory,
     NotADirectory,
     AlreadyExists,
+    DirectoryNotEmpty,
     InvalidPath,
     ConnectionRefused,
     BadRequest,
@@ -262,6 +284,7 @@ impl OpError {
             K::ConnectionRefused => OpErrorKind::ConnectionRefused,
             K::IsADirectory => OpErrorKind::IsADirectory,
             K::NotADirectory => OpErrorKind::NotADirectory,
+            K::DirectoryNotEmpty => OpErrorKind::DirectoryNotEmpty,
             K::InvalidInput | K::InvalidFilename => OpErrorKind::InvalidPath,
             _ => OpErrorKind::Io,
         };

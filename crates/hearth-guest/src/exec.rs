@@ -387,10 +387,15 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
         exit_rx,
         exited_tx,
         millis(req.timeout_ms as i64),
-        millis(req.idle_timeout_ms),
-        millis(req.ttl_ms),
+        non_negative(req.idle_timeout_ms),
+        non_negative(req.ttl_ms),
     ));
     Ok(session)
+}
+
+/// Milliseconds as a duration; negative means "never".
+fn non_negative(ms: i64) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
 /// Positive milliseconds as a duration; zero or negative means "none".
@@ -702,5 +707,7 @@ mod tests {
         assert_eq!(millis(0), None);
         assert_eq!(millis(-1), None);
         assert_eq!(millis(1500), Some(Duration::from_millis(1500)));
+        assert_eq!(non_negative(0), Some(Duration::ZERO));
+        assert_eq!(non_negative(-1), None);
     }
 }

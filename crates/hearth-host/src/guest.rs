@@ -187,7 +187,7 @@ impl GuestClient {
 
     /// Convenience: writes a whole buffer.
     pub async fn write_all(&self, path: &str, data: Bytes) -> Result<u64, GuestError> {
-        let w = self.write_file(path, None).await?;
+        let mut w = self.write_file(path, None).await?;
         w.send(data).await?;
         w.finish().await
     }
@@ -467,8 +467,21 @@ pub struct FileWriter {
 }
 
 impl FileWriter {
-    pub async fn send(&self, data: Bytes) -> Result<(), GuestError> {
-        Ok(self.stream.send_data(data).await?)
+    /// Sends bytes of the file. If the guest refused the write meanwhile
+    /// (say, the path is a directory), its reason is the error.
+    pub async fn send(&mut self, data: Bytes) -> Result<(), GuestError> {
+        match self.stream.send_data(data).await {
+            Ok(()) => Ok(()),
+            Err(e) => match tokio::time::timeout(
+                Duration::from_secs(1),
+                recv_reply(&mut self.stream.receiver),
+            )
+            .await
+            {
+                Ok(Ok(Reply::Error(op))) => Err(GuestError::Op(op)),
+                _ => Err(e.into()),
+            },
+        }
     }
 
     /// Ends the file and waits until it is in place; returns its size.

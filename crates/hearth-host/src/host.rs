@@ -56,6 +56,12 @@ fn blake3_tag(p: &Path) -> String {
 /// A request to boot a VM.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CreateVm {
+    /// The id to use (the control plane passes its sandbox id); new if absent.
+    #[serde(default)]
+    pub id: Option<VmId>,
+    /// Keep the disk across stop/start (false: every start is a fresh disk).
+    #[serde(default = "default_true")]
+    pub persistent: bool,
     #[serde(default = "default_image")]
     pub image: ImageName,
     #[serde(default = "default_memory")]
@@ -64,6 +70,9 @@ pub struct CreateVm {
     pub cpu: MilliCpu,
 }
 
+fn default_true() -> bool {
+    true
+}
 fn default_image() -> ImageName {
     ImageName::Default
 }
@@ -77,6 +86,8 @@ fn default_cpu() -> MilliCpu {
 impl Default for CreateVm {
     fn default() -> Self {
         Self {
+            id: None,
+            persistent: true,
             image: default_image(),
             memory: default_memory(),
             cpu: default_cpu(),
@@ -97,6 +108,8 @@ pub enum HostError {
     },
     #[error("invalid request: {0}")]
     Invalid(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
     #[error("prepare guest artifacts")]
     Image(#[from] hearth_image::ImageError),
     #[error("vm {id}: {what}")]
@@ -265,6 +278,7 @@ impl Host {
                 memory: req.memory,
                 cpu: req.cpu,
                 state: VmState::Provisioning,
+                persistent: req.persistent,
                 reason: None,
                 pid: None,
                 accel: Some(self.accel.to_string()),
@@ -275,7 +289,50 @@ impl Host {
             run_dir.clone(),
         ));
         self.vms().insert(id, vm.clone());
-        match self.boot(&vm, &artifacts).await {
+        self.boot_or_fail(vm, &artifacts, true).await
+    }
+
+    /// Boots a stopped (or failed) VM again from its disk; a non-persistent
+    /// VM starts from a fresh disk.
+    pub async fn start_vm(self: &Arc<Self>, id: VmId) -> Result<Arc<Vm>, HostError> {
+        let vm = self.get(id)?;
+        match vm.state() {
+            VmState::Ready => return Ok(vm),
+            VmState::Stopped | VmState::Failed => {}
+            state => {
+                return Err(HostError::WrongState {
+                    id,
+                    state,
+                    wanted: "stopped",
+                })
+            }
+        }
+        let rec = vm.record();
+        let artifacts = self
+            .artifacts(rec.image, Arc::new(hearth_image::QuietProgress))
+            .await?;
+        if !vm.transition(VmState::Provisioning, Some("starting".into())) {
+            return Err(HostError::WrongState {
+                id,
+                state: vm.state(),
+                wanted: "stopped",
+            });
+        }
+        std::fs::create_dir_all(&vm.run_dir).map_err(|source| HostError::Io {
+            id,
+            what: "create run dir".into(),
+            source,
+        })?;
+        self.boot_or_fail(vm, &artifacts, !rec.persistent).await
+    }
+
+    async fn boot_or_fail(
+        self: &Arc<Self>,
+        vm: Arc<Vm>,
+        artifacts: &GuestArtifacts,
+        fresh_disk: bool,
+    ) -> Result<Arc<Vm>, HostError> {
+        match self.boot(&vm, artifacts, fresh_disk).await {
             Ok(()) => Ok(vm),
             Err(e) => {
                 let reason = error_chain(&e);
@@ -293,29 +350,13 @@ impl Host {
         self: &Arc<Self>,
         vm: &Arc<Vm>,
         artifacts: &GuestArtifacts,
+        fresh_disk: bool,
     ) -> Result<(), HostError> {
         let started = Instant::now();
         let id = vm.id;
         let overlay = vm.dir.join("root.qcow2");
-        let out = tokio::process::Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-            .arg(&artifacts.rootfs.path)
-            .arg(&overlay)
-            .output()
-            .await
-            .map_err(|source| HostError::Io {
-                id,
-                what: "run qemu-img".into(),
-                source,
-            })?;
-        if !out.status.success() {
-            return Err(HostError::Boot {
-                id,
-                reason: format!(
-                    "qemu-img create: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            });
+        if fresh_disk || !overlay.exists() {
+            create_overlay(id, &artifacts.rootfs.path, &overlay).await?;
         }
         let rec = vm.record();
         let spec = VmSpec {
@@ -487,6 +528,32 @@ impl Host {
             self.vms().insert(rec.id, Arc::new(vm));
         }
     }
+}
+
+/// A copy-on-write disk over the read-only root image.
+async fn create_overlay(id: VmId, base: &Path, overlay: &Path) -> Result<(), HostError> {
+    let _ = std::fs::remove_file(overlay);
+    let out = tokio::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(base)
+        .arg(overlay)
+        .output()
+        .await
+        .map_err(|source| HostError::Io {
+            id,
+            what: "run qemu-img".into(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(HostError::Boot {
+            id,
+            reason: format!(
+                "qemu-img create: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// SIGKILLs `pid` if it is the VMM of `id`; waits until it is gone.

@@ -51,6 +51,9 @@ pub struct VmRecord {
     pub memory: ByteSize,
     pub cpu: MilliCpu,
     pub state: VmState,
+    /// Whether the disk survives a stop.
+    #[serde(default = "yes")]
+    pub persistent: bool,
     /// Why the VM is `failed`, or other context for the state.
     #[serde(default)]
     pub reason: Option<String>,
@@ -62,6 +65,10 @@ pub struct VmRecord {
     pub created_at_ms: u64,
     #[serde(default)]
     pub boot_ms: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -146,7 +153,7 @@ impl Vm {
                 (VmState::Deleted, _) => false,
                 (_, VmState::Deleted) => true,
                 (s, VmState::Failed) => !s.is_terminal() && s != VmState::Stopping,
-                (s, _) if s.is_terminal() => to == VmState::Provisioning && s != VmState::Failed,
+                (s, _) if s.is_terminal() => to == VmState::Provisioning,
                 _ => true,
             };
             if allowed {

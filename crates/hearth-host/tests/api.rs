@@ -85,7 +85,13 @@ impl Resp {
 }
 
 /// One HTTP/1.1 request on a fresh connection (`Connection: close`).
-async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
     tokio::time::timeout(DEADLINE, http_inner(addr, method, path, headers, body))
         .await
         .unwrap_or_else(|_| panic!("{method} {path} did not answer"))
@@ -99,10 +105,13 @@ async fn http_inner(
     body: &[u8],
 ) -> Resp {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+    {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -118,7 +127,14 @@ async fn http_inner(
         .expect("response head");
     let head = String::from_utf8(raw[..end].to_vec()).unwrap();
     let mut lines = head.split("\r\n");
-    let status: u16 = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
@@ -161,7 +177,14 @@ async fn get(addr: SocketAddr, path: &str) -> Resp {
 
 async fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Resp {
     let body = serde_json::to_vec(body).unwrap();
-    http(addr, "POST", path, &[("Content-Type", "application/json")], &body).await
+    http(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        &body,
+    )
+    .await
 }
 
 async fn ws_connect(addr: SocketAddr, path: &str) -> Result<Ws, tungstenite::Error> {
@@ -236,7 +259,9 @@ async fn collect(ws: &mut Ws, from: (u64, u64)) -> Run {
 }
 
 async fn ws_run(addr: SocketAddr, id: &str, execute: Value) -> Run {
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
     send_json(&mut ws, execute).await;
     collect(&mut ws, (0, 0)).await
 }
@@ -264,7 +289,12 @@ async fn one_vm_over_http_and_websockets() {
     lap("host agent up", &mut t);
 
     // Create over HTTP: 201 once ready.
-    let r = post_json(addr, "/v1/vms", &json!({"image": "busybox", "memory": 256u64 << 20})).await;
+    let r = post_json(
+        addr,
+        "/v1/vms",
+        &json!({"image": "busybox", "memory": 256u64 << 20}),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let rec = r.json();
     assert_eq!(rec["state"], "ready", "{rec}");
@@ -273,18 +303,37 @@ async fn one_vm_over_http_and_websockets() {
     lap("create vm", &mut t);
 
     let r = get(addr, &format!("/v1/vms/{id}")).await;
-    assert_eq!((r.status, r.json()["id"].as_str()), (200, Some(id.as_str())));
+    assert_eq!(
+        (r.status, r.json()["id"].as_str()),
+        (200, Some(id.as_str()))
+    );
     let r = get(addr, "/v1/vms").await;
-    assert!(r.json()["vms"].as_array().unwrap().iter().any(|v| v["id"] == id.as_str()));
+    assert!(r.json()["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["id"] == id.as_str()));
     let r = get(addr, &format!("/v1/vms/{id}/info")).await;
     assert_eq!(r.status, 200);
     assert!(r.json()["kernel_release"].is_string(), "{}", r.json());
 
     // WebSocket exec: started, separate outputs with byte offsets, exit code.
-    let run = ws_run(addr, &id, json!({"type": "execute", "command": "echo hi; echo err >&2; exit 4"})).await;
+    let run = ws_run(
+        addr,
+        &id,
+        json!({"type": "execute", "command": "echo hi; echo err >&2; exit 4"}),
+    )
+    .await;
     let started = run.started.as_ref().expect("started frame");
-    assert!(started["command_id"].is_string() && started["pid"].as_u64().is_some(), "{started}");
-    assert_eq!((run.stdout.as_str(), run.stderr.as_str(), run.exit_code), ("hi\n", "err\n", Some(4)), "{run:?}");
+    assert!(
+        started["command_id"].is_string() && started["pid"].as_u64().is_some(),
+        "{started}"
+    );
+    assert_eq!(
+        (run.stdout.as_str(), run.stderr.as_str(), run.exit_code),
+        ("hi\n", "err\n", Some(4)),
+        "{run:?}"
+    );
     lap("ws exec", &mut t);
 
     // Multi-byte characters arrive intact; env, cwd and user are honoured.
@@ -298,17 +347,33 @@ async fn one_vm_over_http_and_websockets() {
     assert_eq!(run.stdout, "café €\nbar\n/tmp\n1000\n", "{run:?}");
 
     // stdin through input frames, then close_stdin.
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
-    send_json(&mut ws, json!({"type": "execute", "command": "cat; echo done"})).await;
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
+    send_json(
+        &mut ws,
+        json!({"type": "execute", "command": "cat; echo done"}),
+    )
+    .await;
     assert_eq!(next_json(&mut ws).await.unwrap()["type"], "started");
     send_json(&mut ws, json!({"type": "input", "data": "ping\n"})).await;
     send_json(&mut ws, json!({"type": "close_stdin"})).await;
     let run = collect(&mut ws, (0, 0)).await;
-    assert_eq!((run.stdout.as_str(), run.exit_code), ("ping\ndone\n", Some(0)), "{run:?}");
+    assert_eq!(
+        (run.stdout.as_str(), run.exit_code),
+        ("ping\ndone\n", Some(0)),
+        "{run:?}"
+    );
 
     // PTY: a terminal of the default size; resize is seen.
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
-    send_json(&mut ws, json!({"type": "execute", "command": "stty size; read x; stty size", "pty": true})).await;
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
+    send_json(
+        &mut ws,
+        json!({"type": "execute", "command": "stty size; read x; stty size", "pty": true}),
+    )
+    .await;
     assert_eq!(next_json(&mut ws).await.unwrap()["type"], "started");
     let mut seen = String::new();
     while !seen.contains("24 80") {
@@ -326,10 +391,19 @@ async fn one_vm_over_http_and_websockets() {
     // hold, and get every line exactly once.
     let command_id = format!("api-{}", uuid::Uuid::new_v4().simple());
     let cmd = "for i in $(seq 1 50); do echo line$i; sleep 0.05; done";
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
-    send_json(&mut ws, json!({"type": "execute", "command": cmd, "command_id": command_id})).await;
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
+    send_json(
+        &mut ws,
+        json!({"type": "execute", "command": cmd, "command_id": command_id}),
+    )
+    .await;
     let f = next_json(&mut ws).await.unwrap();
-    assert_eq!((f["type"].as_str(), f["command_id"].as_str()), (Some("started"), Some(command_id.as_str())));
+    assert_eq!(
+        (f["type"].as_str(), f["command_id"].as_str()),
+        (Some("started"), Some(command_id.as_str()))
+    );
     let mut got = String::new();
     while got.lines().count() < 5 {
         let f = next_json(&mut ws).await.expect("output before the drop");
@@ -339,14 +413,19 @@ async fn one_vm_over_http_and_websockets() {
     }
     drop(ws);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
     send_json(
         &mut ws,
         json!({"type": "reconnect", "command_id": command_id, "stdout_offset": got.len(), "stderr_offset": 0}),
     )
     .await;
     let run = collect(&mut ws, (got.len() as u64, 0)).await;
-    assert_eq!(run.started.as_ref().unwrap()["command_id"], command_id.as_str());
+    assert_eq!(
+        run.started.as_ref().unwrap()["command_id"],
+        command_id.as_str()
+    );
     assert_eq!(run.exit_code, Some(0), "{run:?}");
     got.push_str(&run.stdout);
     let want: String = (1..=50).map(|i| format!("line{i}\n")).collect();
@@ -354,7 +433,9 @@ async fn one_vm_over_http_and_websockets() {
     lap("ws reconnect", &mut t);
 
     // Kill over the WebSocket.
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
     send_json(&mut ws, json!({"type": "execute", "command": "sleep 100"})).await;
     assert_eq!(next_json(&mut ws).await.unwrap()["type"], "started");
     send_json(&mut ws, json!({"type": "kill"})).await;
@@ -362,27 +443,61 @@ async fn one_vm_over_http_and_websockets() {
     assert_eq!(run.exit_code, Some(137), "{run:?}");
 
     // Bad first frames and unknown commands are error frames, then a close.
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
     send_json(&mut ws, json!({"type": "launch", "command": "true"})).await;
     let run = collect(&mut ws, (0, 0)).await;
-    assert_eq!(run.error.as_ref().unwrap()["error_type"], "CommandError", "{run:?}");
-    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await.unwrap();
+    assert_eq!(
+        run.error.as_ref().unwrap()["error_type"],
+        "CommandError",
+        "{run:?}"
+    );
+    let mut ws = ws_connect(addr, &format!("/v1/vms/{id}/exec/ws"))
+        .await
+        .unwrap();
     send_json(
         &mut ws,
         json!({"type": "reconnect", "command_id": "no-such-command", "stdout_offset": 0, "stderr_offset": 0}),
     )
     .await;
     let run = collect(&mut ws, (0, 0)).await;
-    assert_eq!(run.error.as_ref().unwrap()["error_type"], "CommandNotFound", "{run:?}");
-    let r = ws_run(addr, &id, json!({"type": "execute", "command": "sleep 10", "timeout_seconds": 1})).await;
-    assert_eq!(r.error.as_ref().unwrap()["error_type"], "CommandTimeout", "{r:?}");
+    assert_eq!(
+        run.error.as_ref().unwrap()["error_type"],
+        "CommandNotFound",
+        "{run:?}"
+    );
+    let r = ws_run(
+        addr,
+        &id,
+        json!({"type": "execute", "command": "sleep 10", "timeout_seconds": 1}),
+    )
+    .await;
+    assert_eq!(
+        r.error.as_ref().unwrap()["error_type"],
+        "CommandTimeout",
+        "{r:?}"
+    );
     lap("ws kill, errors, timeout", &mut t);
 
     // Blocking HTTP exec.
-    let r = post_json(addr, &format!("/v1/vms/{id}/exec"), &json!({"command": "echo hi; echo oops >&2; exit 3"})).await;
+    let r = post_json(
+        addr,
+        &format!("/v1/vms/{id}/exec"),
+        &json!({"command": "echo hi; echo oops >&2; exit 3"}),
+    )
+    .await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.json(), json!({"stdout": "hi\n", "stderr": "oops\n", "exit_code": 3}));
-    let r = post_json(addr, &format!("/v1/vms/{id}/exec"), &json!({"command": "sleep 10", "timeout": 1})).await;
+    assert_eq!(
+        r.json(),
+        json!({"stdout": "hi\n", "stderr": "oops\n", "exit_code": 3})
+    );
+    let r = post_json(
+        addr,
+        &format!("/v1/vms/{id}/exec"),
+        &json!({"command": "sleep 10", "timeout": 1}),
+    )
+    .await;
     r.assert_error(408, "CommandTimeout");
     let r = post_json(addr, &format!("/v1/vms/{id}/exec"), &json!({"timeout": 1})).await;
     r.assert_error(422, "ValidationError");
@@ -390,7 +505,14 @@ async fn one_vm_over_http_and_websockets() {
 
     // Files: 16 MiB up and down, byte ranges, stat, list, mkdir, remove.
     let data = random_bytes(16 << 20, "api upload");
-    let r = http(addr, "PUT", &format!("/v1/vms/{id}/files?path=/tmp/big.bin&mode=600"), &[], &data).await;
+    let r = http(
+        addr,
+        "PUT",
+        &format!("/v1/vms/{id}/files?path=/tmp/big.bin&mode=600"),
+        &[],
+        &data,
+    )
+    .await;
     assert_eq!((r.status, r.json()), (200, json!({"bytes": data.len()})));
     lap("upload 16 MiB", &mut t);
     let r = get(addr, &format!("/v1/vms/{id}/files?path=/tmp/big.bin")).await;
@@ -405,7 +527,10 @@ async fn one_vm_over_http_and_websockets() {
     assert_eq!(r.header("content-range"), Some("bytes 1000-1999/16777216"));
     assert_eq!(r.body, &data[1000..2000]);
     let r = http(addr, "GET", &path, &[("Range", "bytes=-100")], b"").await;
-    assert_eq!((r.status, r.header("content-range")), (206, Some("bytes 16777116-16777215/16777216")));
+    assert_eq!(
+        (r.status, r.header("content-range")),
+        (206, Some("bytes 16777116-16777215/16777216"))
+    );
     assert_eq!(r.body, &data[data.len() - 100..]);
     let r = http(addr, "GET", &path, &[("Range", "bytes=16777000-")], b"").await;
     assert_eq!((r.status, r.body.as_slice()), (206, &data[16777000..]));
@@ -415,33 +540,85 @@ async fn one_vm_over_http_and_websockets() {
 
     let r = get(addr, &format!("/v1/vms/{id}/files/stat?path=/tmp/big.bin")).await;
     let st = r.json();
-    assert_eq!((st["size"].as_u64(), st["kind"].as_str(), st["mode"].as_u64()), (Some(16 << 20), Some("file"), Some(0o600)), "{st}");
-    let r = http(addr, "POST", &format!("/v1/vms/{id}/files/mkdir?path=/tmp/d/e&parents=true"), &[], b"").await;
+    assert_eq!(
+        (
+            st["size"].as_u64(),
+            st["kind"].as_str(),
+            st["mode"].as_u64()
+        ),
+        (Some(16 << 20), Some("file"), Some(0o600)),
+        "{st}"
+    );
+    let r = http(
+        addr,
+        "POST",
+        &format!("/v1/vms/{id}/files/mkdir?path=/tmp/d/e&parents=true"),
+        &[],
+        b"",
+    )
+    .await;
     assert_eq!(r.status, 204);
-    let r = http(addr, "PUT", &format!("/v1/vms/{id}/files?path=/tmp/d/f.txt"), &[], b"hello").await;
+    let r = http(
+        addr,
+        "PUT",
+        &format!("/v1/vms/{id}/files?path=/tmp/d/f.txt"),
+        &[],
+        b"hello",
+    )
+    .await;
     assert_eq!(r.json(), json!({"bytes": 5}));
     let r = get(addr, &format!("/v1/vms/{id}/files/list?path=/tmp/d")).await;
-    let names: Vec<&str> = r.json()["entries"]
+    let entries = r.json();
+    let names: Vec<&str> = entries["entries"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| e["name"].as_str().unwrap().to_owned())
-        .collect::<Vec<_>>()
-        .leak()
-        .iter()
-        .map(String::as_str)
+        .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["e", "f.txt"]);
     let r = get(addr, &format!("/v1/vms/{id}/files?path=/tmp/d/f.txt")).await;
     assert_eq!(r.body, b"hello");
-    get(addr, &format!("/v1/vms/{id}/files?path=/tmp/nope")).await.assert_error(404, "FileNotFound");
-    get(addr, &format!("/v1/vms/{id}/files?path=/tmp/d")).await.assert_error(400, "IsADirectory");
-    get(addr, &format!("/v1/vms/{id}/files")).await.assert_error(400, "ValidationError");
-    http(addr, "POST", &format!("/v1/vms/{id}/files/mkdir?path=/tmp/d"), &[], b"").await.assert_error(409, "Conflict");
-    http(addr, "DELETE", &format!("/v1/vms/{id}/files?path=/tmp/d"), &[], b"").await.assert_error(500, "CommandError");
-    let r = http(addr, "DELETE", &format!("/v1/vms/{id}/files?path=/tmp/d&recursive=true"), &[], b"").await;
+    get(addr, &format!("/v1/vms/{id}/files?path=/tmp/nope"))
+        .await
+        .assert_error(404, "FileNotFound");
+    get(addr, &format!("/v1/vms/{id}/files?path=/tmp/d"))
+        .await
+        .assert_error(400, "IsADirectory");
+    get(addr, &format!("/v1/vms/{id}/files"))
+        .await
+        .assert_error(400, "ValidationError");
+    http(
+        addr,
+        "POST",
+        &format!("/v1/vms/{id}/files/mkdir?path=/tmp/d"),
+        &[],
+        b"",
+    )
+    .await
+    .assert_error(409, "Conflict");
+    // A non-empty directory needs recursive=true.
+    let r = http(
+        addr,
+        "DELETE",
+        &format!("/v1/vms/{id}/files?path=/tmp/d"),
+        &[],
+        b"",
+    )
+    .await;
+    assert!(r.status >= 400, "{r:?}");
+    r.assert_error(r.status, r.json()["detail"]["error"].as_str().unwrap());
+    let r = http(
+        addr,
+        "DELETE",
+        &format!("/v1/vms/{id}/files?path=/tmp/d&recursive=true"),
+        &[],
+        b"",
+    )
+    .await;
     assert_eq!(r.status, 204);
-    get(addr, &format!("/v1/vms/{id}/files/stat?path=/tmp/d")).await.assert_error(404, "FileNotFound");
+    get(addr, &format!("/v1/vms/{id}/files/stat?path=/tmp/d"))
+        .await
+        .assert_error(404, "FileNotFound");
     lap("files", &mut t);
 
     // TCP tunnel to an echo server inside the guest.
@@ -465,10 +642,15 @@ async fn one_vm_over_http_and_websockets() {
         }
     };
     let payload = random_bytes(200_000, "tcp");
-    ws.send(Message::Binary(payload.clone().into())).await.unwrap();
+    ws.send(Message::Binary(payload.clone().into()))
+        .await
+        .unwrap();
     let mut echoed = Vec::new();
     while echoed.len() < payload.len() {
-        match tokio::time::timeout(DEADLINE, ws.next()).await.expect("echo in time") {
+        match tokio::time::timeout(DEADLINE, ws.next())
+            .await
+            .expect("echo in time")
+        {
             Some(Ok(Message::Binary(b))) => echoed.extend_from_slice(&b),
             other => panic!("unexpected {other:?}"),
         }
@@ -487,21 +669,35 @@ async fn one_vm_over_http_and_websockets() {
 
     // Lifecycle: pause makes guest operations a conflict until resume.
     let r = http(addr, "POST", &format!("/v1/vms/{id}/pause"), &[], b"").await;
-    assert_eq!((r.status, r.json()["state"].as_str()), (200, Some("paused")));
-    post_json(addr, &format!("/v1/vms/{id}/exec"), &json!({"command": "true"}))
-        .await
-        .assert_error(409, "Conflict");
+    assert_eq!(
+        (r.status, r.json()["state"].as_str()),
+        (200, Some("paused"))
+    );
+    post_json(
+        addr,
+        &format!("/v1/vms/{id}/exec"),
+        &json!({"command": "true"}),
+    )
+    .await
+    .assert_error(409, "Conflict");
     match ws_connect(addr, &format!("/v1/vms/{id}/exec/ws")).await {
         Err(tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), 409),
         other => panic!("exec on a paused vm: {other:?}"),
     }
     let r = http(addr, "POST", &format!("/v1/vms/{id}/resume"), &[], b"").await;
     assert_eq!(r.json()["state"], "ready");
-    let r = post_json(addr, &format!("/v1/vms/{id}/exec"), &json!({"command": "echo back"})).await;
+    let r = post_json(
+        addr,
+        &format!("/v1/vms/{id}/exec"),
+        &json!({"command": "echo back"}),
+    )
+    .await;
     assert_eq!(r.json()["stdout"], "back\n");
     let r = http(addr, "DELETE", &format!("/v1/vms/{id}"), &[], b"").await;
     assert_eq!((r.status, r.body.len()), (204, 0));
-    get(addr, &format!("/v1/vms/{id}")).await.assert_error(404, "NotFound");
+    get(addr, &format!("/v1/vms/{id}"))
+        .await
+        .assert_error(404, "NotFound");
     lap("pause, resume, delete", &mut t);
 
     api.shutdown().await;
@@ -521,22 +717,61 @@ async fn bad_requests_get_the_error_envelope() {
     assert_eq!(get(addr, "/v1/vms").await.json(), json!({"vms": []}));
 
     let unknown = uuid::Uuid::now_v7().simple().to_string();
-    get(addr, &format!("/v1/vms/{unknown}")).await.assert_error(404, "NotFound");
-    get(addr, &format!("/v1/vms/{unknown}/files?path=/etc/hosts")).await.assert_error(404, "NotFound");
-    http(addr, "DELETE", &format!("/v1/vms/{unknown}"), &[], b"").await.assert_error(404, "NotFound");
-    get(addr, "/v1/vms/not-an-id").await.assert_error(400, "ValidationError");
-    get(addr, "/v1/nothing-here").await.assert_error(404, "NotFound");
-    http(addr, "PATCH", "/v1/vms", &[], b"").await.assert_error(405, "MethodNotAllowed");
+    get(addr, &format!("/v1/vms/{unknown}"))
+        .await
+        .assert_error(404, "NotFound");
+    get(addr, &format!("/v1/vms/{unknown}/files?path=/etc/hosts"))
+        .await
+        .assert_error(404, "NotFound");
+    http(addr, "DELETE", &format!("/v1/vms/{unknown}"), &[], b"")
+        .await
+        .assert_error(404, "NotFound");
+    get(addr, "/v1/vms/not-an-id")
+        .await
+        .assert_error(400, "ValidationError");
+    get(addr, "/v1/nothing-here")
+        .await
+        .assert_error(404, "NotFound");
+    http(addr, "PATCH", "/v1/vms", &[], b"")
+        .await
+        .assert_error(405, "MethodNotAllowed");
 
     // Malformed JSON is a 400; the wrong shape a 422. Nothing boots.
-    let r = http(addr, "POST", "/v1/vms", &[("Content-Type", "application/json")], b"{\"image\":").await;
+    let r = http(
+        addr,
+        "POST",
+        "/v1/vms",
+        &[("Content-Type", "application/json")],
+        b"{\"image\":",
+    )
+    .await;
     r.assert_error(400, "ValidationError");
-    post_json(addr, "/v1/vms", &json!({"memory": "lots"})).await.assert_error(422, "ValidationError");
-    post_json(addr, "/v1/vms", &json!({"image": "windows"})).await.assert_error(422, "ValidationError");
-    post_json(addr, "/v1/vms", &json!({"memory": 1000})).await.assert_error(422, "ValidationError");
-    post_json(addr, &format!("/v1/vms/{unknown}/exec"), &json!({"command": 5})).await.assert_error(422, "ValidationError");
-    let big = vec![b' '; (1 << 20) + 1];
-    http(addr, "POST", "/v1/vms", &[], &big).await.assert_error(413, "PayloadTooLarge");
+    post_json(addr, "/v1/vms", &json!({"memory": "lots"}))
+        .await
+        .assert_error(422, "ValidationError");
+    post_json(addr, "/v1/vms", &json!({"image": "windows"}))
+        .await
+        .assert_error(422, "ValidationError");
+    post_json(addr, "/v1/vms", &json!({"memory": 1000}))
+        .await
+        .assert_error(422, "ValidationError");
+    post_json(
+        addr,
+        &format!("/v1/vms/{unknown}/exec"),
+        &json!({"command": 5}),
+    )
+    .await
+    .assert_error(422, "ValidationError");
+    // Refused on the declared length, before the body is read.
+    http(
+        addr,
+        "POST",
+        "/v1/vms",
+        &[("Content-Length", "1048577")],
+        b"",
+    )
+    .await
+    .assert_error(413, "PayloadTooLarge");
 
     // WebSocket routes: a plain GET is refused; an unknown VM fails the handshake.
     let r = get(addr, &format!("/v1/vms/{unknown}/exec/ws")).await;
@@ -550,7 +785,9 @@ async fn bad_requests_get_the_error_envelope() {
         }
         other => panic!("exec ws on an unknown vm: {other:?}"),
     }
-    get(addr, &format!("/v1/vms/{unknown}/tcp?port=99999")).await.assert_error(400, "ValidationError");
+    get(addr, &format!("/v1/vms/{unknown}/tcp?port=99999"))
+        .await
+        .assert_error(400, "ValidationError");
 
     api.shutdown().await;
 }

@@ -65,3 +65,46 @@ async fn default_image_boots_and_stops_gracefully() {
     eprintln!("graceful stop took {:?}", t.elapsed());
     host.delete(vm.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_then_start_keeps_the_filesystem_unless_not_persistent() {
+    let host = host().await;
+    let (vm, g) = vm(&host, ImageName::Busybox).await;
+    g.write_all("/root/kept.txt", bytes::Bytes::from_static(b"still here"))
+        .await
+        .unwrap();
+    assert_eq!(host.stop(vm.id).await.unwrap().state, VmState::Stopped);
+    assert!(host.guest(vm.id).is_err(), "a stopped vm has no guest");
+    let vm = host.start_vm(vm.id).await.unwrap();
+    assert_eq!(vm.state(), VmState::Ready);
+    let g = vm.guest().unwrap();
+    assert_eq!(g.read_all("/root/kept.txt").await.unwrap(), b"still here");
+    host.delete(vm.id).await.unwrap();
+
+    let vm = host
+        .create_vm(hearth_host::CreateVm {
+            image: ImageName::Busybox,
+            memory: hearth_types::ByteSize::mib(256),
+            persistent: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let g = vm.guest().unwrap();
+    g.write_all("/root/gone.txt", bytes::Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    host.stop(vm.id).await.unwrap();
+    let vm = host.start_vm(vm.id).await.unwrap();
+    let err = vm
+        .guest()
+        .unwrap()
+        .read_all("/root/gone.txt")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.op_kind(),
+        Some(hearth_guest_proto::OpErrorKind::NotFound)
+    );
+    host.delete(vm.id).await.unwrap();
+}

@@ -63,7 +63,7 @@ async fn big_output_files_concurrency_and_replay() {
     let data = pseudo_random(256 << 20, 7);
     let sum = blake3::hash(&data);
     let t = Instant::now();
-    let w = g.write_file("/tmp/big", None).await.unwrap();
+    let mut w = g.write_file("/tmp/big", None).await.unwrap();
     for chunk in data.chunks(1 << 20) {
         w.send(Bytes::copy_from_slice(chunk)).await.unwrap();
     }

@@ -3,11 +3,16 @@
 //! - [`VmId`]: identity of one microVM incarnation on a host.
 //! - [`ByteSize`]: a size in bytes, parsed from human forms such as `512M` or `2GiB`.
 //! - [`MilliCpu`]: CPU in thousandths of a vCPU (LangSmith's `cpu_millicores`).
+//! - [`WorkspaceId`], [`SandboxId`], [`HostId`], [`SnapshotId`], [`ApiKeyId`]:
+//!   control-plane record ids (UUIDs, printed hyphenated), in [`ids`].
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+pub mod ids;
+pub use ids::{ApiKeyId, HostId, SandboxId, SnapshotId, WorkspaceId};
 
 /// Identity of one VM on a host. Printed as a UUID without dashes so it is
 /// safe in paths, QEMU ids and process command lines.
@@ -19,6 +24,18 @@ impl VmId {
     /// A new time-ordered id.
     pub fn new() -> Self {
         Self(uuid::Uuid::now_v7())
+    }
+}
+
+impl From<uuid::Uuid> for VmId {
+    fn from(u: uuid::Uuid) -> Self {
+        Self(u)
+    }
+}
+
+impl VmId {
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
     }
 }
 

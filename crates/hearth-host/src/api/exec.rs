@@ -44,6 +44,8 @@ use crate::host::Host;
 const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a closing WebSocket waits for the client's close frame.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// How long a last flush of a WebSocket may take.
+const FLUSH_WAIT: Duration = Duration::from_secs(1);
 /// LangSmith's defaults, in milliseconds.
 const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 const DEFAULT_IDLE_TIMEOUT_MS: i64 = 300_000;
@@ -133,7 +135,9 @@ const MAX_SECONDS: f64 = 1e9;
 
 fn seconds_to_ms(s: f64, name: &str) -> Result<i64, String> {
     if !s.is_finite() || s > MAX_SECONDS {
-        return Err(format!("{name} must be a number of seconds up to {MAX_SECONDS}"));
+        return Err(format!(
+            "{name} must be a number of seconds up to {MAX_SECONDS}"
+        ));
     }
     Ok((s * 1000.0).round() as i64)
 }
@@ -325,18 +329,22 @@ async fn session(mut socket: WebSocket, guest: GuestClient, vm: VmId) {
     };
 
     let (mut sink, mut source) = socket.split();
-    let pump = pump(&mut events, &mut sink, vm);
-    let reader = read_client(&mut source, &control, vm);
-    tokio::pin!(pump, reader);
-    tokio::select! {
-        end = &mut pump => match end {
-            PumpEnd::Finished => {
-                let _ = tokio::time::timeout(CLOSE_WAIT, &mut reader).await;
-            }
-            PumpEnd::ClientGone => control.detach(),
-        },
-        () = &mut reader => control.detach(),
+    {
+        let pump = pump(&mut events, &mut sink, vm);
+        let reader = read_client(&mut source, &control, vm);
+        tokio::pin!(pump, reader);
+        tokio::select! {
+            end = &mut pump => match end {
+                PumpEnd::Finished => {
+                    let _ = tokio::time::timeout(CLOSE_WAIT, &mut reader).await;
+                }
+                PumpEnd::ClientGone => control.detach(),
+            },
+            () = &mut reader => control.detach(),
+        }
     }
+    // Completes the close handshake when the client started it.
+    let _ = tokio::time::timeout(FLUSH_WAIT, sink.close()).await;
 }
 
 /// The first text frame; `Err` for a frame that cannot be one, `None`
@@ -478,8 +486,14 @@ async fn send_output(
 ) -> Result<(), axum::Error> {
     for (offset, data) in &chunks {
         let frame = match channel {
-            OutputChannel::Stdout => ServerFrame::Stdout { data, offset: *offset },
-            OutputChannel::Stderr => ServerFrame::Stderr { data, offset: *offset },
+            OutputChannel::Stdout => ServerFrame::Stdout {
+                data,
+                offset: *offset,
+            },
+            OutputChannel::Stderr => ServerFrame::Stderr {
+                data,
+                offset: *offset,
+            },
         };
         sink.send(frame.message()).await?;
     }
@@ -699,7 +713,10 @@ mod tests {
             r#"{"type":"resize","rows":3,"cols":4}"#,
             r#"{"type":"close_stdin"}"#,
         ] {
-            assert!(serde_json::from_str::<ClientFrame>(later).is_ok(), "{later}");
+            assert!(
+                serde_json::from_str::<ClientFrame>(later).is_ok(),
+                "{later}"
+            );
         }
     }
 }

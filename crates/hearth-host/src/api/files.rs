@@ -63,13 +63,12 @@ pub(super) async fn upload(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let guest = host.guest(id)?;
-    let writer = guest_call(guest.write_file(&q.path, mode)).await?;
+    let mut writer = guest_call(guest.write_file(&q.path, mode)).await?;
     let mut body = body.into_data_stream();
     while let Some(chunk) = body.next().await {
         // Dropping the writer unfinished discards the partial file.
-        let chunk = chunk.map_err(|e| {
-            ApiError::validation(format!("the upload was interrupted: {e}"))
-        })?;
+        let chunk =
+            chunk.map_err(|e| ApiError::validation(format!("the upload was interrupted: {e}")))?;
         writer.send(chunk).await?;
     }
     let bytes = guest_call(writer.finish()).await?;

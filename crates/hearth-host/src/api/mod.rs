@@ -200,7 +200,9 @@ impl From<HostError> for ApiError {
         let message = error_chain(&e);
         match e {
             HostError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "NotFound", message),
-            HostError::WrongState { .. } => Self::new(StatusCode::CONFLICT, "Conflict", message),
+            HostError::WrongState { .. } | HostError::Conflict(_) => {
+                Self::new(StatusCode::CONFLICT, "Conflict", message)
+            }
             HostError::Invalid(_) => Self::unprocessable(message),
             HostError::Boot { .. } | HostError::Vmm(_) | HostError::Image(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -224,7 +226,9 @@ impl From<GuestError> for ApiError {
                 OpErrorKind::NotADirectory => (StatusCode::BAD_REQUEST, "NotADirectory"),
                 OpErrorKind::InvalidPath => (StatusCode::BAD_REQUEST, "InvalidPath"),
                 OpErrorKind::BadRequest => (StatusCode::BAD_REQUEST, "ValidationError"),
-                OpErrorKind::AlreadyExists => (StatusCode::CONFLICT, "Conflict"),
+                OpErrorKind::AlreadyExists | OpErrorKind::DirectoryNotEmpty => {
+                    (StatusCode::CONFLICT, "Conflict")
+                }
                 OpErrorKind::ConnectionRefused => (StatusCode::BAD_GATEWAY, "ConnectionError"),
                 OpErrorKind::Unsupported | OpErrorKind::Io => {
                     (StatusCode::INTERNAL_SERVER_ERROR, "CommandError")
@@ -385,7 +389,10 @@ mod tests {
     #[test]
     fn json_errors_are_classified() {
         let e = parse_json::<Sample>(b"{\"name\":").unwrap_err();
-        assert_eq!((e.status, e.error), (StatusCode::BAD_REQUEST, "ValidationError"));
+        assert_eq!(
+            (e.status, e.error),
+            (StatusCode::BAD_REQUEST, "ValidationError")
+        );
         let e = parse_json::<Sample>(br#"{"name":"x","n":"lots"}"#).unwrap_err();
         assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(e.message.contains("n:"), "{}", e.message);

@@ -102,7 +102,9 @@ pub(super) async fn tcp(
     let stream = guest_call(guest.dial(q.port)).await?;
     let port = q.port;
     Ok(ws
-        .on_failed_upgrade(move |e| tracing::info!(vm = %id, port, error = %e, "tcp websocket upgrade failed"))
+        .on_failed_upgrade(
+            move |e| tracing::info!(vm = %id, port, error = %e, "tcp websocket upgrade failed"),
+        )
         .on_upgrade(move |socket| tunnel(socket, stream, id, port)))
 }
 
@@ -155,15 +157,19 @@ async fn tunnel(socket: WebSocket, stream: Stream, vm: VmId, port: u16) {
             return true;
         }
     };
-    tokio::pin!(upstream, downstream);
-    tokio::select! {
-        () = &mut upstream => {}
-        closed = &mut downstream => {
-            if closed {
-                let _ = tokio::time::timeout(CLOSE_WAIT, &mut upstream).await;
+    {
+        tokio::pin!(upstream, downstream);
+        tokio::select! {
+            () = &mut upstream => {}
+            closed = &mut downstream => {
+                if closed {
+                    let _ = tokio::time::timeout(CLOSE_WAIT, &mut upstream).await;
+                }
             }
         }
     }
+    // Completes the close handshake when the client started it.
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
     tracing::debug!(vm = %vm, port, "tcp tunnel ended");
 }
 
