@@ -87,17 +87,52 @@ struct Execute {
     ttl_seconds: Option<f64>,
     command_id: Option<String>,
     pty: Option<bool>,
+    /// The SDK closes stdin at spawn unless it wants to write to it.
+    close_stdin: Option<bool>,
+    /// Per-command override of the sandbox's run config.
+    run_config: Option<RunConfig>,
+}
+
+/// The user, working directory and base environment commands run with
+/// (LangSmith's `run_config`). The frame's own `env`, `cwd` and `user` win.
+#[derive(Clone, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct RunConfig {
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub work_dir: Option<String>,
+    #[serde(default)]
+    pub env_vars: Option<BTreeMap<String, String>>,
+}
+
+impl RunConfig {
+    /// `over` replaces user and work_dir and merges env_vars on top.
+    pub fn merged(&self, over: Option<&RunConfig>) -> RunConfig {
+        let Some(over) = over else {
+            return self.clone();
+        };
+        let mut env = self.env_vars.clone().unwrap_or_default();
+        env.extend(over.env_vars.clone().unwrap_or_default());
+        RunConfig {
+            user: over.user.clone().or_else(|| self.user.clone()),
+            work_dir: over.work_dir.clone().or_else(|| self.work_dir.clone()),
+            env_vars: Some(env),
+        }
+    }
 }
 
 impl Execute {
-    fn into_request(self) -> Result<ExecRequest, String> {
+    fn into_request(self, defaults: &RunConfig) -> Result<ExecRequest, String> {
+        let rc = defaults.merged(self.run_config.as_ref());
+        let mut env = rc.env_vars.unwrap_or_default();
+        env.extend(self.env.unwrap_or_default());
         Ok(ExecRequest {
             command: self.command,
             argv: None,
             shell: self.shell,
-            env: self.env.unwrap_or_default(),
-            cwd: self.cwd,
-            user: self.user,
+            env,
+            cwd: self.cwd.or(rc.work_dir),
+            user: self.user.or(rc.user),
             timeout_ms: timeout_ms(self.timeout_seconds, "timeout_seconds")?,
             idle_timeout_ms: signed_ms(
                 self.idle_timeout_seconds,
@@ -286,10 +321,18 @@ pub(super) async fn ws(
         .on_failed_upgrade(
             move |e| tracing::info!(vm = %id, error = %e, "exec websocket upgrade failed"),
         )
-        .on_upgrade(move |socket| session(socket, guest, id)))
+        .on_upgrade(move |socket| exec_session(socket, guest, id, RunConfig::default())))
 }
 
-async fn session(mut socket: WebSocket, guest: GuestClient, vm: VmId) {
+/// Serves LangSmith's exec WebSocket protocol on an upgraded socket against
+/// one guest. The public data plane calls this too, with the sandbox's run
+/// config as `defaults`.
+pub async fn exec_session(
+    mut socket: WebSocket,
+    guest: GuestClient,
+    vm: VmId,
+    defaults: RunConfig,
+) {
     let first = match tokio::time::timeout(FIRST_FRAME_TIMEOUT, first_text(&mut socket)).await {
         Ok(Some(text)) => text,
         Ok(None) => return,
@@ -306,10 +349,19 @@ async fn session(mut socket: WebSocket, guest: GuestClient, vm: VmId) {
         Err(msg) => return refuse(socket, vm, &msg).await,
     };
     let started = match first {
-        FirstFrame::Execute(x) => match x.into_request() {
-            Ok(req) => guest.exec(req).await,
-            Err(msg) => return refuse(socket, vm, &msg).await,
-        },
+        FirstFrame::Execute(x) => {
+            let close_stdin = x.close_stdin.unwrap_or(false) && !x.pty.unwrap_or(false);
+            match x.into_request(&defaults) {
+                Ok(req) => match guest.exec(req).await {
+                    Ok(h) if close_stdin => {
+                        let _ = h.control.close_stdin().await;
+                        Ok(h)
+                    }
+                    other => other,
+                },
+                Err(msg) => return refuse(socket, vm, &msg).await,
+            }
+        }
         FirstFrame::Reconnect {
             command_id,
             stdout_offset,
@@ -680,7 +732,7 @@ mod tests {
         let f = parse_first(r#"{"type":"execute","command":"ls","pty":true,"env":null,"extra":1}"#)
             .unwrap();
         let FirstFrame::Execute(x) = f else { panic!() };
-        let r = x.into_request().unwrap();
+        let r = x.into_request(&RunConfig::default()).unwrap();
         assert_eq!(
             (r.timeout_ms, r.idle_timeout_ms, r.ttl_ms, r.pty, r.shell),
             (60_000, 300_000, 600_000, Some(DEFAULT_PTY), None)
@@ -690,11 +742,11 @@ mod tests {
         )
         .unwrap();
         let FirstFrame::Execute(x) = f else { panic!() };
-        let r = x.into_request().unwrap();
+        let r = x.into_request(&RunConfig::default()).unwrap();
         assert_eq!((r.timeout_ms, r.idle_timeout_ms, r.ttl_ms), (0, -1, 1500));
         let f = parse_first(r#"{"type":"execute","command":"ls","timeout_seconds":-3}"#).unwrap();
         let FirstFrame::Execute(x) = f else { panic!() };
-        assert!(x.into_request().is_err());
+        assert!(x.into_request(&RunConfig::default()).is_err());
         assert!(parse_first(r#"{"type":"execute"}"#).is_err());
         assert!(parse_first(r#"{"type":"launch","command":"ls"}"#).is_err());
         assert!(parse_first("not json").is_err());
@@ -718,5 +770,30 @@ mod tests {
                 "{later}"
             );
         }
+    }
+
+    #[test]
+    fn run_config_defaults_apply_under_the_frame() {
+        let defaults = RunConfig {
+            user: Some("user".into()),
+            work_dir: Some("/home/user".into()),
+            env_vars: Some(
+                [
+                    ("A".to_string(), "1".to_string()),
+                    ("B".to_string(), "1".to_string()),
+                ]
+                .into(),
+            ),
+        };
+        let x: Execute = serde_json::from_str(
+            r#"{"command":"x","env":{"B":"2"},"run_config":{"work_dir":"/tmp","env_vars":{"C":"3"}},"close_stdin":true}"#,
+        )
+        .unwrap();
+        let r = x.into_request(&defaults).unwrap();
+        assert_eq!(r.user.as_deref(), Some("user"));
+        assert_eq!(r.cwd.as_deref(), Some("/tmp"));
+        assert_eq!(r.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(r.env.get("B").map(String::as_str), Some("2"));
+        assert_eq!(r.env.get("C").map(String::as_str), Some("3"));
     }
 }

@@ -28,6 +28,7 @@
 //! | `GET /v1/vms/{id}/tcp?port=`             | WebSocket of binary frames to a guest port |
 
 mod exec;
+pub use exec::{exec_session, RunConfig};
 mod files;
 mod vms;
 
