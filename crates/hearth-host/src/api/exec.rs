@@ -63,7 +63,7 @@ const DEFAULT_PTY: PtySize = PtySize { rows: 24, cols: 80 };
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum FirstFrame {
-    Execute(Execute),
+    Execute(Box<Execute>),
     Reconnect {
         command_id: String,
         #[serde(default)]
