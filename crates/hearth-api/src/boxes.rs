@@ -1,0 +1,407 @@
+//! Sandbox ("box") wire types: create and update bodies, the sandbox
+//! resource, list and status answers, and list query parameters.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::nested::{
+    AccessDelegation, MountConfig, ProxyConfig, RunConfig, VolumeAttachment, VolumeMountRequest,
+};
+
+/// Body of `POST /boxes`. Every field is optional. Integers are read as
+/// `i64` so that out-of-range values get a message naming the rule rather
+/// than a bare type error; a value of the wrong JSON type is still a 422.
+/// Unknown fields are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CreateSandboxRequest {
+    /// Sandbox name, unique in the workspace; generated when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Snapshot to boot from by id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// Snapshot to boot from: a UUID, `name:tag`, or a bare name
+    /// (= `name:latest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Older synonym of `snapshot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_name: Option<String>,
+    /// null = resume from the snapshot's memory if it has any; true = must
+    /// resume (rejected if it has none); false = always cold boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_memory: Option<bool>,
+    /// Whole vCPUs; `cpu_millicores` takes precedence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<i64>,
+    /// CPU in thousandths of a vCPU (500 = 0.5 vCPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millicores: Option<i64>,
+    /// Memory; tied to CPU at 4 GiB per vCPU ± 50 %, at most 64 GiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_bytes: Option<i64>,
+    /// Disk; defaults to the snapshot's and cannot be smaller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_capacity_bytes: Option<i64>,
+    /// Stop after this much inactivity; multiple of 60; 0 disables;
+    /// default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ttl_seconds: Option<i64>,
+    /// Delete this long after stopping; multiple of 60; 0 disables;
+    /// default 14 days.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_after_stop_seconds: Option<i64>,
+    /// Keep the filesystem across stops (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<bool>,
+    /// Suspend memory on a voluntary stop (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserve_memory_on_stop: Option<bool>,
+    /// Sandbox-level environment, a layer above `run_config.env_vars`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    /// Overrides the snapshot's run config.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub run_config: Option<RunConfig>,
+    /// Free-form metadata; snapshot labels are inherited unless overridden.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Governed LangSmith tag values to attach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag_value_ids: Option<Vec<String>>,
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub access_delegation: Option<AccessDelegation>,
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub proxy_config: Option<ProxyConfig>,
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mount_config: Option<MountConfig>,
+    /// Volumes to attach (beta), at most 4.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object_vec",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub volumes: Option<Vec<VolumeMountRequest>>,
+    /// SDK extra: block until the sandbox is ready (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_ready: Option<bool>,
+    /// SDK extra: how long to block when `wait_for_ready`, in seconds
+    /// (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+}
+
+/// Body of `PATCH /boxes/{name}`. Absent fields stay unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UpdateSandboxRequest {
+    /// New name; must be unique (409 otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ttl_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_after_stop_seconds: Option<i64>,
+    /// Resource changes apply at the next start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millicores: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_bytes: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_capacity_bytes: Option<i64>,
+    /// Replaces the whole proxy config; the sandbox must be ready.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub proxy_config: Option<ProxyConfig>,
+    /// Merged into the stored run config.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub run_config: Option<RunConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag_value_ids: Option<Vec<String>>,
+}
+
+/// A sandbox's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxStatus {
+    Provisioning,
+    Ready,
+    Failed,
+    Stopped,
+    Deleting,
+}
+
+impl SandboxStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provisioning => "provisioning",
+            Self::Ready => "ready",
+            Self::Failed => "failed",
+            Self::Stopped => "stopped",
+            Self::Deleting => "deleting",
+        }
+    }
+}
+
+/// The sandbox resource, as create, get, update, start and list return it.
+///
+/// Every key the SDK reads is always present (null when unknown), except
+/// `access_delegation` and `volumes`, which LangSmith documents as absent
+/// when the sandbox has none / volumes are not enabled; the SDK reads both
+/// with `.get`, so absence is safe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxResponse {
+    pub id: Uuid,
+    pub name: String,
+    pub status: SandboxStatus,
+    /// Why the sandbox failed, when it did.
+    pub status_message: Option<String>,
+    /// Base URL of the sandbox's data plane (`/execute`, `/upload`, …).
+    pub dataplane_url: Option<String>,
+    pub snapshot_id: Option<Uuid>,
+    /// Whole vCPUs the VM gets (millicores rounded up).
+    pub vcpus: u32,
+    pub cpu_millicores: u32,
+    pub mem_bytes: u64,
+    pub fs_capacity_bytes: u64,
+    /// Hearth's label for the size, e.g. `2vcpu-8gib`.
+    pub size_class: String,
+    /// 0 = never idle-stopped.
+    pub idle_ttl_seconds: u64,
+    /// 0 = never deleted after stop.
+    pub delete_after_stop_seconds: u64,
+    /// When the sandbox last stopped; null while it runs.
+    pub stopped_at: Option<String>,
+    pub persistent: bool,
+    pub preserve_memory_on_stop: bool,
+    pub labels: BTreeMap<String, String>,
+    /// What commands run with: the snapshot's run config with the sandbox's
+    /// overrides applied (the sandbox's own `env_vars` are not included).
+    pub run_config: RunConfig,
+    pub mount_config: Option<MountConfig>,
+    /// Opaque secrets are reported as `is_set` only.
+    pub proxy_config: Option<ProxyConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_delegation: Option<AccessDelegation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<VolumeAttachment>>,
+    /// RFC 3339.
+    pub created_at: String,
+    pub created_by: Option<String>,
+    /// RFC 3339.
+    pub updated_at: String,
+    pub updated_by: Option<String>,
+}
+
+/// Answer of `GET /boxes`. The SDK (0.15.1) reads `sandboxes`; newer
+/// clients read `items` and `next_cursor`, so both lists are sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ListSandboxesResponse {
+    pub items: Vec<SandboxResponse>,
+    /// Cursor of the next page; null on the last page.
+    pub next_cursor: Option<String>,
+    /// Deprecated copy of `items`, read by the Python SDK.
+    #[serde(default)]
+    pub sandboxes: Vec<SandboxResponse>,
+}
+
+impl ListSandboxesResponse {
+    pub fn new(items: Vec<SandboxResponse>, next_cursor: Option<String>) -> Self {
+        Self {
+            sandboxes: items.clone(),
+            items,
+            next_cursor,
+        }
+    }
+}
+
+/// Answer of `GET /boxes/{name}/status`, the cheap poll.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StatusResponse {
+    pub status: SandboxStatus,
+    pub status_message: Option<String>,
+}
+
+/// What `GET /boxes` can sort by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxSortBy {
+    Name,
+    Status,
+    CreatedAt,
+    StoppedAt,
+    IdleTtlSeconds,
+    DeleteAfterStopSeconds,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SortOrder {
+    Asc,
+    #[default]
+    Desc,
+}
+
+/// Default page size of list endpoints.
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+/// Largest page size of list endpoints.
+pub const MAX_PAGE_SIZE: u32 = 500;
+
+/// Query parameters of `GET /boxes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListSandboxesQuery {
+    /// Only `me`: sandboxes the caller created.
+    pub created_by: Option<String>,
+    /// Repeatable `key` or `key=value`; all must match.
+    pub label: Vec<String>,
+    pub name_contains: Option<String>,
+    #[param(inline)]
+    pub status: Option<SandboxStatus>,
+    /// Repeatable.
+    pub tag_value_id: Vec<String>,
+    #[param(inline)]
+    pub sort_by: Option<SandboxSortBy>,
+    /// `asc` or `desc`; `sort_direction` is a deprecated alias.
+    #[param(inline)]
+    pub sort_order: Option<SortOrder>,
+    /// 1..=500, default 50.
+    pub page_size: Option<u32>,
+    /// Opaque cursor from a previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// Deprecated offset pagination.
+    pub limit: Option<u32>,
+    /// Deprecated offset pagination.
+    pub offset: Option<u64>,
+}
+
+impl ListSandboxesQuery {
+    /// Builds the query from decoded `key=value` pairs (repeated keys
+    /// allowed). Unknown keys are ignored.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, ApiError> {
+        let mut q = Self::default();
+        for (k, v) in pairs {
+            match k {
+                "created_by" => {
+                    if v != "me" {
+                        return Err(ApiError::invalid_query(k, "created_by only accepts 'me'"));
+                    }
+                    q.created_by = Some(v.to_owned());
+                }
+                "label" => q.label.push(v.to_owned()),
+                "name_contains" => q.name_contains = Some(v.to_owned()),
+                "status" => q.status = Some(parse_enum(k, v)?),
+                "tag_value_id" => q.tag_value_id.push(v.to_owned()),
+                "sort_by" => q.sort_by = Some(parse_enum(k, v)?),
+                "sort_order" | "sort_direction" => q.sort_order = Some(parse_enum(k, v)?),
+                "page_size" => q.page_size = Some(parse_page_size(k, v)?),
+                "cursor" => q.cursor = Some(v.to_owned()),
+                "limit" => q.limit = Some(parse_page_size(k, v)?),
+                "offset" => q.offset = Some(parse_number(k, v)?),
+                _ => {}
+            }
+        }
+        Ok(q)
+    }
+
+    /// The `label` filters as `(key, Some(value))` or `(key, None)`.
+    pub fn label_filters(&self) -> Vec<(&str, Option<&str>)> {
+        self.label
+            .iter()
+            .map(|l| match l.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (l.as_str(), None),
+            })
+            .collect()
+    }
+}
+
+/// Query parameters of `GET /snapshots`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListSnapshotsQuery {
+    /// Case-insensitive substring of the name.
+    pub name_contains: Option<String>,
+    /// `building`, `ready`, `failed` or `deleting`.
+    #[param(inline)]
+    pub status: Option<crate::snapshots::SnapshotStatus>,
+    /// 1..=500, default 50.
+    pub page_size: Option<u32>,
+    pub cursor: Option<String>,
+    /// Offset pagination (what the Python SDK uses): 1..=500, default 50.
+    pub limit: Option<u32>,
+    pub offset: Option<u64>,
+}
+
+impl ListSnapshotsQuery {
+    /// Builds the query from decoded `key=value` pairs.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, ApiError> {
+        let mut q = Self::default();
+        for (k, v) in pairs {
+            match k {
+                "name_contains" => q.name_contains = Some(v.to_owned()),
+                "status" => q.status = Some(parse_enum(k, v)?),
+                "page_size" => q.page_size = Some(parse_page_size(k, v)?),
+                "cursor" => q.cursor = Some(v.to_owned()),
+                "limit" => q.limit = Some(parse_page_size(k, v)?),
+                "offset" => q.offset = Some(parse_number(k, v)?),
+                _ => {}
+            }
+        }
+        Ok(q)
+    }
+}
+
+fn parse_enum<T: serde::de::DeserializeOwned>(param: &str, v: &str) -> Result<T, ApiError> {
+    serde_json::from_value(serde_json::Value::String(v.to_owned()))
+        .map_err(|_| ApiError::invalid_query(param, format!("{param}: unknown value '{v}'")))
+}
+
+fn parse_number<T: std::str::FromStr>(param: &str, v: &str) -> Result<T, ApiError> {
+    v.parse().map_err(|_| {
+        ApiError::invalid_query(param, format!("{param} must be a non-negative integer"))
+    })
+}
+
+fn parse_page_size(param: &str, v: &str) -> Result<u32, ApiError> {
+    let n: u32 = parse_number(param, v)?;
+    if !(1..=MAX_PAGE_SIZE).contains(&n) {
+        return Err(ApiError::invalid_query(
+            param,
+            format!("{param} must be between 1 and {MAX_PAGE_SIZE}"),
+        ));
+    }
+    Ok(n)
+}

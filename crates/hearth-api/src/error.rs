@@ -1,0 +1,548 @@
+//! The one error type of the public API and the envelope it is sent in.
+//!
+//! LangSmith answers errors with `{"detail": {"error", "error_id", "message"}}`,
+//! except request validation, which keeps FastAPI's shape
+//! `{"detail": [{"loc", "msg", "type"}]}`. The distinction is load-bearing:
+//! the SDK raises its `ValidationError` (with `field = loc[-1]`) only when
+//! `detail` is a list holding an item of type `value_error`; a 422 with an
+//! object `detail` becomes `ResourceCreationError` on create. So
+//! [`ApiError::body`] picks the list form for [`ApiError::validation`]
+//! errors and the object form for everything else.
+//!
+//! How the SDK (langsmith 0.15.1, `sandbox/_helpers.py`) maps statuses, which
+//! fixed the constructors below:
+//! - 401 and 403 → `SandboxAuthenticationError` on the control plane (status
+//!   only; the type string is not read); 403 → `SandboxOperationError`
+//!   (`PermissionDenied`) on the data plane.
+//! - 404 → `ResourceNotFoundError`; type `FileNotFound` also maps there on
+//!   the data plane.
+//! - 408 on create → `ResourceTimeoutError`.
+//! - 409 on update → `ResourceNameConflictError` (any 409). On create a 409
+//!   falls through to the generic `SandboxClientError`: the SDK never raises
+//!   `ResourceAlreadyExistsError`, so no type string can select it.
+//! - 422 list form → `ValidationError`; object form on create →
+//!   `ResourceCreationError(error_type=detail.error)`.
+//! - 429 → `QuotaExceededError`, `quota_type` guessed from words of the
+//!   message (see [`QuotaKind`]).
+//! - 400 `InvalidRequest` on a proxy-config update, 400 `NotReady` and 503
+//!   `ServiceUnavailable` on the data plane → `SandboxNotReadyError`.
+//! - 503 on create → `ResourceCreationError(error_type=detail.error)`.
+//! - 502 with type `ConnectionError` → `SandboxConnectionError`; 500 →
+//!   `SandboxAPIError`.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// An error answer of the public API: the HTTP status, LangSmith's error
+/// type name, a message for people, and for validation errors the location
+/// of the offending input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// HTTP status code.
+    pub status: u16,
+    /// LangSmith's machine-readable error type (`detail.error`).
+    pub error: &'static str,
+    /// Human-readable message (`detail.message`, or `msg` of a validation item).
+    pub message: String,
+    /// For [`ApiError::validation`] errors: where the bad input is, FastAPI
+    /// style (`["body", "mem_bytes"]`). Empty for every other error.
+    pub loc: Vec<LocSegment>,
+}
+
+/// One step of a validation error's location: an object key or a list index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum LocSegment {
+    Key(String),
+    Index(u64),
+}
+
+impl From<&str> for LocSegment {
+    fn from(s: &str) -> Self {
+        Self::Key(s.to_owned())
+    }
+}
+
+impl From<usize> for LocSegment {
+    fn from(i: usize) -> Self {
+        Self::Index(i as u64)
+    }
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ErrorBody {
+    /// `{"detail": {"error", "error_id", "message"}}`: every error but
+    /// request validation.
+    Error { detail: ErrorDetail },
+    /// `{"detail": [{"loc", "msg", "type"}]}`: request validation (422).
+    Validation { detail: Vec<ValidationIssue> },
+}
+
+/// LangSmith's error detail object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Machine-readable error type, e.g. `NotFound`, `QuotaExceeded`.
+    pub error: String,
+    /// Id of this occurrence, also written to the server log.
+    pub error_id: String,
+    /// Human-readable message.
+    pub message: String,
+}
+
+/// One FastAPI-style validation item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ValidationIssue {
+    /// Location of the bad input; the SDK reports the last step as the field.
+    pub loc: Vec<LocSegment>,
+    /// Human-readable message.
+    pub msg: String,
+    /// Always `value_error`, the type the SDK looks for.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// The error type name of validation errors.
+pub const VALIDATION_ERROR: &str = "ValidationError";
+
+/// Which quota a create or start would exceed. The SDK derives
+/// `QuotaExceededError.quota_type` from words of the message: "sandbox" with
+/// "count" or "limit" → `sandbox_count`, else "cpu", "memory", "storage" in
+/// that order. [`ApiError::quota`] words each message so exactly its own
+/// kind matches (no "sandbox" outside the count message, no "cpu" in the
+/// memory message, …); a test ports the SDK's function to pin this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaKind {
+    SandboxCount,
+    Cpu,
+    Memory,
+    Storage,
+}
+
+impl QuotaKind {
+    /// The SDK's `quota_type` for this kind.
+    pub fn sdk_name(self) -> &'static str {
+        match self {
+            Self::SandboxCount => "sandbox_count",
+            Self::Cpu => "cpu",
+            Self::Memory => "memory",
+            Self::Storage => "storage",
+        }
+    }
+}
+
+/// Why provisioning a sandbox failed, as the SDK's
+/// `ResourceCreationError.error_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreationFailure {
+    ImagePull,
+    CrashLoop,
+    SandboxConfig,
+    Unschedulable,
+}
+
+impl CreationFailure {
+    fn name(self) -> &'static str {
+        match self {
+            Self::ImagePull => "ImagePull",
+            Self::CrashLoop => "CrashLoop",
+            Self::SandboxConfig => "SandboxConfig",
+            Self::Unschedulable => "Unschedulable",
+        }
+    }
+}
+
+impl ApiError {
+    /// An error with no location.
+    pub fn new(status: u16, error: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            error,
+            message: message.into(),
+            loc: Vec::new(),
+        }
+    }
+
+    /// 422: a request body field is invalid. `field` is a dotted path
+    /// (`proxy_config.rules[0].name` or plain `mem_bytes`); the location
+    /// becomes `["body", "proxy_config", "rules", 0, "name"]`.
+    pub fn validation(field: &str, message: impl Into<String>) -> Self {
+        let mut loc = vec![LocSegment::from("body")];
+        loc.extend(parse_field_path(field));
+        Self::validation_at(loc, message)
+    }
+
+    /// 422: a query parameter is invalid (`["query", param]`).
+    pub fn invalid_query(param: &str, message: impl Into<String>) -> Self {
+        Self::validation_at(vec!["query".into(), param.into()], message)
+    }
+
+    /// 422 at an explicit location.
+    pub fn validation_at(loc: Vec<LocSegment>, message: impl Into<String>) -> Self {
+        Self {
+            status: 422,
+            error: VALIDATION_ERROR,
+            message: message.into(),
+            loc,
+        }
+    }
+
+    /// Whether this is a request-validation error (sent in the list form).
+    pub fn is_validation(&self) -> bool {
+        self.error == VALIDATION_ERROR
+    }
+
+    /// The field the SDK will report: the last key of the location.
+    pub fn field(&self) -> Option<&str> {
+        match self.loc.last() {
+            Some(LocSegment::Key(k)) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// 401: the `X-Api-Key` header is missing or unknown.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "invalid or missing API key")
+    }
+
+    /// 403: a runtime action by someone who is neither the sandbox's creator
+    /// nor a holder of `sandboxes:exec`.
+    pub fn forbidden_not_creator() -> Self {
+        Self::forbidden("sandbox access denied: not the creator and missing sandboxes:exec")
+    }
+
+    /// 403 with a specific reason.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
+    /// 404 for a sandbox, by the name or id the caller used. Also the answer
+    /// for a sandbox of another workspace, whose existence is hidden.
+    pub fn sandbox_not_found(name_or_id: &str) -> Self {
+        Self::not_found("sandbox", name_or_id)
+    }
+
+    /// 404 for a snapshot, by the id or reference the caller used.
+    pub fn snapshot_not_found(reference: &str) -> Self {
+        Self::not_found("snapshot", reference)
+    }
+
+    /// 404 for any named resource (`kind` is lowercase: "sandbox", "volume").
+    pub fn not_found(kind: &str, name: &str) -> Self {
+        Self::new(404, "NotFound", format!("{kind} '{name}' not found"))
+    }
+
+    /// 404 on the data plane: no file at `path`.
+    pub fn file_not_found(path: &str) -> Self {
+        Self::new(404, "FileNotFound", format!("file '{path}' not found"))
+    }
+
+    /// 408: the sandbox did not become ready within the create's `timeout`.
+    pub fn create_timeout(name: &str, timeout_secs: f64, last_status: &str) -> Self {
+        Self::new(
+            408,
+            "Timeout",
+            format!(
+                "sandbox '{name}' not ready after {timeout_secs}s (last status: {last_status})"
+            ),
+        )
+    }
+
+    /// 409: the name is taken by another resource of the same kind.
+    pub fn name_conflict(kind: &str, name: &str) -> Self {
+        Self::conflict(format!("{kind} name '{name}' already in use"))
+    }
+
+    /// 409 for other conflicts (a snapshot still referenced, a login-mode
+    /// service grant blocking token mode).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(409, "Conflict", message)
+    }
+
+    /// 400: the request cannot apply in the resource's current state (the SDK
+    /// turns this into `SandboxNotReadyError` after a proxy-config update).
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(400, "InvalidRequest", message)
+    }
+
+    /// 413: the request body is larger than `limit_bytes`.
+    pub fn payload_too_large(limit_bytes: u64) -> Self {
+        Self::new(
+            413,
+            "PayloadTooLarge",
+            format!("request body exceeds the limit of {limit_bytes} bytes"),
+        )
+    }
+
+    /// 422 with an object detail: provisioning failed for a reason the SDK
+    /// reports as `ResourceCreationError.error_type`.
+    pub fn creation_failed(kind: CreationFailure, message: impl Into<String>) -> Self {
+        Self::new(422, kind.name(), message)
+    }
+
+    /// 429: creating or starting would exceed a workspace quota. `used`
+    /// includes what the request asks for; `limit` is the quota.
+    pub fn quota(kind: QuotaKind, limit: u64, used: u64) -> Self {
+        let message = match kind {
+            QuotaKind::SandboxCount => {
+                format!("sandbox count quota exceeded: {used} sandboxes requested, limit {limit}")
+            }
+            QuotaKind::Cpu => {
+                format!("cpu quota exceeded: {used} millicores requested of {limit} allowed")
+            }
+            QuotaKind::Memory => {
+                format!("memory quota exceeded: {used} bytes requested of {limit} allowed")
+            }
+            QuotaKind::Storage => {
+                format!("storage quota exceeded: {used} bytes requested of {limit} allowed")
+            }
+        };
+        Self::new(429, "QuotaExceeded", message)
+    }
+
+    /// 503: no host can take the sandbox (self-hosted: no ready hosts; there
+    /// is no queue). The SDK retries 502/503/504 and replays the POST, so
+    /// answer this before recording anything.
+    pub fn no_hosts() -> Self {
+        Self::new(
+            503,
+            "NoSandboxHostsAvailable",
+            "no sandbox hosts are available to run this sandbox",
+        )
+    }
+
+    /// 503 on the data plane: the sandbox exists but its runtime is not
+    /// ready yet (booting, waking). The SDK retries it, and retries a
+    /// WebSocket upgrade refused with it for up to 120 s.
+    pub fn sandbox_not_ready(name: &str) -> Self {
+        Self::new(
+            503,
+            "ServiceUnavailable",
+            format!("sandbox '{name}' is not ready"),
+        )
+    }
+
+    /// 400 on the data plane: the sandbox cannot serve the request in its
+    /// current state and will not by retrying (the SDK raises
+    /// `SandboxNotReadyError`). Prefer [`ApiError::sandbox_not_ready`] while
+    /// it is booting or waking.
+    pub fn not_ready(name: &str) -> Self {
+        Self::new(400, "NotReady", format!("sandbox '{name}' is not ready"))
+    }
+
+    /// 502: the gateway could not reach the sandbox's runtime.
+    pub fn connection_error(message: impl Into<String>) -> Self {
+        Self::new(502, "ConnectionError", message)
+    }
+
+    /// 500 on the data plane: writing a file failed inside the sandbox.
+    pub fn write_failed(message: impl Into<String>) -> Self {
+        Self::new(500, "WriteError", message)
+    }
+
+    /// 500 on the data plane: reading a file failed inside the sandbox.
+    pub fn read_failed(message: impl Into<String>) -> Self {
+        Self::new(500, "ReadError", message)
+    }
+
+    /// 500 on the data plane: running a command failed.
+    pub fn command_failed(message: impl Into<String>) -> Self {
+        Self::new(500, "CommandError", message)
+    }
+
+    /// 500: a bug or an unexpected failure. The message stays generic; the
+    /// cause goes to the log under the same error id.
+    pub fn internal() -> Self {
+        Self::new(500, "InternalError", "internal server error")
+    }
+
+    /// The JSON body to send, with `error_id` naming this occurrence.
+    ///
+    /// Validation errors use FastAPI's list form, which carries no error id;
+    /// the control plane should still log it.
+    pub fn body(&self, error_id: &str) -> ErrorBody {
+        if self.is_validation() {
+            let loc = if self.loc.is_empty() {
+                vec![LocSegment::from("body")]
+            } else {
+                self.loc.clone()
+            };
+            ErrorBody::Validation {
+                detail: vec![ValidationIssue {
+                    loc,
+                    msg: self.message.clone(),
+                    kind: "value_error".to_owned(),
+                }],
+            }
+        } else {
+            ErrorBody::Error {
+                detail: ErrorDetail {
+                    error: self.error.to_owned(),
+                    error_id: error_id.to_owned(),
+                    message: self.message.clone(),
+                },
+            }
+        }
+    }
+}
+
+/// Splits `a.b[0].c` into `["a", "b", 0, "c"]`.
+fn parse_field_path(path: &str) -> Vec<LocSegment> {
+    let mut out = Vec::new();
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let mut rest = part;
+        if let Some(open) = rest.find('[') {
+            let (key, tail) = rest.split_at(open);
+            if !key.is_empty() {
+                out.push(LocSegment::from(key));
+            }
+            rest = tail;
+            while let Some(stripped) = rest.strip_prefix('[') {
+                let Some(close) = stripped.find(']') else {
+                    out.push(LocSegment::from(rest));
+                    rest = "";
+                    break;
+                };
+                let inner = &stripped[..close];
+                match inner.parse::<u64>() {
+                    Ok(i) => out.push(LocSegment::Index(i)),
+                    Err(_) => out.push(LocSegment::from(inner)),
+                }
+                rest = &stripped[close + 1..];
+            }
+            if !rest.is_empty() {
+                out.push(LocSegment::from(rest));
+            }
+        } else {
+            out.push(LocSegment::from(rest));
+        }
+    }
+    out
+}
+
+/// Parses a JSON request body into `T`, turning every failure into a 422
+/// that names the offending field.
+///
+/// The body must be a JSON object. Unknown fields are ignored (LangSmith's
+/// servers ignore them too), but a known field of the wrong type is an
+/// error. An empty body reads as `{}`,
+/// so bodiless POSTs (`/start`, `/stop`, a create with every default) work.
+pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        bytes
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let crate::de::Obj(value) = serde_path_to_error::deserialize(&mut de).map_err(path_error)?;
+    de.end().map_err(|e| {
+        ApiError::validation_at(
+            vec!["body".into()],
+            format!("body is not valid JSON: {}", strip_position(&e)),
+        )
+    })?;
+    Ok(value)
+}
+
+fn path_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    use serde_path_to_error::Segment;
+    let mut loc = vec![LocSegment::from("body")];
+    let mut shown = String::new();
+    for seg in err.path().iter() {
+        match seg {
+            Segment::Map { key } => {
+                if !shown.is_empty() {
+                    shown.push('.');
+                }
+                shown.push_str(key);
+                loc.push(LocSegment::Key(key.clone()));
+            }
+            Segment::Seq { index } => {
+                shown.push_str(&format!("[{index}]"));
+                loc.push(LocSegment::Index(*index as u64));
+            }
+            Segment::Enum { .. } | Segment::Unknown => {}
+        }
+    }
+    let inner = err.inner();
+    // A missing field is reported at its parent; FastAPI (and the SDK's
+    // `field = loc[-1]`) expect the field itself.
+    let text = strip_position(inner);
+    if let Some(missing) = text
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        if !shown.is_empty() {
+            shown.push('.');
+        }
+        shown.push_str(missing);
+        loc.push(LocSegment::from(missing));
+        return ApiError::validation_at(loc, format!("{shown}: field required"));
+    }
+    let message = if inner.is_syntax() || inner.is_eof() {
+        format!("body is not valid JSON: {text}")
+    } else if shown.is_empty() {
+        format!("body: {text}")
+    } else {
+        format!("{shown}: {text}")
+    };
+    ApiError::validation_at(loc, message)
+}
+
+/// serde_json appends " at line L column C" (the path already says where)
+/// and names Rust types ("expected i64"); say it in JSON terms.
+fn strip_position(err: &serde_json::Error) -> String {
+    let s = err.to_string();
+    let s = match s.rfind(" at line ") {
+        Some(i) => &s[..i],
+        None => &s,
+    };
+    s.replace("expected i64", "expected an integer")
+        .replace("expected u64", "expected a non-negative integer")
+        .replace("expected u32", "expected a non-negative integer")
+        .replace("expected u16", "expected an integer from 0 to 65535")
+        .replace("expected i32", "expected an integer")
+        .replace("expected f64", "expected a number")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_paths_become_locations() {
+        let e = ApiError::validation("proxy_config.rules[2].headers[0].name", "bad");
+        assert_eq!(
+            serde_json::to_value(&e.loc).unwrap(),
+            serde_json::json!(["body", "proxy_config", "rules", 2, "headers", 0, "name"])
+        );
+        assert_eq!(e.field(), Some("name"));
+        let e = ApiError::validation("labels.team", "bad");
+        assert_eq!(e.field(), Some("team"));
+    }
+
+    #[test]
+    fn envelope_shapes() {
+        let body = serde_json::to_value(ApiError::sandbox_not_found("box").body("e1")).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"detail": {"error": "NotFound", "error_id": "e1",
+                "message": "sandbox 'box' not found"}})
+        );
+        let body =
+            serde_json::to_value(ApiError::validation("vcpus", "too small").body("e2")).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"detail": [{"loc": ["body", "vcpus"], "msg": "too small",
+                "type": "value_error"}]})
+        );
+        // Creation failures are 422 too, but in the object form.
+        let body = serde_json::to_value(
+            ApiError::creation_failed(CreationFailure::ImagePull, "pull failed").body("e3"),
+        )
+        .unwrap();
+        assert_eq!(body["detail"]["error"], "ImagePull");
+    }
+}

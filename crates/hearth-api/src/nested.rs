@@ -1,0 +1,681 @@
+//! Nested objects of the sandbox body: run config, access delegation, proxy
+//! config, mount config and volumes.
+//!
+//! Hearth does not act on proxy, mount, delegation or volume settings yet; it
+//! validates their shape (so a wrong type is a 422 like on LangSmith), stores
+//! them and echoes them back. Provider-specific blocks with many optional
+//! children (`aws`, `gcp`, `azure`, `s3`, `git`, …) are kept as JSON objects:
+//! they must be objects, and every key inside is preserved. Unknown keys of
+//! the typed structs are ignored, as at the top level.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+use crate::validate::{check_absolute_path, check_env_vars, check_max_chars};
+
+/// A JSON object kept verbatim.
+pub type JsonObject = Map<String, Value>;
+
+/// The user, working directory and environment commands run with. Applies
+/// at three layers — snapshot, sandbox, command — each over the one below:
+/// `user` and `work_dir` replace, `env_vars` merge key by key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunConfig {
+    /// `name`, `uid`, `name:group` or `uid:gid`; none = the image's `USER`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Absolute working directory; none = the image's `WORKDIR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_dir: Option<String>,
+    /// Environment variables, merged over the layer below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_vars: Option<BTreeMap<String, String>>,
+}
+
+impl RunConfig {
+    /// This layer applied over `base`: `user` and `work_dir` replace when
+    /// set, `env_vars` merge (this layer wins per key).
+    pub fn merged_over(&self, base: &RunConfig) -> RunConfig {
+        let env_vars = match (&base.env_vars, &self.env_vars) {
+            (None, None) => None,
+            (b, o) => {
+                let mut merged = b.clone().unwrap_or_default();
+                merged.extend(o.clone().unwrap_or_default());
+                Some(merged)
+            }
+        };
+        RunConfig {
+            user: self.user.clone().or_else(|| base.user.clone()),
+            work_dir: self.work_dir.clone().or_else(|| base.work_dir.clone()),
+            env_vars,
+        }
+    }
+
+    /// Checks the layer: non-empty user, absolute work_dir, sane env names.
+    pub fn validate(&self, field: &str) -> Result<(), ApiError> {
+        if let Some(user) = &self.user {
+            if user.trim().is_empty() || user.chars().any(char::is_control) {
+                return Err(ApiError::validation(
+                    &format!("{field}.user"),
+                    format!("{field}.user must be a non-empty user name or uid"),
+                ));
+            }
+        }
+        if let Some(dir) = &self.work_dir {
+            check_absolute_path(&format!("{field}.work_dir"), dir)?;
+        }
+        if let Some(env) = &self.env_vars {
+            check_env_vars(&format!("{field}.env_vars"), env)?;
+        }
+        Ok(())
+    }
+}
+
+/// Lets code inside the sandbox call the LangSmith API as its creator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AccessDelegation {
+    pub mode: AccessDelegationMode,
+    /// Granted permissions (`EXPLICIT`); a ceiling re-checked per request.
+    #[serde(default)]
+    pub permissions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum AccessDelegationMode {
+    /// All of the creator's rights.
+    Inherit,
+    /// Only the listed permissions.
+    Explicit,
+}
+
+impl AccessDelegation {
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if self.mode == AccessDelegationMode::Explicit && self.permissions.is_empty() {
+            return Err(ApiError::validation(
+                "access_delegation.permissions",
+                "access_delegation.permissions is required when mode is EXPLICIT",
+            ));
+        }
+        for (i, p) in self.permissions.iter().enumerate() {
+            if p.trim().is_empty() {
+                return Err(ApiError::validation(
+                    "access_delegation.permissions",
+                    format!("access_delegation.permissions[{i}] must be non-empty"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per-sandbox egress proxy configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ProxyConfig {
+    /// Header-injection and provider-auth rules; first match wins.
+    #[serde(default, deserialize_with = "crate::de::object_vec")]
+    pub rules: Vec<ProxyRule>,
+    /// Dynamic header resolution by calling out to a URL.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::object_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub callbacks: Vec<ProxyCallback>,
+    /// Egress allow or deny list.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub access_control: Option<AccessControl>,
+    /// Deprecated and ignored (there is no bypass list); kept for echo.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_proxy: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// One proxy rule.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ProxyRule {
+    pub name: String,
+    /// Rule kind, e.g. `aws`, `gcp`, `attribution`; free-form.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_paths: Vec<String>,
+    /// `"name: value"` entries (lowercase name, exact value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_headers: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "crate::de::object_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub headers: Vec<ProxyHeader>,
+    /// Plaintext env set in the sandbox while the rule is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub aws: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub gcp: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub azure: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_id: Option<uuid::Uuid>,
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub rewrite: Option<ProxyRewrite>,
+}
+
+/// A header a rule injects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProxyHeader {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: SecretKind,
+    /// The value; write-only for `opaque` (reads show `is_set` instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_set: Option<bool>,
+}
+
+/// How a header value is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SecretKind {
+    /// Stored and echoed as given.
+    Plaintext,
+    /// Write-only: encrypted at rest, never returned.
+    Opaque,
+    /// `{NAME}` template resolved from the workspace's secrets.
+    WorkspaceSecret,
+}
+
+/// Where a rule re-routes matching requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProxyRewrite {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+    /// `strip` removes the sandbox's credentials from the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+}
+
+/// A callback that resolves headers for matching hosts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProxyCallback {
+    pub match_hosts: Vec<String>,
+    pub url: String,
+    /// How long resolved headers are cached, 60..=3600 s.
+    pub ttl_seconds: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_request: Option<bool>,
+    /// Headers sent to the callback; `plaintext` or `opaque` only.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::object_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub request_headers: Vec<ProxyHeader>,
+}
+
+/// Egress host filtering: exact names, `*.globs`, IPs, CIDRs, `~regex`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AccessControl {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_list: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_list: Option<Vec<String>>,
+}
+
+const MAX_DESCRIPTION_CHARS: usize = 1024;
+
+impl ProxyConfig {
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if let Some(d) = &self.description {
+            check_max_chars("proxy_config.description", d, MAX_DESCRIPTION_CHARS)?;
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            let at = format!("proxy_config.rules[{i}]");
+            if rule.name.trim().is_empty() {
+                return Err(ApiError::validation(
+                    &format!("{at}.name"),
+                    format!("{at}.name must be non-empty"),
+                ));
+            }
+            if let Some(d) = &rule.description {
+                check_max_chars(&format!("{at}.description"), d, MAX_DESCRIPTION_CHARS)?;
+            }
+            for (j, h) in rule.headers.iter().enumerate() {
+                check_header(&format!("{at}.headers[{j}]"), h)?;
+            }
+            if let Some(env) = &rule.env_vars {
+                check_env_vars(&format!("{at}.env_vars"), env)?;
+            }
+        }
+        let mut names = BTreeSet::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            if !names.insert(rule.name.as_str()) {
+                return Err(ApiError::validation(
+                    &format!("proxy_config.rules[{i}].name"),
+                    format!(
+                        "proxy_config.rules[{i}].name: rule name '{}' is used twice",
+                        rule.name
+                    ),
+                ));
+            }
+        }
+        for (i, cb) in self.callbacks.iter().enumerate() {
+            let at = format!("proxy_config.callbacks[{i}]");
+            if !(60..=3600).contains(&cb.ttl_seconds) {
+                return Err(ApiError::validation(
+                    &format!("{at}.ttl_seconds"),
+                    format!("{at}.ttl_seconds must be between 60 and 3600"),
+                ));
+            }
+            if cb.url.trim().is_empty() {
+                return Err(ApiError::validation(
+                    &format!("{at}.url"),
+                    format!("{at}.url must be non-empty"),
+                ));
+            }
+            for (j, h) in cb.request_headers.iter().enumerate() {
+                let hat = format!("{at}.request_headers[{j}]");
+                check_header(&hat, h)?;
+                if h.kind == SecretKind::WorkspaceSecret {
+                    return Err(ApiError::validation(
+                        &format!("{hat}.type"),
+                        format!("{hat}.type must be plaintext or opaque"),
+                    ));
+                }
+            }
+        }
+        if let Some(ac) = &self.access_control {
+            if ac.allow_list.is_some() && ac.deny_list.is_some() {
+                return Err(ApiError::validation(
+                    "proxy_config.access_control",
+                    "proxy_config.access_control takes allow_list or deny_list, not both",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The config as reads return it: `opaque` values are never sent back,
+    /// only `is_set: true`, wherever they appear (headers, and secret objects
+    /// such as `{"type": "opaque", "value": …}` inside provider blocks).
+    pub fn redacted(&self) -> ProxyConfig {
+        let mut out = self.clone();
+        for rule in &mut out.rules {
+            rule.headers.iter_mut().for_each(redact_header);
+            for block in [&mut rule.aws, &mut rule.gcp, &mut rule.azure]
+                .into_iter()
+                .flatten()
+            {
+                redact_object(block);
+            }
+        }
+        for cb in &mut out.callbacks {
+            cb.request_headers.iter_mut().for_each(redact_header);
+        }
+        out
+    }
+
+    /// Applies an update's config over this (stored) one: the update
+    /// replaces the whole config, but an `opaque` header sent without a
+    /// value keeps the stored value of the same rule and header name, so
+    /// rotating one secret does not require re-sending the others.
+    pub fn replaced_by(&self, update: &ProxyConfig) -> ProxyConfig {
+        let mut out = update.clone();
+        for rule in &mut out.rules {
+            let Some(old_rule) = self.rules.iter().find(|r| r.name == rule.name) else {
+                continue;
+            };
+            for h in &mut rule.headers {
+                if h.kind != SecretKind::Opaque || h.value.is_some() {
+                    continue;
+                }
+                if let Some(old) = old_rule
+                    .headers
+                    .iter()
+                    .find(|o| o.name == h.name && o.kind == SecretKind::Opaque)
+                {
+                    h.value = old.value.clone();
+                }
+            }
+        }
+        out
+    }
+}
+
+fn check_header(at: &str, h: &ProxyHeader) -> Result<(), ApiError> {
+    if h.name.trim().is_empty() {
+        return Err(ApiError::validation(
+            &format!("{at}.name"),
+            format!("{at}.name must be non-empty"),
+        ));
+    }
+    Ok(())
+}
+
+fn redact_header(h: &mut ProxyHeader) {
+    if h.kind == SecretKind::Opaque {
+        h.is_set = Some(h.value.is_some() || h.is_set == Some(true));
+        h.value = None;
+    }
+}
+
+fn redact_object(obj: &mut JsonObject) {
+    let is_opaque = obj.get("type").and_then(Value::as_str) == Some("opaque");
+    if is_opaque {
+        if obj.remove("value").is_some() {
+            obj.insert("is_set".to_owned(), Value::Bool(true));
+        }
+        return;
+    }
+    for v in obj.values_mut() {
+        redact_value(v);
+    }
+}
+
+fn redact_value(v: &mut Value) {
+    match v {
+        Value::Object(o) => redact_object(o),
+        Value::Array(a) => a.iter_mut().for_each(redact_value),
+        _ => {}
+    }
+}
+
+/// Bucket, git and ContextHub mounts, and the credentials they use.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MountConfig {
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub auth: Option<MountAuth>,
+    #[serde(default, deserialize_with = "crate::de::object_vec")]
+    pub mounts: Vec<Mount>,
+}
+
+/// Per-provider credentials for mounts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MountAuth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub aws: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub gcp: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub azure: Option<JsonObject>,
+}
+
+/// One mount.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Mount {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: MountKind,
+    pub mount_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache: Option<MountCache>,
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub encryption: Option<MountEncryption>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub s3: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub gcs: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub git: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub contexthub: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub azure_blob: Option<JsonObject>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MountKind {
+    S3,
+    Gcs,
+    Git,
+    Contexthub,
+    AzureBlob,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MountCache {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writeback_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MountEncryption {
+    pub kms_key: String,
+}
+
+impl MountConfig {
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut ids = BTreeSet::new();
+        let mut paths = BTreeSet::new();
+        for (i, m) in self.mounts.iter().enumerate() {
+            let at = format!("mount_config.mounts[{i}]");
+            if m.id.trim().is_empty() {
+                return Err(ApiError::validation(
+                    &format!("{at}.id"),
+                    format!("{at}.id must be non-empty"),
+                ));
+            }
+            if !ids.insert(m.id.as_str()) {
+                return Err(ApiError::validation(
+                    &format!("{at}.id"),
+                    format!("{at}.id: mount id '{}' is used twice", m.id),
+                ));
+            }
+            check_absolute_path(&format!("{at}.mount_path"), &m.mount_path)?;
+            if !paths.insert(m.mount_path.trim_end_matches('/')) {
+                return Err(ApiError::validation(
+                    &format!("{at}.mount_path"),
+                    format!("{at}.mount_path: '{}' is used twice", m.mount_path),
+                ));
+            }
+            let (present, key) = match m.kind {
+                MountKind::S3 => (m.s3.is_some(), "s3"),
+                MountKind::Gcs => (m.gcs.is_some(), "gcs"),
+                MountKind::Git => (m.git.is_some(), "git"),
+                MountKind::Contexthub => (m.contexthub.is_some(), "contexthub"),
+                MountKind::AzureBlob => (m.azure_blob.is_some(), "azure_blob"),
+            };
+            if !present {
+                return Err(ApiError::validation(
+                    &format!("{at}.{key}"),
+                    format!("{at}.{key} is required for a mount of type {key}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A volume to attach at create (beta): by `volume` (id or name), or by the
+/// explicit `volume_id` / `volume_name` the responses use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeMountRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_name: Option<String>,
+    pub mount_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+}
+
+impl VolumeMountRequest {
+    /// The id or name to look the volume up by.
+    pub fn volume_ref(&self) -> &str {
+        self.volume
+            .as_deref()
+            .or(self.volume_id.as_deref())
+            .or(self.volume_name.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// A volume attached to a sandbox, as reads report it (slot order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeAttachment {
+    pub volume_id: uuid::Uuid,
+    pub volume_name: String,
+    pub mount_path: String,
+    pub read_only: bool,
+}
+
+/// At most this many volumes per sandbox.
+pub const MAX_VOLUMES: usize = 4;
+
+/// Checks a create's `volumes`: at most [`MAX_VOLUMES`], each naming exactly
+/// one volume, at distinct absolute mount paths.
+pub fn validate_volumes(volumes: &[VolumeMountRequest]) -> Result<(), ApiError> {
+    if volumes.len() > MAX_VOLUMES {
+        return Err(ApiError::validation(
+            "volumes",
+            format!(
+                "volumes: at most {MAX_VOLUMES} volumes per sandbox, got {}",
+                volumes.len()
+            ),
+        ));
+    }
+    let mut paths = BTreeSet::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let at = format!("volumes[{i}]");
+        let named = [&v.volume, &v.volume_id, &v.volume_name]
+            .iter()
+            .filter(|r| r.as_deref().is_some_and(|s| !s.trim().is_empty()))
+            .count();
+        if named != 1 {
+            return Err(ApiError::validation(
+                &format!("{at}.volume"),
+                format!("{at}: set exactly one of volume, volume_id or volume_name"),
+            ));
+        }
+        check_absolute_path(&format!("{at}.mount_path"), &v.mount_path)?;
+        if !paths.insert(v.mount_path.trim_end_matches('/')) {
+            return Err(ApiError::validation(
+                &format!("{at}.mount_path"),
+                format!("{at}.mount_path: '{}' is used twice", v.mount_path),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_config_layers() {
+        let base = RunConfig {
+            user: Some("app".into()),
+            work_dir: Some("/srv".into()),
+            env_vars: Some(BTreeMap::from([
+                ("A".into(), "1".into()),
+                ("B".into(), "1".into()),
+            ])),
+        };
+        let over = RunConfig {
+            user: None,
+            work_dir: Some("/work".into()),
+            env_vars: Some(BTreeMap::from([("B".into(), "2".into())])),
+        };
+        let m = over.merged_over(&base);
+        assert_eq!(m.user.as_deref(), Some("app"));
+        assert_eq!(m.work_dir.as_deref(), Some("/work"));
+        assert_eq!(
+            m.env_vars.unwrap(),
+            BTreeMap::from([("A".into(), "1".into()), ("B".into(), "2".into())])
+        );
+        assert_eq!(
+            RunConfig::default().merged_over(&RunConfig::default()),
+            RunConfig::default()
+        );
+    }
+
+    #[test]
+    fn opaque_secrets_are_redacted_and_carried_over() {
+        let cfg: ProxyConfig = serde_json::from_value(serde_json::json!({
+            "rules": [{"name": "gh", "headers": [
+                {"name": "authorization", "type": "opaque", "value": "s3cret"},
+                {"name": "x-team", "type": "plaintext", "value": "blue"}],
+                "aws": {"access_key_id": {"type": "opaque", "value": "AKIA"},
+                        "secret_access_key": {"type": "workspace_secret", "value": "{K}"}}}]
+        }))
+        .unwrap();
+        let shown = serde_json::to_value(cfg.redacted()).unwrap();
+        let rule = &shown["rules"][0];
+        assert_eq!(
+            rule["headers"][0],
+            serde_json::json!({"name": "authorization", "type": "opaque", "is_set": true})
+        );
+        assert_eq!(rule["headers"][1]["value"], "blue");
+        assert_eq!(
+            rule["aws"]["access_key_id"],
+            serde_json::json!({"type": "opaque", "is_set": true})
+        );
+        assert_eq!(rule["aws"]["secret_access_key"]["value"], "{K}");
+
+        let update: ProxyConfig = serde_json::from_value(serde_json::json!({
+            "rules": [{"name": "gh", "headers": [{"name": "authorization", "type": "opaque"}]}]
+        }))
+        .unwrap();
+        let applied = cfg.replaced_by(&update);
+        assert_eq!(applied.rules[0].headers.len(), 1);
+        assert_eq!(applied.rules[0].headers[0].value.as_deref(), Some("s3cret"));
+    }
+}

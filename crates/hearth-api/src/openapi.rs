@@ -1,0 +1,351 @@
+//! The OpenAPI document of the public API, generated from the wire types.
+//!
+//! The operations below are documentation stubs: the handlers live in the
+//! control plane, which keeps this crate free of HTTP machinery. A test
+//! keeps `crates/hearth-api/openapi.json` in step with this module
+//! (`HEARTH_BLESS=1 cargo test -p hearth-api --test openapi` rewrites it).
+
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+use utoipa::openapi::server::{Server, ServerVariableBuilder};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::boxes::{
+    CreateSandboxRequest, ListSandboxesQuery, ListSandboxesResponse, ListSnapshotsQuery,
+    SandboxResponse, StatusResponse, UpdateSandboxRequest,
+};
+use crate::error::ErrorBody;
+use crate::exec::{ClientFrame, ExecuteRequest, ExecuteResponse, ServerFrame};
+use crate::snapshots::{ListSnapshotsResponse, SnapshotResponse, SnapshotsByNameResponse};
+
+/// The OpenAPI 3.1 document as JSON.
+pub fn openapi() -> serde_json::Value {
+    let mut doc = ApiDoc::openapi();
+    // Data-plane paths are relative to each sandbox's `dataplane_url`.
+    let dataplane = Server::builder()
+        .url("{dataplane_url}")
+        .description(Some(
+            "A sandbox's data plane (`dataplane_url` of the sandbox)",
+        ))
+        .parameter(
+            "dataplane_url",
+            ServerVariableBuilder::new()
+                .default_value("https://hearth.example/dp/00000000-0000-0000-0000-000000000000")
+                .description(Some("The sandbox's dataplane_url")),
+        )
+        .build();
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if DATAPLANE_PATHS.contains(&path.as_str()) {
+            item.servers = Some(vec![dataplane.clone()]);
+        }
+    }
+    serde_json::to_value(&doc).expect("an OpenAPI document always serializes")
+}
+
+const DATAPLANE_PATHS: &[&str] = &["/execute", "/execute/ws", "/upload", "/download", "/tunnel"];
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Hearth sandbox API",
+        version = "v2",
+        description = "LangSmith-compatible sandbox API served by Hearth. Control-plane paths are \
+            under /api/v2/sandboxes; data-plane paths are relative to a sandbox's dataplane_url. \
+            Errors are {\"detail\": {\"error\", \"error_id\", \"message\"}}, except request \
+            validation (422), which is FastAPI's {\"detail\": [{\"loc\", \"msg\", \"type\"}]}.",
+        license(name = "Apache-2.0"),
+    ),
+    paths(
+        create_box, list_boxes, get_box, update_box, delete_box, box_status, start_box, stop_box,
+        list_snapshots, get_snapshot, snapshots_by_name,
+        execute, execute_ws, upload, download, tunnel,
+    ),
+    components(schemas(ClientFrame, ServerFrame, ErrorBody)),
+    modifiers(&ApiKeyAuth),
+    security(("api_key" = [])),
+    tags(
+        (name = "boxes", description = "Sandboxes: create, read, update, delete, start, stop"),
+        (name = "snapshots", description = "Snapshots sandboxes boot from (read side)"),
+        (name = "dataplane", description = "Per-sandbox runtime: commands, files, TCP tunnels"),
+    ),
+)]
+struct ApiDoc;
+
+struct ApiKeyAuth;
+
+impl Modify for ApiKeyAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-Api-Key",
+                "A LangSmith-style API key; also sent on WebSocket upgrades",
+            ))),
+        );
+    }
+}
+
+/// Multipart body of `POST /upload`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct UploadForm {
+    /// The file's bytes.
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+}
+
+/// Create a sandbox.
+///
+/// Boots from `snapshot_id`, `snapshot` or `snapshot_name` (at most one; none
+/// = the default snapshot). With `wait_for_ready`, answers once the sandbox
+/// is ready or after `timeout` seconds (408).
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes", tag = "boxes",
+    request_body = CreateSandboxRequest,
+    responses(
+        (status = 201, description = "Created", body = SandboxResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "Snapshot not found", body = ErrorBody),
+        (status = 408, description = "Not ready within `timeout`", body = ErrorBody),
+        (status = 409, description = "Name already in use", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Invalid body (list detail), or provisioning failed \
+            (object detail with error ImagePull, CrashLoop, SandboxConfig or Unschedulable)", body = ErrorBody),
+        (status = 429, description = "Quota exceeded", body = ErrorBody),
+        (status = 503, description = "No sandbox hosts available", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn create_box() {}
+
+/// List sandboxes.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/boxes", tag = "boxes",
+    params(ListSandboxesQuery),
+    responses(
+        (status = 200, description = "A page of sandboxes", body = ListSandboxesResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "Invalid query", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_boxes() {}
+
+/// Get a sandbox.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/boxes/{name}", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    responses(
+        (status = 200, description = "The sandbox", body = SandboxResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox in this workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn get_box() {}
+
+/// Update a sandbox.
+///
+/// Resource changes apply at the next start; `proxy_config` needs a ready
+/// sandbox (400 `InvalidRequest` otherwise) and replaces the whole config.
+#[utoipa::path(
+    patch, path = "/api/v2/sandboxes/boxes/{name}", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    request_body = UpdateSandboxRequest,
+    responses(
+        (status = 200, description = "The updated sandbox", body = SandboxResponse),
+        (status = 400, description = "Proxy config sent to a sandbox that is not ready", body = ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Name already in use", body = ErrorBody),
+        (status = 422, description = "Invalid body", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn update_box() {}
+
+/// Delete a sandbox and its filesystem.
+#[utoipa::path(
+    delete, path = "/api/v2/sandboxes/boxes/{name}", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn delete_box() {}
+
+/// Poll a sandbox's status (cheap).
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/boxes/{name}/status", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    responses(
+        (status = 200, description = "Status", body = StatusResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn box_status() {}
+
+/// Start a stopped or failed sandbox (not idempotent); poll `/status` until
+/// ready.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes/{name}/start", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    responses(
+        (status = 200, description = "Starting", body = SandboxResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not stopped or failed", body = ErrorBody),
+        (status = 429, description = "Quota exceeded", body = ErrorBody),
+        (status = 503, description = "No sandbox hosts available", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn start_box() {}
+
+/// Stop a ready sandbox (not idempotent); the filesystem is kept unless the
+/// sandbox is not persistent.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes/{name}/stop", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    responses(
+        (status = 200, description = "Stopping"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not ready", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn stop_box() {}
+
+/// List snapshots.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/snapshots", tag = "snapshots",
+    params(ListSnapshotsQuery),
+    responses(
+        (status = 200, description = "A page of snapshots", body = ListSnapshotsResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "Invalid query", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_snapshots() {}
+
+/// Get a snapshot by id or `name[:tag]` (a bare name is `name:latest`,
+/// falling back to the newest ready untagged snapshot of that name).
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/snapshots/{snapshot_id}", tag = "snapshots",
+    params(("snapshot_id" = String, Path, description = "Snapshot UUID or name[:tag]")),
+    responses(
+        (status = 200, description = "The snapshot", body = SnapshotResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such snapshot", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn get_snapshot() {}
+
+/// Every tag published under a snapshot name.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/snapshots-by-name/{name}", tag = "snapshots",
+    params(("name" = String, Path, description = "Snapshot name, without a tag")),
+    responses(
+        (status = 200, description = "Tags under the name", body = SnapshotsByNameResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "Nothing was ever published under the name", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn snapshots_by_name() {}
+
+/// Run a command and wait for it (fallback for clients without WebSocket).
+#[utoipa::path(
+    post, path = "/execute", tag = "dataplane",
+    request_body = ExecuteRequest,
+    responses(
+        (status = 200, description = "The command finished", body = ExecuteResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 500, description = "The command could not run (error CommandError)", body = ErrorBody),
+        (status = 503, description = "Runtime not ready yet (error ServiceUnavailable); retry", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn execute() {}
+
+/// Streaming command execution over WebSocket.
+///
+/// JSON text frames: the client sends a `ClientFrame` (first `execute` or
+/// `reconnect`, then `input`, `close_stdin`, `kill`), the server answers
+/// `ServerFrame`s (`started`, `stdout`/`stderr` with byte offsets, then
+/// `exit` or `error`). Close code 1001 means the server is reloading:
+/// reconnect at once.
+#[utoipa::path(
+    get, path = "/execute/ws", tag = "dataplane",
+    responses(
+        (status = 101, description = "Switching to WebSocket"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
+    ),
+    extensions(
+        ("x-websocket-client-frames" = json!({"$ref": "#/components/schemas/ClientFrame"})),
+        ("x-websocket-server-frames" = json!({"$ref": "#/components/schemas/ServerFrame"})),
+    ),
+)]
+#[allow(dead_code)]
+fn execute_ws() {}
+
+/// Write a file (created or overwritten). Relative paths resolve from the
+/// run user's home.
+#[utoipa::path(
+    post, path = "/upload", tag = "dataplane",
+    params(("path" = String, Query, description = "Destination path in the sandbox")),
+    request_body(content = UploadForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "Written"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 413, description = "File too large", body = ErrorBody),
+        (status = 500, description = "Write failed (error WriteError)", body = ErrorBody),
+        (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn upload() {}
+
+/// Read a file's bytes.
+#[utoipa::path(
+    get, path = "/download", tag = "dataplane",
+    params(("path" = String, Query, description = "Path in the sandbox")),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 404, description = "No such file (error FileNotFound)", body = ErrorBody),
+        (status = 500, description = "Read failed (error ReadError)", body = ErrorBody),
+        (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn download() {}
+
+/// TCP tunnel: a binary WebSocket carrying a yamux session. Each yamux
+/// stream starts with `0x01` and the target port (u16, big-endian); the
+/// sandbox answers one status byte (0 ok, 1 port not allowed, 2 dial
+/// failed, 3 unsupported version).
+#[utoipa::path(
+    get, path = "/tunnel", tag = "dataplane",
+    responses(
+        (status = 101, description = "Switching to WebSocket"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn tunnel() {}

@@ -1,0 +1,752 @@
+//! From a create or update body to a resolved [`SandboxSpec`]: defaults,
+//! validation and sizing, as pure functions.
+//!
+//! Creating is two steps because the snapshot lives in the database:
+//! [`snapshot_selector`] says which snapshot the body asks for, the control
+//! plane looks it up, and [`resolve_create`] checks the body against the
+//! snapshot's [`SnapshotFacts`] and returns a [`CreatePlan`].
+//!
+//! Sizing rules (LangSmith's "Create a sandbox" reference):
+//! - CPU: `cpu_millicores` takes precedence over `vcpus` (a `vcpus` sent
+//!   alongside is ignored). `vcpus` ≥ 1, millicores ≥ 1 (fractions allowed);
+//!   at most 32 vCPU, because 32 vCPU is the most that 64 GiB of memory can
+//!   serve at the ratio's lower bound.
+//! - Memory follows CPU at 4 GiB per vCPU. Omitted → 4 GiB × vCPU (rounded
+//!   up to a MiB); set → within ±50 % of that, bounds inclusive (1 vCPU:
+//!   2–6 GiB); never above 64 GiB. A CPU whose default memory would pass
+//!   64 GiB (over 16 vCPU) needs an explicit `mem_bytes`.
+//! - Memory without CPU derives the CPU "from the same ratio". Decision:
+//!   in whole vCPUs, `ceil(mem / 4 GiB)`, because fractional CPU "is not
+//!   available for every sandbox" and must be asked for explicitly. The
+//!   derived CPU always satisfies the ±50 % rule except below 2 GiB, where
+//!   1 vCPU's minimum applies: `mem_bytes` under 2 GiB without CPU is
+//!   rejected, and the message points at `cpu_millicores` (500 millicores
+//!   accept 1–3 GiB). So 1 GiB alone → 422, 5 GiB alone → 2 vCPU.
+//! - Disk: `fs_capacity_bytes` defaults to the snapshot's and cannot be
+//!   smaller. A non-persistent sandbox gets at most 16 GiB per vCPU and
+//!   256 GiB in all: without CPU, the CPU is derived from the disk (whole
+//!   vCPUs, and the larger of the memory- and disk-derived CPU wins); with
+//!   CPU, a larger disk is rejected. The default (snapshot) disk counts too.
+//! - A non-persistent sandbox cannot preserve memory on stop.
+//!
+//! Updates ([`apply_update`]) enforce only the 64 GiB memory maximum on
+//! resize, as documented; CPU and memory are not re-derived from each other.
+//! Hearth also refuses to shrink the disk: a filesystem image cannot be
+//! shrunk safely under a stopped sandbox's data.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hearth_types::{ByteSize, MilliCpu};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::boxes::{CreateSandboxRequest, SandboxResponse, SandboxStatus, UpdateSandboxRequest};
+use crate::error::ApiError;
+use crate::nested::{
+    validate_volumes, AccessDelegation, MountConfig, ProxyConfig, RunConfig, VolumeAttachment,
+    VolumeMountRequest,
+};
+use crate::validate::{check_env_vars, check_labels, check_sandbox_name, check_ttl, SnapshotRef};
+
+const GIB: u64 = ByteSize::GIB;
+const MIB: u64 = ByteSize::MIB;
+
+/// Memory per vCPU of the default ratio.
+pub const MEM_PER_VCPU: ByteSize = ByteSize::gib(4);
+/// Largest memory of one sandbox.
+pub const MAX_MEM: ByteSize = ByteSize::gib(64);
+/// Largest CPU of one sandbox (64 GiB is the ratio's lower bound for it).
+pub const MAX_CPU: MilliCpu = MilliCpu(32_000);
+/// Disk per vCPU of a non-persistent sandbox.
+pub const EPHEMERAL_DISK_PER_VCPU: ByteSize = ByteSize::gib(16);
+/// Largest disk of a non-persistent sandbox.
+pub const MAX_EPHEMERAL_DISK: ByteSize = ByteSize::gib(256);
+/// `idle_ttl_seconds` when omitted.
+pub const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(600);
+/// `delete_after_stop_seconds` when omitted: 14 days.
+pub const DEFAULT_DELETE_AFTER_STOP: Duration = Duration::from_secs(14 * 24 * 3600);
+/// How long a create with `wait_for_ready` and no `timeout` blocks (the
+/// SDK's default).
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Which snapshot a create asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotSelector {
+    /// None named: the server's default snapshot.
+    Default,
+    /// By id.
+    Id(Uuid),
+    /// By `name:tag` (a bare name already resolved to `name:latest`).
+    Ref(SnapshotRef),
+}
+
+/// Reads `snapshot_id`, `snapshot` and `snapshot_name`: at most one may be
+/// set (empty strings count as unset, like the SDK's truthiness checks;
+/// `snapshot` and `snapshot_name` with the same value count once, since
+/// they are synonyms). A value that parses as a UUID selects by id, in any
+/// of the three fields; anything else is a `name[:tag]` reference.
+pub fn snapshot_selector(req: &CreateSandboxRequest) -> Result<SnapshotSelector, ApiError> {
+    fn present(v: &Option<String>) -> Option<&str> {
+        v.as_deref().filter(|s| !s.is_empty())
+    }
+    let mut set: Vec<(&str, &str)> = Vec::new();
+    if let Some(v) = present(&req.snapshot_id) {
+        set.push(("snapshot_id", v));
+    }
+    if let Some(v) = present(&req.snapshot) {
+        set.push(("snapshot", v));
+    }
+    if let Some(v) = present(&req.snapshot_name) {
+        if present(&req.snapshot) != Some(v) {
+            set.push(("snapshot_name", v));
+        }
+    }
+    match set.as_slice() {
+        [] => Ok(SnapshotSelector::Default),
+        [(field, value)] => {
+            if let Ok(id) = Uuid::parse_str(value) {
+                return Ok(SnapshotSelector::Id(id));
+            }
+            value
+                .parse::<SnapshotRef>()
+                .map(SnapshotSelector::Ref)
+                .map_err(|e| ApiError::validation(field, format!("{field}: {e}")))
+        }
+        [_, (second, _), ..] => Err(ApiError::validation(
+            second,
+            "set at most one of snapshot_id, snapshot and snapshot_name",
+        )),
+    }
+}
+
+/// What resolving a create needs to know about the chosen snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotFacts {
+    pub id: Uuid,
+    /// The snapshot's disk: the default and the minimum.
+    pub fs_capacity: ByteSize,
+    /// `None` on snapshots recorded before run configs existed.
+    pub run_config: Option<RunConfig>,
+    pub labels: BTreeMap<String, String>,
+    /// The snapshot holds memory (can warm-restore).
+    pub has_memory: bool,
+    /// Some captured snapshots cannot boot a non-persistent sandbox.
+    pub supports_non_persistent: bool,
+}
+
+/// How a create treats the snapshot's memory (this request only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestoreMemory {
+    /// Resume from memory when the snapshot has it, else cold boot.
+    #[default]
+    IfPresent,
+    /// Resume from memory; the create was rejected if there is none.
+    Always,
+    /// Always cold boot.
+    Never,
+}
+
+/// A sandbox's resolved, persistent configuration: what the control plane
+/// stores and the host is asked to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The requested name; `None` = the control plane picks one.
+    pub name: Option<String>,
+    pub snapshot_id: Uuid,
+    pub cpu: MilliCpu,
+    pub mem: ByteSize,
+    pub fs_capacity: ByteSize,
+    pub persistent: bool,
+    pub preserve_memory_on_stop: bool,
+    /// `None` = never idle-stopped.
+    #[serde(with = "opt_secs")]
+    pub idle_ttl: Option<Duration>,
+    /// `None` = never deleted after stop.
+    #[serde(with = "opt_secs")]
+    pub delete_after_stop: Option<Duration>,
+    /// The snapshot's run config with the sandbox's overrides applied.
+    pub run_config: RunConfig,
+    /// The sandbox's own env layer, above `run_config.env_vars`.
+    pub env_vars: BTreeMap<String, String>,
+    /// The snapshot's labels overridden by the request's.
+    pub labels: BTreeMap<String, String>,
+    pub tag_value_ids: Vec<String>,
+    pub access_delegation: Option<AccessDelegation>,
+    /// As sent (secrets included); redact with [`ProxyConfig::redacted`]
+    /// before showing it.
+    pub proxy_config: Option<ProxyConfig>,
+    pub mount_config: Option<MountConfig>,
+    pub volumes: Vec<VolumeMountRequest>,
+}
+
+/// A validated create: the spec plus the settings of this request only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatePlan {
+    pub spec: SandboxSpec,
+    pub restore_memory: RestoreMemory,
+    /// Block until ready for at most this long; `None` = answer at once
+    /// with status `provisioning`.
+    pub wait_for_ready: Option<Duration>,
+}
+
+/// Validates a create body against its snapshot and resolves every default.
+pub fn resolve_create(
+    req: &CreateSandboxRequest,
+    snapshot: &SnapshotFacts,
+) -> Result<CreatePlan, ApiError> {
+    if let Some(name) = &req.name {
+        check_sandbox_name("name", name)?;
+    }
+    let idle_ttl = match req.idle_ttl_seconds {
+        Some(s) => check_ttl("idle_ttl_seconds", s)?,
+        None => Some(DEFAULT_IDLE_TTL),
+    };
+    let delete_after_stop = match req.delete_after_stop_seconds {
+        Some(s) => check_ttl("delete_after_stop_seconds", s)?,
+        None => Some(DEFAULT_DELETE_AFTER_STOP),
+    };
+    let mut labels = snapshot.labels.clone();
+    if let Some(own) = &req.labels {
+        check_labels(own)?;
+        labels.extend(own.clone());
+    }
+    let env_vars = req.env_vars.clone().unwrap_or_default();
+    check_env_vars("env_vars", &env_vars)?;
+    let base_run_config = snapshot.run_config.clone().unwrap_or_default();
+    let run_config = match &req.run_config {
+        Some(rc) => {
+            rc.validate("run_config")?;
+            rc.merged_over(&base_run_config)
+        }
+        None => base_run_config,
+    };
+    let tag_value_ids = req.tag_value_ids.clone().unwrap_or_default();
+    check_tag_value_ids(&tag_value_ids)?;
+    let volumes = req.volumes.clone().unwrap_or_default();
+    validate_volumes(&volumes)?;
+    if let Some(ad) = &req.access_delegation {
+        ad.validate()?;
+    }
+    if let Some(pc) = &req.proxy_config {
+        pc.validate()?;
+    }
+    if let Some(mc) = &req.mount_config {
+        mc.validate()?;
+    }
+
+    let persistent = req.persistent.unwrap_or(true);
+    let preserve_memory_on_stop = req.preserve_memory_on_stop.unwrap_or(false);
+    if !persistent && preserve_memory_on_stop {
+        return Err(ApiError::validation(
+            "preserve_memory_on_stop",
+            "preserve_memory_on_stop requires a persistent sandbox (persistent=false discards state at every stop)",
+        ));
+    }
+    if !persistent && !snapshot.supports_non_persistent {
+        return Err(ApiError::validation(
+            "persistent",
+            format!(
+                "snapshot {} cannot start a non-persistent sandbox; create it with persistent=true",
+                snapshot.id
+            ),
+        ));
+    }
+    let restore_memory = match req.restore_memory {
+        None => RestoreMemory::IfPresent,
+        Some(false) => RestoreMemory::Never,
+        Some(true) if snapshot.has_memory => RestoreMemory::Always,
+        Some(true) => {
+            return Err(ApiError::validation(
+                "restore_memory",
+                format!(
+                    "restore_memory=true but snapshot {} has no captured memory",
+                    snapshot.id
+                ),
+            ))
+        }
+    };
+
+    let sizing = resolve_sizing(&SizingRequest {
+        vcpus: req.vcpus,
+        cpu_millicores: req.cpu_millicores,
+        mem_bytes: req.mem_bytes,
+        fs_capacity_bytes: req.fs_capacity_bytes,
+        persistent,
+        snapshot_fs_capacity: snapshot.fs_capacity,
+    })?;
+
+    let wait_for_ready = if req.wait_for_ready.unwrap_or(false) {
+        match req.timeout {
+            None => Some(DEFAULT_WAIT_TIMEOUT),
+            Some(t) if (0.0..=MAX_WAIT_SECS).contains(&t) => Some(Duration::from_secs_f64(t)),
+            Some(t) => {
+                return Err(ApiError::validation(
+                    "timeout",
+                    format!("timeout must be between 0 and {MAX_WAIT_SECS} seconds, got {t}"),
+                ))
+            }
+        }
+    } else {
+        None
+    };
+
+    Ok(CreatePlan {
+        spec: SandboxSpec {
+            name: req.name.clone(),
+            snapshot_id: snapshot.id,
+            cpu: sizing.cpu,
+            mem: sizing.mem,
+            fs_capacity: sizing.fs_capacity,
+            persistent,
+            preserve_memory_on_stop,
+            idle_ttl,
+            delete_after_stop,
+            run_config,
+            env_vars,
+            labels,
+            tag_value_ids,
+            access_delegation: req.access_delegation.clone(),
+            proxy_config: req.proxy_config.clone(),
+            mount_config: req.mount_config.clone(),
+            volumes,
+        },
+        restore_memory,
+        wait_for_ready,
+    })
+}
+
+/// Longest `timeout` a create may block for (a day; the SDK's HTTP client
+/// waits `timeout + 30` s, so any larger value is a mistake).
+const MAX_WAIT_SECS: f64 = 86_400.0;
+
+fn check_tag_value_ids(ids: &[String]) -> Result<(), ApiError> {
+    for (i, id) in ids.iter().enumerate() {
+        if id.trim().is_empty() {
+            // Located at the list, not the index: the SDK reports loc[-1]
+            // as the field, and a name says more than `0`.
+            return Err(ApiError::validation(
+                "tag_value_ids",
+                format!("tag_value_ids[{i}] must be non-empty"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The sizing fields of a create, as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizingRequest {
+    pub vcpus: Option<i64>,
+    pub cpu_millicores: Option<i64>,
+    pub mem_bytes: Option<i64>,
+    pub fs_capacity_bytes: Option<i64>,
+    pub persistent: bool,
+    pub snapshot_fs_capacity: ByteSize,
+}
+
+/// Resolved resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    pub cpu: MilliCpu,
+    pub mem: ByteSize,
+    pub fs_capacity: ByteSize,
+}
+
+/// Applies the sizing rules of the module docs.
+pub fn resolve_sizing(req: &SizingRequest) -> Result<Sizing, ApiError> {
+    // CPU as asked, with the field that asked for it.
+    let explicit_cpu: Option<(&str, u32)> = match (req.cpu_millicores, req.vcpus) {
+        (Some(m), _) => {
+            if m < 1 {
+                return Err(ApiError::validation(
+                    "cpu_millicores",
+                    format!("cpu_millicores must be at least 1, got {m}"),
+                ));
+            }
+            if m > i64::from(MAX_CPU.0) {
+                return Err(ApiError::validation(
+                    "cpu_millicores",
+                    format!("cpu_millicores must be at most {}, got {m}", MAX_CPU.0),
+                ));
+            }
+            Some(("cpu_millicores", m as u32))
+        }
+        (None, Some(v)) => {
+            if v < 1 {
+                return Err(ApiError::validation(
+                    "vcpus",
+                    format!("vcpus must be at least 1, got {v}"),
+                ));
+            }
+            if v > i64::from(MAX_CPU.whole_vcpus()) {
+                return Err(ApiError::validation(
+                    "vcpus",
+                    format!("vcpus must be at most {}, got {v}", MAX_CPU.whole_vcpus()),
+                ));
+            }
+            Some(("vcpus", v as u32 * 1000))
+        }
+        (None, None) => None,
+    };
+
+    let asked_mem = match req.mem_bytes {
+        None => None,
+        Some(b) if b < 1 => {
+            return Err(ApiError::validation(
+                "mem_bytes",
+                format!("mem_bytes must be positive, got {b}"),
+            ))
+        }
+        Some(b) if b as u64 > MAX_MEM.bytes() => {
+            return Err(ApiError::validation(
+                "mem_bytes",
+                format!(
+                    "mem_bytes must be at most {MAX_MEM}, got {}",
+                    show(b as u64)
+                ),
+            ))
+        }
+        Some(b) => Some(b as u64),
+    };
+
+    let snapshot_fs = req.snapshot_fs_capacity.bytes();
+    let fs = match req.fs_capacity_bytes {
+        None => snapshot_fs,
+        Some(b) if b < 1 => {
+            return Err(ApiError::validation(
+                "fs_capacity_bytes",
+                format!("fs_capacity_bytes must be positive, got {b}"),
+            ))
+        }
+        Some(b) if (b as u64) < snapshot_fs => {
+            return Err(ApiError::validation(
+                "fs_capacity_bytes",
+                format!(
+                    "fs_capacity_bytes cannot be smaller than the snapshot's {}, got {}",
+                    show(snapshot_fs),
+                    show(b as u64)
+                ),
+            ))
+        }
+        Some(b) => b as u64,
+    };
+    let fs_note = if req.fs_capacity_bytes.is_none() {
+        " (the snapshot's disk)"
+    } else {
+        ""
+    };
+    if !req.persistent && fs > MAX_EPHEMERAL_DISK.bytes() {
+        return Err(ApiError::validation(
+            "fs_capacity_bytes",
+            format!(
+                "fs_capacity_bytes: a non-persistent sandbox gets at most {MAX_EPHEMERAL_DISK} of disk, got {}{fs_note}",
+                show(fs)
+            ),
+        ));
+    }
+
+    let (cpu, derived_from) = match explicit_cpu {
+        Some((_, m)) => (m, None),
+        None => {
+            let from_mem = asked_mem.map_or(1, |b| b.div_ceil(MEM_PER_VCPU.bytes()));
+            let from_disk = if req.persistent {
+                1
+            } else {
+                fs.div_ceil(EPHEMERAL_DISK_PER_VCPU.bytes())
+            };
+            let vcpus = from_mem.max(from_disk).max(1);
+            let why = if asked_mem.is_none() && from_disk <= 1 {
+                None
+            } else if from_disk > from_mem {
+                Some("derived from fs_capacity_bytes at 16 GiB of disk per vCPU")
+            } else {
+                Some("derived from mem_bytes at 4 GiB per vCPU")
+            };
+            // Both bounds keep this within u32: mem ≤ 64 GiB, disk ≤ 256 GiB.
+            (vcpus as u32 * 1000, why)
+        }
+    };
+
+    let mem = match asked_mem {
+        Some(b) => {
+            let (lo, hi) = mem_range(cpu);
+            if b < lo || b > hi {
+                let derived = derived_from.map(|d| format!(", {d}")).unwrap_or_default();
+                let hint = if explicit_cpu.is_none() && b < 2 * GIB {
+                    "; for less memory set cpu_millicores (e.g. 500 accepts 1-3 GiB)"
+                } else {
+                    ""
+                };
+                return Err(ApiError::validation(
+                    "mem_bytes",
+                    format!(
+                        "mem_bytes {} is outside {}-{} allowed for {}{derived} (4 GiB per vCPU, within 50%){hint}",
+                        show(b),
+                        show(lo),
+                        show(hi.min(MAX_MEM.bytes())),
+                        show_cpu(cpu),
+                    ),
+                ));
+            }
+            b
+        }
+        None => {
+            let d = default_mem(cpu);
+            if d > MAX_MEM.bytes() {
+                let field = explicit_cpu.map_or("vcpus", |(f, _)| f);
+                let (lo, _) = mem_range(cpu);
+                return Err(ApiError::validation(
+                    field,
+                    format!(
+                        "{field}: {} defaults to {} of memory (4 GiB per vCPU), above the {MAX_MEM} maximum; set mem_bytes between {} and {MAX_MEM}",
+                        show_cpu(cpu),
+                        show(d),
+                        show(lo),
+                    ),
+                ));
+            }
+            d
+        }
+    };
+
+    if !req.persistent && explicit_cpu.is_some() {
+        let cap = u64::from(cpu) * EPHEMERAL_DISK_PER_VCPU.bytes() / 1000;
+        if fs > cap {
+            return Err(ApiError::validation(
+                "fs_capacity_bytes",
+                format!(
+                    "fs_capacity_bytes: a non-persistent sandbox gets at most 16 GiB of disk per vCPU: {} allows {}, got {}{fs_note}; request more CPU or a persistent sandbox",
+                    show_cpu(cpu),
+                    show(cap),
+                    show(fs)
+                ),
+            ));
+        }
+    }
+
+    Ok(Sizing {
+        cpu: MilliCpu(cpu),
+        mem: ByteSize(mem),
+        fs_capacity: ByteSize(fs),
+    })
+}
+
+/// Memory when only CPU is given: 4 GiB per vCPU, rounded up to a MiB.
+pub fn default_mem(millicores: u32) -> u64 {
+    (u64::from(millicores) * (MEM_PER_VCPU.bytes() / MIB)).div_ceil(1000) * MIB
+}
+
+/// Inclusive memory bounds for a CPU: 4 GiB per vCPU ± 50 %.
+pub fn mem_range(millicores: u32) -> (u64, u64) {
+    // ratio = 4 GiB × m / 1000; lo = ratio / 2 (rounded up), hi = 1.5 ratio
+    // (rounded down), exact in u128.
+    let m = u128::from(millicores);
+    let per = u128::from(MEM_PER_VCPU.bytes());
+    let lo = (per * m).div_ceil(2000);
+    let hi = per * m * 3 / 2000;
+    (lo as u64, hi as u64)
+}
+
+fn show(bytes: u64) -> String {
+    ByteSize(bytes).to_string()
+}
+
+fn show_cpu(millicores: u32) -> String {
+    if millicores.is_multiple_of(1000) {
+        format!("{} vCPU", millicores / 1000)
+    } else {
+        let frac = format!("{:03}", millicores % 1000);
+        format!("{}.{} vCPU", millicores / 1000, frac.trim_end_matches('0'))
+    }
+}
+
+/// Applies a PATCH body to a stored spec. Name uniqueness (409) and the
+/// "proxy config needs a ready sandbox" rule (400) need the database and
+/// the sandbox's state, so the caller checks those.
+pub fn apply_update(
+    current: &SandboxSpec,
+    req: &UpdateSandboxRequest,
+) -> Result<SandboxSpec, ApiError> {
+    let mut spec = current.clone();
+    if let Some(name) = &req.name {
+        check_sandbox_name("name", name)?;
+        spec.name = Some(name.clone());
+    }
+    if let Some(s) = req.idle_ttl_seconds {
+        spec.idle_ttl = check_ttl("idle_ttl_seconds", s)?;
+    }
+    if let Some(s) = req.delete_after_stop_seconds {
+        spec.delete_after_stop = check_ttl("delete_after_stop_seconds", s)?;
+    }
+    match (req.cpu_millicores, req.vcpus) {
+        (Some(m), _) => {
+            if !(1..=i64::from(MAX_CPU.0)).contains(&m) {
+                return Err(ApiError::validation(
+                    "cpu_millicores",
+                    format!(
+                        "cpu_millicores must be between 1 and {}, got {m}",
+                        MAX_CPU.0
+                    ),
+                ));
+            }
+            spec.cpu = MilliCpu(m as u32);
+        }
+        (None, Some(v)) => {
+            if !(1..=i64::from(MAX_CPU.whole_vcpus())).contains(&v) {
+                return Err(ApiError::validation(
+                    "vcpus",
+                    format!(
+                        "vcpus must be between 1 and {}, got {v}",
+                        MAX_CPU.whole_vcpus()
+                    ),
+                ));
+            }
+            spec.cpu = MilliCpu::vcpus(v as u32);
+        }
+        (None, None) => {}
+    }
+    if let Some(b) = req.mem_bytes {
+        if b < 1 || b as u64 > MAX_MEM.bytes() {
+            return Err(ApiError::validation(
+                "mem_bytes",
+                format!("mem_bytes must be between 1 byte and {MAX_MEM}, got {b}"),
+            ));
+        }
+        spec.mem = ByteSize(b as u64);
+    }
+    if let Some(b) = req.fs_capacity_bytes {
+        if b < 1 || (b as u64) < current.fs_capacity.bytes() {
+            return Err(ApiError::validation(
+                "fs_capacity_bytes",
+                format!(
+                    "fs_capacity_bytes cannot shrink below the current {}, got {b}",
+                    current.fs_capacity
+                ),
+            ));
+        }
+        spec.fs_capacity = ByteSize(b as u64);
+    }
+    if let Some(pc) = &req.proxy_config {
+        pc.validate()?;
+        spec.proxy_config = Some(match &current.proxy_config {
+            Some(old) => old.replaced_by(pc),
+            None => pc.clone(),
+        });
+    }
+    if let Some(rc) = &req.run_config {
+        rc.validate("run_config")?;
+        spec.run_config = rc.merged_over(&current.run_config);
+    }
+    if let Some(ids) = &req.tag_value_ids {
+        check_tag_value_ids(ids)?;
+        spec.tag_value_ids = ids.clone();
+    }
+    Ok(spec)
+}
+
+/// The state the control plane keeps beside a spec, for building answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxMeta {
+    pub id: Uuid,
+    pub name: String,
+    pub status: SandboxStatus,
+    pub status_message: Option<String>,
+    pub dataplane_url: Option<String>,
+    pub stopped_at: Option<String>,
+    pub created_at: String,
+    pub created_by: Option<String>,
+    pub updated_at: String,
+    pub updated_by: Option<String>,
+    /// `None` when the workspace has no volumes (the key is then absent).
+    pub volumes: Option<Vec<VolumeAttachment>>,
+}
+
+impl SandboxSpec {
+    /// The sandbox resource as the API returns it: CPU in both units, TTLs
+    /// with 0 for "disabled", opaque proxy secrets redacted.
+    pub fn to_response(&self, meta: SandboxMeta) -> SandboxResponse {
+        SandboxResponse {
+            id: meta.id,
+            name: meta.name,
+            status: meta.status,
+            status_message: meta.status_message,
+            dataplane_url: meta.dataplane_url,
+            snapshot_id: Some(self.snapshot_id),
+            vcpus: self.cpu.whole_vcpus(),
+            cpu_millicores: self.cpu.0,
+            mem_bytes: self.mem.bytes(),
+            fs_capacity_bytes: self.fs_capacity.bytes(),
+            size_class: size_class(self.cpu, self.mem),
+            idle_ttl_seconds: self.idle_ttl.map_or(0, |d| d.as_secs()),
+            delete_after_stop_seconds: self.delete_after_stop.map_or(0, |d| d.as_secs()),
+            stopped_at: meta.stopped_at,
+            persistent: self.persistent,
+            preserve_memory_on_stop: self.preserve_memory_on_stop,
+            labels: self.labels.clone(),
+            run_config: self.run_config.clone(),
+            mount_config: self.mount_config.clone(),
+            proxy_config: self.proxy_config.as_ref().map(ProxyConfig::redacted),
+            access_delegation: self.access_delegation.clone(),
+            volumes: meta.volumes,
+            created_at: meta.created_at,
+            created_by: meta.created_by,
+            updated_at: meta.updated_at,
+            updated_by: meta.updated_by,
+        }
+    }
+}
+
+/// Hearth's size label, e.g. `2vcpu-8gib` or `0.5vcpu-1536mib`. LangSmith
+/// does not document its values; this one is only informative.
+pub fn size_class(cpu: MilliCpu, mem: ByteSize) -> String {
+    let cpu = show_cpu(cpu.0).trim_end_matches(" vCPU").to_owned();
+    let mem = if mem.bytes().is_multiple_of(GIB) {
+        format!("{}gib", mem.bytes() / GIB)
+    } else {
+        format!("{}mib", mem.bytes().div_ceil(MIB))
+    };
+    format!("{cpu}vcpu-{mem}")
+}
+
+/// Serde for `Option<Duration>` as whole seconds, 0 = `None`.
+mod opt_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(v.map_or(0, |d| d.as_secs()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let secs = u64::deserialize(d)?;
+        Ok((secs > 0).then(|| Duration::from_secs(secs)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_bounds() {
+        assert_eq!(mem_range(1000), (2 * GIB, 6 * GIB));
+        assert_eq!(mem_range(500), (GIB, 3 * GIB));
+        assert_eq!(default_mem(1000), 4 * GIB);
+        assert_eq!(default_mem(250), GIB);
+        assert_eq!(default_mem(333), 1364 * MIB);
+        let (lo, hi) = mem_range(333);
+        assert!(lo <= default_mem(333) && default_mem(333) <= hi);
+    }
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(size_class(MilliCpu(2000), ByteSize::gib(8)), "2vcpu-8gib");
+        assert_eq!(
+            size_class(MilliCpu(500), ByteSize::mib(1536)),
+            "0.5vcpu-1536mib"
+        );
+        assert_eq!(show_cpu(1250), "1.25 vCPU");
+    }
+}

@@ -1,0 +1,254 @@
+//! Field-level rules shared by create and update: names, labels, TTLs,
+//! environment variables, paths and snapshot references.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::ApiError;
+
+/// Longest sandbox name.
+pub const MAX_NAME_LEN: usize = 63;
+/// Most labels a request may set.
+pub const MAX_LABELS: usize = 64;
+/// Longest label key, in characters.
+pub const MAX_LABEL_KEY_LEN: usize = 128;
+/// Longest label value, in characters.
+pub const MAX_LABEL_VALUE_LEN: usize = 1024;
+/// Upper bound of `idle_ttl_seconds` (and, by analogy,
+/// `delete_after_stop_seconds`): the largest multiple of 60 that fits an
+/// `i32`, which is what LangSmith documents as the maximum.
+pub const MAX_TTL_SECONDS: i64 = 2_147_483_640;
+
+/// Checks a sandbox name: 1–63 characters of lowercase letters, digits and
+/// `-`, starting and ending with a letter or digit (a DNS label, so the name
+/// can appear in host names and URLs unescaped).
+///
+/// The SDK does not validate names and LangSmith does not document its rule;
+/// its own generated names (`snapshot-builder-<hex>`) fit this one.
+pub fn check_sandbox_name(field: &str, name: &str) -> Result<(), ApiError> {
+    let err =
+        |why: &str| ApiError::validation(field, format!("{field} '{name}' is invalid: {why}"));
+    if name.is_empty() {
+        return Err(err("it must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(err("it must be at most 63 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(err("use only lowercase letters, digits and '-'"));
+    }
+    let first = name.as_bytes()[0];
+    let last = name.as_bytes()[name.len() - 1];
+    if first == b'-' || last == b'-' {
+        return Err(err("it must start and end with a letter or digit"));
+    }
+    Ok(())
+}
+
+/// Checks a request's labels: at most [`MAX_LABELS`] entries, keys 1–128 and
+/// values 0–1024 characters, no control characters. Only the labels the
+/// request sets are counted; labels inherited from a snapshot are not.
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if labels.len() > MAX_LABELS {
+        return Err(ApiError::validation(
+            "labels",
+            format!("labels: at most {MAX_LABELS} labels, got {}", labels.len()),
+        ));
+    }
+    for (k, v) in labels {
+        let field = format!("labels.{k}");
+        let key_chars = k.chars().count();
+        if key_chars == 0 || key_chars > MAX_LABEL_KEY_LEN || k.chars().any(char::is_control) {
+            return Err(ApiError::validation(
+                &field,
+                format!("labels: key '{k}' must be 1-{MAX_LABEL_KEY_LEN} printable characters"),
+            ));
+        }
+        if v.chars().count() > MAX_LABEL_VALUE_LEN || v.chars().any(char::is_control) {
+            return Err(ApiError::validation(
+                &field,
+                format!(
+                    "{field}: the value must be at most {MAX_LABEL_VALUE_LEN} printable characters"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a TTL in seconds and turns it into a duration, `0` meaning
+/// disabled (`None`). Range 0..=[`MAX_TTL_SECONDS`], a multiple of 60: the
+/// SDK refuses other values before sending, so enforcing it here keeps other
+/// clients (curl, TypeScript) to the same rule.
+pub fn check_ttl(field: &str, seconds: i64) -> Result<Option<Duration>, ApiError> {
+    if !(0..=MAX_TTL_SECONDS).contains(&seconds) {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must be between 0 and {MAX_TTL_SECONDS}, got {seconds}"),
+        ));
+    }
+    if seconds % 60 != 0 {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must be a multiple of 60 seconds, got {seconds}"),
+        ));
+    }
+    Ok((seconds > 0).then(|| Duration::from_secs(seconds as u64)))
+}
+
+/// Environment names must be non-empty without `=` or NUL; values without
+/// NUL (neither can cross `execve`).
+pub fn check_env_vars(field: &str, env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ApiError::validation(
+                &format!("{field}.{k}"),
+                format!("{field}: invalid variable name '{k}'"),
+            ));
+        }
+        if v.contains('\0') {
+            return Err(ApiError::validation(
+                &format!("{field}.{k}"),
+                format!("{field}: value of '{k}' contains a NUL byte"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An absolute path without NUL.
+pub fn check_absolute_path(field: &str, path: &str) -> Result<(), ApiError> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must be an absolute path, got '{path}'"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_max_chars(field: &str, s: &str, max: usize) -> Result<(), ApiError> {
+    if s.chars().count() > max {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must be at most {max} characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// A Docker-style snapshot reference, `name:tag`. A bare name means
+/// `name:latest`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SnapshotRef {
+    pub name: String,
+    pub tag: String,
+}
+
+/// The tag a bare snapshot name resolves to.
+pub const DEFAULT_TAG: &str = "latest";
+
+impl fmt::Display for SnapshotRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.name, self.tag)
+    }
+}
+
+/// The text is not a `name[:tag]` reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid snapshot reference '{input}': {why}")]
+pub struct ParseSnapshotRefError {
+    input: String,
+    why: &'static str,
+}
+
+impl FromStr for SnapshotRef {
+    type Err = ParseSnapshotRefError;
+
+    /// Splits at the last `:`. Names and tags may not be empty or contain
+    /// whitespace, control characters or `/`; tags follow Docker (letters,
+    /// digits, `_`, `.`, `-`, at most 128).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why| ParseSnapshotRefError {
+            input: s.to_owned(),
+            why,
+        };
+        let (name, tag) = match s.rsplit_once(':') {
+            Some((n, t)) => (n, t),
+            None => (s, DEFAULT_TAG),
+        };
+        if name.is_empty() {
+            return Err(err("the name is empty"));
+        }
+        if name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == ':')
+        {
+            return Err(err("the name contains whitespace, ':' or '/'"));
+        }
+        if tag.is_empty() {
+            return Err(err("the tag is empty"));
+        }
+        if tag.len() > 128
+            || !tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        {
+            return Err(err("a tag is at most 128 letters, digits, '_', '.' or '-'"));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            tag: tag.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_refs() {
+        let r: SnapshotRef = "python".parse().unwrap();
+        assert_eq!(r.to_string(), "python:latest");
+        let r: SnapshotRef = "python:3.12-slim".parse().unwrap();
+        assert_eq!((r.name.as_str(), r.tag.as_str()), ("python", "3.12-slim"));
+        for bad in ["", ":x", "py:", "a b", "a/b:c", "a:b:c", "a:t@g"] {
+            assert!(
+                bad.parse::<SnapshotRef>().is_err(),
+                "{bad:?} should be rejected"
+            );
+        }
+    }
+
+    #[test]
+    fn names() {
+        for good in [
+            "a",
+            "box-1",
+            "snapshot-builder-0123456789ab",
+            &"x".repeat(63),
+        ] {
+            check_sandbox_name("name", good).unwrap();
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "a b", &"x".repeat(64)] {
+            let e = check_sandbox_name("name", bad).unwrap_err();
+            assert_eq!((e.status, e.field()), (422, Some("name")), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ttls() {
+        assert_eq!(check_ttl("t", 0).unwrap(), None);
+        assert_eq!(check_ttl("t", 600).unwrap(), Some(Duration::from_secs(600)));
+        assert!(check_ttl("t", MAX_TTL_SECONDS).is_ok());
+        for bad in [-60, 61, MAX_TTL_SECONDS + 60] {
+            assert_eq!(check_ttl("t", bad).unwrap_err().field(), Some("t"));
+        }
+    }
+}
