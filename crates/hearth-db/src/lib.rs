@@ -1,0 +1,143 @@
+//! Hearth's database layer: the only crate that speaks SQL.
+//!
+//! [`Db`] is one API over two backends, chosen by URL at [`Db::connect`]:
+//! SQLite (an embedded file, the single-node default, or `sqlite::memory:`
+//! for tests) and PostgreSQL (a fleet's shared database). Every query is
+//! written once in SQL both accept; the few places that differ (locking,
+//! JSON label filters) branch on [`Backend`]. Migrations for both live in
+//! `migrations/{sqlite,postgres}/` and are applied on connect.
+//!
+//! Records ([`Workspace`], [`ApiKey`], [`HostRow`], [`SnapshotRow`],
+//! [`SandboxRow`]) are rows, not wire types; times are [`Timestamp`]s
+//! (unix milliseconds in the database, RFC 3339 for display). Lists are
+//! keyset-paginated with opaque cursors ([`Page`]), stable under inserts.
+//!
+//! Concurrency: quota-checked inserts are serialized per workspace
+//! ([`Db::insert_sandbox_within_quota`]); user edits are optimistic on
+//! `updated_at` ([`Db::update_sandbox`]); lifecycle changes can be fenced on
+//! status and placement generation ([`Db::set_status`]). Failures are
+//! [`DbError`] variants the API layer maps to HTTP statuses.
+//!
+//! With the `testing` feature, [`testing`] provides real databases for
+//! tests: a temporary SQLite file and a throwaway PostgreSQL cluster.
+
+mod error;
+mod hosts;
+mod migrate;
+mod model;
+mod page;
+mod sandboxes;
+mod snapshots;
+mod sql;
+mod time;
+mod workspaces;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+pub use error::{DbError, QuotaKind};
+pub use model::*;
+pub use time::Timestamp;
+
+use sql::{Pool, Sql};
+
+/// A handle on the database; cheap to clone (it shares one pool).
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: Pool,
+}
+
+impl Db {
+    /// Opens the database and applies pending migrations.
+    ///
+    /// URLs: `sqlite://path/to/file.db?mode=rwc` (creates the file),
+    /// `sqlite::memory:` (private to this handle, single connection),
+    /// `postgres://user@host/db` (also `?host=/socket/dir`).
+    pub async fn connect(url: &str) -> Result<Db, DbError> {
+        let op = "connect";
+        let pool = if url.starts_with("sqlite:") {
+            let memory = url.contains(":memory:") || url.contains("mode=memory");
+            let mut opts = SqliteConnectOptions::from_str(url)
+                .map_err(DbError::backend(op))?
+                .busy_timeout(Duration::from_secs(10));
+            let pool_opts = if memory {
+                // An in-memory database lives as long as its connection:
+                // keep exactly one, forever.
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+            } else {
+                // WAL: readers never wait for the writer.
+                opts = opts
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal);
+                SqlitePoolOptions::new().max_connections(8)
+            };
+            Pool::Sqlite(
+                pool_opts
+                    .connect_with(opts)
+                    .await
+                    .map_err(DbError::backend(op))?,
+            )
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let opts = PgConnectOptions::from_str(url).map_err(DbError::backend(op))?;
+            Pool::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(16)
+                    .connect_with(opts)
+                    .await
+                    .map_err(DbError::backend(op))?,
+            )
+        } else {
+            return Err(DbError::Backend {
+                op,
+                source: sqlx::Error::Configuration(
+                    "unsupported database url: expected sqlite:… or postgres://…".into(),
+                ),
+            });
+        };
+        migrate::migrate(&pool).await?;
+        Ok(Db { pool })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.pool.backend()
+    }
+
+    /// The highest applied migration version.
+    pub async fn schema_version(&self) -> Result<i64, DbError> {
+        let v = self
+            .pool
+            .fetch_optional(
+                &Sql::new(
+                    "SELECT CAST(COALESCE(MAX(version), 0) AS BIGINT) AS n FROM schema_migrations",
+                ),
+                sql::decode_n,
+            )
+            .await
+            .map_err(DbError::backend("read schema version"))?;
+        Ok(v.unwrap_or(0))
+    }
+
+    /// Applies pending migrations again (a no-op when up to date); returns
+    /// the versions applied. [`Db::connect`] already does this.
+    pub async fn migrate(&self) -> Result<Vec<i64>, DbError> {
+        migrate::migrate(&self.pool).await
+    }
+
+    /// Closes every connection; later calls fail.
+    pub async fn close(&self) {
+        match &self.pool {
+            Pool::Sqlite(p) => p.close().await,
+            Pool::Postgres(p) => p.close().await,
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Records as stored, and the filters that list them.
+//!
+//! These are database rows, not wire types: the API layer maps them to the
+//! LangSmith-shaped responses. Units are typed ([`MilliCpu`], [`ByteSize`],
+//! [`Duration`]); the database stores them as BIGINT.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hearth_types::{ApiKeyId, ByteSize, HostId, MilliCpu, SandboxId, SnapshotId, WorkspaceId};
+
+use crate::time::Timestamp;
+
+/// Which database a [`crate::Db`] talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+macro_rules! text_enum {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The stored (and wire) spelling.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+
+            /// Parses the stored spelling.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($text => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = ParseEnumError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::parse(s).ok_or_else(|| ParseEnumError {
+                    kind: stringify!($name),
+                    value: s.to_owned(),
+                })
+            }
+        }
+    };
+}
+
+/// The string is not one of the enum's spellings.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown {kind} {value:?}")]
+pub struct ParseEnumError {
+    kind: &'static str,
+    value: String,
+}
+
+text_enum!(
+    /// Lifecycle state of a sandbox (LangSmith's `status`).
+    SandboxStatus {
+        Provisioning = "provisioning",
+        Ready = "ready",
+        Failed = "failed",
+        Stopped = "stopped",
+        Deleting = "deleting",
+    }
+);
+
+impl SandboxStatus {
+    /// States whose CPU and memory count against quotas and host capacity.
+    pub const fn is_live(self) -> bool {
+        matches!(self, SandboxStatus::Provisioning | SandboxStatus::Ready)
+    }
+}
+
+text_enum!(
+    /// Build state of a snapshot.
+    SnapshotStatus {
+        Building = "building",
+        Ready = "ready",
+        Failed = "failed",
+        Deleting = "deleting",
+    }
+);
+
+text_enum!(
+    /// Whether a host takes new sandboxes.
+    HostState {
+        Ready = "ready",
+        Draining = "draining",
+        Down = "down",
+    }
+);
+
+/// Per-workspace limits; `None` means unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Quotas {
+    /// Sandboxes not in `deleting`.
+    pub max_sandboxes: Option<u64>,
+    /// Summed over `provisioning` and `ready` sandboxes.
+    pub max_cpu: Option<MilliCpu>,
+    /// Summed over `provisioning` and `ready` sandboxes.
+    pub max_mem: Option<ByteSize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewWorkspace {
+    pub id: WorkspaceId,
+    pub name: String,
+    pub quotas: Quotas,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workspace {
+    pub id: WorkspaceId,
+    pub name: String,
+    pub quotas: Quotas,
+    pub created_at: Timestamp,
+}
+
+/// An API key to store. The caller hashes the secret; the database never
+/// sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewApiKey {
+    pub id: ApiKeyId,
+    pub workspace_id: WorkspaceId,
+    /// Hex digest of the secret (unique).
+    pub key_hash: String,
+    /// The first characters of the secret, for display.
+    pub prefix: String,
+    pub description: String,
+    /// Such as `sandboxes:exec`.
+    pub permissions: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKey {
+    pub id: ApiKeyId,
+    pub workspace_id: WorkspaceId,
+    pub key_hash: String,
+    pub prefix: String,
+    pub description: String,
+    pub permissions: Vec<String>,
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+}
+
+/// A host agent as registered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostRow {
+    pub id: HostId,
+    /// Base URL of the host's private API.
+    pub address: String,
+    pub state: HostState,
+    pub capacity_cpu: MilliCpu,
+    pub capacity_mem: ByteSize,
+    /// The host is presumed dead (and fenced) after this.
+    pub lease_expires_at: Timestamp,
+    /// Kept from the first registration on upsert.
+    pub registered_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// What a host has committed: the sum over its `provisioning` and `ready`
+/// sandboxes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostLoad {
+    pub host_id: HostId,
+    pub cpu: MilliCpu,
+    pub mem: ByteSize,
+    pub sandboxes: u64,
+}
+
+/// A snapshot record. `workspace_id == None` marks a built-in snapshot,
+/// visible to every workspace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotRow {
+    pub id: SnapshotId,
+    pub workspace_id: Option<WorkspaceId>,
+    pub name: String,
+    pub tag: String,
+    pub status: SnapshotStatus,
+    pub status_message: Option<String>,
+    /// Which built-in root image backs it.
+    pub image: String,
+    pub fs_capacity: ByteSize,
+    pub labels: BTreeMap<String, String>,
+    pub run_config: Option<serde_json::Value>,
+    pub docker_image: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// A sandbox record: the durable truth about one sandbox.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SandboxRow {
+    pub id: SandboxId,
+    pub workspace_id: WorkspaceId,
+    /// Unique within the workspace.
+    pub name: String,
+    pub status: SandboxStatus,
+    pub status_message: Option<String>,
+    pub snapshot_id: SnapshotId,
+    pub cpu: MilliCpu,
+    pub mem: ByteSize,
+    pub fs_capacity: ByteSize,
+    /// Zero disables idle stop. Stored in whole seconds.
+    pub idle_ttl: Duration,
+    /// Zero disables deletion after stop. Stored in whole seconds.
+    pub delete_after_stop: Duration,
+    pub persistent: bool,
+    pub preserve_memory_on_stop: bool,
+    pub labels: BTreeMap<String, String>,
+    pub run_config: serde_json::Value,
+    /// The rest of the create request (proxy_config, mount_config,
+    /// access_delegation, volumes, tag_value_ids, env_vars).
+    pub spec: serde_json::Value,
+    pub host_id: Option<HostId>,
+    /// Placement fence token; bumps on every placement.
+    pub generation: u64,
+    pub created_at: Timestamp,
+    pub created_by: String,
+    /// Also the optimistic-concurrency token: every write through this crate
+    /// moves it strictly forward.
+    pub updated_at: Timestamp,
+    pub updated_by: String,
+    pub stopped_at: Option<Timestamp>,
+    pub last_activity_at: Timestamp,
+}
+
+/// Extra effects of [`crate::Db::set_status`], and the conditions it is
+/// fenced on.
+#[derive(Clone, Debug, Default)]
+pub struct StatusExtra {
+    /// `Some(x)` sets `stopped_at` to `x` (`Some(None)` clears it).
+    pub stopped_at: Option<Option<Timestamp>>,
+    /// `Some(x)` sets `host_id` to `x` (`Some(None)` clears it).
+    pub host_id: Option<Option<HostId>>,
+    /// Increment `generation` (a new placement).
+    pub bump_generation: bool,
+    /// Apply only if the current generation is this one; else `Stale`.
+    pub expect_generation: Option<u64>,
+    /// Apply only if the current status is one of these (empty: any); else
+    /// `Stale`.
+    pub expect_status: Vec<SandboxStatus>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SortOrder {
+    Asc,
+    #[default]
+    Desc,
+}
+
+/// Sort keys of the sandbox list (LangSmith's `sort_by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SandboxSort {
+    Name,
+    Status,
+    #[default]
+    CreatedAt,
+    /// Never-stopped sandboxes sort as if stopped at the epoch.
+    StoppedAt,
+    IdleTtl,
+    DeleteAfterStop,
+}
+
+/// Sort keys of the snapshot list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SnapshotSort {
+    Name,
+    Status,
+    #[default]
+    CreatedAt,
+}
+
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+pub const MAX_PAGE_SIZE: u32 = 1000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxFilter {
+    /// Case-insensitive substring of the name.
+    pub name_contains: Option<String>,
+    pub status: Option<SandboxStatus>,
+    /// `(key, None)`: the label is present; `(key, Some(v))`: it equals `v`.
+    /// All must match.
+    pub labels: Vec<(String, Option<String>)>,
+    pub created_by: Option<String>,
+    pub sort_by: SandboxSort,
+    pub sort_order: SortOrder,
+    /// Clamped to `1..=MAX_PAGE_SIZE`.
+    pub page_size: u32,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+impl Default for SandboxFilter {
+    fn default() -> Self {
+        Self {
+            name_contains: None,
+            status: None,
+            labels: Vec::new(),
+            created_by: None,
+            sort_by: SandboxSort::default(),
+            sort_order: SortOrder::default(),
+            page_size: DEFAULT_PAGE_SIZE,
+            cursor: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotFilter {
+    pub name_contains: Option<String>,
+    pub status: Option<SnapshotStatus>,
+    pub sort_by: SnapshotSort,
+    pub sort_order: SortOrder,
+    pub page_size: u32,
+    pub cursor: Option<String>,
+}
+
+impl Default for SnapshotFilter {
+    fn default() -> Self {
+        Self {
+            name_contains: None,
+            status: None,
+            sort_by: SnapshotSort::default(),
+            sort_order: SortOrder::default(),
+            page_size: DEFAULT_PAGE_SIZE,
+            cursor: None,
+        }
+    }
+}
+
+/// One page of a list.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Pass back as `cursor` for the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}

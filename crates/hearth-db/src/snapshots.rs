@@ -1,0 +1,284 @@
+//! Snapshots: built-in ones (no workspace, visible to all) and a
+//! workspace's own, addressed by id or by `name:tag`.
+
+use hearth_types::{ByteSize, SnapshotId, WorkspaceId};
+
+use crate::error::DbError;
+use crate::model::{Page, SnapshotFilter, SnapshotRow, SnapshotSort, SnapshotStatus};
+use crate::page::{contains_pattern, Key, KeyKind, Keyset, SortSpec};
+use crate::sql::{int, RowExt, Sql};
+use crate::time::Timestamp;
+use crate::Db;
+
+const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message, image, \
+                             fs_capacity_bytes, labels, run_config, docker_image, created_at, updated_at";
+
+/// Rows a workspace may see: its own and the built-ins. `$1` is the
+/// workspace id.
+const VISIBLE: &str = "(workspace_id = $1 OR workspace_id IS NULL)";
+
+fn decode_snapshot(r: &dyn RowExt) -> Result<SnapshotRow, sqlx::Error> {
+    Ok(SnapshotRow {
+        id: r.parse("id")?,
+        workspace_id: r.opt_parse("workspace_id")?,
+        name: r.text("name")?,
+        tag: r.text("tag")?,
+        status: r.parse("status")?,
+        status_message: r.opt_text("status_message")?,
+        image: r.text("image")?,
+        fs_capacity: ByteSize(r.unsigned("fs_capacity_bytes")?),
+        labels: r.json("labels")?,
+        run_config: r.opt_json("run_config")?,
+        docker_image: r.opt_text("docker_image")?,
+        created_at: r.ts("created_at")?,
+        updated_at: r.ts("updated_at")?,
+    })
+}
+
+fn snapshot_sql(
+    op: &'static str,
+    text: &str,
+    s: &SnapshotRow,
+    workspace: Option<WorkspaceId>,
+) -> Result<Sql, DbError> {
+    let encode = |e: serde_json::Error| DbError::Backend {
+        op,
+        source: sqlx::Error::Encode(e.into()),
+    };
+    let labels = serde_json::to_string(&s.labels).map_err(encode)?;
+    let run_config = s
+        .run_config
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(encode)?;
+    Ok(Sql::new(text)
+        .arg(s.id.to_string())
+        .arg(workspace.map(|w| w.to_string()))
+        .arg(s.name.as_str())
+        .arg(s.tag.as_str())
+        .arg(s.status.as_str())
+        .arg(s.status_message.as_deref())
+        .arg(s.image.as_str())
+        .arg(int(s.fs_capacity.bytes(), op, "fs_capacity_bytes")?)
+        .arg(labels)
+        .arg(run_config)
+        .arg(s.docker_image.as_deref())
+        .arg(s.created_at)
+        .arg(s.updated_at))
+}
+
+fn sort_spec(s: SnapshotSort) -> SortSpec {
+    match s {
+        SnapshotSort::Name => SortSpec {
+            name: "name",
+            expr: "name",
+            kind: KeyKind::Text,
+        },
+        SnapshotSort::Status => SortSpec {
+            name: "status",
+            expr: "status",
+            kind: KeyKind::Text,
+        },
+        SnapshotSort::CreatedAt => SortSpec {
+            name: "created_at",
+            expr: "created_at",
+            kind: KeyKind::Int,
+        },
+    }
+}
+
+fn sort_key(sort: SnapshotSort, s: &SnapshotRow) -> (Key, String) {
+    let k = match sort {
+        SnapshotSort::Name => Key::Text(s.name.clone()),
+        SnapshotSort::Status => Key::Text(s.status.as_str().to_owned()),
+        SnapshotSort::CreatedAt => Key::Int(s.created_at.unix_ms()),
+    };
+    (k, s.id.to_string())
+}
+
+impl Db {
+    /// Creates or replaces a built-in snapshot (no workspace; visible to
+    /// all), by id. `s.workspace_id` is ignored. `Conflict` if another
+    /// built-in has the same `name:tag`, or a workspace snapshot this id.
+    pub async fn upsert_builtin_snapshot(&self, s: &SnapshotRow) -> Result<(), DbError> {
+        let op = "upsert built-in snapshot";
+        let what = || format!("snapshot {}:{}", s.name, s.tag);
+        let sql = snapshot_sql(
+            op,
+            &format!(
+                "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                 ON CONFLICT (id) DO UPDATE SET name = excluded.name, tag = excluded.tag, \
+                 status = excluded.status, status_message = excluded.status_message, \
+                 image = excluded.image, fs_capacity_bytes = excluded.fs_capacity_bytes, \
+                 labels = excluded.labels, run_config = excluded.run_config, \
+                 docker_image = excluded.docker_image, updated_at = excluded.updated_at \
+                 WHERE snapshots.workspace_id IS NULL"
+            ),
+            s,
+            None,
+        )?;
+        let n = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::unique(op, what))?;
+        if n == 0 {
+            // The id belongs to a workspace's snapshot.
+            return Err(DbError::Conflict { what: what() });
+        }
+        Ok(())
+    }
+
+    /// Stores a workspace's snapshot. `Conflict` if its `name:tag` is taken
+    /// in the workspace.
+    pub async fn insert_snapshot(
+        &self,
+        workspace_id: WorkspaceId,
+        s: &SnapshotRow,
+    ) -> Result<(), DbError> {
+        let op = "insert snapshot";
+        let sql = snapshot_sql(
+            op,
+            &format!(
+                "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            ),
+            s,
+            Some(workspace_id),
+        )?;
+        self.pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::unique(op, || {
+                format!("snapshot {}:{}", s.name, s.tag)
+            }))?;
+        Ok(())
+    }
+
+    /// Sets a snapshot's build status (and message; `None` clears it).
+    pub async fn set_snapshot_status(
+        &self,
+        id: SnapshotId,
+        status: SnapshotStatus,
+        message: Option<&str>,
+    ) -> Result<(), DbError> {
+        let sql = Sql::new(
+            "UPDATE snapshots SET status = $2, status_message = $3, updated_at = $4 WHERE id = $1",
+        )
+        .arg(id.to_string())
+        .arg(status.as_str())
+        .arg(message)
+        .arg(Timestamp::now());
+        let n = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend("set snapshot status"))?;
+        if n == 0 {
+            return Err(DbError::NotFound { what: "snapshot" });
+        }
+        Ok(())
+    }
+
+    /// A snapshot the workspace may see (its own or a built-in).
+    pub async fn get_snapshot(
+        &self,
+        workspace_id: WorkspaceId,
+        id: SnapshotId,
+    ) -> Result<SnapshotRow, DbError> {
+        let sql = Sql::new(&format!(
+            "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE {VISIBLE} AND id = $2"
+        ))
+        .arg(workspace_id.to_string())
+        .arg(id.to_string());
+        self.pool
+            .fetch_optional(&sql, decode_snapshot)
+            .await
+            .map_err(DbError::backend("get snapshot"))?
+            .ok_or(DbError::NotFound { what: "snapshot" })
+    }
+
+    /// Resolves `name:tag`; the workspace's own snapshot wins over a
+    /// built-in of the same reference.
+    pub async fn find_snapshot_by_ref(
+        &self,
+        workspace_id: WorkspaceId,
+        name: &str,
+        tag: &str,
+    ) -> Result<SnapshotRow, DbError> {
+        let sql = Sql::new(&format!(
+            "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE {VISIBLE} AND name = $2 AND tag = $3 \
+             ORDER BY CASE WHEN workspace_id IS NULL THEN 1 ELSE 0 END LIMIT 1"
+        ))
+        .arg(workspace_id.to_string())
+        .arg(name)
+        .arg(tag);
+        self.pool
+            .fetch_optional(&sql, decode_snapshot)
+            .await
+            .map_err(DbError::backend("find snapshot"))?
+            .ok_or(DbError::NotFound { what: "snapshot" })
+    }
+
+    /// Snapshots the workspace may see, one page.
+    pub async fn list_snapshots(
+        &self,
+        workspace_id: WorkspaceId,
+        f: &SnapshotFilter,
+    ) -> Result<Page<SnapshotRow>, DbError> {
+        let ks = Keyset::new(
+            sort_spec(f.sort_by),
+            f.sort_order,
+            f.page_size,
+            f.cursor.as_deref(),
+        )?;
+        let mut sql = Sql::new(&format!(
+            "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE {VISIBLE}"
+        ))
+        .arg(workspace_id.to_string());
+        if let Some(n) = &f.name_contains {
+            sql.push(" AND LOWER(name) LIKE ");
+            sql.push_param(contains_pattern(n));
+            sql.push(" ESCAPE '\\'");
+        }
+        if let Some(s) = f.status {
+            sql.push(" AND status = ");
+            sql.push_param(s.as_str());
+        }
+        ks.push_where(&mut sql);
+        ks.push_order_limit(&mut sql);
+        let rows = self
+            .pool
+            .fetch_all(&sql, decode_snapshot)
+            .await
+            .map_err(DbError::backend("list snapshots"))?;
+        Ok(ks.finish(rows, |s| sort_key(f.sort_by, s)))
+    }
+
+    /// The tags of `name` the workspace may see, as `(tag, snapshot id)`,
+    /// sorted by tag; the workspace's own shadow built-ins.
+    pub async fn snapshot_tags(
+        &self,
+        workspace_id: WorkspaceId,
+        name: &str,
+    ) -> Result<Vec<(String, SnapshotId)>, DbError> {
+        fn decode(r: &dyn RowExt) -> Result<(String, SnapshotId), sqlx::Error> {
+            Ok((r.text("tag")?, r.parse("id")?))
+        }
+        let sql = Sql::new(&format!(
+            "SELECT tag, id FROM snapshots WHERE {VISIBLE} AND name = $2 \
+             ORDER BY tag, CASE WHEN workspace_id IS NULL THEN 1 ELSE 0 END"
+        ))
+        .arg(workspace_id.to_string())
+        .arg(name);
+        let mut tags = self
+            .pool
+            .fetch_all(&sql, decode)
+            .await
+            .map_err(DbError::backend("list snapshot tags"))?;
+        tags.dedup_by(|later, first| later.0 == first.0);
+        Ok(tags)
+    }
+}

@@ -1,0 +1,269 @@
+use std::collections::BTreeMap;
+
+use hearth_db::{
+    DbError, HostLoad, HostRow, HostState, Quotas, SandboxStatus, SnapshotFilter, SnapshotRow,
+    SnapshotSort, SnapshotStatus, SortOrder, StatusExtra, Timestamp,
+};
+use hearth_types::{ByteSize, HostId, MilliCpu, SnapshotId, WorkspaceId};
+
+use crate::{each_backend, sandbox, workspace};
+
+fn host(lease_ms: i64) -> HostRow {
+    HostRow {
+        id: HostId::new(),
+        address: "http://10.0.0.1:7070".into(),
+        state: HostState::Ready,
+        capacity_cpu: MilliCpu(16_000),
+        capacity_mem: ByteSize::gib(64),
+        lease_expires_at: Timestamp::from_unix_ms(lease_ms),
+        registered_at: Timestamp::from_unix_ms(1000),
+        updated_at: Timestamp::from_unix_ms(1000),
+    }
+}
+
+#[tokio::test]
+async fn hosts_register_renew_and_sum_load() {
+    each_backend!(|db| {
+        let mut h1 = host(10_000);
+        let h2 = host(20_000);
+        db.upsert_host(&h1).await.unwrap();
+        db.upsert_host(&h2).await.unwrap();
+        // Re-registering updates everything but the first registration time.
+        h1.address = "http://10.0.0.9:7070".into();
+        h1.registered_at = Timestamp::from_unix_ms(5000);
+        h1.updated_at = Timestamp::from_unix_ms(5000);
+        db.upsert_host(&h1).await.unwrap();
+        let got = db.get_host(h1.id).await.unwrap();
+        assert_eq!(got.address, "http://10.0.0.9:7070");
+        assert_eq!(got.registered_at, Timestamp::from_unix_ms(1000));
+        assert_eq!(got.updated_at, Timestamp::from_unix_ms(5000));
+
+        db.renew_host_lease(h2.id, Timestamp::from_unix_ms(99_000))
+            .await
+            .unwrap();
+        db.set_host_state(h2.id, HostState::Draining).await.unwrap();
+        let listed = db.list_hosts().await.unwrap();
+        assert_eq!(listed.len(), 2);
+        let got2 = listed.iter().find(|h| h.id == h2.id).unwrap();
+        assert_eq!(got2.lease_expires_at, Timestamp::from_unix_ms(99_000));
+        assert_eq!(got2.state, HostState::Draining);
+        assert!(matches!(
+            db.renew_host_lease(HostId::new(), Timestamp::now()).await,
+            Err(DbError::NotFound { what: "host" })
+        ));
+        assert!(matches!(
+            db.get_host(HostId::new()).await,
+            Err(DbError::NotFound { .. })
+        ));
+
+        let ws = workspace(db, Quotas::default()).await;
+        let place = |name: &str, host: HostId, status: SandboxStatus, cpu: u32, gib: u64| {
+            let mut s = sandbox(ws.id, name);
+            s.host_id = Some(host);
+            s.status = status;
+            s.cpu = MilliCpu(cpu);
+            s.mem = ByteSize::gib(gib);
+            s
+        };
+        for s in [
+            place("a", h1.id, SandboxStatus::Ready, 1000, 4),
+            place("b", h1.id, SandboxStatus::Provisioning, 500, 2),
+            place("c", h1.id, SandboxStatus::Stopped, 4000, 16),
+            place("d", h1.id, SandboxStatus::Failed, 4000, 16),
+            place("e", h2.id, SandboxStatus::Deleting, 2000, 8),
+        ] {
+            db.insert_sandbox(&s).await.unwrap();
+        }
+        let mut load = db.host_load().await.unwrap();
+        load.sort_by_key(|l| if l.host_id == h1.id { 0 } else { 1 });
+        assert_eq!(
+            load,
+            vec![
+                HostLoad {
+                    host_id: h1.id,
+                    cpu: MilliCpu(1500),
+                    mem: ByteSize::gib(6),
+                    sandboxes: 2
+                },
+                HostLoad {
+                    host_id: h2.id,
+                    cpu: MilliCpu(0),
+                    mem: ByteSize(0),
+                    sandboxes: 0
+                },
+            ]
+        );
+        // Moving a sandbox off a host releases its share.
+        let a = db.get_sandbox(ws.id, "a").await.unwrap();
+        db.set_status(
+            a.id,
+            SandboxStatus::Stopped,
+            None,
+            StatusExtra {
+                host_id: Some(None),
+                ..StatusExtra::default()
+            },
+        )
+        .await
+        .unwrap();
+        let load = db.host_load().await.unwrap();
+        let l1 = load.iter().find(|l| l.host_id == h1.id).unwrap();
+        assert_eq!(
+            (l1.cpu, l1.mem, l1.sandboxes),
+            (MilliCpu(500), ByteSize::gib(2), 1)
+        );
+    });
+}
+
+fn snapshot(name: &str, tag: &str) -> SnapshotRow {
+    SnapshotRow {
+        id: SnapshotId::new(),
+        workspace_id: None,
+        name: name.into(),
+        tag: tag.into(),
+        status: SnapshotStatus::Ready,
+        status_message: None,
+        image: "debian-bookworm".into(),
+        fs_capacity: ByteSize::gib(8),
+        labels: BTreeMap::from([("os".to_owned(), "debian".to_owned())]),
+        run_config: Some(serde_json::json!({"user": "root"})),
+        docker_image: None,
+        created_at: Timestamp::from_unix_ms(1000),
+        updated_at: Timestamp::from_unix_ms(1000),
+    }
+}
+
+#[tokio::test]
+async fn snapshots_builtin_and_owned_visibility() {
+    each_backend!(|db| {
+        let ws1 = workspace(db, Quotas::default()).await.id;
+        let ws2 = workspace(db, Quotas::default()).await.id;
+
+        let mut base = snapshot("default", "latest");
+        db.upsert_builtin_snapshot(&base).await.unwrap();
+        // Upserting again updates in place.
+        base.fs_capacity = ByteSize::gib(16);
+        base.updated_at = Timestamp::from_unix_ms(2000);
+        db.upsert_builtin_snapshot(&base).await.unwrap();
+        for ws in [ws1, ws2] {
+            assert_eq!(db.get_snapshot(ws, base.id).await.unwrap(), base);
+            assert_eq!(
+                db.find_snapshot_by_ref(ws, "default", "latest")
+                    .await
+                    .unwrap(),
+                base
+            );
+        }
+        // A second built-in with the same name:tag conflicts (NULL
+        // workspaces are distinct in UNIQUE; the partial index catches it).
+        let dup = snapshot("default", "latest");
+        assert!(matches!(
+            db.upsert_builtin_snapshot(&dup).await,
+            Err(DbError::Conflict { .. })
+        ));
+        db.upsert_builtin_snapshot(&snapshot("default", "v1"))
+            .await
+            .unwrap();
+
+        // ws1's own "default:latest" shadows the built-in for ws1 only.
+        let mut own = snapshot("default", "latest");
+        own.workspace_id = Some(ws1);
+        own.status = SnapshotStatus::Building;
+        own.run_config = None;
+        own.docker_image = Some("python:3.12".into());
+        db.insert_snapshot(ws1, &own).await.unwrap();
+        assert_eq!(
+            db.find_snapshot_by_ref(ws1, "default", "latest")
+                .await
+                .unwrap(),
+            own
+        );
+        assert_eq!(
+            db.find_snapshot_by_ref(ws2, "default", "latest")
+                .await
+                .unwrap()
+                .id,
+            base.id
+        );
+        assert!(matches!(
+            db.get_snapshot(ws2, own.id).await,
+            Err(DbError::NotFound { .. })
+        ));
+        assert!(matches!(
+            db.find_snapshot_by_ref(ws1, "default", "nope").await,
+            Err(DbError::NotFound { .. })
+        ));
+        let mut again = snapshot("default", "latest");
+        again.workspace_id = Some(ws1);
+        assert!(matches!(
+            db.insert_snapshot(ws1, &again).await,
+            Err(DbError::Conflict { .. })
+        ));
+        // A built-in upsert cannot take over a workspace's snapshot id.
+        let mut hijack = own.clone();
+        hijack.name = "hijack".into();
+        assert!(matches!(
+            db.upsert_builtin_snapshot(&hijack).await,
+            Err(DbError::Conflict { .. })
+        ));
+
+        let tags = db.snapshot_tags(ws1, "default").await.unwrap();
+        assert_eq!(
+            tags.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
+            ["latest", "v1"]
+        );
+        assert_eq!(tags[0].1, own.id);
+        assert_eq!(
+            db.snapshot_tags(ws2, "default").await.unwrap()[0].1,
+            base.id
+        );
+
+        db.set_snapshot_status(own.id, SnapshotStatus::Failed, Some("pull failed"))
+            .await
+            .unwrap();
+        let failed = db.get_snapshot(ws1, own.id).await.unwrap();
+        assert_eq!(failed.status, SnapshotStatus::Failed);
+        assert_eq!(failed.status_message.as_deref(), Some("pull failed"));
+        assert!(matches!(
+            db.set_snapshot_status(SnapshotId::new(), SnapshotStatus::Ready, None)
+                .await,
+            Err(DbError::NotFound { .. })
+        ));
+
+        // Lists: own + built-ins, filtered and paged.
+        let list = |ws: WorkspaceId, f: SnapshotFilter| async move {
+            let mut f = f;
+            let mut ids = Vec::new();
+            loop {
+                let page = db.list_snapshots(ws, &f).await.unwrap();
+                ids.extend(page.items.into_iter().map(|s| (s.name, s.tag)));
+                match page.next_cursor {
+                    Some(c) => f.cursor = Some(c),
+                    None => return ids,
+                }
+            }
+        };
+        let by_name = SnapshotFilter {
+            sort_by: SnapshotSort::Name,
+            sort_order: SortOrder::Asc,
+            page_size: 1,
+            ..SnapshotFilter::default()
+        };
+        assert_eq!(list(ws1, by_name.clone()).await.len(), 3);
+        assert_eq!(list(ws2, by_name.clone()).await.len(), 2);
+        let failed_only = SnapshotFilter {
+            status: Some(SnapshotStatus::Failed),
+            ..by_name.clone()
+        };
+        assert_eq!(
+            list(ws1, failed_only.clone()).await,
+            [("default".to_owned(), "latest".to_owned())]
+        );
+        assert!(list(ws2, failed_only).await.is_empty());
+        let named = SnapshotFilter {
+            name_contains: Some("DEF".into()),
+            ..SnapshotFilter::default()
+        };
+        assert_eq!(list(ws2, named).await.len(), 2);
+    });
+}
