@@ -3,7 +3,10 @@
 //! `hearth-host`.
 
 mod bench;
+mod client;
+mod keys;
 mod run;
+mod up;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,12 +27,26 @@ struct Cli {
         default_value = "/var/lib/hearth"
     )]
     data_dir: PathBuf,
+    #[command(flatten)]
+    endpoint: client::Endpoint,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run Hearth on this machine: control plane + one host + SQLite.
+    Up(up::UpArgs),
+    /// Manage API keys (directly in the server's database).
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+        #[command(flatten)]
+        db: keys::DbArgs,
+    },
+    /// Talk to a Hearth server's API.
+    #[command(flatten)]
+    Client(client::ClientCommand),
     /// Guest artifacts (kernel, initramfs, root images).
     Image {
         #[command(subcommand)]
@@ -147,6 +164,9 @@ async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>>
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
+        Command::Up(args) => up::up(cli.data_dir, args).await,
+        Command::Keys { command, db } => keys::run(&cli.data_dir, db, command).await,
+        Command::Client(cmd) => client::run(cmd, cli.endpoint).await,
         Command::Image {
             command: ImageCommand::Build { image },
         } => {

@@ -262,7 +262,10 @@ impl Host {
         let artifacts = self
             .artifacts(req.image, Arc::new(hearth_image::QuietProgress))
             .await?;
-        let id = VmId::new();
+        let id = req.id.unwrap_or_default();
+        if self.vms().contains_key(&id) {
+            return Err(HostError::Conflict(format!("vm {id} already exists")));
+        }
         let dir = self.cfg.data_dir.join("vms").join(id.to_string());
         let run_dir = self.cfg.run_root.join(id.to_string());
         let io = |what: &str| {

@@ -137,11 +137,22 @@ pub(super) async fn download(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let guest = host.guest(id)?;
+    serve_download(&guest, &q.path, &headers).await
+}
+
+/// A file of the guest as an HTTP response: 200 with the whole file, or
+/// 206/416 for a single `Range` in `headers`. The public data plane's
+/// `/download` uses this too.
+pub async fn serve_download(
+    guest: &crate::guest::GuestClient,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
     let range = headers
         .get(header::RANGE)
         .and_then(|v| v.to_str().ok())
         .and_then(parse_range);
-    let open = |offset, length| guest_call(guest.read_file(&q.path, offset, length));
+    let open = |offset, length| guest_call(guest.read_file(path, offset, length));
     let Some(range) = range else {
         let reader = open(0, None).await?;
         return Ok(file_response(reader, None));

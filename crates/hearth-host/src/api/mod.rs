@@ -30,6 +30,7 @@
 mod exec;
 pub use exec::{exec_session, RunConfig};
 mod files;
+pub use files::serve_download;
 mod vms;
 
 use std::future::{Future, IntoFuture};

@@ -1,0 +1,166 @@
+//! `hearth keys`: API keys, managed in the server's database (an admin task
+//! on the machine that runs Hearth). Secrets are shown once and stored only
+//! as hashes.
+
+use std::path::Path;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use hearth_db::{Db, NewApiKey, NewWorkspace, Quotas};
+use hearth_types::{ApiKeyId, ByteSize, MilliCpu, WorkspaceId};
+
+#[derive(Args, Debug, Clone)]
+pub struct DbArgs {
+    /// Database URL; default: the SQLite file in the data directory.
+    #[arg(long, env = "HEARTH_DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Create a key; prints the secret once.
+    Create {
+        /// Workspace of the key (default: the default workspace).
+        #[arg(long)]
+        workspace: Option<WorkspaceId>,
+        /// Permissions (repeatable): sandboxes:create|read|update|delete|exec, sandboxes:*, *.
+        #[arg(long = "permission", default_value = "*")]
+        permissions: Vec<String>,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// List the keys of a workspace.
+    List {
+        #[arg(long)]
+        workspace: Option<WorkspaceId>,
+    },
+    /// Revoke a key by id.
+    Revoke {
+        id: ApiKeyId,
+        #[arg(long)]
+        workspace: Option<WorkspaceId>,
+    },
+    /// Create a new workspace (with the default quotas) and print its id.
+    CreateWorkspace {
+        #[arg(long)]
+        name: String,
+    },
+}
+
+/// The workspace `hearth up` creates on first start.
+pub fn default_workspace() -> WorkspaceId {
+    WorkspaceId::from_uuid(uuid::Uuid::from_u128(
+        0x6865_6172_7468_0000_0000_0000_0000_0001,
+    ))
+}
+
+pub fn default_quotas() -> Quotas {
+    Quotas {
+        max_sandboxes: Some(1000),
+        max_cpu: Some(MilliCpu(16_000)),
+        max_mem: Some(ByteSize::gib(64)),
+    }
+}
+
+pub fn database_url(data_dir: &Path, args: &DbArgs) -> String {
+    args.database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", data_dir.join("hearth.db").display()))
+}
+
+/// Creates a key and returns its secret.
+pub async fn create_key(
+    db: &Db,
+    workspace: WorkspaceId,
+    permissions: Vec<String>,
+    description: &str,
+) -> anyhow::Result<(ApiKeyId, String)> {
+    for p in &permissions {
+        anyhow::ensure!(
+            hearth_control::auth::PERMISSIONS.contains(&p.as_str()),
+            "unknown permission {p:?}; known: {}",
+            hearth_control::auth::PERMISSIONS.join(", ")
+        );
+    }
+    let secret = hearth_control::auth::new_secret();
+    let key = db
+        .create_api_key(&NewApiKey {
+            id: ApiKeyId::new(),
+            workspace_id: workspace,
+            key_hash: hearth_control::auth::hash_key(&secret),
+            prefix: secret[..8].to_owned(),
+            description: description.to_owned(),
+            permissions,
+        })
+        .await
+        .context("store the key")?;
+    Ok((key.id, secret))
+}
+
+/// Makes sure the default workspace exists; true when it was just created.
+pub async fn ensure_default_workspace(db: &Db) -> anyhow::Result<bool> {
+    if db.get_workspace(default_workspace()).await.is_ok() {
+        return Ok(false);
+    }
+    db.create_workspace(&NewWorkspace {
+        id: default_workspace(),
+        name: "default".into(),
+        quotas: default_quotas(),
+    })
+    .await
+    .context("create the default workspace")?;
+    Ok(true)
+}
+
+pub async fn run(data_dir: &Path, args: DbArgs, cmd: KeysCommand) -> anyhow::Result<u8> {
+    let db = Db::connect(&database_url(data_dir, &args))
+        .await
+        .context("open the database")?;
+    ensure_default_workspace(&db).await?;
+    match cmd {
+        KeysCommand::Create {
+            workspace,
+            permissions,
+            description,
+        } => {
+            let ws = workspace.unwrap_or_else(default_workspace);
+            let (id, secret) = create_key(&db, ws, permissions, &description).await?;
+            eprintln!("key {id} in workspace {ws} (the secret is shown only now):");
+            println!("{secret}");
+        }
+        KeysCommand::List { workspace } => {
+            let ws = workspace.unwrap_or_else(default_workspace);
+            for k in db.list_api_keys(ws).await? {
+                println!(
+                    "{}  {}…  {}  {}{}",
+                    k.id,
+                    k.prefix,
+                    k.permissions.join(","),
+                    k.description,
+                    if k.revoked_at.is_some() {
+                        "  (revoked)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        KeysCommand::Revoke { id, workspace } => {
+            db.revoke_api_key(workspace.unwrap_or_else(default_workspace), id)
+                .await
+                .context("revoke the key")?;
+            println!("revoked {id}");
+        }
+        KeysCommand::CreateWorkspace { name } => {
+            let id = WorkspaceId::new();
+            db.create_workspace(&NewWorkspace {
+                id,
+                name,
+                quotas: default_quotas(),
+            })
+            .await?;
+            println!("{id}");
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,185 @@
+//! `hearth up`: the whole of Hearth on one machine — the control plane, one
+//! host agent, SQLite and a data directory — ready for the `langsmith` SDK.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use hearth_control::{Control, ControlConfig, LocalHost};
+use hearth_db::Db;
+use hearth_image::ImageName;
+use hearth_types::{ByteSize, HostId, MilliCpu};
+use serde::Deserialize;
+
+use crate::keys;
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Address to listen on.
+    #[arg(long, env = "HEARTH_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// URL clients use to reach this server (dataplane_url derives from it).
+    #[arg(long, env = "HEARTH_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// Database URL: `sqlite://…` (default: the data directory) or `postgres://…`.
+    #[arg(long, env = "HEARTH_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Configuration file (TOML); flags and environment win over it.
+    #[arg(long, env = "HEARTH_CONFIG")]
+    config: Option<PathBuf>,
+    /// Skip building the Debian image now (it is built on first use).
+    #[arg(long)]
+    no_default_image: bool,
+}
+
+/// `hearth.toml`: the same settings as the flags.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    public_url: Option<String>,
+    database_url: Option<String>,
+    /// Host capacity offered to placement (default: 8 × cores, 4 × RAM).
+    host_cpu_millicores: Option<u32>,
+    host_memory: Option<String>,
+    idle_reaper_seconds: Option<u64>,
+}
+
+fn host_capacity(cfg: &FileConfig) -> anyhow::Result<(MilliCpu, ByteSize)> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let cpu = cfg
+        .host_cpu_millicores
+        .map(MilliCpu)
+        .unwrap_or(MilliCpu(cores * 8000));
+    let mem_total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(4 << 20)
+        * 1024;
+    let mem = match &cfg.host_memory {
+        Some(s) => s.parse::<ByteSize>().context("host_memory")?,
+        None => ByteSize(mem_total * 4),
+    };
+    Ok((cpu, mem))
+}
+
+/// The host's id survives restarts, so placement and records stay attached.
+fn host_id(data_dir: &Path) -> anyhow::Result<HostId> {
+    let path = data_dir.join("host-id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Ok(id) = text.trim().parse() {
+            return Ok(id);
+        }
+    }
+    let id = HostId::new();
+    std::fs::write(&path, id.to_string()).with_context(|| format!("write {}", path.display()))?;
+    Ok(id)
+}
+
+pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
+    let file: FileConfig = match &args.config {
+        Some(p) => toml::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?,
+        )
+        .with_context(|| format!("parse {}", p.display()))?,
+        None => FileConfig::default(),
+    };
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let public_url = args
+        .public_url
+        .clone()
+        .or(file.public_url.clone())
+        .unwrap_or_else(|| format!("http://{listen}"));
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("create the data directory {}", data_dir.display()))?;
+    eprintln!("[hearth] data directory {}", data_dir.display());
+
+    let host = crate::start_host(data_dir.clone()).await?;
+    if !args.no_default_image {
+        host.artifacts(ImageName::Default, Arc::new(hearth_image::StderrProgress))
+            .await
+            .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
+            .context("build the default image")?;
+    }
+    let db_url = args
+        .database_url
+        .clone()
+        .or(file.database_url.clone())
+        .unwrap_or_else(|| keys::database_url(&data_dir, &keys::DbArgs { database_url: None }));
+    let db = Db::connect(&db_url).await.context("open the database")?;
+    let first_start = keys::ensure_default_workspace(&db).await?;
+    let (cpu, mem) = host_capacity(&file)?;
+    let mut cfg = ControlConfig {
+        public_url: public_url.clone(),
+        ..ControlConfig::default()
+    };
+    if let Some(s) = file.idle_reaper_seconds {
+        cfg.reaper_interval = std::time::Duration::from_secs(s.max(1));
+    }
+    let host_id = host_id(&data_dir)?;
+    let control = Control::open(
+        db.clone(),
+        cfg,
+        vec![LocalHost {
+            id: host_id,
+            host: host.clone(),
+            capacity_cpu: cpu,
+            capacity_mem: mem,
+        }],
+    )
+    .await
+    .context("start the control plane")?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listen on {listen}"))?;
+    tokio::spawn(control.clone().run_reapers());
+
+    eprintln!();
+    eprintln!(
+        "Hearth is up: {public_url}  (guests run under {})",
+        host.accel()
+    );
+    if first_start {
+        let (id, secret) = keys::create_key(
+            &db,
+            keys::default_workspace(),
+            vec!["*".into()],
+            "created by hearth up",
+        )
+        .await?;
+        eprintln!("An API key was created for you (id {id}); it is shown only now:");
+        eprintln!();
+        println!("export LANGSMITH_ENDPOINT={public_url}");
+        println!("export LANGSMITH_API_KEY={secret}");
+    } else {
+        eprintln!("Use an existing API key, or create one: hearth keys create");
+        eprintln!();
+        println!("export LANGSMITH_ENDPOINT={public_url}");
+    }
+    eprintln!();
+    eprintln!("Ctrl-C stops the sandboxes and exits.");
+
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    hearth_control::serve(control.clone(), listener, shutdown)
+        .await
+        .context("serve")?;
+    eprintln!("[hearth] stopping sandboxes…");
+    control.stop_all().await;
+    host.shutdown().await;
+    eprintln!("[hearth] bye");
+    Ok(0)
+}

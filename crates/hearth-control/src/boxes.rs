@@ -1,0 +1,163 @@
+//! Handlers of the public API (`/api/v2/sandboxes/…` and `/v2/sandboxes/…`).
+//! They only parse the request and call [`crate::Control`].
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hearth_api::{ApiError, ListSnapshotsQuery, SnapshotTag, SnapshotsByNameResponse};
+use hearth_types::SnapshotId;
+
+use crate::auth::Principal;
+use crate::error::{db_error, HttpResult};
+use crate::list::snapshot_response;
+use crate::Control;
+
+pub async fn create(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    body: Bytes,
+) -> HttpResult<Response> {
+    let sb = c.create(&who, &body).await?;
+    Ok((StatusCode::CREATED, Json(sb)).into_response())
+}
+
+pub async fn list(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    RawQuery(q): RawQuery,
+) -> HttpResult<Response> {
+    Ok(Json(c.list(&who, q.as_deref().unwrap_or("")).await?).into_response())
+}
+
+pub async fn get(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    let row = c.get(&who, &name).await?;
+    Ok(Json(c.response(&row)?).into_response())
+}
+
+pub async fn update(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> HttpResult<Response> {
+    Ok(Json(c.update(&who, &name, &body).await?).into_response())
+}
+
+pub async fn delete(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<StatusCode> {
+    c.delete(&who, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn status(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    Ok(Json(c.status(&who, &name).await?).into_response())
+}
+
+pub async fn start(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    Ok(Json(c.start(&who, &name).await?).into_response())
+}
+
+pub async fn stop(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    Ok(Json(c.stop(&who, &name).await?).into_response())
+}
+
+pub async fn list_snapshots(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    RawQuery(q): RawQuery,
+) -> HttpResult<Response> {
+    who.require("sandboxes:read")?;
+    let pairs: Vec<(String, String)> =
+        form_urlencoded::parse(q.as_deref().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    let q = ListSnapshotsQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let filter = hearth_db::SnapshotFilter {
+        name_contains: q.name_contains.clone(),
+        status: q.status.and_then(|s| {
+            hearth_db::SnapshotStatus::parse(&serde_json::to_value(s).ok()?.as_str()?.to_owned())
+        }),
+        page_size: q.page_size.or(q.limit).unwrap_or(50),
+        cursor: q.cursor.clone(),
+        ..hearth_db::SnapshotFilter::default()
+    };
+    let page =
+        c.db.list_snapshots(who.workspace_id, &filter)
+            .await
+            .map_err(db_error)?;
+    let skip = q.offset.unwrap_or(0) as usize;
+    let items = page
+        .items
+        .iter()
+        .skip(skip)
+        .map(|s| snapshot_response(s, vec![s.tag.clone()]))
+        .collect();
+    Ok(Json(hearth_api::ListSnapshotsResponse::new(
+        items,
+        page.next_cursor,
+    ))
+    .into_response())
+}
+
+pub async fn get_snapshot(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(reference): Path<String>,
+) -> HttpResult<Response> {
+    who.require("sandboxes:read")?;
+    let ws = who.workspace_id;
+    let snap = if let Ok(id) = reference.parse::<SnapshotId>() {
+        c.db.get_snapshot(ws, id).await.ok()
+    } else {
+        let (name, tag) = reference.split_once(':').unwrap_or((&reference, "latest"));
+        c.db.find_snapshot_by_ref(ws, name, tag).await.ok()
+    };
+    let snap = snap.ok_or_else(|| ApiError::snapshot_not_found(&reference))?;
+    Ok(Json(snapshot_response(&snap, vec![snap.tag.clone()])).into_response())
+}
+
+pub async fn snapshots_by_name(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    who.require("sandboxes:read")?;
+    let tags =
+        c.db.snapshot_tags(who.workspace_id, &name)
+            .await
+            .map_err(db_error)?;
+    if tags.is_empty() {
+        return Err(ApiError::snapshot_not_found(&name).into());
+    }
+    let tags = tags
+        .into_iter()
+        .map(|(tag, id)| SnapshotTag {
+            tag,
+            snapshot_id: *id.as_uuid(),
+        })
+        .collect();
+    Ok(Json(SnapshotsByNameResponse { name, tags }).into_response())
+}

@@ -1,0 +1,207 @@
+//! The data plane at each sandbox's `dataplane_url`
+//! (`{public_url}/dataplane/{sandbox_id}`): exec over WebSocket and HTTP,
+//! file upload and download, and the TCP tunnel. Every request is
+//! authenticated and authorized here, wakes a stopped sandbox, and counts as
+//! activity for its idle timer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hearth_api::{ApiError, ExecuteRequest, ExecuteResponse};
+use hearth_db::Timestamp;
+use hearth_guest_proto::{ExecErrorType, ExecRequest};
+use hearth_host::api::RunConfig as HostRunConfig;
+use serde::Deserialize;
+
+use crate::auth::Principal;
+use crate::error::{HttpError, HttpResult};
+use crate::service::{spec_of, vm_id};
+use crate::Control;
+
+/// While a WebSocket stays open, its sandbox counts as active this often.
+const ACTIVITY_TICK: Duration = Duration::from_secs(30);
+
+#[derive(Deserialize)]
+pub struct PathQuery {
+    path: String,
+}
+
+fn ws_refused(e: axum::extract::ws::rejection::WebSocketUpgradeRejection) -> HttpError {
+    ApiError::invalid_request(format!("expected a WebSocket upgrade: {e}")).into()
+}
+
+/// The sandbox's run config as the host's exec defaults.
+fn run_defaults(row: &hearth_db::SandboxRow) -> HostRunConfig {
+    let Ok(spec) = spec_of(row) else {
+        return HostRunConfig::default();
+    };
+    let mut env: BTreeMap<String, String> = spec.run_config.env_vars.clone().unwrap_or_default();
+    env.extend(spec.env_vars.clone());
+    HostRunConfig {
+        user: spec.run_config.user.clone(),
+        work_dir: spec.run_config.work_dir.clone(),
+        env_vars: Some(env),
+    }
+}
+
+/// Keeps the sandbox's idle clock moving while a long session is open.
+fn keep_active(c: &Arc<Control>, id: hearth_types::SandboxId) -> tokio::task::JoinHandle<()> {
+    let c = c.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(ACTIVITY_TICK).await;
+            let _ = c.db.touch_activity(id, Timestamp::now()).await;
+        }
+    })
+}
+
+pub async fn execute_ws(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> HttpResult<Response> {
+    let ws = ws.map_err(ws_refused)?;
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let defaults = run_defaults(&row);
+    let vm = vm_id(row.id);
+    let c2 = c.clone();
+    Ok(ws
+        .max_message_size(1 << 20)
+        .on_upgrade(move |socket| async move {
+            let ticker = keep_active(&c2, row.id);
+            hearth_host::api::exec_session(socket, guest, vm, defaults).await;
+            ticker.abort();
+            let _ = c2.db.touch_activity(row.id, Timestamp::now()).await;
+        }))
+}
+
+/// `POST {dp}/execute`: blocking exec, the SDKs' fallback.
+pub async fn execute(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> HttpResult<Response> {
+    let req: ExecuteRequest = hearth_api::parse_body(&body)?;
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let d = run_defaults(&row);
+    let mut env = d.env_vars.unwrap_or_default();
+    env.extend(req.env.clone().unwrap_or_default());
+    let timeout_ms = req.timeout.clamp(0, 3600) as u64 * 1000;
+    let exec = ExecRequest {
+        command: req.command.clone(),
+        shell: Some(req.shell.clone()),
+        env,
+        cwd: req.cwd.clone().or(d.work_dir),
+        user: d.user,
+        timeout_ms,
+        kill_on_disconnect: true,
+        ttl_ms: 0,
+        ..ExecRequest::default()
+    };
+    let out = guest
+        .run(exec)
+        .await
+        .map_err(|e| ApiError::command_failed(e.to_string()))?;
+    let _ = c.db.touch_activity(row.id, Timestamp::now()).await;
+    if let Some((t, message)) = out.error {
+        return Err(match t {
+            ExecErrorType::CommandTimeout => ApiError::new(408, "CommandTimeout", message),
+            _ => ApiError::command_failed(message),
+        }
+        .into());
+    }
+    Ok(Json(ExecuteResponse {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        exit_code: out.exit_code.unwrap_or(-1),
+    })
+    .into_response())
+}
+
+/// `POST {dp}/upload?path=`: multipart field `file`, streamed into the guest.
+pub async fn upload(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    mut form: Multipart,
+) -> HttpResult<Response> {
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let write_err = |e: hearth_host::GuestError| -> HttpError {
+        match e.op_kind() {
+            Some(hearth_guest_proto::OpErrorKind::NotFound) => ApiError::file_not_found(&q.path),
+            Some(hearth_guest_proto::OpErrorKind::PermissionDenied) => {
+                ApiError::new(403, "PermissionDenied", e.to_string())
+            }
+            _ => ApiError::write_failed(e.to_string()),
+        }
+        .into()
+    };
+    loop {
+        let field = form
+            .next_field()
+            .await
+            .map_err(|e| ApiError::invalid_request(format!("malformed multipart body: {e}")))?;
+        let Some(mut field) = field else {
+            return Err(ApiError::validation("file", "multipart field `file` is missing").into());
+        };
+        if field.name() != Some("file") {
+            continue;
+        }
+        let mut writer = guest.write_file(&q.path, None).await.map_err(write_err)?;
+        while let Some(chunk) = field
+            .chunk()
+            .await
+            .map_err(|e| ApiError::invalid_request(format!("upload interrupted: {e}")))?
+        {
+            writer.send(chunk).await.map_err(write_err)?;
+        }
+        let bytes = writer.finish().await.map_err(write_err)?;
+        let _ = c.db.touch_activity(row.id, Timestamp::now()).await;
+        return Ok(Json(serde_json::json!({ "path": q.path, "bytes": bytes })).into_response());
+    }
+}
+
+/// `GET|HEAD {dp}/download?path=`: the file's bytes, with `Range` support.
+pub async fn download(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    Query(q): Query<PathQuery>,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let _ = c.db.touch_activity(row.id, Timestamp::now()).await;
+    Ok(
+        match hearth_host::api::serve_download(&guest, &q.path, &headers).await {
+            Ok(resp) => resp,
+            Err(e) => e.into_response(),
+        },
+    )
+}
+
+/// `GET {dp}/tunnel`: yamux over WebSocket to guest ports.
+pub async fn tunnel(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> HttpResult<Response> {
+    let ws = ws.map_err(ws_refused)?;
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let c2 = c.clone();
+    Ok(ws.on_upgrade(move |socket| async move {
+        let ticker = keep_active(&c2, row.id);
+        crate::tunnel::serve(socket, guest).await;
+        ticker.abort();
+    }))
+}

@@ -1,0 +1,68 @@
+//! The HTTP face of errors: every failure leaves as LangSmith's envelope.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hearth_api::ApiError;
+use hearth_db::DbError;
+
+/// An [`ApiError`] as an axum response.
+#[derive(Debug)]
+pub struct HttpError(pub ApiError);
+
+impl From<ApiError> for HttpError {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl From<DbError> for HttpError {
+    fn from(e: DbError) -> Self {
+        Self(db_error(e))
+    }
+}
+
+/// Maps database failures that can reach a client; anything unexpected is
+/// logged here and answered 500 without detail.
+pub fn db_error(e: DbError) -> ApiError {
+    match e {
+        DbError::NotFound { what } => ApiError::not_found(what, ""),
+        DbError::Conflict { what } => ApiError::conflict(format!("{what} already exists")),
+        DbError::Stale { what } => ApiError::conflict(format!("{what} changed meanwhile; retry")),
+        DbError::Quota {
+            kind, limit, used, ..
+        } => {
+            let kind = match kind {
+                hearth_db::QuotaKind::Sandboxes => hearth_api::QuotaKind::SandboxCount,
+                hearth_db::QuotaKind::Cpu => hearth_api::QuotaKind::Cpu,
+                hearth_db::QuotaKind::Memory => hearth_api::QuotaKind::Memory,
+            };
+            ApiError::quota(kind, limit, used)
+        }
+        DbError::InvalidCursor => ApiError::invalid_query("cursor", "malformed or foreign cursor"),
+        other => {
+            tracing::error!(error = %hearth_host::error_chain(&other), "database failure");
+            ApiError::internal()
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let error_id = uuid::Uuid::now_v7().to_string();
+        if e.status >= 500 {
+            tracing::warn!(status = e.status, error = e.error, %error_id, message = %e.message, "request failed");
+        } else {
+            tracing::debug!(status = e.status, error = e.error, %error_id, message = %e.message, "request refused");
+        }
+        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, axum::Json(e.body(&error_id))).into_response();
+        if e.status == 503 || e.status == 429 {
+            resp.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+pub type HttpResult<T> = Result<T, HttpError>;

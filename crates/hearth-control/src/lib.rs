@@ -1,0 +1,309 @@
+//! Hearth's control plane: the LangSmith-compatible sandbox API.
+//!
+//! - [`Control`]: the service behind every handler (`service.rs`): create
+//!   with validation, placement and quota; start, stop, delete; the data
+//!   plane's wake-on-request; reconciliation with the hosts.
+//! - Public API handlers (`boxes.rs`) under `/api/v2/sandboxes` and
+//!   `/v2/sandboxes`; the data plane (`dataplane.rs`, `tunnel.rs`) under
+//!   `/dataplane/{sandbox_id}`; `/healthz`, `/readyz`, `/metrics`.
+//! - Reapers ([`Control::run_reapers`]): idle TTL stops, delete-after-stop,
+//!   host lease renewal, reconciliation.
+//!
+//! The control plane keeps no sandbox state in memory: the database
+//! (`hearth-db`) is the truth. Host agents are in-process here (`hearth
+//! up` runs one); placement already goes through the host registry, its
+//! leases and committed CPU, as it will with many hosts.
+
+pub mod auth;
+mod boxes;
+mod dataplane;
+pub mod error;
+mod list;
+mod metrics;
+mod service;
+pub mod tunnel;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hearth_db::{Db, HostRow, HostState, SnapshotRow, SnapshotStatus, Timestamp};
+use hearth_host::Host;
+use hearth_types::{ByteSize, HostId, MilliCpu, SnapshotId};
+use tokio::sync::watch;
+
+pub use metrics::Metrics;
+
+/// Settings of the control plane.
+#[derive(Clone, Debug)]
+pub struct ControlConfig {
+    /// Base URL clients reach this server at; `dataplane_url`s derive from it.
+    pub public_url: String,
+    /// Snapshot used when a create names none.
+    pub default_snapshot: (String, String),
+    /// How often the reapers run.
+    pub reaper_interval: Duration,
+    /// How long a host's lease lasts without renewal.
+    pub lease: Duration,
+    /// A sandbox stuck in `provisioning` this long is marked failed.
+    pub stale_provisioning: Duration,
+    /// JSON bodies larger than this are refused with 413.
+    pub json_limit: usize,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            public_url: "http://127.0.0.1:8080".into(),
+            default_snapshot: ("default".into(), "latest".into()),
+            reaper_interval: Duration::from_secs(2),
+            lease: Duration::from_secs(30),
+            stale_provisioning: Duration::from_secs(600),
+            json_limit: 1 << 20,
+        }
+    }
+}
+
+/// The control plane.
+pub struct Control {
+    pub db: Db,
+    pub cfg: ControlConfig,
+    hosts: HashMap<HostId, Arc<Host>>,
+    /// Bumped on every status change this process makes (waiters re-read).
+    changed: watch::Sender<u64>,
+    pub metrics: Metrics,
+}
+
+/// A host agent the control plane can drive, with the capacity it offers.
+pub struct LocalHost {
+    pub id: HostId,
+    pub host: Arc<Host>,
+    pub capacity_cpu: MilliCpu,
+    pub capacity_mem: ByteSize,
+}
+
+impl Control {
+    /// Registers the hosts, records the built-in snapshots and reconciles
+    /// the database with what the hosts run.
+    pub async fn open(
+        db: Db,
+        cfg: ControlConfig,
+        hosts: Vec<LocalHost>,
+    ) -> Result<Arc<Self>, hearth_db::DbError> {
+        let now = Timestamp::now();
+        for h in &hosts {
+            db.upsert_host(&HostRow {
+                id: h.id,
+                address: "in-process".into(),
+                state: HostState::Ready,
+                capacity_cpu: h.capacity_cpu,
+                capacity_mem: h.capacity_mem,
+                lease_expires_at: now.plus(cfg.lease),
+                registered_at: now,
+                updated_at: now,
+            })
+            .await?;
+        }
+        for (name, image, capacity) in [
+            ("default", "default", ByteSize::gib(2)),
+            ("busybox", "busybox", ByteSize::mib(64)),
+        ] {
+            db.upsert_builtin_snapshot(&SnapshotRow {
+                id: SnapshotId::from_uuid(builtin_snapshot_id(name)),
+                workspace_id: None,
+                name: name.into(),
+                tag: "latest".into(),
+                status: SnapshotStatus::Ready,
+                status_message: None,
+                image: image.into(),
+                fs_capacity: capacity,
+                labels: Default::default(),
+                run_config: None,
+                docker_image: None,
+                created_at: now,
+                updated_at: now,
+            })
+            .await?;
+        }
+        let (changed, _) = watch::channel(0);
+        let control = Arc::new(Self {
+            db,
+            cfg,
+            hosts: hosts.into_iter().map(|h| (h.id, h.host)).collect(),
+            changed,
+            metrics: Metrics::default(),
+        });
+        control.reconcile(true).await;
+        Ok(control)
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Renews leases, stops idle sandboxes, deletes long-stopped ones,
+    /// fails stuck boots and reconciles with the hosts, every interval.
+    pub async fn run_reapers(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.reaper_interval);
+        loop {
+            tick.tick().await;
+            self.reap_once().await;
+        }
+    }
+
+    pub async fn reap_once(self: &Arc<Self>) {
+        let now = Timestamp::now();
+        for id in self.hosts.keys() {
+            let _ = self
+                .db
+                .renew_host_lease(*id, now.plus(self.cfg.lease))
+                .await;
+        }
+        if let Ok(idle) = self.db.sandboxes_idle_since(now).await {
+            for row in idle {
+                tracing::info!(sandbox = %row.id, "stopping idle sandbox");
+                let _ = self
+                    .stop_row(&row, Some("stopped after its idle timeout"))
+                    .await;
+                self.metrics.idle_stopped();
+            }
+        }
+        if let Ok(expired) = self.db.sandboxes_to_delete(now).await {
+            for row in expired {
+                tracing::info!(sandbox = %row.id, "deleting sandbox stopped past delete_after_stop");
+                let _ = self.delete_row(&row).await;
+            }
+        }
+        if let Ok(stuck) = self
+            .db
+            .stale_provisioning(now.minus(self.cfg.stale_provisioning))
+            .await
+        {
+            for row in stuck {
+                let extra = hearth_db::StatusExtra {
+                    expect_generation: Some(row.generation),
+                    expect_status: vec![hearth_db::SandboxStatus::Provisioning],
+                    ..Default::default()
+                };
+                let _ = self
+                    .db
+                    .set_status(
+                        row.id,
+                        hearth_db::SandboxStatus::Failed,
+                        Some("boot did not finish in time"),
+                        extra,
+                    )
+                    .await;
+            }
+        }
+        self.reconcile(false).await;
+    }
+
+    /// Whether the server can take work: the database answers and a host is
+    /// ready.
+    pub async fn ready(&self) -> bool {
+        let now = Timestamp::now();
+        match self.db.list_hosts().await {
+            Ok(hosts) => hosts
+                .iter()
+                .any(|h| h.state == HostState::Ready && h.lease_expires_at > now),
+            Err(_) => false,
+        }
+    }
+}
+
+/// Stable ids of the built-in snapshots.
+pub fn builtin_snapshot_id(name: &str) -> uuid::Uuid {
+    let hash = blake3::hash(format!("hearth:snapshot:{name}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&hash.as_bytes()[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
+fn sandbox_routes() -> Router<Arc<Control>> {
+    Router::new()
+        .route("/boxes", post(boxes::create).get(boxes::list))
+        .route(
+            "/boxes/{name}",
+            get(boxes::get).patch(boxes::update).delete(boxes::delete),
+        )
+        .route("/boxes/{name}/status", get(boxes::status))
+        .route("/boxes/{name}/start", post(boxes::start))
+        .route("/boxes/{name}/stop", post(boxes::stop))
+        .route("/snapshots", get(boxes::list_snapshots))
+        .route("/snapshots/{reference}", get(boxes::get_snapshot))
+        .route("/snapshots-by-name/{name}", get(boxes::snapshots_by_name))
+}
+
+/// The whole HTTP surface.
+pub fn router(control: Arc<Control>) -> Router {
+    let limit = control.cfg.json_limit;
+    let api = sandbox_routes().layer(DefaultBodyLimit::max(limit));
+    let dataplane = Router::new()
+        .route("/dataplane/{id}/execute/ws", get(dataplane::execute_ws))
+        .route(
+            "/dataplane/{id}/execute",
+            post(dataplane::execute).layer(DefaultBodyLimit::max(limit)),
+        )
+        .route(
+            "/dataplane/{id}/upload",
+            post(dataplane::upload).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/dataplane/{id}/download", get(dataplane::download))
+        .route("/dataplane/{id}/tunnel", get(dataplane::tunnel));
+    Router::new()
+        .nest("/api/v2/sandboxes", api.clone())
+        .nest("/v2/sandboxes", api)
+        .merge(dataplane)
+        .route(
+            "/healthz",
+            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::render))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            control.clone(),
+            metrics::count,
+        ))
+        .with_state(control)
+}
+
+async fn readyz(State(c): State<Arc<Control>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if c.ready().await {
+        Json(serde_json::json!({"status": "ready"})).into_response()
+    } else {
+        error::HttpError(hearth_api::ApiError::no_hosts()).into_response()
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> error::HttpError {
+    hearth_api::ApiError::new(404, "NotFound", format!("no route for {}", uri.path())).into()
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> error::HttpError {
+    hearth_api::ApiError::new(
+        405,
+        "MethodNotAllowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+    .into()
+}
+
+/// Serves until `shutdown` resolves. Open WebSockets are closed by the
+/// runtime going away (clients reconnect).
+pub async fn serve(
+    control: Arc<Control>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(control))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

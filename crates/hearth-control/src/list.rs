@@ -1,0 +1,86 @@
+//! List queries: the API's query parameters to the database's filters, and
+//! snapshot rows to the API's snapshot resource.
+
+use hearth_api::boxes::{SandboxSortBy, SortOrder};
+use hearth_api::{ApiError, ListSandboxesQuery, SnapshotResponse};
+use hearth_db::{SandboxFilter, SandboxSort, SnapshotRow, SnapshotStatus};
+
+use crate::auth::Principal;
+
+pub fn sandbox_filter(q: &ListSandboxesQuery, who: &Principal) -> Result<SandboxFilter, ApiError> {
+    let created_by = match q.created_by.as_deref() {
+        None => None,
+        Some("me") => Some(who.who()),
+        Some(other) => {
+            return Err(ApiError::invalid_query(
+                "created_by",
+                format!("only \"me\" is supported, not {other:?}"),
+            ))
+        }
+    };
+    let status = q
+        .status
+        .map(|s| hearth_db::SandboxStatus::parse(s.as_str()))
+        .unwrap_or(None);
+    let sort_by = match q.sort_by {
+        None | Some(SandboxSortBy::CreatedAt) => SandboxSort::CreatedAt,
+        Some(SandboxSortBy::Name) => SandboxSort::Name,
+        Some(SandboxSortBy::Status) => SandboxSort::Status,
+        Some(SandboxSortBy::StoppedAt) => SandboxSort::StoppedAt,
+        Some(SandboxSortBy::IdleTtlSeconds) => SandboxSort::IdleTtl,
+        Some(SandboxSortBy::DeleteAfterStopSeconds) => SandboxSort::DeleteAfterStop,
+    };
+    let sort_order = match q.sort_order.unwrap_or_default() {
+        SortOrder::Asc => hearth_db::SortOrder::Asc,
+        SortOrder::Desc => hearth_db::SortOrder::Desc,
+    };
+    Ok(SandboxFilter {
+        name_contains: q.name_contains.clone(),
+        status,
+        labels: q
+            .label_filters()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.map(str::to_owned)))
+            .collect(),
+        created_by,
+        sort_by,
+        sort_order,
+        page_size: q
+            .page_size
+            .or(q.limit)
+            .unwrap_or(hearth_api::boxes::DEFAULT_PAGE_SIZE),
+        cursor: q.cursor.clone(),
+    })
+}
+
+pub fn snapshot_response(s: &SnapshotRow, tags: Vec<String>) -> SnapshotResponse {
+    use hearth_api::SnapshotStatus as A;
+    SnapshotResponse {
+        id: *s.id.as_uuid(),
+        name: s.name.clone(),
+        tags,
+        status: match s.status {
+            SnapshotStatus::Building => A::Building,
+            SnapshotStatus::Ready => A::Ready,
+            SnapshotStatus::Failed => A::Failed,
+            SnapshotStatus::Deleting => A::Deleting,
+        },
+        status_message: s.status_message.clone(),
+        docker_image: s.docker_image.clone(),
+        image_digest: None,
+        registry_id: None,
+        source_sandbox_id: None,
+        fs_capacity_bytes: s.fs_capacity.bytes(),
+        fs_used_bytes: None,
+        memory_snapshot_size_bytes: None,
+        labels: s.labels.clone(),
+        description: Some(format!("Hearth built-in image `{}`", s.image)),
+        run_config: s
+            .run_config
+            .clone()
+            .and_then(|v| serde_json::from_value(v).ok()),
+        created_at: s.created_at.to_rfc3339(),
+        created_by: None,
+        updated_at: Some(s.updated_at.to_rfc3339()),
+    }
+}

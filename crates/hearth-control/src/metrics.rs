@@ -1,0 +1,93 @@
+//! Prometheus `/metrics`: request counters by status class, lifecycle
+//! counters, and per-host committed CPU/memory from the database.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::Control;
+
+#[derive(Default)]
+pub struct Metrics {
+    requests: [AtomicU64; 5],
+    created: AtomicU64,
+    boot_failed: AtomicU64,
+    idle_stopped: AtomicU64,
+}
+
+impl Metrics {
+    pub fn created(&self) {
+        self.created.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn boot_failed(&self) {
+        self.boot_failed.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn idle_stopped(&self) {
+        self.idle_stopped.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+pub async fn count(State(c): State<Arc<Control>>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let class = (resp.status().as_u16() / 100).clamp(1, 5) as usize - 1;
+    c.metrics.requests[class].fetch_add(1, Ordering::Relaxed);
+    resp
+}
+
+pub async fn render(State(c): State<Arc<Control>>) -> Response {
+    let m = &c.metrics;
+    let mut out = String::new();
+    out.push_str("# HELP hearth_http_requests_total HTTP responses by status class.\n# TYPE hearth_http_requests_total counter\n");
+    for (i, n) in m.requests.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "hearth_http_requests_total{{class=\"{}xx\"}} {}",
+            i + 1,
+            n.load(Ordering::Relaxed)
+        );
+    }
+    for (name, help, v) in [
+        (
+            "hearth_sandboxes_created_total",
+            "Sandboxes created.",
+            &m.created,
+        ),
+        (
+            "hearth_sandbox_boots_failed_total",
+            "Sandbox boots that failed.",
+            &m.boot_failed,
+        ),
+        (
+            "hearth_sandboxes_idle_stopped_total",
+            "Sandboxes stopped by their idle timeout.",
+            &m.idle_stopped,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+            v.load(Ordering::Relaxed)
+        );
+    }
+    if let (Ok(hosts), Ok(loads)) = (c.db.list_hosts().await, c.db.host_load().await) {
+        out.push_str("# HELP hearth_host_committed_cpu_millicores CPU committed to live sandboxes.\n# TYPE hearth_host_committed_cpu_millicores gauge\n");
+        for h in &hosts {
+            let load = loads.iter().find(|l| l.host_id == h.id);
+            let _ = writeln!(
+                out,
+                "hearth_host_committed_cpu_millicores{{host=\"{}\"}} {}\nhearth_host_capacity_cpu_millicores{{host=\"{}\"}} {}\nhearth_host_sandboxes{{host=\"{}\"}} {}",
+                h.id,
+                load.map_or(0, |l| l.cpu.0),
+                h.id,
+                h.capacity_cpu.0,
+                h.id,
+                load.map_or(0, |l| l.sandboxes),
+            );
+        }
+    }
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}

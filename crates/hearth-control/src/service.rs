@@ -1,0 +1,670 @@
+//! Sandbox operations: what the public API's handlers call after parsing.
+//! The database is the source of truth; host agents are told what to run,
+//! and every status write is fenced on the placement generation so a late
+//! boot result can never overwrite a newer decision.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hearth_api::{
+    apply_update, resolve_create, snapshot_selector, ApiError, CreateSandboxRequest,
+    CreationFailure, ListSandboxesQuery, SandboxMeta, SandboxResponse, SandboxSpec, SnapshotFacts,
+    SnapshotSelector, StatusResponse, UpdateSandboxRequest,
+};
+use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
+use hearth_host::{CreateVm, GuestClient, HostError, VmState};
+use hearth_image::ImageName;
+use hearth_types::{HostId, SandboxId, VmId, WorkspaceId};
+
+use crate::auth::Principal;
+use crate::error::db_error;
+use crate::Control;
+
+/// How long a data-plane request waits for a sandbox it woke.
+pub const WAKE_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub(crate) fn vm_id(id: SandboxId) -> VmId {
+    VmId::from(*id.as_uuid())
+}
+
+fn api_status(s: SandboxStatus) -> hearth_api::SandboxStatus {
+    use hearth_api::SandboxStatus as A;
+    match s {
+        SandboxStatus::Provisioning => A::Provisioning,
+        SandboxStatus::Ready => A::Ready,
+        SandboxStatus::Failed => A::Failed,
+        SandboxStatus::Stopped => A::Stopped,
+        SandboxStatus::Deleting => A::Deleting,
+    }
+}
+
+/// The resolved spec stored with a sandbox.
+pub(crate) fn spec_of(row: &SandboxRow) -> Result<SandboxSpec, ApiError> {
+    serde_json::from_value(row.spec.clone()).map_err(|e| {
+        tracing::error!(sandbox = %row.id, error = %e, "stored sandbox spec does not parse");
+        ApiError::internal()
+    })
+}
+
+/// What a boot task is asked to do.
+#[derive(Clone, Copy)]
+enum Boot {
+    /// A new sandbox: a fresh VM with a fresh disk.
+    Create,
+    /// A stopped or failed sandbox: boot again from its disk (or fresh, if
+    /// not persistent, or if the host has no trace of it).
+    Start,
+}
+
+impl Control {
+    pub fn dataplane_url(&self, id: SandboxId) -> String {
+        format!(
+            "{}/dataplane/{id}",
+            self.cfg.public_url.trim_end_matches('/')
+        )
+    }
+
+    pub fn response(&self, row: &SandboxRow) -> Result<SandboxResponse, ApiError> {
+        let spec = spec_of(row)?;
+        Ok(spec.to_response(SandboxMeta {
+            id: *row.id.as_uuid(),
+            name: row.name.clone(),
+            status: api_status(row.status),
+            status_message: row.status_message.clone(),
+            dataplane_url: Some(self.dataplane_url(row.id)),
+            stopped_at: row.stopped_at.map(Timestamp::to_rfc3339),
+            created_at: row.created_at.to_rfc3339(),
+            created_by: Some(row.created_by.clone()),
+            updated_at: row.updated_at.to_rfc3339(),
+            updated_by: Some(row.updated_by.clone()),
+            volumes: None,
+        }))
+    }
+
+    async fn resolve_snapshot(
+        &self,
+        ws: WorkspaceId,
+        sel: &SnapshotSelector,
+    ) -> Result<SnapshotRow, ApiError> {
+        let (name, tag) = match sel {
+            SnapshotSelector::Default => (
+                self.cfg.default_snapshot.0.clone(),
+                self.cfg.default_snapshot.1.clone(),
+            ),
+            SnapshotSelector::Id(id) => {
+                return self
+                    .db
+                    .get_snapshot(ws, (*id).into())
+                    .await
+                    .map_err(|_| ApiError::snapshot_not_found(&id.to_string()));
+            }
+            SnapshotSelector::Ref(r) => (r.name.clone(), r.tag.clone()),
+        };
+        let snap = self
+            .db
+            .find_snapshot_by_ref(ws, &name, &tag)
+            .await
+            .map_err(|_| ApiError::snapshot_not_found(&format!("{name}:{tag}")))?;
+        if snap.status != hearth_db::SnapshotStatus::Ready {
+            return Err(ApiError::invalid_request(format!(
+                "snapshot {name}:{tag} is {}",
+                snap.status.as_str()
+            )));
+        }
+        Ok(snap)
+    }
+
+    /// Picks a ready host with room, preferring `previous` when its load is
+    /// close to the least loaded. No host → `NoSandboxHostsAvailable`, at
+    /// once (there is no capacity queue).
+    async fn place(
+        &self,
+        cpu: hearth_types::MilliCpu,
+        mem: hearth_types::ByteSize,
+        previous: Option<HostId>,
+    ) -> Result<HostId, ApiError> {
+        let now = Timestamp::now();
+        let hosts = self.db.list_hosts().await.map_err(db_error)?;
+        let loads = self.db.host_load().await.map_err(db_error)?;
+        let mut candidates: Vec<(u64, HostId)> = hosts
+            .iter()
+            .filter(|h| h.state == hearth_db::HostState::Ready && h.lease_expires_at > now)
+            .filter(|h| self.hosts.contains_key(&h.id))
+            .filter_map(|h| {
+                let load = loads.iter().find(|l| l.host_id == h.id);
+                let (used_cpu, used_mem) = load.map_or((0, 0), |l| (l.cpu.0 as u64, l.mem.bytes()));
+                let fits = used_cpu + cpu.0 as u64 <= h.capacity_cpu.0 as u64
+                    && used_mem + mem.bytes() <= h.capacity_mem.bytes();
+                fits.then_some((used_cpu, h.id))
+            })
+            .collect();
+        candidates.sort();
+        let Some(&(least, best)) = candidates.first() else {
+            return Err(ApiError::no_hosts());
+        };
+        if let Some(prev) = previous {
+            if let Some(&(load, id)) = candidates.iter().find(|(_, id)| *id == prev) {
+                // "Close to the least loaded": within one vCPU.
+                if load <= least + 1000 {
+                    return Ok(id);
+                }
+            }
+        }
+        Ok(best)
+    }
+
+    pub async fn create(
+        self: &Arc<Self>,
+        who: &Principal,
+        body: &[u8],
+    ) -> Result<SandboxResponse, ApiError> {
+        who.require("sandboxes:create")?;
+        let req: CreateSandboxRequest = hearth_api::parse_body(body)?;
+        let sel = snapshot_selector(&req)?;
+        let snap = self.resolve_snapshot(who.workspace_id, &sel).await?;
+        let facts = SnapshotFacts {
+            id: *snap.id.as_uuid(),
+            fs_capacity: snap.fs_capacity,
+            run_config: snap
+                .run_config
+                .clone()
+                .and_then(|v| serde_json::from_value(v).ok()),
+            labels: snap.labels.clone(),
+            has_memory: false,
+            supports_non_persistent: true,
+        };
+        let plan = resolve_create(&req, &facts)?;
+        // Nothing is written before placement succeeds: the SDK replays a
+        // POST answered 503.
+        let host_id = self.place(plan.spec.cpu, plan.spec.mem, None).await?;
+        let id = SandboxId::new();
+        let name = plan
+            .spec
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("sandbox-{}", &id.as_uuid().simple().to_string()[..12]));
+        let now = Timestamp::now();
+        let row = SandboxRow {
+            id,
+            workspace_id: who.workspace_id,
+            name: name.clone(),
+            status: SandboxStatus::Provisioning,
+            status_message: None,
+            snapshot_id: snap.id,
+            cpu: plan.spec.cpu,
+            mem: plan.spec.mem,
+            fs_capacity: plan.spec.fs_capacity,
+            idle_ttl: plan.spec.idle_ttl.unwrap_or_default(),
+            delete_after_stop: plan.spec.delete_after_stop.unwrap_or_default(),
+            persistent: plan.spec.persistent,
+            preserve_memory_on_stop: plan.spec.preserve_memory_on_stop,
+            labels: plan.spec.labels.clone(),
+            run_config: serde_json::to_value(&plan.spec.run_config).unwrap_or_default(),
+            spec: serde_json::to_value(SandboxSpec {
+                name: Some(name.clone()),
+                ..plan.spec.clone()
+            })
+            .unwrap_or_default(),
+            host_id: Some(host_id),
+            generation: 1,
+            created_at: now,
+            created_by: who.who(),
+            updated_at: now,
+            updated_by: who.who(),
+            stopped_at: None,
+            last_activity_at: now,
+        };
+        self.db
+            .insert_sandbox_within_quota(&row)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::Conflict { .. } => ApiError::name_conflict("sandbox", &name),
+                other => db_error(other),
+            })?;
+        self.metrics.created();
+        let image = snap
+            .image
+            .parse::<ImageName>()
+            .unwrap_or(ImageName::Default);
+        self.spawn_boot(row.clone(), host_id, image, Boot::Create);
+        let Some(wait) = plan.wait_for_ready else {
+            return self.response(&row);
+        };
+        let row = self.wait_while_provisioning(id, wait).await?;
+        match row.status {
+            SandboxStatus::Ready => self.response(&row),
+            SandboxStatus::Provisioning => Err(ApiError::create_timeout(
+                &name,
+                wait.as_secs_f64(),
+                row.status.as_str(),
+            )),
+            _ => Err(ApiError::creation_failed(
+                CreationFailure::CrashLoop,
+                row.status_message
+                    .unwrap_or_else(|| "the sandbox failed to boot".into()),
+            )),
+        }
+    }
+
+    /// Waits until the sandbox leaves `provisioning` or `wait` passes.
+    async fn wait_while_provisioning(
+        &self,
+        id: SandboxId,
+        wait: Duration,
+    ) -> Result<SandboxRow, ApiError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut changed = self.changed.subscribe();
+        loop {
+            let row = self.db.get_sandbox_by_id(id).await.map_err(db_error)?;
+            if row.status != SandboxStatus::Provisioning {
+                return Ok(row);
+            }
+            let tick = tokio::time::Instant::now() + Duration::from_millis(500);
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep_until(tick.min(deadline)) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return self.db.get_sandbox_by_id(id).await.map_err(db_error);
+            }
+        }
+    }
+
+    /// Boots (or re-boots) the sandbox's VM in the background and records
+    /// the outcome, fenced on the generation it was placed with.
+    fn spawn_boot(self: &Arc<Self>, row: SandboxRow, host_id: HostId, image: ImageName, how: Boot) {
+        let control = self.clone();
+        tokio::spawn(async move {
+            let Some(host) = control.hosts.get(&host_id).cloned() else {
+                control
+                    .finish_boot(&row, Err(format!("host {host_id} is not reachable")))
+                    .await;
+                return;
+            };
+            let vm = vm_id(row.id);
+            let create = CreateVm {
+                id: Some(vm),
+                persistent: row.persistent,
+                image,
+                memory: row.mem,
+                cpu: row.cpu,
+            };
+            let result = match how {
+                Boot::Create => host.create_vm(create).await.map(drop),
+                Boot::Start => match host.get(vm) {
+                    Ok(_) => host.start_vm(vm).await.map(drop),
+                    Err(HostError::NotFound(_)) => host.create_vm(create).await.map(drop),
+                    Err(e) => Err(e),
+                },
+            };
+            let result = result.map_err(|e| hearth_host::error_chain(&e));
+            let booted = result.is_ok();
+            if !control.finish_boot(&row, result).await && booted {
+                // The sandbox moved on (deleted, stopped) while booting.
+                let _ = host.delete(vm).await;
+            }
+        });
+    }
+
+    /// Records a boot's outcome; false when a newer decision won.
+    async fn finish_boot(&self, row: &SandboxRow, result: Result<(), String>) -> bool {
+        let (status, message) = match &result {
+            Ok(()) => (SandboxStatus::Ready, None),
+            Err(e) => {
+                tracing::warn!(sandbox = %row.id, error = %e, "sandbox boot failed");
+                self.metrics.boot_failed();
+                (SandboxStatus::Failed, Some(e.as_str()))
+            }
+        };
+        let extra = StatusExtra {
+            expect_generation: Some(row.generation),
+            expect_status: vec![SandboxStatus::Provisioning],
+            ..StatusExtra::default()
+        };
+        let ok = self
+            .db
+            .set_status(row.id, status, message, extra)
+            .await
+            .is_ok();
+        self.bump();
+        ok
+    }
+
+    pub async fn get(&self, who: &Principal, name: &str) -> Result<SandboxRow, ApiError> {
+        who.require("sandboxes:read")?;
+        self.find(who.workspace_id, name).await
+    }
+
+    /// A sandbox of the workspace by name or id; 404 otherwise.
+    pub async fn find(&self, ws: WorkspaceId, name: &str) -> Result<SandboxRow, ApiError> {
+        self.db
+            .get_sandbox(ws, name)
+            .await
+            .map_err(|_| ApiError::sandbox_not_found(name))
+    }
+
+    pub async fn status(&self, who: &Principal, name: &str) -> Result<StatusResponse, ApiError> {
+        let row = self.get(who, name).await?;
+        Ok(StatusResponse {
+            status: api_status(row.status),
+            status_message: row.status_message,
+        })
+    }
+
+    pub async fn list(
+        &self,
+        who: &Principal,
+        query: &str,
+    ) -> Result<hearth_api::ListSandboxesResponse, ApiError> {
+        who.require("sandboxes:read")?;
+        let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        let q =
+            ListSandboxesQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        let filter = crate::list::sandbox_filter(&q, who)?;
+        let page = self
+            .db
+            .list_sandboxes(who.workspace_id, &filter)
+            .await
+            .map_err(db_error)?;
+        let items = page
+            .items
+            .iter()
+            .map(|r| self.response(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(hearth_api::ListSandboxesResponse::new(
+            items,
+            page.next_cursor,
+        ))
+    }
+
+    pub async fn update(
+        &self,
+        who: &Principal,
+        name: &str,
+        body: &[u8],
+    ) -> Result<SandboxResponse, ApiError> {
+        who.require("sandboxes:update")?;
+        let req: UpdateSandboxRequest = hearth_api::parse_body(body)?;
+        let row = self.find(who.workspace_id, name).await?;
+        let spec = apply_update(&spec_of(&row)?, &req)?;
+        let mut new = row.clone();
+        if let Some(n) = &req.name {
+            new.name = n.clone();
+        }
+        new.cpu = spec.cpu;
+        new.mem = spec.mem;
+        new.fs_capacity = spec.fs_capacity;
+        new.idle_ttl = spec.idle_ttl.unwrap_or_default();
+        new.delete_after_stop = spec.delete_after_stop.unwrap_or_default();
+        new.run_config = serde_json::to_value(&spec.run_config).unwrap_or_default();
+        new.spec = serde_json::to_value(SandboxSpec {
+            name: Some(new.name.clone()),
+            ..spec
+        })
+        .unwrap_or_default();
+        new.updated_by = who.who();
+        let saved = self
+            .db
+            .update_sandbox(&new, row.updated_at)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::Conflict { .. } => {
+                    ApiError::name_conflict("sandbox", &new.name)
+                }
+                other => db_error(other),
+            })?;
+        self.response(&saved)
+    }
+
+    pub async fn delete(&self, who: &Principal, name: &str) -> Result<(), ApiError> {
+        who.require("sandboxes:delete")?;
+        let row = self.find(who.workspace_id, name).await?;
+        self.delete_row(&row).await
+    }
+
+    pub(crate) async fn delete_row(&self, row: &SandboxRow) -> Result<(), ApiError> {
+        let _ = self
+            .db
+            .set_status(
+                row.id,
+                SandboxStatus::Deleting,
+                None,
+                StatusExtra::default(),
+            )
+            .await;
+        self.bump();
+        if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
+            match host.delete(vm_id(row.id)).await {
+                Ok(()) | Err(HostError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "delete vm")
+                }
+            }
+        }
+        self.db.delete_sandbox(row.id).await.map_err(db_error)?;
+        self.bump();
+        Ok(())
+    }
+
+    pub async fn stop(&self, who: &Principal, name: &str) -> Result<SandboxResponse, ApiError> {
+        who.require("sandboxes:update")?;
+        let row = self.find(who.workspace_id, name).await?;
+        let row = self.stop_row(&row, None).await?;
+        self.response(&row)
+    }
+
+    pub(crate) async fn stop_row(
+        &self,
+        row: &SandboxRow,
+        reason: Option<&str>,
+    ) -> Result<SandboxRow, ApiError> {
+        match row.status {
+            SandboxStatus::Ready | SandboxStatus::Failed => {}
+            SandboxStatus::Stopped => return Ok(row.clone()),
+            s => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {} is {}, it cannot be stopped now",
+                    row.name,
+                    s.as_str()
+                )))
+            }
+        }
+        if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
+            match host.stop(vm_id(row.id)).await {
+                Ok(_) | Err(HostError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "stop vm")
+                }
+            }
+        }
+        let extra = StatusExtra {
+            stopped_at: Some(Some(Timestamp::now())),
+            expect_generation: Some(row.generation),
+            ..StatusExtra::default()
+        };
+        let saved = self
+            .db
+            .set_status(row.id, SandboxStatus::Stopped, reason, extra)
+            .await
+            .map_err(db_error)?;
+        self.bump();
+        Ok(saved)
+    }
+
+    pub async fn start(
+        self: &Arc<Self>,
+        who: &Principal,
+        name: &str,
+    ) -> Result<SandboxResponse, ApiError> {
+        who.require("sandboxes:update")?;
+        let row = self.find(who.workspace_id, name).await?;
+        let row = self.start_row(&row).await?;
+        self.response(&row)
+    }
+
+    /// Stopped or failed → provisioning on a (possibly new) host; the boot
+    /// runs in the background.
+    pub(crate) async fn start_row(
+        self: &Arc<Self>,
+        row: &SandboxRow,
+    ) -> Result<SandboxRow, ApiError> {
+        match row.status {
+            SandboxStatus::Stopped | SandboxStatus::Failed => {}
+            SandboxStatus::Ready | SandboxStatus::Provisioning => return Ok(row.clone()),
+            SandboxStatus::Deleting => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {} is being deleted",
+                    row.name
+                )))
+            }
+        }
+        let host_id = self.place(row.cpu, row.mem, row.host_id).await?;
+        let extra = StatusExtra {
+            host_id: Some(Some(host_id)),
+            bump_generation: true,
+            stopped_at: Some(None),
+            expect_status: vec![SandboxStatus::Stopped, SandboxStatus::Failed],
+            ..StatusExtra::default()
+        };
+        let placed = self
+            .db
+            .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+            .await
+            .map_err(db_error)?;
+        self.bump();
+        if row.host_id.is_some() && row.host_id != Some(host_id) {
+            // A different host: the old one's copy is stale; drop it.
+            if let Some(old) = row.host_id.and_then(|h| self.hosts.get(&h)) {
+                let _ = old.delete(vm_id(row.id)).await;
+            }
+        }
+        let image = self
+            .db
+            .get_snapshot(row.workspace_id, row.snapshot_id)
+            .await
+            .ok()
+            .and_then(|s| s.image.parse::<ImageName>().ok())
+            .unwrap_or(ImageName::Default);
+        self.spawn_boot(placed.clone(), host_id, image, Boot::Start);
+        Ok(placed)
+    }
+
+    /// The guest of a sandbox for a data-plane request: wakes a stopped
+    /// sandbox and waits for a provisioning one.
+    pub async fn runtime(
+        self: &Arc<Self>,
+        who: &Principal,
+        id: &str,
+    ) -> Result<(SandboxRow, GuestClient), ApiError> {
+        let mut row = self.find(who.workspace_id, id).await?;
+        who.require_runtime(&row)?;
+        if matches!(row.status, SandboxStatus::Stopped | SandboxStatus::Failed) {
+            row = self.start_row(&row).await?;
+        }
+        if row.status == SandboxStatus::Provisioning {
+            row = self.wait_while_provisioning(row.id, WAKE_TIMEOUT).await?;
+        }
+        if row.status != SandboxStatus::Ready {
+            return Err(ApiError::sandbox_not_ready(&row.name));
+        }
+        let guest = row
+            .host_id
+            .and_then(|h| self.hosts.get(&h))
+            .and_then(|h| h.guest(vm_id(row.id)).ok())
+            .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
+        let _ = self.db.touch_activity(row.id, Timestamp::now()).await;
+        Ok((row, guest))
+    }
+
+    /// Graceful shutdown of this process's hosts: every running sandbox is
+    /// stopped and recorded as such (its disk is kept).
+    pub async fn stop_all(&self) {
+        for host_id in self.hosts.keys() {
+            let Ok(rows) = self.db.sandboxes_on_host(*host_id).await else {
+                continue;
+            };
+            let stops = rows
+                .iter()
+                .filter(|r| r.status == SandboxStatus::Ready)
+                .map(|r| self.stop_row(r, Some("the server shut down")));
+            futures_util::future::join_all(stops).await;
+        }
+    }
+
+    /// Brings the database in line with what the hosts run: a sandbox
+    /// recorded as running whose VM is gone is marked, and a VM with no
+    /// sandbox is removed.
+    pub async fn reconcile(&self, after_restart: bool) {
+        for (host_id, host) in &self.hosts {
+            let Ok(rows) = self.db.sandboxes_on_host(*host_id).await else {
+                continue;
+            };
+            for row in &rows {
+                let vm_state = host.get(vm_id(row.id)).ok().map(|vm| vm.state());
+                let running = matches!(vm_state, Some(VmState::Ready | VmState::Paused));
+                match row.status {
+                    SandboxStatus::Ready if !running => {
+                        // Host loss: memory is gone, the disk is kept; the
+                        // next start or data-plane request cold boots it.
+                        let (status, msg) = if after_restart {
+                            (
+                                SandboxStatus::Stopped,
+                                "the host restarted; the sandbox will cold boot from its disk",
+                            )
+                        } else {
+                            (
+                                SandboxStatus::Failed,
+                                "the sandbox's VM stopped unexpectedly",
+                            )
+                        };
+                        let extra = StatusExtra {
+                            stopped_at: Some(Some(Timestamp::now())),
+                            expect_generation: Some(row.generation),
+                            expect_status: vec![SandboxStatus::Ready],
+                            ..StatusExtra::default()
+                        };
+                        let reason = host
+                            .get(vm_id(row.id))
+                            .ok()
+                            .and_then(|vm| vm.record().reason)
+                            .map(|r| format!("{msg}: {r}"))
+                            .unwrap_or_else(|| msg.to_owned());
+                        let _ = self
+                            .db
+                            .set_status(row.id, status, Some(&reason), extra)
+                            .await;
+                        self.bump();
+                    }
+                    SandboxStatus::Provisioning if after_restart => {
+                        let extra = StatusExtra {
+                            expect_generation: Some(row.generation),
+                            expect_status: vec![SandboxStatus::Provisioning],
+                            ..StatusExtra::default()
+                        };
+                        let _ = self
+                            .db
+                            .set_status(
+                                row.id,
+                                SandboxStatus::Failed,
+                                Some("the host restarted during boot"),
+                                extra,
+                            )
+                            .await;
+                        self.bump();
+                    }
+                    _ => {}
+                }
+            }
+            // VMs the database does not know (or has deleted) go away.
+            for rec in host.list() {
+                let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
+                if !known && !rec.state.is_terminal() || !known && after_restart {
+                    tracing::info!(vm = %rec.id, "removing a vm with no sandbox");
+                    let _ = host.delete(rec.id).await;
+                }
+            }
+        }
+    }
+}
