@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -13,13 +12,14 @@ use hearth_types::SnapshotId;
 
 use crate::auth::Principal;
 use crate::error::{db_error, HttpResult};
+use crate::extract::JsonBody;
 use crate::list::snapshot_response;
 use crate::Control;
 
 pub async fn create(
     State(c): State<Arc<Control>>,
     who: Principal,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
     let sb = c.create(&who, &body).await?;
     Ok((StatusCode::CREATED, Json(sb)).into_response())
@@ -46,7 +46,7 @@ pub async fn update(
     State(c): State<Arc<Control>>,
     who: Principal,
     Path(name): Path<String>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
     Ok(Json(c.update(&who, &name, &body).await?).into_response())
 }
@@ -98,7 +98,7 @@ pub async fn list_snapshots(
     let filter = hearth_db::SnapshotFilter {
         name_contains: q.name_contains.clone(),
         status: q.status.and_then(|s| {
-            hearth_db::SnapshotStatus::parse(&serde_json::to_value(s).ok()?.as_str()?.to_owned())
+            hearth_db::SnapshotStatus::parse(serde_json::to_value(s).ok()?.as_str()?)
         }),
         page_size: q.page_size.or(q.limit).unwrap_or(50),
         cursor: q.cursor.clone(),

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::HeaderMap;
@@ -88,7 +87,7 @@ pub async fn execute(
     State(c): State<Arc<Control>>,
     who: Principal,
     Path(id): Path<String>,
-    body: Bytes,
+    crate::extract::JsonBody(body): crate::extract::JsonBody,
 ) -> HttpResult<Response> {
     let req: ExecuteRequest = hearth_api::parse_body(&body)?;
     let (row, guest) = c.runtime(&who, &id).await?;

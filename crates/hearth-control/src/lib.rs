@@ -18,6 +18,7 @@ pub mod auth;
 mod boxes;
 mod dataplane;
 pub mod error;
+mod extract;
 mod list;
 mod metrics;
 mod service;
@@ -241,13 +242,14 @@ fn sandbox_routes() -> Router<Arc<Control>> {
 
 /// The whole HTTP surface.
 pub fn router(control: Arc<Control>) -> Router {
-    let limit = control.cfg.json_limit;
-    let api = sandbox_routes().layer(DefaultBodyLimit::max(limit));
+    // JSON bodies are limited by `extract::JsonBody` (answering 413 in the
+    // envelope); axum's default limit would answer in plain text first.
+    let api = sandbox_routes().layer(DefaultBodyLimit::disable());
     let dataplane = Router::new()
         .route("/dataplane/{id}/execute/ws", get(dataplane::execute_ws))
         .route(
             "/dataplane/{id}/execute",
-            post(dataplane::execute).layer(DefaultBodyLimit::max(limit)),
+            post(dataplane::execute).layer(DefaultBodyLimit::disable()),
         )
         .route(
             "/dataplane/{id}/upload",

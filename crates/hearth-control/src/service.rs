@@ -598,6 +598,9 @@ impl Control {
     /// sandbox is removed.
     pub async fn reconcile(&self, after_restart: bool) {
         for (host_id, host) in &self.hosts {
+            // VMs first, then rows: a VM is only ever created after its row,
+            // so a VM missing from the later row query really has no sandbox.
+            let vms = host.list();
             let Ok(rows) = self.db.sandboxes_on_host(*host_id).await else {
                 continue;
             };
@@ -658,9 +661,9 @@ impl Control {
                 }
             }
             // VMs the database does not know (or has deleted) go away.
-            for rec in host.list() {
+            for rec in vms {
                 let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
-                if !known && !rec.state.is_terminal() || !known && after_restart {
+                if !known {
                     tracing::info!(vm = %rec.id, "removing a vm with no sandbox");
                     let _ = host.delete(rec.id).await;
                 }

@@ -83,7 +83,12 @@ pub fn build_args(
         return Err(invalid("cpu must be more than 0 millicores".to_owned()));
     }
     let mem_mib = spec.memory.as_mib();
-    if mem_mib == 0 || spec.memory.bytes() % hearth_types::ByteSize::MIB != 0 {
+    if mem_mib == 0
+        || !spec
+            .memory
+            .bytes()
+            .is_multiple_of(hearth_types::ByteSize::MIB)
+    {
         return Err(invalid(format!(
             "memory {} is not a positive whole number of MiB",
             spec.memory

@@ -1,0 +1,704 @@
+//! The public API against both databases (SQLite and a real PostgreSQL):
+//! every validation rule and error code the SDK maps, auth and workspace
+//! isolation, placement and quotas, with a real host agent booting real
+//! microVMs (busybox, TCG here) where a sandbox must run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use hearth_control::{Control, ControlConfig, LocalHost};
+use hearth_db::{Db, NewApiKey, NewWorkspace, Quotas};
+use hearth_host::{Host, HostConfig};
+use hearth_types::{ApiKeyId, ByteSize, HostId, MilliCpu, WorkspaceId};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn shared_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test")
+}
+
+async fn host() -> Arc<Host> {
+    let shared = shared_dir();
+    let data = shared
+        .join("hosts")
+        .join(uuid::Uuid::now_v7().simple().to_string());
+    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    std::os::unix::fs::symlink(shared.join("artifacts"), data.join("artifacts")).unwrap();
+    let mut cfg = HostConfig::new(&data);
+    cfg.accel_cache = shared.join("accel.json");
+    Host::start(cfg, Arc::new(hearth_image::QuietProgress))
+        .await
+        .unwrap()
+}
+
+struct Env {
+    app: Router,
+    control: Arc<Control>,
+    /// Admin of workspace 1.
+    admin: String,
+    /// Workspace 1, `sandboxes:read` only.
+    reader: String,
+    /// Workspace 2.
+    other: String,
+    /// Workspace 3, quota of one sandbox.
+    small: String,
+}
+
+async fn key(db: &Db, ws: WorkspaceId, perms: &[&str]) -> String {
+    let secret = hearth_control::auth::new_secret();
+    db.create_api_key(&NewApiKey {
+        id: ApiKeyId::new(),
+        workspace_id: ws,
+        key_hash: hearth_control::auth::hash_key(&secret),
+        prefix: secret[..8].into(),
+        description: String::new(),
+        permissions: perms.iter().map(|p| p.to_string()).collect(),
+    })
+    .await
+    .unwrap();
+    secret
+}
+
+async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
+    let db = Db::connect(url).await.unwrap();
+    let mut keys = Vec::new();
+    for (i, quotas) in [
+        Quotas {
+            max_sandboxes: Some(1000),
+            max_cpu: Some(MilliCpu(16_000)),
+            max_mem: Some(ByteSize::gib(64)),
+        },
+        Quotas::default(),
+        Quotas {
+            max_sandboxes: Some(1),
+            ..Quotas::default()
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ws = WorkspaceId::new();
+        db.create_workspace(&NewWorkspace {
+            id: ws,
+            name: format!("ws{i}"),
+            quotas,
+        })
+        .await
+        .unwrap();
+        keys.push((ws, key(&db, ws, &["*"]).await));
+    }
+    let reader = key(&db, keys[0].0, &["sandboxes:read"]).await;
+    let control = Control::open(db, ControlConfig::default(), hosts)
+        .await
+        .unwrap();
+    Env {
+        app: hearth_control::router(control.clone()),
+        control,
+        admin: keys[0].1.clone(),
+        reader,
+        other: keys[1].1.clone(),
+        small: keys[2].1.clone(),
+    }
+}
+
+fn local(host: Arc<Host>) -> LocalHost {
+    LocalHost {
+        id: HostId::new(),
+        host,
+        capacity_cpu: MilliCpu(64_000),
+        capacity_mem: ByteSize::gib(256),
+    }
+}
+
+impl Env {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let raw = body.map(|b| b.to_string().into_bytes());
+        self.raw(method, path, key, raw).await
+    }
+
+    async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(k) = key {
+            req = req.header("x-api-key", k);
+        }
+        req = req.header("content-type", "application/json");
+        let req = req
+            .body(body.map(Body::from).unwrap_or_else(Body::empty))
+            .unwrap();
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
+            .await
+            .unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    async fn create(&self, key: &str, body: Value) -> (StatusCode, Value) {
+        self.call(
+            Method::POST,
+            "/api/v2/sandboxes/boxes",
+            Some(key),
+            Some(body),
+        )
+        .await
+    }
+}
+
+/// The envelope the SDK reads: `detail.error` and `detail.message`.
+fn error_of(v: &Value) -> &str {
+    v["detail"]["error"].as_str().unwrap_or("")
+}
+
+/// FastAPI-style validation list: the SDK's `ValidationError(field)`.
+fn validation_field(v: &Value) -> String {
+    let item = &v["detail"][0];
+    assert_eq!(item["type"], "value_error", "{v}");
+    item["loc"]
+        .as_array()
+        .and_then(|l| l.last())
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
+}
+
+async fn validation_and_errors(e: &Env) {
+    let a = e.admin.as_str();
+    // Auth: missing and wrong keys.
+    let (s, v) = e
+        .call(Method::GET, "/api/v2/sandboxes/boxes", None, None)
+        .await;
+    assert_eq!(
+        (s, error_of(&v)),
+        (StatusCode::UNAUTHORIZED, "Unauthorized"),
+        "{v}"
+    );
+    let (s, _) = e
+        .call(Method::GET, "/v2/sandboxes/boxes", Some("hth_nope"), None)
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+
+    // Malformed JSON, wrong types, oversized bodies.
+    let (s, v) = e
+        .raw(
+            Method::POST,
+            "/api/v2/sandboxes/boxes",
+            Some(a),
+            Some(b"{not json".to_vec()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (s, v) = e.create(a, json!({"vcpus": "two"})).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(validation_field(&v), "vcpus");
+    let (s, v) = e.create(a, json!({"labels": [1, 2]})).await;
+    assert_eq!(
+        (s, validation_field(&v).as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "labels")
+    );
+    let big = vec![b' '; 2 << 20];
+    let (s, v) = e
+        .raw(Method::POST, "/api/v2/sandboxes/boxes", Some(a), Some(big))
+        .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert!(!error_of(&v).is_empty(), "413 carries the envelope: {v}");
+
+    // Sizing rules.
+    let gib = 1u64 << 30;
+    for (body, field) in [
+        (json!({"vcpus": 1, "mem_bytes": 20 * gib}), "mem_bytes"),
+        (json!({"vcpus": 1, "mem_bytes": gib}), "mem_bytes"),
+        (json!({"mem_bytes": 65 * gib, "vcpus": 16}), "mem_bytes"),
+        (json!({"vcpus": 0}), "vcpus"),
+        (json!({"cpu_millicores": 0}), "cpu_millicores"),
+        (json!({"idle_ttl_seconds": 61}), "idle_ttl_seconds"),
+        (json!({"idle_ttl_seconds": -60}), "idle_ttl_seconds"),
+        (
+            json!({"delete_after_stop_seconds": 59}),
+            "delete_after_stop_seconds",
+        ),
+        (json!({"name": "Bad Name!"}), "name"),
+        (
+            json!({"persistent": false, "preserve_memory_on_stop": true}),
+            "preserve_memory_on_stop",
+        ),
+        (
+            json!({"snapshot": "busybox", "snapshot_id": "00000000-0000-0000-0000-000000000001"}),
+            "snapshot",
+        ),
+        (
+            json!({"snapshot": "busybox", "fs_capacity_bytes": 1024}),
+            "fs_capacity_bytes",
+        ),
+        (
+            json!({"snapshot": "busybox", "persistent": false, "vcpus": 1, "fs_capacity_bytes": 17 * gib}),
+            "fs_capacity_bytes",
+        ),
+    ] {
+        let (s, v) = e.create(a, body.clone()).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body} → {v}");
+        assert_eq!(validation_field(&v), field, "{body} → {v}");
+    }
+    // cpu_millicores takes precedence over vcpus: 500 millicores allow 1–3 GiB,
+    // which 2 vCPU would refuse. (Refused later only by the missing snapshot.)
+    let (s, v) = e
+        .create(
+            a,
+            json!({"vcpus": 2, "cpu_millicores": 500, "mem_bytes": gib, "snapshot": "nope"}),
+        )
+        .await;
+    assert_eq!(
+        (s, error_of(&v)),
+        (StatusCode::NOT_FOUND, "NotFound"),
+        "{v}"
+    );
+
+    // Unknown sandboxes, unknown routes.
+    let (s, v) = e
+        .call(Method::GET, "/api/v2/sandboxes/boxes/ghost", Some(a), None)
+        .await;
+    assert_eq!((s, error_of(&v)), (StatusCode::NOT_FOUND, "NotFound"));
+    let (s, v) = e.call(Method::GET, "/api/v2/nowhere", Some(a), None).await;
+    assert_eq!((s, error_of(&v)), (StatusCode::NOT_FOUND, "NotFound"));
+    let (s, v) = e
+        .call(
+            Method::GET,
+            "/dataplane/not-a-sandbox/download?path=/etc/hostname",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    let (s, _) = e
+        .call(Method::PUT, "/api/v2/sandboxes/boxes", Some(a), None)
+        .await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+async fn lifecycle(e: &Env) {
+    let a = e.admin.as_str();
+    let (s, sb) = e
+        .create(
+            a,
+            json!({"name": "box-one", "snapshot": "busybox", "vcpus": 1, "mem_bytes": 2u64 << 30,
+                          "labels": {"team": "a"}, "wait_for_ready": true, "timeout": 120}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{sb}");
+    assert_eq!(sb["status"], "ready");
+    for k in [
+        "id",
+        "name",
+        "dataplane_url",
+        "snapshot_id",
+        "vcpus",
+        "cpu_millicores",
+        "mem_bytes",
+        "fs_capacity_bytes",
+        "idle_ttl_seconds",
+        "delete_after_stop_seconds",
+        "created_at",
+        "run_config",
+    ] {
+        assert!(!sb[k].is_null(), "{k} missing: {sb}");
+    }
+    let id = sb["id"].as_str().unwrap().to_owned();
+    assert!(sb["dataplane_url"]
+        .as_str()
+        .unwrap()
+        .ends_with(&format!("/dataplane/{id}")));
+
+    // Name conflict → 409; by id and by name; other workspace → 404.
+    let (s, v) = e
+        .create(a, json!({"name": "box-one", "snapshot": "busybox"}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    for r in [&id, "box-one"] {
+        let (s, v) = e
+            .call(
+                Method::GET,
+                &format!("/api/v2/sandboxes/boxes/{r}"),
+                Some(a),
+                None,
+            )
+            .await;
+        assert_eq!((s, v["name"].as_str()), (StatusCode::OK, Some("box-one")));
+    }
+    let (s, _) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/box-one",
+            Some(&e.other),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = e
+        .call(
+            Method::GET,
+            &format!("/dataplane/{id}/download?path=/etc/hostname"),
+            Some(&e.other),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    // Runtime access needs the creator or sandboxes:exec.
+    let (s, v) = e
+        .call(
+            Method::GET,
+            &format!("/dataplane/{id}/download?path=/etc/hostname"),
+            Some(&e.reader),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, error_of(&v)),
+        (StatusCode::FORBIDDEN, "Forbidden"),
+        "{v}"
+    );
+    let (s, _) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/box-one",
+            Some(&e.reader),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "reading is allowed");
+    let (s, _) = e
+        .call(
+            Method::POST,
+            "/api/v2/sandboxes/boxes/box-one/stop",
+            Some(&e.reader),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    // The data plane works for the creator.
+    let (s, v) = e
+        .call(
+            Method::POST,
+            &format!("/dataplane/{id}/execute"),
+            Some(a),
+            Some(json!({"command": "echo hi; exit 3"})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["stdout"].as_str(), v["exit_code"].as_i64()),
+        (StatusCode::OK, Some("hi\n"), Some(3)),
+        "{v}"
+    );
+    let (s, v) = e
+        .call(
+            Method::GET,
+            &format!("/dataplane/{id}/download?path=/nope"),
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!((s, error_of(&v)), (StatusCode::NOT_FOUND, "FileNotFound"));
+
+    // List with filters and a cursor.
+    let (s, v) = e.create(a, json!({"name": "box-two", "snapshot": "busybox", "labels": {"team": "b"}, "wait_for_ready": false})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes?label=team=a",
+            Some(a),
+            None,
+        )
+        .await;
+    let names: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["box-one"], "{v}");
+    assert_eq!(v["sandboxes"], v["items"], "the SDK reads `sandboxes`");
+    let (_, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes?page_size=1&sort_by=name&sort_order=asc",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(v["items"][0]["name"], "box-one");
+    let cursor = v["next_cursor"].as_str().unwrap().to_owned();
+    let (_, v) = e
+        .call(
+            Method::GET,
+            &format!(
+                "/api/v2/sandboxes/boxes?page_size=1&sort_by=name&sort_order=asc&cursor={cursor}"
+            ),
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(v["items"][0]["name"], "box-two");
+    let (s, _) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes?cursor=garbage",
+            Some(a),
+            None,
+        )
+        .await;
+    assert!(s.is_client_error());
+    let (_, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes?name_contains=TWO",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+
+    // PATCH: rename conflict → 409; TTL update.
+    let (s, _) = e
+        .call(
+            Method::PATCH,
+            "/api/v2/sandboxes/boxes/box-two",
+            Some(a),
+            Some(json!({"name": "box-one"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, v) = e
+        .call(
+            Method::PATCH,
+            "/api/v2/sandboxes/boxes/box-one",
+            Some(a),
+            Some(json!({"idle_ttl_seconds": 120})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["idle_ttl_seconds"].as_u64()),
+        (StatusCode::OK, Some(120)),
+        "{v}"
+    );
+
+    // Stop, status, start (the disk survives), delete.
+    let (s, _) = e
+        .call(
+            Method::POST,
+            &format!("/dataplane/{id}/execute"),
+            Some(a),
+            Some(json!({"command": "echo kept > /root/k"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = e
+        .call(
+            Method::POST,
+            "/api/v2/sandboxes/boxes/box-one/stop",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["status"].as_str()),
+        (StatusCode::OK, Some("stopped")),
+        "{v}"
+    );
+    assert!(v["stopped_at"].is_string());
+    let (_, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/box-one/status",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(v["status"], "stopped");
+    // A data-plane request wakes the stopped sandbox.
+    let (s, v) = e
+        .call(
+            Method::POST,
+            &format!("/dataplane/{id}/execute"),
+            Some(a),
+            Some(json!({"command": "cat /root/k"})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["stdout"].as_str()),
+        (StatusCode::OK, Some("kept\n")),
+        "{v}"
+    );
+    let (s, _) = e
+        .call(
+            Method::DELETE,
+            "/api/v2/sandboxes/boxes/box-one",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/box-one",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = e
+        .call(
+            Method::DELETE,
+            "/api/v2/sandboxes/boxes/box-two",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+
+    // Quota: a workspace allowed one sandbox gets 429 on the second.
+    let (s, v) = e
+        .create(
+            &e.small,
+            json!({"snapshot": "busybox", "wait_for_ready": false}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = e
+        .create(
+            &e.small,
+            json!({"snapshot": "busybox", "wait_for_ready": false}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(
+        v["detail"]["message"].as_str().unwrap().contains("sandbox"),
+        "{v}"
+    );
+    let name = {
+        let (_, v) = e
+            .call(Method::GET, "/api/v2/sandboxes/boxes", Some(&e.small), None)
+            .await;
+        v["items"][0]["name"].as_str().unwrap().to_owned()
+    };
+    let (s, _) = e
+        .call(
+            Method::DELETE,
+            &format!("/api/v2/sandboxes/boxes/{name}"),
+            Some(&e.small),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+
+    // Snapshots, read side.
+    let (s, v) = e
+        .call(Method::GET, "/api/v2/sandboxes/snapshots", Some(a), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        v["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == "busybox"),
+        "{v}"
+    );
+    let (s, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/snapshots/busybox:latest",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!((s, v["status"].as_str()), (StatusCode::OK, Some("ready")));
+    let sid = v["id"].as_str().unwrap().to_owned();
+    let (s, v) = e
+        .call(
+            Method::GET,
+            &format!("/api/v2/sandboxes/snapshots/{sid}"),
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!((s, v["name"].as_str()), (StatusCode::OK, Some("busybox")));
+    let (s, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/snapshots-by-name/busybox",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["tags"][0]["tag"].as_str()),
+        (StatusCode::OK, Some("latest")),
+        "{v}"
+    );
+    let (s, _) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/snapshots/none:such",
+            Some(a),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn public_api_on_sqlite_and_postgres() {
+    let host = host().await;
+    for url in hearth_db::testing::backend_urls().await {
+        eprintln!("backend: {}", url.url.split(':').next().unwrap_or(""));
+        let e = env(&url.url, vec![local(host.clone())]).await;
+        validation_and_errors(&e).await;
+        lifecycle(&e).await;
+        // Nothing left running on the host for this database.
+        e.control.reap_once().await;
+    }
+}
+
+#[tokio::test]
+async fn no_ready_host_is_503_and_writes_nothing() {
+    let url = hearth_db::testing::sqlite_url();
+    let e = env(&url.url, Vec::new()).await;
+    let (s, v) = e.create(&e.admin, json!({"snapshot": "busybox"})).await;
+    assert_eq!(
+        (s, error_of(&v)),
+        (StatusCode::SERVICE_UNAVAILABLE, "NoSandboxHostsAvailable"),
+        "{v}"
+    );
+    let (_, v) = e
+        .call(Method::GET, "/api/v2/sandboxes/boxes", Some(&e.admin), None)
+        .await;
+    assert_eq!(
+        v["items"].as_array().unwrap().len(),
+        0,
+        "a refused create leaves no record"
+    );
+    let (s, _) = e.call(Method::GET, "/readyz", None, None).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    let (s, _) = e.call(Method::GET, "/healthz", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+}
