@@ -76,9 +76,12 @@ pub async fn execute_ws(
         .max_message_size(1 << 20)
         .on_upgrade(move |socket| async move {
             let ticker = keep_active(&c2, row.id);
+            let started = std::time::Instant::now();
             hearth_host::api::exec_session(socket, guest, vm, defaults).await;
             ticker.abort();
-            let _ = c2.db.touch_activity(row.id, Timestamp::now()).await;
+            if started.elapsed() > Duration::from_secs(5) {
+                let _ = c2.db.touch_activity(row.id, Timestamp::now()).await;
+            }
         }))
 }
 
@@ -110,7 +113,6 @@ pub async fn execute(
         .run(exec)
         .await
         .map_err(|e| ApiError::command_failed(e.to_string()))?;
-    let _ = c.db.touch_activity(row.id, Timestamp::now()).await;
     if let Some((t, message)) = out.error {
         return Err(match t {
             ExecErrorType::CommandTimeout => ApiError::new(408, "CommandTimeout", message),
@@ -165,7 +167,7 @@ pub async fn upload(
             writer.send(chunk).await.map_err(write_err)?;
         }
         let bytes = writer.finish().await.map_err(write_err)?;
-        let _ = c.db.touch_activity(row.id, Timestamp::now()).await;
+        c.touch(&row).await;
         return Ok(Json(serde_json::json!({ "path": q.path, "bytes": bytes })).into_response());
     }
 }
@@ -178,8 +180,7 @@ pub async fn download(
     Query(q): Query<PathQuery>,
     headers: HeaderMap,
 ) -> HttpResult<Response> {
-    let (row, guest) = c.runtime(&who, &id).await?;
-    let _ = c.db.touch_activity(row.id, Timestamp::now()).await;
+    let (_row, guest) = c.runtime(&who, &id).await?;
     Ok(
         match hearth_host::api::serve_download(&guest, &q.path, &headers).await {
             Ok(resp) => resp,

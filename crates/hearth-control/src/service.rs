@@ -20,6 +20,9 @@ use crate::auth::Principal;
 use crate::error::db_error;
 use crate::Control;
 
+/// Activity is recorded at most this often per sandbox.
+const ACTIVITY_GRANULARITY: Duration = Duration::from_secs(5);
+
 /// How long a data-plane request waits for a sandbox it woke.
 pub const WAKE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -574,8 +577,17 @@ impl Control {
             .and_then(|h| self.hosts.get(&h))
             .and_then(|h| h.guest(vm_id(row.id)).ok())
             .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
-        let _ = self.db.touch_activity(row.id, Timestamp::now()).await;
+        self.touch(&row).await;
         Ok((row, guest))
+    }
+
+    /// Records activity for the idle timer, at most every few seconds per
+    /// sandbox (a write per exec would make the database the bottleneck).
+    pub(crate) async fn touch(&self, row: &SandboxRow) {
+        let now = Timestamp::now();
+        if now.minus(ACTIVITY_GRANULARITY) > row.last_activity_at {
+            let _ = self.db.touch_activity(row.id, now).await;
+        }
     }
 
     /// Graceful shutdown of this process's hosts: every running sandbox is
