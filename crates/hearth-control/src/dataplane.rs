@@ -72,12 +72,13 @@ pub async fn execute_ws(
     let defaults = run_defaults(&row);
     let vm = vm_id(row.id);
     let c2 = c.clone();
+    let shutdown = c.shutdown_signal();
     Ok(ws
         .max_message_size(1 << 20)
         .on_upgrade(move |socket| async move {
             let ticker = keep_active(&c2, row.id);
             let started = std::time::Instant::now();
-            hearth_host::api::exec_session(socket, guest, vm, defaults).await;
+            hearth_host::api::exec_session(socket, guest, vm, defaults, Some(shutdown)).await;
             ticker.abort();
             if started.elapsed() > Duration::from_secs(5) {
                 let _ = c2.db.touch_activity(row.id, Timestamp::now()).await;

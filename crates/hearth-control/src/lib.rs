@@ -76,6 +76,10 @@ pub struct Control {
     hosts: HashMap<HostId, Arc<Host>>,
     /// Bumped on every status change this process makes (waiters re-read).
     changed: watch::Sender<u64>,
+    /// Flips to true when the server shuts down (exec sockets close 1001).
+    shutting_down: watch::Sender<bool>,
+    /// Serializes placement with the write that commits it.
+    placement: tokio::sync::Mutex<()>,
     pub metrics: Metrics,
 }
 
@@ -131,15 +135,27 @@ impl Control {
             .await?;
         }
         let (changed, _) = watch::channel(0);
+        let (shutting_down, _) = watch::channel(false);
         let control = Arc::new(Self {
             db,
             cfg,
             hosts: hosts.into_iter().map(|h| (h.id, h.host)).collect(),
             changed,
+            shutting_down,
+            placement: tokio::sync::Mutex::new(()),
             metrics: Metrics::default(),
         });
         control.reconcile(true).await;
         Ok(control)
+    }
+
+    /// Tells open data-plane sessions that the server is going away.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.send_replace(true);
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutting_down.subscribe()
     }
 
     fn bump(&self) {
@@ -305,6 +321,11 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let c = control.clone();
+    let shutdown = async move {
+        shutdown.await;
+        c.begin_shutdown();
+    };
     axum::serve(listener, router(control))
         .with_graceful_shutdown(shutdown)
         .await

@@ -178,14 +178,21 @@ impl Control {
         };
         let plan = resolve_create(&req, &facts)?;
         // Nothing is written before placement succeeds: the SDK replays a
-        // POST answered 503.
+        // POST answered 503. Placement and the insert that commits the
+        // capacity happen under one lock, so concurrent creates cannot
+        // overcommit a host (one control plane per database, for now).
+        let placing = self.placement.lock().await;
         let host_id = self.place(plan.spec.cpu, plan.spec.mem, None).await?;
         let id = SandboxId::new();
         let name = plan
             .spec
             .name
             .clone()
-            .unwrap_or_else(|| format!("sandbox-{}", &id.as_uuid().simple().to_string()[..12]));
+            // The random tail of the UUIDv7 (its head is the millisecond).
+            .unwrap_or_else(|| {
+                let hex = id.as_uuid().simple().to_string();
+                format!("sandbox-{}", &hex[hex.len() - 12..])
+            });
         let now = Timestamp::now();
         let row = SandboxRow {
             id,
@@ -224,6 +231,7 @@ impl Control {
                 hearth_db::DbError::Conflict { .. } => ApiError::name_conflict("sandbox", &name),
                 other => db_error(other),
             })?;
+        drop(placing);
         self.metrics.created();
         let image = snap
             .image
@@ -523,6 +531,7 @@ impl Control {
                 )))
             }
         }
+        let placing = self.placement.lock().await;
         let host_id = self.place(row.cpu, row.mem, row.host_id).await?;
         let extra = StatusExtra {
             host_id: Some(Some(host_id)),
@@ -536,6 +545,7 @@ impl Control {
             .set_status(row.id, SandboxStatus::Provisioning, None, extra)
             .await
             .map_err(db_error)?;
+        drop(placing);
         self.bump();
         if row.host_id.is_some() && row.host_id != Some(host_id) {
             // A different host: the old one's copy is stale; drop it.

@@ -702,3 +702,59 @@ async fn no_ready_host_is_503_and_writes_nothing() {
     let (s, _) = e.call(Method::GET, "/healthz", None, None).await;
     assert_eq!(s, StatusCode::OK);
 }
+
+/// A server shutting down closes exec WebSockets with 1001, so the SDK
+/// reconnects instead of reporting a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_exec_sockets_with_1001() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let url = hearth_db::testing::sqlite_url();
+    let e = env(&url.url, vec![local(host().await)]).await;
+    let (s, sb) = e
+        .create(&e.admin, json!({"snapshot": "busybox", "mem_bytes": 2u64 << 30, "wait_for_ready": true, "timeout": 120}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(hearth_control::serve(e.control.clone(), listener, async {
+        let _ = stop_rx.await;
+    }));
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        format!("ws://{addr}/dataplane/{id}/execute/ws"),
+    )
+    .unwrap();
+    req.headers_mut()
+        .insert("x-api-key", e.admin.parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let frame =
+        json!({"type": "execute", "command": "echo up; sleep 30", "command_id": "f".repeat(32)});
+    ws.send(Message::Text(frame.to_string().into()))
+        .await
+        .unwrap();
+    // started, then the first output.
+    let mut seen_output = false;
+    while !seen_output {
+        if let Some(Ok(Message::Text(t))) = ws.next().await {
+            seen_output = t.contains("\"stdout\"");
+        }
+    }
+    stop_tx.send(()).unwrap();
+    let close = loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next())
+            .await
+            .unwrap()
+        {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(close.map(|f| f.code), Some(CloseCode::Away));
+    let _ = server.await;
+    e.control.stop_all().await;
+}

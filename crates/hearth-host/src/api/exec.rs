@@ -321,7 +321,7 @@ pub(super) async fn ws(
         .on_failed_upgrade(
             move |e| tracing::info!(vm = %id, error = %e, "exec websocket upgrade failed"),
         )
-        .on_upgrade(move |socket| exec_session(socket, guest, id, RunConfig::default())))
+        .on_upgrade(move |socket| exec_session(socket, guest, id, RunConfig::default(), None)))
 }
 
 /// Serves LangSmith's exec WebSocket protocol on an upgraded socket against
@@ -332,6 +332,7 @@ pub async fn exec_session(
     guest: GuestClient,
     vm: VmId,
     defaults: RunConfig,
+    shutdown: Option<tokio::sync::watch::Receiver<bool>>,
 ) {
     let first = match tokio::time::timeout(FIRST_FRAME_TIMEOUT, first_text(&mut socket)).await {
         Ok(Some(text)) => text,
@@ -381,10 +382,19 @@ pub async fn exec_session(
     };
 
     let (mut sink, mut source) = socket.split();
+    let mut going_away = false;
     {
         let pump = pump(&mut events, &mut sink, vm);
         let reader = read_client(&mut source, &control, vm);
-        tokio::pin!(pump, reader);
+        let shutdown = async {
+            match shutdown {
+                Some(mut rx) => {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(pump, reader, shutdown);
         tokio::select! {
             end = &mut pump => match end {
                 PumpEnd::Finished => {
@@ -393,7 +403,20 @@ pub async fn exec_session(
                 PumpEnd::ClientGone => control.detach(),
             },
             () = &mut reader => control.detach(),
+            () = &mut shutdown => {
+                control.detach();
+                going_away = true;
+            }
         }
+    }
+    if going_away {
+        // 1001: the server is going away; the SDK reconnects with its offsets.
+        let _ = sink
+            .send(Message::Close(Some(CloseFrame {
+                code: close_code::AWAY,
+                reason: "server shutting down".into(),
+            })))
+            .await;
     }
     // Completes the close handshake when the client started it.
     let _ = tokio::time::timeout(FLUSH_WAIT, sink.close()).await;

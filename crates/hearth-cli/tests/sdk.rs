@@ -1,0 +1,541 @@
+//! The acceptance test: the unmodified `langsmith` Python SDK
+//! (`langsmith.sandbox.SandboxClient`, version pinned in
+//! `tests/sdk/requirements.txt`) against a live `hearth up`.
+//!
+//! This test starts `hearth up` on a fresh data directory (its images come
+//! from the shared `target/hearth-test/artifacts`, so the default Debian
+//! image is built once per machine), makes a second workspace and key with
+//! `hearth keys`, and runs `tests/sdk/test_sdk.py`, which prints PASS/FAIL
+//! per test. When the script's burst of creates has settled it pauses at a
+//! checkpoint, and this test checks from outside the SDK, over raw HTTP and
+//! `/proc`, that the database and the host agree: the API lists exactly the
+//! ready sandboxes and exactly those have a QEMU process, and `/metrics`
+//! counts them. Finally the server is stopped with SIGINT and must exit
+//! cleanly, leaving no VM behind.
+//!
+//! The interpreter: `HEARTH_SDK_PYTHON` (`.ci/run` sets it), else a
+//! virtualenv made once under `target/hearth-test/sdk-venv` with
+//! `pip install -r tests/sdk/requirements.txt` (needs PyPI the first time).
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The whole SDK suite; it takes about a minute with warm images, a few on
+/// a slow machine.
+const SUITE_LIMIT: Duration = Duration::from_secs(20 * 60);
+/// The first start on a machine builds the default Debian image.
+const START_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn shared() -> PathBuf {
+    repo().join("target/hearth-test")
+}
+
+/// A fresh data directory whose `artifacts` is the shared image cache.
+fn data_dir() -> PathBuf {
+    let shared = shared();
+    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
+    let dir = shared
+        .join("hosts")
+        .join(format!("sdk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(shared.join("artifacts"), dir.join("artifacts")).unwrap();
+    dir
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn run_ok(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?}: {status}");
+}
+
+/// The Python that has the SDK: `HEARTH_SDK_PYTHON`, or a virtualenv made
+/// (once per requirements file) under `target/hearth-test/sdk-venv`.
+fn sdk_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("HEARTH_SDK_PYTHON").filter(|p| !p.is_empty()) {
+        return p.into();
+    }
+    let requirements = repo().join("tests/sdk/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).unwrap();
+    let venv = shared().join("sdk-venv");
+    let python = venv.join("bin/python");
+    // Written last: its presence means the install finished.
+    let stamp = venv.join("hearth-requirements.txt");
+    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&*wanted) {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+    run_ok(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "-r"])
+            .arg(&requirements),
+    );
+    std::fs::write(&stamp, wanted).unwrap();
+    python
+}
+
+/// `hearth` with the server's data directory (the key commands open its
+/// database directly); returns stdout.
+fn hearth(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .env("HEARTH_DATA_DIR", dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "hearth {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A running `hearth up`; killed (SIGKILL) if the test panics.
+struct Server {
+    child: Child,
+    port: u16,
+    endpoint: String,
+    api_key: String,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Self {
+        let port = free_port();
+        let log = dir.join("hearth-up.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+        cmd.args(["up", "--listen", &format!("127.0.0.1:{port}")])
+            .env("HEARTH_DATA_DIR", dir)
+            .env("NO_COLOR", "1")
+            .env("HEARTH_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if let Ok(accel) = std::env::var("HEARTH_ACCEL") {
+            cmd.env("HEARTH_ACCEL", accel);
+        }
+        let mut child = cmd.spawn().unwrap();
+        // `hearth up` prints `export NAME=value` lines on stdout.
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let (mut endpoint, mut api_key) = (None, None);
+        let t = Instant::now();
+        while endpoint.is_none() || api_key.is_none() {
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(line) => {
+                    if let Some(v) = line.strip_prefix("export LANGSMITH_ENDPOINT=") {
+                        endpoint = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("export LANGSMITH_API_KEY=") {
+                        api_key = Some(v.to_owned());
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait().unwrap();
+                    panic!(
+                        "hearth up exited ({status}) before printing its exports:\n{}",
+                        tail(&log)
+                    );
+                }
+            }
+            assert!(
+                t.elapsed() < START_LIMIT,
+                "hearth up did not start within {START_LIMIT:?}:\n{}",
+                tail(&log)
+            );
+        }
+        println!("hearth up ready in {:.1}s", t.elapsed().as_secs_f64());
+        Self {
+            child,
+            port,
+            endpoint: endpoint.unwrap(),
+            api_key: api_key.unwrap(),
+            log,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGINT, then waits (at most a minute) for the exit.
+    fn interrupt(&mut self) -> Result<ExitStatus, String> {
+        // SAFETY: signalling the child this test started.
+        unsafe {
+            libc::kill(self.pid() as i32, libc::SIGINT);
+        }
+        let t = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                println!(
+                    "hearth up exited {status} {:.1}s after SIGINT",
+                    t.elapsed().as_secs_f64()
+                );
+                return Ok(status);
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                return Err("hearth up still running 60s after SIGINT".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The last lines of the server's log, for failure messages; the warnings
+/// for refused requests (the suite provokes many 4xx/503) are left out.
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains("request failed"))
+        .collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// One HTTP/1.1 exchange with `Connection: close`; returns status and body.
+fn http_get(port: u16, path: &str, api_key: Option<&str>) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = api_key
+        .map(|k| format!("X-Api-Key: {k}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}\r\n"
+    )
+    .map_err(|e| format!("send: {e}"))?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&resp);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("GET {path}: malformed response {text:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("GET {path}: no status in {head:?}"))?;
+    let chunked = head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().replace(' ', "") == "transfer-encoding:chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Sandboxes of the default workspace as the API lists them:
+/// `(name, id, status)`.
+fn api_sandboxes(server: &Server) -> Result<Vec<(String, String, String)>, String> {
+    let (status, body) = http_get(
+        server.port,
+        "/api/v2/sandboxes/boxes?page_size=500",
+        Some(&server.api_key),
+    )?;
+    if status != 200 {
+        return Err(format!("GET /api/v2/sandboxes/boxes: {status} {body}"));
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("list body {body:?}: {e}"))?;
+    let items = v["sandboxes"]
+        .as_array()
+        .ok_or_else(|| format!("no `sandboxes` array in {body}"))?;
+    Ok(items
+        .iter()
+        .map(|s| {
+            let field = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+            (field("name"), field("id"), field("status"))
+        })
+        .collect())
+}
+
+/// QEMU processes that are children of `parent`, as VM ids (32 hex digits,
+/// from `-name hearth-vm-<id>`). Zombies do not count.
+fn qemu_children(parent: u32) -> BTreeSet<String> {
+    let mut vms = BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vms;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces.
+        let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+        let ppid: Option<u32> = after.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if let Some(pos) = cmdline.find("hearth-vm-") {
+            let id: String = cmdline[pos + "hearth-vm-".len()..]
+                .chars()
+                .take_while(char::is_ascii_hexdigit)
+                .collect();
+            vms.insert(id);
+        }
+    }
+    vms
+}
+
+/// Any process (a VM left running) whose command line mentions `dir`.
+fn processes_mentioning(dir: &Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&needle) {
+            found.push(format!("{}: {cmdline}", e.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// The sum over hosts of a `/metrics` gauge.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    let values: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// After the burst, with its sandboxes alive: the API and the host agree.
+fn check_after_burst(server: &Server, checkpoint_json: &Path) -> Result<String, String> {
+    let reported: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(checkpoint_json).unwrap())
+            .map_err(|e| format!("checkpoint file: {e}"))?;
+    let sdk_names: BTreeSet<String> = reported["ready"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["name"].as_str().map(str::to_owned))
+        .collect();
+    let listed = api_sandboxes(server)?;
+    let not_ready: Vec<_> = listed.iter().filter(|s| s.2 != "ready").collect();
+    if !not_ready.is_empty() {
+        return Err(format!("listed sandboxes not ready: {not_ready:?}"));
+    }
+    let names: BTreeSet<String> = listed.iter().map(|s| s.0.clone()).collect();
+    if names != sdk_names {
+        return Err(format!(
+            "the API lists {names:?}, the SDK saw {sdk_names:?}"
+        ));
+    }
+    let ids: BTreeSet<String> = listed.iter().map(|s| s.1.replace('-', "")).collect();
+    // A VM being torn down may take a moment to leave the process table.
+    let t = Instant::now();
+    let vms = loop {
+        let vms = qemu_children(server.pid());
+        if vms == ids || t.elapsed() > Duration::from_secs(10) {
+            break vms;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    if vms != ids {
+        return Err(format!(
+            "ready sandboxes (ids) {ids:?} but QEMU processes of the server {vms:?}: \
+             missing VMs {:?}, VMs without a ready sandbox {:?}",
+            ids.difference(&vms).collect::<Vec<_>>(),
+            vms.difference(&ids).collect::<Vec<_>>()
+        ));
+    }
+    let (status, text) = http_get(server.port, "/metrics", None)?;
+    if status != 200 {
+        return Err(format!("GET /metrics: {status} {text}"));
+    }
+    let n = ids.len() as u64;
+    let counted = metric(&text, "hearth_host_sandboxes");
+    let cpu = metric(&text, "hearth_host_committed_cpu_millicores");
+    if counted != Some(n) || cpu != Some(n * 1000) {
+        return Err(format!(
+            "/metrics: hearth_host_sandboxes {counted:?}, committed cpu {cpu:?}; expected {n} and {}:\n{text}",
+            n * 1000
+        ));
+    }
+    let capacity = metric(&text, "hearth_host_capacity_cpu_millicores");
+    if capacity.is_none_or(|c| n * 1000 > c) {
+        return Err(format!(
+            "/metrics: {n} vCPUs committed beyond the host's capacity {capacity:?} millicores"
+        ));
+    }
+    Ok(format!(
+        "{n} ready sandboxes = {n} QEMU processes = /metrics"
+    ))
+}
+
+#[test]
+fn langsmith_sdk_against_hearth_up() {
+    let started = Instant::now();
+    let python = sdk_python();
+    println!("python: {}", python.display());
+    let dir = data_dir();
+    let mut server = Server::start(&dir);
+
+    // A second workspace with its own key: its view must not include the
+    // default workspace's sandboxes.
+    let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "sdk-other"]);
+    let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
+
+    let checkpoint = dir.join("burst-checkpoint");
+    let checkpoint_json = PathBuf::from(format!("{}.json", checkpoint.display()));
+    let checkpoint_done = PathBuf::from(format!("{}.done", checkpoint.display()));
+    let mut cmd = Command::new(&python);
+    cmd.arg(repo().join("tests/sdk/test_sdk.py"));
+    // Only what this test sets reaches the SDK (no tracing, no SSE flag, no
+    // other endpoint).
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("LANGSMITH_") || k.starts_with("LANGCHAIN_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("LANGSMITH_ENDPOINT", &server.endpoint)
+        .env("LANGSMITH_API_KEY", &server.api_key)
+        .env("HEARTH_SDK_OTHER_KEY", &other_key)
+        .env("HEARTH_SDK_CHECKPOINT", &checkpoint)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let suite_started = Instant::now();
+    let mut py = cmd.spawn().unwrap();
+    // The script's output goes straight to stdout (live, not captured by
+    // the test harness); its FAIL lines are kept for the failure message.
+    let stdout = py.stdout.take().unwrap();
+    let fail_lines = std::thread::spawn(move || {
+        let mut fails = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+            if line.starts_with("FAIL ") {
+                fails.push(line);
+            }
+        }
+        fails
+    });
+
+    let mut failures = Vec::new();
+    let mut outside = None;
+    let py_status = loop {
+        if let Some(status) = py.try_wait().unwrap() {
+            break Some(status);
+        }
+        if outside.is_none() && checkpoint_json.exists() {
+            let result = check_after_burst(&server, &checkpoint_json);
+            println!("outside check after the burst: {result:?}");
+            std::fs::write(&checkpoint_done, format!("{result:?}")).unwrap();
+            outside = Some(result);
+        }
+        if suite_started.elapsed() > SUITE_LIMIT {
+            let _ = py.kill();
+            let _ = py.wait();
+            failures.push(format!(
+                "the SDK suite did not finish within {SUITE_LIMIT:?}"
+            ));
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!(
+        "SDK suite: {py_status:?} in {:.1}s",
+        suite_started.elapsed().as_secs_f64()
+    );
+    let fail_lines = fail_lines.join().unwrap_or_default();
+    if let Some(status) = py_status {
+        if !status.success() {
+            failures.push(format!(
+                "the SDK suite failed ({status}):\n  {}",
+                fail_lines.join("\n  ")
+            ));
+        }
+    }
+    match outside {
+        None => failures.push("the SDK suite did not reach the burst's checkpoint".into()),
+        Some(Err(e)) => failures.push(format!("after the burst: {e}")),
+        Some(Ok(_)) => {}
+    }
+
+    // The suite deleted everything it made: nothing listed, no VM running.
+    match api_sandboxes(&server) {
+        Ok(left) if left.is_empty() => {}
+        Ok(left) => failures.push(format!("sandboxes left after the suite: {left:?}")),
+        Err(e) => failures.push(e),
+    }
+    let vms = qemu_children(server.pid());
+    if !vms.is_empty() {
+        failures.push(format!("VMs left after the suite: {vms:?}"));
+    }
+
+    match server.interrupt() {
+        Ok(status) if status.success() => {}
+        Ok(status) => failures.push(format!("hearth up exited {status} on SIGINT")),
+        Err(e) => failures.push(e),
+    }
+    let left = processes_mentioning(&dir);
+    if !left.is_empty() {
+        failures.push(format!("processes outlived hearth up: {left:?}"));
+    }
+    println!("total {:.1}s", started.elapsed().as_secs_f64());
+    assert!(
+        failures.is_empty(),
+        "{}\n--- hearth up log (tail, {}):\n{}",
+        failures.join("\n"),
+        server.log.display(),
+        tail(&server.log)
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

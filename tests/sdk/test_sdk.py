@@ -1,0 +1,612 @@
+#!/usr/bin/env python3
+"""End-to-end compatibility suite: the unmodified `langsmith` SDK
+(`langsmith.sandbox.SandboxClient`, pinned in requirements.txt) against a
+live `hearth up`.
+
+Driven by `crates/hearth-cli/tests/sdk.rs`, which starts the server, makes a
+second workspace and key, and runs this script. To run it by hand against a
+server you started yourself:
+
+    eval "$(hearth up)"        # sets LANGSMITH_ENDPOINT and LANGSMITH_API_KEY
+    HEARTH_SDK_OTHER_KEY=$(hearth keys create --workspace \
+        "$(hearth keys create-workspace --name other)") \
+        python3 tests/sdk/test_sdk.py [test_name ...]
+
+Environment:
+    LANGSMITH_ENDPOINT, LANGSMITH_API_KEY  the server and a key with `*`
+    HEARTH_SDK_OTHER_KEY      a key of another workspace (else that test skips)
+    HEARTH_SDK_CHECKPOINT     a path: after the burst, the ready sandboxes are
+                              written to <path>.json and the burst test waits
+                              for <path>.done before deleting them (the Rust
+                              driver checks the server from outside meanwhile)
+
+No test framework: each test is a function; the runner at the bottom runs
+them in order, prints PASS/FAIL per test, and exits non-zero on a failure.
+Tests share one default-image sandbox (created by the first test).
+"""
+
+import hashlib
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+
+from langsmith.sandbox import (
+    QuotaExceededError,
+    ResourceCreationError,
+    ResourceNotFoundError,
+    SandboxAuthenticationError,
+    SandboxClient,
+    ValidationError,
+)
+
+GIB = 1024**3
+MIB = 1024**2
+# CI machines are slow (2 cores, guests under emulation): generous waits.
+CREATE_TIMEOUT = 180
+BURST_SIZE = 30
+BURST_CREATE_TIMEOUT = 300
+
+client = SandboxClient()
+# Shared between tests: "sb" (default image), "small" (busybox).
+state = {}
+# Every sandbox this script created and has not deleted, by name.
+created = set()
+
+
+class Skip(Exception):
+    """The test cannot run in this environment."""
+
+
+def log(msg):
+    print(f"    {msg}", flush=True)
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def expect_error(exc_type, fn, *args, **kwargs):
+    """Calls fn and returns the exception, which must be an exc_type."""
+    try:
+        fn(*args, **kwargs)
+    except exc_type as e:
+        return e
+    except Exception as e:
+        raise AssertionError(
+            f"expected {exc_type.__name__}, got {type(e).__name__}: {e}"
+        ) from e
+    raise AssertionError(f"expected {exc_type.__name__}, but the call succeeded")
+
+
+def within(seconds, what, fn):
+    """Runs fn in a thread; fails if it has not returned after `seconds`.
+    Returns (result, exception)."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # reported to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise AssertionError(f"{what} did not finish within {seconds}s")
+    return out.get("value"), out.get("error")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def create(**kwargs):
+    sb = client.create_sandbox(**kwargs)
+    created.add(sb.name)
+    return sb
+
+
+def delete(name):
+    client.delete_sandbox(name)
+    created.discard(name)
+
+
+def main_sandbox():
+    sb = state.get("sb")
+    if sb is None:
+        raise AssertionError("no sandbox: test_create_default_sandbox did not pass")
+    return sb
+
+
+def small_sandbox():
+    """A busybox sandbox for the error tests (created on first use)."""
+    if "small" not in state:
+        state["small"] = create(snapshot_name="busybox", timeout=CREATE_TIMEOUT)
+    return state["small"]
+
+
+def wait_for_port(sb, port, seconds=60):
+    """Waits until something listens on 127.0.0.1:port inside the sandbox."""
+    probe = (
+        "python3 -c \"import socket; "
+        f"socket.create_connection(('127.0.0.1', {port}), 1).close()\""
+    )
+    deadline = time.monotonic() + seconds
+    while True:
+        if sb.run(probe).exit_code == 0:
+            return
+        check(time.monotonic() < deadline, f"nothing listens on port {port} in the sandbox")
+        time.sleep(0.5)
+
+
+# --------------------------------------------------------------------------
+# 1-8: one default-image sandbox through its life
+
+
+def test_create_default_sandbox():
+    t = time.monotonic()
+    sb = create(timeout=CREATE_TIMEOUT)
+    state["sb"] = sb
+    log(f"created {sb.name} in {time.monotonic() - t:.1f}s: {sb.dataplane_url}")
+    check(sb.status == "ready", f"status {sb.status!r}, expected 'ready'")
+    url = sb.dataplane_url or ""
+    check(url.startswith(("http://", "https://")), f"dataplane_url {url!r}")
+    check(not url.endswith("/") and "?" not in url, f"dataplane_url {url!r}")
+    got = client.get_sandbox(sb.name)
+    check(got.status == "ready", f"get_sandbox: status {got.status!r}")
+    check(got.dataplane_url == url, f"get_sandbox: dataplane_url {got.dataplane_url!r}")
+    check(
+        client.get_sandbox_status(sb.name).status == "ready",
+        "get_sandbox_status is not ready",
+    )
+    names = [s.name for s in client.list_sandboxes()]
+    check(sb.name in names, f"{sb.name} not in list_sandboxes(): {names}")
+    # The default image is the Debian one (python3 is used below).
+    r = sb.run("cat /etc/debian_version")
+    check(r.exit_code == 0 and r.stdout.strip(), f"not a Debian image: {r}")
+
+
+def test_run_returns_stdout_and_exit_code():
+    sb = main_sandbox()
+    r = sb.run("python3 -c 'print(2+2)'")
+    check(r.stdout == "4\n", f"stdout {r.stdout!r}, expected '4\\n'")
+    check(r.stderr == "", f"stderr {r.stderr!r}")
+    check(r.exit_code == 0, f"exit code {r.exit_code}")
+    r = sb.run("echo to-stderr >&2; exit 3")
+    check(r.exit_code == 3, f"exit code {r.exit_code}, expected 3")
+    check(r.stderr == "to-stderr\n" and r.stdout == "", f"{r}")
+
+
+def test_streaming_callbacks_arrive_in_order_with_stderr_separate():
+    sb = main_sandbox()
+    out, err, times = [], [], []
+
+    def on_out(s):
+        out.append(s)
+        times.append(time.monotonic())
+
+    r = sb.run(
+        "for i in 1 2 3 4 5; do echo line$i; sleep 0.3; done; echo oops >&2",
+        on_stdout=on_out,
+        on_stderr=err.append,
+    )
+    expected = "".join(f"line{i}\n" for i in range(1, 6))
+    check("".join(out) == expected, f"stdout chunks {out!r}")
+    check(len(out) >= 3, f"expected several chunks, got {out!r}")
+    # Streamed while running, not delivered at the end in one burst.
+    check(times[-1] - times[0] >= 0.6, f"chunks arrived within {times[-1] - times[0]:.2f}s")
+    check("".join(err) == "oops\n", f"stderr chunks {err!r}")
+    check(r.stdout == expected and r.stderr == "oops\n", f"{r}")
+    check(r.exit_code == 0, f"exit code {r.exit_code}")
+
+
+def test_command_handle_streams_offsets_and_kill_ends_command():
+    sb = main_sandbox()
+    h = sb.run(
+        "for i in 1 2 3; do echo out$i; sleep 0.2; done; echo e1 >&2; echo tail",
+        wait=False,
+    )
+    check(h.command_id, "no command_id")
+    chunks, error = within(60, "iterating the CommandHandle", lambda: list(h))
+    if error:
+        raise error
+    pos = {"stdout": 0, "stderr": 0}
+    for c in chunks:
+        check(c.stream in pos, f"unknown stream {c.stream!r}")
+        check(
+            c.offset == pos[c.stream],
+            f"{c.stream} chunk {c.data!r} at offset {c.offset}, expected {pos[c.stream]}",
+        )
+        pos[c.stream] += len(c.data.encode())
+    stdout = "".join(c.data for c in chunks if c.stream == "stdout")
+    stderr = "".join(c.data for c in chunks if c.stream == "stderr")
+    check(stdout == "out1\nout2\nout3\ntail\n", f"stdout {stdout!r}")
+    check(stderr == "e1\n", f"stderr {stderr!r}")
+    check(len(chunks) >= 3, f"expected several chunks, got {chunks}")
+    check(h.result.exit_code == 0, f"exit code {h.result.exit_code}")
+
+    # A second command is killed: the handle ends and so does the process
+    # group in the sandbox (bash and its `sleep`).
+    k = sb.run(
+        "sleep 60 & echo $$ $! > /tmp/hearth-kill.pids; echo started; wait",
+        wait=False,
+    )
+    first, error = within(30, "the first chunk", lambda: next(iter(k)))
+    if error:
+        raise error
+    check(first.data == "started\n", f"first chunk {first}")
+    pids = sb.read("/tmp/hearth-kill.pids").decode().split()
+    t = time.monotonic()
+    k.kill()
+    # After kill() the SDK closes the socket: iteration ends, by an exit
+    # frame or an error, but promptly.
+    _, error = within(15, "the killed handle", lambda: list(k))
+    log(f"killed handle ended after {time.monotonic() - t:.2f}s ({type(error).__name__ if error else 'exit'})")
+    alive = "for p in " + " ".join(pids) + "; do " \
+        "if [ -e /proc/$p ] && ! grep -q '^State:.*Z' /proc/$p/status; then echo $p; fi; done"
+    while True:
+        left = sb.run(alive).stdout.split()
+        if not left:
+            break
+        check(time.monotonic() - t < 10, f"processes {left} still alive 10s after kill()")
+        time.sleep(0.2)
+    log(f"processes {pids} gone {time.monotonic() - t:.2f}s after kill()")
+    # The server recorded the end: a reattach replays and reports the exit.
+    res, error = within(30, "reconnect to the killed command", lambda: sb.reconnect(k.command_id).result)
+    if error:
+        raise error
+    check(res.exit_code != 0, f"killed command exited {res.exit_code}")
+    check(res.stdout == "started\n", f"replayed stdout {res.stdout!r}")
+
+
+def test_write_read_10mib_binary_byte_exact():
+    sb = main_sandbox()
+    data = random.randbytes(10 * MIB)
+    digest = hashlib.sha256(data).hexdigest()
+    t = time.monotonic()
+    sb.write("/home/user/random.bin", data)
+    back = sb.read("/home/user/random.bin")
+    log(f"10 MiB up and down in {time.monotonic() - t:.1f}s")
+    check(len(back) == len(data), f"read {len(back)} bytes, wrote {len(data)}")
+    check(back == data, "read bytes differ from the written ones")
+    r = sb.run("sha256sum /home/user/random.bin")
+    check(r.stdout.split()[:1] == [digest], f"in-sandbox sha256 {r.stdout!r}, expected {digest}")
+    state["random_sha256"] = digest
+
+
+def test_stop_start_keeps_filesystem():
+    sb = main_sandbox()
+    content = b"kept across stop and start\n"
+    sb.write("/home/user/keep.txt", content)
+    t = time.monotonic()
+    client.stop_sandbox(sb.name)
+    log(f"stop returned after {time.monotonic() - t:.1f}s")
+    got = client.get_sandbox(sb.name)
+    check(got.status == "stopped", f"status after stop {got.status!r}")
+    check(
+        client.get_sandbox_status(sb.name).status == "stopped",
+        "get_sandbox_status is not stopped",
+    )
+    t = time.monotonic()
+    sb2 = client.start_sandbox(sb.name, timeout=CREATE_TIMEOUT)
+    log(f"start took {time.monotonic() - t:.1f}s")
+    check(sb2.status == "ready", f"status after start {sb2.status!r}")
+    check(sb2.dataplane_url == sb.dataplane_url, "dataplane_url changed across stop/start")
+    state["sb"] = sb2
+    check(sb2.read("/home/user/keep.txt") == content, "keep.txt changed across stop/start")
+    if "random_sha256" in state:
+        r = sb2.run("sha256sum /home/user/random.bin")
+        check(
+            r.stdout.split()[:1] == [state["random_sha256"]],
+            f"random.bin after restart: {r.stdout!r} {r.stderr!r}",
+        )
+
+
+def test_tunnel_reaches_tcp_servers_in_sandbox():
+    sb = main_sandbox()
+    sb.run("mkdir -p /home/user/www")
+    sb.write("/home/user/www/hello.txt", b"hello through the tunnel\n")
+    # Bigger than the yamux window (256 KiB) both ways.
+    big = random.randbytes(2 * MIB)
+    sb.write("/home/user/www/big.bin", big)
+    sb.write(
+        "/home/user/echo.py",
+        b"import socket\n"
+        b"s = socket.socket()\n"
+        b"s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        b"s.bind(('127.0.0.1', 9000))\n"
+        b"s.listen()\n"
+        b"while True:\n"
+        b"    c, _ = s.accept()\n"
+        b"    while True:\n"
+        b"        d = c.recv(65536)\n"
+        b"        if not d:\n"
+        b"            break\n"
+        b"        c.sendall(d)\n"
+        b"    c.close()\n",
+    )
+    http = sb.run(
+        "cd /home/user/www && exec python3 -m http.server 8000 --bind 127.0.0.1",
+        wait=False,
+    )
+    echo = sb.run("exec python3 /home/user/echo.py", wait=False)
+    try:
+        wait_for_port(sb, 8000)
+        wait_for_port(sb, 9000)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with sb.tunnel(8000, local_port=free_port()) as t:
+            base = f"http://127.0.0.1:{t.local_port}"
+            body = opener.open(f"{base}/hello.txt", timeout=60).read()
+            check(body == b"hello through the tunnel\n", f"GET hello.txt: {body!r}")
+            t0 = time.monotonic()
+            body = opener.open(f"{base}/big.bin", timeout=120).read()
+            log(f"2 MiB through the tunnel in {time.monotonic() - t0:.1f}s")
+            check(body == big, f"big.bin through the tunnel: {len(body)} bytes, differs")
+        payload = random.randbytes(512 * 1024)
+        with sb.tunnel(9000, local_port=free_port()) as t:
+            with socket.create_connection(("127.0.0.1", t.local_port), timeout=60) as s:
+                sender = threading.Thread(target=s.sendall, args=(payload,), daemon=True)
+                sender.start()
+                got = bytearray()
+                while len(got) < len(payload):
+                    d = s.recv(65536)
+                    if not d:
+                        break
+                    got += d
+                sender.join(10)
+            check(bytes(got) == payload, f"echo through the tunnel: {len(got)} of {len(payload)} bytes")
+    finally:
+        http.kill()
+        echo.kill()
+
+
+def test_delete_then_get_is_not_found():
+    sb = main_sandbox()
+    delete(sb.name)
+    state.pop("sb", None)
+    e = expect_error(ResourceNotFoundError, client.get_sandbox, sb.name)
+    log(f"get after delete: {e}")
+    names = [s.name for s in client.list_sandboxes()]
+    check(sb.name not in names, f"{sb.name} still listed: {names}")
+    expect_error(ResourceNotFoundError, client.delete_sandbox, sb.name)
+
+
+# --------------------------------------------------------------------------
+# 9: errors, as the SDK's own exception types
+
+
+def test_error_missing_file_is_resource_not_found():
+    sb = small_sandbox()
+    e = expect_error(ResourceNotFoundError, sb.read, "/no/such/file")
+    log(f"{type(e).__name__}: {e}")
+
+
+def test_error_bad_sizing_is_validation_error():
+    before = {s.name for s in client.list_sandboxes()}
+    e = expect_error(
+        ValidationError,
+        client.create_sandbox,
+        snapshot_name="busybox",
+        vcpus=1,
+        mem_bytes=20 * GIB,
+        timeout=CREATE_TIMEOUT,
+    )
+    log(f"{type(e).__name__} (field {getattr(e, 'field', None)!r}): {e}")
+    after = {s.name for s in client.list_sandboxes()}
+    check(after <= before, f"a refused create left sandboxes behind: {after - before}")
+
+
+def test_error_wrong_api_key_is_authentication_error():
+    bad = SandboxClient(api_key="hth_" + "0" * 40)
+    e = expect_error(SandboxAuthenticationError, bad.list_sandboxes)
+    log(f"{type(e).__name__}: {e}")
+    expect_error(SandboxAuthenticationError, bad.get_sandbox, small_sandbox().name)
+    expect_error(
+        SandboxAuthenticationError,
+        bad.create_sandbox,
+        snapshot_name="busybox",
+        timeout=CREATE_TIMEOUT,
+    )
+
+
+def test_error_other_workspace_sandbox_is_not_found():
+    key = os.environ.get("HEARTH_SDK_OTHER_KEY")
+    if not key:
+        raise Skip("HEARTH_SDK_OTHER_KEY (a key of another workspace) is not set")
+    sb = small_sandbox()
+    other = SandboxClient(api_key=key)
+    e = expect_error(ResourceNotFoundError, other.get_sandbox, sb.name)
+    log(f"{type(e).__name__}: {e}")
+    names = [s.name for s in other.list_sandboxes()]
+    check(sb.name not in names, f"another workspace lists {sb.name}: {names}")
+    expect_error(ResourceNotFoundError, other.delete_sandbox, sb.name)
+    expect_error(ResourceNotFoundError, other.stop_sandbox, sb.name)
+    # Untouched for its owner.
+    check(client.get_sandbox(sb.name).status == "ready", "owner's sandbox changed")
+
+
+# --------------------------------------------------------------------------
+# 10: a burst of creates
+
+
+def test_burst_of_creates_ends_ready_or_with_clear_errors():
+    # Start from an empty workspace (as far as this script is concerned).
+    for name in sorted(created):
+        delete(name)
+    state.clear()
+
+    results = [None] * BURST_SIZE
+
+    def one(i):
+        t = time.monotonic()
+        try:
+            sb = client.create_sandbox(
+                snapshot_name="busybox",
+                mem_bytes=2 * GIB,
+                timeout=BURST_CREATE_TIMEOUT,
+            )
+            created.add(sb.name)
+            results[i] = ("ok", sb, time.monotonic() - t)
+        except Exception as e:
+            results[i] = ("error", e, time.monotonic() - t)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(BURST_SIZE)]
+    for t in threads:
+        t.start()
+    # The SDK's own bound: timeout + 30 s per attempt; allow a minute more.
+    deadline = t0 + BURST_CREATE_TIMEOUT + 30 + 60
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = [i for i, r in enumerate(results) if r is None]
+    check(not hung, f"{len(hung)} create calls still running after {deadline - t0:.0f}s")
+    log(f"burst of {BURST_SIZE} finished in {time.monotonic() - t0:.1f}s")
+
+    # Every check below runs (and the driver's outside check too) even when
+    # an earlier one failed; the problems are raised together at the end.
+    problems = []
+
+    def expect(cond, msg):
+        if not cond:
+            log(f"problem: {msg}")
+            problems.append(msg)
+
+    def outcome(r):
+        kind, value, _ = r
+        if kind == "ok":
+            return "ok"
+        if isinstance(value, QuotaExceededError):
+            return "quota"  # 429
+        if isinstance(value, ResourceCreationError) and getattr(value, "error_type", None) in (
+            "NoSandboxHostsAvailable",
+            "Unschedulable",
+        ):
+            return "no_host"  # 503
+        return "other"
+
+    ok = [r for r in results if outcome(r) == "ok"]
+    quota = [r for r in results if outcome(r) == "quota"]
+    no_host = [r for r in results if outcome(r) == "no_host"]
+    other = [r for r in results if outcome(r) == "other"]
+    log(
+        f"ready {len(ok)} (slowest {max((r[2] for r in ok), default=0):.1f}s), "
+        f"quota {len(quota)} {sorted({getattr(r[1], 'quota_type', None) or '?' for r in quota})}, "
+        f"no host {len(no_host)}, other {len(other)}; errors took "
+        f"{min((r[2] for r in results if r[0] == 'error'), default=0):.1f}-"
+        f"{max((r[2] for r in results if r[0] == 'error'), default=0):.1f}s"
+    )
+    for _, e, dt in other:
+        log(f"unexpected after {dt:.1f}s: {type(e).__name__}: {e}")
+    expect(
+        not other,
+        f"{len(other)} creates failed with an error other than 429/503: "
+        + "; ".join(f"{type(e).__name__}: {e}" for _, e, _ in other[:3]),
+    )
+    for _, sb, _ in ok:
+        expect(sb.status == "ready" and sb.dataplane_url, f"{sb.name}: status {sb.status!r}")
+    check(ok, "no create of the burst succeeded")
+    # Default quota: 16 vCPU and 64 GiB per workspace; 1 vCPU and 2 GiB each.
+    expect(len(ok) <= 16, f"{len(ok)} sandboxes of 1 vCPU exceed the 16 vCPU quota")
+    if len(ok) != 16:
+        log(f"note: {len(ok)} succeeded where the quota allows 16")
+
+    listed = client.list_sandboxes()
+    statuses = {s.name: s.status for s in listed}
+    provisioning = [n for n, s in statuses.items() if s == "provisioning"]
+    expect(not provisioning, f"still provisioning after the burst: {provisioning}")
+    ok_names = {sb.name for _, sb, _ in ok}
+    ready = {n for n, s in statuses.items() if s == "ready"}
+    expect(ready == ok_names, f"ready sandboxes {sorted(ready)} != created {sorted(ok_names)}")
+    not_ready = {n: s for n, s in statuses.items() if s != "ready"}
+    expect(not not_ready, f"sandboxes left in other states: {not_ready}")
+    for s in listed:
+        if s.status == "ready":
+            r = s.run("true", timeout=60)
+            expect(r.exit_code == 0, f"{s.name}: run('true') exited {r.exit_code}")
+
+    checkpoint = os.environ.get("HEARTH_SDK_CHECKPOINT")
+    if checkpoint:
+        tmp = checkpoint + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"ready": [{"name": s.name, "id": s.id} for s in listed]}, f)
+        os.rename(tmp, checkpoint + ".json")
+        log("waiting for the driver's outside check")
+        wait_until = time.monotonic() + 300
+        while not os.path.exists(checkpoint + ".done"):
+            check(time.monotonic() < wait_until, "the driver did not answer the checkpoint")
+            time.sleep(0.2)
+
+    t = time.monotonic()
+    for name in sorted(ok_names | created):
+        delete(name)
+    log(f"deleted {len(ok_names)} in {time.monotonic() - t:.1f}s")
+    left = [s.name for s in client.list_sandboxes() if s.name in ok_names]
+    expect(not left, f"still listed after delete: {left}")
+    check(not problems, "; ".join(problems))
+
+
+TESTS = [
+    test_create_default_sandbox,
+    test_run_returns_stdout_and_exit_code,
+    test_streaming_callbacks_arrive_in_order_with_stderr_separate,
+    test_command_handle_streams_offsets_and_kill_ends_command,
+    test_write_read_10mib_binary_byte_exact,
+    test_stop_start_keeps_filesystem,
+    test_tunnel_reaches_tcp_servers_in_sandbox,
+    test_delete_then_get_is_not_found,
+    test_error_missing_file_is_resource_not_found,
+    test_error_bad_sizing_is_validation_error,
+    test_error_wrong_api_key_is_authentication_error,
+    test_error_other_workspace_sandbox_is_not_found,
+    test_burst_of_creates_ends_ready_or_with_clear_errors,
+]
+
+
+def main(argv):
+    by_name = {t.__name__: t for t in TESTS}
+    unknown = [a for a in argv if a not in by_name]
+    if unknown:
+        print(f"unknown tests: {unknown}; known: {list(by_name)}")
+        return 2
+    selected = [t for t in TESTS if not argv or t.__name__ in argv]
+    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    t_all = time.monotonic()
+    for test in selected:
+        print(f"--- {test.__name__}", flush=True)
+        t = time.monotonic()
+        try:
+            test()
+            outcome, detail = "PASS", ""
+        except Skip as e:
+            outcome, detail = "SKIP", f": {e}"
+        except Exception as e:
+            outcome, detail = "FAIL", f": {type(e).__name__}: {e}"
+            traceback.print_exc(file=sys.stdout)
+        counts[outcome] += 1
+        print(f"{outcome} {test.__name__} ({time.monotonic() - t:.1f}s){detail}", flush=True)
+    # Best effort: leave nothing behind.
+    for name in sorted(created):
+        try:
+            client.delete_sandbox(name)
+        except Exception as e:
+            print(f"cleanup: delete {name}: {type(e).__name__}: {e}")
+    print(
+        f"sdk suite: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP "
+        f"in {time.monotonic() - t_all:.0f}s",
+        flush=True,
+    )
+    return 1 if counts["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
