@@ -118,7 +118,11 @@ enum BenchCommand {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // Paths end up in QEMU arguments and qcow2 backing files: make them absolute.
+    if let Ok(abs) = std::path::absolute(&cli.data_dir) {
+        cli.data_dir = abs;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG")

@@ -1,6 +1,38 @@
 //! The `hearth` commands that talk to a Hearth server's public API (never to
 //! internals): create, list, get, exec, console, cp, start, stop, delete,
 //! tunnel.
+//!
+//! Everything goes through the same API the `langsmith` SDK uses: the
+//! control plane under `{endpoint}/api/v2/sandboxes`, and each sandbox's
+//! data plane at its `dataplane_url` (`/execute/ws`, `/upload`,
+//! `/download`, `/tunnel`). Only plain `http://` endpoints are supported.
+
+/// `println!` that fails instead of panicking, and treats a closed pipe
+/// (`hearth list | head`) as the reader having had enough.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::client::write_stdout(&format!($($arg)*))?
+    };
+}
+
+pub(crate) fn write_stdout(line: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("write stdout"))
+        }
+        _ => Ok(()),
+    }
+}
+
+mod boxes;
+mod exec;
+mod files;
+mod http;
+mod term;
+mod tunnel;
+mod ws;
 
 use clap::{Args, Subcommand};
 
@@ -25,15 +57,63 @@ pub struct Endpoint {
 
 #[derive(Subcommand, Debug)]
 pub enum ClientCommand {
+    /// Create a sandbox and wait until it is ready.
+    Create(boxes::CreateArgs),
     /// List sandboxes.
     List,
+    /// Show a sandbox.
+    Get {
+        /// Sandbox name.
+        name: String,
+    },
+    /// Start a stopped sandbox and wait until it is ready.
+    Start {
+        /// Sandbox name.
+        name: String,
+        /// How long to wait, in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Stop a sandbox (its disk is kept).
+    Stop {
+        /// Sandbox name.
+        name: String,
+    },
+    /// Delete a sandbox and its disk.
+    Delete {
+        /// Sandbox name.
+        name: String,
+    },
+    /// Run a command in a sandbox; exits with its exit code.
+    Exec(exec::ExecArgs),
+    /// An interactive shell in a sandbox.
+    Console(exec::ConsoleArgs),
+    /// Copy a file to or from a sandbox: `hearth cp FILE NAME:/path`,
+    /// `hearth cp NAME:/path FILE` (`-` is stdin/stdout).
+    Cp {
+        /// Source: a local file, `-`, or NAME:/path.
+        src: String,
+        /// Destination: a local file or directory, `-`, or NAME:/path.
+        dst: String,
+    },
+    /// Forward a local TCP port to a port inside a sandbox.
+    Tunnel(tunnel::TunnelArgs),
 }
 
 pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
-    match cmd {
-        ClientCommand::List => {
-            let _ = ep;
-            anyhow::bail!("not implemented yet")
-        }
-    }
+    let api = http::Api::new(&ep)?;
+    let json = ep.json;
+    let result = match cmd {
+        ClientCommand::Create(a) => boxes::create(&api, a, json).await,
+        ClientCommand::List => boxes::list(&api, json).await,
+        ClientCommand::Get { name } => boxes::get(&api, &name, json).await,
+        ClientCommand::Start { name, timeout } => boxes::start(&api, &name, timeout, json).await,
+        ClientCommand::Stop { name } => boxes::stop(&api, &name, json).await,
+        ClientCommand::Delete { name } => boxes::delete(&api, &name, json).await,
+        ClientCommand::Exec(a) => exec::exec(&api, a).await,
+        ClientCommand::Console(a) => exec::console(&api, a).await,
+        ClientCommand::Cp { src, dst } => files::cp(&api, &src, &dst).await,
+        ClientCommand::Tunnel(a) => tunnel::tunnel(&api, a).await,
+    };
+    result.map_err(|e| http::hint(e, &api))
 }

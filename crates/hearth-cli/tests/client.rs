@@ -1,0 +1,556 @@
+//! The API client commands (`hearth create|list|get|exec|console|cp|start|
+//! stop|delete|tunnel`) against a real `hearth up` with one busybox sandbox.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hearth");
+/// Longest any one CLI call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn data_dir() -> PathBuf {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test");
+    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
+    let shared = shared.canonicalize().unwrap();
+    let dir = shared
+        .join("hosts")
+        .join(format!("client-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(shared.join("artifacts"), dir.join("artifacts")).unwrap();
+    dir
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn sigint(pid: u32) {
+    // SAFETY: signalling a child this test started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGINT);
+    }
+}
+
+/// Waits for a child at most `limit`; kills it and panics past that.
+fn wait_for(child: Child, limit: Duration, what: &str) -> Output {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: killing a child this test started.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+            panic!("{what} did not finish within {limit:?}");
+        }
+    }
+}
+
+/// `hearth up` in its own data directory; stopped (SIGINT) on drop.
+struct Server {
+    child: Option<Child>,
+    endpoint: String,
+    key: String,
+    dir: PathBuf,
+}
+
+impl Server {
+    fn start() -> Self {
+        let dir = data_dir();
+        let port = free_port();
+        let mut up = Command::new(BIN);
+        up.args(["up", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--no-default-image")
+            .env("HEARTH_DATA_DIR", &dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        if let Ok(accel) = std::env::var("HEARTH_ACCEL") {
+            up.env("HEARTH_ACCEL", accel);
+        }
+        let mut child = up.spawn().unwrap();
+        // The first start prints the key it created on stdout.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(key) = line.strip_prefix("export LANGSMITH_API_KEY=") {
+                    let _ = tx.send(key.trim().to_owned());
+                }
+            }
+        });
+        let mut server = Self {
+            child: Some(child),
+            endpoint: format!("http://127.0.0.1:{port}"),
+            key: String::new(),
+            dir,
+        };
+        server.key = rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("hearth up printed no API key");
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "server not listening"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("LANGSMITH_ENDPOINT", &self.endpoint)
+            .env("LANGSMITH_API_KEY", &self.key)
+            .env_remove("HEARTH_LOG");
+        c
+    }
+
+    /// Runs the CLI with stdin from `/dev/null`.
+    fn run(&self, args: &[&str]) -> Output {
+        let child = self
+            .cmd(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(child, CALL_TIMEOUT, &format!("hearth {args:?}"))
+    }
+
+    /// Runs the CLI with `input` on its stdin.
+    fn run_with_input(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut child = self
+            .cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let out = wait_for(child, CALL_TIMEOUT, &format!("hearth {args:?}"));
+        writer.join().unwrap();
+        out
+    }
+
+    /// Runs the CLI and requires success.
+    fn ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args);
+        assert!(out.status.success(), "hearth {args:?}: {}", show(&out));
+        out
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = self.ok(&all);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("hearth {args:?}: not JSON ({e}): {}", show(&out)))
+    }
+
+    /// SIGINT, then the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let child = self.child.take().unwrap();
+        sigint(child.id());
+        wait_for(child, Duration::from_secs(120), "hearth up").status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            sigint(child.id());
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(30) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn show(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Fails with one line on stderr and exit code 1, mentioning `needle`.
+fn assert_fails(out: &Output, needle: &str) {
+    assert_eq!(out.status.code(), Some(1), "{}", show(out));
+    let err = stderr(out);
+    assert!(err.contains(needle), "expected {needle:?}: {}", show(out));
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {}", show(out));
+}
+
+/// Reproducible incompressible bytes (xorshift64*).
+fn pseudo_random(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        out.extend_from_slice(&seed.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn names(list: &serde_json::Value) -> Vec<String> {
+    list.as_array()
+        .expect("list --json is an array")
+        .iter()
+        .filter_map(|s| s["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// One echo round trip through the tunnel; `None` while the listener in
+/// the sandbox is not up yet (the tunnel then closes the connection).
+fn echo_through(port: u16, payload: &[u8]) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    let data = payload.to_vec();
+    let w = std::thread::spawn(move || writer.write_all(&data).is_ok());
+    let mut got = vec![0u8; payload.len()];
+    let mut n = 0;
+    while n < got.len() {
+        match s.read(&mut got[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    let _ = w.join();
+    (n == payload.len()).then_some(got)
+}
+
+fn timed(label: &str, t: Instant) {
+    eprintln!("[client test] {label}: {:.1}s", t.elapsed().as_secs_f64());
+}
+
+#[test]
+fn client_commands_drive_one_sandbox_through_its_life() {
+    let t_all = Instant::now();
+    let mut srv = Server::start();
+    timed("server up", t_all);
+    let name = format!("cli-{}", std::process::id());
+    let n = name.as_str();
+    let scratch = srv.dir.join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+
+    // Errors are one line on stderr and exit code 1.
+    let out = srv.run(&["list", "--endpoint", "http://127.0.0.1:1"]);
+    assert_fails(&out, "cannot reach http://127.0.0.1:1");
+    let out = srv.run(&["list", "--api-key", "hth_wrong"]);
+    assert_fails(&out, "401");
+    let out = srv.run(&["get", "no-such-box"]);
+    assert_fails(&out, "sandbox 'no-such-box' not found");
+    let out = srv.run(&[
+        "create",
+        "--snapshot",
+        "busybox",
+        "--vcpus",
+        "1",
+        "--memory",
+        "100G",
+    ]);
+    assert_fails(&out, "mem_bytes");
+
+    // create waits until ready.
+    let t = Instant::now();
+    let sb = srv.json(&[
+        "create",
+        n,
+        "--snapshot",
+        "busybox",
+        "--vcpus",
+        "1",
+        "--memory",
+        "2G",
+    ]);
+    timed("create", t);
+    assert_eq!(sb["name"], n, "{sb}");
+    assert_eq!(sb["status"], "ready", "{sb}");
+    assert_eq!(sb["mem_bytes"], 2u64 << 30, "{sb}");
+    let out = srv.run(&["create", n, "--snapshot", "busybox"]);
+    assert_fails(&out, "already in use");
+
+    // get, and list as a table and as JSON.
+    let table = stdout(&srv.ok(&["get", n]));
+    assert!(table.contains("status         ready"), "{table}");
+    let table = stdout(&srv.ok(&["list"]));
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with(n)), "{table}");
+    assert!(names(&srv.json(&["list"])).contains(&name));
+
+    // exec: output, exit code, stderr, cwd, env.
+    let t = Instant::now();
+    let out = srv.run(&["exec", n, "--", "echo hi; exit 3"]);
+    timed("exec round trip", t);
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
+    assert_eq!(stdout(&out), "hi\n");
+    let out = srv.ok(&[
+        "exec",
+        n,
+        "--cwd",
+        "/home/user",
+        "--env",
+        "GREETING=hello there",
+        "--",
+        "echo \"$GREETING\"; pwd; echo oops >&2",
+    ]);
+    assert_eq!(stdout(&out), "hello there\n/home/user\n");
+    assert_eq!(stderr(&out), "oops\n");
+    // Several words are an argv, quoted for the shell.
+    let out = srv.ok(&["exec", n, "--", "printf", "%s|", "a b", "it's"]);
+    assert_eq!(stdout(&out), "a b|it's|");
+
+    // stdin is forwarded when it is not a terminal, bytes intact.
+    let mut input = b"one\ntwo \xc3\xa9\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 300_000));
+    let out = srv.run_with_input(&["exec", n, "--", "cat"], &input);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(out.stdout, input);
+    let binary = pseudo_random(100_000, 7);
+    let out = srv.run_with_input(&["exec", n, "--", "wc -c"], &binary);
+    assert_eq!(stdout(&out).trim(), "100000", "{}", show(&out));
+
+    // --timeout: exit code 124.
+    let out = srv.run(&["exec", n, "--timeout", "1", "--", "sleep 30"]);
+    assert_eq!(out.status.code(), Some(124), "{}", show(&out));
+
+    // cp up and back: 5 MiB under /home/user (on the disk; /tmp is tmpfs).
+    let blob = pseudo_random(5 << 20, 42);
+    let local = scratch.join("blob");
+    std::fs::write(&local, &blob).unwrap();
+    let remote = format!("{n}:/home/user/blob");
+    let t = Instant::now();
+    srv.ok(&["cp", local.to_str().unwrap(), &remote]);
+    timed("cp 5 MiB up", t);
+    let back = scratch.join("blob.back");
+    let t = Instant::now();
+    srv.ok(&["cp", &remote, back.to_str().unwrap()]);
+    timed("cp 5 MiB down", t);
+    assert!(std::fs::read(&back).unwrap() == blob, "download differs");
+    let out = srv.ok(&["exec", n, "--", "wc -c < /home/user/blob"]);
+    assert_eq!(stdout(&out).trim(), (5 << 20).to_string());
+    // `-` is stdin / stdout; a directory as destination keeps the name.
+    let note = format!("{n}:/home/user/note.txt");
+    let out = srv.run_with_input(&["cp", "-", &note], b"a note\n");
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(stdout(&srv.ok(&["cp", &note, "-"])), "a note\n");
+    srv.ok(&["cp", &note, scratch.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read_to_string(scratch.join("note.txt")).unwrap(),
+        "a note\n"
+    );
+    let out = srv.run(&["cp", &format!("{n}:/home/user/missing"), "-"]);
+    assert_fails(&out, "no such file");
+
+    // stop, start: the file survives.
+    let t = Instant::now();
+    let sb = srv.json(&["stop", n]);
+    assert_eq!(sb["status"], "stopped", "{sb}");
+    timed("stop", t);
+    let t = Instant::now();
+    let sb = srv.json(&["start", n]);
+    assert_eq!(sb["status"], "ready", "{sb}");
+    timed("start", t);
+    let again = scratch.join("blob.again");
+    srv.ok(&["cp", &remote, again.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&again).unwrap() == blob,
+        "the file did not survive stop/start"
+    );
+
+    // tunnel to an echo server in the sandbox.
+    srv.ok(&[
+        "exec",
+        n,
+        "--",
+        "sh",
+        "-c",
+        "nc -ll -p 7000 -e cat >/dev/null 2>&1 &",
+    ]);
+    let local_port = free_port();
+    let mut tunnel = srv
+        .cmd(&[
+            "tunnel",
+            n,
+            "--remote-port",
+            "7000",
+            "--local-port",
+            &local_port.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tunnel_err = tunnel.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let err_reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(tunnel_err).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the tunnel printed nothing");
+    assert!(first.contains("forwarding"), "{first}");
+    let t = Instant::now();
+    let echoed = loop {
+        if let Some(got) = echo_through(local_port, b"hello tunnel\n") {
+            break got;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the echo server never answered"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(echoed, b"hello tunnel\n");
+    // Concurrent connections share the one WebSocket; 1 MiB each way
+    // exercises yamux flow control.
+    let t = Instant::now();
+    let big = pseudo_random(1 << 20, 9);
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let big = big.clone();
+            std::thread::spawn(move || echo_through(local_port, &big) == Some(big))
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().unwrap(), "a tunnelled echo differs");
+    }
+    timed("tunnel 3 x 1 MiB echo", t);
+    sigint(tunnel.id());
+    let status = wait_for(tunnel, Duration::from_secs(30), "hearth tunnel").status;
+    let tunnel_log = err_reader.join().unwrap();
+    assert!(status.success(), "tunnel exit {status:?}: {tunnel_log}");
+
+    // console: refuses without a terminal; drives a shell under script(1).
+    let out = srv.run(&["console", n]);
+    assert_fails(&out, "needs a terminal");
+    if Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        console_under_script(&srv, n);
+    } else {
+        eprintln!("[client test] script(1) not found; console only checked without a terminal");
+    }
+
+    // delete.
+    let out = srv.ok(&["delete", n]);
+    assert_eq!(stdout(&out), format!("deleted {n}\n"));
+    let out = srv.run(&["get", n]);
+    assert_fails(&out, "not found");
+    assert!(!names(&srv.json(&["list"])).contains(&name));
+
+    let t = Instant::now();
+    let status = srv.stop();
+    timed("server stop", t);
+    assert!(status.success(), "clean exit on SIGINT: {status:?}");
+    timed("whole test", t_all);
+    let _ = std::fs::remove_dir_all(&srv.dir);
+}
+
+/// `hearth console` on a pseudo-terminal from script(1): the window size
+/// reaches the sandbox, keystrokes run, and the shell's exit code is ours.
+fn console_under_script(srv: &Server, name: &str) {
+    let line = format!("stty rows 33 cols 101; exec {BIN} console {name}");
+    let mut child = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("TERM", "dumb")
+        .env("LANGSMITH_ENDPOINT", &srv.endpoint)
+        .env("LANGSMITH_API_KEY", &srv.key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let reader = std::thread::spawn(move || {
+        let mut out = out;
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match out.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => {
+                    all.extend_from_slice(&buf[..k]);
+                    let _ = tx.send(buf[..k].to_vec());
+                }
+            }
+        }
+        all
+    });
+    // Type only once the shell prompts (busybox asks the terminal for the
+    // cursor position first and would eat early keystrokes).
+    let t = Instant::now();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("# ") {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no prompt: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        if let Ok(chunk) = rx.recv_timeout(Duration::from_millis(200)) {
+            seen.extend(chunk);
+        }
+    }
+    stdin
+        .write_all(b"stty size; echo con$((6*7)); exit 4\r")
+        .unwrap();
+    let out = wait_for(child, Duration::from_secs(60), "script hearth console");
+    drop(stdin);
+    let text = String::from_utf8_lossy(&reader.join().unwrap()).into_owned();
+    assert!(text.contains("33 101"), "window size: {text}");
+    assert!(text.contains("con42"), "command output: {text}");
+    assert_eq!(out.status.code(), Some(4), "{text}\n{}", show(&out));
+}
