@@ -173,7 +173,11 @@ impl Control {
     }
 
     pub async fn reap_once(self: &Arc<Self>) {
-        let now = Timestamp::now();
+        self.reap_at(Timestamp::now()).await
+    }
+
+    /// One reaper pass as if the clock read `now` (tests move time forward).
+    pub async fn reap_at(self: &Arc<Self>, now: Timestamp) {
         for id in self.hosts.keys() {
             let _ = self
                 .db

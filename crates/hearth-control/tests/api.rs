@@ -758,3 +758,82 @@ async fn shutdown_closes_exec_sockets_with_1001() {
     let _ = server.await;
     e.control.stop_all().await;
 }
+
+/// `idle_ttl_seconds` stops an idle sandbox (activity resets the clock) and
+/// `delete_after_stop_seconds` deletes a stopped one. The reaper is run with
+/// the clock moved forward instead of waiting minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reapers_stop_idle_and_delete_long_stopped_sandboxes() {
+    use std::time::Duration;
+    let url = hearth_db::testing::sqlite_url();
+    let e = env(&url.url, vec![local(host().await)]).await;
+    let (s, sb) = e
+        .create(
+            &e.admin,
+            json!({"name": "idle", "snapshot": "busybox", "mem_bytes": 2u64 << 30, "idle_ttl_seconds": 60,
+                   "delete_after_stop_seconds": 600, "wait_for_ready": true, "timeout": 120}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let status = |v: &Value| v["status"].as_str().unwrap_or("").to_owned();
+    let now = hearth_db::Timestamp::now();
+
+    // 30 s on: not idle long enough.
+    e.control.reap_at(now.plus(Duration::from_secs(30))).await;
+    let (_, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/idle",
+            Some(&e.admin),
+            None,
+        )
+        .await;
+    assert_eq!(status(&v), "ready");
+    // Activity 10 s later (recorded: it is past the 5 s granularity)...
+    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    let (s, _) = e
+        .call(
+            Method::POST,
+            &format!("/dataplane/{id}/execute"),
+            Some(&e.admin),
+            Some(json!({"command": "true"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    // ...so 62 s after creation it is still within 60 s of the last activity.
+    e.control.reap_at(now.plus(Duration::from_secs(62))).await;
+    let (_, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/idle",
+            Some(&e.admin),
+            None,
+        )
+        .await;
+    assert_eq!(status(&v), "ready", "activity resets the idle clock");
+    // Well past the idle timeout: stopped.
+    e.control.reap_at(now.plus(Duration::from_secs(200))).await;
+    let (_, v) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/idle",
+            Some(&e.admin),
+            None,
+        )
+        .await;
+    assert_eq!(status(&v), "stopped", "{v}");
+    // Past delete_after_stop: gone.
+    e.control
+        .reap_at(hearth_db::Timestamp::now().plus(Duration::from_secs(601)))
+        .await;
+    let (s, _) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/boxes/idle",
+            Some(&e.admin),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
