@@ -325,11 +325,16 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let c = control.clone();
     let shutdown = async move {
         shutdown.await;
         c.begin_shutdown();
     };
+    // Exec and tunnel frames are small and latency-bound: no Nagle delay.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(control))
         .with_graceful_shutdown(shutdown)
         .await
