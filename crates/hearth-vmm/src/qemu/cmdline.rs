@@ -13,6 +13,9 @@
 //!   `-chardev` form (rather than `-serial file:` / `-qmp unix:`) so that one
 //!   escaping rule holds for every path.
 
+/// Argument of `-sandbox`: seccomp on, with every optional deny set.
+pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
 use std::path::{Path, PathBuf};
 
 use crate::{Accel, VmSpec, VmmError};
@@ -169,6 +172,12 @@ pub fn build_args(
     for flag in ["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"] {
         args.push(flag.to_owned());
     }
+    // QEMU's seccomp filter: no obsolete syscalls, no privilege changes, no
+    // fork/exec (memory snapshots must use `fd:` migration, not `exec:`), no
+    // scheduler/affinity changes. The guest is hostile; a VMM escape should
+    // land in as small a box as QEMU itself offers.
+    args.push("-sandbox".to_owned());
+    args.push(SANDBOX.to_owned());
     let mut push = |a: &str, b: String| {
         args.push(a.to_owned());
         args.push(b);
@@ -270,6 +279,8 @@ mod tests {
             "-no-user-config",
             "-nographic",
             "-no-reboot",
+            "-sandbox",
+            SANDBOX,
             "-chardev",
             "file,id=console,path=/run/hearth/vm1/console.log",
             "-serial",
