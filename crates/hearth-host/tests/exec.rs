@@ -148,6 +148,104 @@ async fn busybox_vm_exec_semantics() {
     );
     assert!(t.elapsed() < Duration::from_secs(10));
 
+    // kill_on_disconnect: the command dies when its client goes away.
+    let mut req = sh("sleep 1000");
+    req.kill_on_disconnect = true;
+    req.command_id = Some("kod".into());
+    let mut h = g.exec(req).await.unwrap();
+    assert!(matches!(
+        h.next().await.unwrap(),
+        Some(ExecUpdate::Started { .. })
+    ));
+    h.control.detach();
+    drop(h);
+    let mut h = g.attach("kod", 0, 0).await.unwrap();
+    let mut last = None;
+    while let Some(ev) = h.next().await.unwrap() {
+        last = Some(ev);
+    }
+    assert_eq!(
+        last,
+        Some(ExecUpdate::Exit {
+            exit_code: 137,
+            signal: Some(9)
+        }),
+        "killed on disconnect"
+    );
+
+    // idle_timeout: a command nobody is attached to is killed after it.
+    let mut req = sh("sleep 1000");
+    req.idle_timeout_ms = 1000;
+    req.command_id = Some("idle".into());
+    let mut h = g.exec(req).await.unwrap();
+    assert!(matches!(
+        h.next().await.unwrap(),
+        Some(ExecUpdate::Started { .. })
+    ));
+    h.control.detach();
+    drop(h);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut h = g.attach("idle", 0, 0).await.unwrap();
+    let mut last = None;
+    while let Some(ev) = h.next().await.unwrap() {
+        last = Some(ev);
+    }
+    assert_eq!(
+        last,
+        Some(ExecUpdate::Exit {
+            exit_code: 137,
+            signal: Some(9)
+        }),
+        "killed when idle"
+    );
+
+    // ttl: a finished command is forgotten after its ttl (SessionExpired).
+    let mut req = sh("echo short");
+    req.ttl_ms = 300;
+    req.command_id = Some("ttl".into());
+    assert_eq!(g.run(req).await.unwrap().stdout, b"short\n");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut h = g.attach("ttl", 0, 0).await.unwrap();
+    match h.next().await.unwrap() {
+        Some(ExecUpdate::Error { error_type, .. }) => {
+            assert_eq!(error_type, ExecErrorType::SessionExpired)
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Files: mkdir, stat, list, remove.
+    g.mkdir("/root/d/e", true).await.unwrap();
+    g.write_all("/root/d/e/f.txt", Bytes::from_static(b"12345"))
+        .await
+        .unwrap();
+    let st = g.stat("/root/d/e/f.txt").await.unwrap();
+    assert_eq!((st.size, st.kind), (5, hearth_guest_proto::FileKind::File));
+    let names: Vec<String> = g
+        .list("/root/d/e")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["f.txt"]);
+    assert_eq!(
+        g.remove("/root/d", false).await.unwrap_err().op_kind(),
+        Some(hearth_guest_proto::OpErrorKind::DirectoryNotEmpty)
+    );
+    g.remove("/root/d", true).await.unwrap();
+    assert_eq!(
+        g.stat("/root/d").await.unwrap_err().op_kind(),
+        Some(hearth_guest_proto::OpErrorKind::NotFound)
+    );
+    // Writing onto a directory is refused with the guest's reason.
+    assert_eq!(
+        g.write_all("/root", Bytes::from(vec![0u8; 1 << 20]))
+            .await
+            .unwrap_err()
+            .op_kind(),
+        Some(hearth_guest_proto::OpErrorKind::IsADirectory)
+    );
+
     let info = g.info().await.unwrap();
     assert!(info.kernel_release.contains("cloud-amd64"), "{info:?}");
     host.delete(vm.id).await.unwrap();
