@@ -213,6 +213,17 @@ async fn busybox_vm_exec_semantics() {
         other => panic!("{other:?}"),
     }
 
+    // PID 1 reaps orphans: no zombies are left behind.
+    let out = g
+        .run(sh("for i in 1 2 3 4 5; do (sleep 0.1 &); done; sleep 1; ps -o stat | grep -c '^Z' || true"))
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "zombies: {out:?}"
+    );
+
     // Files: mkdir, stat, list, remove.
     g.mkdir("/root/d/e", true).await.unwrap();
     g.write_all("/root/d/e/f.txt", Bytes::from_static(b"12345"))
