@@ -837,3 +837,98 @@ async fn reapers_stop_idle_and_delete_long_stopped_sandboxes() {
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+/// Host loss: the host agent dies with its VMs; a new one starts on the same
+/// data directory. Running sandboxes become `stopped` and the next
+/// data-plane request cold boots them from their persisted disks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
+    let shared = shared_dir();
+    let data = shared
+        .join("hosts")
+        .join(uuid::Uuid::now_v7().simple().to_string());
+    std::fs::create_dir_all(&data).unwrap();
+    std::os::unix::fs::symlink(shared.join("artifacts"), data.join("artifacts")).unwrap();
+    let mut hcfg = HostConfig::new(&data);
+    hcfg.accel_cache = shared.join("accel.json");
+    let host_id = HostId::new();
+    let host1 = Host::start(hcfg.clone(), Arc::new(hearth_image::QuietProgress))
+        .await
+        .unwrap();
+    let url = hearth_db::testing::sqlite_url();
+    let mk = |host: Arc<Host>| LocalHost {
+        id: host_id,
+        host,
+        capacity_cpu: MilliCpu(64_000),
+        capacity_mem: ByteSize::gib(256),
+    };
+    let e = env(&url.url, vec![mk(host1.clone())]).await;
+    let (s, sb) = e
+        .create(&e.admin, json!({"name": "survivor", "snapshot": "busybox", "mem_bytes": 2u64 << 30, "wait_for_ready": true, "timeout": 120}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let (s, _) = e
+        .call(
+            Method::POST,
+            &format!("/dataplane/{id}/execute"),
+            Some(&e.admin),
+            Some(json!({"command": "echo persisted > /root/p; sync"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+
+    // The host dies: its VMM is killed outright (no graceful stop).
+    let vm = host1
+        .get(hearth_types::VmId::from(id.parse::<uuid::Uuid>().unwrap()))
+        .unwrap();
+    let pid = vm.record().pid.unwrap();
+    // SAFETY: signalling the QEMU process this test's host started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    drop(e);
+    drop(host1);
+
+    // A new host agent and control plane on the same data and database.
+    let host2 = Host::start(hcfg, Arc::new(hearth_image::QuietProgress))
+        .await
+        .unwrap();
+    let db = Db::connect(&url.url).await.unwrap();
+    let control = Control::open(db, ControlConfig::default(), vec![mk(host2)])
+        .await
+        .unwrap();
+    let row = control
+        .db
+        .get_sandbox_by_id(id.parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        row.status,
+        hearth_db::SandboxStatus::Stopped,
+        "{:?}",
+        row.status_message
+    );
+    // The next request wakes it from its disk.
+    let app = hearth_control::router(control.clone());
+    let key = {
+        let ws = row.workspace_id;
+        key(&control.db, ws, &["*"]).await
+    };
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("/dataplane/{id}/execute"))
+        .header("x-api-key", key)
+        .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v: Value = serde_json::from_slice(
+        &axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(v["stdout"], "persisted\n", "{v}");
+    control.stop_all().await;
+}
