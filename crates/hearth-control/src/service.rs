@@ -296,6 +296,7 @@ impl Control {
             let create = CreateVm {
                 id: Some(vm),
                 persistent: row.persistent,
+                disk: Some(row.fs_capacity),
                 image,
                 memory: row.mem,
                 cpu: row.cpu,

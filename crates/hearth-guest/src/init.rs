@@ -50,6 +50,12 @@ pub fn boot() -> Result<BootArgs, String> {
         switch_root()?;
     }
     mount_runtime_filesystems();
+    if !args.no_root {
+        // A disk larger than the image: fill it (cheap when nothing to do).
+        if let Err(e) = sys::grow_root_fs(ROOT_DEVICE) {
+            log(&format!("grow root filesystem: {e}"));
+        }
+    }
     let hostname = fs::read_to_string("/etc/hostname")
         .ok()
         .map(|h| h.trim().to_owned())

@@ -311,3 +311,26 @@ impl AsyncWrite for SharedFd {
         Poll::Ready(Ok(()))
     }
 }
+
+/// Grows the ext4 filesystem mounted at `/` to fill its block device
+/// (online resize; a no-op when it already does). The host makes a disk
+/// larger than the image when a sandbox asks for more capacity.
+pub fn grow_root_fs(device: &str) -> io::Result<u64> {
+    // _IOR(0x12, 114, u64) and _IOW('f', 16, u64).
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    const EXT4_IOC_RESIZE_FS: libc::c_ulong = 0x4008_6610;
+    let dev = std::fs::File::open(device)?;
+    let mut bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the valid pointer.
+    check(unsafe { libc::ioctl(dev.as_raw_fd(), BLKGETSIZE64, &mut bytes) })?;
+    let root = std::fs::File::open("/")?;
+    // SAFETY: statvfs is plain old data; zeroed is valid, fstatvfs fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs writes into the valid statvfs we pass.
+    check(unsafe { libc::fstatvfs(root.as_raw_fd(), &mut st) })?;
+    let block = st.f_frsize.max(1);
+    let mut blocks: u64 = bytes / block;
+    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 from the valid pointer.
+    check(unsafe { libc::ioctl(root.as_raw_fd(), EXT4_IOC_RESIZE_FS, &mut blocks) })?;
+    Ok(blocks * block)
+}

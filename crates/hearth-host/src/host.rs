@@ -62,6 +62,9 @@ pub struct CreateVm {
     /// Keep the disk across stop/start (false: every start is a fresh disk).
     #[serde(default = "default_true")]
     pub persistent: bool,
+    /// Size of the root disk; the image's own size when absent or smaller.
+    #[serde(default)]
+    pub disk: Option<ByteSize>,
     #[serde(default = "default_image")]
     pub image: ImageName,
     #[serde(default = "default_memory")]
@@ -88,6 +91,7 @@ impl Default for CreateVm {
         Self {
             id: None,
             persistent: true,
+            disk: None,
             image: default_image(),
             memory: default_memory(),
             cpu: default_cpu(),
@@ -282,6 +286,7 @@ impl Host {
                 cpu: req.cpu,
                 state: VmState::Provisioning,
                 persistent: req.persistent,
+                disk: req.disk,
                 reason: None,
                 pid: None,
                 accel: Some(self.accel.to_string()),
@@ -358,10 +363,10 @@ impl Host {
         let started = Instant::now();
         let id = vm.id;
         let overlay = vm.dir.join("root.qcow2");
-        if fresh_disk || !overlay.exists() {
-            create_overlay(id, &artifacts.rootfs.path, &overlay).await?;
-        }
         let rec = vm.record();
+        if fresh_disk || !overlay.exists() {
+            create_overlay(id, &artifacts.rootfs.path, &overlay, rec.disk).await?;
+        }
         let spec = VmSpec {
             id,
             cpu: rec.cpu,
@@ -534,19 +539,28 @@ impl Host {
 }
 
 /// A copy-on-write disk over the read-only root image.
-async fn create_overlay(id: VmId, base: &Path, overlay: &Path) -> Result<(), HostError> {
+/// The disk is `disk` bytes when that is larger than the image; the guest
+/// agent grows the filesystem to the device at boot.
+async fn create_overlay(
+    id: VmId,
+    base: &Path,
+    overlay: &Path,
+    disk: Option<ByteSize>,
+) -> Result<(), HostError> {
     let _ = std::fs::remove_file(overlay);
-    let out = tokio::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+    let base_size = std::fs::metadata(base).map(|m| m.len()).unwrap_or(0);
+    let mut cmd = tokio::process::Command::new("qemu-img");
+    cmd.args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
         .arg(base)
-        .arg(overlay)
-        .output()
-        .await
-        .map_err(|source| HostError::Io {
-            id,
-            what: "run qemu-img".into(),
-            source,
-        })?;
+        .arg(overlay);
+    if let Some(size) = disk.filter(|d| d.bytes() > base_size) {
+        cmd.arg(size.bytes().to_string());
+    }
+    let out = cmd.output().await.map_err(|source| HostError::Io {
+        id,
+        what: "run qemu-img".into(),
+        source,
+    })?;
     if !out.status.success() {
         return Err(HostError::Boot {
             id,

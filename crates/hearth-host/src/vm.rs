@@ -54,6 +54,9 @@ pub struct VmRecord {
     /// Whether the disk survives a stop.
     #[serde(default = "yes")]
     pub persistent: bool,
+    /// Requested root disk size (grown from the image's at first boot).
+    #[serde(default)]
+    pub disk: Option<ByteSize>,
     /// Why the VM is `failed`, or other context for the state.
     #[serde(default)]
     pub reason: Option<String>,

@@ -10,6 +10,16 @@ use hearth_guest_proto::{ExecErrorType, ExecRequest, OutputChannel, PtySize};
 use hearth_host::ExecUpdate;
 use hearth_image::ImageName;
 
+/// Re-attaches to a command and returns its last event.
+async fn final_event(g: &hearth_host::GuestClient, command_id: &str) -> Option<ExecUpdate> {
+    let mut h = g.attach(command_id, 0, 0).await.unwrap();
+    let mut last = None;
+    while let Some(ev) = h.next().await.unwrap() {
+        last = Some(ev);
+    }
+    last
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busybox_vm_exec_semantics() {
     let host = host().await;
@@ -148,56 +158,28 @@ async fn busybox_vm_exec_semantics() {
     );
     assert!(t.elapsed() < Duration::from_secs(10));
 
-    // kill_on_disconnect: the command dies when its client goes away.
-    let mut req = sh("sleep 1000");
-    req.kill_on_disconnect = true;
-    req.command_id = Some("kod".into());
-    let mut h = g.exec(req).await.unwrap();
-    assert!(matches!(
-        h.next().await.unwrap(),
-        Some(ExecUpdate::Started { .. })
-    ));
-    h.control.detach();
-    drop(h);
-    let mut h = g.attach("kod", 0, 0).await.unwrap();
-    let mut last = None;
-    while let Some(ev) = h.next().await.unwrap() {
-        last = Some(ev);
-    }
-    assert_eq!(
-        last,
-        Some(ExecUpdate::Exit {
-            exit_code: 137,
-            signal: Some(9)
-        }),
-        "killed on disconnect"
-    );
-
+    // kill_on_disconnect: the command dies when its client goes away;
     // idle_timeout: a command nobody is attached to is killed after it.
-    let mut req = sh("sleep 1000");
-    req.idle_timeout_ms = 1000;
-    req.command_id = Some("idle".into());
-    let mut h = g.exec(req).await.unwrap();
-    assert!(matches!(
-        h.next().await.unwrap(),
-        Some(ExecUpdate::Started { .. })
-    ));
-    h.control.detach();
-    drop(h);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let mut h = g.attach("idle", 0, 0).await.unwrap();
-    let mut last = None;
-    while let Some(ev) = h.next().await.unwrap() {
-        last = Some(ev);
+    let killed = Some(ExecUpdate::Exit {
+        exit_code: 137,
+        signal: Some(9),
+    });
+    let mut kod = sh("sleep 1000");
+    kod.kill_on_disconnect = true;
+    let mut idle = sh("sleep 1000");
+    idle.idle_timeout_ms = 1000;
+    for (id, mut req, wait) in [("kod", kod, 0), ("idle", idle, 2500)] {
+        req.command_id = Some(id.into());
+        let mut h = g.exec(req).await.unwrap();
+        assert!(matches!(
+            h.next().await.unwrap(),
+            Some(ExecUpdate::Started { .. })
+        ));
+        h.control.detach();
+        drop(h);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        assert_eq!(final_event(&g, id).await, killed, "{id}");
     }
-    assert_eq!(
-        last,
-        Some(ExecUpdate::Exit {
-            exit_code: 137,
-            signal: Some(9)
-        }),
-        "killed when idle"
-    );
 
     // ttl: a finished command is forgotten after its ttl (SessionExpired).
     let mut req = sh("echo short");

@@ -108,3 +108,26 @@ async fn stop_then_start_keeps_the_filesystem_unless_not_persistent() {
     );
     host.delete(vm.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_disk_is_grown_into_at_boot() {
+    let host = host().await;
+    let vm = host
+        .create_vm(hearth_host::CreateVm {
+            image: ImageName::Busybox,
+            memory: hearth_types::ByteSize::mib(256),
+            disk: Some(hearth_types::ByteSize::gib(2)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let g = vm.guest().unwrap();
+    // df -k: total 1K-blocks of / (the 64 MiB image grew to about 2 GiB).
+    let out = g
+        .run(sh("df -k / | tail -1 | awk '{print $2}'"))
+        .await
+        .unwrap();
+    let kib: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(kib > 1_800_000, "root filesystem is {kib} KiB");
+    host.delete(vm.id).await.unwrap();
+}
