@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use hearth_db::{Db, NewApiKey, NewWorkspace, Quotas};
+use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_types::{ApiKeyId, ByteSize, MilliCpu, WorkspaceId};
 
 #[derive(Args, Debug, Clone)]
@@ -68,33 +68,18 @@ pub fn database_url(data_dir: &Path, args: &DbArgs) -> String {
         .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", data_dir.join("hearth.db").display()))
 }
 
-/// Creates a key and returns its secret.
+/// Creates a key and returns its id and secret.
 pub async fn create_key(
     db: &Db,
     workspace: WorkspaceId,
     permissions: Vec<String>,
     description: &str,
 ) -> anyhow::Result<(ApiKeyId, String)> {
-    for p in &permissions {
-        anyhow::ensure!(
-            hearth_control::auth::PERMISSIONS.contains(&p.as_str()),
-            "unknown permission {p:?}; known: {}",
-            hearth_control::auth::PERMISSIONS.join(", ")
-        );
-    }
-    let secret = hearth_control::auth::new_secret();
-    let key = db
-        .create_api_key(&NewApiKey {
-            id: ApiKeyId::new(),
-            workspace_id: workspace,
-            key_hash: hearth_control::auth::hash_key(&secret),
-            prefix: secret[..8].to_owned(),
-            description: description.to_owned(),
-            permissions,
-        })
+    let perms: Vec<&str> = permissions.iter().map(String::as_str).collect();
+    hearth_control::auth::create_key(db, workspace, &perms, description)
         .await
-        .context("store the key")?;
-    Ok((key.id, secret))
+        .map_err(|e| anyhow::anyhow!("{}", e.message))
+        .context("store the key")
 }
 
 /// Makes sure the default workspace exists; true when it was just created.

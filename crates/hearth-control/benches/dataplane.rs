@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use hearth_control::{Control, ControlConfig, LocalHost};
-use hearth_db::{Db, NewApiKey, NewWorkspace, Quotas};
+use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_host::{Host, HostConfig};
-use hearth_types::{ApiKeyId, ByteSize, HostId, MilliCpu, WorkspaceId};
+use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
 use tokio_tungstenite::tungstenite::Message;
 
 const RUNS: usize = 500;
@@ -57,17 +57,9 @@ async fn main() {
     })
     .await
     .unwrap();
-    let key = hearth_control::auth::new_secret();
-    db.create_api_key(&NewApiKey {
-        id: ApiKeyId::new(),
-        workspace_id: ws,
-        key_hash: hearth_control::auth::hash_key(&key),
-        prefix: "bench".into(),
-        description: String::new(),
-        permissions: vec!["*".into()],
-    })
-    .await
-    .unwrap();
+    let (_, key) = hearth_control::auth::create_key(&db, ws, &["*"], "bench")
+        .await
+        .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let cfg = ControlConfig {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use hearth_control::{Control, ControlConfig};
-use hearth_db::{Db, NewApiKey, NewWorkspace, Quotas, SandboxRow, SandboxStatus, Timestamp};
-use hearth_types::{ApiKeyId, ByteSize, MilliCpu, SandboxId, SnapshotId, WorkspaceId};
+use hearth_db::{Db, NewWorkspace, Quotas, SandboxRow, SandboxStatus, Timestamp};
+use hearth_types::{ByteSize, MilliCpu, SandboxId, SnapshotId, WorkspaceId};
 use tower::ServiceExt;
 
 const SANDBOXES: usize = 10_000;
@@ -31,17 +31,9 @@ async fn run(label: &str, url: &str) {
     })
     .await
     .unwrap();
-    let secret = hearth_control::auth::new_secret();
-    db.create_api_key(&NewApiKey {
-        id: ApiKeyId::new(),
-        workspace_id: ws,
-        key_hash: hearth_control::auth::hash_key(&secret),
-        prefix: "bench".into(),
-        description: String::new(),
-        permissions: vec!["*".into()],
-    })
-    .await
-    .unwrap();
+    let (_, secret) = hearth_control::auth::create_key(&db, ws, &["*"], "bench")
+        .await
+        .unwrap();
     let control = Control::open(db.clone(), ControlConfig::default(), Vec::new())
         .await
         .unwrap();

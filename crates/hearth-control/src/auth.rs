@@ -77,6 +77,38 @@ pub fn new_secret() -> String {
     format!("hth_{}{}", a, &b[..8])
 }
 
+/// Stores a new key for `workspace` and returns its id and secret (the
+/// secret is shown once; only its hash is kept).
+pub async fn create_key(
+    db: &hearth_db::Db,
+    workspace: WorkspaceId,
+    permissions: &[&str],
+    description: &str,
+) -> Result<(ApiKeyId, String), ApiError> {
+    if let Some(bad) = permissions.iter().find(|p| !PERMISSIONS.contains(p)) {
+        return Err(ApiError::validation(
+            "permissions",
+            format!(
+                "unknown permission {bad:?}; known: {}",
+                PERMISSIONS.join(", ")
+            ),
+        ));
+    }
+    let secret = new_secret();
+    let key = db
+        .create_api_key(&hearth_db::NewApiKey {
+            id: ApiKeyId::new(),
+            workspace_id: workspace,
+            key_hash: hash_key(&secret),
+            prefix: secret[..8].to_owned(),
+            description: description.to_owned(),
+            permissions: permissions.iter().map(|p| p.to_string()).collect(),
+        })
+        .await
+        .map_err(crate::error::db_error)?;
+    Ok((key.id, secret))
+}
+
 impl FromRequestParts<Arc<Control>> for Principal {
     type Rejection = HttpError;
 

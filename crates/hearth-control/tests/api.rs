@@ -10,9 +10,9 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use hearth_control::{Control, ControlConfig, LocalHost};
-use hearth_db::{Db, NewApiKey, NewWorkspace, Quotas};
+use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_host::{Host, HostConfig};
-use hearth_types::{ApiKeyId, ByteSize, HostId, MilliCpu, WorkspaceId};
+use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -49,18 +49,10 @@ struct Env {
 }
 
 async fn key(db: &Db, ws: WorkspaceId, perms: &[&str]) -> String {
-    let secret = hearth_control::auth::new_secret();
-    db.create_api_key(&NewApiKey {
-        id: ApiKeyId::new(),
-        workspace_id: ws,
-        key_hash: hearth_control::auth::hash_key(&secret),
-        prefix: secret[..8].into(),
-        description: String::new(),
-        permissions: perms.iter().map(|p| p.to_string()).collect(),
-    })
-    .await
-    .unwrap();
-    secret
+    hearth_control::auth::create_key(db, ws, perms, "")
+        .await
+        .unwrap()
+        .1
 }
 
 async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {

@@ -180,6 +180,23 @@ fn hex_decode(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// The `name_contains` and `status` filters every list shares.
+pub(crate) fn push_name_and_status(
+    sql: &mut Sql,
+    name_contains: Option<&str>,
+    status: Option<&str>,
+) {
+    if let Some(n) = name_contains {
+        sql.push(" AND LOWER(name) LIKE ");
+        sql.push_param(contains_pattern(n));
+        sql.push(" ESCAPE '\\'");
+    }
+    if let Some(s) = status {
+        sql.push(" AND status = ");
+        sql.push_param(s);
+    }
+}
+
 /// A LIKE pattern matching names that contain `needle`, ASCII
 /// case-insensitively (use with `LOWER(col) LIKE … ESCAPE '\'`).
 pub(crate) fn contains_pattern(needle: &str) -> String {

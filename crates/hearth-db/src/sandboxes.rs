@@ -9,7 +9,7 @@ use crate::error::{DbError, QuotaKind};
 use crate::model::{
     Backend, Page, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, StatusExtra,
 };
-use crate::page::{contains_pattern, Key, KeyKind, Keyset, SortSpec};
+use crate::page::{push_name_and_status, Key, KeyKind, Keyset, SortSpec};
 use crate::sql::{int, RowExt, Sql};
 use crate::time::Timestamp;
 use crate::workspaces::decode_quotas;
@@ -304,15 +304,11 @@ impl Db {
             "SELECT {SANDBOX_COLS} FROM sandboxes WHERE workspace_id = $1"
         ))
         .arg(workspace_id.to_string());
-        if let Some(n) = &f.name_contains {
-            sql.push(" AND LOWER(name) LIKE ");
-            sql.push_param(contains_pattern(n));
-            sql.push(" ESCAPE '\\'");
-        }
-        if let Some(s) = f.status {
-            sql.push(" AND status = ");
-            sql.push_param(s.as_str());
-        }
+        push_name_and_status(
+            &mut sql,
+            f.name_contains.as_deref(),
+            f.status.map(|s| s.as_str()),
+        );
         if let Some(c) = &f.created_by {
             sql.push(" AND created_by = ");
             sql.push_param(c.as_str());

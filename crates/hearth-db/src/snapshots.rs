@@ -5,7 +5,7 @@ use hearth_types::{ByteSize, SnapshotId, WorkspaceId};
 
 use crate::error::DbError;
 use crate::model::{Page, SnapshotFilter, SnapshotRow, SnapshotSort, SnapshotStatus};
-use crate::page::{contains_pattern, Key, KeyKind, Keyset, SortSpec};
+use crate::page::{push_name_and_status, Key, KeyKind, Keyset, SortSpec};
 use crate::sql::{int, RowExt, Sql};
 use crate::time::Timestamp;
 use crate::Db;
@@ -238,15 +238,11 @@ impl Db {
             "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE {VISIBLE}"
         ))
         .arg(workspace_id.to_string());
-        if let Some(n) = &f.name_contains {
-            sql.push(" AND LOWER(name) LIKE ");
-            sql.push_param(contains_pattern(n));
-            sql.push(" ESCAPE '\\'");
-        }
-        if let Some(s) = f.status {
-            sql.push(" AND status = ");
-            sql.push_param(s.as_str());
-        }
+        push_name_and_status(
+            &mut sql,
+            f.name_contains.as_deref(),
+            f.status.map(|s| s.as_str()),
+        );
         ks.push_where(&mut sql);
         ks.push_order_limit(&mut sql);
         let rows = self
