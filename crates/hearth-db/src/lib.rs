@@ -53,6 +53,44 @@ pub struct Db {
     pool: Pool,
 }
 
+/// How long opening a SQLite file keeps retrying while another process or
+/// pool holds the lock it needs (the same bound as the busy timeout).
+const SQLITE_OPEN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Opens a SQLite pool, retrying while the file is locked.
+///
+/// The busy timeout does not cover everything a fresh connection does:
+/// switching a new file to WAL, or reading the WAL index while another
+/// connection is creating or recovering it, can fail at once with
+/// `SQLITE_BUSY`. Replicas starting together on one file hit exactly that,
+/// so opening retries (with a short backoff) until the patience runs out.
+async fn connect_sqlite(
+    pool_opts: SqlitePoolOptions,
+    opts: SqliteConnectOptions,
+) -> Result<sqlx::SqlitePool, sqlx::Error> {
+    let deadline = tokio::time::Instant::now() + SQLITE_OPEN_PATIENCE;
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        match pool_opts.clone().connect_with(opts.clone()).await {
+            Err(sqlx::Error::Database(e))
+                if sqlite_busy(e.code().as_deref()) && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(error = %e, "sqlite file busy while opening; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `SQLITE_BUSY` (5) or `SQLITE_LOCKED` (6), including extended codes
+/// (`SQLITE_BUSY_RECOVERY` = 261, …: the primary code is the low byte).
+fn sqlite_busy(code: Option<&str>) -> bool {
+    code.and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
 impl Db {
     /// Opens the database and applies pending migrations.
     ///
@@ -82,8 +120,7 @@ impl Db {
                 SqlitePoolOptions::new().max_connections(8)
             };
             Pool::Sqlite(
-                pool_opts
-                    .connect_with(opts)
+                connect_sqlite(pool_opts, opts)
                     .await
                     .map_err(DbError::backend(op))?,
             )

@@ -129,9 +129,12 @@ async fn api_keys_create_find_list_revoke() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_starting_together_migrate_once() {
-    for place in testing::backend_urls().await {
+    // Several rounds on fresh files: opening a new SQLite file from many
+    // connections at once races on the switch to WAL (it used to fail with
+    // "database is locked" about one time in ten).
+    for place in fresh_rounds().await {
         eprintln!("-- {}", place.url);
-        let connects: Vec<_> = (0..4)
+        let connects: Vec<_> = (0..6)
             .map(|_| {
                 let url = place.url.clone();
                 tokio::spawn(async move { Db::connect(&url).await })
@@ -143,4 +146,13 @@ async fn replicas_starting_together_migrate_once() {
             db.close().await;
         }
     }
+}
+
+/// Fresh unmigrated databases for five rounds of a concurrency test.
+async fn fresh_rounds() -> Vec<testing::TestUrl> {
+    let mut all = Vec::new();
+    for _ in 0..5 {
+        all.extend(testing::backend_urls().await);
+    }
+    all
 }
