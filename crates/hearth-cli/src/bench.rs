@@ -51,6 +51,9 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The raw virtio-serial port every bench VM gets besides the agent's.
+const RAW_PORT: &str = "hearth.raw";
+
 pub async fn substrate(
     data_dir: PathBuf,
     images: Vec<ImageName>,
@@ -58,7 +61,12 @@ pub async fn substrate(
     execs: usize,
     file_size: ByteSize,
 ) -> anyhow::Result<()> {
-    let host = crate::start_host(data_dir).await?;
+    let mut cfg = hearth_host::HostConfig::new(data_dir);
+    cfg.raw_ports = vec![RAW_PORT.to_owned()];
+    let host = hearth_host::Host::start(cfg, std::sync::Arc::new(hearth_image::StderrProgress))
+        .await
+        .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
+        .context("start the host agent")?;
     println!("accelerator: {}", host.accel());
     let create = |image| CreateVm {
         image,
@@ -174,8 +182,17 @@ pub async fn substrate(
         .await?;
     let guest_read = t.elapsed();
     anyhow::ensure!(out.exit_code == Some(0), "dd failed");
+    let (raw_down, raw_up) = raw_channel(&g, &vm.raw_port_path(RAW_PORT), size).await?;
     println!("upload {file_size}: {}", mib_s(size, up));
+    println!(
+        "raw channel host -> guest (cat of the bare port into tmpfs): {}",
+        mib_s(size, raw_up)
+    );
     println!("download {file_size}: {}", mib_s(size, down));
+    println!(
+        "raw channel guest -> host (cat of the same file into the bare port): {}",
+        mib_s(size, raw_down)
+    );
     println!("same bytes as exec stdout (cat): {}", mib_s(size, cat));
     println!(
         "guest-only read of the file (dd to /dev/null): {}",
@@ -190,6 +207,82 @@ pub async fn substrate(
         mib_s(bytes, took)
     );
     Ok(())
+}
+
+/// The bare channel, measured the way the file transfers are: the same
+/// `size` bytes between the same tmpfs file and the host, but through a
+/// second virtio-serial port with no protocol, no multiplexer and no guest
+/// agent in the data path (a shell pipes the file). Returns (guest → host,
+/// host → guest) durations.
+async fn raw_channel(
+    g: &hearth_host::GuestClient,
+    port: &std::path::Path,
+    size: u64,
+) -> anyhow::Result<(Duration, Duration)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let find = format!(
+        "dev=; for p in /sys/class/virtio-ports/*; do \
+         [ \"$(cat $p/name)\" = {RAW_PORT} ] && dev=/dev/${{p##*/}}; done; \
+         [ -n \"$dev\" ] || {{ echo no raw port >&2; exit 3; }};"
+    );
+
+    // Guest -> host: the guest cats the file into the port, the host reads
+    // until it has every byte.
+    let mut sock = tokio::net::UnixStream::connect(port)
+        .await
+        .with_context(|| format!("connect {}", port.display()))?;
+    let t = Instant::now();
+    let send = g.run(sh(&format!("{find} cat /tmp/bench > $dev")));
+    let mut buf = vec![0u8; 1 << 20];
+    let recv = async {
+        let mut got = 0u64;
+        while got < size {
+            let n = sock.read(&mut buf).await?;
+            anyhow::ensure!(n > 0, "raw port closed after {got} of {size} bytes");
+            got += n as u64;
+        }
+        Ok(t.elapsed())
+    };
+    let (out, down) = tokio::join!(send, recv);
+    let down = down?;
+    let out = out?;
+    anyhow::ensure!(out.exit_code == Some(0), "raw send failed: {out:?}");
+
+    // Host -> guest: the guest reads exactly `size` bytes off the port into
+    // tmpfs; done when that command has exited. (The source file goes first:
+    // two copies may not fit the guest's tmpfs.)
+    g.run(sh("rm -f /tmp/bench")).await?;
+    let t = Instant::now();
+    let recv = g.run(sh(&format!(
+        "{find} cat $dev > /tmp/bench.raw && wc -c < /tmp/bench.raw"
+    )));
+    let chunk = vec![0x5au8; 1 << 20];
+    let send = async {
+        let mut sent = 0u64;
+        while sent < size {
+            let n = (size - sent).min(chunk.len() as u64) as usize;
+            sock.write_all(&chunk[..n]).await?;
+            sent += n as u64;
+        }
+        // End of stream: QEMU drains the socket, then tells the guest the
+        // host end is gone, and `cat` reads end-of-file.
+        sock.shutdown().await?;
+        anyhow::Ok(())
+    };
+    let (out, sent) = tokio::join!(recv, send);
+    sent?;
+    let out = out?;
+    let up = t.elapsed();
+    let wrote = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse::<u64>()
+        .ok();
+    anyhow::ensure!(
+        out.exit_code == Some(0) && wrote == Some(size),
+        "raw receive failed: {out:?}"
+    );
+    g.run(sh("rm -f /tmp/bench.raw")).await?;
+    Ok((down, up))
 }
 
 async fn protocol_only(size: u64) -> anyhow::Result<(u64, Duration)> {

@@ -28,6 +28,10 @@ pub struct HostConfig {
     pub stop_grace: Duration,
     /// Where the KVM-or-TCG probe caches its answer.
     pub accel_cache: PathBuf,
+    /// Raw virtio-serial ports every VM gets besides the agent's (see
+    /// [`hearth_vmm::VmSpec::raw_ports`]); `hearth bench substrate` uses one
+    /// to measure the bare channel. Empty in production.
+    pub raw_ports: Vec<String>,
 }
 
 impl HostConfig {
@@ -42,6 +46,7 @@ impl HostConfig {
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
             boot_timeout: Duration::from_secs(90),
             stop_grace: Duration::from_secs(5),
+            raw_ports: Vec::new(),
         }
     }
 }
@@ -381,6 +386,7 @@ impl Host {
             }],
             run_dir: vm.run_dir.clone(),
             mem_path: vm.run_dir.join("guest.mem"),
+            raw_ports: self.cfg.raw_ports.clone(),
         };
         let instance = Arc::new(self.qemu.boot(&spec).await?);
         let pid = instance.pid();

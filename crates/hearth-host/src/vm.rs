@@ -112,6 +112,11 @@ impl Vm {
         vm
     }
 
+    /// The host end of raw port `name` (one of [`crate::HostConfig::raw_ports`]).
+    pub fn raw_port_path(&self, name: &str) -> PathBuf {
+        hearth_vmm::qemu::cmdline::RunFiles::raw_port(&self.run_dir, name)
+    }
+
     pub(crate) fn load(dir: &Path, run_root: &Path) -> Option<Self> {
         let text = std::fs::read_to_string(dir.join("vm.json")).ok()?;
         let record: VmRecord = serde_json::from_str(&text).ok()?;

@@ -176,6 +176,7 @@ pub async fn run_probe_guest(
         disks: Vec::new(),
         run_dir: run_dir.clone(),
         mem_path: mem_path.clone(),
+        raw_ports: Vec::new(),
     };
     let qemu = Qemu::new(QemuConfig {
         start_timeout: cfg.start_timeout.min(deadline),

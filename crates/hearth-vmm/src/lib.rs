@@ -62,6 +62,12 @@ pub struct VmSpec {
     /// any file already there (a cold boot starts from zeroed memory), creates
     /// and sizes it; the caller removes it after the VM has exited.
     pub mem_path: PathBuf,
+    /// Extra raw virtio-serial ports, by name (diagnostics and benchmarks:
+    /// a byte pipe into the guest with no protocol on it). The guest sees
+    /// each under `/sys/class/virtio-ports/*/name`; the host end is the unix
+    /// socket [`qemu::RunFiles::raw_port`] in `run_dir`. Names are short
+    /// and hold only `[a-z0-9.-]`. Normally empty.
+    pub raw_ports: Vec<String>,
 }
 
 /// One block device of a [`VmSpec`].

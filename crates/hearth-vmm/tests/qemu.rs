@@ -1,4 +1,4 @@
-//! Real QEMU guests under TCG: boot, console, agent channel, disks, pause and
+//! Real QEMU guests under TCG: boot, console, agent channel and a raw port, disks, pause and
 //! resume, stop, kill, an external `kill -9`, and the accelerator probe.
 //!
 //! Every VM is killed by PID through its handle; a VM a failed test leaves
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::{fixture, initramfs, module, small_spec, wait_for_text, Fixture, TestDirs};
 use hearth_types::VmId;
 use hearth_vmm::accel::{run_probe_guest, DEFAULT_PROBE_DEADLINE, PROBE_MARKER};
+use hearth_vmm::qemu::cmdline::RunFiles;
 use hearth_vmm::{
     probe_accel, Accel, DiskFormat, DiskSpec, ProbeOutcome, Qemu, QemuConfig, VmInstance, Vmm,
     VmmError,
@@ -40,7 +41,8 @@ fn sleeper_initrd() -> Option<PathBuf> {
 }
 
 /// Loads the virtio modules, reports disk sizes and the port name on the
-/// console, greets the host on the agent port, then sleeps.
+/// console, greets the host on the agent port and on the raw port
+/// `hearth.raw`, then sleeps.
 fn devices_initrd(fx: &Fixture) -> Option<PathBuf> {
     let names = [
         "virtio",
@@ -65,17 +67,21 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for m in {mods}; do insmod /lib/modules/$m.ko || echo "INSMOD_FAIL $m"; done
 # Ports are named vport<virtio index>p<n>; find ours by name, as the agent must.
 port=
+raw=
 for i in $(seq 50); do
   for p in /sys/class/virtio-ports/*; do
     [ "$(cat $p/name 2>/dev/null)" = hearth.agent ] && port=/dev/${{p##*/}}
+    [ "$(cat $p/name 2>/dev/null)" = hearth.raw ] && raw=/dev/${{p##*/}}
   done
-  [ -n "$port" ] && [ -e /sys/block/vdb ] && break; sleep 0.1
+  [ -n "$port" ] && [ -n "$raw" ] && [ -e /sys/block/vdb ] && break; sleep 0.1
 done
 echo "DISKS vda=$(cat /sys/block/vda/size) vdb=$(cat /sys/block/vdb/size) vdb_ro=$(cat /sys/block/vdb/ro)"
 echo "PORT $port"
 echo {MARKER}
 exec 3<>$port
 echo hello-from-guest >&3
+exec 4<>$raw
+echo hello-raw >&4
 exec sleep 1000
 "#,
         mods = names.join(" ")
@@ -113,6 +119,7 @@ async fn boot_console_channel_pause_resume_kill() {
     let dirs = TestDirs::new(id);
     let mut spec = small_spec(id, &fx.kernel, &initrd, &dirs);
     spec.cmdline.push("hearth.test=1".to_owned());
+    spec.raw_ports = vec!["hearth.raw".to_owned()];
     let (d0, d1) = (dirs.run_dir.join("d0.img"), dirs.run_dir.join("d1.img"));
     make_disk(&d0, 1 << 20);
     make_disk(&d1, 2 << 20);
@@ -149,6 +156,10 @@ async fn boot_console_channel_pause_resume_kill() {
     let agent = tokio::net::UnixStream::connect(vm.channel_path())
         .await
         .expect("connect agent socket");
+    let raw_path = RunFiles::raw_port(&spec.run_dir, "hearth.raw");
+    let raw = tokio::net::UnixStream::connect(&raw_path)
+        .await
+        .expect("connect raw port socket");
 
     let console = wait_for_text(vm.console_log(), MARKER, BOOT_TIMEOUT).await;
     let console = console.unwrap_or_else(|| {
@@ -169,6 +180,12 @@ async fn boot_console_channel_pause_resume_kill() {
     assert_eq!(
         hello.ok().and_then(Result::ok).flatten().as_deref(),
         Some("hello-from-guest")
+    );
+    let mut lines = tokio::io::BufReader::new(raw).lines();
+    let hello = tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await;
+    assert_eq!(
+        hello.ok().and_then(Result::ok).flatten().as_deref(),
+        Some("hello-raw")
     );
 
     let status = vm.query_status().await.expect("query-status");

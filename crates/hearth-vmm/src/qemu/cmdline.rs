@@ -54,7 +54,15 @@ impl RunFiles {
             pid_file: run_dir.join("qemu.pid"),
         }
     }
+
+    /// The host end of the raw port `name` (see [`VmSpec::raw_ports`]).
+    pub fn raw_port(run_dir: &Path, name: &str) -> PathBuf {
+        run_dir.join(format!("port-{name}.sock"))
+    }
 }
+
+/// Longest name of a raw port.
+const MAX_RAW_PORT_NAME: usize = 32;
 
 /// The name QEMU gets (`-name`, and the process name): it appears in
 /// `/proc/<pid>/cmdline`, which lets a restarted host agent find its VMs.
@@ -120,6 +128,19 @@ pub fn build_args(
         }
     }
 
+    for name in &spec.raw_ports {
+        let ok = !name.is_empty()
+            && name.len() <= MAX_RAW_PORT_NAME
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+            && name != AGENT_PORT_NAME;
+        if !ok {
+            return Err(invalid(format!(
+                "raw port name {name:?} must be 1-{MAX_RAW_PORT_NAME} characters of [a-z0-9.-] and not {AGENT_PORT_NAME:?}"
+            )));
+        }
+    }
     let files = RunFiles::new(&spec.run_dir);
     let kernel = utf8("kernel", &spec.kernel)?;
     let initrd = utf8("initrd", &spec.initrd)?;
@@ -127,7 +148,12 @@ pub fn build_args(
     let console = utf8("console log", &files.console_log)?;
     let agent_sock = utf8("agent socket", &files.agent_sock)?;
     let qmp_sock = utf8("qmp socket", &files.qmp_sock)?;
-    for sock in [&agent_sock, &qmp_sock] {
+    let raw_socks = spec
+        .raw_ports
+        .iter()
+        .map(|name| utf8("raw port socket", &RunFiles::raw_port(&spec.run_dir, name)))
+        .collect::<Result<Vec<_>, _>>()?;
+    for sock in [&agent_sock, &qmp_sock].into_iter().chain(&raw_socks) {
         if sock.len() > MAX_SOCKET_PATH {
             return Err(invalid(format!(
                 "socket path {sock:?} is longer than {MAX_SOCKET_PATH} bytes; use a shorter run_dir"
@@ -224,6 +250,16 @@ pub fn build_args(
         "-device",
         format!("virtserialport,chardev=agent,name={AGENT_PORT_NAME}"),
     );
+    for (i, (name, sock)) in spec.raw_ports.iter().zip(&raw_socks).enumerate() {
+        push(
+            "-chardev",
+            format!("socket,id=raw{i},path={},server=on,wait=off", escape(sock)),
+        );
+        push(
+            "-device",
+            format!("virtserialport,chardev=raw{i},name={name}"),
+        );
+    }
     push(
         "-chardev",
         format!(
@@ -270,6 +306,7 @@ mod tests {
             ],
             run_dir: "/run/hearth/vm1".into(),
             mem_path: "/dev/shm/hearth/vm1.mem".into(),
+            raw_ports: Vec::new(),
         }
     }
 
@@ -377,6 +414,27 @@ mod tests {
     }
 
     #[test]
+    fn raw_ports_follow_the_agent_port() {
+        let mut s = spec();
+        s.raw_ports = vec!["hearth.raw".into()];
+        let got = build_args(&s, Accel::Tcg, Some(1)).unwrap_or_default();
+        let at = got
+            .iter()
+            .position(|a| a == "virtserialport,chardev=agent,name=hearth.agent")
+            .unwrap_or(0);
+        assert!(at > 0, "{got:?}");
+        assert_eq!(
+            &got[at + 1..at + 5],
+            [
+                "-chardev",
+                "socket,id=raw0,path=/run/hearth/vm1/port-hearth.raw.sock,server=on,wait=off",
+                "-device",
+                "virtserialport,chardev=raw0,name=hearth.raw",
+            ]
+        );
+    }
+
+    #[test]
     fn tcg_without_tsc_is_refused() {
         assert!(matches!(
             build_args(&spec(), Accel::Tcg, None),
@@ -387,7 +445,7 @@ mod tests {
     #[test]
     fn bad_specs_are_refused() {
         type Mutate = fn(&mut VmSpec);
-        let cases: [(&str, Mutate); 8] = [
+        let cases: [(&str, Mutate); 12] = [
             ("zero cpu", |s| s.cpu = MilliCpu(0)),
             ("zero memory", |s| s.memory = ByteSize(0)),
             ("partial MiB", |s| s.memory = ByteSize(ByteSize::MIB + 1)),
@@ -398,6 +456,12 @@ mod tests {
                 s.run_dir = PathBuf::from("/x".repeat(60))
             }),
             ("empty kernel", |s| s.kernel = PathBuf::new()),
+            ("empty raw port", |s| s.raw_ports.push(String::new())),
+            ("raw port with a comma", |s| s.raw_ports.push("a,b".into())),
+            ("raw port named like the agent's", |s| {
+                s.raw_ports.push(AGENT_PORT_NAME.into())
+            }),
+            ("long raw port name", |s| s.raw_ports.push("x".repeat(33))),
         ];
         for (what, mutate) in cases {
             let mut s = spec();

@@ -118,7 +118,13 @@ impl Qemu {
         // earlier VM in the same directory must go first. A stale memory file
         // must go too: QEMU would map it as is, and a cold boot must neither
         // start from nor reveal another VM's memory.
-        for stale in [&files.qmp_sock, &files.agent_sock, &spec.mem_path] {
+        let raw_socks: Vec<PathBuf> = spec
+            .raw_ports
+            .iter()
+            .map(|name| RunFiles::raw_port(&spec.run_dir, name))
+            .collect();
+        let stale_files = [&files.qmp_sock, &files.agent_sock, &spec.mem_path];
+        for stale in stale_files.into_iter().chain(&raw_socks) {
             match std::fs::remove_file(stale) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(run_dir_err(stale)(e)),
                 _ => {}
