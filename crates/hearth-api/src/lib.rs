@@ -25,6 +25,7 @@ pub mod boxes;
 mod de;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod nested;
 mod openapi;
 pub mod quota;
@@ -38,6 +39,7 @@ pub use boxes::{
 };
 pub use error::{parse_body, ApiError, CreationFailure, ErrorBody, ErrorDetail, QuotaKind};
 pub use exec::{ClientFrame, ExecuteRequest, ExecuteResponse, ServerFrame};
+pub use files::{GlobRequest, GlobResponse, GrepRequest, GrepResponse};
 pub use nested::RunConfig;
 pub use openapi::openapi;
 pub use quota::{Quotas, Usage};

@@ -15,6 +15,7 @@ use crate::boxes::{
 };
 use crate::error::ErrorBody;
 use crate::exec::{ClientFrame, ExecuteRequest, ExecuteResponse, ServerFrame};
+use crate::files::{GlobRequest, GlobResponse, GrepRequest, GrepResponse};
 use crate::snapshots::{ListSnapshotsResponse, SnapshotResponse, SnapshotsByNameResponse};
 
 /// The OpenAPI 3.1 document as JSON.
@@ -41,7 +42,15 @@ pub fn openapi() -> serde_json::Value {
     serde_json::to_value(&doc).expect("an OpenAPI document always serializes")
 }
 
-const DATAPLANE_PATHS: &[&str] = &["/execute", "/execute/ws", "/upload", "/download", "/tunnel"];
+const DATAPLANE_PATHS: &[&str] = &[
+    "/execute",
+    "/execute/ws",
+    "/upload",
+    "/download",
+    "/glob",
+    "/grep",
+    "/tunnel",
+];
 
 #[derive(OpenApi)]
 #[openapi(
@@ -57,7 +66,7 @@ const DATAPLANE_PATHS: &[&str] = &["/execute", "/execute/ws", "/upload", "/downl
     paths(
         create_box, list_boxes, get_box, update_box, delete_box, box_status, start_box, stop_box,
         list_snapshots, get_snapshot, snapshots_by_name,
-        execute, execute_ws, upload, download, tunnel,
+        execute, execute_ws, upload, download, glob, grep, tunnel,
     ),
     components(schemas(ClientFrame, ServerFrame, ErrorBody)),
     modifiers(&ApiKeyAuth),
@@ -318,12 +327,24 @@ fn execute_ws() {}
 #[allow(dead_code)]
 fn upload() {}
 
-/// Read a file's bytes.
+/// Read a file's bytes (`HEAD`: only its size and validators).
+///
+/// Honours one `Range` (206, or 416 past the end), answers with `ETag` and
+/// `Last-Modified`, 304 when `If-None-Match` names the current version, and
+/// the whole file (200) when an `If-Range` no longer holds.
 #[utoipa::path(
     get, path = "/download", tag = "dataplane",
-    params(("path" = String, Query, description = "Path in the sandbox")),
+    params(
+        ("path" = String, Query, description = "Path in the sandbox"),
+        ("Range" = Option<String>, Header, description = "bytes=a-b, bytes=a- or bytes=-n"),
+        ("If-Range" = Option<String>, Header, description = "ETag or Last-Modified the range belongs to"),
+        ("If-None-Match" = Option<String>, Header, description = "ETags the client holds"),
+    ),
     responses(
         (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 206, description = "The requested range", content_type = "application/octet-stream"),
+        (status = 304, description = "Unchanged since the ETag in If-None-Match"),
+        (status = 416, description = "The range starts past the end of the file", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
         (status = 404, description = "No such file (error FileNotFound)", body = ErrorBody),
@@ -333,6 +354,38 @@ fn upload() {}
 )]
 #[allow(dead_code)]
 fn download() {}
+
+/// Find files and directories whose path relative to `path` matches a glob.
+#[utoipa::path(
+    post, path = "/glob", tag = "dataplane",
+    request_body = GlobRequest,
+    responses(
+        (status = 200, description = "Matches; check truncated", body = GlobResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 404, description = "No such directory (error FileNotFound)", body = ErrorBody),
+        (status = 422, description = "Bad pattern, path or limit"),
+        (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn glob() {}
+
+/// Find lines holding a literal text in the files under `path`.
+#[utoipa::path(
+    post, path = "/grep", tag = "dataplane",
+    request_body = GrepRequest,
+    responses(
+        (status = 200, description = "Matching lines; check truncated", body = GrepResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 404, description = "No such file or directory (error FileNotFound)", body = ErrorBody),
+        (status = 422, description = "Bad pattern, glob, path or limit"),
+        (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn grep() {}
 
 /// TCP tunnel: a binary WebSocket carrying a yamux session. Each yamux
 /// stream starts with `0x01` and the target port (u16, big-endian); the

@@ -1,6 +1,6 @@
 //! The data plane at each sandbox's `dataplane_url`
 //! (`{public_url}/dataplane/{sandbox_id}`): exec over WebSocket and HTTP,
-//! file upload and download, and the TCP tunnel. Every request is
+//! file upload, download and search (glob, grep), and the TCP tunnel. Every request is
 //! authenticated and authorized here, wakes a stopped sandbox, and counts as
 //! activity for its idle timer.
 
@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Multipart, Path, Query, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_api::{ApiError, ExecuteRequest, ExecuteResponse};
+use hearth_api::{
+    ApiError, ExecuteRequest, ExecuteResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
+};
 use hearth_db::Timestamp;
 use hearth_guest_proto::{ExecErrorType, ExecRequest};
 use hearth_host::api::RunConfig as HostRunConfig;
@@ -173,21 +175,91 @@ pub async fn upload(
     }
 }
 
-/// `GET|HEAD {dp}/download?path=`: the file's bytes, with `Range` support.
+/// `GET|HEAD {dp}/download?path=`: the file's bytes, with `Range`, `ETag`
+/// and the conditional headers (see [`hearth_host::api::serve_download`]).
 pub async fn download(
     State(c): State<Arc<Control>>,
     who: Principal,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
+    method: Method,
     headers: HeaderMap,
 ) -> HttpResult<Response> {
     let (_row, guest) = c.runtime(&who, &id).await?;
     Ok(
-        match hearth_host::api::serve_download(&guest, &q.path, &headers).await {
+        match hearth_host::api::serve_download(&guest, &q.path, &method, &headers).await {
             Ok(resp) => resp,
             Err(e) => e.into_response(),
         },
     )
+}
+
+/// A failed guest search as the API error the SDK expects: a missing path
+/// is the file 404 (`ResourceNotFoundError`), a bad pattern or a path that
+/// is not a directory is a 422 on that field.
+fn search_error(e: hearth_host::GuestError, path: &str, pattern_field: &str) -> HttpError {
+    use hearth_guest_proto::OpErrorKind as K;
+    match e.op_kind() {
+        Some(K::NotFound) => ApiError::file_not_found(path),
+        Some(K::NotADirectory) => {
+            ApiError::validation("path", format!("{path} is not a directory"))
+        }
+        Some(K::BadRequest) => ApiError::validation(pattern_field, e.to_string()),
+        Some(K::PermissionDenied) => ApiError::new(403, "PermissionDenied", e.to_string()),
+        _ => ApiError::new(500, "SearchError", e.to_string()),
+    }
+    .into()
+}
+
+/// `POST {dp}/glob`: entries under a directory matching a glob.
+pub async fn glob(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    crate::extract::JsonBody(body): crate::extract::JsonBody,
+) -> HttpResult<Json<GlobResponse>> {
+    let req: GlobRequest = hearth_api::parse_body(&body)?;
+    let limit = req.validate()?;
+    let (_row, guest) = c.runtime(&who, &id).await?;
+    let (found, truncated) = guest
+        .glob(&req.path, &req.pattern, limit)
+        .await
+        .map_err(|e| search_error(e, &req.path, "pattern"))?;
+    let matches = found
+        .into_iter()
+        .map(|m| hearth_api::files::FileInfo {
+            path: m.path,
+            is_dir: m.is_dir,
+            size_bytes: m.size,
+            modified_at: Timestamp::from_unix_ms(m.mtime.saturating_mul(1000)).to_rfc3339(),
+        })
+        .collect();
+    Ok(Json(GlobResponse { matches, truncated }))
+}
+
+/// `POST {dp}/grep`: lines holding a literal text under a path.
+pub async fn grep(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    crate::extract::JsonBody(body): crate::extract::JsonBody,
+) -> HttpResult<Json<GrepResponse>> {
+    let req: GrepRequest = hearth_api::parse_body(&body)?;
+    let limit = req.validate()?;
+    let (_row, guest) = c.runtime(&who, &id).await?;
+    let (found, truncated) = guest
+        .grep(&req.path, &req.pattern, req.glob.as_deref(), limit)
+        .await
+        .map_err(|e| search_error(e, &req.path, "glob"))?;
+    let matches = found
+        .into_iter()
+        .map(|m| hearth_api::files::GrepMatch {
+            path: m.path,
+            line: m.line,
+            text: m.text,
+        })
+        .collect();
+    Ok(Json(GrepResponse { matches, truncated }))
 }
 
 /// `GET {dp}/tunnel`: yamux over WebSocket to guest ports.

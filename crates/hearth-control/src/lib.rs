@@ -276,6 +276,8 @@ pub fn router(control: Arc<Control>) -> Router {
             post(dataplane::upload).layer(DefaultBodyLimit::disable()),
         )
         .route("/dataplane/{id}/download", get(dataplane::download))
+        .route("/dataplane/{id}/glob", post(dataplane::glob))
+        .route("/dataplane/{id}/grep", post(dataplane::grep))
         .route("/dataplane/{id}/tunnel", get(dataplane::tunnel));
     Router::new()
         .nest("/api/v2/sandboxes", api.clone())

@@ -144,6 +144,32 @@ impl Env {
         )
     }
 
+    /// A request with extra headers; the raw answer.
+    async fn fetch(
+        &self,
+        method: Method,
+        path: &str,
+        key: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("x-api-key", key);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = resp.into_parts();
+        let bytes = axum::body::to_bytes(body, 64 << 20).await.unwrap();
+        (parts.status, parts.headers, bytes.to_vec())
+    }
+
     async fn create(&self, key: &str, body: Value) -> (StatusCode, Value) {
         self.call(
             Method::POST,
@@ -285,6 +311,192 @@ async fn validation_and_errors(e: &Env) {
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
 }
 
+/// `/glob`, `/grep` and `/download`'s validators, `HEAD` and conditions,
+/// against a real guest.
+async fn search_and_conditional_download(e: &Env, a: &str, id: &str) {
+    let dp = format!("/dataplane/{id}");
+    let (s, v) = e
+        .call(
+            Method::POST,
+            &format!("{dp}/execute"),
+            Some(a),
+            Some(
+                json!({"command": "mkdir -p /srv/t/sub/deep && cd /srv/t && \
+                printf 'alpha\nneedle one\n' > a.py && printf 'needle two\n' > sub/b.py && \
+                printf 'needle\\0bin' > sub/c.bin && printf 'x needle\n' > sub/deep/d.txt && \
+                printf '0123456789' > digits"}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (s, v["exit_code"].as_i64()),
+        (StatusCode::OK, Some(0)),
+        "{v}"
+    );
+
+    let glob_url = format!("{dp}/glob");
+    let glob = |body: Value| e.call(Method::POST, &glob_url, Some(a), Some(body));
+    let (s, v) = glob(json!({"pattern": "**/*.py", "path": "/srv/t"})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let paths: Vec<&str> = v["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["/srv/t/a.py", "/srv/t/sub/b.py"], "{v}");
+    assert_eq!(v["truncated"], false);
+    let first = &v["matches"][0];
+    assert_eq!(
+        (first["is_dir"].as_bool(), first["size_bytes"].as_u64()),
+        (Some(false), Some(17))
+    );
+    assert!(
+        first["modified_at"]
+            .as_str()
+            .is_some_and(|t| t.contains('T')),
+        "{v}"
+    );
+    // `ls` is glob "*": immediate entries only, directories flagged.
+    let (_, v) = glob(json!({"pattern": "*", "path": "/srv/t", "limit": 2})).await;
+    assert_eq!(v["matches"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(v["truncated"], true, "{v}");
+    let (_, v) = glob(json!({"pattern": "sub", "path": "/srv/t"})).await;
+    assert_eq!(v["matches"][0]["is_dir"], true, "{v}");
+    // Errors: a missing directory is the file 404; bad fields are 422.
+    let (s, v) = glob(json!({"pattern": "*", "path": "/srv/none"})).await;
+    assert_eq!(
+        (s, error_of(&v)),
+        (StatusCode::NOT_FOUND, "FileNotFound"),
+        "{v}"
+    );
+    for (body, field) in [
+        (json!({"pattern": "", "path": "/srv/t"}), "pattern"),
+        (
+            json!({"pattern": "*", "path": "/srv/t", "limit": 0}),
+            "limit",
+        ),
+        (json!({"pattern": "a**", "path": "/srv/t"}), "pattern"),
+        (json!({"pattern": "*", "path": "/srv/t/a.py"}), "path"),
+    ] {
+        let (s, v) = glob(body).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+        assert_eq!(validation_field(&v), field, "{v}");
+    }
+    let (s, v) = glob(json!({"pattern": 5, "path": "/srv/t"})).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+
+    let grep_url = format!("{dp}/grep");
+    let grep = |body: Value| e.call(Method::POST, &grep_url, Some(a), Some(body));
+    let (s, v) = grep(json!({"pattern": "needle", "path": "/srv/t"})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let hits: Vec<(String, u64, String)> = v["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["path"].as_str().unwrap_or("").to_owned(),
+                m["line"].as_u64().unwrap_or(0),
+                m["text"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let want = [
+        ("/srv/t/a.py", 2, "needle one"),
+        ("/srv/t/sub/b.py", 1, "needle two"),
+        ("/srv/t/sub/deep/d.txt", 1, "x needle"),
+    ]
+    .map(|(p, l, t)| (p.to_owned(), l, t.to_owned()));
+    assert_eq!(hits, want, "binary files are skipped: {v}");
+    let (_, v) = grep(json!({"pattern": "needle", "path": "/srv/t", "glob": "*.py"})).await;
+    assert_eq!(v["matches"].as_array().map(Vec::len), Some(2), "{v}");
+    let (_, v) = grep(json!({"pattern": "needle", "path": "/srv/t", "limit": 1})).await;
+    assert_eq!(
+        (v["matches"].as_array().map(Vec::len), &v["truncated"]),
+        (Some(1), &json!(true))
+    );
+    let (s, v) = grep(json!({"pattern": "", "path": "/srv/t"})).await;
+    assert_eq!(
+        (s, validation_field(&v)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "pattern".into())
+    );
+    let (s, v) = grep(json!({"pattern": "x", "path": "/srv/none"})).await;
+    assert_eq!(
+        (s, error_of(&v)),
+        (StatusCode::NOT_FOUND, "FileNotFound"),
+        "{v}"
+    );
+
+    // Download validators and conditions.
+    let file = format!("{dp}/download?path=/srv/t/digits");
+    let (s, h, body) = e.fetch(Method::HEAD, &file, a, &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(body.is_empty(), "HEAD has no body");
+    assert_eq!(h["content-length"], "10");
+    let etag = h["etag"].to_str().unwrap().to_owned();
+    assert!(etag.starts_with('"') && etag.ends_with('"'), "{etag}");
+    assert!(h["last-modified"].to_str().unwrap().ends_with("GMT"));
+    let (s, h, body) = e
+        .fetch(Method::GET, &file, a, &[("if-none-match", &etag)])
+        .await;
+    assert_eq!((s, body.len()), (StatusCode::NOT_MODIFIED, 0));
+    assert_eq!(h["etag"], etag.as_str());
+    let (s, h, body) = e
+        .fetch(
+            Method::GET,
+            &file,
+            a,
+            &[("range", "bytes=2-4"), ("if-range", &etag)],
+        )
+        .await;
+    assert_eq!(
+        (s, body.as_slice()),
+        (StatusCode::PARTIAL_CONTENT, &b"234"[..])
+    );
+    assert_eq!(
+        (&h["content-range"], &h["etag"]),
+        (&"bytes 2-4/10".parse().unwrap(), &etag.parse().unwrap())
+    );
+    // Rewritten: the old ETag no longer holds, so the whole new file comes back.
+    let (s, _) = e
+        .call(
+            Method::POST,
+            &format!("{dp}/execute"),
+            Some(a),
+            Some(json!({"command": "printf 'abcdefghijkl' > /srv/t/digits.new && mv /srv/t/digits.new /srv/t/digits"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, h, body) = e
+        .fetch(
+            Method::GET,
+            &file,
+            a,
+            &[("range", "bytes=2-4"), ("if-range", &etag)],
+        )
+        .await;
+    assert_eq!((s, body.as_slice()), (StatusCode::OK, &b"abcdefghijkl"[..]));
+    assert_ne!(h["etag"], etag.as_str());
+    let (s, _, body) = e
+        .fetch(Method::GET, &file, a, &[("if-none-match", &etag)])
+        .await;
+    assert_eq!((s, body.len()), (StatusCode::OK, 12));
+    let (s, _, _) = e
+        .fetch(Method::GET, &file, a, &[("range", "bytes=50-")])
+        .await;
+    assert_eq!(s, StatusCode::RANGE_NOT_SATISFIABLE);
+    let (s, _, _) = e
+        .fetch(
+            Method::HEAD,
+            &format!("{dp}/download?path=/srv/none"),
+            a,
+            &[],
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
 async fn lifecycle(e: &Env) {
     let a = e.admin.as_str();
     let (s, sb) = e
@@ -408,6 +620,8 @@ async fn lifecycle(e: &Env) {
         )
         .await;
     assert_eq!((s, error_of(&v)), (StatusCode::NOT_FOUND, "FileNotFound"));
+
+    search_and_conditional_download(e, a, &id).await;
 
     // List with filters and a cursor.
     let (s, v) = e.create(a, json!({"name": "box-two", "snapshot": "busybox", "labels": {"team": "b"}, "wait_for_ready": false})).await;

@@ -77,6 +77,28 @@ pub enum Request {
         #[serde(default)]
         recursive: bool,
     },
+    /// Entries under the directory `path` whose path relative to it matches
+    /// the glob `pattern` (`**` spans directories; `*`, `?`, `[…]` stay in
+    /// one segment). The guest answers `GlobMatches` batches, then
+    /// `Searched`.
+    Glob {
+        path: String,
+        pattern: String,
+        /// At most this many matches (more → `truncated`).
+        limit: u32,
+    },
+    /// Lines holding the literal `pattern` in the files under `path` (or in
+    /// the file `path`), optionally only files matching `glob` (a pattern
+    /// without `/` or `**` matches the base name at any depth). Binary
+    /// files are skipped. The guest answers `GrepMatches` batches, then
+    /// `Searched`.
+    Grep {
+        path: String,
+        pattern: String,
+        #[serde(default)]
+        glob: Option<String>,
+        limit: u32,
+    },
     /// Connect to a TCP port inside the guest; then `Data` flows both ways.
     TcpDial {
         port: u16,
@@ -297,10 +319,16 @@ impl OpError {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
     Ok,
-    /// First reply to `ReadFile`: the bytes that will follow.
+    /// First reply to `ReadFile`: the bytes that will follow, and the
+    /// version of the file they come from (of the open file, so it cannot
+    /// race a rename).
     FileInfo {
         size: u64,
         length: u64,
+        #[serde(default)]
+        mtime_ns: i64,
+        #[serde(default)]
+        ino: u64,
     },
     Written {
         bytes: u64,
@@ -312,7 +340,48 @@ pub enum Reply {
     Connected,
     Info(GuestInfo),
     Error(OpError),
+    /// Some results of a `Glob`; more batches may follow.
+    GlobMatches {
+        matches: Vec<GlobMatch>,
+    },
+    /// Some results of a `Grep`; more batches may follow.
+    GrepMatches {
+        matches: Vec<GrepMatch>,
+    },
+    /// The last reply to `Glob` or `Grep`. `truncated`: the limit, the
+    /// guest's deadline or its walk budget cut the search short.
+    Searched {
+        truncated: bool,
+    },
 }
+
+/// One entry found by `Glob`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GlobMatch {
+    /// Absolute path.
+    pub path: String,
+    pub is_dir: bool,
+    pub size: u64,
+    /// Modification time, unix seconds.
+    pub mtime: i64,
+}
+
+/// One line found by `Grep`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GrepMatch {
+    /// Absolute path of the file.
+    pub path: String,
+    /// 1-based line number.
+    pub line: u64,
+    /// The line without its newline, lossily UTF-8, cut at
+    /// [`GREP_MAX_LINE`] bytes.
+    pub text: String,
+}
+
+/// Longest line text a `GrepMatch` carries.
+pub const GREP_MAX_LINE: usize = 1024;
+/// Largest `limit` a `Glob` or `Grep` may ask for.
+pub const SEARCH_MAX_LIMIT: u32 = 10_000;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FileStat {
@@ -322,6 +391,12 @@ pub struct FileStat {
     pub size: u64,
     pub mode: u32,
     pub mtime: i64,
+    /// Modification time in nanoseconds and inode number: with `size`, the
+    /// file's version (the host derives HTTP validators from them).
+    #[serde(default)]
+    pub mtime_ns: i64,
+    #[serde(default)]
+    pub ino: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

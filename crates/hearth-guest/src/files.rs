@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::users;
 
-fn resolve(path: &str) -> Result<PathBuf, OpError> {
+pub(crate) fn resolve(path: &str) -> Result<PathBuf, OpError> {
     if path.is_empty() || path.contains('\0') {
         return Err(OpError::new(
             OpErrorKind::InvalidPath,
@@ -55,37 +55,50 @@ fn stat_of(path: &Path, meta: &std::fs::Metadata) -> FileStat {
         size: meta.len(),
         mode: meta.permissions().mode() & 0o7777,
         mtime: meta.mtime(),
+        mtime_ns: mtime_ns(meta),
+        ino: meta.ino(),
     }
+}
+
+/// Modification time in nanoseconds since the epoch.
+pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
+    meta.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec())
 }
 
 pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option<u64>) {
     let result = async {
         let p = resolve(&path)?;
         let io = |e: std::io::Error| OpError::from_io(&e, &p.to_string_lossy());
-        let meta = tokio::fs::metadata(&p).await.map_err(io)?;
+        // Open, then describe the open file: the size and version sent
+        // are those of the bytes that follow, even if the path is replaced.
+        let mut f = tokio::fs::File::open(&p).await.map_err(io)?;
+        let meta = f.metadata().await.map_err(io)?;
         if meta.is_dir() {
             return Err(OpError::new(
                 OpErrorKind::IsADirectory,
                 format!("{path} is a directory"),
             ));
         }
-        let mut f = tokio::fs::File::open(&p).await.map_err(io)?;
         let size = meta.len();
         let start = offset.min(size);
         let len = length.map_or(size - start, |l| l.min(size - start));
         f.seek(std::io::SeekFrom::Start(start)).await.map_err(io)?;
-        Ok((f, size, len))
+        let info = Reply::FileInfo {
+            size,
+            length: len,
+            mtime_ns: mtime_ns(&meta),
+            ino: meta.ino(),
+        };
+        Ok((f, info, len))
     }
     .await;
-    let (mut f, size, len) = match result {
+    let (mut f, info, len) = match result {
         Ok(v) => v,
         Err(e) => return reply(&stream, Reply::Error(e)).await,
     };
-    if stream
-        .send_ctl(&Reply::FileInfo { size, length: len })
-        .await
-        .is_err()
-    {
+    if stream.send_ctl(&info).await.is_err() {
         return;
     }
     let mut left = len;

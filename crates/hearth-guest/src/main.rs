@@ -11,6 +11,7 @@ mod files;
 mod init;
 mod net;
 mod reaper;
+mod search;
 mod sys;
 mod users;
 
@@ -147,6 +148,17 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         Request::List { path } => files::list(stream, path).await,
         Request::Mkdir { path, parents } => files::mkdir(stream, path, parents).await,
         Request::Remove { path, recursive } => files::remove(stream, path, recursive).await,
+        Request::Glob {
+            path,
+            pattern,
+            limit,
+        } => search::glob(stream, path, pattern, limit).await,
+        Request::Grep {
+            path,
+            pattern,
+            glob,
+            limit,
+        } => search::grep(stream, path, pattern, glob, limit).await,
         Request::TcpDial { port } => net::dial(stream, port).await,
         Request::Info => {
             let _ = stream.send_ctl(&Reply::Info(info(version))).await;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use hearth_guest_proto::{
     decode_output, host_handshake, ExecErrorType, ExecEvent, ExecInput, ExecRequest, FileStat,
-    FrameCodec, GuestInfo, Incoming, Mux, OpError, OpErrorKind, OutputChannel, PtySize, Reply,
-    Request, Role, Stream, StreamReceiver, StreamSender,
+    FrameCodec, GlobMatch, GrepMatch, GuestInfo, Incoming, Mux, OpError, OpErrorKind,
+    OutputChannel, PtySize, Reply, Request, Role, Stream, StreamReceiver, StreamSender,
 };
 use tokio::net::UnixStream;
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -159,14 +159,92 @@ impl GuestClient {
             })
             .await?;
         match recv_reply(&mut s.receiver).await? {
-            Reply::FileInfo { size, length } => Ok(FileReader {
+            Reply::FileInfo {
                 size,
                 length,
+                mtime_ns,
+                ino,
+            } => Ok(FileReader {
+                size,
+                length,
+                version: FileVersion {
+                    size,
+                    mtime_ns,
+                    ino,
+                },
                 received: 0,
                 stream: s,
             }),
             Reply::Error(e) => Err(GuestError::Op(e)),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Entries under the directory `path` matching the glob `pattern`;
+    /// (matches, truncated). See [`Request::Glob`].
+    pub async fn glob(
+        &self,
+        path: &str,
+        pattern: &str,
+        limit: u32,
+    ) -> Result<(Vec<GlobMatch>, bool), GuestError> {
+        let req = Request::Glob {
+            path: path.into(),
+            pattern: pattern.into(),
+            limit,
+        };
+        self.search(&req, limit, |r| match r {
+            Reply::GlobMatches { matches } => Ok(matches),
+            other => Err(other),
+        })
+        .await
+    }
+
+    /// Lines holding the literal `pattern` under `path`; (matches,
+    /// truncated). See [`Request::Grep`].
+    pub async fn grep(
+        &self,
+        path: &str,
+        pattern: &str,
+        glob: Option<&str>,
+        limit: u32,
+    ) -> Result<(Vec<GrepMatch>, bool), GuestError> {
+        let req = Request::Grep {
+            path: path.into(),
+            pattern: pattern.into(),
+            glob: glob.map(str::to_owned),
+            limit,
+        };
+        self.search(&req, limit, |r| match r {
+            Reply::GrepMatches { matches } => Ok(matches),
+            other => Err(other),
+        })
+        .await
+    }
+
+    /// Collects batches until `Searched`. The guest is not trusted to keep
+    /// its limit: anything past `limit` is dropped and reported truncated.
+    async fn search<T>(
+        &self,
+        req: &Request,
+        limit: u32,
+        batch: fn(Reply) -> Result<Vec<T>, Reply>,
+    ) -> Result<(Vec<T>, bool), GuestError> {
+        let limit = limit as usize;
+        let mut s = self.request(req).await?;
+        let mut found = Vec::new();
+        let mut over = false;
+        loop {
+            match recv_reply(&mut s.receiver).await? {
+                Reply::Searched { truncated } => return Ok((found, truncated || over)),
+                Reply::Error(e) => return Err(GuestError::Op(e)),
+                other => {
+                    let items = batch(other).map_err(|r| unexpected(&r))?;
+                    let room = limit.saturating_sub(found.len());
+                    over |= items.len() > room;
+                    found.extend(items.into_iter().take(room));
+                }
+            }
         }
     }
 
@@ -426,12 +504,47 @@ impl ExecControl {
     }
 }
 
+/// Which version of a file some bytes or metadata describe: a rewrite in
+/// place changes the mtime, a replacement (rename over it) the inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileVersion {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ino: u64,
+}
+
+impl FileVersion {
+    pub fn of(stat: &FileStat) -> Self {
+        Self {
+            size: stat.size,
+            mtime_ns: stat.mtime_ns,
+            ino: stat.ino,
+        }
+    }
+
+    /// A strong HTTP entity tag (quoted), opaque to clients.
+    pub fn etag(&self) -> String {
+        format!(
+            "\"{:x}-{:x}-{:x}\"",
+            self.ino, self.size, self.mtime_ns as u64
+        )
+    }
+
+    /// The modification time as an HTTP-date (second resolution).
+    pub fn last_modified(&self) -> String {
+        let secs = self.mtime_ns.max(0) as u64 / 1_000_000_000;
+        httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+    }
+}
+
 /// Bytes of a file being read from the guest.
 pub struct FileReader {
     /// Size of the whole file.
     pub size: u64,
     /// Bytes this read will deliver.
     pub length: u64,
+    /// The version of the file the bytes come from.
+    pub version: FileVersion,
     received: u64,
     stream: Stream,
 }

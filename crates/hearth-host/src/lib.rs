@@ -14,6 +14,6 @@ pub mod guest;
 pub mod host;
 pub mod vm;
 
-pub use guest::{ExecHandle, ExecOutput, ExecUpdate, GuestClient, GuestError};
+pub use guest::{ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError};
 pub use host::{error_chain, CreateVm, Host, HostConfig, HostError};
 pub use vm::{Vm, VmRecord, VmState};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
@@ -14,7 +14,7 @@ use hearth_guest_proto::FileStat;
 use serde::Deserialize;
 
 use super::{guest_call, no_content, ApiError, Query, VmPath};
-use crate::guest::{FileReader, GuestClient};
+use crate::guest::{FileReader, FileVersion, GuestClient};
 use crate::host::Host;
 
 #[derive(Deserialize)]
@@ -128,36 +128,96 @@ fn unsatisfiable(size: u64) -> Response {
     resp
 }
 
-/// `GET /v1/vms/{id}/files?path=P`: the file's bytes, streamed from the
-/// guest; honours a single `Range`.
+/// `GET|HEAD /v1/vms/{id}/files?path=P`: the file's bytes, streamed from
+/// the guest; honours a single `Range` and the validators (see
+/// [`serve_download`]).
 pub(super) async fn download(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
     Query(q): Query<PathQuery>,
+    method: Method,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let guest = host.guest(id)?;
-    serve_download(&guest, &q.path, &headers).await
+    serve_download(&guest, &q.path, &method, &headers).await
 }
 
-/// A file of the guest as an HTTP response: 200 with the whole file, or
-/// 206/416 for a single `Range` in `headers`. The public data plane's
-/// `/download` uses this too.
+/// Whether an `If-None-Match` / `If-Range` entity-tag list names `etag`
+/// (`*` names any). Weak tags compare by their opaque part, as RFC 9110's
+/// weak comparison does for `If-None-Match`.
+fn etag_listed(list: &str, etag: &str) -> bool {
+    list.split(',')
+        .map(|t| t.trim())
+        .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
+}
+
+/// Whether an `If-Range` value still holds: a strong entity tag equal to
+/// the current one, or an HTTP-date equal to its Last-Modified.
+fn if_range_holds(value: &str, version: &FileVersion) -> bool {
+    let value = value.trim();
+    if value.starts_with('"') {
+        value == version.etag()
+    } else {
+        value == version.last_modified()
+    }
+}
+
+/// A file of the guest as an HTTP response, shared with the public data
+/// plane's `/download`:
+/// - `GET`: 200 with the whole file, or 206/416 for a single `Range`;
+/// - `HEAD`: the headers of the 200 without the bytes;
+/// - every answer carries `ETag` and `Last-Modified` for the version
+///   served; `If-None-Match` naming the current version answers 304, and a
+///   `Range` with an `If-Range` that no longer holds is ignored (200 with
+///   the whole file: the client restarts instead of splicing versions).
 pub async fn serve_download(
     guest: &crate::guest::GuestClient,
     path: &str,
+    method: &Method,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let range = headers
-        .get(header::RANGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_range);
-    let open = |offset, length| guest_call(guest.read_file(path, offset, length));
-    let Some(range) = range else {
-        let reader = open(0, None).await?;
-        return Ok(file_response(reader, None));
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
     };
-    let (start, reader) = match range {
+    let if_none_match = text(header::IF_NONE_MATCH);
+    let if_range = text(header::IF_RANGE);
+    let head = method == Method::HEAD;
+    let mut range = if head {
+        None
+    } else {
+        text(header::RANGE).and_then(parse_range)
+    };
+    let open = |offset, length| guest_call(guest.read_file(path, offset, length));
+
+    // Conditions need the current version before choosing what to send: a
+    // zero-length read describes the file as a real read would.
+    let mut expect = None;
+    if head || if_none_match.is_some() || (range.is_some() && if_range.is_some()) {
+        let probe = open(0, Some(0)).await?;
+        let version = probe.version;
+        if if_none_match.is_some_and(|l| etag_listed(l, &version.etag())) {
+            return Ok(not_modified(&version));
+        }
+        if head {
+            let mut resp = Response::new(Body::empty());
+            file_headers(resp.headers_mut(), &version, probe.size);
+            return Ok(resp);
+        }
+        if let Some(cond) = if_range {
+            if if_range_holds(cond, &version) {
+                expect = Some(version);
+            } else {
+                range = None;
+            }
+        }
+    }
+
+    let Some(r) = range else {
+        return Ok(file_response(open(0, None).await?, None));
+    };
+    let (start, reader) = match r {
         ByteRange::Bounded(a, b) => (a, open(a, Some((b - a).saturating_add(1))).await?),
         ByteRange::From(a) => (a, open(a, None).await?),
         ByteRange::Suffix(n) => {
@@ -169,23 +229,49 @@ pub async fn serve_download(
             (start, open(start, None).await?)
         }
     };
+    if expect.is_some_and(|v| v != reader.version) {
+        // Replaced between the check and the read: the range no longer
+        // belongs to the version the client holds.
+        drop(reader);
+        return Ok(file_response(open(0, None).await?, None));
+    }
     if start >= reader.size || reader.length == 0 {
         return Ok(unsatisfiable(reader.size));
     }
     Ok(file_response(reader, Some(start)))
 }
 
-/// A 200 (or 206 for a range starting at `start`) streaming the reader.
-fn file_response(reader: FileReader, start: Option<u64>) -> Response {
-    let (size, length) = (reader.size, reader.length);
-    let mut resp = Response::new(file_body(reader));
-    let h = resp.headers_mut();
+fn file_headers(h: &mut HeaderMap, version: &FileVersion, length: u64) {
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    validators(h, version);
+}
+
+fn validators(h: &mut HeaderMap, version: &FileVersion) {
+    if let Ok(v) = HeaderValue::from_str(&version.etag()) {
+        h.insert(header::ETAG, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&version.last_modified()) {
+        h.insert(header::LAST_MODIFIED, v);
+    }
+}
+
+fn not_modified(version: &FileVersion) -> Response {
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::NOT_MODIFIED;
+    validators(resp.headers_mut(), version);
+    resp
+}
+
+/// A 200 (or 206 for a range starting at `start`) streaming the reader.
+fn file_response(reader: FileReader, start: Option<u64>) -> Response {
+    let (size, length, version) = (reader.size, reader.length, reader.version);
+    let mut resp = Response::new(file_body(reader));
+    file_headers(resp.headers_mut(), &version, length);
     if let Some(start) = start {
         *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
         let end = start + length - 1;

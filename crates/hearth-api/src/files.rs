@@ -1,0 +1,170 @@
+//! Data-plane filesystem search: `POST /glob` and `POST /grep` bodies and
+//! answers, as langsmith 0.15.1 sends and reads them (`Sandbox.glob`,
+//! `Sandbox.ls`, `Sandbox.grep`; `_models.py` `GlobResult`, `GrepResult`).
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::ApiError;
+
+/// Matches returned when the request names no `limit`.
+pub const DEFAULT_SEARCH_LIMIT: u32 = 1_000;
+/// Largest `limit` accepted.
+pub const MAX_SEARCH_LIMIT: u32 = 10_000;
+
+/// Body of `POST /glob`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GlobRequest {
+    /// Matched against each entry's path relative to `path`: `**` spans any
+    /// number of directories; `*`, `?` and `[...]` stay within one segment.
+    pub pattern: String,
+    /// Directory to search under (relative paths resolve from the run
+    /// user's home).
+    pub path: String,
+    /// Maximum matches (default 1000, at most 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<i64>,
+}
+
+/// Body of `POST /grep`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GrepRequest {
+    /// Literal text to find (not a regular expression).
+    pub pattern: String,
+    /// Directory (or file) to search.
+    pub path: String,
+    /// Only files matching this glob: without `/` or `**` it matches base
+    /// names at any depth, otherwise paths relative to `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub glob: Option<String>,
+    /// Maximum matches (default 1000, at most 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<i64>,
+}
+
+/// One entry of a [`GlobResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FileInfo {
+    /// Absolute path.
+    pub path: String,
+    pub is_dir: bool,
+    pub size_bytes: u64,
+    /// RFC 3339.
+    pub modified_at: String,
+}
+
+/// Answer of `POST /glob`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GlobResponse {
+    /// Matches in path order (depth first, names sorted).
+    pub matches: Vec<FileInfo>,
+    /// The limit or the server's search budget cut the answer short.
+    pub truncated: bool,
+}
+
+/// One line of a [`GrepResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GrepMatch {
+    /// Absolute path of the file.
+    pub path: String,
+    /// 1-based line number.
+    pub line: u64,
+    /// The line, without its line ending, cut at 1 KiB.
+    pub text: String,
+}
+
+/// Answer of `POST /grep`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GrepResponse {
+    pub matches: Vec<GrepMatch>,
+    pub truncated: bool,
+}
+
+/// The effective limit, or a 422 naming the field.
+pub fn search_limit(limit: Option<i64>) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(DEFAULT_SEARCH_LIMIT),
+        Some(n) if (1..=i64::from(MAX_SEARCH_LIMIT)).contains(&n) => Ok(n as u32),
+        Some(n) => Err(ApiError::validation(
+            "limit",
+            format!("limit must be between 1 and {MAX_SEARCH_LIMIT}, got {n}"),
+        )),
+    }
+}
+
+fn required(field: &'static str, value: &str) -> Result<(), ApiError> {
+    if value.is_empty() {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must not be empty"),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must not contain NUL"),
+        ));
+    }
+    Ok(())
+}
+
+impl GlobRequest {
+    /// Checks the fields; returns the effective limit.
+    pub fn validate(&self) -> Result<u32, ApiError> {
+        required("pattern", &self.pattern)?;
+        required("path", &self.path)?;
+        search_limit(self.limit)
+    }
+}
+
+impl GrepRequest {
+    /// Checks the fields; returns the effective limit.
+    pub fn validate(&self) -> Result<u32, ApiError> {
+        required("pattern", &self.pattern)?;
+        required("path", &self.path)?;
+        if let Some(g) = &self.glob {
+            required("glob", g)?;
+        }
+        search_limit(self.limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_and_required_fields() {
+        let g = |pattern: &str, path: &str, limit| GlobRequest {
+            pattern: pattern.into(),
+            path: path.into(),
+            limit,
+        };
+        assert_eq!(
+            g("*", "/", None).validate().ok(),
+            Some(DEFAULT_SEARCH_LIMIT)
+        );
+        assert_eq!(g("*", "/", Some(5)).validate().ok(), Some(5));
+        for bad in [g("", "/", None), g("*", "", None), g("*", "/", Some(0))] {
+            assert_eq!(bad.validate().map_err(|e| e.status).err(), Some(422));
+        }
+        assert!(g("*", "/", Some(10_001)).validate().is_err());
+        let r = GrepRequest {
+            pattern: "x".into(),
+            path: "/".into(),
+            glob: Some(String::new()),
+            limit: None,
+        };
+        assert!(r.validate().is_err());
+    }
+
+    #[test]
+    fn sdk_bodies_parse() {
+        let g: GlobRequest = serde_json::from_str(r#"{"pattern":"*","path":"/tmp","limit":3}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(g.limit, Some(3));
+        let r: GrepRequest = serde_json::from_str(r#"{"pattern":"x","path":"/tmp","glob":"*.py"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.glob.as_deref(), Some("*.py"));
+    }
+}
