@@ -42,6 +42,7 @@ from langsmith.sandbox import (
     ResourceNotFoundError,
     SandboxAuthenticationError,
     SandboxClient,
+    SandboxOperationError,
     ValidationError,
 )
 
@@ -282,6 +283,65 @@ def test_write_read_10mib_binary_byte_exact():
     r = sb.run("sha256sum /home/user/random.bin")
     check(r.stdout.split()[:1] == [digest], f"in-sandbox sha256 {r.stdout!r}, expected {digest}")
     state["random_sha256"] = digest
+
+
+def test_stat_ranges_and_search():
+    sb = main_sandbox()
+    # stat (HEAD) and ranged reads with validators.
+    sb.write("/home/user/proj/digits.txt", b"0123456789")
+    st = sb.stat("/home/user/proj/digits.txt")
+    check(st.size_bytes == 10, f"stat size {st.size_bytes}")
+    check(st.etag and st.last_modified, f"stat validators {st!r}")
+    chunk = sb.read_range("/home/user/proj/digits.txt", start=2, end=4, if_range=st.etag)
+    check(
+        (chunk.content, chunk.partial, chunk.start, chunk.total_bytes) == (b"234", True, 2, 10),
+        f"range chunk {chunk!r}",
+    )
+    tail = sb.read_range("/home/user/proj/digits.txt", suffix_bytes=3)
+    check((tail.content, tail.start) == (b"789", 7), f"suffix chunk {tail!r}")
+    same = sb.read_range("/home/user/proj/digits.txt", start=0, if_none_match=st.etag)
+    check(same.unchanged and same.content == b"", f"unchanged chunk {same!r}")
+    sb.write("/home/user/proj/digits.txt", b"abcdefghijkl")
+    restarted = sb.read_range("/home/user/proj/digits.txt", start=2, if_range=st.etag)
+    check(
+        not restarted.partial and restarted.content == b"abcdefghijkl",
+        f"a rewrite must restart the read: {restarted!r}",
+    )
+    expect_error(SandboxOperationError, sb.read_range, "/home/user/proj/digits.txt", start=100)
+    expect_error(ResourceNotFoundError, sb.stat, "/home/user/proj/missing")
+
+    # ls / glob / grep.
+    sb.write("/home/user/proj/src/app.py", b"import os\nprint('hello needle')\n")
+    sb.write("/home/user/proj/src/lib/util.py", b"def f():\n    return 'needle'\n")
+    sb.write("/home/user/proj/README.md", b"no match\n")
+    names = sorted(f.path for f in sb.ls("/home/user/proj"))
+    check(
+        names
+        == ["/home/user/proj/README.md", "/home/user/proj/digits.txt", "/home/user/proj/src"],
+        f"ls {names}",
+    )
+    dirs = [f.path for f in sb.ls("/home/user/proj") if f.is_dir]
+    check(dirs == ["/home/user/proj/src"], f"ls dirs {dirs}")
+    py = sb.glob("**/*.py", "/home/user/proj")
+    check(
+        [f.path for f in py]
+        == ["/home/user/proj/src/app.py", "/home/user/proj/src/lib/util.py"]
+        and not py.truncated,
+        f"glob {py!r}",
+    )
+    hits = sb.grep("needle", "/home/user/proj", glob="*.py")
+    got = [(m.path, m.line, m.text) for m in hits]
+    check(
+        got
+        == [
+            ("/home/user/proj/src/app.py", 2, "print('hello needle')"),
+            ("/home/user/proj/src/lib/util.py", 2, "    return 'needle'"),
+        ],
+        f"grep {got}",
+    )
+    one = sb.grep("needle", "/home/user/proj", limit=1)
+    check(len(one) == 1 and one.truncated, f"grep limit {one!r}")
+    expect_error(ResourceNotFoundError, sb.glob, "*", "/home/user/nowhere")
 
 
 def test_stop_start_keeps_filesystem():
@@ -561,6 +621,7 @@ TESTS = [
     test_streaming_callbacks_arrive_in_order_with_stderr_separate,
     test_command_handle_streams_offsets_and_kill_ends_command,
     test_write_read_10mib_binary_byte_exact,
+    test_stat_ranges_and_search,
     test_stop_start_keeps_filesystem,
     test_tunnel_reaches_tcp_servers_in_sandbox,
     test_delete_then_get_is_not_found,
