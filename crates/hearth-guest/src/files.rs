@@ -4,13 +4,15 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use hearth_guest_proto::{
     FileKind, FileStat, Incoming, OpError, OpErrorKind, Reply, Stream, MAX_PAYLOAD,
 };
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
-use crate::users;
+use tokio::sync::mpsc;
+
+use crate::{sys, users};
 
 pub(crate) fn resolve(path: &str) -> Result<PathBuf, OpError> {
     if path.is_empty() || path.contains('\0') {
@@ -94,28 +96,20 @@ pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option
         Ok((f, info, len))
     }
     .await;
-    let (mut f, info, len) = match result {
+    let (f, info, len) = match result {
         Ok(v) => v,
         Err(e) => return reply(&stream, Reply::Error(e)).await,
     };
     if stream.send_ctl(&info).await.is_err() {
         return;
     }
-    let mut left = len;
-    let mut buf = vec![0u8; MAX_PAYLOAD];
-    while left > 0 {
-        let want = (left as usize).min(buf.len());
-        match f.read(&mut buf[..want]).await {
-            Ok(0) => break, // the file shrank meanwhile
-            Ok(n) => {
-                if stream
-                    .send_data(Bytes::copy_from_slice(&buf[..n]))
-                    .await
-                    .is_err()
-                {
-                    return;
+    let mut chunks = spawn_reader(f.into_std().await, len);
+    while let Some(chunk) = chunks.recv().await {
+        match chunk {
+            Ok(bytes) => {
+                if stream.send_data(bytes).await.is_err() {
+                    return; // dropping `chunks` ends the reader
                 }
-                left -= n as u64;
             }
             Err(e) => {
                 stream.sender.close(Some(&OpError::from_io(&e, &path)));
@@ -125,6 +119,36 @@ pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option
     }
     // Eof then (on drop) Close leave through the same ordered queue.
     let _ = stream.send_eof();
+}
+
+/// Reads `len` bytes from the file's position on one blocking thread, a
+/// few chunks ahead of the sender, each straight into the buffer that is
+/// sent (one copy out of the page cache, none in user space). Ends early
+/// at end of file (the file shrank meanwhile) or when the receiver is gone.
+fn spawn_reader(f: std::fs::File, len: u64) -> mpsc::Receiver<std::io::Result<Bytes>> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::task::spawn_blocking(move || {
+        let mut left = len;
+        while left > 0 {
+            let mut buf = BytesMut::new();
+            let want = left.min(MAX_PAYLOAD as u64) as usize;
+            match sys::read_into(&f, &mut buf, want) {
+                Ok(0) => return,
+                Ok(n) => {
+                    left -= n as u64;
+                    if tx.blocking_send(Ok(buf.freeze())).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    rx
 }
 
 pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {

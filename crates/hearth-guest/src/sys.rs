@@ -18,6 +18,27 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// Reads at most `max` bytes from `fd` into the spare capacity of `buf`
+/// (reserving it first), without zero-filling it: under emulation every pass
+/// over a payload is a large share of a transfer's cost. Returns the number
+/// of bytes read; 0 is end of file.
+pub fn read_into(fd: &impl AsRawFd, buf: &mut bytes::BytesMut, max: usize) -> io::Result<usize> {
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let want = spare.len().min(max);
+    // SAFETY: `spare` is valid for writes of `want` bytes; read(2) writes at
+    // most that many and reports how many it wrote, which are then
+    // initialized and may be exposed with set_len.
+    let n = unsafe { libc::read(fd.as_raw_fd(), spare.as_mut_ptr().cast(), want) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: the first `n` spare bytes were just initialized by read(2).
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 fn cstr(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in string"))
 }
