@@ -285,7 +285,7 @@ def test_write_read_10mib_binary_byte_exact():
     state["random_sha256"] = digest
 
 
-def test_stat_ranges_and_search():
+def test_stat_ranges_search_and_download_links():
     sb = main_sandbox()
     # stat (HEAD) and ranged reads with validators.
     sb.write("/home/user/proj/digits.txt", b"0123456789")
@@ -342,6 +342,22 @@ def test_stat_ranges_and_search():
     one = sb.grep("needle", "/home/user/proj", limit=1)
     check(len(one) == 1 and one.truncated, f"grep limit {one!r}")
     expect_error(ResourceNotFoundError, sb.glob, "*", "/home/user/nowhere")
+
+    # A download link: fetched with no credential, headers as minted.
+    link = sb.generate_download_url(
+        "/home/user/proj/src/app.py", content_type="text/plain", content_disposition="attachment"
+    )
+    check(link.token and link.token in link.download_url and link.expires_at is None, f"{link!r}")
+    with urllib.request.urlopen(link.download_url, timeout=60) as r:
+        body = r.read()
+        check(body == b"import os\nprint('hello needle')\n", f"link body {body!r}")
+        check(r.headers["Content-Type"] == "text/plain", f"link type {r.headers['Content-Type']}")
+        check(
+            r.headers["Content-Disposition"] == 'attachment; filename="app.py"',
+            f"link disposition {r.headers['Content-Disposition']}",
+        )
+    timed = sb.generate_download_url("/home/user/proj/src/app.py", expires_in_seconds=600)
+    check(timed.expires_at, f"expiring link without expires_at: {timed!r}")
 
 
 def test_stop_start_keeps_filesystem():
@@ -621,7 +637,7 @@ TESTS = [
     test_streaming_callbacks_arrive_in_order_with_stderr_separate,
     test_command_handle_streams_offsets_and_kill_ends_command,
     test_write_read_10mib_binary_byte_exact,
-    test_stat_ranges_and_search,
+    test_stat_ranges_search_and_download_links,
     test_stop_start_keeps_filesystem,
     test_tunnel_reaches_tcp_servers_in_sandbox,
     test_delete_then_get_is_not_found,

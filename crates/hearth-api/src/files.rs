@@ -168,3 +168,102 @@ mod tests {
         assert_eq!(r.glob.as_deref(), Some("*.py"));
     }
 }
+
+/// Longest link lifetime accepted (one year); omit it for a link that never
+/// expires.
+pub const MAX_LINK_SECONDS: i64 = 365 * 24 * 3600;
+
+/// Body of `POST /boxes/{name}/download-url`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DownloadUrlRequest {
+    /// The file; relative paths resolve from the run user's home when the
+    /// link is fetched.
+    pub path: String,
+    /// Link lifetime; omitted = never expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_seconds: Option<i64>,
+    /// `Content-Type` to serve the file as (default
+    /// `application/octet-stream`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// `attachment` (with the file's name) or `inline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_disposition: Option<String>,
+}
+
+/// Answer of `POST /boxes/{name}/download-url`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DownloadUrlResponse {
+    /// Fetch with GET or HEAD (Range supported), no credential needed.
+    pub download_url: String,
+    /// The signed token inside `download_url`.
+    pub token: String,
+    /// RFC 3339; null for a link that never expires.
+    pub expires_at: Option<String>,
+}
+
+impl DownloadUrlRequest {
+    /// Checks the fields.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        required("path", &self.path)?;
+        if let Some(s) = self.expires_in_seconds {
+            if !(1..=MAX_LINK_SECONDS).contains(&s) {
+                return Err(ApiError::validation(
+                    "expires_in_seconds",
+                    format!("expires_in_seconds must be between 1 and {MAX_LINK_SECONDS}, got {s}; omit it for a link that never expires"),
+                ));
+            }
+        }
+        if let Some(ct) = &self.content_type {
+            let ok =
+                !ct.is_empty() && ct.len() <= 255 && ct.bytes().all(|b| (0x20..0x7f).contains(&b));
+            if !ok {
+                return Err(ApiError::validation(
+                    "content_type",
+                    "content_type must be 1-255 printable ASCII characters",
+                ));
+            }
+        }
+        if let Some(cd) = &self.content_disposition {
+            if cd != "attachment" && cd != "inline" {
+                return Err(ApiError::validation(
+                    "content_disposition",
+                    format!("content_disposition must be \"attachment\" or \"inline\", got {cd:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::*;
+
+    #[test]
+    fn download_url_fields_are_checked() {
+        let ok = DownloadUrlRequest {
+            path: "/tmp/a".into(),
+            expires_in_seconds: Some(60),
+            content_type: Some("text/plain; charset=utf-8".into()),
+            content_disposition: Some("inline".into()),
+        };
+        assert!(ok.validate().is_ok());
+        let bad = |f: fn(&mut DownloadUrlRequest)| {
+            let mut r = ok.clone();
+            f(&mut r);
+            r.validate().map_err(|e| e.status).err()
+        };
+        assert_eq!(bad(|r| r.path.clear()), Some(422));
+        assert_eq!(bad(|r| r.expires_in_seconds = Some(0)), Some(422));
+        assert_eq!(
+            bad(|r| r.expires_in_seconds = Some(MAX_LINK_SECONDS + 1)),
+            Some(422)
+        );
+        assert_eq!(bad(|r| r.content_type = Some("a\r\nb".into())), Some(422));
+        assert_eq!(
+            bad(|r| r.content_disposition = Some("evil".into())),
+            Some(422)
+        );
+    }
+}

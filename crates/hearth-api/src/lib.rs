@@ -39,7 +39,9 @@ pub use boxes::{
 };
 pub use error::{parse_body, ApiError, CreationFailure, ErrorBody, ErrorDetail, QuotaKind};
 pub use exec::{ClientFrame, ExecuteRequest, ExecuteResponse, ServerFrame};
-pub use files::{GlobRequest, GlobResponse, GrepRequest, GrepResponse};
+pub use files::{
+    DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
+};
 pub use nested::RunConfig;
 pub use openapi::openapi;
 pub use quota::{Quotas, Usage};

@@ -15,7 +15,9 @@ use crate::boxes::{
 };
 use crate::error::ErrorBody;
 use crate::exec::{ClientFrame, ExecuteRequest, ExecuteResponse, ServerFrame};
-use crate::files::{GlobRequest, GlobResponse, GrepRequest, GrepResponse};
+use crate::files::{
+    DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
+};
 use crate::snapshots::{ListSnapshotsResponse, SnapshotResponse, SnapshotsByNameResponse};
 
 /// The OpenAPI 3.1 document as JSON.
@@ -65,6 +67,7 @@ const DATAPLANE_PATHS: &[&str] = &[
     ),
     paths(
         create_box, list_boxes, get_box, update_box, delete_box, box_status, start_box, stop_box,
+        download_url, fetch_download,
         list_snapshots, get_snapshot, snapshots_by_name,
         execute, execute_ws, upload, download, glob, grep, tunnel,
     ),
@@ -230,6 +233,42 @@ fn start_box() {}
 )]
 #[allow(dead_code)]
 fn stop_box() {}
+
+/// Mint a link that downloads one file of the sandbox with no credential.
+///
+/// The token pins the sandbox, the path, the expiry and the response
+/// headers; deleting the sandbox revokes it. Needs runtime access.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes/{name}/download-url", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    request_body = DownloadUrlRequest,
+    responses(
+        (status = 200, description = "The link", body = DownloadUrlResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 422, description = "Invalid path, expiry or headers"),
+    ),
+)]
+#[allow(dead_code)]
+fn download_url() {}
+
+/// Fetch the file of a download link (`GET` or `HEAD`; `Range` supported).
+/// Wakes a stopped sandbox. No API key: the token is the grant.
+#[utoipa::path(
+    get, path = "/downloads/{token}", tag = "boxes",
+    params(("token" = String, Path, description = "The token of a download_url")),
+    security(()),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 206, description = "The requested range", content_type = "application/octet-stream"),
+        (status = 404, description = "Unknown link, sandbox deleted, or no such file", body = ErrorBody),
+        (status = 410, description = "The link has expired (error LinkExpired)", body = ErrorBody),
+        (status = 416, description = "The range starts past the end of the file", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn fetch_download() {}
 
 /// List snapshots.
 #[utoipa::path(

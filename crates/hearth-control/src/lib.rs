@@ -19,6 +19,7 @@ mod boxes;
 mod dataplane;
 pub mod error;
 mod extract;
+mod links;
 mod list;
 mod metrics;
 mod service;
@@ -80,6 +81,8 @@ pub struct Control {
     shutting_down: watch::Sender<bool>,
     /// Serializes placement with the write that commits it.
     placement: tokio::sync::Mutex<()>,
+    /// Signs and checks download links.
+    links: links::LinkKey,
     pub metrics: Metrics,
 }
 
@@ -134,6 +137,7 @@ impl Control {
             })
             .await?;
         }
+        let links = links::LinkKey::load(&db).await?;
         let (changed, _) = watch::channel(0);
         let (shutting_down, _) = watch::channel(false);
         let control = Arc::new(Self {
@@ -143,6 +147,7 @@ impl Control {
             changed,
             shutting_down,
             placement: tokio::sync::Mutex::new(()),
+            links,
             metrics: Metrics::default(),
         });
         control.reconcile(true).await;
@@ -255,6 +260,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         .route("/boxes/{name}/status", get(boxes::status))
         .route("/boxes/{name}/start", post(boxes::start))
         .route("/boxes/{name}/stop", post(boxes::stop))
+        .route("/boxes/{name}/download-url", post(links::mint))
         .route("/snapshots", get(boxes::list_snapshots))
         .route("/snapshots/{reference}", get(boxes::get_snapshot))
         .route("/snapshots-by-name/{name}", get(boxes::snapshots_by_name))
@@ -278,7 +284,8 @@ pub fn router(control: Arc<Control>) -> Router {
         .route("/dataplane/{id}/download", get(dataplane::download))
         .route("/dataplane/{id}/glob", post(dataplane::glob))
         .route("/dataplane/{id}/grep", post(dataplane::grep))
-        .route("/dataplane/{id}/tunnel", get(dataplane::tunnel));
+        .route("/dataplane/{id}/tunnel", get(dataplane::tunnel))
+        .route("/downloads/{token}", get(links::fetch));
     Router::new()
         .nest("/api/v2/sandboxes", api.clone())
         .nest("/v2/sandboxes", api)

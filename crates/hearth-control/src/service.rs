@@ -572,8 +572,17 @@ impl Control {
         who: &Principal,
         id: &str,
     ) -> Result<(SandboxRow, GuestClient), ApiError> {
-        let mut row = self.find(who.workspace_id, id).await?;
+        let row = self.find(who.workspace_id, id).await?;
         who.require_runtime(&row)?;
+        self.wake(row).await
+    }
+
+    /// The guest of a sandbox the caller may use: starts it when stopped,
+    /// waits while it boots, and counts the request as activity.
+    pub(crate) async fn wake(
+        self: &Arc<Self>,
+        mut row: SandboxRow,
+    ) -> Result<(SandboxRow, GuestClient), ApiError> {
         if matches!(row.status, SandboxStatus::Stopped | SandboxStatus::Failed) {
             row = self.start_row(&row).await?;
         }

@@ -144,7 +144,8 @@ impl Env {
         )
     }
 
-    /// A request with extra headers; the raw answer.
+    /// A request with extra headers (no credential when `key` is empty);
+    /// the raw answer.
     async fn fetch(
         &self,
         method: Method,
@@ -152,10 +153,10 @@ impl Env {
         key: &str,
         headers: &[(&str, &str)],
     ) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("x-api-key", key);
+        let mut req = Request::builder().method(method).uri(path);
+        if !key.is_empty() {
+            req = req.header("x-api-key", key);
+        }
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -497,6 +498,106 @@ async fn search_and_conditional_download(e: &Env, a: &str, id: &str) {
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
 
+/// `download-url` links: minted with runtime rights, fetched with none.
+/// Returns the path of a live link to `/srv/t/a.py`.
+async fn download_links(e: &Env, a: &str, id: &str) -> String {
+    let mint = |key: &str, body: Value| {
+        let key = key.to_owned();
+        async move {
+            e.call(
+                Method::POST,
+                "/api/v2/sandboxes/boxes/box-one/download-url",
+                Some(&key),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let (s, v) = mint(
+        a,
+        json!({"path": "/srv/t/a.py", "content_type": "text/x-python", "content_disposition": "attachment"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["expires_at"].is_null(), "{v}");
+    let url = v["download_url"].as_str().unwrap().to_owned();
+    let token = v["token"].as_str().unwrap();
+    assert!(url.ends_with(&format!("/downloads/{token}")), "{url}");
+    let path = url[url.find("/downloads/").unwrap()..].to_owned();
+
+    // Anyone with the link: GET, HEAD, Range; headers pinned at minting.
+    let (s, h, body) = e.fetch(Method::GET, &path, "", &[]).await;
+    assert_eq!(
+        (s, body.as_slice()),
+        (StatusCode::OK, &b"alpha\nneedle one\n"[..])
+    );
+    assert_eq!(h["content-type"], "text/x-python");
+    assert_eq!(h["content-disposition"], "attachment; filename=\"a.py\"");
+    assert_eq!(h["content-security-policy"], "sandbox");
+    let (s, h, body) = e.fetch(Method::HEAD, &path, "", &[]).await;
+    assert_eq!((s, body.len()), (StatusCode::OK, 0));
+    assert_eq!(h["content-length"], "17");
+    let (s, _, body) = e
+        .fetch(Method::GET, &path, "", &[("range", "bytes=0-4")])
+        .await;
+    assert_eq!(
+        (s, body.as_slice()),
+        (StatusCode::PARTIAL_CONTENT, &b"alpha"[..])
+    );
+    // A forged or damaged token is unknown; the data plane still wants a key.
+    let (s, _, _) = e.fetch(Method::GET, &format!("{path}x"), "", &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, _) = e.fetch(Method::GET, "/downloads/garbage", "", &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, _) = e
+        .fetch(
+            Method::GET,
+            &format!("/dataplane/{id}/download?path=/srv/t/a.py"),
+            "",
+            &[],
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+
+    // Minting: runtime rights, a real sandbox, valid fields.
+    let (s, v) = mint(&e.reader, json!({"path": "/srv/t/a.py"})).await;
+    assert_eq!(
+        (s, error_of(&v)),
+        (StatusCode::FORBIDDEN, "Forbidden"),
+        "{v}"
+    );
+    let (s, _) = mint(&e.other, json!({"path": "/srv/t/a.py"})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    for (body, field) in [
+        (json!({"path": ""}), "path"),
+        (
+            json!({"path": "/x", "expires_in_seconds": 0}),
+            "expires_in_seconds",
+        ),
+        (
+            json!({"path": "/x", "content_disposition": "evil"}),
+            "content_disposition",
+        ),
+    ] {
+        let (s, v) = mint(a, body).await;
+        assert_eq!(
+            (s, validation_field(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, field.into()),
+            "{v}"
+        );
+    }
+    // Expiry.
+    let (s, v) = mint(a, json!({"path": "/srv/t/a.py", "expires_in_seconds": 1})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(v["expires_at"].is_string(), "{v}");
+    let url = v["download_url"].as_str().unwrap();
+    let short = &url[url.find("/downloads/").unwrap()..];
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let (s, _, _) = e.fetch(Method::GET, short, "", &[]).await;
+    assert_eq!(s, StatusCode::GONE);
+    path
+}
+
 async fn lifecycle(e: &Env) {
     let a = e.admin.as_str();
     let (s, sb) = e
@@ -622,6 +723,7 @@ async fn lifecycle(e: &Env) {
     assert_eq!((s, error_of(&v)), (StatusCode::NOT_FOUND, "FileNotFound"));
 
     search_and_conditional_download(e, a, &id).await;
+    let link = download_links(e, a, &id).await;
 
     // List with filters and a cursor.
     let (s, v) = e.create(a, json!({"name": "box-two", "snapshot": "busybox", "labels": {"team": "b"}, "wait_for_ready": false})).await;
@@ -771,6 +873,12 @@ async fn lifecycle(e: &Env) {
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, _) = e.fetch(Method::GET, &link, "", &[]).await;
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "deleting the sandbox revokes its links"
+    );
     let (s, _) = e
         .call(
             Method::DELETE,

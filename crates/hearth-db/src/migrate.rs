@@ -19,12 +19,20 @@ pub(crate) struct Migration {
     pub postgres: &'static str,
 }
 
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sqlite: include_str!("../migrations/sqlite/0001_initial.sql"),
-    postgres: include_str!("../migrations/postgres/0001_initial.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sqlite: include_str!("../migrations/sqlite/0001_initial.sql"),
+        postgres: include_str!("../migrations/postgres/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "secrets",
+        sqlite: include_str!("../migrations/sqlite/0002_secrets.sql"),
+        postgres: include_str!("../migrations/postgres/0002_secrets.sql"),
+    },
+];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.
 const PG_MIGRATION_LOCK: i64 = 0x6865_6172_7468; // "hearth"

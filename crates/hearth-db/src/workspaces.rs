@@ -84,6 +84,30 @@ impl Db {
         })
     }
 
+    /// The secret named `name`: the stored one, or `candidate` if none was
+    /// stored yet (then stored). Replicas racing here all get the value
+    /// that won.
+    pub async fn secret_or_init(&self, name: &str, candidate: &str) -> Result<String, DbError> {
+        let op = "read or store a secret";
+        let insert = Sql::new(
+            "INSERT INTO secrets (name, value, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .arg(name)
+        .arg(candidate)
+        .arg(Timestamp::now());
+        self.pool
+            .execute(&insert)
+            .await
+            .map_err(DbError::backend(op))?;
+        let select = Sql::new("SELECT value FROM secrets WHERE name = $1").arg(name);
+        self.pool
+            .fetch_optional(&select, |r| r.text("value"))
+            .await
+            .map_err(DbError::backend(op))?
+            .ok_or(DbError::NotFound { what: "secret" })
+    }
+
     pub async fn get_workspace(&self, id: WorkspaceId) -> Result<Workspace, DbError> {
         let sql = Sql::new(&format!(
             "SELECT {WORKSPACE_COLS} FROM workspaces WHERE id = $1"

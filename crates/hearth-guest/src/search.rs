@@ -72,7 +72,8 @@ impl Budget {
     /// Counts one visited entry; false once a bound is hit.
     fn visit(&mut self) -> bool {
         self.visits += 1;
-        self.visits <= VISIT_BUDGET && (!self.visits.is_multiple_of(256) || Instant::now() < self.deadline)
+        self.visits <= VISIT_BUDGET
+            && (!self.visits.is_multiple_of(256) || Instant::now() < self.deadline)
     }
 }
 

@@ -7,13 +7,13 @@ use crate::{each_backend, sandbox, workspace};
 async fn migrations_are_idempotent_and_recorded() {
     for t in testing::backends().await {
         eprintln!("-- backend {:?}", t.backend());
-        assert_eq!(t.schema_version().await.unwrap(), 1);
+        assert_eq!(t.schema_version().await.unwrap(), 2);
         assert_eq!(t.migrate().await.unwrap(), Vec::<i64>::new());
         // A second process opening the same database finds nothing to do,
         // and sees the first one's data.
         let ws = workspace(&t, Quotas::default()).await;
         let again = Db::connect(&t.url).await.unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 1);
+        assert_eq!(again.schema_version().await.unwrap(), 2);
         assert_eq!(again.get_workspace(ws.id).await.unwrap(), ws);
         again.close().await;
     }
@@ -127,6 +127,16 @@ async fn api_keys_create_find_list_revoke() {
     });
 }
 
+#[tokio::test]
+async fn secrets_are_written_once() {
+    for t in testing::backends().await {
+        let first = t.secret_or_init("links", "aa").await.unwrap();
+        assert_eq!(first, "aa");
+        assert_eq!(t.secret_or_init("links", "bb").await.unwrap(), "aa");
+        assert_eq!(t.secret_or_init("other", "cc").await.unwrap(), "cc");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_starting_together_migrate_once() {
     // Several rounds on fresh files: opening a new SQLite file from many
@@ -142,7 +152,7 @@ async fn replicas_starting_together_migrate_once() {
             .collect();
         for c in connects {
             let db = c.await.unwrap().expect("concurrent connect");
-            assert_eq!(db.schema_version().await.unwrap(), 1);
+            assert_eq!(db.schema_version().await.unwrap(), 2);
             db.close().await;
         }
     }

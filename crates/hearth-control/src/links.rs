@@ -1,0 +1,268 @@
+//! Download links: `POST /boxes/{name}/download-url` mints a token that
+//! pins the workspace, the sandbox, the path, the expiry and the response
+//! headers; `GET|HEAD {public_url}/downloads/{token}` serves that one file
+//! to anyone holding the link, with ranges, waking a stopped sandbox.
+//!
+//! Tokens are stateless: `base64url(claims JSON) . base64url(MAC)`, the MAC
+//! a keyed BLAKE3 hash under a 256-bit key kept in the database (`secrets`),
+//! so every control plane on the database mints and checks the same links.
+//! Deleting the sandbox revokes its links (the sandbox is looked up again
+//! on every fetch).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine;
+use hearth_api::{ApiError, DownloadUrlRequest, DownloadUrlResponse};
+use hearth_db::Timestamp;
+use hearth_types::{SandboxId, WorkspaceId};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Principal;
+use crate::error::HttpResult;
+use crate::extract::JsonBody;
+use crate::Control;
+
+/// Name of the signing key in the `secrets` table.
+const KEY_NAME: &str = "download-links";
+/// Longest token accepted before any decoding (the claims hold one path).
+const MAX_TOKEN: usize = 16 * 1024;
+
+/// The key that signs and checks download links.
+pub struct LinkKey([u8; 32]);
+
+impl std::fmt::Debug for LinkKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LinkKey(..)")
+    }
+}
+
+/// What a token pins. Field names are short: they travel in every URL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Claims {
+    /// Format version.
+    v: u8,
+    ws: WorkspaceId,
+    sb: SandboxId,
+    path: String,
+    /// Expiry, unix milliseconds; none = never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exp: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ct: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cd: Option<String>,
+}
+
+impl LinkKey {
+    /// The database's key, created on first use.
+    pub async fn load(db: &hearth_db::Db) -> Result<Self, hearth_db::DbError> {
+        let fresh = blake3::hash(
+            format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            )
+            .as_bytes(),
+        );
+        let stored = db.secret_or_init(KEY_NAME, &fresh.to_hex()).await?;
+        // A value that is not hex (edited by hand) still yields the same key
+        // on every replica.
+        let key = blake3::Hash::from_hex(stored.as_bytes())
+            .unwrap_or_else(|_| blake3::hash(stored.as_bytes()));
+        Ok(Self(*key.as_bytes()))
+    }
+
+    fn mac(&self, claims: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&self.0, claims)
+    }
+
+    fn mint(&self, claims: &Claims) -> String {
+        let body = serde_json::to_vec(claims).unwrap_or_default();
+        format!(
+            "{}.{}",
+            B64.encode(&body),
+            B64.encode(self.mac(&body).as_bytes())
+        )
+    }
+
+    /// The claims of a token this key signed; `None` for anything else.
+    fn verify(&self, token: &str) -> Option<Claims> {
+        if token.len() > MAX_TOKEN {
+            return None;
+        }
+        let (body, mac) = token.split_once('.')?;
+        let body = B64.decode(body).ok()?;
+        let mac: [u8; 32] = B64.decode(mac).ok()?.try_into().ok()?;
+        // blake3::Hash compares in constant time.
+        if self.mac(&body) != blake3::Hash::from(mac) {
+            return None;
+        }
+        let claims: Claims = serde_json::from_slice(&body).ok()?;
+        (claims.v == 1).then_some(claims)
+    }
+}
+
+/// `POST /boxes/{name}/download-url`.
+pub async fn mint(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    let req: DownloadUrlRequest = hearth_api::parse_body(&body)?;
+    req.validate()?;
+    let row = c.find(who.workspace_id, &name).await?;
+    // A link reads the sandbox's files: the same right as the data plane.
+    who.require_runtime(&row)?;
+    let expires = req
+        .expires_in_seconds
+        .map(|s| Timestamp::now().plus(std::time::Duration::from_secs(s as u64)));
+    let claims = Claims {
+        v: 1,
+        ws: row.workspace_id,
+        sb: row.id,
+        path: req.path,
+        exp: expires.map(Timestamp::unix_ms),
+        ct: req.content_type,
+        cd: req.content_disposition,
+    };
+    let token = c.links.mint(&claims);
+    Ok(Json(DownloadUrlResponse {
+        download_url: format!(
+            "{}/downloads/{token}",
+            c.cfg.public_url.trim_end_matches('/')
+        ),
+        token,
+        expires_at: expires.map(Timestamp::to_rfc3339),
+    })
+    .into_response())
+}
+
+/// `GET|HEAD /downloads/{token}`: no credential; the token is the grant.
+pub async fn fetch(
+    State(c): State<Arc<Control>>,
+    Path(token): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+) -> HttpResult<Response> {
+    let claims = c
+        .links
+        .verify(&token)
+        .ok_or_else(|| ApiError::new(404, "NotFound", "unknown download link"))?;
+    if claims.exp.is_some_and(|e| Timestamp::now().unix_ms() >= e) {
+        return Err(ApiError::new(410, "LinkExpired", "this download link has expired").into());
+    }
+    let row = c
+        .find(claims.ws, &claims.sb.to_string())
+        .await
+        .map_err(|_| ApiError::new(404, "NotFound", "the sandbox of this link no longer exists"))?;
+    let (_, guest) = c.wake(row).await?;
+    let mut resp =
+        match hearth_host::api::serve_download(&guest, &claims.path, &method, &headers).await {
+            Ok(resp) => resp,
+            Err(e) => return Ok(e.into_response()),
+        };
+    let h = resp.headers_mut();
+    if let Some(v) = claims
+        .ct
+        .as_deref()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        h.insert(header::CONTENT_TYPE, v);
+    }
+    if let Some(cd) = claims.cd.as_deref() {
+        let value = match cd {
+            "attachment" => format!("attachment; filename=\"{}\"", file_name(&claims.path)),
+            _ => "inline".to_owned(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(header::CONTENT_DISPOSITION, v);
+        }
+    }
+    // Served from the API's origin: never let a user's file run there.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    Ok(resp)
+}
+
+/// The last path segment, reduced to characters safe inside a quoted
+/// header parameter.
+fn file_name(path: &str) -> String {
+    let base = path
+        .rsplit('/')
+        .find(|s| !s.is_empty())
+        .unwrap_or("download");
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.is_empty() {
+        "download".into()
+    } else {
+        clean
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> Claims {
+        Claims {
+            v: 1,
+            ws: WorkspaceId::new(),
+            sb: SandboxId::new(),
+            path: "/home/user/report.pdf".into(),
+            exp: Some(1),
+            ct: None,
+            cd: Some("attachment".into()),
+        }
+    }
+
+    #[test]
+    fn tokens_round_trip_and_forgeries_fail() {
+        let key = LinkKey([7; 32]);
+        let c = claims();
+        let token = key.mint(&c);
+        assert_eq!(key.verify(&token), Some(c.clone()));
+        // Another key, a changed body, a truncated MAC, garbage.
+        assert_eq!(LinkKey([8; 32]).verify(&token), None);
+        let (body, mac) = token.split_once('.').unwrap_or_default();
+        let mut other = c.clone();
+        other.path = "/etc/shadow".into();
+        let forged = format!(
+            "{}.{mac}",
+            B64.encode(serde_json::to_vec(&other).unwrap_or_default())
+        );
+        assert_eq!(key.verify(&forged), None);
+        assert_eq!(key.verify(&format!("{body}.{}", &mac[..10])), None);
+        for junk in ["", ".", "a.b", "%%%.%%%", &"x".repeat(MAX_TOKEN + 1)] {
+            assert_eq!(key.verify(junk), None, "{junk:.20}");
+        }
+    }
+
+    #[test]
+    fn attachment_names_are_sanitized() {
+        assert_eq!(file_name("/a/b/report.pdf"), "report.pdf");
+        assert_eq!(file_name("/a/b/"), "b");
+        assert_eq!(file_name("we\"ird\\ na\nme"), "we_ird__na_me");
+        assert_eq!(file_name("/"), "download");
+    }
+}
