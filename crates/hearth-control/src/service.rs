@@ -539,6 +539,8 @@ impl Control {
             bump_generation: true,
             stopped_at: Some(None),
             expect_status: vec![SandboxStatus::Stopped, SandboxStatus::Failed],
+            // Live again: its CPU and memory count against the quotas.
+            within_quota: true,
             ..StatusExtra::default()
         };
         let placed = self

@@ -44,7 +44,7 @@ struct Env {
     reader: String,
     /// Workspace 2.
     other: String,
-    /// Workspace 3, quota of one sandbox.
+    /// Workspace 3, quota of two sandboxes and one vCPU.
     small: String,
 }
 
@@ -66,7 +66,8 @@ async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
         },
         Quotas::default(),
         Quotas {
-            max_sandboxes: Some(1),
+            max_sandboxes: Some(2),
+            max_cpu: Some(MilliCpu(1000)),
             ..Quotas::default()
         },
     ]
@@ -889,40 +890,63 @@ async fn lifecycle(e: &Env) {
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
 
-    // Quota: a workspace allowed one sandbox gets 429 on the second.
-    let (s, v) = e
-        .create(
-            &e.small,
-            json!({"snapshot": "busybox", "wait_for_ready": false}),
+    // Quotas (workspace of two sandboxes and one vCPU): CPU counts live
+    // sandboxes only, the count every sandbox; a start is checked too.
+    let small = e.small.as_str();
+    let create_small = |wait: bool| {
+        e.create(
+            small,
+            json!({"snapshot": "busybox", "vcpus": 1, "wait_for_ready": wait}),
         )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
+    };
+    let (s, a1) = create_small(true).await;
+    assert_eq!(s, StatusCode::CREATED, "{a1}");
+    let first = a1["name"].as_str().unwrap().to_owned();
+    let (s, v) = create_small(false).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(
+        v["detail"]["message"].as_str().unwrap().contains("cpu"),
+        "{v}"
+    );
+    let box_url = |name: &str, action: &str| format!("/api/v2/sandboxes/boxes/{name}{action}");
     let (s, v) = e
-        .create(
-            &e.small,
-            json!({"snapshot": "busybox", "wait_for_ready": false}),
-        )
+        .call(Method::POST, &box_url(&first, "/stop"), Some(small), None)
         .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v) = create_small(false).await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "a stopped sandbox holds no CPU: {v}"
+    );
+    let second = v["name"].as_str().unwrap().to_owned();
+    let (s, v) = create_small(false).await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
     assert!(
         v["detail"]["message"].as_str().unwrap().contains("sandbox"),
         "{v}"
     );
-    let name = {
-        let (_, v) = e
-            .call(Method::GET, "/api/v2/sandboxes/boxes", Some(&e.small), None)
-            .await;
-        v["items"][0]["name"].as_str().unwrap().to_owned()
-    };
-    let (s, _) = e
-        .call(
-            Method::DELETE,
-            &format!("/api/v2/sandboxes/boxes/{name}"),
-            Some(&e.small),
-            None,
-        )
+    let (s, v) = e
+        .call(Method::POST, &box_url(&first, "/start"), Some(small), None)
         .await;
-    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert_eq!(
+        s,
+        StatusCode::TOO_MANY_REQUESTS,
+        "starting must respect the CPU quota: {v}"
+    );
+    let (_, v) = e
+        .call(Method::GET, &box_url(&first, ""), Some(small), None)
+        .await;
+    assert_eq!(
+        v["status"], "stopped",
+        "a refused start changes nothing: {v}"
+    );
+    for name in [&first, &second] {
+        let (s, _) = e
+            .call(Method::DELETE, &box_url(name, ""), Some(small), None)
+            .await;
+        assert_eq!(s, StatusCode::NO_CONTENT);
+    }
 
     // Snapshots, read side.
     let (s, v) = e

@@ -259,6 +259,10 @@ pub struct StatusExtra {
     /// Apply only if the current status is one of these (empty: any); else
     /// `Stale`.
     pub expect_status: Vec<SandboxStatus>,
+    /// The sandbox becomes live (a start): apply only if its CPU and memory
+    /// fit its workspace's quotas beside the other live sandboxes; else
+    /// `Quota`. Serialized with quota-checked inserts.
+    pub within_quota: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -7,7 +7,7 @@ use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, WorkspaceId};
 
 use crate::error::{DbError, QuotaKind};
 use crate::model::{
-    Backend, Page, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, StatusExtra,
+    Backend, Page, Quotas, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, StatusExtra,
 };
 use crate::page::{push_name_and_status, Key, KeyKind, Keyset, SortSpec};
 use crate::sql::{int, RowExt, Sql};
@@ -167,6 +167,66 @@ fn check(kind: QuotaKind, limit: Option<u64>, used: u64, requested: u64) -> Resu
     }
 }
 
+/// A workspace's quotas and current usage, inside a write transaction that
+/// holds the workspace's lock (PostgreSQL `FOR UPDATE`; SQLite's
+/// `BEGIN IMMEDIATE` already serializes writers). Usage: sandboxes not
+/// `deleting`, and CPU and memory of live ones, leaving out `except`.
+async fn quota_and_usage(
+    tx: &mut crate::sql::Tx,
+    op: &'static str,
+    workspace: WorkspaceId,
+    except: Option<SandboxId>,
+) -> Result<(Quotas, Usage), DbError> {
+    let lock = match tx.backend() {
+        Backend::Sqlite => "",
+        Backend::Postgres => " FOR UPDATE",
+    };
+    let ws = workspace.to_string();
+    let quotas = tx
+        .fetch_optional(
+            &Sql::new(&format!(
+                "SELECT max_sandboxes, max_cpu_millicores, max_mem_bytes FROM workspaces \
+                 WHERE id = $1{lock}"
+            ))
+            .arg(ws.as_str()),
+            decode_quotas,
+        )
+        .await
+        .map_err(DbError::backend(op))?
+        .ok_or(DbError::NotFound { what: "workspace" })?;
+    let except = except.map(|id| id.to_string()).unwrap_or_default();
+    let usage = tx
+        .fetch_optional(
+            &Sql::new(
+                "SELECT COUNT(*) AS n, \
+                   CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
+                     THEN cpu_millicores ELSE 0 END), 0) AS BIGINT) AS cpu, \
+                   CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
+                     THEN mem_bytes ELSE 0 END), 0) AS BIGINT) AS mem \
+                 FROM sandboxes WHERE workspace_id = $1 AND status <> 'deleting' AND id <> $2",
+            )
+            .arg(ws.as_str())
+            .arg(except.as_str()),
+            decode_usage,
+        )
+        .await
+        .map_err(DbError::backend(op))?
+        .unwrap_or(Usage {
+            sandboxes: 0,
+            cpu: 0,
+            mem: 0,
+        });
+    Ok((quotas, usage))
+}
+
+/// Fails with `Quota` if a live sandbox of `cpu` and `mem` does not fit.
+fn check_live(quotas: &Quotas, usage: &Usage, cpu: MilliCpu, mem: ByteSize) -> Result<(), DbError> {
+    let max_cpu = quotas.max_cpu.map(|c| u64::from(c.0));
+    check(QuotaKind::Cpu, max_cpu, usage.cpu, u64::from(cpu.0))?;
+    let max_mem = quotas.max_mem.map(ByteSize::bytes);
+    check(QuotaKind::Memory, max_mem, usage.mem, mem.bytes())
+}
+
 impl Db {
     /// Inserts a sandbox. `Conflict` if its name is taken in the workspace;
     /// `NotFound` if the workspace does not exist.
@@ -193,43 +253,7 @@ impl Db {
             .begin_write()
             .await
             .map_err(DbError::backend(op))?;
-        let lock = match tx.backend() {
-            Backend::Sqlite => "",
-            Backend::Postgres => " FOR UPDATE",
-        };
-        let ws = s.workspace_id.to_string();
-        let quotas = tx
-            .fetch_optional(
-                &Sql::new(&format!(
-                    "SELECT max_sandboxes, max_cpu_millicores, max_mem_bytes FROM workspaces \
-                     WHERE id = $1{lock}"
-                ))
-                .arg(ws.as_str()),
-                decode_quotas,
-            )
-            .await
-            .map_err(DbError::backend(op))?
-            .ok_or(DbError::NotFound { what: "workspace" })?;
-        let usage = tx
-            .fetch_optional(
-                &Sql::new(
-                    "SELECT COUNT(*) AS n, \
-                       CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
-                         THEN cpu_millicores ELSE 0 END), 0) AS BIGINT) AS cpu, \
-                       CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
-                         THEN mem_bytes ELSE 0 END), 0) AS BIGINT) AS mem \
-                     FROM sandboxes WHERE workspace_id = $1 AND status <> 'deleting'",
-                )
-                .arg(ws.as_str()),
-                decode_usage,
-            )
-            .await
-            .map_err(DbError::backend(op))?
-            .unwrap_or(Usage {
-                sandboxes: 0,
-                cpu: 0,
-                mem: 0,
-            });
+        let (quotas, usage) = quota_and_usage(&mut tx, op, s.workspace_id, None).await?;
         if s.status != SandboxStatus::Deleting {
             check(
                 QuotaKind::Sandboxes,
@@ -239,10 +263,7 @@ impl Db {
             )?;
         }
         if s.status.is_live() {
-            let max_cpu = quotas.max_cpu.map(|c| u64::from(c.0));
-            check(QuotaKind::Cpu, max_cpu, usage.cpu, u64::from(s.cpu.0))?;
-            let max_mem = quotas.max_mem.map(ByteSize::bytes);
-            check(QuotaKind::Memory, max_mem, usage.mem, s.mem.bytes())?;
+            check_live(&quotas, &usage, s.cpu, s.mem)?;
         }
         tx.execute(&insert).await.map_err(insert_error(op, s))?;
         tx.commit().await.map_err(DbError::backend(op))
@@ -404,53 +425,99 @@ impl Db {
         extra: StatusExtra,
     ) -> Result<SandboxRow, DbError> {
         let op = "set sandbox status";
-        let now = Timestamp::now();
-        let mut sql = Sql::new("UPDATE sandboxes SET status = $1, status_message = $2")
-            .arg(status.as_str())
-            .arg(message);
-        let now_p = sql.param(now);
-        sql.push(", ");
-        sql.push(&bump_updated_at(&now_p));
-        if let Some(stopped_at) = extra.stopped_at {
-            sql.push(", stopped_at = ");
-            sql.push_param(stopped_at);
+        let sql = status_update(id, status, message, &extra, op)?;
+        if !extra.within_quota {
+            let row = self
+                .pool
+                .fetch_optional(&sql, decode_sandbox)
+                .await
+                .map_err(DbError::backend(op))?;
+            return match row {
+                Some(row) => Ok(row),
+                None => Err(self.stale_or_missing(id).await?),
+            };
         }
-        if let Some(host) = extra.host_id {
-            sql.push(", host_id = ");
-            sql.push_param(host.map(|h| h.to_string()));
-        }
-        if extra.bump_generation {
-            sql.push(", generation = generation + 1");
-        }
-        if status == SandboxStatus::Ready {
-            sql.push(&format!(", last_activity_at = {now_p}"));
-        }
-        sql.push(" WHERE id = ");
-        sql.push_param(id.to_string());
-        if let Some(g) = extra.expect_generation {
-            sql.push(" AND generation = ");
-            sql.push_param(int(g, op, "generation")?);
-        }
-        if !extra.expect_status.is_empty() {
-            let list: Vec<String> = extra
-                .expect_status
-                .iter()
-                .map(|s| sql.param(s.as_str()))
-                .collect();
-            sql.push(&format!(" AND status IN ({})", list.join(", ")));
-        }
-        sql.push(&format!(" RETURNING {SANDBOX_COLS}"));
-        let row = self
+        // The sandbox becomes live again: check CPU and memory against its
+        // workspace's quotas and update in one transaction, serialized with
+        // quota-checked inserts.
+        let mut tx = self
             .pool
+            .begin_write()
+            .await
+            .map_err(DbError::backend(op))?;
+        let current = tx
+            .fetch_optional(
+                &Sql::new(&format!(
+                    "SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = $1"
+                ))
+                .arg(id.to_string()),
+                decode_sandbox,
+            )
+            .await
+            .map_err(DbError::backend(op))?
+            .ok_or(DbError::NotFound { what: "sandbox" })?;
+        let (quotas, usage) = quota_and_usage(&mut tx, op, current.workspace_id, Some(id)).await?;
+        check_live(&quotas, &usage, current.cpu, current.mem)?;
+        let row = tx
             .fetch_optional(&sql, decode_sandbox)
             .await
             .map_err(DbError::backend(op))?;
+        tx.commit().await.map_err(DbError::backend(op))?;
         match row {
             Some(row) => Ok(row),
             None => Err(self.stale_or_missing(id).await?),
         }
     }
+}
 
+/// The fenced `UPDATE … RETURNING` of [`Db::set_status`].
+fn status_update(
+    id: SandboxId,
+    status: SandboxStatus,
+    message: Option<&str>,
+    extra: &StatusExtra,
+    op: &'static str,
+) -> Result<Sql, DbError> {
+    let now = Timestamp::now();
+    let mut sql = Sql::new("UPDATE sandboxes SET status = $1, status_message = $2")
+        .arg(status.as_str())
+        .arg(message);
+    let now_p = sql.param(now);
+    sql.push(", ");
+    sql.push(&bump_updated_at(&now_p));
+    if let Some(stopped_at) = extra.stopped_at {
+        sql.push(", stopped_at = ");
+        sql.push_param(stopped_at);
+    }
+    if let Some(host) = extra.host_id {
+        sql.push(", host_id = ");
+        sql.push_param(host.map(|h| h.to_string()));
+    }
+    if extra.bump_generation {
+        sql.push(", generation = generation + 1");
+    }
+    if status == SandboxStatus::Ready {
+        sql.push(&format!(", last_activity_at = {now_p}"));
+    }
+    sql.push(" WHERE id = ");
+    sql.push_param(id.to_string());
+    if let Some(g) = extra.expect_generation {
+        sql.push(" AND generation = ");
+        sql.push_param(int(g, op, "generation")?);
+    }
+    if !extra.expect_status.is_empty() {
+        let list: Vec<String> = extra
+            .expect_status
+            .iter()
+            .map(|s| sql.param(s.as_str()))
+            .collect();
+        sql.push(&format!(" AND status IN ({})", list.join(", ")));
+    }
+    sql.push(&format!(" RETURNING {SANDBOX_COLS}"));
+    Ok(sql)
+}
+
+impl Db {
     /// Records activity (exec, file I/O) for the idle reaper. Never moves
     /// the clock backwards.
     pub async fn touch_activity(&self, id: SandboxId, now: Timestamp) -> Result<(), DbError> {

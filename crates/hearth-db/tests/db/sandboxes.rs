@@ -86,6 +86,72 @@ async fn get_by_id_or_name_and_invisible_across_workspaces() {
     });
 }
 
+#[tokio::test]
+async fn starting_a_stopped_sandbox_is_quota_checked() {
+    for t in testing::backends().await {
+        eprintln!("-- backend {:?}", t.backend());
+        let ws = workspace(
+            &t,
+            Quotas {
+                max_cpu: Some(MilliCpu(2000)),
+                ..Quotas::default()
+            },
+        )
+        .await;
+        let mut stopped = sandbox(ws.id, "stopped");
+        stopped.status = SandboxStatus::Stopped;
+        t.insert_sandbox_within_quota(&stopped).await.unwrap();
+        let mut live = sandbox(ws.id, "live");
+        live.cpu = MilliCpu(2000);
+        t.insert_sandbox_within_quota(&live).await.unwrap();
+        let start = || StatusExtra {
+            within_quota: true,
+            expect_status: vec![SandboxStatus::Stopped],
+            ..StatusExtra::default()
+        };
+        let refused = t
+            .set_status(stopped.id, SandboxStatus::Provisioning, None, start())
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(DbError::Quota {
+                    kind: QuotaKind::Cpu,
+                    limit: 2000,
+                    used: 2000,
+                    requested: 1000
+                })
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(
+            t.get_sandbox(ws.id, "stopped").await.unwrap().status,
+            SandboxStatus::Stopped,
+            "a refused start writes nothing"
+        );
+        // Once the other one stops, it fits; its own CPU is not counted twice.
+        t.set_status(
+            live.id,
+            SandboxStatus::Stopped,
+            None,
+            StatusExtra::default(),
+        )
+        .await
+        .unwrap();
+        let row = t
+            .set_status(stopped.id, SandboxStatus::Provisioning, None, start())
+            .await
+            .unwrap();
+        assert_eq!(row.status, SandboxStatus::Provisioning);
+        // Fences still apply inside the quota check.
+        assert!(matches!(
+            t.set_status(stopped.id, SandboxStatus::Provisioning, None, start())
+                .await,
+            Err(DbError::Stale { .. })
+        ));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_holds_under_concurrent_inserts() {
     for t in testing::backends().await {
