@@ -270,6 +270,44 @@ def test_command_handle_streams_offsets_and_kill_ends_command():
     check(res.stdout == "started\n", f"replayed stdout {res.stdout!r}")
 
 
+def test_sse_transport_runs_streams_and_resumes():
+    """The SDK's opt-in SSE exec transport (LANGSMITH_EXPERIMENTAL_FEATURES)."""
+    sb = main_sandbox()
+    old = os.environ.get("LANGSMITH_EXPERIMENTAL_FEATURES")
+    os.environ["LANGSMITH_EXPERIMENTAL_FEATURES"] = "sandbox_sse_exec"
+    try:
+        r = sb.run("python3 -c 'print(2+2)'")
+        check((r.stdout, r.exit_code) == ("4\n", 0), f"sse run {r!r}")
+        out, err = [], []
+        r = sb.run(
+            "for i in 1 2 3; do echo o$i; echo e$i >&2; sleep 0.1; done; printf 'h\\xc3'; printf '\\xa9\\n'; exit 3",
+            on_stdout=out.append,
+            on_stderr=err.append,
+        )
+        check(r.exit_code == 3, f"sse exit code {r.exit_code}")
+        check("".join(out) == "o1\no2\no3\nh\u00e9\n", f"sse stdout {''.join(out)!r}")
+        check("".join(err) == "e1\ne2\ne3\n", f"sse stderr {''.join(err)!r}")
+        check(r.stdout == "".join(out) and r.stderr == "".join(err), "callbacks and result differ")
+        # wait=False, then a resume from offset zero replays everything.
+        h = sb.run("echo first; sleep 0.5; echo second", wait=False)
+        check(h.command_id, "no command_id over sse")
+        res, error = within(60, "the sse handle", lambda: h.result)
+        if error:
+            raise error
+        check(res.stdout == "first\nsecond\n", f"sse handle stdout {res.stdout!r}")
+        again, error = within(30, "an sse resume", lambda: sb.reconnect(h.command_id).result)
+        if error:
+            raise error
+        check(again.stdout == "first\nsecond\n" and again.exit_code == 0, f"sse resume {again!r}")
+        e = expect_error(SandboxOperationError, lambda: sb.reconnect("no-such-command").result)
+        log(f"resume of an unknown command: {type(e).__name__}: {e}")
+    finally:
+        if old is None:
+            os.environ.pop("LANGSMITH_EXPERIMENTAL_FEATURES", None)
+        else:
+            os.environ["LANGSMITH_EXPERIMENTAL_FEATURES"] = old
+
+
 def test_write_read_10mib_binary_byte_exact():
     sb = main_sandbox()
     data = random.randbytes(10 * MIB)
@@ -636,6 +674,7 @@ TESTS = [
     test_run_returns_stdout_and_exit_code,
     test_streaming_callbacks_arrive_in_order_with_stderr_separate,
     test_command_handle_streams_offsets_and_kill_ends_command,
+    test_sse_transport_runs_streams_and_resumes,
     test_write_read_10mib_binary_byte_exact,
     test_stat_ranges_search_and_download_links,
     test_stop_start_keeps_filesystem,

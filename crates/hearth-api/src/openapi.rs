@@ -14,7 +14,9 @@ use crate::boxes::{
     SandboxResponse, StatusResponse, UpdateSandboxRequest,
 };
 use crate::error::ErrorBody;
-use crate::exec::{ClientFrame, ExecuteRequest, ExecuteResponse, ServerFrame};
+use crate::exec::{
+    ClientFrame, ExecuteFrame, ExecuteRequest, ExecuteResponse, ReconnectFrame, ServerFrame,
+};
 use crate::files::{
     DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
 };
@@ -47,6 +49,8 @@ pub fn openapi() -> serde_json::Value {
 const DATAPLANE_PATHS: &[&str] = &[
     "/execute",
     "/execute/ws",
+    "/execute/stream/start",
+    "/execute/stream/resume",
     "/upload",
     "/download",
     "/glob",
@@ -69,7 +73,8 @@ const DATAPLANE_PATHS: &[&str] = &[
         create_box, list_boxes, get_box, update_box, delete_box, box_status, start_box, stop_box,
         download_url, fetch_download,
         list_snapshots, get_snapshot, snapshots_by_name,
-        execute, execute_ws, upload, download, glob, grep, tunnel,
+        execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
+        grep, tunnel,
     ),
     components(schemas(ClientFrame, ServerFrame, ErrorBody)),
     modifiers(&ApiKeyAuth),
@@ -347,6 +352,41 @@ fn execute() {}
 )]
 #[allow(dead_code)]
 fn execute_ws() {}
+
+/// Run a command over server-sent events (the SDK's opt-in transport).
+///
+/// The body is the WebSocket's `execute` frame without `pty`, `close_stdin`
+/// and `kill_on_disconnect` (stdin is closed; a dropped response never kills
+/// the command). Events: `started` `{command_id, pid}`; `stdout`/`stderr`
+/// `{data: base64, offset}`; `stream_end` `{stream, offset}`; `exit`
+/// `{exit_code}` or `error` `{error_type, error}` (`ServerShuttingDown`: resume).
+#[utoipa::path(
+    post, path = "/execute/stream/start", tag = "dataplane",
+    request_body(content = ExecuteFrame, description = "What to run"),
+    responses(
+        (status = 200, description = "The command's events", content_type = "text/event-stream"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 422, description = "Invalid body", body = ErrorBody),
+        (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn execute_stream_start() {}
+
+/// Resume a command's events from byte offsets (`{command_id,
+/// stdout_offset, stderr_offset}`); the offsets acknowledge what arrived.
+#[utoipa::path(
+    post, path = "/execute/stream/resume", tag = "dataplane",
+    request_body(content = ReconnectFrame, description = "Where to resume"),
+    responses(
+        (status = 200, description = "The command's events from the offsets", content_type = "text/event-stream"),
+        (status = 404, description = "No such command (error CommandNotFound)", body = ErrorBody),
+        (status = 422, description = "Invalid body", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn execute_stream_resume() {}
 
 /// Write a file (created or overwritten). Relative paths resolve from the
 /// run user's home.

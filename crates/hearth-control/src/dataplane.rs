@@ -88,6 +88,68 @@ pub async fn execute_ws(
         }))
 }
 
+/// Aborts a task when dropped (with the response body it belongs to).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A streamed answer keeps its sandbox active for as long as it is read.
+fn active_while_streaming(
+    c: &Arc<Control>,
+    id: hearth_types::SandboxId,
+    resp: Response,
+) -> Response {
+    use futures_util::StreamExt;
+    let guard = AbortOnDrop(keep_active(c, id));
+    let (parts, body) = resp.into_parts();
+    let body = body.into_data_stream().map(move |chunk| {
+        let _ = &guard;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(body))
+}
+
+/// `POST {dp}/execute/stream/start`: the SSE exec transport (opt-in in the
+/// SDK); see [`hearth_host::api::sse_start`].
+pub async fn execute_stream_start(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    crate::extract::JsonBody(body): crate::extract::JsonBody,
+) -> HttpResult<Response> {
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let defaults = run_defaults(&row);
+    let shutdown = Some(c.shutdown_signal());
+    Ok(
+        match hearth_host::api::sse_start(&guest, &defaults, &body, shutdown).await {
+            Ok(resp) => active_while_streaming(&c, row.id, resp),
+            Err(e) => e.into_response(),
+        },
+    )
+}
+
+/// `POST {dp}/execute/stream/resume`: replay a command's output from the
+/// client's offsets over SSE.
+pub async fn execute_stream_resume(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(id): Path<String>,
+    crate::extract::JsonBody(body): crate::extract::JsonBody,
+) -> HttpResult<Response> {
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let shutdown = Some(c.shutdown_signal());
+    Ok(
+        match hearth_host::api::sse_resume(&guest, &body, shutdown).await {
+            Ok(resp) => active_while_streaming(&c, row.id, resp),
+            Err(e) => e.into_response(),
+        },
+    )
+}
+
 /// `POST {dp}/execute`: blocking exec, the SDKs' fallback.
 pub async fn execute(
     State(c): State<Arc<Control>>,

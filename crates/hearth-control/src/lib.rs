@@ -281,6 +281,14 @@ pub fn router(control: Arc<Control>) -> Router {
             "/dataplane/{id}/upload",
             post(dataplane::upload).layer(DefaultBodyLimit::disable()),
         )
+        .route(
+            "/dataplane/{id}/execute/stream/start",
+            post(dataplane::execute_stream_start),
+        )
+        .route(
+            "/dataplane/{id}/execute/stream/resume",
+            post(dataplane::execute_stream_resume),
+        )
         .route("/dataplane/{id}/download", get(dataplane::download))
         .route("/dataplane/{id}/glob", post(dataplane::glob))
         .route("/dataplane/{id}/grep", post(dataplane::grep))

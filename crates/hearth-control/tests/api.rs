@@ -499,6 +499,103 @@ async fn search_and_conditional_download(e: &Env, a: &str, id: &str) {
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
 
+/// The SSE exec transport on the wire: event names, base64 output with
+/// offsets, stream ends, exit; resume replays; unknown commands are 404.
+async fn sse_exec(e: &Env, a: &str, id: &str) {
+    let post = |path: String, body: Value| async move {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header("x-api-key", a)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = e.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let ct = resp.headers().get("content-type").cloned();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, ct, String::from_utf8_lossy(&bytes).into_owned())
+    };
+    /// (event, data) pairs of an SSE body.
+    fn events(text: &str) -> Vec<(String, Value)> {
+        text.split("\n\n")
+            .filter_map(|block| {
+                let mut name = None;
+                let mut data = None;
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        name = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data = serde_json::from_str(v).ok();
+                    }
+                }
+                Some((name?, data?))
+            })
+            .collect()
+    }
+    let dp = format!("/dataplane/{id}/execute/stream");
+    let (s, ct, body) = post(
+        format!("{dp}/start"),
+        json!({"command": "echo hi; echo oops >&2; exit 4", "command_id": "sse-wire-1"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(ct.unwrap(), "text/event-stream");
+    let ev = events(&body);
+    let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"started"), "{body}");
+    assert_eq!(ev[0].1["command_id"], "sse-wire-1");
+    assert_eq!(
+        &names[names.len() - 3..],
+        ["stream_end", "stream_end", "exit"],
+        "{body}"
+    );
+    assert_eq!(ev.last().unwrap().1["exit_code"], 4);
+    let out: Vec<&Value> = ev
+        .iter()
+        .filter(|(n, _)| n == "stdout")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(
+        (out[0]["data"].as_str(), out[0]["offset"].as_u64()),
+        (Some("aGkK"), Some(0)),
+        "{body}"
+    );
+    let ends: Vec<(&str, u64)> = ev
+        .iter()
+        .filter(|(n, _)| n == "stream_end")
+        .map(|(_, d)| (d["stream"].as_str().unwrap(), d["offset"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ends, [("stdout", 3), ("stderr", 5)]);
+    // Resume from the middle: only the missing bytes, then the exit again.
+    let (s, _, body) = post(
+        format!("{dp}/resume"),
+        json!({"command_id": "sse-wire-1", "stdout_offset": 1, "stderr_offset": 5}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let ev = events(&body);
+    let out: Vec<&Value> = ev
+        .iter()
+        .filter(|(n, _)| n == "stdout")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(
+        (out[0]["data"].as_str(), out[0]["offset"].as_u64()),
+        (Some("aQo="), Some(1)),
+        "{body}"
+    );
+    assert!(!ev.iter().any(|(n, _)| n == "stderr"), "{body}");
+    assert_eq!(ev.last().unwrap().0, "exit");
+    let (s, _, body) = post(format!("{dp}/resume"), json!({"command_id": "nope"})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("CommandNotFound"), "{body}");
+    let (s, _, body) = post(format!("{dp}/start"), json!({"cmd": "x"})).await;
+    assert!(s.is_client_error(), "{s} {body}");
+}
+
 /// `download-url` links: minted with runtime rights, fetched with none.
 /// Returns the path of a live link to `/srv/t/a.py`.
 async fn download_links(e: &Env, a: &str, id: &str) -> String {
@@ -725,6 +822,7 @@ async fn lifecycle(e: &Env) {
 
     search_and_conditional_download(e, a, &id).await;
     let link = download_links(e, a, &id).await;
+    sse_exec(e, a, &id).await;
 
     // List with filters and a cursor.
     let (s, v) = e.create(a, json!({"name": "box-two", "snapshot": "busybox", "labels": {"team": "b"}, "wait_for_ready": false})).await;

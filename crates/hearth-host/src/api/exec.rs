@@ -74,8 +74,9 @@ enum FirstFrame {
 }
 
 /// `{"type":"execute",…}`; unknown fields are ignored, `null` means absent.
+/// Also the body of the SSE transport's `start` (see [`super::sse`]).
 #[derive(Deserialize)]
-struct Execute {
+pub(super) struct Execute {
     command: String,
     timeout_seconds: Option<f64>,
     shell: Option<String>,
@@ -122,7 +123,15 @@ impl RunConfig {
 }
 
 impl Execute {
-    fn into_request(self, defaults: &RunConfig) -> Result<ExecRequest, String> {
+    /// For transports without a session to carry them: no PTY, and the
+    /// command outlives a dropped connection (clients resume instead).
+    pub(super) fn without_session_features(mut self) -> Self {
+        self.pty = None;
+        self.kill_on_disconnect = Some(false);
+        self
+    }
+
+    pub(super) fn into_request(self, defaults: &RunConfig) -> Result<ExecRequest, String> {
         let rc = defaults.merged(self.run_config.as_ref());
         let mut env = rc.env_vars.unwrap_or_default();
         env.extend(self.env.unwrap_or_default());

@@ -21,6 +21,7 @@
 //! | `POST /v1/vms/{id}/{pause,resume,stop,kill}` | `VmRecord`                       |
 //! | `GET /v1/vms/{id}/info`                  | the guest's `GuestInfo`              |
 //! | `GET /v1/vms/{id}/exec/ws`               | LangSmith's exec WebSocket           |
+//! | `POST /v1/vms/{id}/exec/stream/{start,resume}` | LangSmith's SSE exec transport  |
 //! | `POST /v1/vms/{id}/exec`                 | `{"stdout","stderr","exit_code"}`    |
 //! | `PUT`, `GET`, `DELETE /v1/vms/{id}/files?path=` | upload, download (Range), remove |
 //! | `GET /v1/vms/{id}/files/{stat,list}?path=` | `FileStat`; `{"entries":[…]}`      |
@@ -31,6 +32,8 @@ mod exec;
 pub use exec::{exec_session, RunConfig};
 mod files;
 pub use files::serve_download;
+mod sse;
+pub use sse::{sse_resume, sse_start};
 mod vms;
 
 use std::future::{Future, IntoFuture};
@@ -74,6 +77,8 @@ pub fn router(host: Arc<Host>) -> Router {
         .route("/v1/vms/{id}/tcp", get(vms::tcp))
         .route("/v1/vms/{id}/exec", post(exec::run))
         .route("/v1/vms/{id}/exec/ws", get(exec::ws))
+        .route("/v1/vms/{id}/exec/stream/start", post(sse::start_route))
+        .route("/v1/vms/{id}/exec/stream/resume", post(sse::resume_route))
         .route(
             "/v1/vms/{id}/files",
             put(files::upload)
