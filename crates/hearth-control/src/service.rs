@@ -12,9 +12,9 @@ use hearth_api::{
     SnapshotSelector, StatusResponse, UpdateSandboxRequest,
 };
 use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
-use hearth_host::{CreateVm, GuestClient, HostError, VmState};
+use hearth_host::{CreateVm, GuestClient, HostError, Resize, VmState};
 use hearth_image::ImageName;
-use hearth_types::{HostId, SandboxId, VmId, WorkspaceId};
+use hearth_types::{ByteSize, HostId, SandboxId, VmId, WorkspaceId};
 
 use crate::auth::Principal;
 use crate::error::db_error;
@@ -25,6 +25,13 @@ const ACTIVITY_GRANULARITY: Duration = Duration::from_secs(5);
 
 /// How long a data-plane request waits for a sandbox it woke.
 pub const WAKE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Guest RAM for a sandbox's memory: whole MiB (rounded up), at least the
+/// 64 MiB a guest kernel needs. (A PATCH may set any size; LangSmith checks
+/// only the maximum on resize.)
+fn vm_memory(mem: ByteSize) -> ByteSize {
+    ByteSize(mem.bytes().div_ceil(ByteSize::MIB).max(64) * ByteSize::MIB)
+}
 
 pub(crate) fn vm_id(id: SandboxId) -> VmId {
     VmId::from(*id.as_uuid())
@@ -293,18 +300,25 @@ impl Control {
                 return;
             };
             let vm = vm_id(row.id);
+            let memory = vm_memory(row.mem);
             let create = CreateVm {
                 id: Some(vm),
                 persistent: row.persistent,
                 disk: Some(row.fs_capacity),
                 image,
-                memory: row.mem,
+                memory,
                 cpu: row.cpu,
+            };
+            // A start applies what a PATCH changed since the last boot.
+            let resize = Resize {
+                memory: Some(memory),
+                cpu: Some(row.cpu),
+                disk: Some(row.fs_capacity),
             };
             let result = match how {
                 Boot::Create => host.create_vm(create).await.map(drop),
                 Boot::Start => match host.get(vm) {
-                    Ok(_) => host.start_vm(vm).await.map(drop),
+                    Ok(_) => host.start_vm_with(vm, resize).await.map(drop),
                     Err(HostError::NotFound(_)) => host.create_vm(create).await.map(drop),
                     Err(e) => Err(e),
                 },

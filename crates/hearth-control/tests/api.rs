@@ -940,6 +940,16 @@ async fn lifecycle(e: &Env) {
         )
         .await;
     assert_eq!(v["status"], "stopped");
+    // Resources changed while stopped apply at the next start.
+    let (s, v) = e
+        .call(
+            Method::PATCH,
+            "/api/v2/sandboxes/boxes/box-one",
+            Some(a),
+            Some(json!({"fs_capacity_bytes": 1u64 << 30, "mem_bytes": 3u64 << 30})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
     // A data-plane request wakes the stopped sandbox.
     let (s, v) = e
         .call(
@@ -953,6 +963,24 @@ async fn lifecycle(e: &Env) {
         (s, v["stdout"].as_str()),
         (StatusCode::OK, Some("kept\n")),
         "{v}"
+    );
+    let (_, v) = e
+        .call(
+            Method::POST,
+            &format!("/dataplane/{id}/execute"),
+            Some(a),
+            Some(json!({"command": "df -k / | tail -1 | awk '{print $2}'; awk '/MemTotal/ {print $2}' /proc/meminfo"})),
+        )
+        .await;
+    let nums: Vec<u64> = v["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    assert!(
+        nums.len() == 2 && nums[0] > 900_000 && nums[1] > 2_900_000,
+        "disk and memory after the PATCH and a start: {v}"
     );
     let (s, _) = e
         .call(

@@ -256,18 +256,7 @@ impl Host {
 
     /// Boots a VM and waits until its guest agent answers.
     pub async fn create_vm(self: &Arc<Self>, req: CreateVm) -> Result<Arc<Vm>, HostError> {
-        if req.memory < ByteSize::mib(64) || !req.memory.bytes().is_multiple_of(ByteSize::MIB) {
-            return Err(HostError::Invalid(format!(
-                "memory must be a whole number of MiB, at least 64MiB (got {})",
-                req.memory
-            )));
-        }
-        if req.cpu.0 == 0 || req.cpu.whole_vcpus() > 64 {
-            return Err(HostError::Invalid(format!(
-                "cpu must be 1..64 vCPUs (got {} millicores)",
-                req.cpu.0
-            )));
-        }
+        check_resources(req.memory, req.cpu)?;
         let artifacts = self
             .artifacts(req.image, Arc::new(hearth_image::QuietProgress))
             .await?;
@@ -308,7 +297,23 @@ impl Host {
     /// Boots a stopped (or failed) VM again from its disk; a non-persistent
     /// VM starts from a fresh disk.
     pub async fn start_vm(self: &Arc<Self>, id: VmId) -> Result<Arc<Vm>, HostError> {
+        self.start_vm_with(id, Resize::default()).await
+    }
+
+    /// [`Host::start_vm`] with new resources, which take effect at this
+    /// boot: memory and CPU as given, and a larger disk (the overlay grows
+    /// and the guest grows its filesystem; a disk never shrinks).
+    pub async fn start_vm_with(
+        self: &Arc<Self>,
+        id: VmId,
+        resize: Resize,
+    ) -> Result<Arc<Vm>, HostError> {
         let vm = self.get(id)?;
+        let current = vm.record();
+        check_resources(
+            resize.memory.unwrap_or(current.memory),
+            resize.cpu.unwrap_or(current.cpu),
+        )?;
         match vm.state() {
             VmState::Ready => return Ok(vm),
             VmState::Stopped | VmState::Failed => {}
@@ -336,6 +341,11 @@ impl Host {
             what: "create run dir".into(),
             source,
         })?;
+        vm.update(|r| {
+            r.memory = resize.memory.unwrap_or(r.memory);
+            r.cpu = resize.cpu.unwrap_or(r.cpu);
+            r.disk = r.disk.max(resize.disk);
+        });
         self.boot_or_fail(vm, &artifacts, !rec.persistent).await
     }
 
@@ -371,6 +381,8 @@ impl Host {
         let rec = vm.record();
         if fresh_disk || !overlay.exists() {
             create_overlay(id, &artifacts.rootfs.path, &overlay, rec.disk).await?;
+        } else if let Some(disk) = rec.disk {
+            grow_overlay(id, &overlay, disk).await?;
         }
         let spec = VmSpec {
             id,
@@ -553,28 +565,95 @@ async fn create_overlay(
     overlay: &Path,
     disk: Option<ByteSize>,
 ) -> Result<(), HostError> {
+    use std::ffi::OsStr;
     let _ = std::fs::remove_file(overlay);
     let base_size = std::fs::metadata(base).map(|m| m.len()).unwrap_or(0);
-    let mut cmd = tokio::process::Command::new("qemu-img");
-    cmd.args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-        .arg(base)
-        .arg(overlay);
-    if let Some(size) = disk.filter(|d| d.bytes() > base_size) {
-        cmd.arg(size.bytes().to_string());
+    let mut args: Vec<&OsStr> = ["create", "-q", "-f", "qcow2", "-F", "raw", "-b"]
+        .iter()
+        .map(OsStr::new)
+        .collect();
+    args.extend([base.as_os_str(), overlay.as_os_str()]);
+    let size = disk
+        .filter(|d| d.bytes() > base_size)
+        .map(|d| d.bytes().to_string());
+    if let Some(size) = &size {
+        args.push(size.as_ref());
     }
-    let out = cmd.output().await.map_err(|source| HostError::Io {
-        id,
-        what: "run qemu-img".into(),
-        source,
-    })?;
+    qemu_img(id, &args).await.map(drop)
+}
+
+/// Resources a start may change (see [`Host::start_vm_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resize {
+    pub memory: Option<ByteSize>,
+    pub cpu: Option<MilliCpu>,
+    pub disk: Option<ByteSize>,
+}
+
+fn check_resources(memory: ByteSize, cpu: MilliCpu) -> Result<(), HostError> {
+    if memory < ByteSize::mib(64) || !memory.bytes().is_multiple_of(ByteSize::MIB) {
+        return Err(HostError::Invalid(format!(
+            "memory must be a whole number of MiB, at least 64MiB (got {memory})"
+        )));
+    }
+    if cpu.0 == 0 || cpu.whole_vcpus() > 64 {
+        return Err(HostError::Invalid(format!(
+            "cpu must be 1..64 vCPUs (got {} millicores)",
+            cpu.0
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `qemu-img` with `args`; its stdout.
+async fn qemu_img(id: VmId, args: &[&std::ffi::OsStr]) -> Result<Vec<u8>, HostError> {
+    let out = tokio::process::Command::new("qemu-img")
+        .args(args)
+        .output()
+        .await
+        .map_err(|source| HostError::Io {
+            id,
+            what: "run qemu-img".into(),
+            source,
+        })?;
     if !out.status.success() {
         return Err(HostError::Boot {
             id,
             reason: format!(
-                "qemu-img create: {}",
+                "qemu-img {}: {}",
+                args.first().map_or("".into(), |a| a.to_string_lossy()),
                 String::from_utf8_lossy(&out.stderr).trim()
             ),
         });
+    }
+    Ok(out.stdout)
+}
+
+/// Grows the overlay's virtual size to `disk` when it is smaller (the guest
+/// agent grows the filesystem at boot). Never shrinks.
+async fn grow_overlay(id: VmId, overlay: &Path, disk: ByteSize) -> Result<(), HostError> {
+    use std::ffi::OsStr;
+    let path = overlay.as_os_str();
+    let info = qemu_img(id, &["info".as_ref(), "--output=json".as_ref(), path]).await?;
+    let size = serde_json::from_slice::<serde_json::Value>(&info)
+        .ok()
+        .and_then(|v| v["virtual-size"].as_u64())
+        .ok_or_else(|| HostError::Boot {
+            id,
+            reason: "qemu-img info: no virtual-size".into(),
+        })?;
+    if disk.bytes() > size {
+        let target = disk.bytes().to_string();
+        let args: [&OsStr; 6] = [
+            "resize".as_ref(),
+            "-q".as_ref(),
+            "-f".as_ref(),
+            "qcow2".as_ref(),
+            path,
+            target.as_ref(),
+        ];
+        qemu_img(id, &args).await?;
+        tracing::info!(vm = %id, from = size, to = disk.bytes(), "grew the disk");
     }
     Ok(())
 }

@@ -15,5 +15,5 @@ pub mod host;
 pub mod vm;
 
 pub use guest::{ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError};
-pub use host::{error_chain, CreateVm, Host, HostConfig, HostError};
+pub use host::{error_chain, CreateVm, Host, HostConfig, HostError, Resize};
 pub use vm::{Vm, VmRecord, VmState};

@@ -129,5 +129,51 @@ async fn a_larger_disk_is_grown_into_at_boot() {
         .unwrap();
     let kib: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert!(kib > 1_800_000, "root filesystem is {kib} KiB");
+    g.write_all("/root/kept.txt", bytes::Bytes::from_static(b"kept"))
+        .await
+        .unwrap();
+
+    // A start with new resources: more memory and CPUs, a larger disk (the
+    // data stays); a smaller disk is ignored, never shrunk.
+    host.stop(vm.id).await.unwrap();
+    let resize = hearth_host::Resize {
+        memory: Some(hearth_types::ByteSize::mib(384)),
+        cpu: Some(hearth_types::MilliCpu::vcpus(2)),
+        disk: Some(hearth_types::ByteSize::gib(3)),
+    };
+    let vm = host.start_vm_with(vm.id, resize).await.unwrap();
+    let g = vm.guest().unwrap();
+    let info = g.info().await.unwrap();
+    assert_eq!(info.cpus, 2);
+    assert!(
+        info.mem_total_bytes > 300 << 20 && info.mem_total_bytes <= 384 << 20,
+        "{info:?}"
+    );
+    let out = g
+        .run(sh("df -k / | tail -1 | awk '{print $2}'"))
+        .await
+        .unwrap();
+    let kib: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(
+        kib > 2_800_000,
+        "root filesystem is {kib} KiB after growing"
+    );
+    assert_eq!(g.read_all("/root/kept.txt").await.unwrap(), b"kept");
+    host.stop(vm.id).await.unwrap();
+    let smaller = hearth_host::Resize {
+        disk: Some(hearth_types::ByteSize::gib(1)),
+        ..Default::default()
+    };
+    let vm = host.start_vm_with(vm.id, smaller).await.unwrap();
+    assert_eq!(vm.record().disk, Some(hearth_types::ByteSize::gib(3)));
+    assert_eq!(vm.record().memory, hearth_types::ByteSize::mib(384));
+    // Bad resources are refused before anything changes.
+    host.stop(vm.id).await.unwrap();
+    let bad = hearth_host::Resize {
+        memory: Some(hearth_types::ByteSize(1000)),
+        ..Default::default()
+    };
+    assert!(host.start_vm_with(vm.id, bad).await.is_err());
+    assert_eq!(vm.state(), VmState::Stopped);
     host.delete(vm.id).await.unwrap();
 }
