@@ -426,7 +426,7 @@ def test_stop_start_keeps_filesystem():
         )
 
 
-def test_tunnel_reaches_tcp_servers_in_sandbox():
+def test_tunnel_and_service_url_reach_servers_in_sandbox():
     sb = main_sandbox()
     sb.run("mkdir -p /home/user/www")
     sb.write("/home/user/www/hello.txt", b"hello through the tunnel\n")
@@ -479,6 +479,19 @@ def test_tunnel_reaches_tcp_servers_in_sandbox():
                     got += d
                 sender.join(10)
             check(bytes(got) == payload, f"echo through the tunnel: {len(got)} of {len(payload)} bytes")
+        # The same HTTP server through a service URL (token mode).
+        svc = sb.service(port=8000)
+        check(svc.browser_url.startswith("http"), f"browser_url {svc.browser_url!r}")
+        r = svc.get("/hello.txt", timeout=60)
+        check(
+            (r.status_code, r.content) == (200, b"hello through the tunnel\n"),
+            f"service GET hello.txt: {r.status_code} {r.content[:200]!r}",
+        )
+        t0 = time.monotonic()
+        r = svc.get("/big.bin", timeout=120)
+        log(f"2 MiB through the service URL in {time.monotonic() - t0:.1f}s")
+        check(r.content == big, f"big.bin through the service URL: {len(r.content)} bytes, differs")
+        check(svc.get("/nope", timeout=60).status_code == 404, "the server's 404 passes through")
     finally:
         http.kill()
         echo.kill()
@@ -678,7 +691,7 @@ TESTS = [
     test_write_read_10mib_binary_byte_exact,
     test_stat_ranges_search_and_download_links,
     test_stop_start_keeps_filesystem,
-    test_tunnel_reaches_tcp_servers_in_sandbox,
+    test_tunnel_and_service_url_reach_servers_in_sandbox,
     test_delete_then_get_is_not_found,
     test_error_missing_file_is_resource_not_found,
     test_error_bad_sizing_is_validation_error,

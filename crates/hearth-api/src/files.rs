@@ -267,3 +267,125 @@ mod link_tests {
         );
     }
 }
+
+/// Longest service-URL token lifetime, and the default.
+pub const MAX_SERVICE_SECONDS: i64 = 86_400;
+pub const DEFAULT_SERVICE_SECONDS: i64 = 600;
+
+/// Body of `POST /boxes/{name}/service-url` (token mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceUrlRequest {
+    /// The TCP port of an HTTP server inside the sandbox.
+    pub port: i64,
+    /// Token lifetime (1..86400, default 600); the SDK refreshes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_seconds: Option<i64>,
+    /// LangSmith's login mode (`restricted`, `workspace`): not supported by
+    /// Hearth, which serves token mode only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<String>,
+    /// Origins allowed to embed the service in a frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embed_origins: Option<Vec<String>>,
+}
+
+/// Answer of `POST /boxes/{name}/service-url`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceUrlResponse {
+    /// Opens in a browser (the token is in the URL).
+    pub browser_url: String,
+    /// Base URL for programmatic requests; paths are appended to it.
+    pub service_url: String,
+    /// Also accepted in `X-Langsmith-Sandbox-Service-Token`.
+    pub token: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    pub embed_url: String,
+    pub embed_origins: Vec<String>,
+}
+
+impl ServiceUrlRequest {
+    /// Checks the fields; returns (port, lifetime in seconds).
+    pub fn validate(&self) -> Result<(u16, i64), ApiError> {
+        let port = u16::try_from(self.port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| {
+                ApiError::validation("port", format!("port must be 1-65535, got {}", self.port))
+            })?;
+        let secs = self.expires_in_seconds.unwrap_or(DEFAULT_SERVICE_SECONDS);
+        if !(1..=MAX_SERVICE_SECONDS).contains(&secs) {
+            return Err(ApiError::validation(
+                "expires_in_seconds",
+                format!(
+                    "expires_in_seconds must be between 1 and {MAX_SERVICE_SECONDS}, got {secs}"
+                ),
+            ));
+        }
+        if let Some(a) = &self.access {
+            return Err(ApiError::validation(
+                "access",
+                format!("access {a:?} (login mode) is not supported; omit it for a token URL"),
+            ));
+        }
+        for o in self.embed_origins.iter().flatten() {
+            let ok = (o.starts_with("https://") || o.starts_with("http://"))
+                && o.len() <= 255
+                && o.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b';' && b != b',');
+            if !ok {
+                return Err(ApiError::validation(
+                    "embed_origins",
+                    format!("embed origin {o:?} must be an http(s) origin"),
+                ));
+            }
+        }
+        Ok((port, secs))
+    }
+}
+
+#[cfg(test)]
+mod service_tests {
+    use super::*;
+
+    #[test]
+    fn service_url_fields_are_checked() {
+        let req = |v: serde_json::Value| -> ServiceUrlRequest {
+            serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert_eq!(
+            req(serde_json::json!({"port": 3000})).validate().ok(),
+            Some((3000, DEFAULT_SERVICE_SECONDS))
+        );
+        assert_eq!(
+            req(serde_json::json!({"port": 3000, "expires_in_seconds": 60,
+                "embed_origins": ["https://app.example"]}))
+            .validate()
+            .ok(),
+            Some((3000, 60))
+        );
+        for (v, field) in [
+            (serde_json::json!({"port": 0}), "port"),
+            (serde_json::json!({"port": 65536}), "port"),
+            (
+                serde_json::json!({"port": 1, "expires_in_seconds": 86401}),
+                "expires_in_seconds",
+            ),
+            (
+                serde_json::json!({"port": 1, "access": "restricted"}),
+                "access",
+            ),
+            (
+                serde_json::json!({"port": 1, "embed_origins": ["javascript:x"]}),
+                "embed_origins",
+            ),
+            (
+                serde_json::json!({"port": 1, "embed_origins": ["https://a; script-src *"]}),
+                "embed_origins",
+            ),
+        ] {
+            let e = req(v).validate().err();
+            assert_eq!(e.as_ref().and_then(|e| e.field()), Some(field), "{e:?}");
+        }
+    }
+}

@@ -19,6 +19,7 @@ use crate::exec::{
 };
 use crate::files::{
     DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
+    ServiceUrlRequest, ServiceUrlResponse,
 };
 use crate::snapshots::{ListSnapshotsResponse, SnapshotResponse, SnapshotsByNameResponse};
 
@@ -71,7 +72,7 @@ const DATAPLANE_PATHS: &[&str] = &[
     ),
     paths(
         create_box, list_boxes, get_box, update_box, delete_box, box_status, start_box, stop_box,
-        download_url, fetch_download,
+        download_url, fetch_download, service_url, service_proxy,
         list_snapshots, get_snapshot, snapshots_by_name,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
@@ -257,6 +258,42 @@ fn stop_box() {}
 )]
 #[allow(dead_code)]
 fn download_url() {}
+
+/// Mint a service URL: HTTP to a port inside the sandbox, by token (token
+/// mode; login mode, `access`, is not supported). Needs runtime access.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes/{name}/service-url", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    request_body = ServiceUrlRequest,
+    responses(
+        (status = 200, description = "The URLs and token", body = ServiceUrlResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 422, description = "Invalid port, expiry, access or embed origins"),
+    ),
+)]
+#[allow(dead_code)]
+fn service_url() {}
+
+/// Any method under a service URL is forwarded (HTTP/1.1) to the port in
+/// the sandbox, which it wakes. No API key: the token is the grant.
+#[utoipa::path(
+    get, path = "/services/{token}/{path}", tag = "boxes",
+    params(
+        ("token" = String, Path, description = "The token of a service_url"),
+        ("path" = String, Path, description = "Path on the service"),
+    ),
+    security(()),
+    responses(
+        (status = 200, description = "The service's own answer (any status)"),
+        (status = 404, description = "Unknown token or sandbox deleted", body = ErrorBody),
+        (status = 410, description = "The token has expired (error LinkExpired)", body = ErrorBody),
+        (status = 502, description = "Nothing answers on the port (error ServiceUnavailable)", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn service_proxy() {}
 
 /// Fetch the file of a download link (`GET` or `HEAD`; `Range` supported).
 /// Wakes a stopped sandbox. No API key: the token is the grant.

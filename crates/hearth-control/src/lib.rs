@@ -23,6 +23,7 @@ mod links;
 mod list;
 mod metrics;
 mod service;
+mod services;
 pub mod tunnel;
 
 use std::collections::HashMap;
@@ -31,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use hearth_db::{Db, HostRow, HostState, SnapshotRow, SnapshotStatus, Timestamp};
 use hearth_host::Host;
@@ -261,6 +262,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         .route("/boxes/{name}/start", post(boxes::start))
         .route("/boxes/{name}/stop", post(boxes::stop))
         .route("/boxes/{name}/download-url", post(links::mint))
+        .route("/boxes/{name}/service-url", post(links::mint_service))
         .route("/snapshots", get(boxes::list_snapshots))
         .route("/snapshots/{reference}", get(boxes::get_snapshot))
         .route("/snapshots-by-name/{name}", get(boxes::snapshots_by_name))
@@ -293,7 +295,10 @@ pub fn router(control: Arc<Control>) -> Router {
         .route("/dataplane/{id}/glob", post(dataplane::glob))
         .route("/dataplane/{id}/grep", post(dataplane::grep))
         .route("/dataplane/{id}/tunnel", get(dataplane::tunnel))
-        .route("/downloads/{token}", get(links::fetch));
+        .route("/downloads/{token}", get(links::fetch))
+        .route("/services/{token}", any(services::proxy_root))
+        .route("/services/{token}/", any(services::proxy_root))
+        .route("/services/{token}/{*rest}", any(services::proxy));
     Router::new()
         .nest("/api/v2/sandboxes", api.clone())
         .nest("/v2/sandboxes", api)

@@ -17,7 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
-use hearth_api::{ApiError, DownloadUrlRequest, DownloadUrlResponse};
+use hearth_api::{
+    ApiError, DownloadUrlRequest, DownloadUrlResponse, ServiceUrlRequest, ServiceUrlResponse,
+};
 use hearth_db::Timestamp;
 use hearth_types::{SandboxId, WorkspaceId};
 use serde::{Deserialize, Serialize};
@@ -43,12 +45,17 @@ impl std::fmt::Debug for LinkKey {
 
 /// What a token pins. Field names are short: they travel in every URL.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Claims {
+pub(crate) struct Claims {
     /// Format version.
     v: u8,
     ws: WorkspaceId,
     sb: SandboxId,
+    /// A download link's file.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     path: String,
+    /// A service URL's port (none for a download link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    port: Option<u16>,
     /// Expiry, unix milliseconds; none = never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     exp: Option<i64>,
@@ -56,6 +63,9 @@ struct Claims {
     ct: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cd: Option<String>,
+    /// A service URL's frame ancestors (space-separated origins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    emb: Option<String>,
 }
 
 impl LinkKey {
@@ -127,9 +137,11 @@ pub async fn mint(
         ws: row.workspace_id,
         sb: row.id,
         path: req.path,
+        port: None,
         exp: expires.map(Timestamp::unix_ms),
         ct: req.content_type,
         cd: req.content_disposition,
+        emb: None,
     };
     let token = c.links.mint(&claims);
     Ok(Json(DownloadUrlResponse {
@@ -150,18 +162,7 @@ pub async fn fetch(
     method: Method,
     headers: HeaderMap,
 ) -> HttpResult<Response> {
-    let claims = c
-        .links
-        .verify(&token)
-        .ok_or_else(|| ApiError::new(404, "NotFound", "unknown download link"))?;
-    if claims.exp.is_some_and(|e| Timestamp::now().unix_ms() >= e) {
-        return Err(ApiError::new(410, "LinkExpired", "this download link has expired").into());
-    }
-    let row = c
-        .find(claims.ws, &claims.sb.to_string())
-        .await
-        .map_err(|_| ApiError::new(404, "NotFound", "the sandbox of this link no longer exists"))?;
-    let (_, guest) = c.wake(row).await?;
+    let (claims, guest) = c.redeem(&token, false).await?;
     let mut resp =
         match hearth_host::api::serve_download(&guest, &claims.path, &method, &headers).await {
             Ok(resp) => resp,
@@ -194,6 +195,102 @@ pub async fn fetch(
         HeaderValue::from_static("nosniff"),
     );
     Ok(resp)
+}
+
+impl Control {
+    /// The claims and the (woken) guest of a link or service token; 404 for
+    /// a token this deployment did not sign or of the other kind, 410 once
+    /// expired, 404 when its sandbox is gone.
+    pub(crate) async fn redeem(
+        self: &Arc<Self>,
+        token: &str,
+        service: bool,
+    ) -> Result<(Claims, hearth_host::GuestClient), ApiError> {
+        let what = if service {
+            "service URL"
+        } else {
+            "download link"
+        };
+        let claims = self
+            .links
+            .verify(token)
+            .filter(|c| c.port.is_some() == service)
+            .ok_or_else(|| ApiError::new(404, "NotFound", format!("unknown {what}")))?;
+        if claims.exp.is_some_and(|e| Timestamp::now().unix_ms() >= e) {
+            return Err(ApiError::new(
+                410,
+                "LinkExpired",
+                format!("this {what} has expired"),
+            ));
+        }
+        let row = self
+            .find(claims.ws, &claims.sb.to_string())
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    404,
+                    "NotFound",
+                    format!("the sandbox of this {what} no longer exists"),
+                )
+            })?;
+        let (_, guest) = self.wake(row).await?;
+        Ok((claims, guest))
+    }
+}
+
+/// `POST /boxes/{name}/service-url`: a token URL for an HTTP server in the
+/// sandbox (LangSmith's token mode).
+pub async fn mint_service(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    let req: ServiceUrlRequest = hearth_api::parse_body(&body)?;
+    let (port, secs) = req.validate()?;
+    let row = c.find(who.workspace_id, &name).await?;
+    who.require_runtime(&row)?;
+    let expires = Timestamp::now().plus(std::time::Duration::from_secs(secs as u64));
+    let origins = req.embed_origins.unwrap_or_default();
+    let token = c.links.mint(&Claims {
+        v: 1,
+        ws: row.workspace_id,
+        sb: row.id,
+        path: String::new(),
+        port: Some(port),
+        exp: Some(expires.unix_ms()),
+        ct: None,
+        cd: None,
+        // Frame ancestors travel in the token, pinned like a link's headers.
+        emb: (!origins.is_empty()).then(|| origins.join(" ")),
+    });
+    let url = format!(
+        "{}/services/{token}",
+        c.cfg.public_url.trim_end_matches('/')
+    );
+    Ok(Json(ServiceUrlResponse {
+        browser_url: format!("{url}/"),
+        embed_url: if origins.is_empty() {
+            String::new()
+        } else {
+            format!("{url}/")
+        },
+        service_url: url,
+        token,
+        expires_at: expires.to_rfc3339(),
+        embed_origins: origins,
+    })
+    .into_response())
+}
+
+/// The frame ancestors a service token allows, if any.
+pub(crate) fn embed_origins(claims: &Claims) -> Option<&str> {
+    claims.emb.as_deref()
+}
+
+/// The port a service token opens.
+pub(crate) fn service_port(claims: &Claims) -> u16 {
+    claims.port.unwrap_or(0)
 }
 
 /// The last path segment, reduced to characters safe inside a quoted
@@ -230,9 +327,11 @@ mod tests {
             ws: WorkspaceId::new(),
             sb: SandboxId::new(),
             path: "/home/user/report.pdf".into(),
+            port: None,
             exp: Some(1),
             ct: None,
             cd: Some("attachment".into()),
+            emb: None,
         }
     }
 

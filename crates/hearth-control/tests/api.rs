@@ -596,6 +596,88 @@ async fn sse_exec(e: &Env, a: &str, id: &str) {
     assert!(s.is_client_error(), "{s} {body}");
 }
 
+/// Service URLs: a token URL proxies HTTP to a port in the sandbox.
+async fn service_urls(e: &Env, a: &str, id: &str) {
+    let (s, v) = e
+        .call(
+            Method::POST,
+            &format!("/dataplane/{id}/execute"),
+            Some(a),
+            Some(json!({"command": "mkdir -p /srv/www/sub && echo 'hello from httpd' > /srv/www/sub/index.html && busybox httpd -p 8081 -h /srv/www"})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["exit_code"].as_i64()),
+        (StatusCode::OK, Some(0)),
+        "{v}"
+    );
+    let mint = |body: Value| {
+        e.call(
+            Method::POST,
+            "/api/v2/sandboxes/boxes/box-one/service-url",
+            Some(a),
+            Some(body),
+        )
+    };
+    let (s, v) = mint(json!({"port": 8081, "expires_in_seconds": 120})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    for k in ["browser_url", "service_url", "token", "expires_at"] {
+        assert!(v[k].as_str().is_some_and(|x| !x.is_empty()), "{k}: {v}");
+    }
+    let url = v["service_url"].as_str().unwrap();
+    let base = url[url.find("/services/").unwrap()..].to_owned();
+    let (s, h, body) = e
+        .fetch(Method::GET, &format!("{base}/sub/index.html?x=1"), "", &[])
+        .await;
+    assert_eq!(
+        (s, body.as_slice()),
+        (StatusCode::OK, &b"hello from httpd\n"[..])
+    );
+    assert!(h.get("content-type").is_some());
+    let (s, _, _) = e
+        .fetch(Method::GET, &format!("{base}/missing.html"), "", &[])
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the app's own 404 passes through");
+    // Nothing on the port: 502. A download-link token is not a service token.
+    let (_, v) = mint(json!({"port": 9})).await;
+    let url = v["service_url"].as_str().unwrap();
+    let closed = &url[url.find("/services/").unwrap()..];
+    let (s, _, body) = e.fetch(Method::GET, &format!("{closed}/"), "", &[]).await;
+    assert_eq!(
+        s,
+        StatusCode::BAD_GATEWAY,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let (s, _, _) = e.fetch(Method::GET, "/services/forged/x", "", &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    for (body, field) in [
+        (json!({"port": 0}), "port"),
+        (json!({"port": 70000}), "port"),
+        (
+            json!({"port": 80, "expires_in_seconds": 0}),
+            "expires_in_seconds",
+        ),
+        (json!({"port": 80, "access": "workspace"}), "access"),
+    ] {
+        let (s, v) = mint(body).await;
+        assert_eq!(
+            (s, validation_field(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, field.into()),
+            "{v}"
+        );
+    }
+    let (s, _) = e
+        .call(
+            Method::POST,
+            "/api/v2/sandboxes/boxes/box-one/service-url",
+            Some(&e.reader),
+            Some(json!({"port": 8081})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+}
+
 /// `download-url` links: minted with runtime rights, fetched with none.
 /// Returns the path of a live link to `/srv/t/a.py`.
 async fn download_links(e: &Env, a: &str, id: &str) -> String {
@@ -823,6 +905,7 @@ async fn lifecycle(e: &Env) {
     search_and_conditional_download(e, a, &id).await;
     let link = download_links(e, a, &id).await;
     sse_exec(e, a, &id).await;
+    service_urls(e, a, &id).await;
 
     // List with filters and a cursor.
     let (s, v) = e.create(a, json!({"name": "box-two", "snapshot": "busybox", "labels": {"team": "b"}, "wait_for_ready": false})).await;

@@ -14,6 +14,8 @@ pub mod guest;
 pub mod host;
 pub mod vm;
 
-pub use guest::{ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError};
+pub use guest::{
+    stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
+};
 pub use host::{error_chain, CreateVm, Host, HostConfig, HostError, Resize};
 pub use vm::{Vm, VmRecord, VmState};

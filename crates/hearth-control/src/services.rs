@@ -1,0 +1,128 @@
+//! Service URLs: `{public_url}/services/{token}/…` proxies HTTP to a port
+//! inside the sandbox (LangSmith's token mode; the token comes from
+//! `POST /boxes/{name}/service-url`, see [`crate::links`]).
+//!
+//! Each request is verified, wakes the sandbox, dials the port through the
+//! guest agent and is forwarded over HTTP/1.1 with hop-by-hop headers and
+//! Hearth's own credentials removed; the answer streams back. WebSocket
+//! upgrades are not proxied.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Uri};
+use axum::response::{IntoResponse, Response};
+use hearth_api::ApiError;
+use hearth_guest_proto::OpErrorKind;
+use hyper_util::rt::TokioIo;
+
+use crate::error::HttpResult;
+use crate::links::{embed_origins, service_port};
+use crate::Control;
+
+/// Headers of one hop only (RFC 9110 §7.6.1), plus Hearth's credentials.
+const DROPPED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "x-api-key",
+    "x-langsmith-sandbox-service-token",
+];
+
+fn strip(headers: &mut HeaderMap) {
+    // Headers the Connection header names are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in DROPPED {
+        headers.remove(*n);
+    }
+}
+
+/// `ANY /services/{token}` and `/services/{token}/` (the service's `/`).
+pub async fn proxy_root(
+    State(c): State<Arc<Control>>,
+    Path(token): Path<String>,
+    req: Request,
+) -> HttpResult<Response> {
+    forward(c, token, String::new(), req).await
+}
+
+/// `ANY /services/{token}/{*rest}`.
+pub async fn proxy(
+    State(c): State<Arc<Control>>,
+    Path((token, rest)): Path<(String, String)>,
+    req: Request,
+) -> HttpResult<Response> {
+    forward(c, token, rest, req).await
+}
+
+fn bad_gateway(message: String) -> ApiError {
+    ApiError::new(502, "ServiceUnavailable", message)
+}
+
+async fn forward(
+    c: Arc<Control>,
+    token: String,
+    rest: String,
+    req: Request,
+) -> HttpResult<Response> {
+    let (claims, guest) = c.redeem(&token, true).await?;
+    let port = service_port(&claims);
+    let conn = guest.dial(port).await.map_err(|e| {
+        if e.op_kind() == Some(OpErrorKind::ConnectionRefused) {
+            bad_gateway(format!("nothing listens on port {port} in the sandbox"))
+        } else {
+            bad_gateway(format!("cannot reach port {port} in the sandbox: {e}"))
+        }
+    })?;
+    let io = TokioIo::new(hearth_host::stream_io(conn));
+    let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Body>(io)
+        .await
+        .map_err(|e| bad_gateway(format!("HTTP handshake with port {port} failed: {e}")))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+
+    let (mut parts, body) = req.into_parts();
+    let path_and_query = match parts.uri.query() {
+        Some(q) => format!("/{rest}?{q}"),
+        None => format!("/{rest}"),
+    };
+    parts.uri = Uri::builder()
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(|e| ApiError::invalid_request(format!("bad request path: {e}")))?;
+    strip(&mut parts.headers);
+    if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
+        parts.headers.insert(header::HOST, host);
+    }
+    parts.version = axum::http::Version::HTTP_11;
+    let resp = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| bad_gateway(format!("port {port} did not answer: {e}")))?;
+    let (mut parts, body) = resp.into_parts();
+    strip(&mut parts.headers);
+    if let Some(origins) = embed_origins(&claims) {
+        if let Ok(v) = HeaderValue::from_str(&format!("frame-ancestors 'self' {origins}")) {
+            parts.headers.insert(header::CONTENT_SECURITY_POLICY, v);
+        }
+        parts.headers.remove(header::X_FRAME_OPTIONS);
+    }
+    Ok(Response::from_parts(parts, Body::new(body)).into_response())
+}
