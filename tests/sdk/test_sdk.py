@@ -492,9 +492,76 @@ def test_tunnel_and_service_url_reach_servers_in_sandbox():
         log(f"2 MiB through the service URL in {time.monotonic() - t0:.1f}s")
         check(r.content == big, f"big.bin through the service URL: {len(r.content)} bytes, differs")
         check(svc.get("/nope", timeout=60).status_code == 404, "the server's 404 passes through")
+        check_service_upgrade(sb)
     finally:
         http.kill()
         echo.kill()
+
+
+UPGRADE_SERVER = b"""
+import socket, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 9100))
+s.listen()
+def serve(c):
+    req = b''
+    while b'\\r\\n\\r\\n' not in req:
+        d = c.recv(4096)
+        if not d:
+            return c.close()
+        req += d
+    head, rest = req.split(b'\\r\\n\\r\\n', 1)
+    if b'upgrade: echo' in head.lower():
+        c.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: echo\\r\\nConnection: Upgrade\\r\\n\\r\\n' + rest)
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+    else:
+        c.sendall(b'HTTP/1.1 426 Upgrade Required\\r\\nContent-Length: 0\\r\\n\\r\\n')
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def check_service_upgrade(sb):
+    """A protocol switch (101) through a service URL, spliced both ways."""
+    from urllib.parse import urlparse
+
+    sb.write("/home/user/upgrade.py", UPGRADE_SERVER)
+    server = sb.run("exec python3 /home/user/upgrade.py", wait=False)
+    try:
+        wait_for_port(sb, 9100)
+        svc = sb.service(port=9100)
+        api = urlparse(os.environ["LANGSMITH_ENDPOINT"])
+        path = urlparse(svc.service_url).path + "/chat"
+        with socket.create_connection((api.hostname, api.port or 80), timeout=60) as c:
+            c.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: {api.netloc}\r\n"
+                "Connection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode()
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                d = c.recv(4096)
+                check(d, f"connection closed during the upgrade: {head!r}")
+                head += d
+            check(head.startswith(b"HTTP/1.1 101"), f"upgrade answer {head[:200]!r}")
+            payload = random.randbytes(300 * 1024)
+            c.sendall(payload)
+            got = head.split(b"\r\n\r\n", 1)[1]
+            while len(got) < len(payload):
+                d = c.recv(65536)
+                if not d:
+                    break
+                got += d
+            check(got == payload, f"echo after the upgrade: {len(got)} of {len(payload)} bytes")
+        log("a 101 upgrade through the service URL echoed 300 KiB")
+    finally:
+        server.kill()
 
 
 def test_delete_then_get_is_not_found():

@@ -277,7 +277,8 @@ fn download_url() {}
 fn service_url() {}
 
 /// Any method under a service URL is forwarded (HTTP/1.1) to the port in
-/// the sandbox, which it wakes. No API key: the token is the grant.
+/// the sandbox, which it wakes; a 101 upgrade (WebSocket) is spliced
+/// through. No API key: the token is the grant.
 #[utoipa::path(
     get, path = "/services/{token}/{path}", tag = "boxes",
     params(

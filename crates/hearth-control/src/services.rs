@@ -4,8 +4,9 @@
 //!
 //! Each request is verified, wakes the sandbox, dials the port through the
 //! guest agent and is forwarded over HTTP/1.1 with hop-by-hop headers and
-//! Hearth's own credentials removed; the answer streams back. WebSocket
-//! upgrades are not proxied.
+//! Hearth's own credentials removed; the answer streams back. Upgrades
+//! (WebSocket, or any protocol the service switches to with 101) are
+//! spliced: after the 101 the two connections are copied into each other.
 
 use std::sync::Arc;
 
@@ -35,6 +36,28 @@ const DROPPED: &[&str] = &[
     "x-api-key",
     "x-langsmith-sandbox-service-token",
 ];
+
+/// Whether a request asks to switch protocols (`Connection: upgrade`).
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Removes hop-by-hop headers; an upgrade keeps `Upgrade` and a bare
+/// `Connection: upgrade`.
+fn strip_hops(headers: &mut HeaderMap, upgrade: bool) {
+    let protocol = headers.get(header::UPGRADE).cloned();
+    strip(headers);
+    if let (true, Some(p)) = (upgrade, protocol) {
+        headers.insert(header::UPGRADE, p);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
 
 fn strip(headers: &mut HeaderMap) {
     // Headers the Connection header names are hop-by-hop too.
@@ -79,8 +102,10 @@ async fn forward(
     c: Arc<Control>,
     token: String,
     rest: String,
-    req: Request,
+    mut req: Request,
 ) -> HttpResult<Response> {
+    let upgrade = wants_upgrade(req.headers());
+    let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (claims, guest) = c.redeem(&token, true).await?;
     let port = service_port(&claims);
     let conn = guest.dial(port).await.map_err(|e| {
@@ -95,7 +120,7 @@ async fn forward(
         .await
         .map_err(|e| bad_gateway(format!("HTTP handshake with port {port} failed: {e}")))?;
     tokio::spawn(async move {
-        let _ = connection.await;
+        let _ = connection.with_upgrades().await;
     });
 
     let (mut parts, body) = req.into_parts();
@@ -107,17 +132,28 @@ async fn forward(
         .path_and_query(path_and_query)
         .build()
         .map_err(|e| ApiError::invalid_request(format!("bad request path: {e}")))?;
-    strip(&mut parts.headers);
+    strip_hops(&mut parts.headers, upgrade);
     if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
         parts.headers.insert(header::HOST, host);
     }
     parts.version = axum::http::Version::HTTP_11;
-    let resp = sender
+    let mut resp = sender
         .send_request(Request::from_parts(parts, body))
         .await
         .map_err(|e| bad_gateway(format!("port {port} did not answer: {e}")))?;
+    let switched = resp.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS;
+    if let (true, Some(client_side)) = (switched, client_side) {
+        let service_side = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(client), Ok(service)) = (client_side.await, service_side.await) else {
+                return;
+            };
+            let (mut client, mut service) = (TokioIo::new(client), TokioIo::new(service));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut service).await;
+        });
+    }
     let (mut parts, body) = resp.into_parts();
-    strip(&mut parts.headers);
+    strip_hops(&mut parts.headers, switched);
     if let Some(origins) = embed_origins(&claims) {
         if let Ok(v) = HeaderValue::from_str(&format!("frame-ancestors 'self' {origins}")) {
             parts.headers.insert(header::CONTENT_SECURITY_POLICY, v);
