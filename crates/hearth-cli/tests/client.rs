@@ -258,6 +258,23 @@ fn echo_through(port: u16, payload: &[u8]) -> Option<Vec<u8>> {
     (n == payload.len()).then_some(got)
 }
 
+/// A plain HTTP/1.1 GET of an `http://127.0.0.1:…` URL with no
+/// credentials; the raw answer (head and body).
+fn http_get(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut s = TcpStream::connect(authority).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn timed(label: &str, t: Instant) {
     eprintln!("[client test] {label}: {:.1}s", t.elapsed().as_secs_f64());
 }
@@ -380,6 +397,21 @@ fn client_commands_drive_one_sandbox_through_its_life() {
     );
     let out = srv.run(&["cp", &format!("{n}:/home/user/missing"), "-"]);
     assert_fails(&out, "no such file");
+
+    // link: a download URL that needs no key; service: a URL to a port.
+    let url = stdout(&srv.ok(&["link", n, "/home/user/note.txt"]));
+    let body = http_get(url.trim());
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.ends_with("\r\n\r\na note\n"), "{body}");
+    assert!(body.contains("attachment; filename=\"note.txt\""), "{body}");
+    let svc = srv.json(&["service", n, "--port", "9", "--expires", "60"]);
+    let url = svc["browser_url"].as_str().unwrap_or_default();
+    let body = http_get(url);
+    assert!(
+        body.starts_with("HTTP/1.1 502"),
+        "nothing listens on 9: {body}"
+    );
+    assert_fails(&srv.run(&["service", n, "--port", "0"]), "port");
 
     // stop, start: the file survives.
     let t = Instant::now();

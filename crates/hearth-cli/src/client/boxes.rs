@@ -1,4 +1,4 @@
-//! `hearth create|list|get|start|stop|delete`: the control plane.
+//! `hearth create|list|get|start|stop|delete|link|service`: the control plane.
 
 use std::time::{Duration, Instant};
 
@@ -258,4 +258,69 @@ pub fn print_box(sb: &Value, json: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `hearth link NAME PATH`: a download link for one file.
+pub async fn link(
+    api: &Api,
+    name: &str,
+    path: &str,
+    expires: Option<u64>,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let req = hearth_api::DownloadUrlRequest {
+        path: path.to_owned(),
+        expires_in_seconds: expires.map(|s| to_i64(s, "--expires")).transpose()?,
+        content_type: None,
+        content_disposition: Some("attachment".into()),
+    };
+    let v = api
+        .json(
+            Method::POST,
+            &api.path(&["boxes", name, "download-url"]),
+            Some(&req),
+        )
+        .await
+        .with_context(|| format!("mint a download link for {name}:{path}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{}", v["download_url"].as_str().unwrap_or_default());
+    }
+    Ok(0)
+}
+
+/// `hearth service NAME --port P`: a token URL for an HTTP server in the
+/// sandbox.
+pub async fn service(
+    api: &Api,
+    name: &str,
+    port: u16,
+    expires: Option<u64>,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let req = hearth_api::ServiceUrlRequest {
+        port: i64::from(port),
+        expires_in_seconds: expires.map(|s| to_i64(s, "--expires")).transpose()?,
+        access: None,
+        embed_origins: None,
+    };
+    let v = api
+        .json(
+            Method::POST,
+            &api.path(&["boxes", name, "service-url"]),
+            Some(&req),
+        )
+        .await
+        .with_context(|| format!("mint a service URL for {name} port {port}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{}", v["browser_url"].as_str().unwrap_or_default());
+        eprintln!(
+            "expires at {}",
+            v["expires_at"].as_str().unwrap_or("(unknown)")
+        );
+    }
+    Ok(0)
 }

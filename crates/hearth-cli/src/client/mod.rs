@@ -98,6 +98,27 @@ pub enum ClientCommand {
     },
     /// Forward a local TCP port to a port inside a sandbox.
     Tunnel(tunnel::TunnelArgs),
+    /// Print a link that downloads one file of a sandbox with no API key.
+    Link {
+        /// Sandbox name.
+        name: String,
+        /// Path of the file in the sandbox.
+        path: String,
+        /// Link lifetime in seconds (default: never expires).
+        #[arg(long, value_name = "SECS")]
+        expires: Option<u64>,
+    },
+    /// Print a URL that reaches an HTTP server inside a sandbox.
+    Service {
+        /// Sandbox name.
+        name: String,
+        /// The server's port in the sandbox.
+        #[arg(long)]
+        port: u16,
+        /// Token lifetime in seconds (default 600, at most 86400).
+        #[arg(long, value_name = "SECS")]
+        expires: Option<u64>,
+    },
 }
 
 pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
@@ -114,6 +135,16 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
         ClientCommand::Console(a) => exec::console(&api, a).await,
         ClientCommand::Cp { src, dst } => files::cp(&api, &src, &dst).await,
         ClientCommand::Tunnel(a) => tunnel::tunnel(&api, a).await,
+        ClientCommand::Link {
+            name,
+            path,
+            expires,
+        } => boxes::link(&api, &name, &path, expires, json).await,
+        ClientCommand::Service {
+            name,
+            port,
+            expires,
+        } => boxes::service(&api, &name, port, expires, json).await,
     };
     result.map_err(|e| http::hint(e, &api))
 }
