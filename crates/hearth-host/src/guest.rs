@@ -194,7 +194,13 @@ impl GuestClient {
             limit,
         };
         self.search(&req, limit, |r| match r {
-            Reply::GlobMatches { matches } => Ok(matches),
+            Reply::GlobMatches { matches } => Ok(matches
+                .into_iter()
+                .map(|m| {
+                    let size = m.path.len();
+                    (m, size)
+                })
+                .collect()),
             other => Err(other),
         })
         .await
@@ -216,36 +222,54 @@ impl GuestClient {
             limit,
         };
         self.search(&req, limit, |r| match r {
-            Reply::GrepMatches { matches } => Ok(matches),
+            Reply::GrepMatches { matches } => Ok(matches
+                .into_iter()
+                .map(|m| {
+                    let size = m.path.len() + m.text.len();
+                    (m, size)
+                })
+                .collect()),
             other => Err(other),
         })
         .await
     }
 
     /// Collects batches until `Searched`. The guest is not trusted to keep
-    /// its limit: anything past `limit` is dropped and reported truncated.
+    /// its bounds: anything past `limit` results or [`SEARCH_MAX_BYTES`] is
+    /// dropped and reported truncated, and a search that has not ended
+    /// after [`SEARCH_TIMEOUT`] is an error.
     async fn search<T>(
         &self,
         req: &Request,
         limit: u32,
-        batch: fn(Reply) -> Result<Vec<T>, Reply>,
+        batch: SearchBatch<T>,
     ) -> Result<(Vec<T>, bool), GuestError> {
         let limit = limit as usize;
         let mut s = self.request(req).await?;
-        let mut found = Vec::new();
-        let mut over = false;
-        loop {
-            match recv_reply(&mut s.receiver).await? {
-                Reply::Searched { truncated } => return Ok((found, truncated || over)),
-                Reply::Error(e) => return Err(GuestError::Op(e)),
-                other => {
-                    let items = batch(other).map_err(|r| unexpected(&r))?;
-                    let room = limit.saturating_sub(found.len());
-                    over |= items.len() > room;
-                    found.extend(items.into_iter().take(room));
+        let collect = async {
+            let mut found = Vec::new();
+            let mut bytes = 0usize;
+            loop {
+                match recv_reply(&mut s.receiver).await? {
+                    Reply::Searched { truncated } => return Ok((found, truncated)),
+                    Reply::Error(e) => return Err(GuestError::Op(e)),
+                    other => {
+                        for (item, size) in batch(other).map_err(|r| unexpected(&r))? {
+                            bytes = bytes.saturating_add(size);
+                            if found.len() == limit || bytes > SEARCH_MAX_BYTES {
+                                // Enough: stop reading (dropping the stream
+                                // closes it on the guest's side).
+                                return Ok((found, true));
+                            }
+                            found.push(item);
+                        }
+                    }
                 }
             }
-        }
+        };
+        tokio::time::timeout(SEARCH_TIMEOUT, collect)
+            .await
+            .map_err(|_| GuestError::Protocol("the guest's search did not end in time".into()))?
     }
 
     /// Starts writing a file; send its bytes, then `finish`.
@@ -548,6 +572,16 @@ impl ExecControl {
     }
 }
 
+/// Takes the results (with their sizes in bytes) out of one search reply;
+/// gives back a reply of another kind.
+type SearchBatch<T> = fn(Reply) -> Result<Vec<(T, usize)>, Reply>;
+
+/// Longest a glob or grep may take, end to end (the guest stops walking
+/// after 20 s).
+pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most path and line bytes one search answer may hold on the host.
+pub const SEARCH_MAX_BYTES: usize = 32 << 20;
+
 /// Which version of a file some bytes or metadata describe: a rewrite in
 /// place changes the mtime, a replacement (rename over it) the inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -649,5 +683,72 @@ impl FileWriter {
             Reply::Error(e) => Err(GuestError::Op(e)),
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_guest_proto::{guest_handshake, GlobMatch};
+
+    /// A fake guest that answers every request with `replies`, in order.
+    async fn fake_guest(replies: Vec<Reply>) -> GuestClient {
+        let (host_end, guest_end) = tokio::io::duplex(1 << 20);
+        let (hr, hw) = tokio::io::split(host_end);
+        let (gr, gw) = tokio::io::split(guest_end);
+        tokio::spawn(async move {
+            let mut r = FramedRead::new(gr, FrameCodec);
+            let mut w = FramedWrite::new(gw, FrameCodec);
+            if guest_handshake(&mut r, &mut w).await.is_err() {
+                return;
+            }
+            let (_mux, acceptor) = Mux::start(Role::Guest, r, w);
+            let Some(mut acceptor) = acceptor else { return };
+            while let Some((stream, _request)) = acceptor.recv().await {
+                for reply in &replies {
+                    if stream.send_ctl(reply).await.is_err() {
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        GuestClient::handshake(hr, hw, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("handshake: {e}"))
+    }
+
+    fn batch(n: usize) -> Reply {
+        Reply::GlobMatches {
+            matches: (0..n)
+                .map(|i| GlobMatch {
+                    path: format!("/f{i}"),
+                    is_dir: false,
+                    size: 0,
+                    mtime: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_guest_that_overshoots_the_limit_is_cut_and_truncated() {
+        let g = fake_guest(vec![
+            batch(5),
+            batch(5),
+            batch(5),
+            Reply::Searched { truncated: false },
+        ])
+        .await;
+        let (found, truncated) = g.glob("/", "*", 7).await.unwrap_or_default();
+        assert_eq!((found.len(), truncated), (7, true));
+        let (found, truncated) = g.glob("/", "*", 15).await.unwrap_or_default();
+        assert_eq!((found.len(), truncated), (15, false));
+        // A reply of the wrong kind is a protocol error, not a panic.
+        let g = fake_guest(vec![Reply::Connected]).await;
+        assert!(matches!(
+            g.glob("/", "*", 5).await,
+            Err(GuestError::Protocol(_))
+        ));
     }
 }
