@@ -200,12 +200,18 @@ impl Encoder<Frame> for FrameCodec {
             });
         }
         dst.reserve(HEADER_LEN + frame.payload.len());
-        dst.put_u8(frame.kind as u8);
-        dst.put_u32_le(frame.stream);
-        dst.put_u32_le(frame.payload.len() as u32);
+        encode_header(&frame, dst);
         dst.extend_from_slice(&frame.payload);
         Ok(())
     }
+}
+
+/// Appends the 9-byte header of `frame` (kind, stream, payload length) to
+/// `dst`, for writers that send the payload on its own.
+pub fn encode_header(frame: &Frame, dst: &mut BytesMut) {
+    dst.put_u8(frame.kind as u8);
+    dst.put_u32_le(frame.stream);
+    dst.put_u32_le(frame.payload.len() as u32);
 }
 
 /// Decodes as many frames as `bytes` holds; for fuzzing and tests.

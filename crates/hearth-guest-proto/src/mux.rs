@@ -418,6 +418,29 @@ fn hello_ack_frame(hello: &Hello) -> Frame {
     )
 }
 
+/// Payloads at least this large are written from their own buffer instead
+/// of being copied behind their header (under emulation a copy of the
+/// payload costs more than the extra write).
+const DIRECT_WRITE_MIN: usize = 16 * 1024;
+
+/// Queues one frame: small ones are encoded into the writer's buffer; a
+/// large payload follows its header straight from its own buffer (after
+/// everything queued before it), not copied.
+async fn put<W: AsyncWrite + Unpin>(
+    writer: &mut FramedWrite<W, FrameCodec>,
+    frame: Frame,
+) -> std::io::Result<()> {
+    use futures_util::SinkExt;
+    if frame.payload.len() < DIRECT_WRITE_MIN {
+        return writer.feed(frame).await.map_err(std::io::Error::other);
+    }
+    crate::frame::encode_header(&frame, writer.write_buffer_mut());
+    SinkExt::<Frame>::flush(writer)
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::io::AsyncWriteExt::write_all(writer.get_mut(), &frame.payload).await
+}
+
 async fn write_loop<W: AsyncWrite + Unpin>(
     inner: Arc<Inner>,
     mut writer: FramedWrite<W, FrameCodec>,
@@ -430,13 +453,13 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             _ = closed.changed() => None,
         };
         let Some(frame) = frame else { break };
-        if let Err(e) = writer.feed(frame).await {
+        if let Err(e) = put(&mut writer, frame).await {
             inner.fail(format!("write: {e}"));
             break;
         }
         // Batch whatever else is queued into one flush.
         while let Ok(frame) = rx.try_recv() {
-            if let Err(e) = writer.feed(frame).await {
+            if let Err(e) = put(&mut writer, frame).await {
                 inner.fail(format!("write: {e}"));
                 return;
             }
