@@ -97,13 +97,18 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A streamed answer keeps its sandbox active for as long as it is read.
+/// A streamed answer keeps its sandbox active for as long as it is read;
+/// a refusal is answered as is.
 fn active_while_streaming(
     c: &Arc<Control>,
     id: hearth_types::SandboxId,
-    resp: Response,
+    answer: Result<Response, hearth_host::api::ApiError>,
 ) -> Response {
     use futures_util::StreamExt;
+    let resp = match answer {
+        Ok(resp) => resp,
+        Err(e) => return e.into_response(),
+    };
     let guard = AbortOnDrop(keep_active(c, id));
     let (parts, body) = resp.into_parts();
     let body = body.into_data_stream().map(move |chunk| {
@@ -124,12 +129,8 @@ pub async fn execute_stream_start(
     let (row, guest) = c.runtime(&who, &id).await?;
     let defaults = run_defaults(&row);
     let shutdown = Some(c.shutdown_signal());
-    Ok(
-        match hearth_host::api::sse_start(&guest, &defaults, &body, shutdown).await {
-            Ok(resp) => active_while_streaming(&c, row.id, resp),
-            Err(e) => e.into_response(),
-        },
-    )
+    let answer = hearth_host::api::sse_start(&guest, &defaults, &body, shutdown).await;
+    Ok(active_while_streaming(&c, row.id, answer))
 }
 
 /// `POST {dp}/execute/stream/resume`: replay a command's output from the
@@ -142,12 +143,8 @@ pub async fn execute_stream_resume(
 ) -> HttpResult<Response> {
     let (row, guest) = c.runtime(&who, &id).await?;
     let shutdown = Some(c.shutdown_signal());
-    Ok(
-        match hearth_host::api::sse_resume(&guest, &body, shutdown).await {
-            Ok(resp) => active_while_streaming(&c, row.id, resp),
-            Err(e) => e.into_response(),
-        },
-    )
+    let answer = hearth_host::api::sse_resume(&guest, &body, shutdown).await;
+    Ok(active_while_streaming(&c, row.id, answer))
 }
 
 /// `POST {dp}/execute`: blocking exec, the SDKs' fallback.
