@@ -193,17 +193,11 @@ impl GuestClient {
             pattern: pattern.into(),
             limit,
         };
-        self.search(&req, limit, |r| match r {
-            Reply::GlobMatches { matches } => Ok(matches
-                .into_iter()
-                .map(|m| {
-                    let size = m.path.len();
-                    (m, size)
-                })
-                .collect()),
+        let batch = |r| match r {
+            Reply::GlobMatches { matches } => Ok(matches),
             other => Err(other),
-        })
-        .await
+        };
+        self.search(&req, limit, batch, |m| m.path.len()).await
     }
 
     /// Lines holding the literal `pattern` under `path`; (matches,
@@ -221,20 +215,17 @@ impl GuestClient {
             glob: glob.map(str::to_owned),
             limit,
         };
-        self.search(&req, limit, |r| match r {
-            Reply::GrepMatches { matches } => Ok(matches
-                .into_iter()
-                .map(|m| {
-                    let size = m.path.len() + m.text.len();
-                    (m, size)
-                })
-                .collect()),
+        let batch = |r| match r {
+            Reply::GrepMatches { matches } => Ok(matches),
             other => Err(other),
-        })
-        .await
+        };
+        self.search(&req, limit, batch, |m| m.path.len() + m.text.len())
+            .await
     }
 
-    /// Collects batches until `Searched`. The guest is not trusted to keep
+    /// Collects batches until `Searched`: `batch` takes the results out of
+    /// one reply (giving back a reply of another kind), `size` counts an
+    /// item's bytes. The guest is not trusted to keep
     /// its bounds: anything past `limit` results or [`SEARCH_MAX_BYTES`] is
     /// dropped and reported truncated, and a search that has not ended
     /// after [`SEARCH_TIMEOUT`] is an error.
@@ -242,7 +233,8 @@ impl GuestClient {
         &self,
         req: &Request,
         limit: u32,
-        batch: SearchBatch<T>,
+        batch: fn(Reply) -> Result<Vec<T>, Reply>,
+        size: fn(&T) -> usize,
     ) -> Result<(Vec<T>, bool), GuestError> {
         let limit = limit as usize;
         let mut s = self.request(req).await?;
@@ -254,8 +246,8 @@ impl GuestClient {
                     Reply::Searched { truncated } => return Ok((found, truncated)),
                     Reply::Error(e) => return Err(GuestError::Op(e)),
                     other => {
-                        for (item, size) in batch(other).map_err(|r| unexpected(&r))? {
-                            bytes = bytes.saturating_add(size);
+                        for item in batch(other).map_err(|r| unexpected(&r))? {
+                            bytes = bytes.saturating_add(size(&item));
                             if found.len() == limit || bytes > SEARCH_MAX_BYTES {
                                 // Enough: stop reading (dropping the stream
                                 // closes it on the guest's side).
@@ -571,10 +563,6 @@ impl ExecControl {
         self.tx.close(None);
     }
 }
-
-/// Takes the results (with their sizes in bytes) out of one search reply;
-/// gives back a reply of another kind.
-type SearchBatch<T> = fn(Reply) -> Result<Vec<(T, usize)>, Reply>;
 
 /// Longest a glob or grep may take, end to end (the guest stops walking
 /// after 20 s).
