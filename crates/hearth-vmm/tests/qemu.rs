@@ -10,7 +10,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{fixture, initramfs, module, small_spec, wait_for_text, Fixture, TestDirs};
+use common::{
+    fixture, initramfs, module, skip_missing, small_spec, wait_for_text, Fixture, TestDirs,
+};
 use hearth_types::VmId;
 use hearth_vmm::accel::{run_probe_guest, DEFAULT_PROBE_DEADLINE, PROBE_MARKER};
 use hearth_vmm::qemu::cmdline::RunFiles;
@@ -34,7 +36,7 @@ fn sleeper_initrd() -> Option<PathBuf> {
     match initramfs("sleeper", &init, &[]) {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("SKIP: cannot build the initramfs: {e}");
+            skip_missing(&format!("cannot build the initramfs: {e}"));
             None
         }
     }
@@ -54,7 +56,7 @@ fn devices_initrd(fx: &Fixture) -> Option<PathBuf> {
     let mut extra = Vec::new();
     for n in names {
         let Some(path) = module(&fx.kernel_root, n) else {
-            eprintln!("SKIP: module {n}.ko not in the kernel package");
+            skip_missing(&format!("module {n}.ko not in the kernel package"));
             return None;
         };
         extra.push((format!("lib/modules/{n}.ko"), path));
@@ -89,7 +91,7 @@ exec sleep 1000
     match initramfs("devices", &init, &extra) {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("SKIP: cannot build the initramfs: {e}");
+            skip_missing(&format!("cannot build the initramfs: {e}"));
             None
         }
     }
@@ -387,7 +389,7 @@ fn probe_initrd() -> Option<PathBuf> {
     match initramfs("probe", &init, &[]) {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("SKIP: cannot build the initramfs: {e}");
+            skip_missing(&format!("cannot build the initramfs: {e}"));
             None
         }
     }

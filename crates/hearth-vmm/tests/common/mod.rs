@@ -87,13 +87,29 @@ pub struct Fixture {
     pub kernel_root: PathBuf,
 }
 
+/// Environment variable that turns every skip for a missing prerequisite
+/// (QEMU, busybox, the kernel, a fixture) into a test failure, so a CI
+/// without them cannot pass without booting anything.
+pub const REQUIRE_QEMU_ENV: &str = "HEARTH_REQUIRE_QEMU";
+
+/// Skips the calling test for a missing prerequisite: prints `SKIP: why`,
+/// or panics when `HEARTH_REQUIRE_QEMU=1`. Skips for conditions that are
+/// legitimate on a complete machine (e.g. "KVM works on this host") print
+/// their own SKIP line instead.
+pub fn skip_missing(why: &str) {
+    if std::env::var(REQUIRE_QEMU_ENV).as_deref() == Ok("1") {
+        panic!("{REQUIRE_QEMU_ENV}=1 but this VM test cannot run: {why}");
+    }
+    eprintln!("SKIP: {why} (set {REQUIRE_QEMU_ENV}=1 to fail instead)");
+}
+
 pub fn fixture() -> Option<Fixture> {
     if which("qemu-system-x86_64").is_none() {
-        eprintln!("SKIP: qemu-system-x86_64 is not installed");
+        skip_missing("qemu-system-x86_64 is not installed");
         return None;
     }
     if !Path::new(BUSYBOX).is_file() {
-        eprintln!("SKIP: {BUSYBOX} (busybox-static) is missing");
+        skip_missing(&format!("{BUSYBOX} (busybox-static) is missing"));
         return None;
     }
     match kernel_root() {
@@ -102,7 +118,9 @@ pub fn fixture() -> Option<Fixture> {
             kernel_root: root,
         }),
         Err(e) => {
-            eprintln!("SKIP: cannot fetch the guest kernel {KERNEL_PACKAGE}: {e}");
+            skip_missing(&format!(
+                "cannot fetch the guest kernel {KERNEL_PACKAGE}: {e}"
+            ));
             None
         }
     }
