@@ -1,33 +1,49 @@
-//! Locating or building the static guest agent (`hearth-guest`).
+//! The static guest agent (`hearth-guest`), embedded in this crate.
 //!
-//! The agent runs as `/init` before any root filesystem exists, so it must be
-//! statically linked. With glibc that takes `-C target-feature=+crt-static`,
-//! which breaks proc-macro crates unless `--target` is given explicitly (then
-//! RUSTFLAGS only apply to target crates). The build uses its own target
-//! directory so it never waits on the lock of an outer `cargo test`.
+//! `build.rs` builds the agent at compile time (static, for
+//! `x86_64-unknown-linux-gnu`, the same profile as this crate) and this
+//! module `include_bytes!`s it, so a binary linking `hearth-image` needs
+//! neither the source tree nor cargo at run time. The agent and the host
+//! come from the same source tree and agree on the protocol through the
+//! `Hello` handshake. To boot an initramfs the agent must be a file: it is
+//! written once into the artifact cache as `guest-agent-<blake3/16>`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::fs;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::SystemTime;
 
-use crate::{command, ImageError, Progress};
+use crate::{cache, ImageConfig, ImageError, Progress};
 
-/// Environment variable naming a prebuilt static guest agent binary.
+/// Environment variable naming a prebuilt static guest agent binary, used
+/// instead of the embedded one.
 pub const GUEST_BIN_ENV: &str = "HEARTH_GUEST_BIN";
 
-const GUEST_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The agent built by `build.rs`.
+static EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hearth-guest"));
 
-/// The workspace this crate was compiled from (may not exist at run time).
-const WORKSPACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+/// The cargo profile the embedded agent was built with (`debug` or
+/// `release`).
+pub const EMBEDDED_GUEST_AGENT_PROFILE: &str = env!("HEARTH_GUEST_AGENT_PROFILE");
 
-/// Returns the path of a static `hearth-guest` binary.
-///
-/// In order: `$HEARTH_GUEST_BIN` if set; else, when the workspace source tree
-/// this crate was compiled from still exists, `cargo build -p hearth-guest`
-/// for it (release when this crate is a release build) into
-/// `<workspace>/target/guest`; else an error asking for `HEARTH_GUEST_BIN`.
-/// Cargo's output is shown only when the build fails.
-pub fn guest_agent_binary(p: &dyn Progress) -> Result<PathBuf, ImageError> {
+/// How many agent files to keep in the cache (older binaries' agents go).
+const KEEP: usize = 3;
+
+/// The embedded static guest agent.
+pub fn embedded_guest_agent() -> &'static [u8] {
+    EMBEDDED
+}
+
+/// BLAKE3 of the embedded agent, lowercase hex (computed once).
+pub fn embedded_guest_agent_blake3() -> &'static str {
+    static HASH: OnceLock<String> = OnceLock::new();
+    HASH.get_or_init(|| blake3::hash(EMBEDDED).to_hex().to_string())
+}
+
+/// Returns the path of a static `hearth-guest` binary: `$HEARTH_GUEST_BIN`
+/// if set, else the embedded agent, written to
+/// `<data_dir>/artifacts/guest-agent-<blake3/16>` on first use.
+pub fn guest_agent_binary(cfg: &ImageConfig, p: &dyn Progress) -> Result<PathBuf, ImageError> {
     if let Some(path) = std::env::var_os(GUEST_BIN_ENV) {
         let path = PathBuf::from(path);
         if !path.is_file() {
@@ -37,72 +53,86 @@ pub fn guest_agent_binary(p: &dyn Progress) -> Result<PathBuf, ImageError> {
         }
         return Ok(path);
     }
-    let workspace = Path::new(WORKSPACE);
-    if !workspace.join("crates/hearth-guest/Cargo.toml").is_file() {
-        return Err(ImageError::GuestAgentUnavailable {
-            reason: format!(
-                "the source tree {} this build came from is gone",
-                workspace.display()
-            ),
-        });
+    let hash = embedded_guest_agent_blake3();
+    let artifacts = cfg.artifacts_dir();
+    let path = artifacts.join(format!("guest-agent-{}", &hash[..16]));
+    if is_current(&path, hash) {
+        return Ok(path);
     }
-    let workspace = workspace
-        .canonicalize()
-        .map_err(|e| ImageError::io("resolve", workspace, e))?;
-    build(&workspace, p)
+    let _lock = cache::lock(&artifacts, p)?;
+    if is_current(&path, hash) {
+        return Ok(path);
+    }
+    let tmp = cache::staging_path(&artifacts, "guest-agent");
+    let written = fs::write(&tmp, EMBEDDED)
+        .and_then(|()| fs::File::open(&tmp)?.sync_all())
+        .map_err(|e| ImageError::io("write", &tmp, e));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    cache::replace(&tmp, &path)?;
+    prune(&artifacts, &path)?;
+    Ok(path)
 }
 
-fn build(workspace: &Path, p: &dyn Progress) -> Result<PathBuf, ImageError> {
-    let release = !cfg!(debug_assertions);
-    let profile = if release { "release" } else { "debug" };
-    let target_dir = workspace.join("target/guest");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+/// Whether `path` holds exactly the embedded agent (hashing 3-6 MiB takes
+/// milliseconds; a truncated or edited file is replaced).
+fn is_current(path: &std::path::Path, hash: &str) -> bool {
+    cache::file_has_len(path, EMBEDDED.len() as u64)
+        && cache::hash_file(path).is_ok_and(|h| h == hash)
+}
 
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-p", "hearth-guest", "--target", GUEST_TARGET]);
-    if release {
-        cmd.arg("--release");
+/// Keeps the [`KEEP`] newest agent files (always including `keep`).
+/// Runs under the build lock.
+fn prune(artifacts: &std::path::Path, keep: &std::path::Path) -> Result<(), ImageError> {
+    let mut found: Vec<(SystemTime, PathBuf)> = fs::read_dir(artifacts)
+        .map_err(|e| ImageError::io("read directory", artifacts, e))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("guest-agent-"))
+                && p != keep
+        })
+        .map(|p| {
+            let mtime = fs::metadata(&p)
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            (mtime, p)
+        })
+        .collect();
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
+    for (_, old) in found.into_iter().skip(KEEP - 1) {
+        cache::remove_all(&old)?;
     }
-    cmd.current_dir(workspace)
-        // Stripped: debug info would triple the initramfs (and the boot time to unpack it).
-        .env(
-            "RUSTFLAGS",
-            "-C target-feature=+crt-static -C strip=debuginfo",
-        )
-        // Takes precedence over RUSTFLAGS; an outer cargo may have set it.
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_BUILD_TARGET")
-        .env("CARGO_TARGET_DIR", &target_dir);
+    Ok(())
+}
 
-    let started = Instant::now();
-    p.step(&format!("building guest agent (cargo, {profile})"));
-    let command_line = command::describe(&cmd);
-    let output = cmd
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|source| ImageError::Spawn {
-            command: command_line.clone(),
-            source,
-        })?;
-    if !output.status.success() {
-        // The whole compiler output is what a developer needs here.
-        eprintln!("{}", String::from_utf8_lossy(&output.stderr));
-        return Err(command::failed(
-            command_line,
-            output.status,
-            &output.stderr,
-            &output.stdout,
-        ));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_agent_is_a_static_executable() {
+        let dir = std::env::temp_dir().join(format!("hearth-agent-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let cfg = ImageConfig::new(&dir);
+        let path = guest_agent_binary(&cfg, &crate::QuietProgress).unwrap();
+        if std::env::var_os(GUEST_BIN_ENV).is_none() {
+            assert_eq!(fs::read(&path).unwrap(), EMBEDDED);
+            assert!(path
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .ends_with(&embedded_guest_agent_blake3()[..16]));
+            // Second call: the cached file, unchanged.
+            assert_eq!(
+                guest_agent_binary(&cfg, &crate::QuietProgress).unwrap(),
+                path
+            );
+        }
+        crate::elf::require_static(&path).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
     }
-    let bin = target_dir
-        .join(GUEST_TARGET)
-        .join(profile)
-        .join("hearth-guest");
-    if !bin.is_file() {
-        return Err(ImageError::GuestAgentUnavailable {
-            reason: format!("cargo succeeded but {} does not exist", bin.display()),
-        });
-    }
-    p.done("guest agent", started.elapsed());
-    Ok(bin)
 }

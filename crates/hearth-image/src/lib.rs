@@ -14,8 +14,10 @@
 //!   (Debian minbase with bash, python3, git, curl…, built by debootstrap).
 //!   Callers must never modify it; sandboxes write to their own layers.
 //!
-//! [`ensure_all`] does all of it, including locating or building the guest
-//! agent binary ([`guest_agent_binary`]).
+//! [`ensure_all`] does all of it, including writing out the guest agent
+//! ([`guest_agent_binary`]): `build.rs` builds it statically at compile time
+//! and this crate embeds it, so nothing here needs cargo or the source tree
+//! at run time.
 //!
 //! Every `ensure_*` is idempotent: a `manifest.json` beside each artifact
 //! records its inputs, versions and BLAKE3 checksums, and a call whose inputs
@@ -46,7 +48,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 pub use error::{ImageError, UnknownImageName};
-pub use guest_agent::{guest_agent_binary, GUEST_BIN_ENV};
+pub use guest_agent::{
+    embedded_guest_agent, embedded_guest_agent_blake3, guest_agent_binary,
+    EMBEDDED_GUEST_AGENT_PROFILE, GUEST_BIN_ENV,
+};
 pub use initramfs::{ensure_initramfs, InitramfsArtifact};
 pub use kernel::{
     ensure_kernel, KernelArtifact, KernelModule, DEFAULT_KERNEL_PACKAGE, MODULE_LOAD_ORDER,
@@ -164,14 +169,14 @@ pub struct GuestArtifacts {
     pub rootfs: RootfsArtifact,
 }
 
-/// Locates (or builds) the guest agent, then ensures the kernel, the
+/// Writes out (or locates) the guest agent, then ensures the kernel, the
 /// initramfs and the root image `image`.
 pub fn ensure_all(
     cfg: &ImageConfig,
     image: ImageName,
     p: &dyn Progress,
 ) -> Result<GuestArtifacts, ImageError> {
-    let agent = guest_agent_binary(p)?;
+    let agent = guest_agent_binary(cfg, p)?;
     let kernel = ensure_kernel(cfg, p)?;
     let initramfs = ensure_initramfs(cfg, &kernel, &agent, p)?;
     let rootfs = ensure_rootfs(cfg, image, p)?;

@@ -5,8 +5,7 @@ use std::time::Duration;
 /// Receives progress while artifacts are built.
 ///
 /// A build reports a few `step`s and one `done` per artifact; a cache hit
-/// reports nothing (except [`guest_agent_binary`](crate::guest_agent_binary),
-/// which always runs cargo, a no-op when the agent is up to date).
+/// reports nothing.
 /// Implementations must be cheap and must not block.
 pub trait Progress: Send + Sync {
     /// A step has started ("building kernel", "debootstrap: Retrieving …").

@@ -1,4 +1,4 @@
-//! Real builds into throwaway data directories: apt, dpkg-deb, cargo,
+//! Real builds into throwaway data directories: apt, dpkg-deb,
 //! mkfs.ext4 and debugfs all run for real. Root images need root; those
 //! tests say SKIPPED and pass when run unprivileged.
 
@@ -145,7 +145,7 @@ fn kernel_and_initramfs() {
     assert!(hit < Duration::from_millis(500), "cache hit took {hit:?}");
     assert!(p.lines().is_empty(), "a cache hit reported {:?}", p.lines());
 
-    let (agent, _) = timed("guest agent build", || guest_agent_binary(&p).unwrap());
+    let (agent, _) = timed("guest agent", || guest_agent_binary(&cfg, &p).unwrap());
     let (initramfs, _) = timed("initramfs build", || {
         ensure_initramfs(&cfg, &kernel, &agent, &p).unwrap()
     });
