@@ -224,6 +224,11 @@ pub enum ExecErrorType {
     CommandNotFound,
     SessionExpired,
     CommandError,
+    /// The request cannot start a command (no such working directory or
+    /// user, a NUL byte, an invalid environment name, a program that may
+    /// not be executed): the caller's mistake. Not one of LangSmith's
+    /// types: hosts send it to clients as `CommandError`, and answer 400.
+    BadRequest,
 }
 
 /// Which output of a command a chunk belongs to.

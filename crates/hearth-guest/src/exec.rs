@@ -170,7 +170,7 @@ pub async fn handle_exec(stream: Stream, req: ExecRequest) {
     if id.is_empty() || id.len() > 256 {
         return send_error(
             &stream,
-            ExecErrorType::CommandError,
+            ExecErrorType::BadRequest,
             "invalid command_id".into(),
         )
         .await;
@@ -234,8 +234,10 @@ type StartError = (ExecErrorType, String);
 
 fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
     let err = |m: String| (ExecErrorType::CommandError, m);
+    // What the request got wrong, as opposed to the guest failing.
+    let refused = |m: String| (ExecErrorType::BadRequest, m);
     let who = req.user.as_deref().unwrap_or("root");
-    let user = users::lookup(who).ok_or_else(|| err(format!("user {who:?} does not exist")))?;
+    let user = users::lookup(who).ok_or_else(|| refused(format!("user {who:?} does not exist")))?;
     let cwd = match req.cwd.as_deref() {
         Some(c) if c.starts_with('/') => c.to_owned(),
         Some(c) => format!("{}/{c}", user.home),
@@ -243,10 +245,10 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
         None => "/".into(),
     };
     if !Path::new(&cwd).is_dir() {
-        return Err(err(format!("working directory {cwd:?} does not exist")));
+        return Err(refused(format!("working directory {cwd:?} does not exist")));
     }
     let argv: Vec<String> = match &req.argv {
-        Some(argv) if argv.is_empty() => return Err(err("empty argv".into())),
+        Some(argv) if argv.is_empty() => return Err(refused("empty argv".into())),
         Some(argv) => argv.clone(),
         None => {
             let shell = match req.shell.as_deref() {
@@ -264,7 +266,7 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
         }
     };
     if argv.iter().any(|a| a.contains('\0')) {
-        return Err(err("argument contains a NUL byte".into()));
+        return Err(refused("argument contains a NUL byte".into()));
     }
 
     let mut cmd = std::process::Command::new(&argv[0]);
@@ -289,7 +291,7 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
     cmd.envs(base);
     for (k, v) in &req.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(err(format!("invalid environment variable {k:?}")));
+            return Err(refused(format!("invalid environment variable {k:?}")));
         }
         cmd.env(k, v);
     }
@@ -347,10 +349,7 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
             ExecErrorType::CommandNotFound,
             format!("command not found: {}", argv[0]),
         ),
-        std::io::ErrorKind::PermissionDenied => (
-            ExecErrorType::CommandError,
-            format!("permission denied: {}", argv[0]),
-        ),
+        std::io::ErrorKind::PermissionDenied => refused(format!("permission denied: {}", argv[0])),
         _ => err(format!("cannot start {}: {e}", argv[0])),
     })?;
     // Close our copies of the child's ends (held by `cmd`).

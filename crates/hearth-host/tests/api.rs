@@ -501,6 +501,14 @@ async fn one_vm_over_http_and_websockets() {
     r.assert_error(408, "CommandTimeout");
     let r = post_json(addr, &format!("/v1/vms/{id}/exec"), &json!({"timeout": 1})).await;
     r.assert_error(422, "ValidationError");
+    // A start the request makes impossible is the caller's mistake.
+    for body in [
+        json!({"command": "true", "cwd": "/no/such/dir"}),
+        json!({"command": "true", "shell": "/no/such/shell"}),
+    ] {
+        let r = post_json(addr, &format!("/v1/vms/{id}/exec"), &body).await;
+        r.assert_error(400, "CommandError");
+    }
     lap("http exec", &mut t);
 
     // Files: 16 MiB up and down, byte ranges, stat, list, mkdir, remove.

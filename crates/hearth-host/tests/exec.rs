@@ -47,13 +47,14 @@ async fn busybox_vm_exec_semantics() {
         "bar baz\n/tmp\n1000\n"
     );
 
-    // Bad cwd and user are typed errors, not crashes.
+    // Bad cwd and user are typed errors, not crashes: the request's fault
+    // (BadRequest, a 400 on the HTTP transports).
     let mut req = sh("true");
     req.cwd = Some("/nope".into());
     let out = g.run(req).await.unwrap();
     assert_eq!(
         out.error.as_ref().map(|e| e.0),
-        Some(ExecErrorType::CommandError),
+        Some(ExecErrorType::BadRequest),
         "{out:?}"
     );
     let mut req = sh("true");
@@ -61,7 +62,7 @@ async fn busybox_vm_exec_semantics() {
     let out = g.run(req).await.unwrap();
     assert_eq!(
         out.error.as_ref().map(|e| e.0),
-        Some(ExecErrorType::CommandError)
+        Some(ExecErrorType::BadRequest)
     );
     let out = g
         .run(ExecRequest {

@@ -548,7 +548,7 @@ async fn pump(
         }
         let frame = match &last {
             (Some((error_type, message)), _) => ServerFrame::Error {
-                error_type: *error_type,
+                error_type: client_error_type(*error_type),
                 error: message,
             },
             (None, exit_code) => ServerFrame::Exit {
@@ -692,14 +692,36 @@ pub(super) async fn run(
     }
 }
 
+/// A blocking exec's error as an HTTP answer. A start the request made
+/// impossible ([`is_refusal`]) is a 400 of LangSmith's type `CommandError`.
 fn exec_error(t: ExecErrorType, message: String) -> ApiError {
     let (status, error) = match t {
+        _ if is_refusal(t) => (StatusCode::BAD_REQUEST, "CommandError"),
         ExecErrorType::CommandTimeout => (StatusCode::REQUEST_TIMEOUT, "CommandTimeout"),
-        ExecErrorType::CommandNotFound => (StatusCode::NOT_FOUND, "CommandNotFound"),
         ExecErrorType::SessionExpired => (StatusCode::GONE, "SessionExpired"),
-        ExecErrorType::CommandError => (StatusCode::INTERNAL_SERVER_ERROR, "CommandError"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "CommandError"),
     };
     ApiError::new(status, error, message)
+}
+
+/// Whether an error that ends a fresh exec is the request's fault: the
+/// guest refused it (`BadRequest`: no such working directory or user, a
+/// NUL byte, an invalid environment name), or found no such shell or
+/// program (`CommandNotFound`, which only a reconnect uses otherwise).
+pub fn is_refusal(t: ExecErrorType) -> bool {
+    matches!(
+        t,
+        ExecErrorType::BadRequest | ExecErrorType::CommandNotFound
+    )
+}
+
+/// The `error_type` LangSmith clients are sent: Hearth's `BadRequest` is
+/// not one of theirs, so it travels as `CommandError`.
+pub(super) fn client_error_type(t: ExecErrorType) -> ExecErrorType {
+    match t {
+        ExecErrorType::BadRequest => ExecErrorType::CommandError,
+        other => other,
+    }
 }
 
 #[cfg(test)]

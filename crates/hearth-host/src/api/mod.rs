@@ -29,7 +29,7 @@
 //! | `GET /v1/vms/{id}/tcp?port=`             | WebSocket of binary frames to a guest port |
 
 mod exec;
-pub use exec::{exec_session, RunConfig};
+pub use exec::{exec_session, is_refusal, RunConfig};
 mod files;
 pub use files::serve_download;
 mod sse;

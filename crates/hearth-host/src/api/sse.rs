@@ -101,12 +101,29 @@ async fn start(
         .without_session_features()
         .into_request(defaults)
         .map_err(ApiError::unprocessable)?;
-    let handle = guest
+    let mut handle = guest
         .exec(req)
         .await
         .map_err(|e| ApiError::internal(format!("cannot start the command: {e}")))?;
+    // A start the request made impossible (no such directory, shell or
+    // user, …) is a 400 before any event, as on the blocking exec; the
+    // SDK reads the envelope's `CommandError` as it would the event.
+    let first = handle.events.next().await;
+    if let Ok(Some(ExecUpdate::Error {
+        error_type,
+        message,
+    })) = &first
+    {
+        if super::exec::is_refusal(*error_type) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "CommandError",
+                message.clone(),
+            ));
+        }
+    }
     let _ = handle.control.close_stdin().await;
-    Ok(stream_response(handle, None, [0, 0], shutdown))
+    Ok(stream_response(handle, Some(first), [0, 0], shutdown))
 }
 
 async fn resume(
@@ -246,7 +263,8 @@ impl Pump {
             } => {
                 self.done = true;
                 let mut out = self.stream_ends();
-                let error_type = serde_json::to_value(error_type).unwrap_or_default();
+                let error_type = serde_json::to_value(super::exec::client_error_type(error_type))
+                    .unwrap_or_default();
                 out.extend_from_slice(&error_event(error_type, &message));
                 Bytes::from(out)
             }
