@@ -148,6 +148,12 @@ pub struct UpdateSandboxRequest {
     pub tag_value_ids: Option<Vec<String>>,
 }
 
+/// Body of `POST /boxes/{name}/start` and `/stop`. The SDK sends `{}` and
+/// no field is read, but the body must be a JSON object (unknown fields
+/// are ignored) or empty: anything else is a 422, as for every other body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LifecycleRequest {}
+
 /// A sandbox's lifecycle state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -274,6 +280,11 @@ pub enum SortOrder {
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
 /// Largest page size of list endpoints.
 pub const MAX_PAGE_SIZE: u32 = 500;
+/// Most `label` filters, and separately most `tag_value_id` filters, one
+/// `GET /boxes` may carry; more is a 422. A sandbox holds at most
+/// [`crate::validate::MAX_LABELS`] labels, so more distinct label filters
+/// could never all match (and each costs the database a clause).
+pub const MAX_LIST_FILTERS: usize = 64;
 
 /// Query parameters of `GET /boxes`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, IntoParams)]
@@ -311,6 +322,7 @@ impl ListSandboxesQuery {
     ) -> Result<Self, ApiError> {
         let mut q = Self::default();
         for (k, v) in pairs {
+            check_query_value(k, v)?;
             match k {
                 "created_by" => {
                     if v != "me" {
@@ -329,6 +341,17 @@ impl ListSandboxesQuery {
                 "limit" => q.limit = Some(parse_page_size(k, v)?),
                 "offset" => q.offset = Some(parse_number(k, v)?),
                 _ => {}
+            }
+        }
+        for (param, n) in [
+            ("label", q.label.len()),
+            ("tag_value_id", q.tag_value_id.len()),
+        ] {
+            if n > MAX_LIST_FILTERS {
+                return Err(ApiError::invalid_query(
+                    param,
+                    format!("{param}: at most {MAX_LIST_FILTERS} filters, got {n}"),
+                ));
             }
         }
         Ok(q)
@@ -370,6 +393,7 @@ impl ListSnapshotsQuery {
     ) -> Result<Self, ApiError> {
         let mut q = Self::default();
         for (k, v) in pairs {
+            check_query_value(k, v)?;
             match k {
                 "name_contains" => q.name_contains = Some(v.to_owned()),
                 "status" => q.status = Some(parse_enum(k, v)?),
@@ -382,6 +406,18 @@ impl ListSnapshotsQuery {
         }
         Ok(q)
     }
+}
+
+/// No query value may hold a NUL byte: none can match anything, and
+/// PostgreSQL refuses NUL in text.
+fn check_query_value(param: &str, v: &str) -> Result<(), ApiError> {
+    if v.contains('\0') {
+        return Err(ApiError::invalid_query(
+            param,
+            format!("{param} must not contain a NUL byte"),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_enum<T: serde::de::DeserializeOwned>(param: &str, v: &str) -> Result<T, ApiError> {
@@ -404,4 +440,43 @@ fn parse_page_size(param: &str, v: &str) -> Result<u32, ApiError> {
         ));
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(query: &[(&str, String)]) -> Result<ListSandboxesQuery, ApiError> {
+        ListSandboxesQuery::from_pairs(query.iter().map(|(k, v)| (*k, v.as_str())))
+    }
+
+    #[test]
+    fn list_filters_are_capped_and_nul_free() {
+        let labels = |n: usize| -> Vec<(&str, String)> {
+            (0..n).map(|i| ("label", format!("k{i}=v"))).collect()
+        };
+        assert_eq!(list(&labels(MAX_LIST_FILTERS)).unwrap().label.len(), 64);
+        let e = list(&labels(MAX_LIST_FILTERS + 1)).unwrap_err();
+        assert_eq!((e.status, e.field()), (422, Some("label")));
+        let tags: Vec<(&str, String)> =
+            (0..1000).map(|i| ("tag_value_id", i.to_string())).collect();
+        assert_eq!(list(&tags).unwrap_err().field(), Some("tag_value_id"));
+        for param in ["name_contains", "label", "cursor", "unknown"] {
+            let e = list(&[(param, "a\0b".to_owned())]).unwrap_err();
+            assert_eq!((e.status, e.field()), (422, Some(param)));
+        }
+        let e = ListSnapshotsQuery::from_pairs([("name_contains", "\0")]).unwrap_err();
+        assert_eq!(e.field(), Some("name_contains"));
+    }
+
+    #[test]
+    fn lifecycle_bodies_are_objects_or_empty() {
+        for ok in [&b""[..], b"  ", b"{}", b"{\"anything\": [1]}"] {
+            crate::parse_body::<LifecycleRequest>(ok).unwrap();
+        }
+        for bad in [&b"[[[["[..], b"[]", b"\"x\"", b"1", b"null", b"{"] {
+            let e = crate::parse_body::<LifecycleRequest>(bad).unwrap_err();
+            assert_eq!(e.status, 422, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
 }

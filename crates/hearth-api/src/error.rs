@@ -352,6 +352,43 @@ impl ApiError {
         Self::new(500, "CommandError", message)
     }
 
+    /// 400 on the data plane: the command could not start because of the
+    /// request itself (a working directory, shell or user that does not
+    /// exist, a NUL byte, an invalid environment name). The type stays
+    /// `CommandError`, so the SDK raises the same `SandboxOperationError`
+    /// as for [`ApiError::command_failed`].
+    pub fn command_refused(message: impl Into<String>) -> Self {
+        Self::new(400, "CommandError", message)
+    }
+
+    /// 400 on the data plane: the file cannot be written where the request
+    /// says (a directory, a path through a file). Type `WriteError`, as
+    /// [`ApiError::write_failed`], for the SDK's `SandboxOperationError`.
+    pub fn write_refused(message: impl Into<String>) -> Self {
+        Self::new(400, "WriteError", message)
+    }
+
+    /// 400: the request cannot be read as HTTP says it should (a body that
+    /// breaks off or is malformed, a multipart stream that is not one, a
+    /// path that is not UTF-8).
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// 414: the request target is longer than `limit_bytes`.
+    pub fn uri_too_long(limit_bytes: usize) -> Self {
+        Self::new(
+            414,
+            "UriTooLong",
+            format!("the request target exceeds the limit of {limit_bytes} bytes"),
+        )
+    }
+
+    /// 431: the request's header fields are too many or too large.
+    pub fn headers_too_large(message: impl Into<String>) -> Self {
+        Self::new(431, "RequestHeaderFieldsTooLarge", message)
+    }
+
     /// 500: a bug or an unexpected failure. The message stays generic; the
     /// cause goes to the log under the same error id.
     pub fn internal() -> Self {

@@ -242,6 +242,32 @@ pub struct ExecuteRequest {
     pub cwd: Option<String>,
 }
 
+impl ExecuteRequest {
+    /// Checks what can be checked before the guest sees the command: no NUL
+    /// byte in the command, shell or working directory, and environment
+    /// names that are non-empty and hold neither `=` nor NUL (nothing else
+    /// can cross `execve`). A shell or directory that does not exist is
+    /// only known in the guest, which refuses it (400 as well).
+    pub fn validate(&self) -> Result<(), crate::ApiError> {
+        for (field, value) in [
+            ("command", Some(&self.command)),
+            ("shell", Some(&self.shell)),
+            ("cwd", self.cwd.as_ref()),
+        ] {
+            if value.is_some_and(|v| v.contains('\0')) {
+                return Err(crate::ApiError::validation(
+                    field,
+                    format!("{field} must not contain a NUL byte"),
+                ));
+            }
+        }
+        if let Some(env) = &self.env {
+            crate::validate::check_env_vars("env", env)?;
+        }
+        Ok(())
+    }
+}
+
 /// Answer of `POST /execute`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ExecuteResponse {
@@ -253,6 +279,34 @@ pub struct ExecuteResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn execute_requests_are_checked_before_the_guest() {
+        let req = |v: serde_json::Value| -> ExecuteRequest { serde_json::from_value(v).unwrap() };
+        req(serde_json::json!({"command": "echo", "env": {"A_1": "x=y"}}))
+            .validate()
+            .unwrap();
+        for (body, field) in [
+            (serde_json::json!({"command": "a\u{0}"}), "command"),
+            (
+                serde_json::json!({"command": "a", "shell": "\u{0}"}),
+                "shell",
+            ),
+            (serde_json::json!({"command": "a", "cwd": "/\u{0}"}), "cwd"),
+            (
+                serde_json::json!({"command": "a", "env": {"A=B": "x"}}),
+                "A=B",
+            ),
+            (serde_json::json!({"command": "a", "env": {"": "x"}}), "env"),
+            (
+                serde_json::json!({"command": "a", "env": {"A": "\u{0}"}}),
+                "A",
+            ),
+        ] {
+            let e = req(body.clone()).validate().unwrap_err();
+            assert_eq!((e.status, e.field()), (422, Some(field)), "{body}");
+        }
+    }
 
     #[test]
     fn worst_case_output_frame_fits_the_sdk_message_limit() {

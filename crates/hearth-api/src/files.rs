@@ -108,6 +108,21 @@ fn required(field: &'static str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The `path` query parameter of `/upload` and `/download`: a file path,
+/// so not empty and without NUL (422 at `["query", "path"]`).
+pub fn check_query_path(path: &str) -> Result<(), ApiError> {
+    if path.is_empty() {
+        return Err(ApiError::invalid_query("path", "path must not be empty"));
+    }
+    if path.contains('\0') {
+        return Err(ApiError::invalid_query(
+            "path",
+            "path must not contain a NUL byte",
+        ));
+    }
+    Ok(())
+}
+
 impl GlobRequest {
     /// Checks the fields; returns the effective limit.
     pub fn validate(&self) -> Result<u32, ApiError> {
@@ -132,6 +147,17 @@ impl GrepRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_paths_are_non_empty_without_nul() {
+        check_query_path("/etc/hostname").unwrap();
+        check_query_path("relative").unwrap();
+        for bad in ["", "a\0b"] {
+            let e = check_query_path(bad).unwrap_err();
+            assert_eq!((e.status, e.field()), (422, Some("path")));
+            assert_eq!(e.loc[0], crate::error::LocSegment::from("query"));
+        }
+    }
 
     #[test]
     fn limits_and_required_fields() {

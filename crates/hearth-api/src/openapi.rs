@@ -10,8 +10,8 @@ use utoipa::openapi::server::{Server, ServerVariableBuilder};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::boxes::{
-    CreateSandboxRequest, ListSandboxesQuery, ListSandboxesResponse, ListSnapshotsQuery,
-    SandboxResponse, StatusResponse, UpdateSandboxRequest,
+    CreateSandboxRequest, LifecycleRequest, ListSandboxesQuery, ListSandboxesResponse,
+    ListSnapshotsQuery, SandboxResponse, StatusResponse, UpdateSandboxRequest,
 };
 use crate::error::ErrorBody;
 use crate::exec::{
@@ -67,7 +67,11 @@ const DATAPLANE_PATHS: &[&str] = &[
         description = "LangSmith-compatible sandbox API served by Hearth. Control-plane paths are \
             under /api/v2/sandboxes; data-plane paths are relative to a sandbox's dataplane_url. \
             Errors are {\"detail\": {\"error\", \"error_id\", \"message\"}}, except request \
-            validation (422), which is FastAPI's {\"detail\": [{\"loc\", \"msg\", \"type\"}]}.",
+            validation (422), which is FastAPI's {\"detail\": [{\"loc\", \"msg\", \"type\"}]}. \
+            On every path, a request that cannot be read (a malformed body, a path that is not \
+            UTF-8 or holds NUL once decoded) is a 400 (error BadRequest), a request target over \
+            16 KiB a 414, more than 100 header fields or 64 KiB of them a 431, an unknown path \
+            a 404 and a wrong method a 405, all in the envelope.",
         license(name = "Apache-2.0"),
     ),
     paths(
@@ -143,7 +147,8 @@ fn create_box() {}
     responses(
         (status = 200, description = "A page of sandboxes", body = ListSandboxesResponse),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-        (status = 422, description = "Invalid query", body = ErrorBody),
+        (status = 422, description = "Invalid query: a bad value, a NUL byte, or more than 64 \
+            `label` (or `tag_value_id`) filters", body = ErrorBody),
     ),
 )]
 #[allow(dead_code)]
@@ -213,11 +218,13 @@ fn box_status() {}
 #[utoipa::path(
     post, path = "/api/v2/sandboxes/boxes/{name}/start", tag = "boxes",
     params(("name" = String, Path, description = "Sandbox name or id")),
+    request_body(content = Option<LifecycleRequest>, description = "`{}` (what the SDK sends) or no body"),
     responses(
         (status = 200, description = "Starting", body = SandboxResponse),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such sandbox", body = ErrorBody),
         (status = 409, description = "Not stopped or failed", body = ErrorBody),
+        (status = 422, description = "A body that is not a JSON object", body = ErrorBody),
         (status = 429, description = "Quota exceeded", body = ErrorBody),
         (status = 503, description = "No sandbox hosts available", body = ErrorBody),
     ),
@@ -230,11 +237,13 @@ fn start_box() {}
 #[utoipa::path(
     post, path = "/api/v2/sandboxes/boxes/{name}/stop", tag = "boxes",
     params(("name" = String, Path, description = "Sandbox name or id")),
+    request_body(content = Option<LifecycleRequest>, description = "`{}` (what the SDK sends) or no body"),
     responses(
         (status = 200, description = "Stopping"),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such sandbox", body = ErrorBody),
         (status = 409, description = "Not ready", body = ErrorBody),
+        (status = 422, description = "A body that is not a JSON object", body = ErrorBody),
     ),
 )]
 #[allow(dead_code)]
@@ -359,8 +368,13 @@ fn snapshots_by_name() {}
     request_body = ExecuteRequest,
     responses(
         (status = 200, description = "The command finished", body = ExecuteResponse),
+        (status = 400, description = "The command cannot start: no such working directory, \
+            shell or user (error CommandError)", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
+        (status = 408, description = "The command ran past `timeout` (error CommandTimeout)", body = ErrorBody),
+        (status = 422, description = "Invalid body: a NUL byte in the command, shell or cwd, \
+            an environment name that is empty or holds `=`", body = ErrorBody),
         (status = 500, description = "The command could not run (error CommandError)", body = ErrorBody),
         (status = 503, description = "Runtime not ready yet (error ServiceUnavailable); retry", body = ErrorBody),
     ),
@@ -403,6 +417,8 @@ fn execute_ws() {}
     request_body(content = ExecuteFrame, description = "What to run"),
     responses(
         (status = 200, description = "The command's events", content_type = "text/event-stream"),
+        (status = 400, description = "The command cannot start: no such working directory, \
+            shell or user, a NUL byte, a bad environment name (error CommandError)", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
         (status = 422, description = "Invalid body", body = ErrorBody),
@@ -434,9 +450,13 @@ fn execute_stream_resume() {}
     request_body(content = UploadForm, content_type = "multipart/form-data"),
     responses(
         (status = 200, description = "Written"),
+        (status = 400, description = "The path names a directory, or runs through a file \
+            (error WriteError)", body = ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
         (status = 413, description = "File too large", body = ErrorBody),
+        (status = 422, description = "`path` missing, repeated, empty or holding NUL; not a \
+            multipart body with a `file` field", body = ErrorBody),
         (status = 500, description = "Write failed (error WriteError)", body = ErrorBody),
         (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
     ),
@@ -465,6 +485,7 @@ fn upload() {}
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
         (status = 404, description = "No such file (error FileNotFound)", body = ErrorBody),
+        (status = 422, description = "`path` missing, repeated, empty or holding NUL", body = ErrorBody),
         (status = 500, description = "Read failed (error ReadError)", body = ErrorBody),
         (status = 503, description = "Runtime not ready yet; retry", body = ErrorBody),
     ),
