@@ -3,16 +3,17 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use hearth_api::boxes::LifecycleRequest;
 use hearth_api::{ApiError, ListSnapshotsQuery, SnapshotTag, SnapshotsByNameResponse};
 use hearth_types::SnapshotId;
 
 use crate::auth::Principal;
 use crate::error::{db_error, HttpResult};
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, Path};
 use crate::list::snapshot_response;
 use crate::Control;
 
@@ -72,7 +73,9 @@ pub async fn start(
     State(c): State<Arc<Control>>,
     who: Principal,
     Path(name): Path<String>,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
+    let _: LifecycleRequest = hearth_api::parse_body(&body)?;
     Ok(Json(c.start(&who, &name).await?).into_response())
 }
 
@@ -80,7 +83,9 @@ pub async fn stop(
     State(c): State<Arc<Control>>,
     who: Principal,
     Path(name): Path<String>,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
+    let _: LifecycleRequest = hearth_api::parse_body(&body)?;
     Ok(Json(c.stop(&who, &name).await?).into_response())
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Multipart, Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,12 +17,13 @@ use hearth_api::{
     ApiError, ExecuteRequest, ExecuteResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
 };
 use hearth_db::Timestamp;
-use hearth_guest_proto::{ExecErrorType, ExecRequest};
+use hearth_guest_proto::ExecRequest;
 use hearth_host::api::RunConfig as HostRunConfig;
 use serde::Deserialize;
 
 use crate::auth::Principal;
 use crate::error::{HttpError, HttpResult};
+use crate::extract::{Multipart, Path, Query};
 use crate::service::{spec_of, vm_id};
 use crate::Control;
 
@@ -155,6 +156,7 @@ pub async fn execute(
     crate::extract::JsonBody(body): crate::extract::JsonBody,
 ) -> HttpResult<Response> {
     let req: ExecuteRequest = hearth_api::parse_body(&body)?;
+    req.validate()?;
     let (row, guest) = c.runtime(&who, &id).await?;
     let d = run_defaults(&row);
     let mut env = d.env_vars.unwrap_or_default();
@@ -176,11 +178,7 @@ pub async fn execute(
         .await
         .map_err(|e| ApiError::command_failed(e.to_string()))?;
     if let Some((t, message)) = out.error {
-        return Err(match t {
-            ExecErrorType::CommandTimeout => ApiError::new(408, "CommandTimeout", message),
-            _ => ApiError::command_failed(message),
-        }
-        .into());
+        return Err(crate::error::exec_failure(t, message).into());
     }
     Ok(Json(ExecuteResponse {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -196,15 +194,25 @@ pub async fn upload(
     who: Principal,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
-    mut form: Multipart,
+    Multipart(mut form): Multipart,
 ) -> HttpResult<Response> {
+    hearth_api::files::check_query_path(&q.path)?;
     let (row, guest) = c.runtime(&who, &id).await?;
     let write_err = |e: hearth_host::GuestError| -> HttpError {
+        use hearth_guest_proto::OpErrorKind as K;
         match e.op_kind() {
-            Some(hearth_guest_proto::OpErrorKind::NotFound) => ApiError::file_not_found(&q.path),
-            Some(hearth_guest_proto::OpErrorKind::PermissionDenied) => {
-                ApiError::new(403, "PermissionDenied", e.to_string())
-            }
+            Some(K::NotFound) => ApiError::file_not_found(&q.path),
+            Some(K::PermissionDenied) => ApiError::new(403, "PermissionDenied", e.to_string()),
+            // The path names something a file cannot be written over, or
+            // runs through one (`AlreadyExists`: a file where a parent
+            // directory should be).
+            Some(
+                K::IsADirectory
+                | K::NotADirectory
+                | K::AlreadyExists
+                | K::InvalidPath
+                | K::BadRequest,
+            ) => ApiError::write_refused(e.to_string()),
             _ => ApiError::write_failed(e.to_string()),
         }
         .into()
@@ -244,6 +252,7 @@ pub async fn download(
     method: Method,
     headers: HeaderMap,
 ) -> HttpResult<Response> {
+    hearth_api::files::check_query_path(&q.path)?;
     let (_row, guest) = c.runtime(&who, &id).await?;
     Ok(
         match hearth_host::api::serve_download(&guest, &q.path, &method, &headers).await {
@@ -264,6 +273,7 @@ fn search_error(e: hearth_host::GuestError, path: &str, pattern_field: &str) -> 
             ApiError::validation("path", format!("{path} is not a directory"))
         }
         Some(K::BadRequest) => ApiError::validation(pattern_field, e.to_string()),
+        Some(K::InvalidPath) => ApiError::validation("path", e.to_string()),
         Some(K::PermissionDenied) => ApiError::new(403, "PermissionDenied", e.to_string()),
         _ => ApiError::new(500, "SearchError", e.to_string()),
     }

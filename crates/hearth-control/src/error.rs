@@ -66,3 +66,16 @@ impl IntoResponse for HttpError {
 }
 
 pub type HttpResult<T> = Result<T, HttpError>;
+
+/// How a command that ended in an error is answered over HTTP: a timeout
+/// is 408; a start the request made impossible (a working directory,
+/// shell or user that does not exist, …) is 400; anything else is 500.
+pub fn exec_failure(t: hearth_guest_proto::ExecErrorType, message: String) -> ApiError {
+    match t {
+        hearth_guest_proto::ExecErrorType::CommandTimeout => {
+            ApiError::new(408, "CommandTimeout", message)
+        }
+        t if hearth_host::api::is_refusal(t) => ApiError::command_refused(message),
+        _ => ApiError::command_failed(message),
+    }
+}

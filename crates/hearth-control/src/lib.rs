@@ -19,6 +19,7 @@ mod boxes;
 mod dataplane;
 pub mod error;
 mod extract;
+mod guard;
 mod links;
 mod list;
 mod metrics;
@@ -311,6 +312,7 @@ pub fn router(control: Arc<Control>) -> Router {
         .route("/metrics", get(metrics::render))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(guard::guard))
         .layer(axum::middleware::from_fn_with_state(
             control.clone(),
             metrics::count,
@@ -340,24 +342,74 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     .into()
 }
 
-/// Serves until `shutdown` resolves. Open WebSockets are closed by the
-/// runtime going away (clients reconnect).
+/// Serves until `shutdown` resolves: then no new connection is accepted,
+/// open ones finish their requests, and this returns once they have. Open
+/// WebSockets are closed by the runtime going away (clients reconnect).
+///
+/// HTTP/1.1 through hyper's own connection builder rather than
+/// `axum::serve`, for larger head limits ([`guard::HEAD_BUFFER`],
+/// [`guard::HEAD_MAX_FIELDS`]): heads past the API's own limits then reach
+/// [`guard::guard`], which answers them in the envelope, where hyper would
+/// answer with an empty body.
 pub async fn serve(
     control: Arc<Control>,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let c = control.clone();
-    let shutdown = async move {
-        shutdown.await;
-        c.begin_shutdown();
-    };
-    // Exec and tunnel frames are small and latency-bound: no Nagle delay.
-    let listener = listener.tap_io(|tcp| {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+
+    let app = router(control.clone());
+    // Flips when the server stops; each connection holds `open` until done.
+    let (stop, stopped) = watch::channel(false);
+    let (open, _) = watch::channel(());
+    tokio::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // A connection that failed before it was accepted is
+                    // that client's problem; anything else (EMFILE) gets a
+                    // pause, as axum::serve does.
+                    use std::io::ErrorKind as K;
+                    if !matches!(
+                        e.kind(),
+                        K::ConnectionRefused | K::ConnectionAborted | K::ConnectionReset
+                    ) {
+                        tracing::error!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Exec and tunnel frames are small and latency-bound: no Nagle delay.
         let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(control))
-        .with_graceful_shutdown(shutdown)
-        .await
+        let service = TowerToHyperService::new(app.clone());
+        let mut stopped = stopped.clone();
+        let held = open.subscribe();
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .max_buf_size(guard::HEAD_BUFFER)
+                .max_headers(guard::HEAD_MAX_FIELDS)
+                .serve_connection(TokioIo::new(tcp), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = async { let _ = stopped.wait_for(|s| *s).await; } => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(held);
+        });
+    }
+    control.begin_shutdown();
+    drop(listener);
+    stop.send_replace(true);
+    open.closed().await;
+    Ok(())
 }

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use hearth_api::ApiError;
@@ -19,6 +19,7 @@ use hearth_guest_proto::OpErrorKind;
 use hyper_util::rt::TokioIo;
 
 use crate::error::HttpResult;
+use crate::extract::Path;
 use crate::links::{embed_origins, service_port};
 use crate::Control;
 
