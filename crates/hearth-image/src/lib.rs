@@ -11,7 +11,8 @@
 //!   modules as `/hearth/modules/NN-<name>.ko`, to be loaded in lexical order;
 //! - a **root image** ([`ensure_rootfs`] → [`RootfsArtifact`]): an ext4 file
 //!   for one [`ImageName`] — `busybox` (tiny, built in a second) or `default`
-//!   (Debian minbase with bash, python3, git, curl…, built by debootstrap).
+//!   (Debian minbase with bash, python, pip, git, curl, jq, ripgrep…, built
+//!   by debootstrap).
 //!   Callers must never modify it; sandboxes write to their own layers.
 //!
 //! [`ensure_all`] does all of it, including writing out the guest agent
@@ -105,8 +106,8 @@ impl ImageConfig {
 pub enum ImageName {
     /// busybox-static and its applets: tiny, quick to build, for tests.
     Busybox,
-    /// Debian minbase with bash, python3, coreutils, procps, git, curl and
-    /// CA certificates.
+    /// Debian minbase with bash, python/python3, pip, venv, git, curl, jq,
+    /// ripgrep, unzip, procps and CA certificates.
     Default,
 }
 

@@ -240,6 +240,9 @@ fn busybox_rootfs() {
     assert!(home.contains("User:  1000   Group:  1000"), "{home}");
     let tmp = debugfs(&img.path, "stat /tmp");
     assert!(tmp.contains("Mode:  01777"), "{tmp}");
+    let marker = debugfs(&img.path, "ls /usr/lib/python3.11");
+    assert!(marker.contains("os.py"), "{marker}");
+    assert!(!marker.contains("EXTERNALLY-MANAGED"), "{marker}");
     let passwd = debugfs(&img.path, "cat /etc/passwd");
     assert!(
         passwd.contains("user:x:1000:1000:user:/home/user:/bin/sh"),
@@ -362,9 +365,17 @@ fn default_rootfs() {
     );
     for path in [
         "/usr/bin/python3",
+        "/usr/bin/python",
+        "/usr/bin/pip",
+        "/usr/bin/pip3",
         "/usr/bin/git",
         "/usr/bin/curl",
+        "/usr/bin/jq",
+        "/usr/bin/rg",
+        "/usr/bin/unzip",
+        "/usr/bin/ps",
         "/bin/bash",
+        "/etc/pip.conf",
         "/etc/ssl/certs/ca-certificates.crt",
     ] {
         let stat = debugfs(&img.path, &format!("stat {path}"));
@@ -373,6 +384,9 @@ fn default_rootfs() {
             "{path}: {stat}"
         );
     }
+    let marker = debugfs(&img.path, "ls /usr/lib/python3.11");
+    assert!(marker.contains("os.py"), "{marker}");
+    assert!(!marker.contains("EXTERNALLY-MANAGED"), "{marker}");
     let passwd = debugfs(&img.path, "cat /etc/passwd");
     assert!(
         passwd.contains("user:x:1000:1000:user:/home/user:/bin/bash"),

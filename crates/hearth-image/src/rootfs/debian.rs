@@ -10,15 +10,24 @@ use crate::{cache, command, ImageConfig, ImageError, Progress};
 
 /// debootstrap variant.
 pub(super) const VARIANT: &str = "minbase";
-/// Packages added to minbase.
-pub(super) const INCLUDE: [&str; 7] = [
+/// Packages added to minbase (their dependencies, never their
+/// recommendations): what agents and their commands reach for. `python` is
+/// python-is-python3; `pip install` works without flags (see
+/// [`allow_pip_install`]); `rg` is ripgrep.
+pub(super) const INCLUDE: [&str; 13] = [
     "bash",
-    "python3",
     "coreutils",
     "procps",
+    "ca-certificates",
+    "python3",
+    "python-is-python3",
+    "python3-pip",
+    "python3-venv",
     "git",
     "curl",
-    "ca-certificates",
+    "jq",
+    "ripgrep",
+    "unzip",
 ];
 
 /// Runs debootstrap into `tree` and applies Hearth's changes; returns the
@@ -56,6 +65,7 @@ pub(super) fn populate(
     // debootstrap copies the build host's resolver config, which means
     // nothing inside a sandbox; the guest side configures its own.
     cache::remove_all(&tree.join("etc/resolv.conf"))?;
+    allow_pip_install(tree)?;
     shrink(tree)?;
     Ok(mirror)
 }
@@ -141,6 +151,26 @@ fn append(path: &Path, line: &str) -> Result<(), ImageError> {
         .map_err(|e| ImageError::io("open", path, e))?;
     f.write_all(line.as_bytes())
         .map_err(|e| ImageError::io("append to", path, e))
+}
+
+/// Makes `pip install` work without flags. Debian 12 marks its Python
+/// `EXTERNALLY-MANAGED` (PEP 668), so pip refuses to install outside a venv;
+/// a sandbox is disposable and its Python belongs to whoever runs in it, so
+/// the marker goes. pip.conf silences the warnings about running as root
+/// and about pip's own version (the check would also need the network).
+fn allow_pip_install(tree: &Path) -> Result<(), ImageError> {
+    let lib = tree.join("usr/lib");
+    let entries = fs::read_dir(&lib).map_err(|e| ImageError::io("read directory", &lib, e))?;
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_name().to_string_lossy().starts_with("python3") {
+            cache::remove_all(&entry.path().join("EXTERNALLY-MANAGED"))?;
+        }
+    }
+    write_file(
+        &tree.join("etc/pip.conf"),
+        "[global]\ndisable-pip-version-check = true\n\n[install]\nroot-user-action = ignore\n",
+        0o644,
+    )
 }
 
 /// Removes apt's package lists and caches (apt-get update restores them).
