@@ -12,18 +12,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{self, Staging};
-use crate::{command, ImageConfig, ImageError, Progress};
+use crate::{command, ImageConfig, ImageError, Progress, Unit};
 
 /// The pinned kernel package.
 pub const DEFAULT_KERNEL_PACKAGE: &str = "linux-image-6.1.0-50-cloud-amd64-unsigned";
 
 /// The modules the guest loads, in load order (dependencies first).
-pub const MODULE_LOAD_ORDER: [&str; 8] = [
+pub const MODULE_LOAD_ORDER: [&str; 9] = [
     "virtio",
     "virtio_ring",
     "virtio_mmio",
@@ -32,13 +33,15 @@ pub const MODULE_LOAD_ORDER: [&str; 8] = [
     "failover",
     "net_failover",
     "virtio_net",
+    // Free page reporting: idle guests give memory back to the host.
+    "virtio_balloon",
 ];
 
 /// Modules without which the guest cannot work (root disk, host stream).
 const REQUIRED_MODULES: [&str; 2] = ["virtio_blk", "virtio_console"];
 
 /// Version of the kernel extraction recipe; bump to invalidate caches.
-const KERNEL_RECIPE: u32 = 1;
+const KERNEL_RECIPE: u32 = 2;
 
 /// One kernel module, ready to load.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,15 +182,18 @@ fn build(
 ) -> Result<KernelArtifact, ImageError> {
     let started = Instant::now();
     let package = resolve_package(&cfg.kernel_package, p)?;
-    p.step(&format!("building kernel: downloading {package}"));
     let staging = Staging::new(artifacts, "kernel")?;
     let download = staging.path().join("download");
     cache::ensure_dir(&download)?;
-    command::run(
-        Command::new("apt-get")
-            .args(["download", "-q", &package])
-            .current_dir(&download),
-    )?;
+    p.measure(
+        &format!("building kernel: downloading {package}"),
+        Unit::Bytes,
+        package_size(&package),
+    );
+    let mut apt = Command::new("apt-get");
+    apt.args(["download", "-q", &package])
+        .current_dir(&download);
+    run_watching_size(&mut apt, &download, p)?;
     let deb = single_deb(&download, &package)?;
     let info = command::run_stdout(
         Command::new("dpkg-deb")
@@ -303,6 +309,56 @@ fn build(
         started.elapsed(),
     );
     Ok(artifact)
+}
+
+/// The size in bytes of the `.deb` apt would download for `package`, if apt
+/// says (only for the progress bar).
+fn package_size(package: &str) -> Option<u64> {
+    let show =
+        command::run_stdout(Command::new("apt-cache").args(["show", "--no-all-versions", package]))
+            .ok()?;
+    parse_size(&show)
+}
+
+fn parse_size(show: &str) -> Option<u64> {
+    show.lines()
+        .find_map(|l| l.strip_prefix("Size:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Runs `cmd` to completion while reporting the bytes in `dir` (where it
+/// downloads) every 100 ms.
+fn run_watching_size(cmd: &mut Command, dir: &Path, p: &dyn Progress) -> Result<(), ImageError> {
+    let finished = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !finished.load(Ordering::Relaxed) {
+                p.advance(dir_bytes(dir), None, "");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let result = command::run(cmd);
+        finished.store(true, Ordering::Relaxed);
+        if result.is_ok() {
+            p.advance(dir_bytes(dir), None, "");
+        }
+        result.map(drop)
+    })
+}
+
+/// Bytes in the files directly below `dir` (apt's `partial/` included).
+fn dir_bytes(dir: &Path) -> u64 {
+    let files = |d: &Path| -> u64 {
+        fs::read_dir(d)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| e.metadata().ok())
+            .filter(fs::Metadata::is_file)
+            .map(|m| m.len())
+            .sum()
+    };
+    files(dir) + files(&dir.join("partial"))
 }
 
 /// `wanted` if apt knows it; else the newest package of the same family
@@ -493,6 +549,13 @@ fn copy(from: &Path, to: &Path) -> Result<(), ImageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apt_cache_size() {
+        let show = "Package: linux-image-6.1.0-50-cloud-amd64-unsigned\nVersion: 6.1.176-1\nSize: 49151234\nMD5sum: 0\n";
+        assert_eq!(parse_size(show), Some(49_151_234));
+        assert_eq!(parse_size("Package: x\n"), None);
+    }
 
     #[test]
     fn family_of_the_pinned_package() {

@@ -57,7 +57,7 @@ pub use initramfs::{ensure_initramfs, InitramfsArtifact};
 pub use kernel::{
     ensure_kernel, KernelArtifact, KernelModule, DEFAULT_KERNEL_PACKAGE, MODULE_LOAD_ORDER,
 };
-pub use progress::{Progress, QuietProgress, StderrProgress};
+pub use progress::{under_way, Progress, QuietProgress, StderrProgress, Unit};
 pub use rootfs::{ensure_rootfs, RootfsArtifact, ROOTFS_LABEL};
 
 /// Where and from what the artifacts are built.

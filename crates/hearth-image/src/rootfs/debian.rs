@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use super::{chown_ids, make_dir, write_file};
-use crate::{cache, command, ImageConfig, ImageError, Progress};
+use crate::{cache, command, ImageConfig, ImageError, Progress, Unit};
 
 /// debootstrap variant.
 pub(super) const VARIANT: &str = "minbase";
@@ -38,10 +38,8 @@ pub(super) fn populate(
     p: &dyn Progress,
 ) -> Result<String, ImageError> {
     let mirror = cfg.resolved_mirror();
-    p.step(&format!(
-        "debootstrap {} from {mirror} (takes about a minute)",
-        cfg.suite
-    ));
+    let what = format!("debootstrap {} from {mirror}", cfg.suite);
+    p.measure(&what, Unit::Steps, None);
     let mut phases = Phases::default();
     let result = command::run_streaming(
         Command::new("debootstrap")
@@ -51,8 +49,11 @@ pub(super) fn populate(
             .arg(tree)
             .arg(&mirror),
         |line| {
-            if let Some(msg) = phases.line(line) {
-                p.step(&format!("debootstrap: {msg}"));
+            let shown = phases.line(line);
+            if let Some(msg) = &shown {
+                p.advance(phases.done, phases.total(), &format!("debootstrap: {msg}"));
+            } else if phases.last_counted {
+                p.advance(phases.done, phases.total(), "");
             }
         },
     );
@@ -70,18 +71,37 @@ pub(super) fn populate(
     Ok(mirror)
 }
 
-/// Turns debootstrap's `I:` lines into a few progress lines: phase lines
-/// ("Resolving dependencies…", "Configuring the base system…") pass through,
-/// the hundreds of per-package lines ("Retrieving libc6 2.36-9",
-/// "Validating …", "Extracting bash...") collapse into one line per phase.
+/// Turns debootstrap's `I:` lines into a few progress lines and a count:
+/// phase lines ("Resolving dependencies…", "Configuring the base system…")
+/// pass through, the hundreds of per-package lines ("Retrieving libc6
+/// 2.36-9", "Validating …", "Extracting bash...") collapse into one line per
+/// phase and count as steps.
+///
+/// The steps: every package is retrieved, unpacked and configured, and the
+/// required ones are also extracted first, so a build takes about 3 × N + R
+/// steps for N packages of which R are required. N is known once retrieval
+/// ends (until then the total is unknown), R once extraction ends (until
+/// then it is taken to be N).
 #[derive(Debug, Default)]
 struct Phases {
     /// The per-package phase being collapsed, if any.
     current: Option<String>,
+    /// Per-package lines seen so far.
+    done: u64,
+    /// Packages retrieved, once retrieval has ended.
+    packages: Option<u64>,
+    /// Packages extracted, once extraction has ended.
+    required: Option<u64>,
+    retrieved: u64,
+    extracted: u64,
+    /// The line just handled was a counted per-package line.
+    last_counted: bool,
 }
 
 impl Phases {
+    /// Handles one line of output; returns the progress line to show, if any.
     fn line(&mut self, line: &str) -> Option<String> {
+        self.last_counted = false;
         let info = line.strip_prefix("I: ")?.trim();
         let words: Vec<&str> = info.split_whitespace().collect();
         let (&verb, rest) = words.split_first()?;
@@ -95,17 +115,36 @@ impl Phases {
         ) && (1..=2).contains(&rest.len())
             && !lower.contains("packages")
             && !lower.contains("release");
-        if per_package {
-            let phase = format!("{} packages", verb.to_ascii_lowercase());
-            if self.current.as_deref() == Some(phase.as_str()) {
-                return None;
-            }
-            self.current = Some(phase.clone());
-            Some(phase)
-        } else {
+        if !per_package {
             self.current = None;
-            Some(info.to_owned())
+            return Some(info.to_owned());
         }
+        self.done += 1;
+        self.last_counted = true;
+        match verb {
+            "Retrieving" => self.retrieved += 1,
+            "Extracting" => self.extracted += 1,
+            _ => {}
+        }
+        if verb != "Retrieving" && self.packages.is_none() {
+            self.packages = Some(self.retrieved);
+        }
+        if verb != "Retrieving" && verb != "Extracting" && self.required.is_none() {
+            self.required = Some(self.extracted);
+        }
+        let phase = format!("{} packages", verb.to_ascii_lowercase());
+        if self.current.as_deref() == Some(phase.as_str()) {
+            return None;
+        }
+        self.current = Some(phase.clone());
+        Some(phase)
+    }
+
+    /// The expected number of steps, once it can be estimated.
+    fn total(&self) -> Option<u64> {
+        let n = self.packages?;
+        let r = self.required.unwrap_or(n);
+        Some((3 * n + r).max(self.done))
     }
 }
 
@@ -254,5 +293,9 @@ I: Base system installed successfully.
                 "Base system installed successfully.",
             ]
         );
+        // 2 retrieved, 2 extracted, 2 unpacked, 1 configured; 3 × 2 + 2 expected.
+        assert_eq!(phases.done, 7);
+        assert_eq!((phases.packages, phases.required), (Some(2), Some(2)));
+        assert_eq!(phases.total(), Some(8));
     }
 }
