@@ -63,7 +63,7 @@ pub async fn substrate(
 ) -> anyhow::Result<()> {
     let mut cfg = hearth_host::HostConfig::new(data_dir);
     cfg.raw_ports = vec![RAW_PORT.to_owned()];
-    let host = hearth_host::Host::start(cfg, std::sync::Arc::new(hearth_image::StderrProgress))
+    let host = hearth_host::Host::start(cfg, crate::progress::reporter())
         .await
         .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
         .context("start the host agent")?;
@@ -76,7 +76,7 @@ pub async fn substrate(
 
     for &image in &images {
         // Build artifacts outside the timing.
-        host.artifacts(image, std::sync::Arc::new(hearth_image::StderrProgress))
+        host.artifacts(image, crate::progress::reporter())
             .await
             .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))?;
         let mut times = Vec::new();

@@ -4,7 +4,9 @@
 
 mod bench;
 mod client;
+mod doctor;
 mod keys;
+mod progress;
 mod run;
 mod up;
 
@@ -37,6 +39,8 @@ struct Cli {
 enum Command {
     /// Run Hearth on this machine: control plane + one host + SQLite.
     Up(up::UpArgs),
+    /// Check what Hearth needs on this machine, one line per check.
+    Doctor,
     /// Manage API keys (directly in the server's database).
     Keys {
         #[command(subcommand)]
@@ -60,7 +64,7 @@ enum Command {
         memory: ByteSize,
         #[arg(long, default_value_t = 1)]
         cpus: u32,
-        /// Run the command through `/bin/sh -c` instead of as an argv.
+        /// Run the command through `/bin/bash -c` instead of as an argv.
         #[arg(long)]
         shell: bool,
         /// The command and its arguments.
@@ -160,7 +164,7 @@ fn parse_images(s: &str) -> anyhow::Result<Vec<ImageName>> {
 
 async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>> {
     let cfg = hearth_host::HostConfig::new(data_dir);
-    hearth_host::Host::start(cfg, Arc::new(hearth_image::StderrProgress))
+    hearth_host::Host::start(cfg, progress::reporter())
         .await
         .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
         .context("start the host agent")
@@ -169,6 +173,12 @@ async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>>
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Up(args) => up::up(cli.data_dir, args).await,
+        Command::Doctor => {
+            let env = doctor::Env::new(&cli.data_dir);
+            let checks = tokio::task::spawn_blocking(move || doctor::run_checks(&env)).await?;
+            print!("{}", doctor::report(&checks));
+            Ok(if doctor::passed(&checks) { 0 } else { 1 })
+        }
         Command::Keys { command, db } => keys::run(&cli.data_dir, db, command).await,
         Command::Client(cmd) => client::run(cmd, cli.endpoint).await,
         Command::Image {
@@ -176,9 +186,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         } => {
             let images = parse_images(&image)?;
             let cfg = hearth_image::ImageConfig::new(&cli.data_dir);
+            let p = progress::reporter();
             tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
                 for image in images {
-                    let a = hearth_image::ensure_all(&cfg, image, &hearth_image::StderrProgress)
+                    let a = hearth_image::ensure_all(&cfg, image, p.as_ref())
                         .with_context(|| format!("build the {image} image"))?;
                     println!(
                         "{image}: kernel {} ({}), initramfs {}, rootfs {} ({} bytes, blake3 {})",

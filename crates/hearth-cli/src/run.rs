@@ -18,6 +18,12 @@ pub async fn run(
     command: Vec<String>,
 ) -> anyhow::Result<u8> {
     let host = crate::start_host(data_dir).await?;
+    // Build the image first (with progress): the first run of the default
+    // image runs debootstrap.
+    host.artifacts(image, crate::progress::reporter())
+        .await
+        .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
+        .with_context(|| format!("build the {image} image"))?;
     let vm = host
         .create_vm(CreateVm {
             image,
@@ -44,7 +50,7 @@ async fn exec(vm: &hearth_host::Vm, shell: bool, command: Vec<String>) -> anyhow
     let req = if shell {
         ExecRequest {
             command: command.join(" "),
-            shell: Some("/bin/sh".into()),
+            shell: Some("/bin/bash".into()),
             timeout_ms: 0,
             ..Default::default()
         }

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
@@ -102,13 +101,20 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .clone()
         .or(file.public_url.clone())
         .unwrap_or_else(|| format!("http://{listen}"));
+    // What `hearth doctor` checks: stop with its advice, not a stack of errors.
+    let env = crate::doctor::Env::new(&data_dir);
+    let checks = tokio::task::spawn_blocking(move || crate::doctor::run_checks(&env)).await?;
+    if !crate::doctor::passed(&checks) {
+        eprint!("{}", crate::doctor::report(&checks));
+        anyhow::bail!("this machine is not ready for Hearth: fix the FAIL lines above (hearth doctor checks again)");
+    }
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("create the data directory {}", data_dir.display()))?;
     eprintln!("[hearth] data directory {}", data_dir.display());
 
     let host = crate::start_host(data_dir.clone()).await?;
     if !args.no_default_image {
-        host.artifacts(ImageName::Default, Arc::new(hearth_image::StderrProgress))
+        host.artifacts(ImageName::Default, crate::progress::reporter())
             .await
             .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
             .context("build the default image")?;

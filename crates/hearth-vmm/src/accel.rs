@@ -95,7 +95,32 @@ pub async fn probe_accel(
     accel
 }
 
-fn forced_accel() -> Option<Accel> {
+/// The answer a probe cached in `cache_file`, as far as it can be checked
+/// without a kernel: made on this boot of the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedAnswer {
+    /// What the probe decided.
+    pub accel: Accel,
+    /// Why (the probe's outcome).
+    pub reason: String,
+    /// The first line of `qemu --version` it was made with.
+    pub qemu_version: String,
+}
+
+/// The cached answer in `cache_file`, if there is one from this boot.
+/// For reports (`hearth doctor`); [`probe_accel`] checks the whole key.
+pub fn cached_answer(cache_file: &Path) -> Option<CachedAnswer> {
+    let entry = read_cache(cache_file)?;
+    let boot = crate::host::boot_id().ok()?;
+    (entry.key.boot_id == boot).then_some(CachedAnswer {
+        accel: entry.accel,
+        reason: entry.reason,
+        qemu_version: entry.key.qemu_version,
+    })
+}
+
+/// The accelerator forced by [`ACCEL_ENV`], if set to a valid value.
+pub fn forced_accel() -> Option<Accel> {
     let value = std::env::var(ACCEL_ENV).ok()?;
     match value.parse() {
         Ok(a) => Some(a),
@@ -177,6 +202,7 @@ pub async fn run_probe_guest(
         run_dir: run_dir.clone(),
         mem_path: mem_path.clone(),
         raw_ports: Vec::new(),
+        free_page_reporting: false,
     };
     let qemu = Qemu::new(QemuConfig {
         start_timeout: cfg.start_timeout.min(deadline),
