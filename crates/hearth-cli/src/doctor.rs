@@ -73,7 +73,9 @@ impl fmt::Display for Check {
             Status::Warn => "warn",
             Status::Fail => "FAIL",
         };
-        write!(f, "{tag}  {:<13} {}", self.name, self.detail)?;
+        // One line per check, whatever a tool printed.
+        let detail = self.detail.trim().replace('\n', "; ");
+        write!(f, "{tag}  {:<13} {detail}", self.name)?;
         if let Some(advice) = &self.advice {
             write!(f, " -> {advice}")?;
         }
@@ -290,13 +292,13 @@ fn kvm(env: &Env, qemu_version: Option<&str>) -> Check {
     if let Some(cached) = hearth_vmm::accel::cached_answer(&env.accel_cache)
         .filter(|c| c.qemu_version == qemu_version)
     {
+        // The probe's reason ends with QEMU's whole stderr; its first line says it.
+        let reason = cached.reason.lines().next().unwrap_or_default();
         return match cached.accel {
-            hearth_vmm::Accel::Kvm => {
-                Check::ok("KVM", format!("usable: {} (boot probe)", cached.reason))
-            }
+            hearth_vmm::Accel::Kvm => Check::ok("KVM", format!("usable: {reason} (boot probe)")),
             hearth_vmm::Accel::Tcg => Check::warn(
                 "KVM",
-                format!("unusable{nested}: {} (boot probe); {TCG}", cached.reason),
+                format!("unusable{nested}: {reason} (boot probe); {TCG}"),
                 "nothing to do; HEARTH_ACCEL=kvm forces KVM",
             ),
         };
@@ -633,6 +635,41 @@ mod tests {
                 "{line}"
             );
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The probe's cached answer is used when it is from this boot and this
+    /// QEMU, and its multi-line reason still makes one line.
+    #[test]
+    fn kvm_line_uses_the_cached_probe_answer() {
+        let dir = temp_dir("cached");
+        let env = Env::new(&dir);
+        let Some(qemu) = which(&env.path, &env.qemu) else {
+            eprintln!("no QEMU here: nothing to check");
+            return;
+        };
+        let qemu_version = version(&qemu).unwrap();
+        let entry = serde_json::json!({
+            "accel": "tcg",
+            "reason": "probe qemu ended with killed by signal 6 before HEARTH_PROBE_OK: boom\nsecond line",
+            "kernel": "/k",
+            "kernel_size": 1,
+            "qemu_binary": "qemu-system-x86_64",
+            "qemu_version": qemu_version,
+            "boot_id": hearth_vmm::host::boot_id().unwrap(),
+        });
+        std::fs::write(&env.accel_cache, entry.to_string()).unwrap();
+        let check = kvm(&env, Some(&qemu_version));
+        let line = check.to_string();
+        if hearth_vmm::accel::forced_accel().is_none() && Path::new("/dev/kvm").exists() {
+            assert_eq!(check.status, Status::Warn, "{line}");
+            assert!(
+                line.contains("before HEARTH_PROBE_OK: boom (boot probe)"),
+                "{line}"
+            );
+            assert!(line.contains("guests run under TCG"), "{line}");
+        }
+        assert!(!line.contains('\n'), "{line}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
