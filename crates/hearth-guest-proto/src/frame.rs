@@ -20,7 +20,8 @@ pub const HEADER_LEN: usize = 9;
 /// Largest payload a frame may carry. Bigger writes are split.
 pub const MAX_PAYLOAD: usize = 64 * 1024;
 
-/// What a frame means. The numeric values are part of protocol version 1.
+/// What a frame means. The numeric values are part of protocol version 1
+/// (`OpenLarge`: version 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {
@@ -33,6 +34,12 @@ pub enum FrameKind {
     Pong = 0x04,
     /// Host → guest: opens a new logical stream; JSON [`crate::Request`].
     Open = 0x10,
+    /// Host → guest, protocol 2 and later: opens a new logical stream whose
+    /// JSON request is too large for one frame. The payload is the
+    /// request's length (u32 LE, at most [`crate::mux::MAX_REQUEST`]); the
+    /// request itself follows as the stream's first `Data` frames, and the
+    /// stream is accepted once exactly that many bytes have arrived.
+    OpenLarge = 0x16,
     /// Raw bytes on a stream (flow-controlled).
     Data = 0x11,
     /// A JSON control message on a stream (flow-controlled).
@@ -58,6 +65,7 @@ impl FrameKind {
             0x13 => Self::Window,
             0x14 => Self::Eof,
             0x15 => Self::Close,
+            0x16 => Self::OpenLarge,
             _ => return None,
         })
     }
@@ -86,6 +94,20 @@ impl Frame {
 
     /// The credit of a `Window` frame. The decoder has checked the length.
     pub fn window_credit(&self) -> u32 {
+        self.le_u32()
+    }
+
+    /// An `OpenLarge` frame announcing a request of `len` bytes.
+    pub fn open_large(stream: u32, len: u32) -> Self {
+        Self::new(FrameKind::OpenLarge, stream, len.to_le_bytes().to_vec())
+    }
+
+    /// The announced request length of an `OpenLarge` frame.
+    pub fn open_large_len(&self) -> u32 {
+        self.le_u32()
+    }
+
+    fn le_u32(&self) -> u32 {
         let mut b = &self.payload[..];
         if b.len() == 4 {
             b.get_u32_le()
@@ -99,7 +121,7 @@ impl Frame {
     /// with free frames.
     pub fn flow_cost(&self) -> u32 {
         match self.kind {
-            FrameKind::Data | FrameKind::Ctl | FrameKind::Open => {
+            FrameKind::Data | FrameKind::Ctl | FrameKind::Open | FrameKind::OpenLarge => {
                 (self.payload.len() as u32).max(1)
             }
             _ => 0,
@@ -159,7 +181,7 @@ impl Decoder for FrameCodec {
             });
         }
         let expected = match kind {
-            FrameKind::Window => Some(4),
+            FrameKind::Window | FrameKind::OpenLarge => Some(4),
             FrameKind::Ping | FrameKind::Pong => Some(8),
             FrameKind::Eof => Some(0),
             _ => None,
@@ -243,6 +265,7 @@ mod tests {
             Frame::new(FrameKind::Hello, 0, &b"{}"[..]),
             Frame::new(FrameKind::Data, 7, vec![1u8; MAX_PAYLOAD]),
             Frame::window(3, 65536),
+            Frame::open_large(9, 4 << 20),
             Frame::new(FrameKind::Eof, 3, Bytes::new()),
             Frame::new(FrameKind::Ping, 0, 42u64.to_le_bytes().to_vec()),
         ];
@@ -254,6 +277,7 @@ mod tests {
         assert_eq!(err, None);
         assert_eq!(got, frames);
         assert_eq!(got[2].window_credit(), 65536);
+        assert_eq!(got[3].open_large_len(), 4 << 20);
     }
 
     #[test]
@@ -309,6 +333,15 @@ mod tests {
         assert!(matches!(
             decode_all(&bad_window).1,
             Some(FrameError::BadLength { .. })
+        ));
+        // finding 8: an OpenLarge header is exactly its 4-byte length.
+        let bad_open = [FrameKind::OpenLarge as u8, 1, 0, 0, 0, 2, 0, 0, 0, 1, 2];
+        assert!(matches!(
+            decode_all(&bad_open).1,
+            Some(FrameError::BadLength {
+                kind: FrameKind::OpenLarge,
+                ..
+            })
         ));
     }
 }

@@ -21,5 +21,5 @@ pub use frame::{Frame, FrameCodec, FrameError, FrameKind, MAX_PAYLOAD};
 pub use msg::*;
 pub use mux::{
     guest_handshake, host_handshake, Acceptor, HandshakeError, Incoming, Mux, MuxError, RecvError,
-    Role, Stream, StreamReceiver, StreamSender, INITIAL_WINDOW,
+    Role, Stream, StreamReceiver, StreamSender, INITIAL_WINDOW, MAX_REQUEST,
 };

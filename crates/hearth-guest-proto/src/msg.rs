@@ -6,8 +6,13 @@ use std::collections::BTreeMap;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-/// Protocol versions this build speaks, newest last.
-pub const SUPPORTED_VERSIONS: &[u16] = &[1];
+/// Protocol versions this build speaks, newest last. Version 2 adds
+/// requests larger than one frame (`OpenLarge`, up to
+/// [`crate::mux::MAX_REQUEST`]); version 1 peers get single-frame requests.
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2];
+
+/// The first protocol version with `OpenLarge` (requests over one frame).
+pub const LARGE_REQUEST_VERSION: u16 = 2;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -277,6 +282,9 @@ pub enum OpErrorKind {
     PermissionDenied,
     IsADirectory,
     NotADirectory,
+    /// The path exists but is not a regular file (a FIFO, device or
+    /// socket): the file API reads and writes only regular files.
+    NotAFile,
     AlreadyExists,
     DirectoryNotEmpty,
     InvalidPath,
@@ -462,7 +470,8 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3]), Some(1));
+        assert_eq!(negotiate(&[1, 2, 3]), Some(2));
+        assert_eq!(negotiate(&[1]), Some(1));
         assert_eq!(negotiate(&[7]), None);
         assert_eq!(negotiate(&[]), None);
     }

@@ -10,13 +10,22 @@
 //! this is how a hostile guest is contained. Because a busy stream can only
 //! ever have one window of bytes in flight, a large download cannot starve a
 //! concurrent exec.
+//!
+//! Requests: a request that fits one frame travels in its `Open` frame. A
+//! larger one (protocol version 2, up to [`MAX_REQUEST`]) is announced by an
+//! `OpenLarge` frame carrying only its length, and follows as the stream's
+//! first `Data` frames (spending and returning credit like any data); the
+//! guest assembles it, never past the announced length, and accepts the
+//! stream when it is complete. An announcement over the limit, more bytes
+//! than announced, or anything but `Data` before the request is complete
+//! closes that stream with a `BadRequest` reason, and nothing else.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -32,6 +41,14 @@ pub const INITIAL_WINDOW: u32 = 1024 * 1024;
 const WINDOW_UPDATE_THRESHOLD: u32 = INITIAL_WINDOW / 4;
 /// More outstanding credit than this on one stream is a protocol violation.
 const MAX_CREDIT: usize = 16 * INITIAL_WINDOW as usize;
+
+/// Largest request (the JSON of an `Open`) a stream may be opened with,
+/// from protocol version 2 on: 4 MiB. A command line and its environment
+/// are bounded by Linux's `ARG_MAX`, 2 MiB with the default 8 MiB stack;
+/// this leaves room for a command of that order *and* an environment of
+/// that order, with JSON escaping, while the guest never buffers more than
+/// 4 MiB for one request.
+pub const MAX_REQUEST: usize = 4 * 1024 * 1024;
 
 /// Which end of the held stream this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +66,10 @@ pub enum MuxError {
     StreamClosed { stream: u32 },
     #[error("message does not fit in one frame ({len} bytes)")]
     TooLarge { len: usize },
+    /// The request is larger than the peer accepts ([`MAX_REQUEST`], or
+    /// one frame with a protocol 1 peer). Nothing was sent.
+    #[error("request of {size} bytes is larger than the limit of {max} bytes")]
+    RequestTooLarge { size: usize, max: usize },
 }
 
 /// The handshake did not complete.
@@ -83,6 +104,22 @@ struct Slot {
     recv_allowed: u64,
 }
 
+/// A request arriving in `Data` frames after `OpenLarge` (guest side);
+/// its stream is handed to the acceptor once `expected` bytes are in.
+/// Owned by the reader task, so no lock is held when one is dropped (a
+/// dropped stream takes the lock to close itself).
+struct Assembly {
+    stream: Stream,
+    buf: BytesMut,
+    expected: usize,
+}
+
+type Assemblies = HashMap<u32, Assembly>;
+
+fn bad_request(message: String) -> OpError {
+    OpError::new(crate::msg::OpErrorKind::BadRequest, message)
+}
+
 #[derive(Default)]
 struct State {
     streams: HashMap<u32, Slot>,
@@ -92,6 +129,8 @@ struct State {
 
 struct Inner {
     role: Role,
+    /// The negotiated protocol version.
+    version: u16,
     out: mpsc::UnboundedSender<Frame>,
     state: Mutex<State>,
     next_id: AtomicU32,
@@ -110,10 +149,28 @@ pub struct Mux {
 pub type Acceptor = mpsc::UnboundedReceiver<(Stream, Bytes)>;
 
 impl Mux {
-    /// Starts the reader and writer tasks on the current tokio runtime.
+    /// Starts the reader and writer tasks on the current tokio runtime,
+    /// for protocol version 1 (requests fit one frame).
     /// The guest side also gets the streams the host opens.
     pub fn start<R, W>(
         role: Role,
+        reader: FramedRead<R, FrameCodec>,
+        writer: FramedWrite<W, FrameCodec>,
+    ) -> (Mux, Option<Acceptor>)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        Self::start_versioned(role, 1, reader, writer)
+    }
+
+    /// [`Mux::start`] for the protocol `version` the handshake chose: from
+    /// [`crate::LARGE_REQUEST_VERSION`] on, the host sends requests up to
+    /// [`MAX_REQUEST`]. (The guest side accepts large requests whatever the
+    /// version; only a host that negotiated them sends them.)
+    pub fn start_versioned<R, W>(
+        role: Role,
+        version: u16,
         reader: FramedRead<R, FrameCodec>,
         writer: FramedWrite<W, FrameCodec>,
     ) -> (Mux, Option<Acceptor>)
@@ -132,6 +189,7 @@ impl Mux {
         let (closed_tx, _) = watch::channel(None);
         let inner = Arc::new(Inner {
             role,
+            version,
             out,
             state: Mutex::new(State::default()),
             next_id: AtomicU32::new(1),
@@ -144,19 +202,47 @@ impl Mux {
         (Mux { inner }, accept_rx)
     }
 
-    /// Opens a stream for `request` (host side).
+    /// The largest request [`Mux::open`] sends on this connection:
+    /// [`MAX_REQUEST`], or one frame with a protocol 1 peer.
+    pub fn max_request(&self) -> usize {
+        if self.inner.version >= crate::msg::LARGE_REQUEST_VERSION {
+            MAX_REQUEST
+        } else {
+            MAX_PAYLOAD
+        }
+    }
+
+    /// Opens a stream for `request` (host side). A request larger than
+    /// [`Mux::max_request`] is [`MuxError::RequestTooLarge`], and nothing
+    /// is sent.
     pub async fn open<T: Serialize>(&self, request: &T) -> Result<Stream, MuxError> {
         let payload = Bytes::from(serde_json::to_vec(request).unwrap_or_default());
-        if payload.len() > MAX_PAYLOAD {
-            return Err(MuxError::TooLarge { len: payload.len() });
+        let max = self.max_request();
+        if payload.len() > max {
+            return Err(MuxError::RequestTooLarge {
+                size: payload.len(),
+                max,
+            });
         }
         // Host streams are odd, so they can never collide with a guest id.
         let id = self.inner.next_id.fetch_add(2, Ordering::Relaxed);
         let stream = self.inner.register(id)?;
-        let frame = Frame::new(FrameKind::Open, id, payload);
-        stream.sender.spend(frame.flow_cost()).await?;
-        self.inner.send(frame)?;
-        Ok(stream)
+        if payload.len() <= MAX_PAYLOAD {
+            let frame = Frame::new(FrameKind::Open, id, payload);
+            stream.sender.spend(frame.flow_cost()).await?;
+            self.inner.send(frame)?;
+            return Ok(stream);
+        }
+        let header = Frame::open_large(id, payload.len() as u32);
+        stream.sender.spend(header.flow_cost()).await?;
+        self.inner.send(header)?;
+        match stream.sender.send_data(payload).await {
+            Ok(()) => Ok(stream),
+            // The guest refused the request: its reason waits on the
+            // stream, where the caller reads it like any other answer.
+            Err(MuxError::StreamClosed { .. }) => Ok(stream),
+            Err(e) => Err(e),
+        }
     }
 
     /// Round trip of a `Ping` through the peer's reader loop.
@@ -285,8 +371,16 @@ impl Inner {
     }
 
     /// Handles one frame from the peer. An `Err` is a protocol violation.
-    fn dispatch(self: &Arc<Self>, frame: Frame) -> Result<(), String> {
+    fn dispatch(self: &Arc<Self>, frame: Frame, asm: &mut Assemblies) -> Result<(), String> {
         let cost = frame.flow_cost() as u64;
+        if asm.contains_key(&frame.stream)
+            && matches!(
+                frame.kind,
+                FrameKind::Data | FrameKind::Ctl | FrameKind::Eof | FrameKind::Close
+            )
+        {
+            return self.assemble(frame, asm);
+        }
         match frame.kind {
             FrameKind::Hello => {
                 if self.role == Role::Guest {
@@ -316,7 +410,9 @@ impl Inner {
                 let Some(accept) = &self.accept_tx else {
                     return Err("the guest may not open streams".into());
                 };
-                if self.lock().streams.contains_key(&frame.stream) {
+                if self.lock().streams.contains_key(&frame.stream)
+                    || asm.contains_key(&frame.stream)
+                {
                     return Err(format!("stream {} opened twice", frame.stream));
                 }
                 let stream = self.register(frame.stream).map_err(|e| e.to_string())?;
@@ -324,6 +420,46 @@ impl Inner {
                     slot.recv_allowed = slot.recv_allowed.saturating_sub(cost);
                 }
                 let _ = accept.send((stream, frame.payload));
+                Ok(())
+            }
+            FrameKind::OpenLarge => {
+                let Some(accept) = &self.accept_tx else {
+                    return Err("the guest may not open streams".into());
+                };
+                if self.lock().streams.contains_key(&frame.stream)
+                    || asm.contains_key(&frame.stream)
+                {
+                    return Err(format!("stream {} opened twice", frame.stream));
+                }
+                let expected = frame.open_large_len() as usize;
+                if expected > MAX_REQUEST {
+                    // Refused before anything is buffered; the request's
+                    // `Data` then meets an unknown stream and is dropped.
+                    let reason = bad_request(format!(
+                        "request of {expected} bytes is larger than the limit of {MAX_REQUEST} bytes"
+                    ));
+                    let payload = serde_json::to_vec(&reason).unwrap_or_default();
+                    let _ = self
+                        .out
+                        .send(Frame::new(FrameKind::Close, frame.stream, payload));
+                    return Ok(());
+                }
+                let stream = self.register(frame.stream).map_err(|e| e.to_string())?;
+                if let Some(slot) = self.lock().streams.get_mut(&frame.stream) {
+                    slot.recv_allowed = slot.recv_allowed.saturating_sub(cost);
+                }
+                if expected == 0 {
+                    let _ = accept.send((stream, Bytes::new()));
+                } else {
+                    asm.insert(
+                        frame.stream,
+                        Assembly {
+                            stream,
+                            buf: BytesMut::new(),
+                            expected,
+                        },
+                    );
+                }
                 Ok(())
             }
             FrameKind::Data | FrameKind::Ctl | FrameKind::Eof | FrameKind::Close => {
@@ -377,6 +513,83 @@ impl Inner {
                     }
                     slot.credit.add_permits(credit);
                 }
+                Ok(())
+            }
+        }
+    }
+
+    /// A frame on a stream whose large request is still arriving. `Data`
+    /// extends the request (its credit is returned at once: the request is
+    /// consumed as it is buffered), up to the announced length and never
+    /// past it; once complete the stream is accepted. More bytes than
+    /// announced, or `Ctl`/`Eof` before the end, close this stream with a
+    /// reason; `Close` forgets it. Only a credit violation is an `Err`.
+    fn assemble(self: &Arc<Self>, frame: Frame, asm: &mut Assemblies) -> Result<(), String> {
+        let id = frame.stream;
+        let cost = frame.flow_cost() as u64;
+        {
+            let mut st = self.lock();
+            let Some(slot) = st.streams.get_mut(&id) else {
+                drop(st);
+                // Gone with the connection; drop it without the lock held.
+                drop(asm.remove(&id));
+                return Ok(());
+            };
+            if cost > slot.recv_allowed {
+                return Err(format!(
+                    "stream {id} sent {cost} bytes with only {} bytes of credit",
+                    slot.recv_allowed
+                ));
+            }
+            slot.recv_allowed -= cost;
+        }
+        let refuse = |asm: &mut Assemblies, message: String| {
+            let pending = asm.remove(&id);
+            self.close_stream(id, Some(&bad_request(message)));
+            drop(pending);
+        };
+        match frame.kind {
+            FrameKind::Data => {
+                let Some(a) = asm.get_mut(&id) else {
+                    return Ok(());
+                };
+                let room = a.expected - a.buf.len();
+                if frame.payload.len() > room {
+                    let message = format!("request longer than the {} bytes announced", a.expected);
+                    refuse(asm, message);
+                    return Ok(());
+                }
+                if a.buf.capacity() == 0 {
+                    // Exactly the announced length, so the buffer never grows.
+                    a.buf.reserve(a.expected);
+                }
+                a.buf.extend_from_slice(&frame.payload);
+                let complete = a.buf.len() == a.expected;
+                self.return_credit(id, cost as u32);
+                if complete {
+                    if let (Some(a), Some(accept)) = (asm.remove(&id), &self.accept_tx) {
+                        let _ = accept.send((a.stream, a.buf.freeze()));
+                    }
+                }
+                Ok(())
+            }
+            FrameKind::Close => {
+                let pending = asm.remove(&id);
+                if let Some(slot) = self.lock().streams.remove(&id) {
+                    slot.credit.close();
+                }
+                drop(pending);
+                Ok(())
+            }
+            _ => {
+                let have = asm.get(&id).map_or(0, |a| a.buf.len());
+                refuse(
+                    asm,
+                    format!(
+                        "stream {id} sent {:?} after {have} bytes of an unfinished request",
+                        frame.kind
+                    ),
+                );
                 Ok(())
             }
         }
@@ -448,9 +661,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 ) {
     let mut closed = inner.closed_tx.subscribe();
     loop {
+        // `wait_for` sees a close that happened before this task first ran
+        // (`changed` would miss it: subscribing marks the value seen).
         let frame = tokio::select! {
             f = rx.recv() => f,
-            _ = closed.changed() => None,
+            _ = closed.wait_for(Option::is_some) => None,
         };
         let Some(frame) = frame else { break };
         if let Err(e) = put(&mut writer, frame).await {
@@ -473,16 +688,17 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 
 async fn read_loop<R: AsyncRead + Unpin>(inner: Arc<Inner>, mut reader: FramedRead<R, FrameCodec>) {
     let mut closed = inner.closed_tx.subscribe();
+    let mut assemblies = Assemblies::new();
     let reason = loop {
         let next = tokio::select! {
             n = reader.next() => n,
-            _ = closed.changed() => return,
+            _ = closed.wait_for(Option::is_some) => return,
         };
         match next {
             None => break "peer closed the channel".to_owned(),
             Some(Err(e)) => break format!("protocol error: {e}"),
             Some(Ok(frame)) => {
-                if let Err(violation) = inner.dispatch(frame) {
+                if let Err(violation) = inner.dispatch(frame, &mut assemblies) {
                     break format!("protocol violation: {violation}");
                 }
             }

@@ -15,6 +15,7 @@
 //! cannot hold the stream hostage.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -42,6 +43,19 @@ const EXIT_GRACE: Duration = Duration::from_millis(250);
 /// Expired command ids remembered to tell "expired" from "never existed".
 const EXPIRED_MEMORY: usize = 4096;
 const CHUNK: usize = MAX_PAYLOAD - OUTPUT_HEADER_LEN;
+/// Linux's limit on one argument or environment string, its NUL included
+/// (`MAX_ARG_STRLEN`, 32 pages). A `command` this long cannot be passed as
+/// `shell -c command`: it runs as a script instead (see `start`).
+const MAX_ARG_STRLEN: usize = 128 * 1024;
+/// Linux's cap on all of exec's arguments and environment, strings and
+/// pointers: three quarters of `_STK_LIM` (8 MiB), whatever the stack limit.
+const MAX_ARG_TOTAL: usize = 6 * 1024 * 1024;
+/// Up to this much, exec's arguments fit under the default 8 MiB stack
+/// limit (which allows a quarter of it, 2 MiB); past it the child's stack
+/// limit is raised.
+const DEFAULT_ARG_ROOM: usize = 1536 * 1024;
+/// Longest error message sent back (it may quote a client's input).
+const MAX_ERROR_MESSAGE: usize = 4096;
 
 struct Ring {
     buf: VecDeque<u8>,
@@ -155,7 +169,16 @@ pub fn running_count() -> u32 {
         .count() as u32
 }
 
-async fn send_error(stream: &Stream, error_type: ExecErrorType, message: String) {
+async fn send_error(stream: &Stream, error_type: ExecErrorType, mut message: String) {
+    // A message quoting a huge input must still fit its frame.
+    if message.len() > MAX_ERROR_MESSAGE {
+        let mut cut = MAX_ERROR_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push('…');
+    }
     let _ = stream
         .send_ctl(&ExecEvent::Error {
             error_type,
@@ -247,6 +270,10 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
     if !Path::new(&cwd).is_dir() {
         return Err(refused(format!("working directory {cwd:?} does not exist")));
     }
+    // A command too long for one argument is written to a sealed memfd and
+    // run as `shell /proc/self/fd/3` (so `$0` is that path); stdin stays
+    // the client's.
+    let mut script = None;
     let argv: Vec<String> = match &req.argv {
         Some(argv) if argv.is_empty() => return Err(refused("empty argv".into())),
         Some(argv) => argv.clone(),
@@ -262,11 +289,32 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
                     format!("shell {shell:?} not found"),
                 ));
             }
-            vec![shell, "-c".into(), req.command.clone()]
+            if req.command.len() < MAX_ARG_STRLEN || req.command.contains('\0') {
+                vec![shell, "-c".into(), req.command.clone()]
+            } else {
+                let fd = sys::memfd_script(req.command.as_bytes())
+                    .map_err(|e| err(format!("cannot pass the command to the shell: {e}")))?;
+                script = Some(fd);
+                vec![shell, format!("/proc/self/fd/{}", sys::SCRIPT_FD)]
+            }
         }
     };
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(refused("argument contains a NUL byte".into()));
+    }
+    // What exec copies: every string with its NUL, a pointer for each, and
+    // the program's path once more. Checked here for clear errors (exec
+    // itself only says E2BIG).
+    let mut arg_bytes = argv[0].len() + 1 + 2 * 8;
+    for (i, a) in argv.iter().enumerate() {
+        if a.len() >= MAX_ARG_STRLEN {
+            return Err(refused(format!(
+                "argument {i} is {} bytes; Linux allows at most {} per argument",
+                a.len(),
+                MAX_ARG_STRLEN - 1
+            )));
+        }
+        arg_bytes += a.len() + 1 + 8;
     }
 
     let mut cmd = std::process::Command::new(&argv[0]);
@@ -288,21 +336,43 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
         ("TERM", term),
         ("LANG", "C.UTF-8"),
     ];
-    cmd.envs(base);
+    let mut env: std::collections::BTreeMap<&str, &str> = base.into_iter().collect();
     for (k, v) in &req.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
             return Err(refused(format!("invalid environment variable {k:?}")));
         }
-        cmd.env(k, v);
+        if k.len() + v.len() + 1 >= MAX_ARG_STRLEN {
+            return Err(refused(format!(
+                "environment variable {k} is {} bytes; Linux allows at most {} per variable",
+                k.len() + v.len() + 1,
+                MAX_ARG_STRLEN - 1
+            )));
+        }
+        env.insert(k, v);
     }
+    arg_bytes += env
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 2 + 8)
+        .sum::<usize>();
+    if arg_bytes > MAX_ARG_TOTAL {
+        return Err(refused(format!(
+            "arguments and environment take {arg_bytes} bytes; Linux allows at most {MAX_ARG_TOTAL}"
+        )));
+    }
+    cmd.envs(env);
     if user.uid != 0 {
         cmd.uid(user.uid).gid(user.gid);
     }
-    let pty = req.pty.is_some();
+    let setup = sys::ChildSetup {
+        pty: req.pty.is_some(),
+        script: script.as_ref().map(|fd| fd.as_raw_fd()),
+        // exec allows arguments a quarter of the stack limit: room to spare.
+        min_stack: (arg_bytes > DEFAULT_ARG_ROOM).then(|| arg_bytes as u64 * 4 + (1 << 20)),
+    };
     // SAFETY: the closure runs between fork and exec; child_setup only makes
     // async-signal-safe calls and allocates nothing.
     unsafe {
-        cmd.pre_exec(move || sys::child_setup(pty));
+        cmd.pre_exec(move || sys::child_setup(setup));
     }
 
     let io_err = |e: std::io::Error| err(format!("cannot set up command i/o: {e}"));
@@ -350,10 +420,15 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
             format!("command not found: {}", argv[0]),
         ),
         std::io::ErrorKind::PermissionDenied => refused(format!("permission denied: {}", argv[0])),
+        _ if e.raw_os_error() == Some(libc::E2BIG) => refused(format!(
+            "cannot start {}: arguments and environment too large ({arg_bytes} bytes): {e}",
+            argv[0]
+        )),
         _ => err(format!("cannot start {}: {e}", argv[0])),
     })?;
-    // Close our copies of the child's ends (held by `cmd`).
+    // Close our copies of the child's ends (held by `cmd`) and the script.
     drop(cmd);
+    drop(script);
 
     let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
     let (changed, _) = watch::channel(0);

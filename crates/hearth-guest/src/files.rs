@@ -1,21 +1,30 @@
 //! File operations: streamed reads and writes, stat, list, mkdir, remove.
 //! Relative paths resolve from the default user's home, as in LangSmith.
+//!
+//! Reads and writes touch regular files only: a FIFO, device or socket is
+//! refused (`NotAFile`) without being opened for writing or replaced, and
+//! a read never blocks in `open` (a FIFO without a writer). A transfer
+//! the host abandons ends its blocking reader thread at once (its channel
+//! closes), so aborted downloads leave no thread behind.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 use hearth_guest_proto::{
     FileKind, FileStat, Incoming, OpError, OpErrorKind, Reply, Stream, MAX_PAYLOAD,
 };
-use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use tokio::sync::mpsc;
 
 use crate::{sys, users};
 
 pub(crate) fn resolve(path: &str) -> Result<PathBuf, OpError> {
-    if path.is_empty() || path.contains('\0') {
+    if path.is_empty() {
+        return Err(OpError::new(OpErrorKind::InvalidPath, "the path is empty"));
+    }
+    if path.contains('\0') {
         return Err(OpError::new(
             OpErrorKind::InvalidPath,
             format!("invalid path {path:?}"),
@@ -69,33 +78,89 @@ pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
         .saturating_add(meta.mtime_nsec())
 }
 
-pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option<u64>) {
-    let result = async {
-        let p = resolve(&path)?;
-        let io = |e: std::io::Error| OpError::from_io(&e, &p.to_string_lossy());
-        // Open, then describe the open file: the size and version sent
-        // are those of the bytes that follow, even if the path is replaced.
-        let mut f = tokio::fs::File::open(&p).await.map_err(io)?;
-        let meta = f.metadata().await.map_err(io)?;
-        if meta.is_dir() {
-            return Err(OpError::new(
-                OpErrorKind::IsADirectory,
-                format!("{path} is a directory"),
-            ));
-        }
-        let size = meta.len();
-        let start = offset.min(size);
-        let len = length.map_or(size - start, |l| l.min(size - start));
-        f.seek(std::io::SeekFrom::Start(start)).await.map_err(io)?;
-        let info = Reply::FileInfo {
-            size,
-            length: len,
-            mtime_ns: mtime_ns(&meta),
-            ino: meta.ino(),
-        };
-        Ok((f, info, len))
+/// What a path that is not a regular file is, for error messages.
+fn kind_name(ft: std::fs::FileType) -> &'static str {
+    if ft.is_fifo() {
+        "FIFO"
+    } else if ft.is_char_device() {
+        "character device"
+    } else if ft.is_block_device() {
+        "block device"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_symlink() {
+        "symbolic link"
+    } else {
+        "special file"
     }
-    .await;
+}
+
+/// `Ok` for a regular file; `IsADirectory` or `NotAFile` otherwise.
+fn regular(path: &str, meta: &std::fs::Metadata) -> Result<(), OpError> {
+    let ft = meta.file_type();
+    if ft.is_file() {
+        Ok(())
+    } else if ft.is_dir() {
+        Err(OpError::new(
+            OpErrorKind::IsADirectory,
+            format!("{path} is a directory"),
+        ))
+    } else {
+        Err(OpError::new(
+            OpErrorKind::NotAFile,
+            format!("{path} is a {}, not a regular file", kind_name(ft)),
+        ))
+    }
+}
+
+/// Opens a regular file for reading at `offset`: refused before opening
+/// when the path is something else (opening a device can have effects, and
+/// opening a FIFO blocks), opened with `O_NONBLOCK | O_NOCTTY` so that even
+/// a path swapped meanwhile cannot block or become our terminal, checked
+/// again on the open descriptor, then made blocking. Runs on a blocking
+/// thread for a moment only.
+fn open_regular(
+    p: &Path,
+    path: &str,
+    offset: u64,
+    length: Option<u64>,
+) -> Result<(std::fs::File, Reply, u64), OpError> {
+    use std::io::Seek;
+    let io = |e: std::io::Error| OpError::from_io(&e, &p.to_string_lossy());
+    regular(path, &std::fs::metadata(p).map_err(io)?)?;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(p)
+        .map_err(io)?;
+    // Describe the open file: the size and version sent are those of the
+    // bytes that follow, even if the path is replaced.
+    let meta = f.metadata().map_err(io)?;
+    regular(path, &meta)?;
+    sys::clear_nonblocking(&f).map_err(io)?;
+    let size = meta.len();
+    let start = offset.min(size);
+    let len = length.map_or(size - start, |l| l.min(size - start));
+    f.seek(std::io::SeekFrom::Start(start)).map_err(io)?;
+    let info = Reply::FileInfo {
+        size,
+        length: len,
+        mtime_ns: mtime_ns(&meta),
+        ino: meta.ino(),
+    };
+    Ok((f, info, len))
+}
+
+pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option<u64>) {
+    let result = match resolve(&path) {
+        Ok(p) => {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || open_regular(&p, &path, offset, length))
+                .await
+                .unwrap_or_else(|e| Err(OpError::new(OpErrorKind::Io, format!("open: {e}"))))
+        }
+        Err(e) => Err(e),
+    };
     let (f, info, len) = match result {
         Ok(v) => v,
         Err(e) => return reply(&stream, Reply::Error(e)).await,
@@ -103,12 +168,14 @@ pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option
     if stream.send_ctl(&info).await.is_err() {
         return;
     }
-    let mut chunks = spawn_reader(f.into_std().await, len);
+    let mut chunks = spawn_reader(f, len);
     while let Some(chunk) = chunks.recv().await {
         match chunk {
             Ok(bytes) => {
+                // Fails at once when the host closes the stream (its credit
+                // is closed); dropping `chunks` then ends the reader thread.
                 if stream.send_data(bytes).await.is_err() {
-                    return; // dropping `chunks` ends the reader
+                    return;
                 }
             }
             Err(e) => {
@@ -124,7 +191,9 @@ pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option
 /// Reads `len` bytes from the file's position on one blocking thread, a
 /// few chunks ahead of the sender, each straight into the buffer that is
 /// sent (one copy out of the page cache, none in user space). Ends early
-/// at end of file (the file shrank meanwhile) or when the receiver is gone.
+/// at end of file (the file shrank meanwhile) or when the receiver is gone:
+/// a regular file's `read` does not block indefinitely, and a full channel
+/// wakes `blocking_send` with an error once the receiver is dropped.
 fn spawn_reader(f: std::fs::File, len: u64) -> mpsc::Receiver<std::io::Result<Bytes>> {
     let (tx, rx) = mpsc::channel(4);
     tokio::task::spawn_blocking(move || {
@@ -151,21 +220,46 @@ fn spawn_reader(f: std::fs::File, len: u64) -> mpsc::Receiver<std::io::Result<By
     rx
 }
 
+/// A write may replace only a regular file (or create a new one): an
+/// existing directory, device, FIFO or socket at the path, or behind a
+/// symbolic link there, is refused and left untouched.
+async fn check_write_target(p: &Path, path: &str) -> Result<(), OpError> {
+    let io = |e: std::io::Error| OpError::from_io(&e, path);
+    match tokio::fs::symlink_metadata(p).await {
+        Ok(meta) if meta.file_type().is_symlink() => match tokio::fs::metadata(p).await {
+            Ok(target) => regular(path, &target),
+            // A dangling link is replaced like a missing file.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(e)),
+        },
+        Ok(meta) => regular(path, &meta),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Creates the temporary file a write goes to, exclusively (never opening
+/// whatever a stale name holds: a leftover is removed first).
+async fn create_temp(tmp: &Path) -> std::io::Result<tokio::fs::File> {
+    let mut options = tokio::fs::OpenOptions::new();
+    options.write(true).create_new(true).mode(0o600);
+    match options.open(tmp).await {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            tokio::fs::remove_file(tmp).await?;
+            options.open(tmp).await
+        }
+        r => r,
+    }
+}
+
 pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
     let p = match resolve(&path) {
         Ok(p) => p,
         Err(e) => return reply(&stream, Reply::Error(e)).await,
     };
     let io = |e: std::io::Error| OpError::from_io(&e, &path);
-    if p.is_dir() {
-        return reply(
-            &stream,
-            Reply::Error(OpError::new(
-                OpErrorKind::IsADirectory,
-                format!("{path} is a directory"),
-            )),
-        )
-        .await;
+    if let Err(e) = check_write_target(&p, &path).await {
+        return reply(&stream, Reply::Error(e)).await;
     }
     let dir = p.parent().unwrap_or(Path::new("/")).to_path_buf();
     if let Err(e) = tokio::fs::create_dir_all(&dir).await {
@@ -179,7 +273,7 @@ pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
         ".{name}.hearth-{}",
         std::process::id() as u64 ^ stream.id() as u64
     ));
-    let mut f = match tokio::fs::File::create(&tmp).await {
+    let mut f = match create_temp(&tmp).await {
         Ok(f) => f,
         Err(e) => return reply(&stream, Reply::Error(io(e))).await,
     };
@@ -204,6 +298,8 @@ pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
         tokio::fs::set_permissions(&tmp, perm)
             .await
             .map_err(|e| Some(io(e)))?;
+        // Again, just before replacing: the path may have changed meanwhile.
+        check_write_target(&p, &path).await.map_err(Some)?;
         tokio::fs::rename(&tmp, &p).await.map_err(|e| Some(io(e)))?;
         Ok::<(), Option<OpError>>(())
     }
@@ -292,4 +388,121 @@ pub async fn remove(stream: Stream, path: String, recursive: bool) {
     }
     .await;
     reply_result(&stream, r).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A fresh directory under the system's temp dir, with a FIFO, a file,
+    /// and symbolic links to a device and to the file.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hearth-files-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::fs::write(dir.join("file"), b"hello").unwrap();
+        std::os::unix::fs::symlink("/dev/null", dir.join("to-null")).unwrap();
+        std::os::unix::fs::symlink(dir.join("file"), dir.join("to-file")).unwrap();
+        std::os::unix::fs::symlink(dir.join("missing"), dir.join("dangling")).unwrap();
+        dir
+    }
+
+    fn kind_of<T>(r: Result<T, OpError>) -> Option<OpErrorKind> {
+        r.err().map(|e| e.kind)
+    }
+
+    #[test]
+    fn finding10_reads_open_only_regular_files_and_never_block() {
+        let dir = scratch("read");
+        let open = |p: &Path| open_regular(p, &p.to_string_lossy(), 0, None);
+        let t = Instant::now();
+        assert_eq!(
+            kind_of(open(&dir.join("fifo"))),
+            Some(OpErrorKind::NotAFile)
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "a FIFO blocked the read"
+        );
+        let e = open(Path::new("/dev/null")).err().unwrap();
+        assert_eq!(e.kind, OpErrorKind::NotAFile);
+        assert!(e.message.contains("character device"), "{}", e.message);
+        assert_eq!(
+            kind_of(open(&dir.join("to-null"))),
+            Some(OpErrorKind::NotAFile)
+        );
+        assert_eq!(kind_of(open(&dir)), Some(OpErrorKind::IsADirectory));
+        assert_eq!(
+            kind_of(open(&dir.join("missing"))),
+            Some(OpErrorKind::NotFound)
+        );
+        for name in ["file", "to-file"] {
+            let (f, info, len) = open(&dir.join(name)).unwrap();
+            assert_eq!(len, 5);
+            assert!(matches!(info, Reply::FileInfo { size: 5, .. }));
+            // Blocking again once checked.
+            let flags = std::fs::read_to_string(format!(
+                "/proc/self/fdinfo/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&f)
+            ))
+            .unwrap();
+            let octal = flags
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .map(|v| u32::from_str_radix(v.trim(), 8).unwrap())
+                .unwrap();
+            assert_eq!(octal & libc::O_NONBLOCK as u32, 0);
+        }
+        assert_eq!(
+            resolve("").err().map(|e| e.kind),
+            Some(OpErrorKind::InvalidPath)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn finding10_writes_replace_only_regular_files() {
+        let dir = scratch("write");
+        let check = |name: &str| {
+            let p = if name.starts_with('/') {
+                PathBuf::from(name)
+            } else {
+                dir.join(name)
+            };
+            async move { check_write_target(&p, &p.to_string_lossy()).await }
+        };
+        assert_eq!(
+            kind_of(check("/dev/null").await),
+            Some(OpErrorKind::NotAFile)
+        );
+        assert_eq!(kind_of(check("fifo").await), Some(OpErrorKind::NotAFile));
+        assert_eq!(kind_of(check("to-null").await), Some(OpErrorKind::NotAFile));
+        assert_eq!(kind_of(check("/").await), Some(OpErrorKind::IsADirectory));
+        assert_eq!(
+            kind_of(check(&dir.to_string_lossy()).await),
+            Some(OpErrorKind::IsADirectory)
+        );
+        for ok in ["file", "to-file", "dangling", "new"] {
+            assert_eq!(check(ok).await, Ok(()), "{ok}");
+        }
+        // A stale temporary file (even a FIFO) does not block a write.
+        let tmp = dir.join("stale");
+        std::process::Command::new("mkfifo")
+            .arg(&tmp)
+            .status()
+            .unwrap();
+        let f = tokio::time::timeout(Duration::from_secs(2), create_temp(&tmp))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(f.metadata().await.unwrap().is_file());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

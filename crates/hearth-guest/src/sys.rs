@@ -188,16 +188,82 @@ pub fn kill_group(pgid: u32, signal: i32) {
     }
 }
 
-/// Called in the child between fork and exec: new session, and for a PTY
-/// the slave (already on fd 0) becomes the controlling terminal.
-pub fn child_setup(pty: bool) -> io::Result<()> {
+/// The descriptor a long command's script is on in its shell (see
+/// [`memfd_script`]).
+pub const SCRIPT_FD: RawFd = 3;
+
+/// What [`child_setup`] does between fork and exec.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChildSetup {
+    /// The slave of a PTY is on fd 0 and becomes the controlling terminal.
+    pub pty: bool,
+    /// A script descriptor (from [`memfd_script`]) to place on
+    /// [`SCRIPT_FD`], inherited across exec.
+    pub script: Option<RawFd>,
+    /// Raise the soft stack limit to at least this many bytes, so that
+    /// exec accepts large arguments and environments (Linux allows a
+    /// quarter of the stack limit for them, at most 6 MiB).
+    pub min_stack: Option<u64>,
+}
+
+/// Called in the child between fork and exec: new session, the PTY as
+/// controlling terminal, the script descriptor, the stack limit.
+pub fn child_setup(setup: ChildSetup) -> io::Result<()> {
     // SAFETY: setsid and ioctl are async-signal-safe and touch no Rust state.
     check(unsafe { libc::setsid() })?;
-    if pty {
+    if setup.pty {
         // SAFETY: as above; fd 0 is the pty slave.
         check(unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) })?;
     }
+    if let Some(fd) = setup.script {
+        // SAFETY: dup2 is async-signal-safe; `fd` is open in the child (it
+        // was open in the parent at fork and is only closed at exec), and
+        // is never SCRIPT_FD itself (memfd_script puts it at 10 or above),
+        // so the copy on SCRIPT_FD is made without close-on-exec.
+        check(unsafe { libc::dup2(fd, SCRIPT_FD) })?;
+    }
+    if let Some(want) = setup.min_stack {
+        // SAFETY: rlimit is plain old data; all-zero is a valid value.
+        let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: getrlimit/setrlimit are async-signal-safe and read or
+        // write only the rlimit we pass.
+        check(unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) })?;
+        if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < want {
+            lim.rlim_cur = if lim.rlim_max == libc::RLIM_INFINITY {
+                want
+            } else {
+                want.min(lim.rlim_max)
+            };
+            // SAFETY: as above.
+            check(unsafe { libc::setrlimit(libc::RLIMIT_STACK, &lim) })?;
+        }
+    }
     Ok(())
+}
+
+/// A sealed, read-only in-memory file holding `contents`, on a descriptor
+/// numbered 10 or above (close-on-exec; [`child_setup`] puts a copy on
+/// [`SCRIPT_FD`]). A command too long for one argument is run as a
+/// script read from it.
+pub fn memfd_script(contents: &[u8]) -> io::Result<OwnedFd> {
+    use std::io::Write;
+    let name = cstr("hearth-command")?;
+    // SAFETY: a valid NUL-terminated name and flags; the fd is owned below.
+    let fd = check(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
+    // SAFETY: memfd_create returned a fresh descriptor that we own.
+    let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(memfd);
+    file.write_all(contents)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: F_ADD_SEALS on a valid memfd created with MFD_ALLOW_SEALING.
+    check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    // SAFETY: F_DUPFD_CLOEXEC on a valid descriptor returns a fresh one
+    // (numbered 10 or above), owned below; the original closes with `file`.
+    let high = check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) })?;
+    // SAFETY: fresh descriptor from fcntl that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
 
 /// One reaped child: its pid and wait status.
@@ -227,6 +293,16 @@ fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
     // SAFETY: as above.
     check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(drop)
+}
+
+/// Clears `O_NONBLOCK` on an open file (opened non-blocking so that
+/// opening could not block).
+pub fn clear_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: F_GETFL/F_SETFL on a valid descriptor.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) }).map(drop)
 }
 
 /// Async reads and writes on any pollable descriptor (pipe, pty master,
@@ -354,4 +430,56 @@ pub fn grow_root_fs(device: &str) -> io::Result<u64> {
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 from the valid pointer.
     check(unsafe { libc::ioctl(root.as_raw_fd(), EXT4_IOC_RESIZE_FS, &mut blocks) })?;
     Ok(blocks * block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// Finding 8: a command too long for one argument reaches its shell as
+    /// a script on SCRIPT_FD, and the child's stack limit is raised for a
+    /// large environment; the client's stdin stays free.
+    #[test]
+    fn finding8_script_fd_and_stack_limit_reach_the_child() {
+        let script = format!("# {}\nulimit -s\ncat\n", "x".repeat(300 * 1024));
+        let fd = memfd_script(script.as_bytes()).unwrap();
+        assert!(fd.as_raw_fd() >= 10);
+        let setup = ChildSetup {
+            pty: false,
+            script: Some(fd.as_raw_fd()),
+            min_stack: Some(64 << 20),
+        };
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg(format!("/proc/self/fd/{SCRIPT_FD}"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        // SAFETY: child_setup makes only async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || child_setup(setup));
+        }
+        let mut child = cmd.spawn().unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"from stdin\n").unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lines = text.lines();
+        let stack = lines.next().unwrap_or_default();
+        assert!(
+            stack == "unlimited" || stack.parse::<u64>().is_ok_and(|kib| kib >= 65536),
+            "{text}"
+        );
+        assert_eq!(lines.next(), Some("from stdin"), "{text}");
+        assert!(out.status.success());
+        // The memfd is sealed: the script cannot be changed behind the shell.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .unwrap();
+        use std::io::Write;
+        assert!(f.write_all(b"rm -rf /").is_err());
+    }
 }

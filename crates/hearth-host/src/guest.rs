@@ -35,6 +35,17 @@ impl GuestError {
             _ => None,
         }
     }
+
+    /// `(size, max)` when the request was refused for its size (a client
+    /// mistake: HTTP 413).
+    pub fn request_too_large(&self) -> Option<(usize, usize)> {
+        match self {
+            Self::Channel(hearth_guest_proto::MuxError::RequestTooLarge { size, max }) => {
+                Some((*size, *max))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A connected guest agent.
@@ -66,7 +77,8 @@ impl GuestClient {
         let ack = host_handshake(&mut reader, &mut writer, deadline)
             .await
             .map_err(|e| GuestError::Handshake(e.to_string()))?;
-        let (mux, _) = Mux::start(Role::Host, reader, writer);
+        let version = ack.version.unwrap_or(1);
+        let (mux, _) = Mux::start_versioned(Role::Host, version, reader, writer);
         Ok(Self {
             mux,
             agent_version: ack.agent_version,
@@ -83,8 +95,17 @@ impl GuestClient {
         self.mux.closed().await
     }
 
+    /// Opens a stream for `req`. A request larger than the guest accepts
+    /// ([`GuestClient::max_request`]: 4 MiB, or one 64 KiB frame with an
+    /// old agent) is `GuestError::Channel(MuxError::RequestTooLarge)`
+    /// (see [`GuestError::request_too_large`]), and nothing is sent.
     async fn request(&self, req: &Request) -> Result<Stream, GuestError> {
         Ok(self.mux.open(req).await?)
+    }
+
+    /// The largest request (JSON of an exec, say) this guest accepts.
+    pub fn max_request(&self) -> usize {
+        self.mux.max_request()
     }
 
     /// Sends a request and waits for its single reply.
@@ -663,9 +684,16 @@ impl FileWriter {
         }
     }
 
-    /// Ends the file and waits until it is in place; returns its size.
+    /// Ends the file and waits until it is in place; returns its size. If
+    /// the guest refused the write already (a directory, a device), its
+    /// reason is the error.
     pub async fn finish(mut self) -> Result<u64, GuestError> {
-        self.stream.send_eof()?;
+        if let Err(e) = self.stream.send_eof() {
+            return Err(match recv_reply(&mut self.stream.receiver).await {
+                Ok(Reply::Error(op)) => GuestError::Op(op),
+                _ => e.into(),
+            });
+        }
         match recv_reply(&mut self.stream.receiver).await? {
             Reply::Written { bytes } => Ok(bytes),
             Reply::Error(e) => Err(GuestError::Op(e)),

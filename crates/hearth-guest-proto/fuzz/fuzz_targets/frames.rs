@@ -13,5 +13,6 @@ fuzz_target!(|data: &[u8]| {
         let _ = serde_json::from_slice::<Reply>(&f.payload);
         let _ = decode_output(&f.payload);
         let _ = f.window_credit();
+        let _ = f.open_large_len();
     }
 });

@@ -232,6 +232,7 @@ impl From<GuestError> for ApiError {
                 OpErrorKind::IsADirectory => (StatusCode::BAD_REQUEST, "IsADirectory"),
                 OpErrorKind::NotADirectory => (StatusCode::BAD_REQUEST, "NotADirectory"),
                 OpErrorKind::InvalidPath => (StatusCode::BAD_REQUEST, "InvalidPath"),
+                OpErrorKind::NotAFile => (StatusCode::BAD_REQUEST, "NotAFile"),
                 OpErrorKind::BadRequest => (StatusCode::BAD_REQUEST, "ValidationError"),
                 OpErrorKind::AlreadyExists | OpErrorKind::DirectoryNotEmpty => {
                     (StatusCode::CONFLICT, "Conflict")
@@ -243,6 +244,9 @@ impl From<GuestError> for ApiError {
             },
             GuestError::Handshake(_) | GuestError::Channel(MuxError::Closed { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable")
+            }
+            GuestError::Channel(MuxError::RequestTooLarge { .. }) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge")
             }
             GuestError::Channel(_) => (StatusCode::INTERNAL_SERVER_ERROR, "CommandError"),
             GuestError::Protocol(_) => (StatusCode::BAD_GATEWAY, "GuestProtocolError"),
