@@ -26,6 +26,9 @@ pub enum GuestError {
     Op(OpError),
     #[error("guest sent an unexpected reply: {0}")]
     Protocol(String),
+    /// The guest did not answer within the operation's deadline.
+    #[error("{0}")]
+    Deadline(String),
 }
 
 impl GuestError {
@@ -348,30 +351,70 @@ impl GuestClient {
         }
     }
 
-    /// Runs a command to completion and collects its output (tests, `hearth run`).
+    /// Runs a command to completion and collects its output, each channel
+    /// cut at [`OUTPUT_CAP`] (see [`GuestClient::run_capped`]).
     pub async fn run(&self, req: ExecRequest) -> Result<ExecOutput, GuestError> {
-        let mut h = self.exec(req).await?;
-        let mut out = ExecOutput::default();
-        while let Some(ev) = h.next().await? {
-            match ev {
-                ExecUpdate::Started { .. } => {}
-                ExecUpdate::Output { channel, data, .. } => match channel {
-                    OutputChannel::Stdout => out.stdout.extend_from_slice(&data),
-                    OutputChannel::Stderr => out.stderr.extend_from_slice(&data),
-                },
-                ExecUpdate::Exit { exit_code, signal } => {
-                    out.exit_code = Some(exit_code);
-                    out.signal = signal;
+        self.run_capped(req, OUTPUT_CAP).await
+    }
+
+    /// Runs a command to completion and collects at most `cap` bytes of
+    /// each channel: past it the output is read and dropped (so memory stays
+    /// flat whatever the guest prints) and the result says `truncated`.
+    ///
+    /// A command with a timeout gets a host-side deadline of the timeout
+    /// plus [`DEADLINE_GRACE`]: a wedged guest that never reports the
+    /// command's end gives [`GuestError::Deadline`], never a hang (the
+    /// stream is dropped, which kills a `kill_on_disconnect` command).
+    pub async fn run_capped(&self, req: ExecRequest, cap: usize) -> Result<ExecOutput, GuestError> {
+        let deadline = (req.timeout_ms > 0)
+            .then(|| Duration::from_millis(req.timeout_ms).saturating_add(DEADLINE_GRACE));
+        let collect = async {
+            let mut h = self.exec(req).await?;
+            let mut out = ExecOutput::default();
+            while let Some(ev) = h.next().await? {
+                match ev {
+                    ExecUpdate::Started { .. } => {}
+                    ExecUpdate::Output { channel, data, .. } => {
+                        let buf = match channel {
+                            OutputChannel::Stdout => &mut out.stdout,
+                            OutputChannel::Stderr => &mut out.stderr,
+                        };
+                        let room = cap.saturating_sub(buf.len());
+                        out.truncated |= data.len() > room;
+                        buf.extend_from_slice(&data[..data.len().min(room)]);
+                    }
+                    ExecUpdate::Exit { exit_code, signal } => {
+                        out.exit_code = Some(exit_code);
+                        out.signal = signal;
+                    }
+                    ExecUpdate::Error {
+                        error_type,
+                        message,
+                    } => out.error = Some((error_type, message)),
                 }
-                ExecUpdate::Error {
-                    error_type,
-                    message,
-                } => out.error = Some((error_type, message)),
             }
+            Ok(out)
+        };
+        match deadline {
+            None => collect.await,
+            Some(d) => tokio::time::timeout(d, collect).await.map_err(|_| {
+                GuestError::Deadline(format!(
+                    "the guest did not finish the command within its timeout plus {}s",
+                    DEADLINE_GRACE.as_secs()
+                ))
+            })?,
         }
-        Ok(out)
     }
 }
+
+/// The most output of one channel a collected run keeps (16 MiB, the
+/// host's HTTP exec cap); streaming paths (WebSocket, SSE) are bounded by
+/// flow control instead.
+pub const OUTPUT_CAP: usize = 16 * 1024 * 1024;
+
+/// How long past a command's own timeout the host waits for the guest to
+/// report its end before giving up on it.
+pub const DEADLINE_GRACE: Duration = Duration::from_secs(5);
 
 fn unexpected(r: &Reply) -> GuestError {
     GuestError::Protocol(format!("{r:?}"))
@@ -444,6 +487,8 @@ pub struct ExecOutput {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub error: Option<(ExecErrorType, String)>,
+    /// A channel passed the cap and its end was dropped.
+    pub truncated: bool,
 }
 
 /// What happens on an exec stream, as the host sees it.

@@ -32,6 +32,35 @@ pub struct HostConfig {
     /// [`hearth_vmm::VmSpec::raw_ports`]); `hearth bench substrate` uses one
     /// to measure the bare channel. Empty in production.
     pub raw_ports: Vec<String>,
+    /// How the host decides a running guest is wedged.
+    pub liveness: Liveness,
+    /// Guests return freed memory (virtio-balloon free page reporting; see
+    /// [`hearth_vmm::VmSpec::free_page_reporting`]). On by default.
+    pub free_page_reporting: bool,
+}
+
+/// Liveness of running guests: the host pings each guest agent over its
+/// held stream every `interval`; a guest that has answered no ping for
+/// `unhealthy_after` is recorded unhealthy (the reason says so), and one
+/// silent for `fail_after` is marked failed and its VMM killed, which ends
+/// every request still waiting on it. Paused VMs are not pinged.
+#[derive(Clone, Copy, Debug)]
+pub struct Liveness {
+    pub interval: Duration,
+    pub unhealthy_after: Duration,
+    pub fail_after: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        // Generous for TCG, where a guest under a fork bomb still answers
+        // within a few seconds; a real wedge is caught in half a minute.
+        Self {
+            interval: Duration::from_secs(5),
+            unhealthy_after: Duration::from_secs(10),
+            fail_after: Duration::from_secs(30),
+        }
+    }
 }
 
 impl HostConfig {
@@ -47,6 +76,8 @@ impl HostConfig {
             boot_timeout: Duration::from_secs(90),
             stop_grace: Duration::from_secs(5),
             raw_ports: Vec::new(),
+            liveness: Liveness::default(),
+            free_page_reporting: true,
         }
     }
 }
@@ -158,8 +189,9 @@ impl Host {
             what: what.to_owned(),
             source: e,
         };
-        std::fs::create_dir_all(cfg.data_dir.join("vms")).map_err(|e| io("create data dir", e))?;
-        std::fs::create_dir_all(&cfg.run_root).map_err(|e| io("create run dir", e))?;
+        private_dir(&cfg.data_dir).map_err(|e| io("secure the data dir", e))?;
+        private_dir(&cfg.data_dir.join("vms")).map_err(|e| io("create data dir", e))?;
+        private_dir(&cfg.run_root).map_err(|e| io("create run dir", e))?;
         let images = ImageConfig::new(&cfg.data_dir);
         // The busybox image is tiny; the kernel + initramfs are what the probe needs.
         let base = {
@@ -200,6 +232,32 @@ impl Host {
 
     pub fn config(&self) -> &HostConfig {
         &self.cfg
+    }
+
+    /// `message` with this host's directories replaced by placeholders:
+    /// what reaches a sandbox's status and the API never names a host path.
+    pub fn redact(&self, message: &str) -> String {
+        let mut out = message.to_owned();
+        for (dir, name) in [
+            (&self.cfg.data_dir, "<data>"),
+            (&self.cfg.run_root, "<run>"),
+        ] {
+            let dir = dir.to_string_lossy();
+            if !dir.is_empty() {
+                out = out.replace(dir.as_ref(), name);
+            }
+        }
+        out
+    }
+
+    /// The error as the API may show it: its chain, host paths redacted.
+    pub fn public_error(&self, e: &HostError) -> String {
+        self.redact(&error_chain(e))
+    }
+
+    /// Bytes free for disks on the filesystem of the data directory.
+    pub fn disk_available(&self) -> u64 {
+        disk_available(&self.cfg.data_dir).unwrap_or(0)
     }
 
     pub fn accel(&self) -> Accel {
@@ -270,8 +328,8 @@ impl Host {
             let what = what.to_owned();
             move |source| HostError::Io { id, what, source }
         };
-        std::fs::create_dir_all(&dir).map_err(io("create vm dir"))?;
-        std::fs::create_dir_all(&run_dir).map_err(io("create run dir"))?;
+        private_dir(&dir).map_err(io("create vm dir"))?;
+        private_dir(&run_dir).map_err(io("create run dir"))?;
         let vm = Arc::new(Vm::new(
             VmRecord {
                 id,
@@ -336,7 +394,7 @@ impl Host {
                 wanted: "stopped",
             });
         }
-        std::fs::create_dir_all(&vm.run_dir).map_err(|source| HostError::Io {
+        private_dir(&vm.run_dir).map_err(|source| HostError::Io {
             id,
             what: "create run dir".into(),
             source,
@@ -358,7 +416,7 @@ impl Host {
         match self.boot(&vm, artifacts, fresh_disk).await {
             Ok(()) => Ok(vm),
             Err(e) => {
-                let reason = error_chain(&e);
+                let reason = self.redact(&error_chain(&e));
                 vm.transition(VmState::Failed, Some(reason));
                 if let Some(inst) = vm.instance() {
                     let _ = inst.kill().await;
@@ -379,6 +437,9 @@ impl Host {
         let id = vm.id;
         let overlay = vm.dir.join("root.qcow2");
         let rec = vm.record();
+        if let Some(disk) = rec.disk {
+            self.admit_disk(id, &overlay, disk)?;
+        }
         if fresh_disk || !overlay.exists() {
             create_overlay(id, &artifacts.rootfs.path, &overlay, rec.disk).await?;
         } else if let Some(disk) = rec.disk {
@@ -399,6 +460,7 @@ impl Host {
             run_dir: vm.run_dir.clone(),
             mem_path: vm.run_dir.join("guest.mem"),
             raw_ports: self.cfg.raw_ports.clone(),
+            free_page_reporting: self.cfg.free_page_reporting,
         };
         let instance = Arc::new(self.qemu.boot(&spec).await?);
         let pid = instance.pid();
@@ -423,6 +485,24 @@ impl Host {
         }
         tracing::info!(vm = %id, pid, boot_ms, "vm ready");
         tokio::spawn(watch_vm(self.clone(), vm.clone(), instance, guest));
+        Ok(())
+    }
+
+    /// Refuses a disk this host cannot hold: its size past what the overlay
+    /// already uses must fit in the free space, less a reserve.
+    fn admit_disk(&self, id: VmId, overlay: &Path, disk: ByteSize) -> Result<(), HostError> {
+        let used = std::fs::metadata(overlay).map(|m| m.len()).unwrap_or(0);
+        let free = self.disk_available();
+        let need = disk
+            .bytes()
+            .saturating_sub(used)
+            .saturating_add(DISK_RESERVE);
+        if need > free {
+            return Err(HostError::Invalid(format!(
+                "vm {id}: a disk of {disk} does not fit on this host ({} free)",
+                ByteSize(free)
+            )));
+        }
         Ok(())
     }
 
@@ -515,11 +595,25 @@ impl Host {
         Ok(())
     }
 
-    /// Stops every running VM (agent shutdown).
+    /// Stops every running VM (agent shutdown) and removes the runtime
+    /// directory on tmpfs: a clean shutdown leaves nothing under `/dev/shm`.
     pub async fn shutdown(&self) {
         let ids: Vec<VmId> = self.vms().keys().copied().collect();
         let stops = ids.into_iter().map(|id| self.stop(id));
-        futures_util::future::join_all(stops).await;
+        for (id, r) in futures_util::future::join_all(stops)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            if let Err(e) = r {
+                tracing::warn!(n = id, error = %error_chain(&e), "stop at shutdown failed");
+            }
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.cfg.run_root) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.cfg.run_root.display(), error = %e, "cannot remove the run directory");
+            }
+        }
     }
 
     fn cleanup_runtime(&self, vm: &Vm) {
@@ -554,6 +648,53 @@ impl Host {
             self.vms().insert(rec.id, Arc::new(vm));
         }
     }
+}
+
+/// Free space every disk admission leaves on the host's data filesystem.
+pub const DISK_RESERVE: u64 = 1 << 30;
+
+/// Bytes available to this (root) process on the filesystem holding `path`.
+fn disk_available(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` points to writable
+    // memory of the right type; statvfs initializes it on success.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Creates `dir` (and parents) private to this user: mode 0700 whatever the
+/// umask. An existing directory that others can write is refused (anyone
+/// could swap its contents); one they can read or enter is warned about and
+/// made private, since it holds guest memory, disks and keys.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is writable by other users (mode {mode:03o}); make it private: chmod 700",
+                dir.display()
+            ),
+        ));
+    }
+    if mode & 0o077 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{mode:03o}"), "directory was readable by other users; making it 0700");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 /// A copy-on-write disk over the read-only root image.
@@ -696,16 +837,73 @@ async fn watch_vm(
     let reason = tokio::select! {
         exit = instance.wait_exit() => format!("vmm exited unexpectedly ({exit})"),
         why = guest.closed() => format!("guest channel lost: {why}"),
+        why = watch_liveness(&vm, &guest, host.cfg.liveness) => why,
     };
     let state = vm.state();
     if matches!(
         state,
         VmState::Ready | VmState::Paused | VmState::Provisioning
-    ) && vm.transition(VmState::Failed, Some(reason.clone()))
-    {
-        tracing::warn!(vm = %vm.id, %reason, "vm failed");
-        let _ = instance.kill().await;
+    ) {
+        // Kill and clean up before the state says `failed`: a start may
+        // follow the moment it does, and must not find our leftovers (or
+        // have its fresh run directory removed under it).
+        if let Err(e) = instance.kill().await {
+            tracing::warn!(vm = %vm.id, error = %e, "cannot kill a failed vm's vmm");
+        }
         host.cleanup_runtime(&vm);
+        if vm.transition(VmState::Failed, Some(reason.clone())) {
+            tracing::warn!(vm = %vm.id, %reason, "vm failed");
+        }
+    }
+}
+
+/// Pings the guest until it has been silent for `l.fail_after`; then the
+/// reason it is declared failed. See [`Liveness`].
+async fn watch_liveness(vm: &Vm, guest: &GuestClient, l: Liveness) -> String {
+    const UNHEALTHY: &str = "unhealthy: ";
+    let mut last_answer = Instant::now();
+    loop {
+        tokio::time::sleep(l.interval).await;
+        if vm.state() != VmState::Ready {
+            // Paused (or on its way out): not expected to answer.
+            last_answer = Instant::now();
+            continue;
+        }
+        let wait = l
+            .fail_after
+            .saturating_sub(last_answer.elapsed())
+            .max(l.interval);
+        match tokio::time::timeout(wait.min(l.interval), guest.ping()).await {
+            Ok(Ok(())) => {
+                last_answer = Instant::now();
+                if vm.record().reason.is_some_and(|r| r.starts_with(UNHEALTHY)) {
+                    tracing::info!(vm = %vm.id, "guest agent answers again");
+                    vm.update(|r| r.reason = None);
+                }
+                continue;
+            }
+            // A closed channel is the other arm's to report.
+            Ok(Err(_)) => std::future::pending::<()>().await,
+            Err(_) => {}
+        }
+        let silent = last_answer.elapsed();
+        if vm.state() != VmState::Ready {
+            continue;
+        }
+        if silent >= l.fail_after {
+            return format!(
+                "the guest agent stopped answering (no ping answered for {}s)",
+                silent.as_secs()
+            );
+        }
+        if silent >= l.unhealthy_after {
+            let why = format!(
+                "{UNHEALTHY}the guest agent has not answered a ping for {}s",
+                silent.as_secs()
+            );
+            tracing::warn!(vm = %vm.id, "{why}");
+            vm.update(|r| r.reason = Some(why));
+        }
     }
 }
 

@@ -17,5 +17,5 @@ pub mod vm;
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
 };
-pub use host::{error_chain, CreateVm, Host, HostConfig, HostError, Resize};
+pub use host::{error_chain, CreateVm, Host, HostConfig, HostError, Liveness, Resize};
 pub use vm::{Vm, VmRecord, VmState};

@@ -23,11 +23,26 @@ pub(crate) fn describe(cmd: &Command) -> String {
     s
 }
 
+/// Image tools (debootstrap, dpkg, mkfs) create files that end up inside
+/// guest images, where other users must read them: they run with the usual
+/// umask 022, not the private 077 the `hearth` process itself runs with.
+fn image_umask(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls umask(2), which is async-signal-safe and cannot fail.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        })
+    }
+}
+
 /// Runs `cmd` to completion with stdout and stderr captured; fails unless it
 /// exits with status 0.
 pub(crate) fn run(cmd: &mut Command) -> Result<Output, ImageError> {
     let command = describe(cmd);
-    let output = cmd
+    let output = image_umask(cmd)
         .stdin(Stdio::null())
         .output()
         .map_err(|source| ImageError::Spawn {
@@ -59,7 +74,7 @@ pub(crate) fn run_streaming(
     mut on_line: impl FnMut(&str),
 ) -> Result<(), ImageError> {
     let command = describe(cmd);
-    let mut child = cmd
+    let mut child = image_umask(cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

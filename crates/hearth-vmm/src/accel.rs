@@ -202,6 +202,7 @@ pub async fn run_probe_guest(
         run_dir: run_dir.clone(),
         mem_path: mem_path.clone(),
         raw_ports: Vec::new(),
+        free_page_reporting: false,
     };
     let qemu = Qemu::new(QemuConfig {
         start_timeout: cfg.start_timeout.min(deadline),

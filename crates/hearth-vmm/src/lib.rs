@@ -68,6 +68,10 @@ pub struct VmSpec {
     /// socket [`qemu::RunFiles::raw_port`] in `run_dir`. Names are short
     /// and hold only `[a-z0-9.-]`. Normally empty.
     pub raw_ports: Vec<String>,
+    /// A virtio-balloon device with free page reporting: the guest kernel
+    /// hands pages it frees back to the host (QEMU punches them out of the
+    /// memory file), so an idle guest's footprint shrinks to what it uses.
+    pub free_page_reporting: bool,
 }
 
 /// One block device of a [`VmSpec`].

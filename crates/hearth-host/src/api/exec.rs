@@ -36,7 +36,7 @@ use hearth_guest_proto::{ExecErrorType, ExecRequest, OutputChannel, PtySize};
 use hearth_types::VmId;
 use serde::{Deserialize, Serialize};
 
-use super::{guest_call, ws_rejection, ApiError, JsonBody, VmPath};
+use super::{ws_rejection, ApiError, JsonBody, VmPath};
 use crate::guest::{ExecControl, ExecEvents, ExecHandle, ExecUpdate, GuestClient};
 use crate::host::Host;
 
@@ -50,8 +50,6 @@ const FLUSH_WAIT: Duration = Duration::from_secs(1);
 const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 const DEFAULT_IDLE_TIMEOUT_MS: i64 = 300_000;
 const DEFAULT_TTL_MS: i64 = 600_000;
-/// A blocking exec keeps at most this much of each output.
-const HTTP_OUTPUT_CAP: usize = 16 * 1024 * 1024;
 /// A blocking exec cannot be re-attached to, so its session need not linger.
 const HTTP_TTL_MS: i64 = 1_000;
 /// Terminal size of `"pty": true`.
@@ -657,39 +655,19 @@ pub(super) async fn run(
         command_id: None,
     };
     let guest = host.guest(id)?;
-    let mut handle = guest_call(guest.exec(req)).await?;
-    let mut out = [Vec::new(), Vec::new()];
-    let mut truncated = false;
-    loop {
-        match handle.next().await? {
-            Some(ExecUpdate::Started { .. }) => {}
-            Some(ExecUpdate::Output { channel, data, .. }) => {
-                let buf = &mut out[channel as usize - 1];
-                let room = HTTP_OUTPUT_CAP.saturating_sub(buf.len());
-                truncated |= data.len() > room;
-                buf.extend_from_slice(&data[..data.len().min(room)]);
-            }
-            Some(ExecUpdate::Exit { exit_code, .. }) => {
-                let [stdout, stderr] = out;
-                return Ok(Json(RunOutput {
-                    stdout: String::from_utf8_lossy(&stdout).into_owned(),
-                    stderr: String::from_utf8_lossy(&stderr).into_owned(),
-                    exit_code,
-                    truncated,
-                }));
-            }
-            Some(ExecUpdate::Error {
-                error_type,
-                message,
-            }) => return Err(exec_error(error_type, message)),
-            None => {
-                return Err(exec_error(
-                    ExecErrorType::CommandError,
-                    "the command stream ended without an exit status".into(),
-                ))
-            }
-        }
+    let out = guest
+        .run_capped(req, crate::guest::OUTPUT_CAP)
+        .await
+        .map_err(ApiError::from)?;
+    if let Some((error_type, message)) = out.error {
+        return Err(exec_error(error_type, message));
     }
+    Ok(Json(RunOutput {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        exit_code: out.exit_code.unwrap_or(-1),
+        truncated: out.truncated,
+    }))
 }
 
 /// A blocking exec's error as an HTTP answer. A start the request made

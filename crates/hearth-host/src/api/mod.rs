@@ -250,6 +250,7 @@ impl From<GuestError> for ApiError {
             }
             GuestError::Channel(_) => (StatusCode::INTERNAL_SERVER_ERROR, "CommandError"),
             GuestError::Protocol(_) => (StatusCode::BAD_GATEWAY, "GuestProtocolError"),
+            GuestError::Deadline(_) => (StatusCode::GATEWAY_TIMEOUT, "GuestTimeout"),
         };
         Self::new(status, error, message)
     }

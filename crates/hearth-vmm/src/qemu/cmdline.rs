@@ -238,6 +238,12 @@ pub fn build_args(
         );
         push("-device", format!("virtio-blk-device,drive=d{i}"));
     }
+    if spec.free_page_reporting {
+        push(
+            "-device",
+            "virtio-balloon-device,free-page-reporting=on".to_owned(),
+        );
+    }
     push("-device", "virtio-serial-device".to_owned());
     push(
         "-chardev",
@@ -307,6 +313,7 @@ mod tests {
             run_dir: "/run/hearth/vm1".into(),
             mem_path: "/dev/shm/hearth/vm1.mem".into(),
             raw_ports: Vec::new(),
+            free_page_reporting: false,
         }
     }
 
@@ -411,6 +418,17 @@ mod tests {
         want.extend(&devices()[8..]);
         let got = build_args(&s, Accel::Kvm, Some(2_596_134));
         assert_eq!(got.ok(), Some(want.iter().map(|s| s.to_string()).collect()));
+    }
+
+    #[test]
+    fn free_page_reporting_adds_a_balloon() {
+        let mut s = spec();
+        s.free_page_reporting = true;
+        let got = build_args(&s, Accel::Tcg, Some(1)).unwrap_or_default();
+        let at = got
+            .iter()
+            .position(|a| a == "virtio-balloon-device,free-page-reporting=on");
+        assert!(at.is_some_and(|i| got[i - 1] == "-device"), "{got:?}");
     }
 
     #[test]

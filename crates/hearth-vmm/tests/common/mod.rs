@@ -257,6 +257,7 @@ pub fn small_spec(id: VmId, kernel: &Path, initrd: &Path, dirs: &TestDirs) -> Vm
         run_dir: dirs.run_dir.clone(),
         mem_path: dirs.mem_path.clone(),
         raw_ports: Vec::new(),
+        free_page_reporting: false,
     }
 }
 

@@ -1,0 +1,221 @@
+//! Security-review findings that live in the host agent, each on real
+//! microVMs: a wedged guest is detected and never hangs a request
+//! (finding 6), and idle guests give memory back (finding 4).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use hearth_host::{CreateVm, Host, Liveness, VmState};
+use hearth_image::ImageName;
+use hearth_types::ByteSize;
+
+/// Bytes of the guest's memory file the host really holds (tmpfs pages).
+fn mem_file_bytes(vm: &hearth_host::Vm) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(vm.run_dir.join("guest.mem")).map_or(0, |m| m.blocks() * 512)
+}
+
+/// Stops the guest agent (PID 1) from inside the guest the way a hostile
+/// or broken workload can: a ptrace attach leaves it stopped for good.
+/// Returns once the command that arranges it has finished.
+async fn wedge_agent(g: &hearth_host::GuestClient) {
+    let out = g
+        .run(sh("(sleep 1; exec python3 -c 'import ctypes, time; \
+              l = ctypes.CDLL(None); l.ptrace(16, 1, 0, 0); time.sleep(3600)') \
+             </dev/null >/dev/null 2>&1 & echo armed"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"armed\n", "{out:?}");
+}
+
+/// Finding 6: with the agent stopped under ptrace an exec with a 5 s
+/// timeout hung for minutes and the VM stayed ready. Now the exec returns
+/// within its timeout plus the grace, the VM is marked unhealthy and then
+/// failed with the reason, and a start recovers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding6_wedged_guest_is_detected_and_never_hangs_a_request() {
+    let mut cfg = test_config();
+    cfg.liveness = Liveness {
+        interval: Duration::from_secs(1),
+        unhealthy_after: Duration::from_secs(3),
+        // Past the exec's deadline (5 s + grace), so both are seen.
+        fail_after: Duration::from_secs(16),
+    };
+    let host = Host::start(cfg, std::sync::Arc::new(hearth_image::QuietProgress))
+        .await
+        .unwrap();
+    let (vm, g) = vm(&host, ImageName::Default).await;
+    wedge_agent(&g).await;
+    // Wait until the agent stops answering (python starts slowly under a
+    // loaded TCG host).
+    let t = Instant::now();
+    while tokio::time::timeout(Duration::from_secs(2), g.ping())
+        .await
+        .is_ok()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the agent never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let mut req = sh("echo never");
+    req.timeout_ms = 5_000;
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(30), g.run(req))
+        .await
+        .expect("the exec returns instead of hanging");
+    let took = t.elapsed();
+    eprintln!("wedged exec returned after {took:?}: {r:?}");
+    assert!(
+        matches!(r, Err(hearth_host::GuestError::Deadline(_))),
+        "{r:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5) + hearth_host::guest::DEADLINE_GRACE + Duration::from_secs(3),
+        "{took:?}"
+    );
+
+    // Unhealthy first, then failed, with the reason.
+    let t = Instant::now();
+    let mut saw_unhealthy = false;
+    while vm.state() == VmState::Ready {
+        saw_unhealthy |= vm
+            .record()
+            .reason
+            .is_some_and(|r| r.starts_with("unhealthy"));
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", vm.record());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let rec = vm.record();
+    assert_eq!(rec.state, VmState::Failed, "{rec:?}");
+    assert!(saw_unhealthy, "{rec:?}");
+    let reason = rec.reason.unwrap_or_default();
+    assert!(reason.contains("stopped answering"), "{reason}");
+
+    // A start recovers it, as after a crash.
+    let vm = match host.start_vm(vm.id).await {
+        Ok(vm) => vm,
+        Err(e) => panic!("{}", hearth_host::error_chain(&e)),
+    };
+    let out = vm.guest().unwrap().run(sh("echo back")).await.unwrap();
+    assert_eq!(out.stdout, b"back\n");
+    host.delete(vm.id).await.unwrap();
+}
+
+/// A paused VM does not answer pings and must not be declared failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding6_paused_vms_are_not_failed_by_liveness() {
+    let mut cfg = test_config();
+    cfg.liveness = Liveness {
+        interval: Duration::from_millis(500),
+        unhealthy_after: Duration::from_secs(1),
+        fail_after: Duration::from_secs(2),
+    };
+    let host = Host::start(cfg, std::sync::Arc::new(hearth_image::QuietProgress))
+        .await
+        .unwrap();
+    let (vm, g) = vm(&host, ImageName::Busybox).await;
+    host.pause(vm.id).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(vm.state(), VmState::Paused);
+    host.resume(vm.id).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(vm.state(), VmState::Ready);
+    assert_eq!(g.run(sh("echo ok")).await.unwrap().stdout, b"ok\n");
+    host.delete(vm.id).await.unwrap();
+}
+
+/// Finding 4: a guest that once touched its memory kept all of it. With
+/// free page reporting the memory file shrinks back after the guest frees
+/// what it touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding4_idle_guest_gives_freed_memory_back() {
+    let host = host().await;
+    let vm = host
+        .create_vm(CreateVm {
+            image: ImageName::Busybox,
+            memory: ByteSize::mib(512),
+            ..CreateVm::default()
+        })
+        .await
+        .unwrap();
+    let g = vm.guest().unwrap();
+    let base = mem_file_bytes(&vm);
+    // 300 MiB of page cache on a tmpfs, then freed.
+    let out = g
+        .run(sh(
+            "mkdir -p /mnt/t && mount -t tmpfs -o size=400m t /mnt/t && \
+             dd if=/dev/zero of=/mnt/t/f bs=1M count=300 2>/dev/null && echo done",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"done\n", "{out:?}");
+    let touched = mem_file_bytes(&vm);
+    assert!(
+        touched >= base + (250 << 20),
+        "base {base} touched {touched}"
+    );
+    g.run(sh("rm /mnt/t/f; umount /mnt/t")).await.unwrap();
+    let t = Instant::now();
+    let mut now = touched;
+    while now > base + (100 << 20) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "memory not given back: base {base}, touched {touched}, now {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        now = mem_file_bytes(&vm);
+    }
+    eprintln!(
+        "guest.mem: {} MiB at boot, {} MiB touched, {} MiB {:?} after freeing",
+        base >> 20,
+        touched >> 20,
+        now >> 20,
+        t.elapsed()
+    );
+    host.delete(vm.id).await.unwrap();
+}
+
+/// Finding 3: a 1 TiB disk was accepted on a host with 71 GiB free, and an
+/// absurd one failed with a message naming a host path. The host now
+/// refuses a disk its data filesystem cannot hold, and what it reports for
+/// the API names no host directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding3_host_refuses_a_disk_it_cannot_hold_without_naming_paths() {
+    let host = host().await;
+    let free = host.disk_available();
+    let err = host
+        .create_vm(CreateVm {
+            image: ImageName::Busybox,
+            memory: ByteSize::mib(128),
+            disk: Some(ByteSize(free + (10 << 30))),
+            ..CreateVm::default()
+        })
+        .await
+        .err()
+        .expect("a disk larger than the free space is refused");
+    let public = host.public_error(&err);
+    assert!(public.contains("does not fit"), "{public}");
+    let data = host.config().data_dir.display().to_string();
+    let run = host.config().run_root.display().to_string();
+    assert!(
+        !public.contains(&data) && !public.contains(&run),
+        "{public}"
+    );
+    // The same for the VM's recorded reason.
+    for rec in host.list() {
+        let reason = rec.reason.unwrap_or_default();
+        assert!(
+            !reason.contains(&data) && !reason.contains(&run),
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        host.redact(&format!("qemu-img: {data}/vms/x/root.qcow2 and {run}/x")),
+        "qemu-img: <data>/vms/x/root.qcow2 and <run>/x"
+    );
+}
