@@ -11,6 +11,8 @@ pub enum QuotaKind {
     Cpu,
     /// Bytes of memory of `provisioning` and `ready` sandboxes.
     Memory,
+    /// Disk bytes (`fs_capacity`) of sandboxes not in `deleting`.
+    Storage,
 }
 
 impl std::fmt::Display for QuotaKind {
@@ -19,6 +21,7 @@ impl std::fmt::Display for QuotaKind {
             QuotaKind::Sandboxes => "sandboxes",
             QuotaKind::Cpu => "cpu millicores",
             QuotaKind::Memory => "memory bytes",
+            QuotaKind::Storage => "storage bytes",
         })
     }
 }

@@ -32,6 +32,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0002_secrets.sql"),
         postgres: include_str!("../migrations/postgres/0002_secrets.sql"),
     },
+    Migration {
+        version: 3,
+        name: "storage_quota",
+        sqlite: include_str!("../migrations/sqlite/0003_storage_quota.sql"),
+        postgres: include_str!("../migrations/postgres/0003_storage_quota.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -117,6 +117,8 @@ pub struct Quotas {
     pub max_cpu: Option<MilliCpu>,
     /// Summed over `provisioning` and `ready` sandboxes.
     pub max_mem: Option<ByteSize>,
+    /// Disk (`fs_capacity`) summed over sandboxes not in `deleting`.
+    pub max_storage: Option<ByteSize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -145,6 +145,7 @@ struct Usage {
     sandboxes: u64,
     cpu: u64,
     mem: u64,
+    storage: u64,
 }
 
 fn decode_usage(r: &dyn RowExt) -> Result<Usage, sqlx::Error> {
@@ -152,6 +153,7 @@ fn decode_usage(r: &dyn RowExt) -> Result<Usage, sqlx::Error> {
         sandboxes: r.unsigned("n")?,
         cpu: r.unsigned("cpu")?,
         mem: r.unsigned("mem")?,
+        storage: r.unsigned("storage")?,
     })
 }
 
@@ -185,7 +187,8 @@ async fn quota_and_usage(
     let quotas = tx
         .fetch_optional(
             &Sql::new(&format!(
-                "SELECT max_sandboxes, max_cpu_millicores, max_mem_bytes FROM workspaces \
+                "SELECT max_sandboxes, max_cpu_millicores, max_mem_bytes, max_storage_bytes \
+                 FROM workspaces \
                  WHERE id = $1{lock}"
             ))
             .arg(ws.as_str()),
@@ -202,7 +205,8 @@ async fn quota_and_usage(
                    CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
                      THEN cpu_millicores ELSE 0 END), 0) AS BIGINT) AS cpu, \
                    CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
-                     THEN mem_bytes ELSE 0 END), 0) AS BIGINT) AS mem \
+                     THEN mem_bytes ELSE 0 END), 0) AS BIGINT) AS mem, \
+                   CAST(COALESCE(SUM(fs_capacity_bytes), 0) AS BIGINT) AS storage \
                  FROM sandboxes WHERE workspace_id = $1 AND status <> 'deleting' AND id <> $2",
             )
             .arg(ws.as_str())
@@ -215,6 +219,7 @@ async fn quota_and_usage(
             sandboxes: 0,
             cpu: 0,
             mem: 0,
+            storage: 0,
         });
     Ok((quotas, usage))
 }
@@ -225,6 +230,12 @@ fn check_live(quotas: &Quotas, usage: &Usage, cpu: MilliCpu, mem: ByteSize) -> R
     check(QuotaKind::Cpu, max_cpu, usage.cpu, u64::from(cpu.0))?;
     let max_mem = quotas.max_mem.map(ByteSize::bytes);
     check(QuotaKind::Memory, max_mem, usage.mem, mem.bytes())
+}
+
+/// Fails with `Quota` if a sandbox with a disk of `fs` does not fit.
+fn check_storage(quotas: &Quotas, usage: &Usage, fs: ByteSize) -> Result<(), DbError> {
+    let max = quotas.max_storage.map(ByteSize::bytes);
+    check(QuotaKind::Storage, max, usage.storage, fs.bytes())
 }
 
 impl Db {
@@ -261,6 +272,7 @@ impl Db {
                 usage.sandboxes,
                 1,
             )?;
+            check_storage(&quotas, &usage, s.fs_capacity)?;
         }
         if s.status.is_live() {
             check_live(&quotas, &usage, s.cpu, s.mem)?;
@@ -458,6 +470,8 @@ impl Db {
             .ok_or(DbError::NotFound { what: "sandbox" })?;
         let (quotas, usage) = quota_and_usage(&mut tx, op, current.workspace_id, Some(id)).await?;
         check_live(&quotas, &usage, current.cpu, current.mem)?;
+        // A start applies a disk PATCHed meanwhile: it must fit too.
+        check_storage(&quotas, &usage, current.fs_capacity)?;
         let row = tx
             .fetch_optional(&sql, decode_sandbox)
             .await

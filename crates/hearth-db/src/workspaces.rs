@@ -9,7 +9,7 @@ use crate::time::Timestamp;
 use crate::Db;
 
 const WORKSPACE_COLS: &str =
-    "id, name, max_sandboxes, max_cpu_millicores, max_mem_bytes, created_at";
+    "id, name, max_sandboxes, max_cpu_millicores, max_mem_bytes, max_storage_bytes, created_at";
 const API_KEY_COLS: &str =
     "id, workspace_id, key_hash, prefix, description, permissions, created_at, revoked_at";
 
@@ -24,6 +24,7 @@ pub(crate) fn decode_quotas(r: &dyn RowExt) -> Result<Quotas, sqlx::Error> {
         max_sandboxes: r.opt_unsigned("max_sandboxes")?,
         max_cpu,
         max_mem: r.opt_unsigned("max_mem_bytes")?.map(ByteSize),
+        max_storage: r.opt_unsigned("max_storage_bytes")?.map(ByteSize),
     })
 }
 
@@ -61,16 +62,21 @@ impl Db {
             .max_mem
             .map(|v| int(v.bytes(), op, "max_mem_bytes"))
             .transpose()?;
+        let max_storage = q
+            .max_storage
+            .map(|v| int(v.bytes(), op, "max_storage_bytes"))
+            .transpose()?;
         let created_at = Timestamp::now();
         let sql = Sql::new(
-            "INSERT INTO workspaces (id, name, max_sandboxes, max_cpu_millicores, max_mem_bytes, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO workspaces (id, name, max_sandboxes, max_cpu_millicores, max_mem_bytes, \
+             max_storage_bytes, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .arg(ws.id.to_string())
         .arg(ws.name.as_str())
         .arg(max_sandboxes)
         .arg(q.max_cpu.map(|c| i64::from(c.0)))
         .arg(max_mem)
+        .arg(max_storage)
         .arg(created_at);
         self.pool
             .execute(&sql)
@@ -106,6 +112,16 @@ impl Db {
             .await
             .map_err(DbError::backend(op))?
             .ok_or(DbError::NotFound { what: "secret" })
+    }
+
+    /// Forgets the secret named `name` (a superseded key).
+    pub async fn delete_secret(&self, name: &str) -> Result<(), DbError> {
+        let sql = Sql::new("DELETE FROM secrets WHERE name = $1").arg(name);
+        self.pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend("delete a secret"))
+            .map(drop)
     }
 
     pub async fn get_workspace(&self, id: WorkspaceId) -> Result<Workspace, DbError> {
@@ -172,6 +188,19 @@ impl Db {
     }
 
     /// Every key of the workspace, revoked ones included, oldest first.
+    /// The key with this id, unless it was revoked (download links and
+    /// service URLs die with the key that minted them).
+    pub async fn active_api_key(&self, id: ApiKeyId) -> Result<Option<ApiKey>, DbError> {
+        let sql = Sql::new(&format!(
+            "SELECT {API_KEY_COLS} FROM api_keys WHERE id = $1 AND revoked_at IS NULL"
+        ))
+        .arg(id.to_string());
+        self.pool
+            .fetch_optional(&sql, decode_api_key)
+            .await
+            .map_err(DbError::backend("find api key by id"))
+    }
+
     pub async fn list_api_keys(&self, workspace_id: WorkspaceId) -> Result<Vec<ApiKey>, DbError> {
         let sql = Sql::new(&format!(
             "SELECT {API_KEY_COLS} FROM api_keys WHERE workspace_id = $1 ORDER BY created_at, id"

@@ -152,6 +152,67 @@ async fn starting_a_stopped_sandbox_is_quota_checked() {
     }
 }
 
+/// Finding 3 of the security review: disks had no quota. The summed
+/// `fs_capacity` of a workspace's sandboxes (stopped ones too) is capped,
+/// at create and at a start that applies a larger disk.
+#[tokio::test]
+async fn finding3_storage_quota_counts_every_disk() {
+    for t in testing::backends().await {
+        eprintln!("-- backend {:?}", t.backend());
+        let ws = workspace(
+            &t,
+            Quotas {
+                max_storage: Some(ByteSize::gib(10)),
+                ..Quotas::default()
+            },
+        )
+        .await;
+        let mut a = sandbox(ws.id, "a");
+        a.fs_capacity = ByteSize::gib(6);
+        a.status = SandboxStatus::Stopped;
+        t.insert_sandbox_within_quota(&a).await.unwrap();
+        let mut b = sandbox(ws.id, "b");
+        b.fs_capacity = ByteSize::gib(5);
+        let refused = t.insert_sandbox_within_quota(&b).await;
+        assert!(
+            matches!(
+                refused,
+                Err(DbError::Quota {
+                    kind: QuotaKind::Storage,
+                    requested,
+                    ..
+                }) if requested == ByteSize::gib(5).bytes()
+            ),
+            "{refused:?}"
+        );
+        b.fs_capacity = ByteSize::gib(4);
+        t.insert_sandbox_within_quota(&b).await.unwrap();
+        // A disk grown while stopped is checked when the start applies it.
+        let mut grown = t.get_sandbox(ws.id, "a").await.unwrap();
+        grown.fs_capacity = ByteSize::gib(7);
+        let at = grown.updated_at;
+        t.update_sandbox(&grown, at).await.unwrap();
+        let start = StatusExtra {
+            within_quota: true,
+            expect_status: vec![SandboxStatus::Stopped],
+            ..StatusExtra::default()
+        };
+        let refused = t
+            .set_status(a.id, SandboxStatus::Provisioning, None, start)
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(DbError::Quota {
+                    kind: QuotaKind::Storage,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_holds_under_concurrent_inserts() {
     for t in testing::backends().await {
@@ -203,6 +264,7 @@ async fn cpu_and_memory_quotas_count_only_live_sandboxes() {
                 max_sandboxes: Some(5),
                 max_cpu: Some(MilliCpu(2500)),
                 max_mem: Some(ByteSize::gib(10)),
+                max_storage: None,
             },
         )
         .await;
