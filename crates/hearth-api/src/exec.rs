@@ -274,6 +274,10 @@ pub struct ExecuteResponse {
     pub stdout: String,
     pub stderr: String,
     pub exit_code: i32,
+    /// Set when stdout or stderr passed the server's output cap and its
+    /// end was dropped (the command still ran to completion).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 #[cfg(test)]

@@ -205,7 +205,8 @@ pub struct DownloadUrlRequest {
     /// The file; relative paths resolve from the run user's home when the
     /// link is fetched.
     pub path: String,
-    /// Link lifetime; omitted = never expires.
+    /// Link lifetime; omitted = the server's default (Hearth: 24 hours;
+    /// every link expires).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_in_seconds: Option<i64>,
     /// `Content-Type` to serve the file as (default
@@ -224,7 +225,7 @@ pub struct DownloadUrlResponse {
     pub download_url: String,
     /// The signed token inside `download_url`.
     pub token: String,
-    /// RFC 3339; null for a link that never expires.
+    /// RFC 3339 (Hearth always sets it; LangSmith may answer null).
     pub expires_at: Option<String>,
 }
 
@@ -236,7 +237,7 @@ impl DownloadUrlRequest {
             if !(1..=MAX_LINK_SECONDS).contains(&s) {
                 return Err(ApiError::validation(
                     "expires_in_seconds",
-                    format!("expires_in_seconds must be between 1 and {MAX_LINK_SECONDS}, got {s}; omit it for a link that never expires"),
+                    format!("expires_in_seconds must be between 1 and {MAX_LINK_SECONDS}, got {s}; omit it for the server's default"),
                 ));
             }
         }

@@ -794,16 +794,21 @@ fn blocking_execute_body() {
         parse::<ExecuteRequest>(json!({})).unwrap_err().field(),
         Some("command")
     );
-    let resp = ExecuteResponse {
+    let mut resp = ExecuteResponse {
         stdout: "4\n".into(),
         stderr: String::new(),
         exit_code: 0,
+        truncated: false,
     };
     round_trip(&resp);
     assert_eq!(
         serde_json::to_value(&resp).unwrap(),
         json!({"stdout": "4\n", "stderr": "", "exit_code": 0})
     );
+    // Only a capped answer says so.
+    resp.truncated = true;
+    round_trip(&resp);
+    assert_eq!(serde_json::to_value(&resp).unwrap()["truncated"], true);
 }
 
 // ------------------------------------------------------------------ errors

@@ -59,6 +59,9 @@ pub fn default_quotas() -> Quotas {
         max_sandboxes: Some(1000),
         max_cpu: Some(MilliCpu(16_000)),
         max_mem: Some(ByteSize::gib(64)),
+        // A workspace's disks, summed (persistent disks are kept while
+        // stopped); the host refuses what its own disk cannot hold.
+        max_storage: Some(ByteSize::gib(1024)),
     }
 }
 

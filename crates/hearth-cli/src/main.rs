@@ -6,6 +6,7 @@ mod bench;
 mod client;
 mod doctor;
 mod keys;
+mod membench;
 mod progress;
 mod run;
 mod up;
@@ -104,6 +105,13 @@ enum HostCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Host memory of an idle guest that once touched most of its RAM, with
+    /// and without free page reporting.
+    Memory {
+        /// Guest RAM.
+        #[arg(long, default_value = "1G")]
+        memory: ByteSize,
+    },
     /// Boot, exec round trip, file throughput and memory of the substrate.
     Substrate {
         /// Exec round trips to time.
@@ -122,6 +130,13 @@ enum BenchCommand {
 }
 
 fn main() -> std::process::ExitCode {
+    // Everything Hearth creates (database, keys, disks, guest memory, which
+    // QEMU creates as our child) is private to this user, whatever the
+    // caller's umask.
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
     let mut cli = Cli::parse();
     // Paths end up in QEMU arguments and qcow2 backing files: make them absolute.
     if let Ok(abs) = std::path::absolute(&cli.data_dir) {
@@ -232,6 +247,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 .context("serve the host API")?;
             eprintln!("hearth: stopping VMs");
             host.shutdown().await;
+            Ok(0)
+        }
+        Command::Bench {
+            command: BenchCommand::Memory { memory },
+        } => {
+            membench::memory(cli.data_dir, memory).await?;
             Ok(0)
         }
         Command::Bench {

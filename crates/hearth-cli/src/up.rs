@@ -40,11 +40,27 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     public_url: Option<String>,
     database_url: Option<String>,
-    /// Host capacity offered to placement (default: 8 × cores, 4 × RAM).
+    /// Host capacity offered to placement (default: 8 × cores, and the
+    /// memory the host can give guests × `memory_overcommit`).
     host_cpu_millicores: Option<u32>,
     host_memory: Option<String>,
+    /// Guest memory placed per byte the host can give (default 1.5; idle
+    /// guests return freed pages through free page reporting).
+    memory_overcommit: Option<f64>,
     idle_reaper_seconds: Option<u64>,
+    /// The file holding the master key that seals secrets at rest
+    /// (default `<data>/master.key`, created on first start).
+    master_key_file: Option<PathBuf>,
+    /// Whether `/metrics` needs an API key (default: only when listening
+    /// beyond loopback).
+    metrics_require_key: Option<bool>,
 }
+
+/// Memory kept for the host itself (the control plane, QEMU's own
+/// overhead, the page cache) before any guest is placed.
+const HOST_MEMORY_RESERVE: u64 = 1 << 30;
+/// Default guest-memory overcommit over what the host can give.
+const DEFAULT_MEMORY_OVERCOMMIT: f64 = 1.5;
 
 fn host_capacity(cfg: &FileConfig) -> anyhow::Result<(MilliCpu, ByteSize)> {
     let cores = std::thread::available_parallelism()
@@ -64,9 +80,13 @@ fn host_capacity(cfg: &FileConfig) -> anyhow::Result<(MilliCpu, ByteSize)> {
         })
         .unwrap_or(4 << 20)
         * 1024;
+    let ratio = cfg.memory_overcommit.unwrap_or(DEFAULT_MEMORY_OVERCOMMIT);
+    if !(ratio.is_finite() && (0.1..=8.0).contains(&ratio)) {
+        anyhow::bail!("memory_overcommit must be between 0.1 and 8 (got {ratio})");
+    }
     let mem = match &cfg.host_memory {
         Some(s) => s.parse::<ByteSize>().context("host_memory")?,
-        None => ByteSize(mem_total * 4),
+        None => ByteSize((mem_total.saturating_sub(HOST_MEMORY_RESERVE) as f64 * ratio) as u64),
     };
     Ok((cpu, mem))
 }
@@ -127,8 +147,18 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let db = Db::connect(&db_url).await.context("open the database")?;
     let first_start = keys::ensure_default_workspace(&db).await?;
     let (cpu, mem) = host_capacity(&file)?;
+    let key_file = file
+        .master_key_file
+        .clone()
+        .unwrap_or_else(|| data_dir.join("master.key"));
+    let master_key = hearth_control::secrets::MasterKey::load_or_create(&key_file)
+        .context("load the master key")?;
     let mut cfg = ControlConfig {
         public_url: public_url.clone(),
+        master_key,
+        metrics_require_key: file
+            .metrics_require_key
+            .unwrap_or(!listen.ip().is_loopback()),
         ..ControlConfig::default()
     };
     if let Some(s) = file.idle_reaper_seconds {
@@ -188,4 +218,46 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     host.shutdown().await;
     eprintln!("[hearth] bye");
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Finding 4: the host offered placement 4 × its RAM. Now it offers
+    /// what it has past a reserve, times a configurable, bounded ratio.
+    #[test]
+    fn finding4_memory_capacity_is_what_the_host_has_times_the_ratio() {
+        let total = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+            * 1024;
+        let (_, mem) = host_capacity(&FileConfig::default()).unwrap();
+        let want = (total.saturating_sub(HOST_MEMORY_RESERVE) as f64 * 1.5) as u64;
+        assert_eq!(mem.bytes(), want);
+        assert!(
+            mem.bytes() < total * 2,
+            "{mem} against {total} bytes of RAM"
+        );
+        let one = FileConfig {
+            memory_overcommit: Some(1.0),
+            ..FileConfig::default()
+        };
+        assert_eq!(
+            host_capacity(&one).unwrap().1.bytes(),
+            total.saturating_sub(HOST_MEMORY_RESERVE)
+        );
+        for bad in [0.0, -1.0, 9.0, f64::NAN] {
+            let cfg = FileConfig {
+                memory_overcommit: Some(bad),
+                ..FileConfig::default()
+            };
+            assert!(host_capacity(&cfg).is_err(), "{bad}");
+        }
+    }
 }

@@ -3,203 +3,13 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hearth");
-/// Longest any one CLI call may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+mod common;
 
-fn data_dir() -> PathBuf {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test");
-    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
-    let shared = shared.canonicalize().unwrap();
-    let dir = shared
-        .join("hosts")
-        .join(format!("client-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::os::unix::fs::symlink(shared.join("artifacts"), dir.join("artifacts")).unwrap();
-    dir
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn sigint(pid: u32) {
-    // SAFETY: signalling a child this test started.
-    unsafe {
-        libc::kill(pid as i32, libc::SIGINT);
-    }
-}
-
-/// Waits for a child at most `limit`; kills it and panics past that.
-fn wait_for(child: Child, limit: Duration, what: &str) -> Output {
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            // SAFETY: killing a child this test started.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGKILL);
-            }
-            panic!("{what} did not finish within {limit:?}");
-        }
-    }
-}
-
-/// `hearth up` in its own data directory; stopped (SIGINT) on drop.
-struct Server {
-    child: Option<Child>,
-    endpoint: String,
-    key: String,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start() -> Self {
-        let dir = data_dir();
-        let port = free_port();
-        let mut up = Command::new(BIN);
-        up.args(["up", "--listen", &format!("127.0.0.1:{port}")])
-            .arg("--no-default-image")
-            .env("HEARTH_DATA_DIR", &dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
-        if let Ok(accel) = std::env::var("HEARTH_ACCEL") {
-            up.env("HEARTH_ACCEL", accel);
-        }
-        let mut child = up.spawn().unwrap();
-        // The first start prints the key it created on stdout.
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(key) = line.strip_prefix("export LANGSMITH_API_KEY=") {
-                    let _ = tx.send(key.trim().to_owned());
-                }
-            }
-        });
-        let mut server = Self {
-            child: Some(child),
-            endpoint: format!("http://127.0.0.1:{port}"),
-            key: String::new(),
-            dir,
-        };
-        server.key = rx
-            .recv_timeout(Duration::from_secs(300))
-            .expect("hearth up printed no API key");
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "server not listening"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        server
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.args(args)
-            .env("LANGSMITH_ENDPOINT", &self.endpoint)
-            .env("LANGSMITH_API_KEY", &self.key)
-            .env_remove("HEARTH_LOG");
-        c
-    }
-
-    /// Runs the CLI with stdin from `/dev/null`.
-    fn run(&self, args: &[&str]) -> Output {
-        let child = self
-            .cmd(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_for(child, CALL_TIMEOUT, &format!("hearth {args:?}"))
-    }
-
-    /// Runs the CLI with `input` on its stdin.
-    fn run_with_input(&self, args: &[&str], input: &[u8]) -> Output {
-        let mut child = self
-            .cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let writer = std::thread::spawn(move || {
-            let _ = stdin.write_all(&input);
-        });
-        let out = wait_for(child, CALL_TIMEOUT, &format!("hearth {args:?}"));
-        writer.join().unwrap();
-        out
-    }
-
-    /// Runs the CLI and requires success.
-    fn ok(&self, args: &[&str]) -> Output {
-        let out = self.run(args);
-        assert!(out.status.success(), "hearth {args:?}: {}", show(&out));
-        out
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let mut all = vec!["--json"];
-        all.extend_from_slice(args);
-        let out = self.ok(&all);
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("hearth {args:?}: not JSON ({e}): {}", show(&out)))
-    }
-
-    /// SIGINT, then the exit status.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        let child = self.child.take().unwrap();
-        sigint(child.id());
-        wait_for(child, Duration::from_secs(120), "hearth up").status
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            sigint(child.id());
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_secs(30) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use common::*;
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -282,7 +92,7 @@ fn timed(label: &str, t: Instant) {
 #[test]
 fn client_commands_drive_one_sandbox_through_its_life() {
     let t_all = Instant::now();
-    let mut srv = Server::start();
+    let mut srv = Server::start("client");
     timed("server up", t_all);
     let name = format!("cli-{}", std::process::id());
     let n = name.as_str();

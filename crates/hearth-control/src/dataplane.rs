@@ -173,19 +173,41 @@ pub async fn execute(
         ttl_ms: 0,
         ..ExecRequest::default()
     };
+    // A long command is activity: the idle reaper must not stop the
+    // sandbox under it (a 10-minute exec once was).
+    let _active = AbortOnDrop(keep_active(&c, row.id));
     let out = guest
-        .run(exec)
+        .run_capped(exec, c.cfg.exec_output_cap)
         .await
-        .map_err(|e| ApiError::command_failed(e.to_string()))?;
+        .map_err(|e| {
+            if let Some((size, max)) = e.request_too_large() {
+                return ApiError::new(
+                    413,
+                    "PayloadTooLarge",
+                    format!("the command and its environment take {size} bytes; at most {max} fit"),
+                );
+            }
+            match e {
+                hearth_host::GuestError::Deadline(m) => ApiError::new(504, "GuestTimeout", m),
+                e => ApiError::command_failed(e.to_string()),
+            }
+        })?;
     if let Some((t, message)) = out.error {
         return Err(crate::error::exec_failure(t, message).into());
     }
     Ok(Json(ExecuteResponse {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stdout: utf8(out.stdout),
+        stderr: utf8(out.stderr),
         exit_code: out.exit_code.unwrap_or(-1),
+        truncated: out.truncated,
     })
     .into_response())
+}
+
+/// Output as text without a second copy when it is valid UTF-8 (the
+/// common case; a capped answer is up to 2 × 16 MiB).
+fn utf8(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// `POST {dp}/upload?path=`: multipart field `file`, streamed into the guest.
@@ -198,6 +220,7 @@ pub async fn upload(
 ) -> HttpResult<Response> {
     hearth_api::files::check_query_path(&q.path)?;
     let (row, guest) = c.runtime(&who, &id).await?;
+    let _active = AbortOnDrop(keep_active(&c, row.id));
     let write_err = |e: hearth_host::GuestError| -> HttpError {
         use hearth_guest_proto::OpErrorKind as K;
         match e.op_kind() {
@@ -253,13 +276,10 @@ pub async fn download(
     headers: HeaderMap,
 ) -> HttpResult<Response> {
     hearth_api::files::check_query_path(&q.path)?;
-    let (_row, guest) = c.runtime(&who, &id).await?;
-    Ok(
-        match hearth_host::api::serve_download(&guest, &q.path, &method, &headers).await {
-            Ok(resp) => resp,
-            Err(e) => e.into_response(),
-        },
-    )
+    let (row, guest) = c.runtime(&who, &id).await?;
+    let answer = hearth_host::api::serve_download(&guest, &q.path, &method, &headers).await;
+    // A long download keeps its sandbox active while it is read.
+    Ok(active_while_streaming(&c, row.id, answer))
 }
 
 /// A failed guest search as the API error the SDK expects: a missing path

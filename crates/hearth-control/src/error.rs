@@ -5,6 +5,15 @@ use axum::response::{IntoResponse, Response};
 use hearth_api::ApiError;
 use hearth_db::DbError;
 
+/// Why the control plane could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("database")]
+    Db(#[from] DbError),
+    #[error("secrets")]
+    Secret(#[from] crate::secrets::SecretError),
+}
+
 /// An [`ApiError`] as an axum response.
 #[derive(Debug)]
 pub struct HttpError(pub ApiError);
@@ -35,6 +44,7 @@ pub fn db_error(e: DbError) -> ApiError {
                 hearth_db::QuotaKind::Sandboxes => hearth_api::QuotaKind::SandboxCount,
                 hearth_db::QuotaKind::Cpu => hearth_api::QuotaKind::Cpu,
                 hearth_db::QuotaKind::Memory => hearth_api::QuotaKind::Memory,
+                hearth_db::QuotaKind::Storage => hearth_api::QuotaKind::Storage,
             };
             ApiError::quota(kind, limit, used)
         }

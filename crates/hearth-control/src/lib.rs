@@ -23,6 +23,7 @@ mod guard;
 mod links;
 mod list;
 mod metrics;
+pub mod secrets;
 mod service;
 mod services;
 pub mod tunnel;
@@ -57,6 +58,22 @@ pub struct ControlConfig {
     pub stale_provisioning: Duration,
     /// JSON bodies larger than this are refused with 413.
     pub json_limit: usize,
+    /// `POST {dp}/execute` keeps at most this much of each of stdout and
+    /// stderr; the rest is read and dropped, and the answer says
+    /// `truncated` (the streaming transports need no cap).
+    pub exec_output_cap: usize,
+    /// Seals secrets kept in the database (see `secrets.rs`).
+    pub master_key: secrets::MasterKey,
+    /// Lifetime of a download link minted without `expires_in_seconds`.
+    pub link_default_ttl: Duration,
+    /// No download link or service URL lives longer than this.
+    pub link_max_ttl: Duration,
+    /// The largest `fs_capacity_bytes` a sandbox may ask for (create and
+    /// PATCH); default 256 GiB, LangSmith's maximum.
+    pub max_fs_capacity: ByteSize,
+    /// `/metrics` needs an API key (on by default; `hearth up` turns it off
+    /// only when it listens on loopback).
+    pub metrics_require_key: bool,
 }
 
 impl Default for ControlConfig {
@@ -68,6 +85,12 @@ impl Default for ControlConfig {
             lease: Duration::from_secs(30),
             stale_provisioning: Duration::from_secs(600),
             json_limit: 1 << 20,
+            exec_output_cap: hearth_host::guest::OUTPUT_CAP,
+            master_key: secrets::MasterKey::ephemeral(),
+            link_default_ttl: Duration::from_secs(24 * 3600),
+            link_max_ttl: Duration::from_secs(7 * 24 * 3600),
+            metrics_require_key: true,
+            max_fs_capacity: ByteSize::gib(256),
         }
     }
 }
@@ -103,7 +126,7 @@ impl Control {
         db: Db,
         cfg: ControlConfig,
         hosts: Vec<LocalHost>,
-    ) -> Result<Arc<Self>, hearth_db::DbError> {
+    ) -> Result<Arc<Self>, error::OpenError> {
         let now = Timestamp::now();
         for h in &hosts {
             db.upsert_host(&HostRow {
@@ -139,7 +162,7 @@ impl Control {
             })
             .await?;
         }
-        let links = links::LinkKey::load(&db).await?;
+        let links = links::LinkKey::load(&db, &cfg.master_key).await?;
         let (changed, _) = watch::channel(0);
         let (shutting_down, _) = watch::channel(false);
         let control = Arc::new(Self {

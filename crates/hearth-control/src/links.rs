@@ -5,9 +5,17 @@
 //!
 //! Tokens are stateless: `base64url(claims JSON) . base64url(MAC)`, the MAC
 //! a keyed BLAKE3 hash under a 256-bit key kept in the database (`secrets`),
-//! so every control plane on the database mints and checks the same links.
-//! Deleting the sandbox revokes its links (the sandbox is looked up again
-//! on every fetch).
+//! sealed under the master key (see `secrets.rs`), so every control plane on
+//! the database mints and checks the same links and a copy of the database
+//! alone cannot forge one.
+//!
+//! A token names the API key that minted it: revoking the key revokes its
+//! links and service URLs, as does deleting the sandbox (both are looked up
+//! again on every fetch). Every link expires: omitting `expires_in_seconds`
+//! gives [`ControlConfig::link_default_ttl`](crate::ControlConfig), and no
+//! link outlives `link_max_ttl`. A link may wake a stopped sandbox (as
+//! LangSmith's download links do): its holder was granted the file by
+//! someone with runtime rights whose key is still live.
 
 use std::sync::Arc;
 
@@ -21,16 +29,21 @@ use hearth_api::{
     ApiError, DownloadUrlRequest, DownloadUrlResponse, ServiceUrlRequest, ServiceUrlResponse,
 };
 use hearth_db::Timestamp;
-use hearth_types::{SandboxId, WorkspaceId};
+use hearth_types::{ApiKeyId, SandboxId, WorkspaceId};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
 use crate::error::HttpResult;
 use crate::extract::JsonBody;
+use crate::secrets::MasterKey;
 use crate::Control;
 
-/// Name of the signing key in the `secrets` table.
-const KEY_NAME: &str = "download-links";
+/// Name of the signing key in the `secrets` table (sealed).
+const KEY_NAME: &str = "download-links.v2";
+/// The key's name before it was sealed; removed when found.
+const LEGACY_KEY_NAME: &str = "download-links";
+/// Claims format: 2 names the minting key.
+const CLAIMS_VERSION: u8 = 2;
 /// Longest token accepted before any decoding (the claims hold one path).
 const MAX_TOKEN: usize = 16 * 1024;
 
@@ -50,15 +63,16 @@ pub(crate) struct Claims {
     v: u8,
     ws: WorkspaceId,
     sb: SandboxId,
+    /// The API key that minted the token.
+    k: ApiKeyId,
     /// A download link's file.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     path: String,
     /// A service URL's port (none for a download link).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     port: Option<u16>,
-    /// Expiry, unix milliseconds; none = never.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    exp: Option<i64>,
+    /// Expiry, unix milliseconds.
+    exp: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ct: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -69,22 +83,24 @@ pub(crate) struct Claims {
 }
 
 impl LinkKey {
-    /// The database's key, created on first use.
-    pub async fn load(db: &hearth_db::Db) -> Result<Self, hearth_db::DbError> {
-        let fresh = blake3::hash(
-            format!(
-                "{}{}",
-                uuid::Uuid::new_v4().simple(),
-                uuid::Uuid::new_v4().simple()
-            )
-            .as_bytes(),
-        );
-        let stored = db.secret_or_init(KEY_NAME, &fresh.to_hex()).await?;
-        // A value that is not hex (edited by hand) still yields the same key
-        // on every replica.
-        let key = blake3::Hash::from_hex(stored.as_bytes())
-            .unwrap_or_else(|_| blake3::hash(stored.as_bytes()));
-        Ok(Self(*key.as_bytes()))
+    /// The database's key, created on first use, sealed under `master`.
+    /// A stored key that does not open under `master` is an error: links
+    /// fail closed under a wrong master key.
+    pub async fn load(
+        db: &hearth_db::Db,
+        master: &MasterKey,
+    ) -> Result<Self, crate::error::OpenError> {
+        let fresh = crate::secrets::random::<32>()?;
+        let candidate = master.seal(KEY_NAME, &fresh)?;
+        let stored = db.secret_or_init(KEY_NAME, &candidate).await?;
+        let key: [u8; 32] = master.open(KEY_NAME, &stored)?.try_into().map_err(|_| {
+            crate::secrets::SecretError::Open {
+                name: KEY_NAME.into(),
+            }
+        })?;
+        // The unsealed key of older versions signs nothing any more.
+        db.delete_secret(LEGACY_KEY_NAME).await?;
+        Ok(Self(key))
     }
 
     fn mac(&self, claims: &[u8]) -> blake3::Hash {
@@ -113,7 +129,7 @@ impl LinkKey {
             return None;
         }
         let claims: Claims = serde_json::from_slice(&body).ok()?;
-        (claims.v == 1).then_some(claims)
+        (claims.v == CLAIMS_VERSION).then_some(claims)
     }
 }
 
@@ -129,16 +145,21 @@ pub async fn mint(
     let row = c.find(who.workspace_id, &name).await?;
     // A link reads the sandbox's files: the same right as the data plane.
     who.require_runtime(&row)?;
-    let expires = req
+    let ttl = req
         .expires_in_seconds
-        .map(|s| Timestamp::now().plus(std::time::Duration::from_secs(s as u64)));
+        .map_or(c.cfg.link_default_ttl, |s| {
+            std::time::Duration::from_secs(s.max(0) as u64)
+        })
+        .min(c.cfg.link_max_ttl);
+    let expires = Timestamp::now().plus(ttl);
     let claims = Claims {
-        v: 1,
+        v: CLAIMS_VERSION,
         ws: row.workspace_id,
         sb: row.id,
+        k: who.key_id,
         path: req.path,
         port: None,
-        exp: expires.map(Timestamp::unix_ms),
+        exp: expires.unix_ms(),
         ct: req.content_type,
         cd: req.content_disposition,
         emb: None,
@@ -150,7 +171,7 @@ pub async fn mint(
             c.cfg.public_url.trim_end_matches('/')
         ),
         token,
-        expires_at: expires.map(Timestamp::to_rfc3339),
+        expires_at: Some(expires.to_rfc3339()),
     })
     .into_response())
 }
@@ -216,11 +237,26 @@ impl Control {
             .verify(token)
             .filter(|c| c.port.is_some() == service)
             .ok_or_else(|| ApiError::new(404, "NotFound", format!("unknown {what}")))?;
-        if claims.exp.is_some_and(|e| Timestamp::now().unix_ms() >= e) {
+        if Timestamp::now().unix_ms() >= claims.exp {
             return Err(ApiError::new(
                 410,
                 "LinkExpired",
                 format!("this {what} has expired"),
+            ));
+        }
+        // Revoking the minting key revokes the link (checked before the
+        // sandbox is looked up, so a dead link never wakes it).
+        let live = self
+            .db
+            .active_api_key(claims.k)
+            .await
+            .map_err(crate::error::db_error)?
+            .is_some_and(|key| key.workspace_id == claims.ws);
+        if !live {
+            return Err(ApiError::new(
+                410,
+                "LinkRevoked",
+                format!("the API key that made this {what} was revoked"),
             ));
         }
         let row = self
@@ -253,12 +289,13 @@ pub async fn mint_service(
     let expires = Timestamp::now().plus(std::time::Duration::from_secs(secs as u64));
     let origins = req.embed_origins.unwrap_or_default();
     let token = c.links.mint(&Claims {
-        v: 1,
+        v: CLAIMS_VERSION,
         ws: row.workspace_id,
         sb: row.id,
+        k: who.key_id,
         path: String::new(),
         port: Some(port),
-        exp: Some(expires.unix_ms()),
+        exp: expires.unix_ms(),
         ct: None,
         cd: None,
         // Frame ancestors travel in the token, pinned like a link's headers.
@@ -323,12 +360,13 @@ mod tests {
 
     fn claims() -> Claims {
         Claims {
-            v: 1,
+            v: CLAIMS_VERSION,
             ws: WorkspaceId::new(),
             sb: SandboxId::new(),
+            k: ApiKeyId::new(),
             path: "/home/user/report.pdf".into(),
             port: None,
-            exp: Some(1),
+            exp: 1,
             ct: None,
             cd: Some("attachment".into()),
             emb: None,

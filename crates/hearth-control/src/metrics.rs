@@ -38,7 +38,17 @@ pub async fn count(State(c): State<Arc<Control>>, req: Request, next: Next) -> R
     resp
 }
 
-pub async fn render(State(c): State<Arc<Control>>) -> Response {
+/// `GET /metrics`; with `metrics_require_key`, only for a valid API key
+/// (the page shows host ids and committed capacity).
+pub async fn render(
+    State(c): State<Arc<Control>>,
+    who: Result<crate::auth::Principal, crate::error::HttpError>,
+) -> Response {
+    if c.cfg.metrics_require_key {
+        if let Err(e) = who {
+            return e.into_response();
+        }
+    }
     let m = &c.metrics;
     let mut out = String::new();
     out.push_str("# HELP hearth_http_requests_total HTTP responses by status class.\n# TYPE hearth_http_requests_total counter\n");

@@ -124,13 +124,28 @@ impl Control {
         Ok(snap)
     }
 
+    /// Refuses a disk larger than `max_fs_capacity`.
+    fn check_disk_size(&self, fs: hearth_types::ByteSize) -> Result<(), ApiError> {
+        let max = self.cfg.max_fs_capacity;
+        if fs > max {
+            return Err(ApiError::validation(
+                "fs_capacity_bytes",
+                format!("fs_capacity_bytes must be at most {max} on this server, got {fs}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Picks a ready host with room, preferring `previous` when its load is
     /// close to the least loaded. No host → `NoSandboxHostsAvailable`, at
-    /// once (there is no capacity queue).
+    /// once (there is no capacity queue). A new `disk` must also fit in a
+    /// host's free space; when it fits on none that otherwise has room,
+    /// the answer is a 422 on `fs_capacity_bytes` (retrying cannot help).
     async fn place(
         &self,
         cpu: hearth_types::MilliCpu,
         mem: hearth_types::ByteSize,
+        disk: Option<hearth_types::ByteSize>,
         previous: Option<HostId>,
     ) -> Result<HostId, ApiError> {
         let now = Timestamp::now();
@@ -148,6 +163,26 @@ impl Control {
                 fits.then_some((used_cpu, h.id))
             })
             .collect();
+        if let Some(disk) = disk {
+            let before = candidates.len();
+            let mut most_free = 0;
+            candidates.retain(|(_, id)| {
+                let free = self.hosts.get(id).map_or(0, |h| h.disk_available());
+                most_free = most_free.max(free);
+                disk.bytes().saturating_add(hearth_host::host::DISK_RESERVE) <= free
+            });
+            if before > 0 && candidates.is_empty() {
+                return Err(ApiError::validation(
+                    "fs_capacity_bytes",
+                    format!(
+                        "no host has room for a disk of {disk} (the most free on a host is {})",
+                        hearth_types::ByteSize(
+                            most_free.saturating_sub(hearth_host::host::DISK_RESERVE)
+                        )
+                    ),
+                ));
+            }
+        }
         candidates.sort();
         let Some(&(least, best)) = candidates.first() else {
             return Err(ApiError::no_hosts());
@@ -184,12 +219,20 @@ impl Control {
             supports_non_persistent: true,
         };
         let plan = resolve_create(&req, &facts)?;
+        self.check_disk_size(plan.spec.fs_capacity)?;
         // Nothing is written before placement succeeds: the SDK replays a
         // POST answered 503. Placement and the insert that commits the
         // capacity happen under one lock, so concurrent creates cannot
         // overcommit a host (one control plane per database, for now).
         let placing = self.placement.lock().await;
-        let host_id = self.place(plan.spec.cpu, plan.spec.mem, None).await?;
+        let host_id = self
+            .place(
+                plan.spec.cpu,
+                plan.spec.mem,
+                Some(plan.spec.fs_capacity),
+                None,
+            )
+            .await?;
         let id = SandboxId::new();
         let name = plan
             .spec
@@ -323,7 +366,7 @@ impl Control {
                     Err(e) => Err(e),
                 },
             };
-            let result = result.map_err(|e| hearth_host::error_chain(&e));
+            let result = result.map_err(|e| host.public_error(&e));
             let booted = result.is_ok();
             if !control.finish_boot(&row, result).await && booted {
                 // The sandbox moved on (deleted, stopped) while booting.
@@ -415,6 +458,7 @@ impl Control {
         let req: UpdateSandboxRequest = hearth_api::parse_body(body)?;
         let row = self.find(who.workspace_id, name).await?;
         let spec = apply_update(&spec_of(&row)?, &req)?;
+        self.check_disk_size(spec.fs_capacity)?;
         let mut new = row.clone();
         if let Some(n) = &req.name {
             new.name = n.clone();
@@ -547,7 +591,8 @@ impl Control {
             }
         }
         let placing = self.placement.lock().await;
-        let host_id = self.place(row.cpu, row.mem, row.host_id).await?;
+        // The disk exists already; a host checks any growth when it boots.
+        let host_id = self.place(row.cpu, row.mem, None, row.host_id).await?;
         let extra = StatusExtra {
             host_id: Some(Some(host_id)),
             bump_generation: true,

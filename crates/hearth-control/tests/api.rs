@@ -63,6 +63,7 @@ async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
             max_sandboxes: Some(1000),
             max_cpu: Some(MilliCpu(16_000)),
             max_mem: Some(ByteSize::gib(64)),
+            max_storage: None,
         },
         Quotas::default(),
         Quotas {
@@ -699,7 +700,9 @@ async fn download_links(e: &Env, a: &str, id: &str) -> String {
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    assert!(v["expires_at"].is_null(), "{v}");
+    // Every link expires: omitted means the server's default (24 h).
+    let expires = v["expires_at"].as_str().unwrap_or_default();
+    assert!(expires.starts_with("20"), "{v}");
     let url = v["download_url"].as_str().unwrap().to_owned();
     let token = v["token"].as_str().unwrap();
     assert!(url.ends_with(&format!("/downloads/{token}")), "{url}");
@@ -1434,6 +1437,9 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
     unsafe {
         libc::kill(pid as i32, libc::SIGKILL);
     }
+    // The restarted control plane has the same master key (it seals the
+    // link key in the database; another key would fail closed).
+    let master_key = e.control.cfg.master_key.clone();
     drop(e);
     drop(host1);
 
@@ -1442,9 +1448,11 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
         .await
         .unwrap();
     let db = Db::connect(&url.url).await.unwrap();
-    let control = Control::open(db, ControlConfig::default(), vec![mk(host2)])
-        .await
-        .unwrap();
+    let cfg = ControlConfig {
+        master_key,
+        ..ControlConfig::default()
+    };
+    let control = Control::open(db, cfg, vec![mk(host2)]).await.unwrap();
     let row = control
         .db
         .get_sandbox_by_id(id.parse().unwrap())
@@ -1478,4 +1486,46 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
     .unwrap();
     assert_eq!(v["stdout"], "persisted\n", "{v}");
     control.stop_all().await;
+}
+
+/// Finding 1: the link key sat in the database in the clear, so a copy of
+/// the database forged links. It is now sealed under a master key that is
+/// not in the database, and a control plane with the wrong master key
+/// refuses to start rather than mint or accept anything.
+#[tokio::test]
+async fn finding1_link_key_is_sealed_and_a_wrong_master_key_fails_closed() {
+    let dir = std::env::temp_dir().join(format!("hearth-mk-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("h.db").display());
+    let db = Db::connect(&url).await.unwrap();
+    let key = hearth_control::secrets::MasterKey::ephemeral();
+    let cfg = ControlConfig {
+        master_key: key.clone(),
+        ..ControlConfig::default()
+    };
+    drop(
+        Control::open(db.clone(), cfg.clone(), Vec::new())
+            .await
+            .unwrap(),
+    );
+    let stored = db
+        .secret_or_init("download-links.v2", "unused")
+        .await
+        .unwrap();
+    assert!(stored.starts_with("hs1:"), "{stored}");
+    // The same key opens it again; another fails closed.
+    drop(Control::open(db.clone(), cfg, Vec::new()).await.unwrap());
+    let wrong = Control::open(db.clone(), ControlConfig::default(), Vec::new()).await;
+    assert!(
+        matches!(
+            wrong,
+            Err(hearth_control::error::OpenError::Secret(
+                hearth_control::secrets::SecretError::Open { .. }
+            ))
+        ),
+        "{:?}",
+        wrong.err()
+    );
+    db.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }
