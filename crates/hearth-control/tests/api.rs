@@ -3,7 +3,6 @@
 //! isolation, placement and quotas, with a real host agent booting real
 //! microVMs (busybox, TCG here) where a sandbox must run.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -16,24 +15,9 @@ use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-fn shared_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test")
-}
+mod harness;
 
-async fn host() -> Arc<Host> {
-    let shared = shared_dir();
-    let data = shared
-        .join("hosts")
-        .join(uuid::Uuid::now_v7().simple().to_string());
-    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
-    std::fs::create_dir_all(&data).unwrap();
-    std::os::unix::fs::symlink(shared.join("artifacts"), data.join("artifacts")).unwrap();
-    let mut cfg = HostConfig::new(&data);
-    cfg.accel_cache = shared.join("accel.json");
-    Host::start(cfg, Arc::new(hearth_image::QuietProgress))
-        .await
-        .unwrap()
-}
+use harness::{host, shared_dir};
 
 struct Env {
     app: Router,

@@ -18,7 +18,7 @@ use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn shared_dir() -> PathBuf {
+pub fn shared_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test")
 }
 
