@@ -232,6 +232,7 @@ pub async fn upload(
             Some(
                 K::IsADirectory
                 | K::NotADirectory
+                | K::NotAFile
                 | K::AlreadyExists
                 | K::InvalidPath
                 | K::BadRequest,
@@ -293,7 +294,7 @@ fn search_error(e: hearth_host::GuestError, path: &str, pattern_field: &str) -> 
             ApiError::validation("path", format!("{path} is not a directory"))
         }
         Some(K::BadRequest) => ApiError::validation(pattern_field, e.to_string()),
-        Some(K::InvalidPath) => ApiError::validation("path", e.to_string()),
+        Some(K::InvalidPath | K::NotAFile) => ApiError::validation("path", e.to_string()),
         Some(K::PermissionDenied) => ApiError::new(403, "PermissionDenied", e.to_string()),
         _ => ApiError::new(500, "SearchError", e.to_string()),
     }

@@ -420,7 +420,8 @@ async fn finding7_exec_and_upload_mistakes_are_4xx() {
         body.clone(),
     );
     assert_eq!(send(s.addr, &req.bytes()).await.status, 200);
-    for path in ["/etc", "/", "/tmp/afile/x"] {
+    // A device (or FIFO) is not a file to replace either.
+    for path in ["/etc", "/", "/tmp/afile/x", "/dev/null"] {
         let req = RawRequest::new(
             "POST",
             &format!("{dp}/upload?path={path}"),
