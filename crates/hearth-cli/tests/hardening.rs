@@ -436,17 +436,24 @@ fn finding6_wedged_sandbox_fails_with_a_reason_and_recovers() {
     assert!(took < Duration::from_secs(14), "{took:?}");
 
     let t = Instant::now();
+    let mut saw_unhealthy = false;
     let v = loop {
         let (_, v) = api(&srv, "GET", "/boxes/wedge", None);
         if v["status"] == "failed" {
             break v;
         }
+        // Unhealthy first, while still ready.
+        saw_unhealthy |= v["status"] == "ready"
+            && v["status_message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("unhealthy"));
         assert!(t.elapsed() < Duration::from_secs(90), "still {v}");
         std::thread::sleep(Duration::from_millis(500));
     };
     let why = v["status_message"].as_str().unwrap_or_default().to_owned();
     eprintln!("failed after {:?}: {why}", t.elapsed());
     assert!(why.contains("stopped answering"), "{v}");
+    assert!(saw_unhealthy, "never reported unhealthy before failing");
     // The next request starts it again.
     let (code, body) = exec("echo back", 60);
     assert_eq!(code, 200, "{body}");

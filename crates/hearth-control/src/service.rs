@@ -701,6 +701,38 @@ impl Control {
                 let vm_state = host.get(vm_id(row.id)).ok().map(|vm| vm.state());
                 let running = matches!(vm_state, Some(VmState::Ready | VmState::Paused));
                 match row.status {
+                    SandboxStatus::Ready if running => {
+                        // A guest that misses liveness pings is unhealthy
+                        // before it is failed: say so while it lasts.
+                        let unhealthy = host
+                            .get(vm_id(row.id))
+                            .ok()
+                            .and_then(|vm| vm.record().reason)
+                            .filter(|r| r.starts_with("unhealthy"));
+                        let shown = row
+                            .status_message
+                            .as_deref()
+                            .filter(|m| m.starts_with("unhealthy"));
+                        if unhealthy.as_deref() != shown {
+                            let extra = StatusExtra {
+                                expect_generation: Some(row.generation),
+                                expect_status: vec![SandboxStatus::Ready],
+                                ..StatusExtra::default()
+                            };
+                            if let Err(e) = self
+                                .db
+                                .set_status(
+                                    row.id,
+                                    SandboxStatus::Ready,
+                                    unhealthy.as_deref(),
+                                    extra,
+                                )
+                                .await
+                            {
+                                tracing::debug!(sandbox = %row.id, error = %e, "health not recorded");
+                            }
+                        }
+                    }
                     SandboxStatus::Ready if !running => {
                         // Host loss: memory is gone, the disk is kept; the
                         // next start or data-plane request cold boots it.

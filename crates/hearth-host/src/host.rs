@@ -869,11 +869,7 @@ async fn watch_liveness(vm: &Vm, guest: &GuestClient, l: Liveness) -> String {
             last_answer = Instant::now();
             continue;
         }
-        let wait = l
-            .fail_after
-            .saturating_sub(last_answer.elapsed())
-            .max(l.interval);
-        match tokio::time::timeout(wait.min(l.interval), guest.ping()).await {
+        match tokio::time::timeout(l.interval, guest.ping()).await {
             Ok(Ok(())) => {
                 last_answer = Instant::now();
                 if vm.record().reason.is_some_and(|r| r.starts_with(UNHEALTHY)) {
