@@ -169,7 +169,9 @@ impl Control {
             candidates.retain(|(_, id)| {
                 let free = self.hosts.get(id).map_or(0, |h| h.disk_available());
                 most_free = most_free.max(free);
-                disk.bytes().saturating_add(hearth_host::host::DISK_RESERVE) <= free
+                disk.bytes()
+                    .saturating_add(hearth_host::disks::DISK_RESERVE)
+                    <= free
             });
             if before > 0 && candidates.is_empty() {
                 return Err(ApiError::validation(
@@ -177,7 +179,7 @@ impl Control {
                     format!(
                         "no host has room for a disk of {disk} (the most free on a host is {})",
                         hearth_types::ByteSize(
-                            most_free.saturating_sub(hearth_host::host::DISK_RESERVE)
+                            most_free.saturating_sub(hearth_host::disks::DISK_RESERVE)
                         )
                     ),
                 ));

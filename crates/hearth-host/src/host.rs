@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use hearth_image::{GuestArtifacts, ImageConfig, ImageName, Progress};
 use hearth_types::{ByteSize, MilliCpu, VmId};
-use hearth_vmm::{Accel, DiskFormat, DiskSpec, Qemu, QemuConfig, VmInstance, VmSpec, Vmm};
+use hearth_vmm::{Accel, Qemu, QemuConfig, VmInstance, VmSpec, Vmm};
 use serde::{Deserialize, Serialize};
 
+use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
 use crate::guest::GuestClient;
 use crate::vm::{now_ms, Vm, VmRecord, VmState};
 
@@ -175,6 +176,8 @@ pub struct Host {
     accel: Accel,
     artifacts: tokio::sync::Mutex<HashMap<ImageName, Arc<GuestArtifacts>>>,
     vms: Mutex<HashMap<VmId, Arc<Vm>>>,
+    /// Root disks (qcow2 overlays today; see `disks.rs`).
+    disks: Arc<dyn DiskProvider>,
 }
 
 impl Host {
@@ -218,6 +221,7 @@ impl Host {
         });
         let mut artifacts = HashMap::new();
         artifacts.insert(ImageName::Busybox, Arc::new(base));
+        let cfg_data_dir = cfg.data_dir.clone();
         let host = Arc::new(Self {
             cfg,
             images,
@@ -225,6 +229,7 @@ impl Host {
             accel,
             artifacts: tokio::sync::Mutex::new(artifacts),
             vms: Mutex::new(HashMap::new()),
+            disks: Arc::new(QcowOverlays::new(&cfg_data_dir)),
         });
         host.recover().await;
         Ok(host)
@@ -257,7 +262,7 @@ impl Host {
 
     /// Bytes free for disks on the filesystem of the data directory.
     pub fn disk_available(&self) -> u64 {
-        disk_available(&self.cfg.data_dir).unwrap_or(0)
+        self.disks.available()
     }
 
     pub fn accel(&self) -> Accel {
@@ -435,16 +440,17 @@ impl Host {
     ) -> Result<(), HostError> {
         let started = Instant::now();
         let id = vm.id;
-        let overlay = vm.dir.join("root.qcow2");
         let rec = vm.record();
-        if let Some(disk) = rec.disk {
-            self.admit_disk(id, &overlay, disk)?;
-        }
-        if fresh_disk || !overlay.exists() {
-            create_overlay(id, &artifacts.rootfs.path, &overlay, rec.disk).await?;
-        } else if let Some(disk) = rec.disk {
-            grow_overlay(id, &overlay, disk).await?;
-        }
+        let root = self
+            .disks
+            .prepare(DiskRequest {
+                vm: id,
+                dir: &vm.dir,
+                base: &artifacts.rootfs.path,
+                size: rec.disk,
+                fresh: fresh_disk,
+            })
+            .await?;
         let spec = VmSpec {
             id,
             cpu: rec.cpu,
@@ -452,11 +458,7 @@ impl Host {
             kernel: artifacts.kernel.vmlinuz.clone(),
             initrd: artifacts.initramfs.path.clone(),
             cmdline: vec![format!("hearth.image={}", rec.image)],
-            disks: vec![DiskSpec {
-                path: overlay,
-                format: DiskFormat::Qcow2,
-                read_only: false,
-            }],
+            disks: vec![root],
             run_dir: vm.run_dir.clone(),
             mem_path: vm.run_dir.join("guest.mem"),
             raw_ports: self.cfg.raw_ports.clone(),
@@ -485,24 +487,6 @@ impl Host {
         }
         tracing::info!(vm = %id, pid, boot_ms, "vm ready");
         tokio::spawn(watch_vm(self.clone(), vm.clone(), instance, guest));
-        Ok(())
-    }
-
-    /// Refuses a disk this host cannot hold: its size past what the overlay
-    /// already uses must fit in the free space, less a reserve.
-    fn admit_disk(&self, id: VmId, overlay: &Path, disk: ByteSize) -> Result<(), HostError> {
-        let used = std::fs::metadata(overlay).map(|m| m.len()).unwrap_or(0);
-        let free = self.disk_available();
-        let need = disk
-            .bytes()
-            .saturating_sub(used)
-            .saturating_add(DISK_RESERVE);
-        if need > free {
-            return Err(HostError::Invalid(format!(
-                "vm {id}: a disk of {disk} does not fit on this host ({} free)",
-                ByteSize(free)
-            )));
-        }
         Ok(())
     }
 
@@ -650,26 +634,6 @@ impl Host {
     }
 }
 
-/// Free space every disk admission leaves on the host's data filesystem.
-pub const DISK_RESERVE: u64 = 1 << 30;
-
-/// Bytes available to this (root) process on the filesystem holding `path`.
-fn disk_available(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` points to writable
-    // memory of the right type; statvfs initializes it on success.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it filled `st`.
-    let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
-}
-
 /// Creates `dir` (and parents) private to this user: mode 0700 whatever the
 /// umask. An existing directory that others can write is refused (anyone
 /// could swap its contents); one they can read or enter is warned about and
@@ -697,32 +661,6 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A copy-on-write disk over the read-only root image.
-/// The disk is `disk` bytes when that is larger than the image; the guest
-/// agent grows the filesystem to the device at boot.
-async fn create_overlay(
-    id: VmId,
-    base: &Path,
-    overlay: &Path,
-    disk: Option<ByteSize>,
-) -> Result<(), HostError> {
-    use std::ffi::OsStr;
-    let _ = std::fs::remove_file(overlay);
-    let base_size = std::fs::metadata(base).map(|m| m.len()).unwrap_or(0);
-    let mut args: Vec<&OsStr> = ["create", "-q", "-f", "qcow2", "-F", "raw", "-b"]
-        .iter()
-        .map(OsStr::new)
-        .collect();
-    args.extend([base.as_os_str(), overlay.as_os_str()]);
-    let size = disk
-        .filter(|d| d.bytes() > base_size)
-        .map(|d| d.bytes().to_string());
-    if let Some(size) = &size {
-        args.push(size.as_ref());
-    }
-    qemu_img(id, &args).await.map(drop)
-}
-
 /// Resources a start may change (see [`Host::start_vm_with`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resize {
@@ -742,59 +680,6 @@ fn check_resources(memory: ByteSize, cpu: MilliCpu) -> Result<(), HostError> {
             "cpu must be 1..64 vCPUs (got {} millicores)",
             cpu.0
         )));
-    }
-    Ok(())
-}
-
-/// Runs `qemu-img` with `args`; its stdout.
-async fn qemu_img(id: VmId, args: &[&std::ffi::OsStr]) -> Result<Vec<u8>, HostError> {
-    let out = tokio::process::Command::new("qemu-img")
-        .args(args)
-        .output()
-        .await
-        .map_err(|source| HostError::Io {
-            id,
-            what: "run qemu-img".into(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(HostError::Boot {
-            id,
-            reason: format!(
-                "qemu-img {}: {}",
-                args.first().map_or("".into(), |a| a.to_string_lossy()),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(out.stdout)
-}
-
-/// Grows the overlay's virtual size to `disk` when it is smaller (the guest
-/// agent grows the filesystem at boot). Never shrinks.
-async fn grow_overlay(id: VmId, overlay: &Path, disk: ByteSize) -> Result<(), HostError> {
-    use std::ffi::OsStr;
-    let path = overlay.as_os_str();
-    let info = qemu_img(id, &["info".as_ref(), "--output=json".as_ref(), path]).await?;
-    let size = serde_json::from_slice::<serde_json::Value>(&info)
-        .ok()
-        .and_then(|v| v["virtual-size"].as_u64())
-        .ok_or_else(|| HostError::Boot {
-            id,
-            reason: "qemu-img info: no virtual-size".into(),
-        })?;
-    if disk.bytes() > size {
-        let target = disk.bytes().to_string();
-        let args: [&OsStr; 6] = [
-            "resize".as_ref(),
-            "-q".as_ref(),
-            "-f".as_ref(),
-            "qcow2".as_ref(),
-            path,
-            target.as_ref(),
-        ];
-        qemu_img(id, &args).await?;
-        tracing::info!(vm = %id, from = size, to = disk.bytes(), "grew the disk");
     }
     Ok(())
 }

@@ -10,6 +10,7 @@
 //!   control plane (and `hearth` commands) use.
 
 pub mod api;
+pub mod disks;
 pub mod guest;
 pub mod host;
 pub mod vm;
