@@ -202,6 +202,35 @@ pub(crate) fn write_manifest<T: Serialize>(path: &Path, value: &T) -> Result<(),
 }
 
 /// BLAKE3 of a file's contents, lowercase hex.
+/// The files in `dir` that `matches` selects, other than `keep`, past the
+/// `keep_total - 1` newest (by mtime): what a cache prune removes so that
+/// `keep_total` generations stay, `keep` always among them.
+pub(crate) fn stale_files(
+    dir: &Path,
+    keep: &Path,
+    keep_total: usize,
+    matches: impl Fn(&Path) -> bool,
+) -> Result<Vec<PathBuf>, ImageError> {
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(dir)
+        .map_err(|e| ImageError::io("read directory", dir, e))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p != keep && matches(p))
+        .map(|p| {
+            let mtime = fs::metadata(&p)
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+            (mtime, p)
+        })
+        .collect();
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
+    Ok(found
+        .into_iter()
+        .skip(keep_total.saturating_sub(1))
+        .map(|(_, p)| p)
+        .collect())
+}
+
 pub(crate) fn hash_file(path: &Path) -> Result<String, ImageError> {
     let file = File::open(path).map_err(|e| ImageError::io("open", path, e))?;
     let mut hasher = blake3::Hasher::new();

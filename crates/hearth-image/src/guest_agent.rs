@@ -11,7 +11,6 @@
 use std::fs;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::SystemTime;
 
 use crate::{cache, ImageConfig, ImageError, Progress};
 
@@ -86,24 +85,11 @@ fn is_current(path: &std::path::Path, hash: &str) -> bool {
 /// Keeps the [`KEEP`] newest agent files (always including `keep`).
 /// Runs under the build lock.
 fn prune(artifacts: &std::path::Path, keep: &std::path::Path) -> Result<(), ImageError> {
-    let mut found: Vec<(SystemTime, PathBuf)> = fs::read_dir(artifacts)
-        .map_err(|e| ImageError::io("read directory", artifacts, e))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("guest-agent-"))
-                && p != keep
-        })
-        .map(|p| {
-            let mtime = fs::metadata(&p)
-                .and_then(|m| m.modified())
-                .unwrap_or(SystemTime::UNIX_EPOCH);
-            (mtime, p)
-        })
-        .collect();
-    found.sort_by_key(|f| std::cmp::Reverse(f.0));
-    for (_, old) in found.into_iter().skip(KEEP - 1) {
+    let stale = cache::stale_files(artifacts, keep, KEEP, |p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("guest-agent-"))
+    })?;
+    for old in stale {
         cache::remove_all(&old)?;
     }
     Ok(())

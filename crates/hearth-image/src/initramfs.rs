@@ -17,7 +17,7 @@
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -195,25 +195,12 @@ fn add_file<W: Write>(
 /// Keeps the [`KEEP`] newest initramfs archives (always including `keep`)
 /// and removes the rest with their manifests. Runs under the build lock.
 fn prune(artifacts: &Path, keep: &Path) -> Result<(), ImageError> {
-    let mut found: Vec<(SystemTime, PathBuf)> = fs::read_dir(artifacts)
-        .map_err(|e| ImageError::io("read directory", artifacts, e))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension().is_some_and(|e| e == "cpio")
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("initramfs-"))
-                && p != keep
-        })
-        .map(|p| {
-            let mtime = fs::metadata(&p)
-                .and_then(|m| m.modified())
-                .unwrap_or(SystemTime::UNIX_EPOCH);
-            (mtime, p)
-        })
-        .collect();
-    found.sort_by_key(|f| std::cmp::Reverse(f.0));
-    for (_, old) in found.into_iter().skip(KEEP - 1) {
+    let stale = cache::stale_files(artifacts, keep, KEEP, |p| {
+        p.extension().is_some_and(|e| e == "cpio")
+            && p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("initramfs-"))
+    })?;
+    for old in stale {
         cache::remove_all(&old.with_extension("json"))?;
         cache::remove_all(&old)?;
     }
