@@ -159,6 +159,11 @@ impl Control {
                 docker_image: None,
                 created_at: now,
                 updated_at: now,
+                volume: None,
+                memory_bytes: None,
+                source_sandbox_id: None,
+                image_digest: None,
+                description: None,
             })
             .await?;
         }

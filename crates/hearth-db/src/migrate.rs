@@ -38,6 +38,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0003_storage_quota.sql"),
         postgres: include_str!("../migrations/postgres/0003_storage_quota.sql"),
     },
+    Migration {
+        version: 4,
+        name: "snapshot_storage",
+        sqlite: include_str!("../migrations/sqlite/0004_snapshot_storage.sql"),
+        postgres: include_str!("../migrations/postgres/0004_snapshot_storage.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

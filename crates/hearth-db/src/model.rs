@@ -207,6 +207,16 @@ pub struct SnapshotRow {
     pub docker_image: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The store volume holding the disk; `None` for a built-in image
+    /// (named by `image`).
+    pub volume: Option<String>,
+    /// Size of the saved guest memory; `None` when it has none.
+    pub memory_bytes: Option<ByteSize>,
+    /// The sandbox it was captured from.
+    pub source_sandbox_id: Option<SandboxId>,
+    /// Digest of the OCI image it was built from.
+    pub image_digest: Option<String>,
+    pub description: Option<String>,
 }
 
 /// A sandbox record: the durable truth about one sandbox.

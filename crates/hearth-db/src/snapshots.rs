@@ -11,7 +11,8 @@ use crate::time::Timestamp;
 use crate::Db;
 
 const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message, image, \
-                             fs_capacity_bytes, labels, run_config, docker_image, created_at, updated_at";
+                             fs_capacity_bytes, labels, run_config, docker_image, created_at, updated_at, \
+                             volume, memory_bytes, source_sandbox_id, image_digest, description";
 
 /// Rows a workspace may see: its own and the built-ins. `$1` is the
 /// workspace id.
@@ -32,6 +33,11 @@ fn decode_snapshot(r: &dyn RowExt) -> Result<SnapshotRow, sqlx::Error> {
         docker_image: r.opt_text("docker_image")?,
         created_at: r.ts("created_at")?,
         updated_at: r.ts("updated_at")?,
+        volume: r.opt_text("volume")?,
+        memory_bytes: r.opt_unsigned("memory_bytes")?.map(ByteSize),
+        source_sandbox_id: r.opt_parse("source_sandbox_id")?,
+        image_digest: r.opt_text("image_digest")?,
+        description: r.opt_text("description")?,
     })
 }
 
@@ -65,7 +71,16 @@ fn snapshot_sql(
         .arg(run_config)
         .arg(s.docker_image.as_deref())
         .arg(s.created_at)
-        .arg(s.updated_at))
+        .arg(s.updated_at)
+        .arg(s.volume.as_deref())
+        .arg(
+            s.memory_bytes
+                .map(|m| int(m.bytes(), op, "memory_bytes"))
+                .transpose()?,
+        )
+        .arg(s.source_sandbox_id.map(|i| i.to_string()))
+        .arg(s.image_digest.as_deref())
+        .arg(s.description.as_deref()))
 }
 
 fn sort_spec(s: SnapshotSort) -> SortSpec {
@@ -108,7 +123,7 @@ impl Db {
             op,
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
                  ON CONFLICT (id) DO UPDATE SET name = excluded.name, tag = excluded.tag, \
                  status = excluded.status, status_message = excluded.status_message, \
                  image = excluded.image, fs_capacity_bytes = excluded.fs_capacity_bytes, \
@@ -143,7 +158,7 @@ impl Db {
             op,
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
             ),
             s,
             Some(workspace_id),
@@ -180,6 +195,85 @@ impl Db {
             return Err(DbError::NotFound { what: "snapshot" });
         }
         Ok(())
+    }
+
+    /// Writes a workspace snapshot's mutable fields (status, message,
+    /// capacity, run config, where its data is kept) from `s`, by id.
+    pub async fn update_snapshot(&self, s: &SnapshotRow) -> Result<(), DbError> {
+        let op = "update snapshot";
+        let run_config = s
+            .run_config
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| DbError::Backend {
+                op,
+                source: sqlx::Error::Encode(e.into()),
+            })?;
+        let sql = Sql::new(
+            "UPDATE snapshots SET status = $2, status_message = $3, fs_capacity_bytes = $4, \
+             run_config = $5, volume = $6, memory_bytes = $7, image_digest = $8, updated_at = $9 \
+             WHERE id = $1 AND workspace_id IS NOT NULL",
+        )
+        .arg(s.id.to_string())
+        .arg(s.status.as_str())
+        .arg(s.status_message.as_deref())
+        .arg(int(s.fs_capacity.bytes(), op, "fs_capacity_bytes")?)
+        .arg(run_config)
+        .arg(s.volume.as_deref())
+        .arg(
+            s.memory_bytes
+                .map(|m| int(m.bytes(), op, "memory_bytes"))
+                .transpose()?,
+        )
+        .arg(s.image_digest.as_deref())
+        .arg(Timestamp::now());
+        let n = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend(op))?;
+        if n == 0 {
+            return Err(DbError::NotFound { what: "snapshot" });
+        }
+        Ok(())
+    }
+
+    /// Deletes a workspace's snapshot. `Conflict` while a sandbox not being
+    /// deleted was booted from it (LangSmith refuses those deletes), and for
+    /// built-ins; `NotFound` if the workspace has no such snapshot.
+    pub async fn delete_snapshot(
+        &self,
+        workspace_id: WorkspaceId,
+        id: SnapshotId,
+    ) -> Result<SnapshotRow, DbError> {
+        let op = "delete snapshot";
+        let snap = self.get_snapshot(workspace_id, id).await?;
+        if snap.workspace_id.is_none() {
+            return Err(DbError::Conflict {
+                what: format!("built-in snapshot {}:{}", snap.name, snap.tag),
+            });
+        }
+        let sql = Sql::new(
+            "DELETE FROM snapshots WHERE id = $1 AND workspace_id = $2 AND NOT EXISTS \
+             (SELECT 1 FROM sandboxes WHERE snapshot_id = $1 AND status <> 'deleting')",
+        )
+        .arg(id.to_string())
+        .arg(workspace_id.to_string());
+        let n = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend(op))?;
+        if n == 0 {
+            return Err(DbError::Conflict {
+                what: format!(
+                    "snapshot {}:{} (sandboxes booted from it still exist)",
+                    snap.name, snap.tag
+                ),
+            });
+        }
+        Ok(snap)
     }
 
     /// A snapshot the workspace may see (its own or a built-in).

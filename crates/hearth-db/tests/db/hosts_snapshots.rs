@@ -130,6 +130,11 @@ fn snapshot(name: &str, tag: &str) -> SnapshotRow {
         docker_image: None,
         created_at: Timestamp::from_unix_ms(1000),
         updated_at: Timestamp::from_unix_ms(1000),
+        volume: None,
+        memory_bytes: None,
+        source_sandbox_id: None,
+        image_digest: None,
+        description: None,
     }
 }
 
@@ -265,5 +270,60 @@ async fn snapshots_builtin_and_owned_visibility() {
             ..SnapshotFilter::default()
         };
         assert_eq!(list(ws2, named).await.len(), 2);
+    });
+}
+
+#[tokio::test]
+async fn snapshots_are_finished_and_deleted_only_when_unused() {
+    each_backend!(|db| {
+        let ws = workspace(db, Quotas::default()).await.id;
+        let mut snap = snapshot("captured", "latest");
+        snap.workspace_id = Some(ws);
+        snap.status = SnapshotStatus::Building;
+        db.insert_snapshot(ws, &snap).await.unwrap();
+        snap.status = SnapshotStatus::Ready;
+        snap.volume = Some("snap-1".into());
+        snap.memory_bytes = Some(ByteSize::mib(256));
+        snap.fs_capacity = ByteSize::gib(2);
+        db.update_snapshot(&snap).await.unwrap();
+        let got = db.get_snapshot(ws, snap.id).await.unwrap();
+        assert_eq!(
+            (
+                got.status,
+                got.volume.as_deref(),
+                got.memory_bytes,
+                got.fs_capacity
+            ),
+            (
+                SnapshotStatus::Ready,
+                Some("snap-1"),
+                Some(ByteSize::mib(256)),
+                ByteSize::gib(2)
+            )
+        );
+
+        // A sandbox booted from it blocks the delete until it is deleting.
+        let mut sb = sandbox(ws, "from-snap");
+        sb.snapshot_id = snap.id;
+        db.insert_sandbox(&sb).await.unwrap();
+        assert!(matches!(
+            db.delete_snapshot(ws, snap.id).await,
+            Err(DbError::Conflict { .. })
+        ));
+        db.set_status(sb.id, SandboxStatus::Deleting, None, StatusExtra::default())
+            .await
+            .unwrap();
+        assert_eq!(db.delete_snapshot(ws, snap.id).await.unwrap().id, snap.id);
+        assert!(matches!(
+            db.get_snapshot(ws, snap.id).await,
+            Err(DbError::NotFound { .. })
+        ));
+        // Built-ins cannot be deleted.
+        let builtin = snapshot("default", "latest");
+        db.upsert_builtin_snapshot(&builtin).await.unwrap();
+        assert!(matches!(
+            db.delete_snapshot(ws, builtin.id).await,
+            Err(DbError::Conflict { .. })
+        ));
     });
 }
