@@ -20,6 +20,7 @@ pub mod mux;
 pub use frame::{Frame, FrameCodec, FrameError, FrameKind, MAX_PAYLOAD};
 pub use msg::*;
 pub use mux::{
-    guest_handshake, host_handshake, Acceptor, HandshakeError, Incoming, Mux, MuxError, RecvError,
-    Role, Stream, StreamReceiver, StreamSender, INITIAL_WINDOW, MAX_REQUEST,
+    guest_handshake, guest_handshake_session, host_handshake, Acceptor, HandshakeError, Incoming,
+    Mux, MuxError, RecvError, Role, Stream, StreamReceiver, StreamSender, INITIAL_WINDOW,
+    MAX_REQUEST,
 };

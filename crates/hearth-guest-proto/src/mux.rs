@@ -137,6 +137,10 @@ struct Inner {
     next_ping: AtomicU64,
     closed_tx: watch::Sender<Option<String>>,
     accept_tx: Option<mpsc::UnboundedSender<(Stream, Bytes)>>,
+    /// Guest side: the nonce of the host's hello that began this session
+    /// (0: not bound). A hello with another nonce is a new host session,
+    /// e.g. after the VM was restored from saved memory.
+    session: AtomicU64,
 }
 
 /// A handle on a multiplexed connection. Cheap to clone.
@@ -196,10 +200,20 @@ impl Mux {
             next_ping: AtomicU64::new(1),
             closed_tx,
             accept_tx,
+            session: AtomicU64::new(0),
         });
         tokio::spawn(write_loop(inner.clone(), writer, out_rx));
         tokio::spawn(read_loop(inner.clone(), reader));
         (Mux { inner }, accept_rx)
+    }
+
+    /// Guest side: binds this connection to the host session whose hello
+    /// carried `nonce` ([`guest_handshake_session`]). A later hello with
+    /// the same nonce is answered again (the host may have missed the ack);
+    /// one with another nonce ends this connection, so that the caller
+    /// handshakes with the new host session from a clean state.
+    pub fn bind_session(&self, nonce: u64) {
+        self.inner.session.store(nonce, Ordering::Relaxed);
     }
 
     /// The largest request [`Mux::open`] sends on this connection:
@@ -387,6 +401,12 @@ impl Inner {
                     // The host re-sent its hello (it may not have seen our ack).
                     let hello: Hello = serde_json::from_slice(&frame.payload)
                         .map_err(|e| format!("bad hello: {e}"))?;
+                    let session = self.session.load(Ordering::Relaxed);
+                    if session != 0 && hello.nonce != session {
+                        // Not answered: the host repeats its hello until the
+                        // next handshake picks it up.
+                        return Err("a new host session began".into());
+                    }
                     let _ = self.out.send(hello_ack_frame(&hello));
                     Ok(())
                 } else {
@@ -954,6 +974,21 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    guest_handshake_session(reader, writer)
+        .await
+        .map(|(v, _)| v)
+}
+
+/// [`guest_handshake`], also returning the nonce of the host's hello, for
+/// [`Mux::bind_session`].
+pub async fn guest_handshake_session<R, W>(
+    reader: &mut FramedRead<R, FrameCodec>,
+    writer: &mut FramedWrite<W, FrameCodec>,
+) -> Result<(u16, u64), HandshakeError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     loop {
         match reader.next().await {
             None => return Err(HandshakeError::Eof),
@@ -975,7 +1010,7 @@ where
                     .await
                     .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
                 match negotiate(&hello.versions) {
-                    Some(v) => return Ok(v),
+                    Some(v) => return Ok((v, hello.nonce)),
                     None => continue,
                 }
             }

@@ -548,3 +548,49 @@ async fn finding8_guest_may_not_open_large_streams() {
         .unwrap();
     assert!(reason.contains("may not open"), "{reason}");
 }
+
+/// After a VM is restored from saved memory the guest's connection is
+/// still live, but the host is a new session: its hello (another nonce)
+/// ends the old connection, and a repeat of the current hello does not.
+#[tokio::test]
+async fn a_hello_from_a_new_host_session_ends_the_guest_connection() {
+    let (host_io, guest_io) = tokio::io::duplex(64 * 1024);
+    let (gr, gw) = tokio::io::split(guest_io);
+    let (hr, hw) = tokio::io::split(host_io);
+    let guest = tokio::spawn(async move {
+        let mut r = FramedRead::new(gr, FrameCodec);
+        let mut w = FramedWrite::new(gw, FrameCodec);
+        let (_, nonce) = guest_handshake_session(&mut r, &mut w).await.unwrap();
+        let (mux, _accept) = Mux::start(Role::Guest, r, w);
+        mux.bind_session(nonce);
+        (mux, _accept)
+    });
+    let mut hr = FramedRead::new(hr, FrameCodec);
+    let mut hw = FramedWrite::new(hw, FrameCodec);
+    let ack = host_handshake(&mut hr, &mut hw, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (mux, _accept) = guest.await.unwrap();
+    use futures_util::{SinkExt, StreamExt};
+    let hello = |nonce: u64| {
+        let payload =
+            serde_json::to_vec(&serde_json::json!({"versions": [1, 2], "nonce": nonce})).unwrap();
+        Frame::new(FrameKind::Hello, 0, payload)
+    };
+    // The same session's hello again: answered, the connection lives.
+    hw.send(hello(ack.nonce)).await.unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(5), hr.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.kind, FrameKind::HelloAck);
+    tokio::time::timeout(Duration::from_millis(200), mux.closed())
+        .await
+        .expect_err("still open");
+    // Another session's hello: the guest closes this connection unanswered.
+    hw.send(hello(ack.nonce.wrapping_add(1))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), mux.closed())
+        .await
+        .expect("the guest ended the old session");
+}

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hearth_guest_proto::{
-    guest_handshake, FrameCodec, GuestInfo, Mux, Reply, Request, Role, Stream, SUPPORTED_VERSIONS,
+    guest_handshake_session, FrameCodec, GuestInfo, Mux, Reply, Request, Role, Stream,
+    SUPPORTED_VERSIONS,
 };
 use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -93,7 +94,7 @@ async fn serve(port: Option<PathBuf>) {
     loop {
         let mut reader = FramedRead::new(io.clone(), FrameCodec);
         let mut writer = FramedWrite::new(io.clone(), FrameCodec);
-        let version = match guest_handshake(&mut reader, &mut writer).await {
+        let (version, session) = match guest_handshake_session(&mut reader, &mut writer).await {
             Ok(v) => v,
             Err(_) => {
                 // Host not connected (reads return EOF): poll gently.
@@ -102,6 +103,7 @@ async fn serve(port: Option<PathBuf>) {
             }
         };
         let (mux, accept) = Mux::start(Role::Guest, reader, writer);
+        mux.bind_session(session);
         let Some(mut accept) = accept else { return };
         loop {
             tokio::select! {
