@@ -1,0 +1,186 @@
+//! Garbage collection of old generations and unreferenced chunks.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectMeta, ObjectStoreExt};
+
+use crate::crypto;
+use crate::error::StoreError;
+use crate::id::{ScopeId, VolumeId};
+use crate::manifest::ChunkRef;
+use crate::store::{backend, parse_seq, Store};
+
+/// What GC keeps.
+#[derive(Clone, Copy, Debug)]
+pub struct GcOptions {
+    /// Newest generations kept per volume (at least 1: the head is never
+    /// pruned).
+    pub keep_generations: usize,
+    /// Unreferenced chunks younger than this are kept (a writer may be
+    /// about to commit a manifest naming them).
+    pub grace: Duration,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        Self {
+            keep_generations: 3,
+            grace: crate::store::DEFAULT_GC_GRACE,
+        }
+    }
+}
+
+/// What one GC run did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub manifests_deleted: u64,
+    pub chunks_deleted: u64,
+    pub bytes_deleted: u64,
+    pub chunks_kept: u64,
+}
+
+impl Store {
+    /// Prunes old generations, then deletes chunks that no remaining
+    /// manifest references and that are older than `grace`. See the crate
+    /// documentation for why this is safe against concurrent commits.
+    pub async fn gc(&self, opts: GcOptions) -> Result<GcReport, StoreError> {
+        let mut report = GcReport::default();
+        let keep = opts.keep_generations.max(1);
+
+        // 1. Prune generations beyond the newest `keep` of each volume.
+        for (volume, seqs) in self.all_generations().await? {
+            let old = seqs.len().saturating_sub(keep);
+            for &seq in &seqs[..old] {
+                self.delete_manifest(&volume, seq).await?;
+                report.manifests_deleted += 1;
+            }
+        }
+
+        // 2. List chunks with their ages (before reading manifests).
+        let listed_at = SystemTime::now();
+        let chunks: Vec<(ChunkRef, ObjectMeta)> = self
+            .list(ObjPath::from("chunks"), "list chunks")
+            .await?
+            .into_iter()
+            .filter_map(|m| parse_chunk_path(&m.location).map(|r| (r, m)))
+            .collect();
+
+        // 3. Everything the remaining manifests reference.
+        let mut referenced: HashSet<ChunkRef> = HashSet::new();
+        let gens = self.all_generations().await?;
+        let manifests = futures_util::stream::iter(
+            gens.into_iter()
+                .flat_map(|(v, seqs)| seqs.into_iter().map(move |s| (v.clone(), s))),
+        )
+        .map(|(volume, seq)| async move {
+            match self.manifest(&volume, seq).await {
+                Ok(m) => Ok(Some(m)),
+                // Deleted meanwhile (delete_volume, another GC): its chunks
+                // are no longer needed by it.
+                Err(StoreError::NoSuchGeneration { .. }) => Ok(None),
+                // Anything unreadable aborts: we could not prove its chunks
+                // unreferenced.
+                Err(e) => Err(e),
+            }
+        })
+        .buffer_unordered(8);
+        futures_util::pin_mut!(manifests);
+        while let Some(m) = manifests.try_next().await? {
+            if let Some(m) = m {
+                referenced.extend(m.chunks.into_values());
+            }
+        }
+
+        // 4. Delete the unreferenced ones older than grace, re-checking each
+        //    one's age just before deleting it.
+        for (r, meta) in chunks {
+            // Ages are measured against our clock at listing time; skew
+            // between us and the object store eats into the grace.
+            let old =
+                |t: SystemTime| listed_at.duration_since(t).unwrap_or(Duration::ZERO) > opts.grace;
+            if referenced.contains(&r) || !old(SystemTime::from(meta.last_modified)) {
+                report.chunks_kept += 1;
+                continue;
+            }
+            match self.inner.os.head(&meta.location).await {
+                Ok(now) if !old(SystemTime::from(now.last_modified)) => {
+                    report.chunks_kept += 1;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => {
+                    return Err(backend(format!(
+                        "head chunk {} of scope {}",
+                        r.hex(),
+                        r.scope
+                    ))(e))
+                }
+            }
+            match self.inner.os.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    report.chunks_deleted += 1;
+                    report.bytes_deleted += meta.size;
+                }
+                Err(e) => {
+                    return Err(backend(format!(
+                        "delete chunk {} of scope {}",
+                        r.hex(),
+                        r.scope
+                    ))(e))
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn list(&self, prefix: ObjPath, op: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner
+            .os
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(backend(op))
+    }
+
+    /// Every volume's generations, ascending.
+    async fn all_generations(&self) -> Result<BTreeMap<VolumeId, Vec<u64>>, StoreError> {
+        let mut out: HashMap<VolumeId, Vec<u64>> = HashMap::new();
+        for m in self.list(ObjPath::from("volumes"), "list volumes").await? {
+            let parts: Vec<_> = m.location.parts().collect();
+            if parts.len() != 3 {
+                continue;
+            }
+            let (Ok(volume), Some(seq)) = (
+                VolumeId::new(parts[1].as_ref()),
+                parse_seq(parts[2].as_ref()),
+            ) else {
+                continue;
+            };
+            out.entry(volume).or_default().push(seq);
+        }
+        Ok(out
+            .into_iter()
+            .map(|(v, mut s)| {
+                s.sort_unstable();
+                (v, s)
+            })
+            .collect())
+    }
+}
+
+/// `chunks/<scope>/<xx>/<hex>` → the chunk; anything else is not ours to
+/// delete.
+fn parse_chunk_path(p: &ObjPath) -> Option<ChunkRef> {
+    let parts: Vec<_> = p.parts().collect();
+    if parts.len() != 4 {
+        return None;
+    }
+    let scope = ScopeId::new(parts[1].as_ref()).ok()?;
+    let hash = crypto::parse_hex(parts[3].as_ref())?;
+    (crypto::hex(&hash) == parts[3].as_ref() && parts[2].as_ref() == &parts[3].as_ref()[..2])
+        .then_some(ChunkRef { scope, hash })
+}
