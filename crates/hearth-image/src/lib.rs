@@ -15,6 +15,10 @@
 //!   by debootstrap).
 //!   Callers must never modify it; sandboxes write to their own layers.
 //!
+//! Root images can also come from Docker/OCI images: [`import_oci`] pulls
+//! one from a registry or reads a `docker save` / OCI-layout tarball and
+//! writes an ext4 image of a requested capacity (see [`oci`]).
+//!
 //! [`ensure_all`] does all of it, including writing out the guest agent
 //! ([`guest_agent_binary`]): `build.rs` builds it statically at compile time
 //! and this crate embeds it, so nothing here needs cargo or the source tree
@@ -41,6 +45,7 @@ mod guest_agent;
 mod initramfs;
 mod kernel;
 pub mod mirror;
+pub mod oci;
 mod progress;
 mod rootfs;
 
@@ -57,6 +62,7 @@ pub use initramfs::{ensure_initramfs, InitramfsArtifact};
 pub use kernel::{
     ensure_kernel, KernelArtifact, KernelModule, DEFAULT_KERNEL_PACKAGE, MODULE_LOAD_ORDER,
 };
+pub use oci::{import_oci, OciError, OciImage, OciSource, RegistryAuth, RunConfig};
 pub use progress::{under_way, Progress, QuietProgress, StderrProgress, Unit};
 pub use rootfs::{ensure_rootfs, RootfsArtifact, ROOTFS_LABEL};
 
