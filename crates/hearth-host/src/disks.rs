@@ -90,11 +90,7 @@ impl DiskProvider for QcowOverlays {
             } else if let Some(size) = req.size {
                 grow_overlay(req.vm, &overlay, size).await?;
             }
-            Ok(DiskSpec {
-                path: overlay,
-                format: DiskFormat::Qcow2,
-                read_only: false,
-            })
+            Ok(DiskSpec::file(overlay, DiskFormat::Qcow2))
         })
     }
 
@@ -235,23 +231,26 @@ mod tests {
             .prepare(req(Some(ByteSize::mib(2)), true))
             .await
             .unwrap();
-        assert_eq!(spec.path, dir.join("root.qcow2"));
-        assert_eq!((spec.format, spec.read_only), (DiskFormat::Qcow2, false));
-        assert_eq!(virtual_size(&spec.path), 2 << 20);
+        assert_eq!(
+            spec,
+            DiskSpec::file(dir.join("root.qcow2"), DiskFormat::Qcow2)
+        );
+        let overlay = dir.join("root.qcow2");
+        assert_eq!(virtual_size(&overlay), 2 << 20);
         // Kept and grown, never shrunk.
         disks
             .prepare(req(Some(ByteSize::mib(4)), false))
             .await
             .unwrap();
-        assert_eq!(virtual_size(&spec.path), 4 << 20);
+        assert_eq!(virtual_size(&overlay), 4 << 20);
         disks
             .prepare(req(Some(ByteSize::mib(3)), false))
             .await
             .unwrap();
-        assert_eq!(virtual_size(&spec.path), 4 << 20);
+        assert_eq!(virtual_size(&overlay), 4 << 20);
         // Fresh again: back to the image's size.
         disks.prepare(req(None, true)).await.unwrap();
-        assert_eq!(virtual_size(&spec.path), 1 << 20);
+        assert_eq!(virtual_size(&overlay), 1 << 20);
         // More than the filesystem holds is refused before anything is made.
         let huge = ByteSize(disks.available() + (1 << 40));
         let err = disks.prepare(req(Some(huge), false)).await.err();

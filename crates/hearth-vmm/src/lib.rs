@@ -10,15 +10,21 @@
 //! Backends:
 //! - [`Qemu`] ([`qemu`]): QEMU's `microvm` machine, under KVM where a guest can
 //!   really boot and under TCG everywhere else. Its QMP client
-//!   ([`QmpClient`]) is public so that later work (memory snapshots through
-//!   `migrate`) can send further commands.
+//!   ([`QmpClient`]) is public for commands beyond the trait's.
+//!
+//! A VM can be saved ([`VmInstance::save`]: device state to a small file,
+//! RAM left in its memory file) and restored ([`Vmm::restore`] from a
+//! [`RestoreFrom`]), also copy-on-write so that many VMs start from one
+//! snapshot. Disks are image files or NBD exports ([`DiskSource`]).
 //!
 //! Host facts live beside the backends: [`accel::probe_accel`] decides once per
 //! host (and caches) whether KVM can boot a real guest, and [`host`] reads
 //! the host TSC frequency that TCG guests need on their kernel command line.
 //!
-//! Every error is a [`VmmError`] that names the VM, path or QMP command it is
-//! about; failures during QEMU startup carry the tail of QEMU's own log.
+//! Every error is a [`VmmError`] that names the VM or path it is about;
+//! failures during QEMU startup carry the tail of QEMU's own log, and a
+//! backend's own failures (QMP, migration) are the source of
+//! [`VmmError::Backend`].
 
 use std::fmt;
 use std::future::Future;
@@ -35,7 +41,7 @@ pub mod host;
 pub mod qemu;
 
 pub use accel::{probe_accel, ProbeOutcome};
-pub use qemu::qmp::QmpClient;
+pub use qemu::qmp::{QmpClient, QmpError};
 pub use qemu::{Qemu, QemuConfig, QemuInstance, QemuStatus};
 
 /// Everything a backend needs to boot one VM.
@@ -60,7 +66,8 @@ pub struct VmSpec {
     pub run_dir: PathBuf,
     /// File that backs guest RAM (normally on tmpfs). The backend replaces
     /// any file already there (a cold boot starts from zeroed memory), creates
-    /// and sizes it; the caller removes it after the VM has exited.
+    /// and sizes it; the caller removes it after the VM has exited. A restore
+    /// maps [`RestoreFrom::memory`] instead and never replaces a file.
     pub mem_path: PathBuf,
     /// Extra raw virtio-serial ports, by name (diagnostics and benchmarks:
     /// a byte pipe into the guest with no protocol on it). The guest sees
@@ -77,9 +84,51 @@ pub struct VmSpec {
 /// One block device of a [`VmSpec`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiskSpec {
-    pub path: PathBuf,
-    pub format: DiskFormat,
+    pub source: DiskSource,
     pub read_only: bool,
+}
+
+/// Where a [`DiskSpec`]'s blocks come from. The guest sees the same
+/// virtio-blk device either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskSource {
+    /// An image file on the host.
+    File { path: PathBuf, format: DiskFormat },
+    /// An export of an NBD server listening on a unix socket (a userspace
+    /// block service). Only the device is part of a saved VM state, so a
+    /// restore may name another socket for the same export.
+    Nbd { socket: PathBuf, export: String },
+}
+
+impl DiskSpec {
+    /// A writable image file.
+    pub fn file(path: impl Into<PathBuf>, format: DiskFormat) -> Self {
+        Self {
+            source: DiskSource::File {
+                path: path.into(),
+                format,
+            },
+            read_only: false,
+        }
+    }
+
+    /// A writable NBD export on the unix socket `socket`; an empty `export`
+    /// is the server's default export.
+    pub fn nbd(socket: impl Into<PathBuf>, export: impl Into<String>) -> Self {
+        Self {
+            source: DiskSource::Nbd {
+                socket: socket.into(),
+                export: export.into(),
+            },
+            read_only: false,
+        }
+    }
+
+    /// The same disk, read-only (`/sys/block/vdX/ro` is 1 in the guest).
+    pub fn with_read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
 }
 
 /// On-disk format of a [`DiskSpec`].
@@ -179,6 +228,16 @@ pub trait Vmm: Send + Sync + 'static {
     /// Start the VMM process for `spec` and return once it is ready to be
     /// controlled (the guest is still booting).
     fn boot(&self, spec: &VmSpec) -> impl Future<Output = Result<Self::Instance, VmmError>> + Send;
+
+    /// Start a VM from a [`VmInstance::save`]d state and return it running.
+    /// `spec` must describe the same devices as the saved VM (machine,
+    /// memory size, disks in the same order, ports); disk backends may
+    /// differ (another NBD socket for the same export).
+    fn restore(
+        &self,
+        spec: &VmSpec,
+        from: &RestoreFrom,
+    ) -> impl Future<Output = Result<Self::Instance, VmmError>> + Send;
 }
 
 /// A running VM. Dropping the handle does not stop the VM.
@@ -203,6 +262,40 @@ pub trait VmInstance: Send + Sync + 'static {
     /// Resolves once the VMM process has exited; any number of callers, any
     /// number of times.
     fn wait_exit(&self) -> impl Future<Output = ExitInfo> + Send;
+    /// Save the VM: freeze it, write its device state to `state_path`
+    /// (created or replaced) and end the VMM. Guest RAM stays in the memory
+    /// file, which from then on belongs to the snapshot and must not be
+    /// written again (restore it with [`RestoreFrom::private`] to share
+    /// it). On failure the VM is left running as it was.
+    fn save(&self, state_path: &Path) -> impl Future<Output = Result<SavedState, VmmError>> + Send;
+}
+
+/// What [`VmInstance::save`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedState {
+    /// Device state (vCPUs, devices, the guest's view of its disks).
+    pub state: PathBuf,
+    pub state_size: ByteSize,
+    /// Guest RAM, exactly the VM's memory size.
+    pub memory: PathBuf,
+    pub memory_size: ByteSize,
+    /// Bytes of `memory` the filesystem really holds (the rest are holes:
+    /// pages the guest never touched or gave back).
+    pub memory_allocated: ByteSize,
+}
+
+/// Where [`Vmm::restore`] takes a VM from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreFrom {
+    /// Device state written by [`VmInstance::save`].
+    pub state: PathBuf,
+    /// Guest RAM saved with it.
+    pub memory: PathBuf,
+    /// `false`: the VM takes the memory file over and writes it as its RAM
+    /// (it must then be the spec's [`VmSpec::mem_path`]). `true`: the file
+    /// is mapped copy-on-write and never written, so any number of VMs may
+    /// restore from it at once; each one's changes are private memory.
+    pub private: bool,
 }
 
 /// Errors of the VMM layer.
@@ -256,54 +349,31 @@ pub enum VmmError {
         waited: Duration,
     },
 
-    #[error("connect to qmp socket {path}")]
-    QmpConnect {
-        path: PathBuf,
+    /// A backend-specific failure (for QEMU: a QMP exchange, a migration),
+    /// with the backend's own error as the source.
+    #[error("{op} of vm {vm} failed")]
+    Backend {
+        vm: VmId,
+        /// What was being done: `pause`, `save`, `restore`, a QMP command…
+        op: &'static str,
         #[source]
-        source: io::Error,
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+}
 
-    #[error("qmp {command} on {path}: socket i/o failed")]
-    QmpIo {
-        path: PathBuf,
-        command: String,
-        #[source]
-        source: io::Error,
-    },
-
-    #[error("qmp {command} on {path}: malformed message from qemu: {detail}")]
-    QmpProtocol {
-        path: PathBuf,
-        command: String,
-        detail: String,
-        #[source]
-        source: Option<serde_json::Error>,
-    },
-
-    #[error("qmp {command} on {path}: qemu answered {class}: {desc}")]
-    QmpCommand {
-        path: PathBuf,
-        command: String,
-        class: String,
-        desc: String,
-    },
-
-    #[error("qmp {command} on {path}: no reply within {timeout:?}")]
-    QmpTimeout {
-        path: PathBuf,
-        command: String,
-        timeout: Duration,
-    },
-
-    #[error("qmp {command} on {path}: qemu closed the connection")]
-    QmpClosed { path: PathBuf, command: String },
-
-    #[error("qmp {command} on {path}: connection unusable: {reason}")]
-    QmpBroken {
-        path: PathBuf,
-        command: String,
-        reason: &'static str,
-    },
+impl VmmError {
+    /// A [`VmmError::Backend`] for `op` on `vm`.
+    pub fn backend(
+        vm: VmId,
+        op: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Self::Backend {
+            vm,
+            op,
+            source: source.into(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -126,16 +126,8 @@ async fn boot_console_channel_pause_resume_kill() {
     make_disk(&d0, 1 << 20);
     make_disk(&d1, 2 << 20);
     spec.disks = vec![
-        DiskSpec {
-            path: d0,
-            format: DiskFormat::Raw,
-            read_only: false,
-        },
-        DiskSpec {
-            path: d1,
-            format: DiskFormat::Raw,
-            read_only: true,
-        },
+        DiskSpec::file(d0, DiskFormat::Raw),
+        DiskSpec::file(d1, DiskFormat::Raw).with_read_only(true),
     ];
 
     let t0 = Instant::now();

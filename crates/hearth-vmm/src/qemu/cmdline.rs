@@ -11,14 +11,29 @@
 //! - Every file and socket path goes through QEMU's option parser as
 //!   `key=value`, where a comma is written `,,`; the console and QMP use the
 //!   `-chardev` form (rather than `-serial file:` / `-qmp unix:`) so that one
-//!   escaping rule holds for every path.
+//!   escaping rule holds for every path. NBD disks use `-blockdev` in its
+//!   JSON form, where paths are JSON strings.
+//! - A restore ([`Start::Restore`]) gets the same devices in the same order
+//!   (migration matches device state by position on the virtio-mmio bus),
+//!   `-incoming defer`, RAM mapped from the saved memory file (`share=off`
+//!   for a private copy-on-write mapping) and a console log that is
+//!   appended to rather than truncated.
 
 /// Argument of `-sandbox`: seccomp on, with every optional deny set.
 pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
 use std::path::{Path, PathBuf};
 
-use crate::{Accel, VmSpec, VmmError};
+use crate::{Accel, DiskSource, RestoreFrom, VmSpec, VmmError};
+
+/// How a VM's QEMU starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Start<'a> {
+    /// A fresh boot from the kernel, RAM in [`VmSpec::mem_path`].
+    Cold,
+    /// Waiting for a saved state (`-incoming defer`), RAM from its file.
+    Restore(&'a RestoreFrom),
+}
 
 /// Name of the guest agent's virtio-serial port (`/sys/class/virtio-ports/*/name`).
 pub const AGENT_PORT_NAME: &str = "hearth.agent";
@@ -77,6 +92,7 @@ pub fn build_args(
     spec: &VmSpec,
     accel: Accel,
     tsc_khz: Option<u32>,
+    start: Start<'_>,
 ) -> Result<Vec<String>, VmmError> {
     let invalid = |reason: String| VmmError::InvalidSpec {
         vm: spec.id,
@@ -144,7 +160,13 @@ pub fn build_args(
     let files = RunFiles::new(&spec.run_dir);
     let kernel = utf8("kernel", &spec.kernel)?;
     let initrd = utf8("initrd", &spec.initrd)?;
-    let mem_path = utf8("memory", &spec.mem_path)?;
+    let (mem_path, mem_share, console_append) = match start {
+        Start::Cold => (utf8("memory", &spec.mem_path)?, "on", ""),
+        Start::Restore(from) => {
+            let share = if from.private { "off" } else { "on" };
+            (utf8("memory", &from.memory)?, share, ",append=on")
+        }
+    };
     let console = utf8("console log", &files.console_log)?;
     let agent_sock = utf8("agent socket", &files.agent_sock)?;
     let qmp_sock = utf8("qmp socket", &files.qmp_sock)?;
@@ -191,7 +213,7 @@ pub fn build_args(
     push(
         "-object",
         format!(
-            "memory-backend-file,id=mem,size={mem_mib}M,mem-path={},share=on",
+            "memory-backend-file,id=mem,size={mem_mib}M,mem-path={},share={mem_share}",
             escape(&mem_path)
         ),
     );
@@ -210,7 +232,7 @@ pub fn build_args(
     };
     push(
         "-chardev",
-        format!("file,id=console,path={}", escape(&console)),
+        format!("file,id=console,path={}{console_append}", escape(&console)),
     );
     push("-serial", "chardev:console".to_owned());
     // -kernel, -initrd and -append are taken verbatim (not option-parsed).
@@ -218,25 +240,54 @@ pub fn build_args(
     push("-initrd", initrd);
     push("-append", append.join(" "));
     for (i, disk) in spec.disks.iter().enumerate() {
-        let path = utf8("disk", &disk.path)?;
-        // Read-only disks (shared base images) go through the host page
-        // cache, which every VM reading the same image then shares; writable
-        // disks bypass it so guest flushes are honest and the host does not
-        // cache the same data twice.
-        let (cache, ro) = if disk.read_only {
-            ("writeback", ",readonly=on")
-        } else {
-            ("none", "")
-        };
-        push(
-            "-drive",
-            format!(
-                "id=d{i},file={},format={},if=none,cache={cache},aio=threads{ro}",
-                escape(&path),
-                disk.format.as_str()
-            ),
-        );
-        push("-device", format!("virtio-blk-device,drive=d{i}"));
+        let node = format!("d{i}");
+        match &disk.source {
+            DiskSource::File { path, format } => {
+                let path = utf8("disk", path)?;
+                // Read-only disks (shared base images) go through the host
+                // page cache, which every VM reading the same image then
+                // shares; writable disks bypass it so guest flushes are honest
+                // and the host does not cache the same data twice.
+                let (cache, ro) = if disk.read_only {
+                    ("writeback", ",readonly=on")
+                } else {
+                    ("none", "")
+                };
+                push(
+                    "-drive",
+                    format!(
+                        "id={node},file={},format={},if=none,cache={cache},aio=threads{ro}",
+                        escape(&path),
+                        format.as_str()
+                    ),
+                );
+            }
+            DiskSource::Nbd { socket, export } => {
+                let socket = utf8("nbd socket", socket)?;
+                if socket.len() > MAX_SOCKET_PATH {
+                    return Err(invalid(format!(
+                        "nbd socket path {socket:?} is longer than {MAX_SOCKET_PATH} bytes"
+                    )));
+                }
+                let mut node_json = serde_json::json!({
+                    "driver": "nbd",
+                    "node-name": node,
+                    "discard": "unmap",
+                    "server": { "type": "unix", "path": socket },
+                });
+                if let Some(obj) = node_json.as_object_mut() {
+                    if !export.is_empty() {
+                        obj.insert("export".to_owned(), export.as_str().into());
+                    }
+                    if disk.read_only {
+                        obj.insert("read-only".to_owned(), true.into());
+                    }
+                }
+                push("-blockdev", node_json.to_string());
+            }
+        }
+        // virtio-blk takes read-only from its backend in both forms.
+        push("-device", format!("virtio-blk-device,drive={node}"));
     }
     if spec.free_page_reporting {
         push(
@@ -274,6 +325,11 @@ pub fn build_args(
         ),
     );
     push("-mon", "chardev=qmp,mode=control".to_owned());
+    if let Start::Restore(_) = start {
+        // The state arrives over QMP (`migrate-incoming fd:…`) once the
+        // capabilities match the saving side's.
+        push("-incoming", "defer".to_owned());
+    }
     Ok(args)
 }
 
@@ -287,6 +343,7 @@ mod tests {
     use super::*;
     use crate::{DiskFormat, DiskSpec};
     use hearth_types::{ByteSize, MilliCpu, VmId};
+    use serde_json::Value;
 
     const ID: &str = "0190f1c2a3b47c8d9e0f112233445566";
 
@@ -299,16 +356,8 @@ mod tests {
             initrd: "/k/initrd.img".into(),
             cmdline: vec!["hearth.image=busybox".to_owned()],
             disks: vec![
-                DiskSpec {
-                    path: "/d/root.img".into(),
-                    format: DiskFormat::Raw,
-                    read_only: true,
-                },
-                DiskSpec {
-                    path: "/d/data,1.qcow2".into(),
-                    format: DiskFormat::Qcow2,
-                    read_only: false,
-                },
+                DiskSpec::file("/d/root.img", DiskFormat::Raw).with_read_only(true),
+                DiskSpec::file("/d/data,1.qcow2", DiskFormat::Qcow2),
             ],
             run_dir: "/run/hearth/vm1".into(),
             mem_path: "/dev/shm/hearth/vm1.mem".into(),
@@ -384,7 +433,7 @@ mod tests {
             "console=ttyS0 panic=-1 reboot=t quiet tsc_early_khz=2596134 hearth.image=busybox",
         ]);
         want.extend(devices());
-        let got = build_args(&spec(), Accel::Tcg, Some(2_596_134));
+        let got = build_args(&spec(), Accel::Tcg, Some(2_596_134), Start::Cold);
         assert_eq!(got.ok(), Some(want.iter().map(|s| s.to_string()).collect()));
     }
 
@@ -416,7 +465,7 @@ mod tests {
         // No tsc_early_khz under KVM, even when a value is known.
         want.extend(["-append", "console=ttyS0 panic=-1 reboot=t quiet"]);
         want.extend(&devices()[8..]);
-        let got = build_args(&s, Accel::Kvm, Some(2_596_134));
+        let got = build_args(&s, Accel::Kvm, Some(2_596_134), Start::Cold);
         assert_eq!(got.ok(), Some(want.iter().map(|s| s.to_string()).collect()));
     }
 
@@ -424,7 +473,7 @@ mod tests {
     fn free_page_reporting_adds_a_balloon() {
         let mut s = spec();
         s.free_page_reporting = true;
-        let got = build_args(&s, Accel::Tcg, Some(1)).unwrap_or_default();
+        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
         let at = got
             .iter()
             .position(|a| a == "virtio-balloon-device,free-page-reporting=on");
@@ -435,7 +484,7 @@ mod tests {
     fn raw_ports_follow_the_agent_port() {
         let mut s = spec();
         s.raw_ports = vec!["hearth.raw".into()];
-        let got = build_args(&s, Accel::Tcg, Some(1)).unwrap_or_default();
+        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
         let at = got
             .iter()
             .position(|a| a == "virtserialport,chardev=agent,name=hearth.agent")
@@ -453,9 +502,79 @@ mod tests {
     }
 
     #[test]
+    fn nbd_disks_are_json_blockdevs() {
+        let mut s = spec();
+        s.disks = vec![
+            DiskSpec::nbd("/run/blocks/a,b.sock", "gen-7"),
+            DiskSpec::nbd("/run/blocks/base.sock", "").with_read_only(true),
+        ];
+        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
+        let blockdevs: Vec<Value> = got
+            .windows(2)
+            .filter(|w| w[0] == "-blockdev")
+            .map(|w| serde_json::from_str(&w[1]).unwrap_or(Value::Null))
+            .collect();
+        assert_eq!(
+            blockdevs,
+            [
+                serde_json::json!({
+                    "driver": "nbd", "node-name": "d0", "discard": "unmap",
+                    // JSON, not key=value: the comma needs no escaping.
+                    "server": {"type": "unix", "path": "/run/blocks/a,b.sock"},
+                    "export": "gen-7",
+                }),
+                serde_json::json!({
+                    "driver": "nbd", "node-name": "d1", "discard": "unmap",
+                    "server": {"type": "unix", "path": "/run/blocks/base.sock"},
+                    "read-only": true,
+                }),
+            ]
+        );
+        let devices: Vec<&str> = got
+            .windows(2)
+            .filter(|w| w[0] == "-device" && w[1].starts_with("virtio-blk"))
+            .map(|w| w[1].as_str())
+            .collect();
+        assert_eq!(
+            devices,
+            ["virtio-blk-device,drive=d0", "virtio-blk-device,drive=d1"]
+        );
+        assert!(!got.iter().any(|a| a == "-drive"), "{got:?}");
+    }
+
+    #[test]
+    fn restore_maps_the_saved_memory_and_waits_for_state() {
+        let cold = build_args(&spec(), Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
+        for private in [false, true] {
+            let from = RestoreFrom {
+                state: "/snap/state".into(),
+                memory: "/snap/mem,0".into(),
+                private,
+            };
+            let got =
+                build_args(&spec(), Accel::Tcg, Some(1), Start::Restore(&from)).unwrap_or_default();
+            let share = if private { "off" } else { "on" };
+            let want_mem =
+                format!("memory-backend-file,id=mem,size=256M,mem-path=/snap/mem,,0,share={share}");
+            // Exactly three differences: memory backend, console append,
+            // and -incoming at the end; devices stay identical.
+            let mut expect = cold.clone();
+            for a in expect.iter_mut() {
+                if a.starts_with("memory-backend-file") {
+                    *a = want_mem.clone();
+                } else if a.starts_with("file,id=console") {
+                    a.push_str(",append=on");
+                }
+            }
+            expect.extend(["-incoming".to_owned(), "defer".to_owned()]);
+            assert_eq!(got, expect, "private={private}");
+        }
+    }
+
+    #[test]
     fn tcg_without_tsc_is_refused() {
         assert!(matches!(
-            build_args(&spec(), Accel::Tcg, None),
+            build_args(&spec(), Accel::Tcg, None, Start::Cold),
             Err(VmmError::TscUnknown { .. })
         ));
     }
@@ -463,7 +582,7 @@ mod tests {
     #[test]
     fn bad_specs_are_refused() {
         type Mutate = fn(&mut VmSpec);
-        let cases: [(&str, Mutate); 12] = [
+        let cases: [(&str, Mutate); 13] = [
             ("zero cpu", |s| s.cpu = MilliCpu(0)),
             ("zero memory", |s| s.memory = ByteSize(0)),
             ("partial MiB", |s| s.memory = ByteSize(ByteSize::MIB + 1)),
@@ -480,11 +599,14 @@ mod tests {
                 s.raw_ports.push(AGENT_PORT_NAME.into())
             }),
             ("long raw port name", |s| s.raw_ports.push("x".repeat(33))),
+            ("long nbd socket path", |s| {
+                s.disks.push(DiskSpec::nbd("/x".repeat(60), "e"))
+            }),
         ];
         for (what, mutate) in cases {
             let mut s = spec();
             mutate(&mut s);
-            let got = build_args(&s, Accel::Tcg, Some(1));
+            let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold);
             assert!(
                 matches!(got, Err(VmmError::InvalidSpec { .. })),
                 "{what}: {got:?}"

@@ -8,6 +8,10 @@
 //! milliseconds), and is the only place that signals it, so a signal can
 //! never reach a recycled PID.
 //!
+//! [`QemuInstance::save`](crate::VmInstance::save) and
+//! [`Qemu::restore`](crate::Vmm::restore) move a VM through a small device
+//! state file while its RAM stays in the memory file ([`snapshot`]).
+//!
 //! **Thread rule.** QEMU is spawned with `PR_SET_PDEATHSIG=SIGKILL` so that no
 //! VM outlives the host agent. Linux fires that signal when the *thread* that
 //! spawned the child exits, not the process, so call [`Qemu::boot`] from a
@@ -16,8 +20,10 @@
 
 pub mod cmdline;
 pub mod qmp;
+pub mod snapshot;
 
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -27,9 +33,10 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 
-use crate::{Accel, ExitInfo, VmInstance, VmSpec, Vmm, VmmError};
-use cmdline::RunFiles;
-use qmp::QmpClient;
+use crate::{Accel, ExitInfo, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError};
+use cmdline::{RunFiles, Start};
+use qmp::{QmpClient, QmpError};
+use snapshot::SnapshotError;
 
 /// How long [`VmInstance::kill`] waits for the process to disappear after
 /// SIGKILL before reporting an error (it takes milliseconds in practice).
@@ -38,6 +45,8 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 const READY_POLL: Duration = Duration::from_millis(5);
 /// How much of `qemu.log` an error carries.
 const LOG_TAIL_BYTES: u64 = 2048;
+/// How long a save waits for QEMU to quit once the state is written.
+const SAVE_QUIT_GRACE: Duration = Duration::from_secs(5);
 
 /// Settings of the QEMU backend.
 #[derive(Debug, Clone)]
@@ -53,6 +62,8 @@ pub struct QemuConfig {
     pub start_timeout: Duration,
     /// Default timeout of each QMP request.
     pub qmp_timeout: Duration,
+    /// How long a save or restore waits for the migration to finish.
+    pub migrate_timeout: Duration,
 }
 
 impl Default for QemuConfig {
@@ -63,6 +74,7 @@ impl Default for QemuConfig {
             tsc_khz: None,
             start_timeout: Duration::from_secs(5),
             qmp_timeout: qmp::DEFAULT_TIMEOUT,
+            migrate_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -97,17 +109,99 @@ impl Qemu {
 
     /// The arguments [`Qemu::boot`] would pass to QEMU for `spec`.
     pub fn args(&self, spec: &VmSpec) -> Result<Vec<String>, VmmError> {
+        self.start_args(spec, Start::Cold)
+    }
+
+    fn start_args(&self, spec: &VmSpec, start: Start<'_>) -> Result<Vec<String>, VmmError> {
         if let (Accel::Tcg, Err(detail)) = (self.cfg.accel, &self.tsc) {
             return Err(VmmError::TscUnknown {
                 detail: detail.clone(),
             });
         }
-        cmdline::build_args(spec, self.cfg.accel, self.tsc.as_ref().ok().copied())
+        cmdline::build_args(spec, self.cfg.accel, self.tsc.as_ref().ok().copied(), start)
     }
 
-    async fn boot_qemu(&self, spec: &VmSpec) -> Result<QemuInstance, VmmError> {
+    async fn restore_qemu(
+        &self,
+        spec: &VmSpec,
+        from: &RestoreFrom,
+    ) -> Result<QemuInstance, VmmError> {
         let vm = spec.id;
-        let args = self.args(spec)?;
+        let invalid = |reason: String| VmmError::InvalidSpec { vm, reason };
+        if !from.private && from.memory != spec.mem_path {
+            return Err(invalid(format!(
+                "a shared restore takes the memory file over, so it must be the spec's mem_path {:?}, not {:?}",
+                spec.mem_path, from.memory
+            )));
+        }
+        if from.private && spec.free_page_reporting {
+            // QEMU 7.2 discards reported pages with fallocate(PUNCH_HOLE)
+            // on the memory file even when the mapping is private, which
+            // would zero pages of the snapshot under every other restore.
+            return Err(invalid(
+                "a private restore cannot have free page reporting: qemu 7.2 would punch holes in the shared snapshot file"
+                    .to_owned(),
+            ));
+        }
+        let failed = |e: SnapshotError| VmmError::backend(vm, "restore", e);
+        // QEMU refuses a smaller file and silently maps part of a larger
+        // one; only an exact size is the saved VM's memory.
+        let (found, _) = snapshot::file_sizes(&from.memory, "stat memory file").map_err(failed)?;
+        if found.bytes() != spec.memory.bytes() {
+            return Err(failed(SnapshotError::MemorySize {
+                path: from.memory.clone(),
+                found: found.bytes(),
+                expected: spec.memory.bytes(),
+            }));
+        }
+        let state = std::fs::File::open(&from.state).map_err(|source| {
+            failed(SnapshotError::File {
+                what: "open state file",
+                path: from.state.clone(),
+                source,
+            })
+        })?;
+
+        let started = Instant::now();
+        let mut inst = self.launch(spec, Start::Restore(from)).await?;
+        inst.private_memory = from.private;
+        inst.mem_path = from.memory.clone();
+        // Until the VM runs, a dropped restore must not leave QEMU behind.
+        let guard = KillOnDrop(Some(&inst.process));
+        let incoming = async {
+            snapshot::set_ignore_shared(&inst.qmp).await?;
+            snapshot::pass_state_fd(&inst.qmp, &state).await?;
+            inst.qmp
+                .execute(
+                    "migrate-incoming",
+                    Some(serde_json::json!({ "uri": format!("fd:{}", snapshot::STATE_FD_NAME) })),
+                )
+                .await?;
+            snapshot::wait_incoming(
+                &inst.qmp,
+                &inst.process,
+                &inst.files.qemu_log,
+                self.cfg.migrate_timeout,
+            )
+            .await?;
+            inst.qmp.execute("cont", None).await?;
+            Ok::<_, SnapshotError>(())
+        };
+        if let Err(e) = incoming.await {
+            // Reap before returning so the caller may remove run_dir.
+            if let Err(kill_err) = inst.process.kill_and_wait().await {
+                tracing::error!(%vm, pid = inst.process.pid, error = %kill_err, "qemu failed to restore and survived SIGKILL");
+            }
+            return Err(failed(e));
+        }
+        guard.disarm();
+        tracing::info!(%vm, pid = inst.process.pid, private = from.private, restore_ms = started.elapsed().as_millis() as u64, "qemu restored");
+        Ok(inst)
+    }
+
+    async fn launch(&self, spec: &VmSpec, start: Start<'_>) -> Result<QemuInstance, VmmError> {
+        let vm = spec.id;
+        let args = self.start_args(spec, start)?;
         let files = RunFiles::new(&spec.run_dir);
         let run_dir_err = |path: &Path| {
             let path = path.to_owned();
@@ -123,8 +217,13 @@ impl Qemu {
             .iter()
             .map(|name| RunFiles::raw_port(&spec.run_dir, name))
             .collect();
-        let stale_files = [&files.qmp_sock, &files.agent_sock, &spec.mem_path];
-        for stale in stale_files.into_iter().chain(&raw_socks) {
+        // A restore maps the saved memory file instead, and must keep it.
+        let stale_mem = match start {
+            Start::Cold => Some(&spec.mem_path),
+            Start::Restore(_) => None,
+        };
+        let stale_files = [&files.qmp_sock, &files.agent_sock];
+        for stale in stale_files.into_iter().chain(&raw_socks).chain(stale_mem) {
             match std::fs::remove_file(stale) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(run_dir_err(stale)(e)),
                 _ => {}
@@ -193,6 +292,9 @@ impl Qemu {
             process,
             args,
             ready_in,
+            mem_path: spec.mem_path.clone(),
+            private_memory: false,
+            migrate_timeout: self.cfg.migrate_timeout,
         })
     }
 }
@@ -201,7 +303,11 @@ impl Vmm for Qemu {
     type Instance = QemuInstance;
 
     async fn boot(&self, spec: &VmSpec) -> Result<QemuInstance, VmmError> {
-        self.boot_qemu(spec).await
+        self.launch(spec, Start::Cold).await
+    }
+
+    async fn restore(&self, spec: &VmSpec, from: &RestoreFrom) -> Result<QemuInstance, VmmError> {
+        self.restore_qemu(spec, from).await
     }
 }
 
@@ -406,6 +512,11 @@ pub struct QemuInstance {
     process: Process,
     args: Vec<String>,
     ready_in: Duration,
+    /// The file behind guest RAM (the spec's, or a restore's snapshot file).
+    mem_path: PathBuf,
+    /// RAM is a private copy-on-write mapping of a snapshot file.
+    private_memory: bool,
+    migrate_timeout: Duration,
 }
 
 impl QemuInstance {
@@ -434,8 +545,19 @@ impl QemuInstance {
         self.process.exit_info()
     }
 
+    /// The file behind guest RAM.
+    pub fn mem_path(&self) -> &Path {
+        &self.mem_path
+    }
+
+    /// Whether guest RAM is a private copy-on-write mapping (a
+    /// [`RestoreFrom::private`] restore).
+    pub fn private_memory(&self) -> bool {
+        self.private_memory
+    }
+
     pub async fn query_status(&self) -> Result<QemuStatus, VmmError> {
-        let v = self.qmp.execute("query-status", None).await?;
+        let v = self.qmp_op("query-status", None).await?;
         let status = v.get("status").and_then(Value::as_str);
         let running = v.get("running").and_then(Value::as_bool);
         match (status, running) {
@@ -443,13 +565,99 @@ impl QemuInstance {
                 status: status.to_owned(),
                 running,
             }),
-            _ => Err(VmmError::QmpProtocol {
-                path: self.qmp.path().to_owned(),
-                command: "query-status".to_owned(),
-                detail: format!("unexpected return value {v}"),
-                source: None,
-            }),
+            _ => Err(VmmError::backend(
+                self.id,
+                "query-status",
+                QmpError::Protocol {
+                    path: self.qmp.path().to_owned(),
+                    command: "query-status".to_owned(),
+                    detail: format!("unexpected return value {v}"),
+                    source: None,
+                },
+            )),
         }
+    }
+
+    /// One QMP command whose failure is this VM's `op` failing.
+    async fn qmp_op(&self, op: &'static str, arguments: Option<Value>) -> Result<Value, VmmError> {
+        self.qmp
+            .execute(op, arguments)
+            .await
+            .map_err(|e| VmmError::backend(self.id, op, e))
+    }
+
+    async fn save_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+        let vm = self.id;
+        let failed = |e: SnapshotError| VmmError::backend(vm, "save", e);
+        if self.private_memory {
+            return Err(failed(SnapshotError::PrivateMemory));
+        }
+        let was_running = self.query_status().await?.running;
+        let started = Instant::now();
+        let saved = async {
+            snapshot::set_ignore_shared(&self.qmp).await?;
+            self.qmp
+                .execute(
+                    "migrate-set-parameters",
+                    Some(serde_json::json!({ "max-bandwidth": snapshot::MAX_BANDWIDTH })),
+                )
+                .await?;
+            self.qmp.execute("stop", None).await?;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(state_path)
+                .map_err(|source| SnapshotError::File {
+                    what: "create state file",
+                    path: state_path.to_owned(),
+                    source,
+                })?;
+            snapshot::pass_state_fd(&self.qmp, &file).await?;
+            // QEMU owns its copy of the descriptor now.
+            drop(file);
+            self.qmp
+                .execute(
+                    "migrate",
+                    Some(serde_json::json!({ "uri": format!("fd:{}", snapshot::STATE_FD_NAME) })),
+                )
+                .await?;
+            snapshot::wait_outgoing(
+                &self.qmp,
+                &self.process,
+                &self.files.qemu_log,
+                self.migrate_timeout,
+            )
+            .await?;
+            snapshot::sync_file(state_path, "sync state file")?;
+            snapshot::sync_file(&self.mem_path, "sync memory file")
+        };
+        if let Err(e) = saved.await {
+            // Leave the VM as it was: running if it ran.
+            if was_running && self.process.exit_info().is_none() {
+                if let Err(cont_err) = self.qmp.execute("cont", None).await {
+                    tracing::warn!(%vm, error = %cont_err, "cannot resume the vm after a failed save");
+                }
+            }
+            return Err(failed(e));
+        }
+        let migrated_in = started.elapsed();
+        // The memory file now belongs to the snapshot: this QEMU must not
+        // run the guest again.
+        self.stop_qemu(SAVE_QUIT_GRACE).await?;
+        let (state_size, _) =
+            snapshot::file_sizes(state_path, "stat state file").map_err(failed)?;
+        let (memory_size, memory_allocated) =
+            snapshot::file_sizes(&self.mem_path, "stat memory file").map_err(failed)?;
+        tracing::info!(%vm, state_bytes = state_size.bytes(), migrate_ms = migrated_in.as_millis() as u64, "vm saved");
+        Ok(SavedState {
+            state: state_path.to_owned(),
+            state_size,
+            memory: self.mem_path.clone(),
+            memory_size,
+            memory_allocated,
+        })
     }
 
     async fn stop_qemu(&self, grace: Duration) -> Result<(), VmmError> {
@@ -462,7 +670,7 @@ impl QemuInstance {
             .execute_with_timeout("quit", None, grace.min(self.qmp.timeout()))
             .await;
         match quit {
-            Ok(_) | Err(VmmError::QmpClosed { .. }) => {}
+            Ok(_) | Err(QmpError::Closed { .. }) => {}
             Err(e) => {
                 tracing::debug!(vm = %self.id, error = %e, "qmp quit failed; waiting, then SIGKILL")
             }
@@ -501,11 +709,19 @@ impl VmInstance for QemuInstance {
     }
 
     async fn pause(&self) -> Result<(), VmmError> {
-        self.qmp.execute("stop", None).await.map(drop)
+        self.qmp
+            .execute("stop", None)
+            .await
+            .map(drop)
+            .map_err(|e| VmmError::backend(self.id, "pause", e))
     }
 
     async fn resume(&self) -> Result<(), VmmError> {
-        self.qmp.execute("cont", None).await.map(drop)
+        self.qmp
+            .execute("cont", None)
+            .await
+            .map(drop)
+            .map_err(|e| VmmError::backend(self.id, "resume", e))
     }
 
     async fn stop(&self, grace: Duration) -> Result<(), VmmError> {
@@ -518,5 +734,9 @@ impl VmInstance for QemuInstance {
 
     async fn wait_exit(&self) -> ExitInfo {
         self.process.wait_exit().await
+    }
+
+    async fn save(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+        self.save_qemu(state_path).await
     }
 }

@@ -5,17 +5,78 @@
 //! and asynchronous `{"event": …}` messages are skipped while waiting. QEMU
 //! is only semi-trusted, so every line is parsed defensively: a malformed
 //! line fails the request it arrived during, never the process.
+//!
+//! [`QmpClient::execute_with_fd`] passes an open file to QEMU with the
+//! request (`SCM_RIGHTS`), which is how `getfd` receives the files that
+//! `fd:` migration reads and writes.
+//!
+//! Failures are [`QmpError`]s: they belong to this backend, and reach the
+//! generic layer as the source of a [`crate::VmmError::Backend`].
 
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 
-use crate::VmmError;
+/// A failed QMP exchange.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QmpError {
+    #[error("connect to qmp socket {path}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("qmp {command} on {path}: socket i/o failed")]
+    Io {
+        path: PathBuf,
+        command: String,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("qmp {command} on {path}: malformed message from qemu: {detail}")]
+    Protocol {
+        path: PathBuf,
+        command: String,
+        detail: String,
+        #[source]
+        source: Option<serde_json::Error>,
+    },
+
+    #[error("qmp {command} on {path}: qemu answered {class}: {desc}")]
+    Command {
+        path: PathBuf,
+        command: String,
+        class: String,
+        desc: String,
+    },
+
+    #[error("qmp {command} on {path}: no reply within {timeout:?}")]
+    Timeout {
+        path: PathBuf,
+        command: String,
+        timeout: Duration,
+    },
+
+    #[error("qmp {command} on {path}: qemu closed the connection")]
+    Closed { path: PathBuf, command: String },
+
+    #[error("qmp {command} on {path}: connection unusable: {reason}")]
+    Broken {
+        path: PathBuf,
+        command: String,
+        reason: &'static str,
+    },
+}
 
 /// Longest line accepted from QEMU. Replies to the commands we use are a few
 /// hundred bytes; this only bounds memory if QEMU misbehaves.
@@ -58,15 +119,15 @@ enum Message {
 impl QmpClient {
     /// Connects to the QMP socket at `path`, reads the greeting and enters
     /// command mode. `timeout` bounds this and every later request.
-    pub async fn connect(path: &Path, timeout: Duration) -> Result<Self, VmmError> {
+    pub async fn connect(path: &Path, timeout: Duration) -> Result<Self, QmpError> {
         let stream = tokio::time::timeout(timeout, UnixStream::connect(path))
             .await
-            .map_err(|_| VmmError::QmpTimeout {
+            .map_err(|_| QmpError::Timeout {
                 path: path.to_owned(),
                 command: "connect".to_owned(),
                 timeout,
             })?
-            .map_err(|source| VmmError::QmpConnect {
+            .map_err(|source| QmpError::Connect {
                 path: path.to_owned(),
                 source,
             })?;
@@ -109,7 +170,7 @@ impl QmpClient {
         &self,
         command: &str,
         arguments: Option<Value>,
-    ) -> Result<Value, VmmError> {
+    ) -> Result<Value, QmpError> {
         self.execute_with_timeout(command, arguments, self.timeout)
             .await
     }
@@ -121,21 +182,45 @@ impl QmpClient {
         command: &str,
         arguments: Option<Value>,
         timeout: Duration,
-    ) -> Result<Value, VmmError> {
+    ) -> Result<Value, QmpError> {
         let work = async {
             let mut conn = self.conn.lock().await;
-            self.request(&mut conn, command, arguments).await
+            self.request(&mut conn, command, arguments, None).await
         };
         tokio::time::timeout(timeout, work)
             .await
-            .map_err(|_| VmmError::QmpTimeout {
+            .map_err(|_| QmpError::Timeout {
                 path: self.path.clone(),
                 command: command.to_owned(),
                 timeout,
             })?
     }
 
-    async fn greet(&self) -> Result<(), VmmError> {
+    /// Like [`QmpClient::execute`], passing `fd` to QEMU with the request
+    /// (`SCM_RIGHTS`); QEMU keeps its own duplicate, so the caller may
+    /// close `fd` afterwards. Used with `getfd`.
+    pub async fn execute_with_fd(
+        &self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Value, QmpError> {
+        let timeout = self.timeout;
+        let work = async {
+            let mut conn = self.conn.lock().await;
+            self.request(&mut conn, command, arguments, Some(fd.as_raw_fd()))
+                .await
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| QmpError::Timeout {
+                path: self.path.clone(),
+                command: command.to_owned(),
+                timeout,
+            })?
+    }
+
+    async fn greet(&self) -> Result<(), QmpError> {
         let work = async {
             let mut conn = self.conn.lock().await;
             let line = self.read_line(&mut conn, "greeting").await?;
@@ -143,13 +228,13 @@ impl QmpClient {
             if greeting.get("QMP").is_none() {
                 return Err(self.protocol("greeting", "first message has no \"QMP\" member", None));
             }
-            self.request(&mut conn, "qmp_capabilities", None)
+            self.request(&mut conn, "qmp_capabilities", None, None)
                 .await
                 .map(drop)
         };
         tokio::time::timeout(self.timeout, work)
             .await
-            .map_err(|_| VmmError::QmpTimeout {
+            .map_err(|_| QmpError::Timeout {
                 path: self.path.clone(),
                 command: "greeting".to_owned(),
                 timeout: self.timeout,
@@ -161,12 +246,13 @@ impl QmpClient {
         conn: &mut Conn,
         command: &str,
         arguments: Option<Value>,
-    ) -> Result<Value, VmmError> {
+        fd: Option<RawFd>,
+    ) -> Result<Value, QmpError> {
         if conn.closed {
             return Err(self.closed(command));
         }
         if let Some(reason) = conn.broken {
-            return Err(VmmError::QmpBroken {
+            return Err(QmpError::Broken {
                 path: self.path.clone(),
                 command: command.to_owned(),
                 reason,
@@ -184,13 +270,23 @@ impl QmpClient {
         // If this future is dropped mid-write, QEMU may hold half a request:
         // the flag stays set and the connection is not used again.
         conn.broken = Some("a request was interrupted while being written");
-        if let Err(source) = conn.writer.write_all(&bytes).await {
-            use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
-            if matches!(source.kind(), BrokenPipe | ConnectionReset) {
-                conn.closed = true;
-                return Err(self.closed(command));
+        let mut start = 0;
+        if let Some(fd) = fd {
+            // The descriptor travels with the first bytes of the request;
+            // QEMU attaches it to the command being read.
+            let sock: &UnixStream = conn.writer.as_ref();
+            let sent = sock
+                .async_io(Interest::WRITABLE, || {
+                    send_with_fd(sock.as_raw_fd(), &bytes, fd)
+                })
+                .await;
+            match sent {
+                Ok(n) => start = n,
+                Err(source) => return Err(self.write_failed(conn, command, source)),
             }
-            return Err(self.io(command, source));
+        }
+        if let Err(source) = conn.writer.write_all(&bytes[start..]).await {
+            return Err(self.write_failed(conn, command, source));
         }
         conn.broken = None;
 
@@ -199,7 +295,7 @@ impl QmpClient {
             match self.classify(&line, command, id)? {
                 Message::Reply(v) => return Ok(v),
                 Message::Error { class, desc } => {
-                    return Err(VmmError::QmpCommand {
+                    return Err(QmpError::Command {
                         path: self.path.clone(),
                         command: command.to_owned(),
                         class,
@@ -213,7 +309,7 @@ impl QmpClient {
 
     /// Reads one `\n`-terminated line. Cancel-safe: bytes already taken from
     /// the socket stay in `conn.partial`.
-    async fn read_line(&self, conn: &mut Conn, command: &str) -> Result<Vec<u8>, VmmError> {
+    async fn read_line(&self, conn: &mut Conn, command: &str) -> Result<Vec<u8>, QmpError> {
         loop {
             let buf = conn
                 .reader
@@ -244,7 +340,7 @@ impl QmpClient {
         }
     }
 
-    fn parse(&self, line: &[u8], command: &str) -> Result<Map<String, Value>, VmmError> {
+    fn parse(&self, line: &[u8], command: &str) -> Result<Map<String, Value>, QmpError> {
         match serde_json::from_slice::<Value>(line) {
             Ok(Value::Object(map)) => Ok(map),
             Ok(_) => Err(self.protocol(
@@ -260,7 +356,7 @@ impl QmpClient {
         }
     }
 
-    fn classify(&self, line: &[u8], command: &str, id: u64) -> Result<Message, VmmError> {
+    fn classify(&self, line: &[u8], command: &str, id: u64) -> Result<Message, QmpError> {
         let msg = self.parse(line, command)?;
         if let Some(event) = msg.get("event") {
             tracing::debug!(qmp = %self.path.display(), event = %event, "qmp event");
@@ -302,29 +398,83 @@ impl QmpClient {
         ))
     }
 
-    fn closed(&self, command: &str) -> VmmError {
-        VmmError::QmpClosed {
+    fn write_failed(&self, conn: &mut Conn, command: &str, source: io::Error) -> QmpError {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+        if matches!(source.kind(), BrokenPipe | ConnectionReset) {
+            conn.closed = true;
+            return self.closed(command);
+        }
+        self.io(command, source)
+    }
+
+    fn closed(&self, command: &str) -> QmpError {
+        QmpError::Closed {
             path: self.path.clone(),
             command: command.to_owned(),
         }
     }
 
-    fn io(&self, command: &str, source: std::io::Error) -> VmmError {
-        VmmError::QmpIo {
+    fn io(&self, command: &str, source: std::io::Error) -> QmpError {
+        QmpError::Io {
             path: self.path.clone(),
             command: command.to_owned(),
             source,
         }
     }
 
-    fn protocol(&self, command: &str, detail: &str, source: Option<serde_json::Error>) -> VmmError {
-        VmmError::QmpProtocol {
+    fn protocol(&self, command: &str, detail: &str, source: Option<serde_json::Error>) -> QmpError {
+        QmpError::Protocol {
             path: self.path.clone(),
             command: command.to_owned(),
             detail: detail.to_owned(),
             source,
         }
     }
+}
+
+/// One `sendmsg` of (a prefix of) `bytes` on the non-blocking socket `sock`
+/// with `fd` attached as `SCM_RIGHTS`. Returns how many bytes went out; a
+/// full socket buffer is `WouldBlock` (nothing was sent, the caller retries).
+fn send_with_fd(sock: RawFd, bytes: &[u8], fd: RawFd) -> io::Result<usize> {
+    const FD_LEN: u32 = std::mem::size_of::<RawFd>() as u32;
+    // Room for one cmsghdr and one descriptor, aligned for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: CMSG_SPACE only computes a size from its argument.
+    let space = unsafe { libc::CMSG_SPACE(FD_LEN) } as usize;
+    if space > std::mem::size_of_val(&control) {
+        return Err(io::Error::other("control buffer too small for one fd"));
+    }
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points at `space` zeroed, suitably aligned bytes
+    // that outlive this block, so CMSG_FIRSTHDR returns a pointer into them
+    // with room for a header and one int (checked above); CMSG_DATA points
+    // inside the same buffer and is written unaligned.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null() {
+            return Err(io::Error::other("no room for the control message"));
+        }
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(FD_LEN) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+    }
+    // SAFETY: msg and everything it points to (iov, bytes, control) are
+    // valid for the call; sendmsg does not keep the pointers.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// The start of a line, for error messages (lossy, bounded).
@@ -342,6 +492,7 @@ fn excerpt(line: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
     use std::sync::atomic::{AtomicU32, Ordering};
     use tokio::io::AsyncBufReadExt;
     use tokio::net::UnixListener;
@@ -431,14 +582,14 @@ mod tests {
         assert_eq!(status["status"], "paused");
 
         match qmp.execute("cont", None).await {
-            Err(VmmError::QmpCommand { class, desc, .. }) => {
+            Err(QmpError::Command { class, desc, .. }) => {
                 assert_eq!((class.as_str(), desc.as_str()), ("GenericError", "nope"))
             }
             other => panic!("expected a command error, got {other:?}"),
         }
         for _ in 0..4 {
             let got = qmp.execute("stop", None).await;
-            assert!(matches!(got, Err(VmmError::QmpProtocol { .. })), "{got:?}");
+            assert!(matches!(got, Err(QmpError::Protocol { .. })), "{got:?}");
         }
         // The session is still usable after malformed lines.
         assert!(qmp.execute("stop", None).await.is_ok());
@@ -470,10 +621,10 @@ mod tests {
         let got = qmp
             .execute_with_timeout("query-status", None, Duration::from_millis(100))
             .await;
-        assert!(matches!(got, Err(VmmError::QmpTimeout { .. })), "{got:?}");
+        assert!(matches!(got, Err(QmpError::Timeout { .. })), "{got:?}");
         server.await.expect("server");
         let got = qmp.execute("query-status", None).await;
-        assert!(matches!(got, Err(VmmError::QmpClosed { .. })), "{got:?}");
+        assert!(matches!(got, Err(QmpError::Closed { .. })), "{got:?}");
     }
 
     #[tokio::test]
@@ -487,8 +638,82 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(200)).await;
         });
         let got = QmpClient::connect(&sock, Duration::from_secs(2)).await;
-        assert!(matches!(got, Err(VmmError::QmpProtocol { .. })), "{got:?}");
+        assert!(matches!(got, Err(QmpError::Protocol { .. })), "{got:?}");
         server.await.expect("server");
+    }
+
+    /// Reads one message from `sock` with `recvmsg`, returning its bytes and
+    /// the descriptor that came with it, if any.
+    fn recv_with_fd(sock: RawFd) -> (Vec<u8>, Option<std::os::fd::OwnedFd>) {
+        use std::os::fd::FromRawFd;
+        let mut buf = vec![0u8; 4096];
+        let mut control = [0u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: all-zero is a valid msghdr.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: msg points at live buffers of the sizes it states.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, 0) };
+        assert!(n > 0, "recvmsg: {}", io::Error::last_os_error());
+        buf.truncate(n as usize);
+        // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR/CMSG_DATA stay
+        // inside it, and an SCM_RIGHTS payload is a received, owned fd.
+        let fd = unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (!cmsg.is_null() && (*cmsg).cmsg_type == libc::SCM_RIGHTS).then(|| {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+                std::os::fd::OwnedFd::from_raw_fd(raw)
+            })
+        };
+        (buf, fd)
+    }
+
+    #[tokio::test]
+    async fn passes_a_descriptor_with_the_request() {
+        use std::io::Write;
+        use std::os::unix::fs::MetadataExt;
+        let dir = TempDir::new();
+        let sock = dir.0.join("qmp.sock");
+        let file_path = dir.0.join("state");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().expect("accept");
+            stream.write_all(b"{\"QMP\": {}}\n").expect("greet");
+            let (caps, fd) = recv_with_fd(stream.as_raw_fd());
+            assert!(fd.is_none());
+            assert!(String::from_utf8_lossy(&caps).contains("qmp_capabilities"));
+            stream
+                .write_all(b"{\"return\": {}, \"id\": 1}\n")
+                .expect("caps");
+            let (req, fd) = recv_with_fd(stream.as_raw_fd());
+            let req: Value = serde_json::from_slice(&req).expect("request is one JSON line");
+            assert_eq!(req["execute"], "getfd");
+            assert_eq!(req["arguments"]["fdname"], "f");
+            let fd = fd.expect("a descriptor came with getfd");
+            let ino = std::fs::File::from(fd).metadata().expect("fstat").ino();
+            stream
+                .write_all(b"{\"return\": {}, \"id\": 2}\n")
+                .expect("reply");
+            ino
+        });
+        let qmp = QmpClient::connect(&sock, Duration::from_secs(5))
+            .await
+            .expect("connect");
+        let file = std::fs::File::create(&file_path).expect("create");
+        let got = qmp
+            .execute_with_fd("getfd", Some(json!({"fdname": "f"})), file.as_fd())
+            .await;
+        assert!(got.is_ok(), "{got:?}");
+        let ino = tokio::task::spawn_blocking(move || server.join().expect("server"))
+            .await
+            .expect("join");
+        assert_eq!(ino, file.metadata().expect("stat").ino());
     }
 
     #[test]
