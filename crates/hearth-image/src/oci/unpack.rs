@@ -485,6 +485,180 @@ impl<R: Read> Read for HashingReader<R> {
 mod tests {
     use super::*;
 
+    use std::os::unix::fs::MetadataExt;
+
+    /// A scratch root, removed on drop.
+    struct Root(PathBuf);
+
+    impl Root {
+        fn new(name: &str) -> Self {
+            let p =
+                std::env::temp_dir().join(format!("hearth-unpack-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(p.join("root")).unwrap();
+            Root(p)
+        }
+        fn root(&self) -> PathBuf {
+            self.0.join("root")
+        }
+    }
+
+    impl Drop for Root {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    enum E<'a> {
+        File(&'a str, &'a str),
+        Dir(&'a str),
+        Link(&'a str, &'a str),
+    }
+
+    /// A layer owned by the test's own uid (chown to it needs no root).
+    fn layer(entries: &[E<'_>], uid: u64) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for e in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_uid(uid);
+            h.set_gid(uid);
+            match e {
+                E::File(name, data) => {
+                    h.set_size(data.len() as u64);
+                    h.set_mode(0o644);
+                    h.set_cksum();
+                    b.append_data(&mut h, name, data.as_bytes()).unwrap();
+                }
+                E::Dir(name) => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_mode(0o755);
+                    h.set_size(0);
+                    h.set_cksum();
+                    b.append_data(&mut h, name, &[][..]).unwrap();
+                }
+                E::Link(name, target) => {
+                    h.set_entry_type(tar::EntryType::Symlink);
+                    h.set_size(0);
+                    h.set_mode(0o777);
+                    b.append_link(&mut h, name, target).unwrap();
+                }
+            }
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn whiteouts_and_opaque_dirs_hide_lower_layers_only() {
+        let t = Root::new("wh");
+        let root = t.root();
+        let uid = u64::from(fs::metadata(&root).unwrap().uid());
+        let mut u = Unpacker::new(&root, 1 << 30);
+        let lower = layer(
+            &[
+                E::Dir("a"),
+                E::File("a/gone", "x"),
+                E::File("a/kept", "x"),
+                E::Dir("o"),
+                E::File("o/lower", "x"),
+                E::Dir("o/sub"),
+                E::File("o/sub/lower", "x"),
+            ],
+            uid,
+        );
+        u.apply(0, lower.as_slice(), None).unwrap();
+        // The opaque marker comes after this layer's own entry in `o`.
+        let upper = layer(
+            &[
+                E::File("o/sub/upper", "y"),
+                E::File("o/.wh..wh..opq", ""),
+                E::File("a/.wh.gone", ""),
+                E::File("missing/.wh.x", ""),
+            ],
+            uid,
+        );
+        u.apply(1, upper.as_slice(), None).unwrap();
+        assert!(!root.join("a/gone").exists());
+        assert!(!root.join("a/.wh.gone").exists());
+        assert!(root.join("a/kept").exists());
+        assert!(!root.join("o/lower").exists());
+        assert!(!root.join("o/sub/lower").exists());
+        assert_eq!(fs::read_to_string(root.join("o/sub/upper")).unwrap(), "y");
+        assert!(!root.join("o/.wh..wh..opq").exists());
+        assert!(!root.join("missing").exists(), "a whiteout creates nothing");
+    }
+
+    #[test]
+    fn symlinks_in_the_tree_never_lead_out_of_it() {
+        let t = Root::new("escape");
+        let root = t.root();
+        let uid = u64::from(fs::metadata(&root).unwrap().uid());
+        let mut u = Unpacker::new(&root, 1 << 30);
+        let outside = t.0.join("outside");
+        fs::create_dir(&outside).unwrap();
+        let l = layer(
+            &[
+                E::Link("abs", outside.to_str().unwrap()),
+                E::Link("rel", "../../../.."),
+                E::Dir("usr/lib"),
+                E::Link("lib", "usr/lib"),
+                E::File("abs/f", "1"),
+                E::File("rel/f", "2"),
+                E::File("lib/f", "3"),
+            ],
+            uid,
+        );
+        u.apply(0, l.as_slice(), None).unwrap();
+        assert_eq!(
+            fs::read_dir(&outside).unwrap().count(),
+            0,
+            "nothing written outside"
+        );
+        // Resolved as if the root were `/`.
+        let inside_abs = root.join(outside.strip_prefix("/").unwrap()).join("f");
+        assert_eq!(fs::read_to_string(inside_abs).unwrap(), "1");
+        assert_eq!(fs::read_to_string(root.join("f")).unwrap(), "2");
+        assert_eq!(fs::read_to_string(root.join("usr/lib/f")).unwrap(), "3");
+        // The links themselves are kept verbatim.
+        assert_eq!(
+            fs::read_link(root.join("rel")).unwrap(),
+            Path::new("../../../..")
+        );
+
+        // A file replacing a symlink replaces the link, not its target.
+        let over = layer(&[E::File("abs", "plain")], uid);
+        u.apply(1, over.as_slice(), None).unwrap();
+        assert_eq!(fs::read_to_string(root.join("abs")).unwrap(), "plain");
+        assert!(outside.is_dir());
+    }
+
+    #[test]
+    fn capacity_and_diff_id_are_enforced() {
+        let t = Root::new("cap");
+        let root = t.root();
+        let uid = u64::from(fs::metadata(&root).unwrap().uid());
+        let big = "z".repeat(64 * 1024);
+        let l = layer(&[E::File("big", &big)], uid);
+        let err = Unpacker::new(&root, 16 * 1024)
+            .apply(0, l.as_slice(), None)
+            .unwrap_err();
+        assert!(matches!(err, OciError::CapacityExceeded { .. }), "{err:?}");
+        let err = Unpacker::new(&root, 1 << 30)
+            .apply(0, l.as_slice(), Some("sha256:0000"))
+            .unwrap_err();
+        assert!(matches!(err, OciError::DigestMismatch { .. }), "{err:?}");
+        let good = super::super::manifest::sha256_digest(&l);
+        Unpacker::new(&root, 1 << 30)
+            .apply(0, l.as_slice(), Some(&good))
+            .unwrap();
+        // gzip is sniffed, and the diff_id is of the uncompressed stream.
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&l).unwrap();
+        let gz = gz.finish().unwrap();
+        Unpacker::new(&root, 1 << 30)
+            .apply(0, gz.as_slice(), Some(&good))
+            .unwrap();
+    }
+
     #[test]
     fn clean_refuses_escapes() {
         assert_eq!(clean(Path::new("./a/./b/")).unwrap(), ["a", "b"]);
