@@ -2,10 +2,11 @@
 //! a block device to attach; the provider owns how the disk is made, kept,
 //! grown and admitted against the host's storage.
 //!
-//! Today's provider is [`QcowOverlays`]: a qcow2 overlay per VM over the
-//! read-only image, in the VM's directory. The generation store (disks as
-//! content-addressed chunks on object storage, served to QEMU by a block
-//! service) is the next implementation of the same seam.
+//! Two providers: [`crate::block::GenerationDisks`] (the default: disks as
+//! generations of content-addressed chunks in the store, served to QEMU by
+//! the block service) and [`QcowOverlays`] (a qcow2 overlay per VM over the
+//! read-only image, in the VM's directory: no snapshots, no commits; kept
+//! as the baseline the block service is measured against).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -22,24 +23,42 @@ pub struct DiskRequest<'a> {
     pub vm: VmId,
     /// The VM's own directory (persistent; removed with the VM).
     pub dir: &'a Path,
+    /// The VM's runtime directory (tmpfs; sockets live here).
+    pub run_dir: &'a Path,
     /// The read-only image the disk starts from.
     pub base: &'a Path,
+    /// A snapshot's disk in the store to start from instead of `base`.
+    pub from: Option<&'a str>,
     /// Size of the disk; the image's own when absent or smaller. A kept
     /// disk grows to it, never shrinks.
     pub size: Option<ByteSize>,
     /// Start from the image, discarding any kept disk (`persistent=false`,
     /// or a first boot).
     pub fresh: bool,
+    /// Keep the disk's writes across stops.
+    pub persistent: bool,
+    /// The placement generation the host holds for this VM: commits of the
+    /// disk are refused once a newer one exists.
+    pub fence: u64,
 }
 
 /// A boxed future, so that providers can sit behind `dyn`.
 pub type DiskFuture<'a> = Pin<Box<dyn Future<Output = Result<DiskSpec, HostError>> + Send + 'a>>;
+/// A boxed future of a provider operation without a result.
+pub type UnitFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HostError>> + Send + 'a>>;
 
 /// Makes and keeps VMs' root disks.
 pub trait DiskProvider: Send + Sync {
     /// The VM's root disk, ready to attach: admitted against the host's
     /// storage, fresh or kept as asked, at least `size` large.
     fn prepare<'a>(&'a self, req: DiskRequest<'a>) -> DiskFuture<'a>;
+
+    /// The VM's VMM has exited (stop, kill or crash): a persistent disk
+    /// keeps what was written (committed), any other drops it.
+    fn release<'a>(&'a self, vm: VmId) -> UnitFuture<'a>;
+
+    /// The VM is deleted: its disk goes, wherever it is kept.
+    fn remove<'a>(&'a self, vm: VmId) -> UnitFuture<'a>;
 
     /// Bytes this host can still give disks.
     fn available(&self) -> u64;
@@ -81,6 +100,9 @@ impl QcowOverlays {
 impl DiskProvider for QcowOverlays {
     fn prepare<'a>(&'a self, req: DiskRequest<'a>) -> DiskFuture<'a> {
         Box::pin(async move {
+            if req.from.is_some() {
+                return Err(HostError::NeedsStore("booting from a snapshot"));
+            }
             let overlay = req.dir.join("root.qcow2");
             if let Some(size) = req.size {
                 self.admit(req.vm, &overlay, size)?;
@@ -94,6 +116,16 @@ impl DiskProvider for QcowOverlays {
         })
     }
 
+    fn release<'a>(&'a self, _vm: VmId) -> UnitFuture<'a> {
+        // The overlay is the disk: nothing to do.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn remove<'a>(&'a self, _vm: VmId) -> UnitFuture<'a> {
+        // The overlay lives in the VM's directory, removed with it.
+        Box::pin(async { Ok(()) })
+    }
+
     fn available(&self) -> u64 {
         disk_available(&self.data_dir).unwrap_or(0)
     }
@@ -103,7 +135,7 @@ impl DiskProvider for QcowOverlays {
 pub const DISK_RESERVE: u64 = 1 << 30;
 
 /// Bytes available to this (root) process on the filesystem holding `path`.
-fn disk_available(path: &Path) -> std::io::Result<u64> {
+pub(crate) fn disk_available(path: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -223,9 +255,13 @@ mod tests {
         let req = |size: Option<ByteSize>, fresh| DiskRequest {
             vm: VmId::new(),
             dir: &dir,
+            run_dir: &dir,
             base: &base,
+            from: None,
             size,
             fresh,
+            persistent: true,
+            fence: 0,
         };
         let spec = disks
             .prepare(req(Some(ByteSize::mib(2)), true))

@@ -11,9 +11,10 @@ use hearth_types::{ByteSize, MilliCpu, VmId};
 use hearth_vmm::{Accel, Qemu, QemuConfig, VmInstance, VmSpec, Vmm};
 use serde::{Deserialize, Serialize};
 
+use crate::block::GenerationDisks;
 use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
 use crate::guest::GuestClient;
-use crate::vm::{now_ms, Vm, VmRecord, VmState};
+use crate::vm::{now_ms, BootFrom, MemoryVolumes, Vm, VmRecord, VmState};
 
 /// Settings of a host agent.
 #[derive(Clone, Debug)]
@@ -38,6 +39,49 @@ pub struct HostConfig {
     /// Guests return freed memory (virtio-balloon free page reporting; see
     /// [`hearth_vmm::VmSpec::free_page_reporting`]). On by default.
     pub free_page_reporting: bool,
+    /// Where disks and saved memory are kept.
+    pub storage: Storage,
+}
+
+/// Where a host keeps VM disks and saved memory.
+#[derive(Clone, Debug)]
+pub enum Storage {
+    /// Generations in the store (the default): durable on object storage,
+    /// snapshots, saved memory, resume on any host.
+    Store(StoreSettings),
+    /// qcow2 overlays on this host only: no snapshots, no saved memory.
+    /// The baseline the block service is measured against.
+    QcowOverlays,
+}
+
+/// Settings of [`Storage::Store`].
+#[derive(Clone, Debug)]
+pub struct StoreSettings {
+    /// `file:///dir` (a local directory, the default `<data>/store`) or
+    /// `s3://bucket/prefix?endpoint=…&region=…`.
+    pub url: String,
+    /// The disposable local cache of chunks.
+    pub cache_dir: PathBuf,
+    pub cache_max: ByteSize,
+    /// How often a running VM's disk is committed (zero: only at stop and
+    /// snapshot).
+    pub commit_interval: Duration,
+    /// The 32-byte master key file; the store's key-encryption key derives
+    /// from it (created if absent).
+    pub master_key_file: PathBuf,
+}
+
+impl StoreSettings {
+    /// The defaults under `data_dir`.
+    pub fn local(data_dir: &Path) -> Self {
+        Self {
+            url: format!("file://{}", data_dir.join("store").display()),
+            cache_dir: data_dir.join("cache"),
+            cache_max: ByteSize::gib(10),
+            commit_interval: Duration::from_secs(60),
+            master_key_file: data_dir.join("master.key"),
+        }
+    }
 }
 
 /// Liveness of running guests: the host pings each guest agent over its
@@ -72,6 +116,7 @@ impl HostConfig {
         Self {
             run_root: PathBuf::from("/dev/shm").join(format!("hearth-{tag}")),
             accel_cache: data_dir.join("accel.json"),
+            storage: Storage::Store(StoreSettings::local(&data_dir)),
             data_dir,
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
             boot_timeout: Duration::from_secs(90),
@@ -108,6 +153,19 @@ pub struct CreateVm {
     pub memory: ByteSize,
     #[serde(default = "default_cpu")]
     pub cpu: MilliCpu,
+    /// The placement generation of this boot (the control plane's
+    /// sandbox generation): disk commits are fenced on it.
+    #[serde(default)]
+    pub fence: u64,
+    /// Boot from a snapshot in the store instead of the built-in image's
+    /// disk; with its memory, the VM resumes where the snapshot was taken.
+    #[serde(default)]
+    pub from: Option<BootFrom>,
+    /// The VM existed before (on another host, or this host lost its
+    /// record): a persistent disk comes back from its last committed
+    /// generation instead of starting fresh.
+    #[serde(default)]
+    pub existing: bool,
 }
 
 fn default_true() -> bool {
@@ -132,6 +190,9 @@ impl Default for CreateVm {
             image: default_image(),
             memory: default_memory(),
             cpu: default_cpu(),
+            fence: 0,
+            from: None,
+            existing: false,
         }
     }
 }
@@ -166,6 +227,10 @@ pub enum HostError {
     Boot { id: VmId, reason: String },
     #[error("guest")]
     Guest(#[from] crate::guest::GuestError),
+    #[error("storage")]
+    Store(#[from] hearth_store::StoreError),
+    #[error("{0} needs the store (this host keeps qcow2 overlays)")]
+    NeedsStore(&'static str),
 }
 
 /// The host agent's view of its VMs.
@@ -176,8 +241,11 @@ pub struct Host {
     accel: Accel,
     artifacts: tokio::sync::Mutex<HashMap<ImageName, Arc<GuestArtifacts>>>,
     vms: Mutex<HashMap<VmId, Arc<Vm>>>,
-    /// Root disks (qcow2 overlays today; see `disks.rs`).
+    /// Root disks (see `disks.rs`).
     disks: Arc<dyn DiskProvider>,
+    /// The same provider when it is the store's: snapshots and saved
+    /// memory need it.
+    generations: Option<Arc<GenerationDisks>>,
 }
 
 impl Host {
@@ -221,7 +289,32 @@ impl Host {
         });
         let mut artifacts = HashMap::new();
         artifacts.insert(ImageName::Busybox, Arc::new(base));
-        let cfg_data_dir = cfg.data_dir.clone();
+        let (disks, generations): (Arc<dyn DiskProvider>, _) = match &cfg.storage {
+            Storage::Store(s) => {
+                ensure_master_key(&s.master_key_file).map_err(|source| HostError::Io {
+                    id: VmId::new(),
+                    what: "create the master key".into(),
+                    source,
+                })?;
+                let kek = hearth_store::KeyFileKek::load(&s.master_key_file)?;
+                let store = hearth_store::Store::open(
+                    hearth_store::StoreConfig {
+                        url: s.url.clone(),
+                        cache_dir: s.cache_dir.clone(),
+                        cache_max_bytes: s.cache_max.bytes(),
+                    },
+                    Arc::new(kek),
+                )
+                .await?;
+                let g = Arc::new(GenerationDisks::new(
+                    store,
+                    &cfg.data_dir,
+                    s.commit_interval,
+                ));
+                (g.clone(), Some(g))
+            }
+            Storage::QcowOverlays => (Arc::new(QcowOverlays::new(&cfg.data_dir)), None),
+        };
         let host = Arc::new(Self {
             cfg,
             images,
@@ -229,7 +322,8 @@ impl Host {
             accel,
             artifacts: tokio::sync::Mutex::new(artifacts),
             vms: Mutex::new(HashMap::new()),
-            disks: Arc::new(QcowOverlays::new(&cfg_data_dir)),
+            disks,
+            generations,
         });
         host.recover().await;
         Ok(host)
@@ -349,12 +443,15 @@ impl Host {
                 accel: Some(self.accel.to_string()),
                 created_at_ms: now_ms(),
                 boot_ms: None,
+                fence: req.fence,
+                from: req.from.clone(),
+                saved: None,
             },
             dir.clone(),
             run_dir.clone(),
         ));
         self.vms().insert(id, vm.clone());
-        self.boot_or_fail(vm, &artifacts, true).await
+        self.boot_or_fail(vm, &artifacts, !req.existing).await
     }
 
     /// Boots a stopped (or failed) VM again from its disk; a non-persistent
@@ -408,6 +505,7 @@ impl Host {
             r.memory = resize.memory.unwrap_or(r.memory);
             r.cpu = resize.cpu.unwrap_or(r.cpu);
             r.disk = r.disk.max(resize.disk);
+            r.fence = r.fence.max(resize.fence.unwrap_or(0));
         });
         self.boot_or_fail(vm, &artifacts, !rec.persistent).await
     }
@@ -422,11 +520,14 @@ impl Host {
             Ok(()) => Ok(vm),
             Err(e) => {
                 let reason = self.redact(&error_chain(&e));
-                vm.transition(VmState::Failed, Some(reason));
                 if let Some(inst) = vm.instance() {
-                    let _ = inst.kill().await;
+                    if let Err(e) = inst.kill().await {
+                        tracing::warn!(vm = %vm.id, error = %e, "cannot kill the vmm of a failed boot");
+                    }
                 }
-                self.cleanup_runtime(&vm);
+                // Logged on failure; the boot's own error is what counts.
+                let _ = self.after_exit(&vm).await;
+                vm.transition(VmState::Failed, Some(reason));
                 Err(e)
             }
         }
@@ -441,18 +542,85 @@ impl Host {
         let started = Instant::now();
         let id = vm.id;
         let rec = vm.record();
+        // Resume from memory: what the last stop saved, else (first boot
+        // only) the snapshot's.
+        let resume = match (&rec.saved, &rec.from) {
+            (Some(saved), _) => Some((saved.clone(), false, false)),
+            (
+                None,
+                Some(BootFrom {
+                    memory: Some(m),
+                    require_memory,
+                    ..
+                }),
+            ) if rec.boot_ms.is_none() => Some((m.clone(), true, *require_memory)),
+            _ => None,
+        };
+        let from_disk: Option<&str> = match &rec.from {
+            Some(f) => Some(&f.disk),
+            None => None,
+        };
         let root = self
             .disks
             .prepare(DiskRequest {
                 vm: id,
                 dir: &vm.dir,
+                run_dir: &vm.run_dir,
                 base: &artifacts.rootfs.path,
-                size: rec.disk,
+                from: from_disk,
+                // The saved devices must match: no growth on a resume.
+                size: if resume.is_some() { None } else { rec.disk },
                 fresh: fresh_disk,
+                persistent: rec.persistent,
+                fence: rec.fence,
             })
             .await?;
-        let spec = VmSpec {
-            id,
+        let spec = self.spec(vm, &rec, artifacts, root);
+        let instance = match resume {
+            None => self.qemu.boot(&spec).await?,
+            Some((volumes, shared, required)) => {
+                match self.resume_from_memory(vm, &spec, &volumes, shared).await {
+                    Ok(i) => i,
+                    Err(e) if !required => {
+                        tracing::warn!(vm = %id, error = %error_chain(&e), "cannot resume from saved memory; booting cold");
+                        self.qemu.boot(&spec).await?
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        self.attach(vm, Arc::new(instance)).await?;
+        let boot_ms = started.elapsed().as_millis() as u64;
+        let resumed = rec.saved.is_some();
+        vm.update(|r| {
+            r.boot_ms = Some(boot_ms);
+            // Resumed (or not): the saved memory no longer matches the disk.
+            r.saved = None;
+        });
+        if resumed {
+            remove_dir_logged(&vm.dir.join("saved"));
+        }
+        if !vm.transition(VmState::Ready, None) {
+            return Err(HostError::Boot {
+                id,
+                reason: "vm left provisioning during boot".into(),
+            });
+        }
+        tracing::info!(vm = %id, boot_ms, "vm ready");
+        Ok(())
+    }
+
+    /// The VM's machine: the same for a boot and for a resume of its saved
+    /// state.
+    fn spec(
+        &self,
+        vm: &Vm,
+        rec: &VmRecord,
+        artifacts: &GuestArtifacts,
+        root: hearth_vmm::DiskSpec,
+    ) -> VmSpec {
+        VmSpec {
+            id: vm.id,
             cpu: rec.cpu,
             memory: rec.memory,
             kernel: artifacts.kernel.vmlinuz.clone(),
@@ -463,8 +631,17 @@ impl Host {
             mem_path: vm.run_dir.join("guest.mem"),
             raw_ports: self.cfg.raw_ports.clone(),
             free_page_reporting: self.cfg.free_page_reporting,
-        };
-        let instance = Arc::new(self.qemu.boot(&spec).await?);
+        }
+    }
+
+    /// Takes a started VMM as the VM's: waits for its guest agent and
+    /// watches both from then on.
+    async fn attach(
+        self: &Arc<Self>,
+        vm: &Arc<Vm>,
+        instance: Arc<hearth_vmm::QemuInstance>,
+    ) -> Result<(), HostError> {
+        let id = vm.id;
         let pid = instance.pid();
         vm.update(|r| r.pid = Some(pid));
         *vm.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance.clone());
@@ -477,16 +654,366 @@ impl Host {
             exit = instance.wait_exit() => return Err(HostError::Boot { id, reason: format!("qemu exited during boot ({exit}); console: {}", console_tail(instance.console_log())) }),
         };
         *vm.guest.lock().unwrap_or_else(|p| p.into_inner()) = Some(guest.clone());
-        let boot_ms = started.elapsed().as_millis() as u64;
-        vm.update(|r| r.boot_ms = Some(boot_ms));
-        if !vm.transition(VmState::Ready, None) {
-            return Err(HostError::Boot {
+        tokio::spawn(watch_vm(self.clone(), vm.clone(), instance, guest));
+        Ok(())
+    }
+
+    /// Starts the VM's VMM from saved memory: the VM's own, or (`shared`)
+    /// a snapshot's, of which each host keeps one local copy. The memory is
+    /// copied to the VM's RAM file on tmpfs (its data only), which the VM
+    /// then owns: a copy-on-write mapping of the snapshot file would be
+    /// faster, but QEMU 7.2 punches holes into it when the guest reports
+    /// free pages, under every other VM mapping it.
+    async fn resume_from_memory(
+        &self,
+        vm: &Vm,
+        spec: &VmSpec,
+        volumes: &MemoryVolumes,
+        shared: bool,
+    ) -> Result<hearth_vmm::QemuInstance, HostError> {
+        let store = self.store("resuming from memory")?;
+        let dir = if shared {
+            self.cfg.data_dir.join("snapshots").join(&volumes.memory)
+        } else {
+            vm.dir.join("saved")
+        };
+        let (memory, state) = crate::memory::fetch(store, volumes, &dir).await?;
+        let io = |source| HostError::Io {
+            id: vm.id,
+            what: "copy saved memory to tmpfs".into(),
+            source,
+        };
+        let (src, dst) = (memory, spec.mem_path.clone());
+        tokio::task::spawn_blocking(move || crate::memory::copy_sparse(&src, &dst))
+            .await
+            .map_err(|e| HostError::Invalid(format!("copy task: {e}")))?
+            .map_err(io)?;
+        let from = hearth_vmm::RestoreFrom {
+            state,
+            memory: spec.mem_path.clone(),
+            private: false,
+        };
+        Ok(self.qemu.restore(spec, &from).await?)
+    }
+
+    fn store(&self, what: &'static str) -> Result<&hearth_store::Store, HostError> {
+        self.generations
+            .as_ref()
+            .map(|g| g.store())
+            .ok_or(HostError::NeedsStore(what))
+    }
+
+    /// Stops the VM keeping its memory (LangSmith's
+    /// `preserve_memory_on_stop`): the VMM saves its device state and
+    /// exits, the disk is committed, and memory and state go to the store
+    /// (and stay on this host), so the next start resumes the running
+    /// processes. A VM that cannot be saved is stopped gracefully instead.
+    pub async fn stop_saving_memory(&self, id: VmId) -> Result<VmRecord, HostError> {
+        let vm = self.get(id)?;
+        let state = vm.state();
+        let Some(inst) = vm.instance() else {
+            return self.stop(id).await;
+        };
+        if !matches!(state, VmState::Ready | VmState::Paused) || self.generations.is_none() {
+            return self.stop(id).await;
+        }
+        if !vm.transition(VmState::Stopping, Some("saving memory".into())) {
+            return Ok(vm.record());
+        }
+        let saved_dir = vm.dir.join("saved");
+        let started = Instant::now();
+        let saved = match self.save_memory(&vm, &inst, &saved_dir).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(vm = %id, error = %error_chain(&e), "cannot save memory; stopping without it");
+                if let Err(e) = inst.kill().await {
+                    tracing::warn!(vm = %id, error = %e, "cannot kill the vmm");
+                }
+                // A release failure is logged and named in the reason.
+                let released = self.after_exit(&vm).await;
+                let reason = match released {
+                    Ok(()) => "memory was not saved".to_owned(),
+                    Err(e) => format!("memory was not saved; {}", self.public_error(&e)),
+                };
+                vm.transition(VmState::Stopped, Some(reason));
+                return Ok(vm.record());
+            }
+        };
+        tracing::info!(vm = %id, ms = started.elapsed().as_millis() as u64, memory = %saved.memory_size, "saved memory");
+        vm.update(|r| r.saved = Some(saved));
+        vm.transition(VmState::Stopped, None);
+        Ok(vm.record())
+    }
+
+    /// Saves device state and memory into `dir` and the store; the VMM
+    /// has exited and the disk is committed when this returns Ok.
+    async fn save_memory(
+        &self,
+        vm: &Vm,
+        inst: &hearth_vmm::QemuInstance,
+        dir: &Path,
+    ) -> Result<MemoryVolumes, HostError> {
+        let id = vm.id;
+        private_dir(dir).map_err(|source| HostError::Io {
+            id,
+            what: "create the saved-memory dir".into(),
+            source,
+        })?;
+        let saved = inst.save(&dir.join("state")).await?;
+        let (src, dst) = (saved.memory.clone(), dir.join("memory"));
+        tokio::task::spawn_blocking(move || crate::memory::copy_sparse(&src, &dst))
+            .await
+            .map_err(|e| HostError::Invalid(format!("copy task: {e}")))?
+            .map_err(|source| HostError::Io {
                 id,
-                reason: "vm left provisioning during boot".into(),
+                what: "keep the saved memory".into(),
+                source,
+            })?;
+        // The VMM is gone: commit the disk the memory belongs with, and
+        // free the tmpfs copy.
+        self.after_exit(vm).await?;
+        let store = self.store("saving memory")?;
+        let rec = vm.record();
+        let scope = format!("vm-{id}")
+            .parse()
+            .map_err(|_| HostError::Invalid("scope".into()))?;
+        let volumes = crate::memory::import(
+            store,
+            &scope,
+            &format!("vm-{id}"),
+            &dir.join("memory"),
+            &dir.join("state"),
+            rec.fence,
+        )
+        .await?;
+        Ok(volumes)
+    }
+
+    /// Captures the VM's disk as the snapshot volume `name` (sharing every
+    /// chunk with the VM), and with `include_memory` its running memory as
+    /// `<name>-mem` and `<name>-state`. A running VM keeps running: for its
+    /// memory it is saved and resumed at once from its own RAM file (a
+    /// pause of a fraction of a second plus the copy of its memory; streams
+    /// open on its guest agent are cut). Without memory the disk is
+    /// committed as it is (the guest syncs first): crash-consistent.
+    pub async fn capture(
+        self: &Arc<Self>,
+        id: VmId,
+        name: &str,
+        include_memory: bool,
+    ) -> Result<Captured, HostError> {
+        let gens = self
+            .generations
+            .clone()
+            .ok_or(HostError::NeedsStore("snapshots"))?;
+        let snap: hearth_store::VolumeId = name
+            .parse()
+            .map_err(|_| HostError::Invalid(format!("bad snapshot volume name {name}")))?;
+        let vm = self.get(id)?;
+        let rec = vm.record();
+        let running = matches!(vm.state(), VmState::Ready | VmState::Paused);
+        let (disk, memory) = if running && include_memory {
+            self.capture_running(&vm, &gens, name).await?
+        } else if running {
+            if let Some(g) = vm.guest() {
+                let sync = hearth_guest_proto::ExecRequest {
+                    argv: Some(vec!["sync".into()]),
+                    timeout_ms: 30_000,
+                    ..Default::default()
+                };
+                if let Err(e) = g.run_capped(sync, 1024).await {
+                    tracing::warn!(vm = %id, error = %e, "guest sync before a snapshot failed");
+                }
+            }
+            let m = gens
+                .commit(id)
+                .await?
+                .ok_or_else(|| HostError::Invalid(format!("vm {id} has no disk attached")))?;
+            (m, None)
+        } else if rec.persistent && vm.state() == VmState::Stopped {
+            let m = gens
+                .store()
+                .head(&GenerationDisks::volume_of(id))
+                .await?
+                .ok_or_else(|| HostError::Invalid(format!("vm {id} has no committed disk")))?;
+            (m, None)
+        } else {
+            return Err(HostError::WrongState {
+                id,
+                state: vm.state(),
+                wanted: "ready, or stopped with a persistent disk",
+            });
+        };
+        if include_memory && memory.is_none() {
+            return Err(HostError::Invalid(format!(
+                "vm {id} is not running: memory can only be captured from a running sandbox"
+            )));
+        }
+        let copy = gens
+            .store()
+            .copy_volume(&disk, &snap, &disk.scope, 0)
+            .await?;
+        Ok(Captured {
+            disk: name.to_owned(),
+            disk_size: ByteSize(copy.size),
+            memory,
+        })
+    }
+
+    /// [`Host::capture`] of a running VM with its memory.
+    async fn capture_running(
+        self: &Arc<Self>,
+        vm: &Arc<Vm>,
+        gens: &GenerationDisks,
+        name: &str,
+    ) -> Result<(hearth_store::Manifest, Option<MemoryVolumes>), HostError> {
+        let id = vm.id;
+        let inst = self.running_instance(vm, vm.state(), "ready")?;
+        let rec = vm.record();
+        let artifacts = self
+            .artifacts(rec.image, Arc::new(hearth_image::QuietProgress))
+            .await?;
+        let dir = self
+            .cfg
+            .data_dir
+            .join("snapshots")
+            .join(format!("{name}-mem"));
+        private_dir(&dir).map_err(|source| HostError::Io {
+            id,
+            what: "create the snapshot's memory dir".into(),
+            source,
+        })?;
+        if !vm.transition(VmState::Stopping, Some("capturing a snapshot".into())) {
+            return Err(HostError::WrongState {
+                id,
+                state: vm.state(),
+                wanted: "ready",
             });
         }
-        tracing::info!(vm = %id, pid, boot_ms, "vm ready");
-        tokio::spawn(watch_vm(self.clone(), vm.clone(), instance, guest));
+        let started = Instant::now();
+        let result = async {
+            let saved = inst.save(&dir.join("state")).await?;
+            let (src, dst) = (saved.memory.clone(), dir.join("memory"));
+            tokio::task::spawn_blocking(move || crate::memory::copy_sparse(&src, &dst))
+                .await
+                .map_err(|e| HostError::Invalid(format!("copy task: {e}")))?
+                .map_err(|source| HostError::Io {
+                    id,
+                    what: "copy the memory for the snapshot".into(),
+                    source,
+                })?;
+            // The disk as of the save: the VMM is gone, nothing writes.
+            let disk = gens
+                .commit(id)
+                .await?
+                .ok_or_else(|| HostError::Invalid(format!("vm {id} has no disk attached")))?;
+            Ok::<_, HostError>(disk)
+        }
+        .await;
+        // Whatever happened, the VM runs on from its own memory.
+        let spec = self.spec(
+            vm,
+            &rec,
+            &artifacts,
+            hearth_vmm::DiskSpec::nbd(vm.run_dir.join("disk.sock"), crate::block::EXPORT),
+        );
+        let resumed = async {
+            let from = hearth_vmm::RestoreFrom {
+                state: dir.join("state"),
+                memory: spec.mem_path.clone(),
+                private: false,
+            };
+            let inst = self.qemu.restore(&spec, &from).await?;
+            self.attach(vm, Arc::new(inst)).await
+        }
+        .await;
+        match resumed {
+            Ok(()) => {
+                vm.transition(VmState::Provisioning, None);
+                vm.transition(VmState::Ready, None);
+            }
+            Err(e) => {
+                tracing::error!(vm = %id, error = %error_chain(&e), "the vm did not resume after a snapshot");
+                let _ = self.after_exit(vm).await;
+                vm.transition(
+                    VmState::Stopped,
+                    Some("did not resume after a snapshot".into()),
+                );
+            }
+        }
+        let disk = result?;
+        tracing::info!(vm = %id, ms = started.elapsed().as_millis() as u64, "captured memory");
+        let scope = disk.scope.clone();
+        let volumes = crate::memory::import(
+            gens.store(),
+            &scope,
+            name,
+            &dir.join("memory"),
+            &dir.join("state"),
+            0,
+        )
+        .await?;
+        Ok((disk, Some(volumes)))
+    }
+
+    /// Builds a snapshot from an OCI image (a registry reference or a
+    /// `docker save`/OCI-layout tarball): the image is unpacked into an
+    /// ext4 file of `capacity`, which is imported into the store as the
+    /// volume `name` (its own key scope) and then removed.
+    pub async fn import_oci(
+        &self,
+        source: hearth_image::OciSource,
+        capacity: ByteSize,
+        name: &str,
+    ) -> Result<(Captured, hearth_image::OciImage), HostError> {
+        let store = self.store("building snapshots")?;
+        let volume: hearth_store::VolumeId = name.parse()?;
+        let scope: hearth_store::ScopeId = name.parse()?;
+        let dir = self.cfg.data_dir.join("imports");
+        private_dir(&dir).map_err(|source| HostError::Io {
+            id: VmId::new(),
+            what: "create the imports dir".into(),
+            source,
+        })?;
+        let file = dir.join(format!("{name}.ext4"));
+        let result = async {
+            let image =
+                hearth_image::import_oci(source, &file, capacity, &hearth_image::QuietProgress)
+                    .await
+                    .map_err(|e| HostError::Invalid(format!("image: {}", error_chain(&e))))?;
+            let meta = std::collections::BTreeMap::from([
+                ("kind".to_owned(), "oci".to_owned()),
+                ("digest".to_owned(), image.digest.clone()),
+            ]);
+            let m = store
+                .import_file(&scope, &volume, &file, crate::block::CHUNK_SIZE, 0, meta)
+                .await?;
+            Ok::<_, HostError>((m, image))
+        }
+        .await;
+        remove_file_logged(&file);
+        let (m, image) = result?;
+        Ok((
+            Captured {
+                disk: name.to_owned(),
+                disk_size: ByteSize(m.size),
+                memory: None,
+            },
+            image,
+        ))
+    }
+
+    /// Removes a snapshot's volumes from the store and this host's copies
+    /// of its memory. Chunks other volumes still use stay (see GC).
+    pub async fn delete_snapshot_data(&self, captured: &Captured) -> Result<(), HostError> {
+        let store = self.store("snapshots")?;
+        if let Ok(v) = captured.disk.parse::<hearth_store::VolumeId>() {
+            store.delete_volume(&v).await?;
+        }
+        if let Some(m) = &captured.memory {
+            crate::memory::delete(store, m).await?;
+            remove_dir_logged(&self.cfg.data_dir.join("snapshots").join(&m.memory));
+        }
         Ok(())
     }
 
@@ -546,9 +1073,12 @@ impl Host {
                 inst.stop(Duration::from_secs(2)).await?;
             }
         }
-        vm.transition(VmState::Stopped, None);
-        self.cleanup_runtime(&vm);
-        Ok(vm.record())
+        let released = self.after_exit(&vm).await;
+        vm.transition(
+            VmState::Stopped,
+            released.as_ref().err().map(|e| self.public_error(e)),
+        );
+        released.map(|()| vm.record())
     }
 
     /// Hard stop: SIGKILL to the VMM.
@@ -561,22 +1091,56 @@ impl Host {
         if let Some(inst) = vm.instance() {
             inst.kill().await?;
         }
+        // A persistent disk keeps what was written up to the kill, as a
+        // real disk keeps what reached it before a power cut.
+        let released = self.after_exit(&vm).await;
         vm.transition(VmState::Stopped, None);
-        self.cleanup_runtime(&vm);
-        Ok(vm.record())
+        released.map(|()| vm.record())
     }
 
-    /// Stops the VM if needed and removes every trace of it.
+    /// Stops the VM if needed and removes every trace of it, its disk and
+    /// saved memory in the store included.
     pub async fn delete(&self, id: VmId) -> Result<(), HostError> {
+        let vm = self.forget_inner(id).await?;
+        self.disks.remove(id).await?;
+        if let (Some(saved), Ok(store)) = (vm.record().saved, self.store("")) {
+            crate::memory::delete(store, &saved).await?;
+        }
+        Ok(())
+    }
+
+    /// Stops the VM if needed and drops this host's copy of it (records,
+    /// local files), keeping what the store holds: how a sandbox moves to
+    /// another host.
+    pub async fn forget(&self, id: VmId) -> Result<(), HostError> {
+        let vm = self.forget_inner(id).await?;
+        self.disks.release(vm.id).await
+    }
+
+    async fn forget_inner(&self, id: VmId) -> Result<Arc<Vm>, HostError> {
         let vm = self.get(id)?;
         if !vm.state().is_terminal() {
-            self.kill(id).await?;
+            vm.transition(VmState::Stopping, Some("deleted".into()));
+            if let Some(inst) = vm.instance() {
+                inst.kill().await?;
+            }
         }
         vm.transition(VmState::Deleted, None);
         self.cleanup_runtime(&vm);
-        let _ = std::fs::remove_dir_all(&vm.dir);
+        remove_dir_logged(&vm.dir);
         self.vms().remove(&id);
-        Ok(())
+        Ok(vm)
+    }
+
+    /// After the VM's VMM has exited: its disk is released (a persistent
+    /// one committed) and its runtime directory removed.
+    async fn after_exit(&self, vm: &Vm) -> Result<(), HostError> {
+        let released = self.disks.release(vm.id).await;
+        self.cleanup_runtime(vm);
+        if let Err(e) = &released {
+            tracing::error!(vm = %vm.id, error = %error_chain(e), "disk release failed");
+        }
+        released
     }
 
     /// Stops every running VM (agent shutdown) and removes the runtime
@@ -602,7 +1166,7 @@ impl Host {
 
     fn cleanup_runtime(&self, vm: &Vm) {
         vm.guest.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let _ = std::fs::remove_dir_all(&vm.run_dir);
+        remove_dir_logged(&vm.run_dir);
     }
 
     /// After a restart: every VM a previous run left is accounted for. A
@@ -634,6 +1198,48 @@ impl Host {
     }
 }
 
+/// Creates the 32-byte master key file (mode 0600) unless it exists. The
+/// control plane seals its secrets under the same file, and every host of a
+/// fleet must be given the same one.
+fn ensure_master_key(path: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(std::io::Error::other)?;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(mut f) => {
+            f.write_all(&key)?;
+            f.sync_all()
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes a file; one already gone is fine, other failures are logged.
+fn remove_file_logged(file: &Path) {
+    if let Err(e) = std::fs::remove_file(file) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(file = %file.display(), error = %e, "cannot remove a file");
+        }
+    }
+}
+
+/// Removes a directory tree; one already gone is fine, other failures are
+/// logged (a leftover directory is harmless but should be seen).
+fn remove_dir_logged(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a directory");
+        }
+    }
+}
+
 /// Creates `dir` (and parents) private to this user: mode 0700 whatever the
 /// umask. An existing directory that others can write is refused (anyone
 /// could swap its contents); one they can read or enter is warned about and
@@ -661,9 +1267,20 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A snapshot's volumes in the store (see [`Host::capture`]).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Captured {
+    /// Volume of the disk.
+    pub disk: String,
+    pub disk_size: ByteSize,
+    pub memory: Option<MemoryVolumes>,
+}
+
 /// Resources a start may change (see [`Host::start_vm_with`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resize {
+    /// The placement generation of this boot, when it moved on.
+    pub fence: Option<u64>,
     pub memory: Option<ByteSize>,
     pub cpu: Option<MilliCpu>,
     pub disk: Option<ByteSize>,
@@ -735,7 +1352,8 @@ async fn watch_vm(
         if let Err(e) = instance.kill().await {
             tracing::warn!(vm = %vm.id, error = %e, "cannot kill a failed vm's vmm");
         }
-        host.cleanup_runtime(&vm);
+        // A persistent disk keeps what reached it (logged on failure).
+        let _ = host.after_exit(&vm).await;
         if vm.transition(VmState::Failed, Some(reason.clone())) {
             tracing::warn!(vm = %vm.id, %reason, "vm failed");
         }

@@ -6,17 +6,24 @@
 //!   accounts for (and cleans up) every VM a previous run started.
 //! - [`guest::GuestClient`]: the typed client of one guest agent over its
 //!   held stream (exec with replay, files, TCP dial, info).
+//! - [`block`]: the block service: root disks as generations in the
+//!   store ([`hearth_store`]), served to QEMU over NBD.
 //! - [`api`]: the host's private HTTP + WebSocket API on loopback, which the
 //!   control plane (and `hearth` commands) use.
 
 pub mod api;
+pub mod block;
 pub mod disks;
 pub mod guest;
 pub mod host;
+pub mod memory;
 pub mod vm;
 
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
 };
-pub use host::{error_chain, CreateVm, Host, HostConfig, HostError, Liveness, Resize};
-pub use vm::{Vm, VmRecord, VmState};
+pub use host::{
+    error_chain, Captured, CreateVm, Host, HostConfig, HostError, Liveness, Resize, Storage,
+    StoreSettings,
+};
+pub use vm::{BootFrom, MemoryVolumes, Vm, VmRecord, VmState};

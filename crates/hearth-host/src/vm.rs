@@ -68,6 +68,43 @@ pub struct VmRecord {
     pub created_at_ms: u64,
     #[serde(default)]
     pub boot_ms: Option<u64>,
+    /// The placement generation this host holds for the VM; its disk's
+    /// commits are fenced on it.
+    #[serde(default)]
+    pub fence: u64,
+    /// The snapshot the VM was created from (its store volumes); `None`:
+    /// the built-in image.
+    #[serde(default)]
+    pub from: Option<BootFrom>,
+    /// Guest memory saved by the last stop, to resume from at the next
+    /// start.
+    #[serde(default)]
+    pub saved: Option<MemoryVolumes>,
+}
+
+/// A snapshot in the store that a VM boots from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BootFrom {
+    /// Volume of the disk.
+    pub disk: String,
+    /// Volumes of the saved memory and device state, when the snapshot has
+    /// memory and the boot resumes from it.
+    #[serde(default)]
+    pub memory: Option<MemoryVolumes>,
+    /// Fail the boot if the memory cannot be resumed (LangSmith's
+    /// `restore_memory: true`); otherwise a failed resume cold-boots.
+    #[serde(default)]
+    pub require_memory: bool,
+}
+
+/// Where saved guest memory is kept in the store.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemoryVolumes {
+    /// Guest RAM, exactly the VM's memory size.
+    pub memory: String,
+    /// The VMM's device state.
+    pub state: String,
+    pub memory_size: ByteSize,
 }
 
 fn yes() -> bool {

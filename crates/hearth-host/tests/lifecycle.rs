@@ -140,6 +140,7 @@ async fn a_larger_disk_is_grown_into_at_boot() {
         memory: Some(hearth_types::ByteSize::mib(384)),
         cpu: Some(hearth_types::MilliCpu::vcpus(2)),
         disk: Some(hearth_types::ByteSize::gib(3)),
+        ..Default::default()
     };
     let vm = host.start_vm_with(vm.id, resize).await.unwrap();
     let g = vm.guest().unwrap();

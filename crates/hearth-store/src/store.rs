@@ -755,12 +755,22 @@ impl Store {
         let file = Arc::new(file);
         let cs = u64::from(manifest.chunk_size);
         let size = manifest.size;
-        futures_util::stream::iter(manifest.chunks.iter())
-            .map(|(&index, r)| {
-                let file = Arc::clone(&file);
+        // Owned items: a stream over borrowed pairs makes this future Send
+        // only for one lifetime, which callers' Send bounds cannot name.
+        let chunks: Vec<(u64, ChunkRef)> = manifest
+            .chunks
+            .iter()
+            .map(|(&i, r)| (i, r.clone()))
+            .collect();
+        let this = self.clone();
+        let writer = Arc::clone(&file);
+        futures_util::stream::iter(chunks)
+            .map(move |(index, r)| {
+                let file = Arc::clone(&writer);
                 let path = path.to_owned();
+                let this = this.clone();
                 async move {
-                    let data = self.get_chunk(r).await?;
+                    let data = this.get_chunk(&r).await?;
                     tokio::task::spawn_blocking(move || {
                         use std::os::unix::fs::FileExt;
                         let offset = index * cs;

@@ -217,6 +217,15 @@ impl From<HostError> for ApiError {
                 message,
             ),
             HostError::Io { .. } => Self::internal(message),
+            HostError::NeedsStore(_) => Self::new(StatusCode::CONFLICT, "Conflict", message),
+            HostError::Store(hearth_store::StoreError::Fenced { .. }) => {
+                Self::new(StatusCode::CONFLICT, "Fenced", message)
+            }
+            HostError::Store(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "StorageUnavailable",
+                message,
+            ),
             HostError::Guest(g) => g.into(),
         }
     }

@@ -1,0 +1,394 @@
+//! The block service: every VM's root disk served to QEMU over NBD on a
+//! unix socket, from a generation in the store ([`hearth_store`]).
+//!
+//! - A built-in image (a raw ext4 file built by `hearth-image`) is imported
+//!   into the store once, as the volume `image-<hash>` in the `images`
+//!   scope; every sandbox booted from it references its chunks.
+//! - A persistent sandbox's disk is the volume `vm-<id>` in its own key
+//!   scope: its first generation is a copy of the image's manifest (no
+//!   chunk copied); each commit adds a generation holding only the chunks
+//!   that changed. Commits happen when the VM stops, on a timer while it
+//!   runs, and for snapshots, and are fenced by the placement generation
+//!   the host holds (`DiskRequest::fence`).
+//! - A non-persistent sandbox's disk is served straight over the image's
+//!   generation and never committed: its writes are dropped at every stop.
+//!
+//! Reads come from the VM's local file, else lazily from the store's cache,
+//! else from object storage (see [`volume`]).
+
+pub mod nbd;
+pub mod volume;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hearth_store::{Manifest, ManifestDraft, ScopeId, Store, StoreError, VolumeId};
+use hearth_types::VmId;
+use hearth_vmm::DiskSpec;
+
+use crate::disks::{DiskFuture, DiskProvider, DiskRequest, UnitFuture, DISK_RESERVE};
+use crate::host::HostError;
+pub use volume::{Target, Volume};
+
+/// The NBD export name of every root disk.
+pub const EXPORT: &str = "root";
+/// Chunk size of imported images (and so of the disks made from them).
+pub const CHUNK_SIZE: u32 = 64 << 10;
+
+/// The store-backed [`DiskProvider`].
+pub struct GenerationDisks {
+    store: Store,
+    data_dir: PathBuf,
+    /// How often a running VM's disk is committed.
+    commit_interval: Duration,
+    attached: Mutex<HashMap<VmId, Attached>>,
+    /// Serializes image imports (one import per image, ever).
+    importing: tokio::sync::Mutex<()>,
+}
+
+struct Attached {
+    volume: Arc<Volume>,
+    /// Commit on release (persistent disks).
+    keep: bool,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl GenerationDisks {
+    pub fn new(store: Store, data_dir: impl Into<PathBuf>, commit_interval: Duration) -> Self {
+        Self {
+            store,
+            data_dir: data_dir.into(),
+            commit_interval,
+            attached: Mutex::new(HashMap::new()),
+            importing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn attached(&self) -> std::sync::MutexGuard<'_, HashMap<VmId, Attached>> {
+        self.attached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The volume of a VM's disk.
+    pub fn volume_of(vm: VmId) -> VolumeId {
+        name(&format!("vm-{vm}"))
+    }
+
+    /// The image at `base` as a generation, imported on first use. The
+    /// volume is named after the file's content identity (name, size and
+    /// modification time: `hearth-image` writes each build to a new file).
+    pub async fn image(&self, base: &Path) -> Result<Manifest, StoreError> {
+        let meta = std::fs::metadata(base).map_err(|source| StoreError::Io {
+            op: "stat",
+            path: base.to_owned(),
+            source,
+        })?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let key = blake3::hash(
+            format!(
+                "{}:{}:{mtime}",
+                base.file_name().unwrap_or_default().to_string_lossy(),
+                meta.len()
+            )
+            .as_bytes(),
+        );
+        let volume = name(&format!("image-{}", &key.to_hex()[..16]));
+        let _one = self.importing.lock().await;
+        if let Some(m) = self.store.head(&volume).await? {
+            return Ok(m);
+        }
+        let started = std::time::Instant::now();
+        let mut meta = BTreeMap::new();
+        meta.insert("kind".into(), "image".into());
+        meta.insert(
+            "source".into(),
+            base.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into(),
+        );
+        let m = self
+            .store
+            .import_file(&images_scope(), &volume, base, CHUNK_SIZE, 0, meta)
+            .await?;
+        tracing::info!(%volume, chunks = m.chunks.len(), ms = started.elapsed().as_millis() as u64, "imported an image into the store");
+        Ok(m)
+    }
+
+    /// The generation a VM's disk boots from, made or claimed as asked.
+    async fn head_for(
+        &self,
+        req: &DiskRequest<'_>,
+    ) -> Result<(Manifest, Option<Target>), HostError> {
+        let image = match req.from {
+            Some(from) => {
+                let volume: VolumeId = from.parse()?;
+                self.store
+                    .head(&volume)
+                    .await?
+                    .ok_or_else(|| HostError::Boot {
+                        id: req.vm,
+                        reason: format!("snapshot {volume} is not in the store"),
+                    })?
+            }
+            None => self.image(req.base).await?,
+        };
+        if !req.persistent {
+            return Ok((image, None));
+        }
+        let target = Target {
+            volume: Self::volume_of(req.vm),
+            scope: name(&format!("vm-{}", req.vm)),
+            fence: req.fence,
+        };
+        let head = match self.store.head(&target.volume).await? {
+            None => {
+                self.store
+                    .copy_volume(&image, &target.volume, &target.scope, req.fence)
+                    .await?
+            }
+            Some(head) if req.fresh => {
+                self.store
+                    .commit(
+                        &target.volume,
+                        ManifestDraft {
+                            scope: target.scope.clone(),
+                            parent: Some(head.seq),
+                            fence: req.fence,
+                            size: image.size,
+                            chunk_size: image.chunk_size,
+                            meta: BTreeMap::new(),
+                            chunks: image.chunks.clone(),
+                        },
+                    )
+                    .await?
+            }
+            Some(head) if head.fence < req.fence => self
+                .store
+                .claim(&target.volume, req.fence)
+                .await?
+                .unwrap_or(head),
+            Some(head) if head.fence > req.fence => {
+                return Err(StoreError::Fenced {
+                    volume: target.volume,
+                    head_fence: head.fence,
+                    ours: req.fence,
+                }
+                .into())
+            }
+            Some(head) => head,
+        };
+        Ok((head, Some(target)))
+    }
+
+    async fn prepare_inner(&self, req: DiskRequest<'_>) -> Result<DiskSpec, HostError> {
+        let id = req.vm;
+        if let Some(old) = self.attached().remove(&id) {
+            old.volume.discard();
+        }
+        let (head, target) = self.head_for(&req).await?;
+        let chunk = u64::from(head.chunk_size);
+        let size = req
+            .size
+            .map_or(head.size, |s| s.bytes().div_ceil(chunk) * chunk)
+            .max(head.size);
+        let local = req.dir.join("disk.local");
+        // The local file may come to hold the whole disk.
+        let need = size.saturating_add(DISK_RESERVE);
+        let free = self.available();
+        if need > free {
+            return Err(HostError::Invalid(format!(
+                "vm {id}: a disk of {} does not fit on this host ({} free)",
+                hearth_types::ByteSize(size),
+                hearth_types::ByteSize(free)
+            )));
+        }
+        let keep = target.is_some();
+        let target = target.unwrap_or_else(|| Target {
+            volume: Self::volume_of(id),
+            scope: name(&format!("vm-{id}")),
+            fence: req.fence,
+        });
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| HostError::Io { id, what, source }
+        };
+        let volume = Arc::new(
+            Volume::open(self.store.clone(), target, &head, size, &local)
+                .map_err(io("create the disk's local file"))?,
+        );
+        let socket = req.run_dir.join("disk.sock");
+        let _ = std::fs::remove_file(&socket);
+        let listener =
+            tokio::net::UnixListener::bind(&socket).map_err(io("bind the disk socket"))?;
+        let mut tasks = vec![tokio::spawn(serve(listener, volume.clone(), id))];
+        if keep && !self.commit_interval.is_zero() {
+            tasks.push(tokio::spawn(commit_periodically(
+                volume.clone(),
+                self.commit_interval,
+                id,
+            )));
+        }
+        self.attached().insert(
+            id,
+            Attached {
+                volume,
+                keep,
+                tasks,
+            },
+        );
+        Ok(DiskSpec::nbd(socket, EXPORT))
+    }
+
+    /// Commits a running (or stopped but attached) VM's disk now: a
+    /// snapshot's point in time. `None` when the VM has no disk attached.
+    pub async fn commit(&self, vm: VmId) -> Result<Option<Manifest>, StoreError> {
+        let volume = self.attached().get(&vm).map(|a| a.volume.clone());
+        match volume {
+            Some(v) => v.commit(BTreeMap::new()).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The attached volume of a VM (tests and benchmarks count its bytes).
+    pub fn attached_volume(&self, vm: VmId) -> Option<Arc<Volume>> {
+        self.attached().get(&vm).map(|a| a.volume.clone())
+    }
+
+    async fn release_inner(&self, vm: VmId) -> Result<(), HostError> {
+        let Some(mut a) = self.attached().remove(&vm) else {
+            return Ok(());
+        };
+        for t in a.tasks.drain(..) {
+            t.abort();
+        }
+        let result = if a.keep {
+            commit_with_retries(&a.volume, vm).await.map(drop)
+        } else {
+            Ok(())
+        };
+        a.volume.discard();
+        result.map_err(|e| HostError::Boot {
+            id: vm,
+            reason: format!("the disk's last writes were not committed: {e}"),
+        })
+    }
+}
+
+/// Scope of the built-in images' chunks.
+fn images_scope() -> ScopeId {
+    name("images")
+}
+
+/// A store name built from known-good parts.
+fn name<T: std::str::FromStr>(s: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    s.parse().expect("store names built from ids are valid")
+}
+
+impl DiskProvider for GenerationDisks {
+    fn prepare<'a>(&'a self, req: DiskRequest<'a>) -> DiskFuture<'a> {
+        Box::pin(self.prepare_inner(req))
+    }
+
+    fn release<'a>(&'a self, vm: VmId) -> UnitFuture<'a> {
+        Box::pin(self.release_inner(vm))
+    }
+
+    fn remove<'a>(&'a self, vm: VmId) -> UnitFuture<'a> {
+        Box::pin(async move {
+            if let Some(a) = self.attached().remove(&vm) {
+                a.volume.discard();
+            }
+            self.store.delete_volume(&Self::volume_of(vm)).await?;
+            Ok(())
+        })
+    }
+
+    fn available(&self) -> u64 {
+        crate::disks::disk_available(&self.data_dir).unwrap_or(0)
+    }
+}
+
+/// Accepts QEMU's connections (one per boot or restore) and serves each.
+async fn serve(listener: tokio::net::UnixListener, volume: Arc<Volume>, vm: VmId) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let volume = volume.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = nbd::serve(stream, EXPORT, volume).await {
+                        tracing::warn!(%vm, error = %e, "disk connection ended");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(%vm, error = %e, "disk socket accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Commits a running VM's disk every `every`; a failure (object storage
+/// unreachable) is logged and retried at the next tick, since the chunks
+/// stay dirty. A fenced volume stops committing.
+async fn commit_periodically(volume: Arc<Volume>, every: Duration, vm: VmId) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if volume.dirty_bytes().await == 0 {
+            continue;
+        }
+        match volume.commit(BTreeMap::new()).await {
+            Ok(m) => tracing::debug!(%vm, seq = m.seq, "committed the disk"),
+            Err(e @ StoreError::Fenced { .. }) => {
+                tracing::error!(%vm, error = %e, "the disk was taken over; no more commits");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(%vm, error = %e, "periodic disk commit failed; retrying later")
+            }
+        }
+    }
+}
+
+/// The final commit of a stopped VM: retried with backoff for about half a
+/// minute (object storage may be briefly away).
+async fn commit_with_retries(volume: &Volume, vm: VmId) -> Result<Manifest, StoreError> {
+    let mut delay = Duration::from_millis(500);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match volume.commit(BTreeMap::new()).await {
+            Ok(m) => return Ok(m),
+            Err(e @ StoreError::Fenced { .. }) => return Err(e),
+            Err(e) if attempt >= 6 => return Err(e),
+            Err(e) => {
+                tracing::warn!(%vm, attempt, error = %e, "disk commit failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+}

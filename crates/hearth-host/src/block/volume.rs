@@ -1,0 +1,392 @@
+//! One VM's disk as a block device over a generation of the store.
+//!
+//! The device is a local sparse file (`<vm dir>/disk.local`), filled lazily:
+//! a chunk the manifest names is fetched (and verified) from the store the
+//! first time it is read or partly written, and an all-zero chunk is never
+//! fetched at all. Writes land in the local file and mark their chunks
+//! dirty; [`Volume::commit`] turns the dirty chunks into a new generation,
+//! uploading only those chunks.
+//!
+//! The local file is a cache like any other: after a host crash it is
+//! discarded and the disk comes back from its last committed generation.
+//!
+//! A commit is crash-consistent: under the device lock the dirty chunks are
+//! copied to a staging file (a local copy, milliseconds for tens of MiB),
+//! the dirty set is reset, and the upload runs from the staging file while
+//! the guest keeps writing. A failed upload or commit puts its chunks back
+//! into the dirty set, so the next commit retries them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures_util::{StreamExt, TryStreamExt};
+use hearth_store::{ChunkRef, Manifest, ManifestDraft, ScopeId, Store, StoreError, VolumeId};
+use tokio::sync::Mutex;
+
+use super::nbd::BlockDevice;
+
+/// Chunks uploaded at once by a commit.
+const UPLOADS_IN_FLIGHT: usize = 8;
+
+/// Where a volume commits its generations.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub volume: VolumeId,
+    /// Key scope of the chunks this volume writes.
+    pub scope: ScopeId,
+    /// The placement generation this host holds for the volume.
+    pub fence: u64,
+}
+
+pub struct Volume {
+    store: Store,
+    target: Target,
+    chunk: u64,
+    /// Fixed for the volume's life: a disk grows between boots.
+    size: u64,
+    file: std::fs::File,
+    path: PathBuf,
+    staging: PathBuf,
+    inner: Mutex<Inner>,
+    /// One commit at a time.
+    committing: Mutex<()>,
+}
+
+struct Inner {
+    /// The generation the local file was built on; the source of chunks not
+    /// yet present locally.
+    seq: u64,
+    chunks: BTreeMap<u64, ChunkRef>,
+    /// The local file holds this chunk's current content.
+    present: Vec<bool>,
+    /// Written since the last commit.
+    dirty: BTreeSet<u64>,
+    /// The volume's generation fence moved past ours: refuse everything.
+    fenced: bool,
+}
+
+impl Volume {
+    /// A device over `head` (the volume's current generation), `size` bytes
+    /// large (at least the generation's; a larger size grows the disk),
+    /// with its local file at `path` (replaced).
+    pub fn open(
+        store: Store,
+        target: Target,
+        head: &Manifest,
+        size: u64,
+        path: &Path,
+    ) -> io::Result<Self> {
+        let chunk = u64::from(head.chunk_size);
+        let size = size.max(head.size);
+        let count = size.div_ceil(chunk);
+        let _ = std::fs::remove_file(path);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        file.set_len(size)?;
+        let present = (0..count).map(|i| !head.chunks.contains_key(&i)).collect();
+        // Growing is a change the next commit records.
+        let dirty = if size > head.size {
+            BTreeSet::from([count - 1])
+        } else {
+            BTreeSet::new()
+        };
+        Ok(Self {
+            store,
+            target,
+            chunk,
+            size,
+            file,
+            staging: path.with_extension("staging"),
+            path: path.to_owned(),
+            inner: Mutex::new(Inner {
+                seq: head.seq,
+                chunks: head.chunks.clone(),
+                present,
+                dirty,
+                fenced: false,
+            }),
+            committing: Mutex::new(()),
+        })
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The local file (removed by [`Volume::discard`]).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written since the last commit (whole chunks).
+    pub async fn dirty_bytes(&self) -> u64 {
+        self.inner.lock().await.dirty.len() as u64 * self.chunk
+    }
+
+    /// Removes the local files.
+    pub fn discard(&self) {
+        for p in [&self.path, &self.staging] {
+            if let Err(e) = std::fs::remove_file(p) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(file = %p.display(), error = %e, "cannot remove a volume file");
+                }
+            }
+        }
+    }
+
+    /// Byte range of chunk `i` within a device of `size` bytes: start, length.
+    fn span(&self, i: u64, size: u64) -> (u64, u64) {
+        let start = i * self.chunk;
+        (start, (start + self.chunk).min(size) - start)
+    }
+
+    /// Chunks that `[offset, offset+len)` touches.
+    fn chunks_of(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
+        if len == 0 {
+            return 0..0;
+        }
+        offset / self.chunk..(offset + len).div_ceil(self.chunk)
+    }
+
+    /// Makes chunk `i` present in the local file, fetching it if needed.
+    async fn ensure(&self, g: &mut Inner, i: u64) -> io::Result<()> {
+        if g.present[i as usize] {
+            return Ok(());
+        }
+        let Some(r) = g.chunks.get(&i) else {
+            g.present[i as usize] = true;
+            return Ok(());
+        };
+        let data = self.store.get_chunk(r).await.map_err(io::Error::other)?;
+        let (start, len) = self.span(i, self.size);
+        // The last chunk of a grown disk may be shorter than a chunk.
+        if data.len() as u64 > self.chunk {
+            return Err(io::Error::other(format!(
+                "chunk {i} of {} holds {} bytes, more than a chunk",
+                self.target.volume,
+                data.len()
+            )));
+        }
+        let n = (data.len() as u64).min(len) as usize;
+        self.file.write_all_at(&data[..n], start)?;
+        g.present[i as usize] = true;
+        Ok(())
+    }
+
+    fn staging_error(&self, op: &'static str, source: io::Error) -> StoreError {
+        StoreError::Io {
+            op,
+            path: self.staging.clone(),
+            source,
+        }
+    }
+
+    fn check(&self, g: &Inner) -> io::Result<()> {
+        if g.fenced {
+            return Err(io::Error::other(format!(
+                "volume {} was taken over by a newer placement",
+                self.target.volume
+            )));
+        }
+        Ok(())
+    }
+
+    /// Commits the dirty chunks as a new generation (`meta` recorded in its
+    /// manifest). Nothing dirty and nothing grown: the current generation.
+    pub async fn commit(&self, meta: BTreeMap<String, String>) -> Result<Manifest, StoreError> {
+        let _one = self.committing.lock().await;
+        let (dirty, parent, mut chunks, size) = {
+            let mut g = self.inner.lock().await;
+            if g.fenced {
+                return Err(StoreError::Fenced {
+                    volume: self.target.volume.clone(),
+                    head_fence: u64::MAX,
+                    ours: self.target.fence,
+                });
+            }
+            if g.dirty.is_empty() && meta.is_empty() {
+                return self.store.manifest(&self.target.volume, g.seq).await;
+            }
+            let staging = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&self.staging)
+                .map_err(|source| self.staging_error("create", source))?;
+            staging
+                .set_len(self.size)
+                .map_err(|source| self.staging_error("size", source))?;
+            let mut buf = vec![0u8; self.chunk as usize];
+            for &i in &g.dirty {
+                let (start, len) = self.span(i, self.size);
+                let b = &mut buf[..len as usize];
+                self.file
+                    .read_exact_at(b, start)
+                    .and_then(|()| staging.write_all_at(b, start))
+                    .map_err(|source| self.staging_error("copy a chunk to", source))?;
+            }
+            let dirty = std::mem::take(&mut g.dirty);
+            (dirty, g.seq, g.chunks.clone(), self.size)
+        };
+        let result = self
+            .upload_and_commit(&dirty, parent, &mut chunks, size, meta)
+            .await;
+        let mut g = self.inner.lock().await;
+        match result {
+            Ok(m) => {
+                g.seq = m.seq;
+                // Chunks written since the staging copy are dirty again and
+                // present locally; the map only serves absent chunks.
+                g.chunks = chunks;
+                Ok(m)
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Fenced { .. }) {
+                    g.fenced = true;
+                }
+                g.dirty.extend(dirty);
+                Err(e)
+            }
+        }
+    }
+
+    async fn upload_and_commit(
+        &self,
+        dirty: &BTreeSet<u64>,
+        parent: u64,
+        chunks: &mut BTreeMap<u64, ChunkRef>,
+        size: u64,
+        meta: BTreeMap<String, String>,
+    ) -> Result<Manifest, StoreError> {
+        let staging = std::fs::File::open(&self.staging)
+            .map_err(|source| self.staging_error("open", source))?;
+        let staging = Arc::new(staging);
+        let uploaded: Vec<(u64, Option<ChunkRef>)> =
+            futures_util::stream::iter(dirty.iter().copied())
+                .map(|i| {
+                    let staging = staging.clone();
+                    let (start, len) = self.span(i, size);
+                    async move {
+                        let mut b = vec![0u8; len as usize];
+                        staging
+                            .read_exact_at(&mut b, start)
+                            .map_err(|source| StoreError::Io {
+                                op: "read a staged chunk from",
+                                path: self.staging.clone(),
+                                source,
+                            })?;
+                        if b.iter().all(|&x| x == 0) {
+                            return Ok((i, None));
+                        }
+                        let r = self.store.put_chunk(&self.target.scope, &b).await?;
+                        Ok::<_, StoreError>((i, Some(r)))
+                    }
+                })
+                .buffer_unordered(UPLOADS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+        for (i, r) in uploaded {
+            match r {
+                Some(r) => chunks.insert(i, r),
+                None => chunks.remove(&i),
+            };
+        }
+        let m = self
+            .store
+            .commit(
+                &self.target.volume,
+                ManifestDraft {
+                    scope: self.target.scope.clone(),
+                    parent: Some(parent),
+                    fence: self.target.fence,
+                    size,
+                    chunk_size: self.chunk as u32,
+                    meta,
+                    chunks: chunks.clone(),
+                },
+            )
+            .await?;
+        if let Err(e) = std::fs::remove_file(&self.staging) {
+            tracing::debug!(error = %e, "staging file already gone");
+        }
+        Ok(m)
+    }
+}
+
+impl BlockDevice for Volume {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    async fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut g = self.inner.lock().await;
+        self.check(&g)?;
+        for i in self.chunks_of(offset, buf.len() as u64) {
+            self.ensure(&mut g, i).await?;
+        }
+        self.file.read_exact_at(buf, offset)
+    }
+
+    async fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut g = self.inner.lock().await;
+        self.check(&g)?;
+        let len = data.len() as u64;
+        for i in self.chunks_of(offset, len) {
+            let (start, clen) = self.span(i, self.size);
+            // A chunk written whole need not be fetched first.
+            if offset > start || offset + len < start + clen {
+                self.ensure(&mut g, i).await?;
+            }
+            g.present[i as usize] = true;
+            g.dirty.insert(i);
+        }
+        self.file.write_all_at(data, offset)
+    }
+
+    async fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut g = self.inner.lock().await;
+        self.check(&g)?;
+        for i in self.chunks_of(offset, len) {
+            let (start, clen) = self.span(i, self.size);
+            if offset > start || offset + len < start + clen {
+                self.ensure(&mut g, i).await?;
+            }
+            g.present[i as usize] = true;
+            g.dirty.insert(i);
+        }
+        punch_hole(&self.file, offset, len)
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        // The local file is a cache: durability comes from commits.
+        Ok(())
+    }
+}
+
+/// Deallocates `[offset, offset+len)` of `file`; it then reads as zeros.
+fn punch_hole(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: fallocate on an open descriptor we own with plain integers.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            n,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

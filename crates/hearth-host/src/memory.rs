@@ -1,0 +1,210 @@
+//! Saved guest memory: local copies and the store's.
+//!
+//! A VM's RAM is a file on tmpfs while it runs. A stop that preserves
+//! memory saves the device state (a small file), copies the RAM file to
+//! the VM's directory (only its data: holes stay holes) and imports both
+//! into the store, so that the next start resumes on this host from the
+//! local copy or on any host from the store. A snapshot with memory keeps
+//! one copy per host under `<data>/snapshots/`, which every VM booted from
+//! it maps copy-on-write.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use hearth_store::{ScopeId, Store, VolumeId};
+use hearth_types::ByteSize;
+
+use crate::host::HostError;
+use crate::vm::MemoryVolumes;
+
+/// Chunk size of memory images in the store.
+pub const CHUNK_SIZE: u32 = 64 << 10;
+
+/// Copies `src` to `dst` (replaced), data only: holes in `src` stay holes,
+/// so a 2 GiB guest that used 200 MiB costs 200 MiB. Returns the bytes of
+/// data copied.
+pub fn copy_sparse(src: &Path, dst: &Path) -> io::Result<u64> {
+    let from = std::fs::File::open(src)?;
+    let len = from.metadata()?.len();
+    let tmp = dst.with_extension("partial");
+    let to = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    to.set_len(len)?;
+    let mut copied = 0u64;
+    let mut pos: i64 = 0;
+    let end = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    while pos < end {
+        // SAFETY: lseek on a descriptor we own, plain integers.
+        let data = unsafe { libc::lseek(from.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole remains
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(from.as_raw_fd(), data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut off_in = data;
+        let mut off_out = data;
+        while off_in < hole {
+            let want = usize::try_from(hole - off_in)
+                .unwrap_or(usize::MAX)
+                .min(1 << 30);
+            // SAFETY: both descriptors are open files we own; the offsets
+            // are valid pointers to i64 that the kernel advances.
+            let n = unsafe {
+                libc::copy_file_range(
+                    from.as_raw_fd(),
+                    &mut off_in,
+                    to.as_raw_fd(),
+                    &mut off_out,
+                    want,
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                ) {
+                    // Across filesystems (tmpfs to the data disk) on kernels
+                    // that refuse it: copy through a buffer.
+                    copied += copy_range(&from, &to, off_in as u64, (hole - off_in) as u64)?;
+                    off_in = hole;
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{} shrank while being copied", src.display()),
+                ));
+            }
+            copied += n as u64;
+        }
+        pos = hole;
+    }
+    to.sync_all()?;
+    std::fs::rename(&tmp, dst)?;
+    Ok(copied)
+}
+
+/// Copies `len` bytes at `offset` from one file to the same offset of
+/// another, through a buffer.
+fn copy_range(from: &std::fs::File, to: &std::fs::File, offset: u64, len: u64) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        from.read_exact_at(&mut buf[..n], offset + done)?;
+        to.write_all_at(&buf[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(done)
+}
+
+/// Imports a saved RAM file and device-state file into the store as the
+/// volumes `<prefix>-mem` and `<prefix>-state` (new generations when they
+/// exist already).
+pub async fn import(
+    store: &Store,
+    scope: &ScopeId,
+    prefix: &str,
+    memory: &Path,
+    state: &Path,
+    fence: u64,
+) -> Result<MemoryVolumes, HostError> {
+    let volumes = MemoryVolumes {
+        memory: format!("{prefix}-mem"),
+        state: format!("{prefix}-state"),
+        memory_size: ByteSize(
+            std::fs::metadata(memory)
+                .map_err(|e| HostError::Invalid(format!("saved memory: {e}")))?
+                .len(),
+        ),
+    };
+    for (volume, path, kind) in [
+        (&volumes.memory, memory, "memory"),
+        (&volumes.state, state, "device-state"),
+    ] {
+        let volume: VolumeId = volume.parse()?;
+        let meta = BTreeMap::from([("kind".to_owned(), kind.to_owned())]);
+        store
+            .import_file(scope, &volume, path, CHUNK_SIZE, fence, meta)
+            .await?;
+    }
+    Ok(volumes)
+}
+
+/// Local files of saved memory: fetched from the store into `dir` unless
+/// already there. Returns (RAM file, device-state file).
+pub async fn fetch(
+    store: &Store,
+    volumes: &MemoryVolumes,
+    dir: &Path,
+) -> Result<(PathBuf, PathBuf), HostError> {
+    let io = |e: io::Error| HostError::Invalid(format!("saved memory in {}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let memory = dir.join("memory");
+    let state = dir.join("state");
+    for (volume, path) in [(&volumes.memory, &memory), (&volumes.state, &state)] {
+        if path.exists() {
+            continue;
+        }
+        let volume: VolumeId = volume.parse()?;
+        let head = store.head(&volume).await?.ok_or_else(|| {
+            HostError::Invalid(format!("saved memory {volume} is not in the store"))
+        })?;
+        let partial = path.with_extension("partial");
+        store.export_to_file(&head, &partial).await?;
+        std::fs::rename(&partial, path).map_err(io)?;
+    }
+    Ok((memory, state))
+}
+
+/// Removes the store's copy of saved memory (both volumes).
+pub async fn delete(store: &Store, volumes: &MemoryVolumes) -> Result<(), HostError> {
+    for volume in [&volumes.memory, &volumes.state] {
+        if let Ok(v) = volume.parse::<VolumeId>() {
+            store.delete_volume(&v).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn sparse_copies_keep_holes_and_data() {
+        let dir = std::env::temp_dir().join(format!("hearth-sparse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("src");
+        let f = std::fs::File::create(&src).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(&[1u8; 8192], 4096).unwrap();
+        f.write_all_at(&[2u8; 4096], 32 << 20).unwrap();
+        drop(f);
+        let dst = dir.join("dst");
+        let copied = copy_sparse(&src, &dst).unwrap();
+        assert!((12288..1 << 20).contains(&copied), "{copied}");
+        assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+        use std::os::unix::fs::MetadataExt;
+        assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 < 4 << 20);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
