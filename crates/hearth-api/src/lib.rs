@@ -47,7 +47,8 @@ pub use nested::RunConfig;
 pub use openapi::openapi;
 pub use quota::{Quotas, Usage};
 pub use snapshots::{
-    ListSnapshotsResponse, SnapshotResponse, SnapshotStatus, SnapshotTag, SnapshotsByNameResponse,
+    CaptureSnapshotRequest, CreateSnapshotRequest, ListSnapshotsResponse, SnapshotResponse,
+    SnapshotStatus, SnapshotTag, SnapshotsByNameResponse,
 };
 pub use spec::{
     apply_update, resolve_create, snapshot_selector, CreatePlan, RestoreMemory, SandboxMeta,

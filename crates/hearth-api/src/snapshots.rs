@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::error::ApiError;
 use crate::nested::RunConfig;
 
 /// A snapshot's lifecycle state.
@@ -85,4 +86,139 @@ pub struct SnapshotTag {
 pub struct SnapshotsByNameResponse {
     pub name: String,
     pub tags: Vec<SnapshotTag>,
+}
+
+/// Body of `POST /boxes/{name}/snapshot`: capture a snapshot of a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CaptureSnapshotRequest {
+    pub name: String,
+    /// Defaults to `latest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Capture the running sandbox's memory too, so that sandboxes created
+    /// from the snapshot resume its processes. Default false.
+    #[serde(default)]
+    pub include_memory: bool,
+    /// Export a Docker image that exists inside the sandbox (not supported:
+    /// rejected with 422).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_capacity_bytes: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    /// Replaces the captured sandbox's `user`/`work_dir`, merges `env_vars`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_config: Option<RunConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// Body of `POST /snapshots`: build a snapshot from an OCI (Docker) image.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CreateSnapshotRequest {
+    pub name: String,
+    /// `registry/repository:tag` or `@sha256:…`; Docker Hub names
+    /// (`python:3.12`) resolve to `docker.io/library/…`.
+    pub docker_image: String,
+    pub fs_capacity_bytes: i64,
+    /// Defaults to the image's own tag, else `latest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_id: Option<Uuid>,
+    /// Overrides the image's `User`, `WorkingDir`; `env_vars` merge over its
+    /// `Env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_config: Option<RunConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// Longest snapshot description.
+pub const MAX_DESCRIPTION: usize = 1024;
+
+impl CaptureSnapshotRequest {
+    /// The checked request: its `name:tag`.
+    pub fn validate(&self) -> Result<crate::SnapshotRef, ApiError> {
+        if self.docker_image.is_some() {
+            return Err(ApiError::validation(
+                "docker_image",
+                "exporting a Docker image from inside a sandbox is not supported; capture the root filesystem",
+            ));
+        }
+        if self.checkpoint.is_some() {
+            return Err(ApiError::validation(
+                "checkpoint",
+                "checkpoints are not supported; capture the sandbox itself",
+            ));
+        }
+        check_description(self.description.as_deref())?;
+        if let Some(l) = &self.labels {
+            crate::validate::check_labels(l)?;
+        }
+        snapshot_ref("name", &self.name, self.tag.as_deref())
+    }
+}
+
+impl CreateSnapshotRequest {
+    /// The checked request: its `name:tag` and capacity.
+    pub fn validate(&self) -> Result<(crate::SnapshotRef, u64), ApiError> {
+        if self.docker_image.trim().is_empty() || self.docker_image.len() > 512 {
+            return Err(ApiError::validation(
+                "docker_image",
+                "docker_image must be an image reference of at most 512 bytes",
+            ));
+        }
+        let capacity = u64::try_from(self.fs_capacity_bytes)
+            .ok()
+            .filter(|&c| c >= 16 << 20)
+            .ok_or_else(|| {
+                ApiError::validation(
+                    "fs_capacity_bytes",
+                    "fs_capacity_bytes must be at least 16 MiB",
+                )
+            })?;
+        check_description(self.description.as_deref())?;
+        if let Some(l) = &self.labels {
+            crate::validate::check_labels(l)?;
+        }
+        // The image's own tag when none is given.
+        let image_tag = self
+            .docker_image
+            .rsplit_once(':')
+            .filter(|(_, t)| !t.contains('/'))
+            .map(|(_, t)| t);
+        let tag = self.tag.as_deref().or(image_tag);
+        Ok((snapshot_ref("name", &self.name, tag)?, capacity))
+    }
+}
+
+fn check_description(d: Option<&str>) -> Result<(), ApiError> {
+    match d {
+        Some(d) if d.len() > MAX_DESCRIPTION => Err(ApiError::validation(
+            "description",
+            format!("description is longer than {MAX_DESCRIPTION} bytes"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn snapshot_ref(
+    field: &str,
+    name: &str,
+    tag: Option<&str>,
+) -> Result<crate::SnapshotRef, ApiError> {
+    if name.contains(':') {
+        return Err(ApiError::validation(field, "the name may not contain ':'"));
+    }
+    let text = format!("{name}:{}", tag.unwrap_or(crate::validate::DEFAULT_TAG));
+    text.parse()
+        .map_err(|e: crate::validate::ParseSnapshotRefError| {
+            ApiError::validation(field, e.to_string())
+        })
 }

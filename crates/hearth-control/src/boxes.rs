@@ -9,7 +9,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hearth_api::boxes::LifecycleRequest;
 use hearth_api::{ApiError, ListSnapshotsQuery, SnapshotTag, SnapshotsByNameResponse};
-use hearth_types::SnapshotId;
 
 use crate::auth::Principal;
 use crate::error::{db_error, HttpResult};
@@ -133,15 +132,36 @@ pub async fn get_snapshot(
     Path(reference): Path<String>,
 ) -> HttpResult<Response> {
     who.require("sandboxes:read")?;
-    let ws = who.workspace_id;
-    let snap = if let Ok(id) = reference.parse::<SnapshotId>() {
-        c.db.get_snapshot(ws, id).await.ok()
-    } else {
-        let (name, tag) = reference.split_once(':').unwrap_or((&reference, "latest"));
-        c.db.find_snapshot_by_ref(ws, name, tag).await.ok()
-    };
-    let snap = snap.ok_or_else(|| ApiError::snapshot_not_found(&reference))?;
+    let snap = c.resolve_any_snapshot(who.workspace_id, &reference).await?;
     Ok(Json(snapshot_response(&snap, vec![snap.tag.clone()])).into_response())
+}
+
+pub async fn capture_snapshot(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    let snap = c.capture_snapshot(&who, &name, &body).await?;
+    Ok((StatusCode::ACCEPTED, Json(snap)).into_response())
+}
+
+pub async fn create_snapshot(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    let snap = c.create_snapshot(&who, &body).await?;
+    Ok((StatusCode::ACCEPTED, Json(snap)).into_response())
+}
+
+pub async fn delete_snapshot(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(reference): Path<String>,
+) -> HttpResult<StatusCode> {
+    c.delete_snapshot(&who, &reference).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn snapshots_by_name(

@@ -26,6 +26,7 @@ mod metrics;
 pub mod secrets;
 mod service;
 mod services;
+mod snapshots;
 pub mod tunnel;
 
 use std::collections::HashMap;
@@ -292,8 +293,15 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         .route("/boxes/{name}/stop", post(boxes::stop))
         .route("/boxes/{name}/download-url", post(links::mint))
         .route("/boxes/{name}/service-url", post(links::mint_service))
-        .route("/snapshots", get(boxes::list_snapshots))
-        .route("/snapshots/{reference}", get(boxes::get_snapshot))
+        .route(
+            "/snapshots",
+            get(boxes::list_snapshots).post(boxes::create_snapshot),
+        )
+        .route(
+            "/snapshots/{reference}",
+            get(boxes::get_snapshot).delete(boxes::delete_snapshot),
+        )
+        .route("/boxes/{name}/snapshot", post(boxes::capture_snapshot))
         .route("/snapshots-by-name/{name}", get(boxes::snapshots_by_name))
 }
 

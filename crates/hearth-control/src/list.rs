@@ -67,14 +67,18 @@ pub fn snapshot_response(s: &SnapshotRow, tags: Vec<String>) -> SnapshotResponse
         },
         status_message: s.status_message.clone(),
         docker_image: s.docker_image.clone(),
-        image_digest: None,
+        image_digest: s.image_digest.clone(),
         registry_id: None,
-        source_sandbox_id: None,
+        source_sandbox_id: s.source_sandbox_id.map(|i| *i.as_uuid()),
         fs_capacity_bytes: s.fs_capacity.bytes(),
         fs_used_bytes: None,
-        memory_snapshot_size_bytes: None,
+        memory_snapshot_size_bytes: s.memory_bytes.map(|m| m.bytes()),
         labels: s.labels.clone(),
-        description: Some(format!("Hearth built-in image `{}`", s.image)),
+        description: match (&s.description, &s.volume) {
+            (Some(d), _) => Some(d.clone()),
+            (None, None) => Some(format!("Hearth built-in image `{}`", s.image)),
+            (None, Some(_)) => None,
+        },
         run_config: s
             .run_config
             .clone()

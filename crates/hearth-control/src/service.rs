@@ -12,7 +12,7 @@ use hearth_api::{
     SnapshotSelector, StatusResponse, UpdateSandboxRequest,
 };
 use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
-use hearth_host::{CreateVm, GuestClient, HostError, Resize, VmState};
+use hearth_host::{BootFrom, CreateVm, GuestClient, HostError, MemoryVolumes, Resize, VmState};
 use hearth_image::ImageName;
 use hearth_types::{ByteSize, HostId, SandboxId, VmId, WorkspaceId};
 
@@ -125,7 +125,7 @@ impl Control {
     }
 
     /// Refuses a disk larger than `max_fs_capacity`.
-    fn check_disk_size(&self, fs: hearth_types::ByteSize) -> Result<(), ApiError> {
+    pub(crate) fn check_disk_size(&self, fs: hearth_types::ByteSize) -> Result<(), ApiError> {
         let max = self.cfg.max_fs_capacity;
         if fs > max {
             return Err(ApiError::validation(
@@ -217,10 +217,16 @@ impl Control {
                 .clone()
                 .and_then(|v| serde_json::from_value(v).ok()),
             labels: snap.labels.clone(),
-            has_memory: false,
+            has_memory: snap.memory_bytes.is_some(),
             supports_non_persistent: true,
         };
-        let plan = resolve_create(&req, &facts)?;
+        let mut plan = resolve_create(&req, &facts)?;
+        let image = snapshot_image(&snap)?;
+        let from = boot_from(&snap, plan.restore_memory);
+        if let Some(m) = from.as_ref().and_then(|f| f.memory.as_ref()) {
+            // A resumed VM has the memory it was saved with.
+            plan.spec.mem = m.memory_size;
+        }
         self.check_disk_size(plan.spec.fs_capacity)?;
         // Nothing is written before placement succeeds: the SDK replays a
         // POST answered 503. Placement and the insert that commits the
@@ -285,11 +291,7 @@ impl Control {
             })?;
         drop(placing);
         self.metrics.created();
-        let image = snap
-            .image
-            .parse::<ImageName>()
-            .unwrap_or(ImageName::Default);
-        self.spawn_boot(row.clone(), host_id, image, Boot::Create);
+        self.spawn_boot(row.clone(), host_id, image, from, Boot::Create);
         let Some(wait) = plan.wait_for_ready else {
             return self.response(&row);
         };
@@ -335,7 +337,14 @@ impl Control {
 
     /// Boots (or re-boots) the sandbox's VM in the background and records
     /// the outcome, fenced on the generation it was placed with.
-    fn spawn_boot(self: &Arc<Self>, row: SandboxRow, host_id: HostId, image: ImageName, how: Boot) {
+    fn spawn_boot(
+        self: &Arc<Self>,
+        row: SandboxRow,
+        host_id: HostId,
+        image: ImageName,
+        from: Option<BootFrom>,
+        how: Boot,
+    ) {
         let control = self.clone();
         tokio::spawn(async move {
             let Some(host) = control.hosts.get(&host_id).cloned() else {
@@ -353,9 +362,13 @@ impl Control {
                 image,
                 memory,
                 cpu: row.cpu,
+                fence: row.generation,
+                from,
+                existing: false,
             };
             // A start applies what a PATCH changed since the last boot.
             let resize = Resize {
+                fence: Some(row.generation),
                 memory: Some(memory),
                 cpu: Some(row.cpu),
                 disk: Some(row.fs_capacity),
@@ -364,7 +377,16 @@ impl Control {
                 Boot::Create => host.create_vm(create).await.map(drop),
                 Boot::Start => match host.get(vm) {
                     Ok(_) => host.start_vm_with(vm, resize).await.map(drop),
-                    Err(HostError::NotFound(_)) => host.create_vm(create).await.map(drop),
+                    // This host has no record of it (another host ran it,
+                    // or its local state was lost): a persistent disk comes
+                    // back from the store.
+                    Err(HostError::NotFound(_)) => host
+                        .create_vm(CreateVm {
+                            existing: row.persistent,
+                            ..create
+                        })
+                        .await
+                        .map(drop),
                     Err(e) => Err(e),
                 },
             };
@@ -544,7 +566,14 @@ impl Control {
             }
         }
         if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
-            match host.stop(vm_id(row.id)).await {
+            // preserve_memory_on_stop: the next start resumes the running
+            // processes (only a ready VM has memory worth keeping).
+            let stopped = if row.preserve_memory_on_stop && row.status == SandboxStatus::Ready {
+                host.stop_saving_memory(vm_id(row.id)).await
+            } else {
+                host.stop(vm_id(row.id)).await
+            };
+            match stopped {
                 Ok(_) | Err(HostError::NotFound(_)) => {}
                 Err(e) => {
                     tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "stop vm")
@@ -612,19 +641,24 @@ impl Control {
         drop(placing);
         self.bump();
         if row.host_id.is_some() && row.host_id != Some(host_id) {
-            // A different host: the old one's copy is stale; drop it.
+            // A different host: the old one's copy is stale; it forgets
+            // it (the store keeps the disk for the new host).
             if let Some(old) = row.host_id.and_then(|h| self.hosts.get(&h)) {
-                let _ = old.delete(vm_id(row.id)).await;
+                if let Err(e) = old.forget(vm_id(row.id)).await {
+                    tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "the previous host could not drop its copy");
+                }
             }
         }
-        let image = self
+        let snap = self
             .db
             .get_snapshot(row.workspace_id, row.snapshot_id)
             .await
-            .ok()
-            .and_then(|s| s.image.parse::<ImageName>().ok())
-            .unwrap_or(ImageName::Default);
-        self.spawn_boot(placed.clone(), host_id, image, Boot::Start);
+            .map_err(db_error)?;
+        let image = snapshot_image(&snap)?;
+        // The snapshot's disk for a disk that is not kept; never its
+        // memory (only a create resumes a snapshot's memory).
+        let from = boot_from(&snap, hearth_api::RestoreMemory::Never);
+        self.spawn_boot(placed.clone(), host_id, image, from, Boot::Start);
         Ok(placed)
     }
 
@@ -796,5 +830,43 @@ impl Control {
                 }
             }
         }
+    }
+}
+
+/// The built-in image a snapshot boots with (its kernel and initramfs, and
+/// its disk unless the snapshot has its own in the store). An unknown name
+/// is an error, never a silent fallback.
+pub(crate) fn snapshot_image(snap: &SnapshotRow) -> Result<ImageName, ApiError> {
+    snap.image.parse::<ImageName>().map_err(|_| {
+        tracing::error!(snapshot = %snap.id, image = %snap.image, "snapshot names an unknown image");
+        ApiError::internal()
+    })
+}
+
+/// What a boot from `snap` takes from the store: its disk, and its memory
+/// when it has some and `restore` allows.
+pub(crate) fn boot_from(
+    snap: &SnapshotRow,
+    restore: hearth_api::RestoreMemory,
+) -> Option<BootFrom> {
+    use hearth_api::RestoreMemory;
+    let disk = snap.volume.clone()?;
+    let memory = match (restore, snap.memory_bytes) {
+        (RestoreMemory::Never, _) | (_, None) => None,
+        (_, Some(size)) => Some(memory_volumes(&disk, size)),
+    };
+    Some(BootFrom {
+        disk,
+        memory,
+        require_memory: restore == RestoreMemory::Always,
+    })
+}
+
+/// The store volumes of a snapshot's memory, named after its disk's.
+pub(crate) fn memory_volumes(disk: &str, size: ByteSize) -> MemoryVolumes {
+    MemoryVolumes {
+        memory: format!("{disk}-mem"),
+        state: format!("{disk}-state"),
+        memory_size: size,
     }
 }

@@ -1,0 +1,337 @@
+//! Snapshots kept in the store: captured from sandboxes (disk, optionally
+//! memory) and deleted. Builds run in the background; the row says
+//! `building` until the host has stored the snapshot, then `ready` (or
+//! `failed` with the host's reason), which the SDK polls for.
+//!
+//! Deleting a snapshot is refused (409) while a sandbox not being deleted
+//! was booted from it, as LangSmith does. Its chunks would be safe either
+//! way: a sandbox's own generations reference them, and the store's GC
+//! keeps every chunk some manifest references.
+
+use std::sync::Arc;
+
+use hearth_api::{
+    ApiError, CaptureSnapshotRequest, CreateSnapshotRequest, RunConfig, SnapshotResponse,
+};
+use hearth_db::{SandboxStatus, SnapshotRow, SnapshotStatus, Timestamp};
+use hearth_host::Captured;
+use hearth_types::{HostId, SnapshotId, WorkspaceId};
+
+use crate::auth::Principal;
+use crate::error::db_error;
+use crate::list::snapshot_response;
+use crate::service::{memory_volumes, vm_id};
+use crate::Control;
+
+impl Control {
+    /// `POST /boxes/{name}/snapshot`.
+    pub async fn capture_snapshot(
+        self: &Arc<Self>,
+        who: &Principal,
+        sandbox: &str,
+        body: &[u8],
+    ) -> Result<SnapshotResponse, ApiError> {
+        who.require("sandboxes:update")?;
+        let req: CaptureSnapshotRequest = hearth_api::parse_body(body)?;
+        let reference = req.validate()?;
+        let row = self.find(who.workspace_id, sandbox).await?;
+        if !row.persistent {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} is not persistent: its writes are discarded, so it cannot be captured",
+                row.name
+            )));
+        }
+        match row.status {
+            SandboxStatus::Ready => {}
+            SandboxStatus::Stopped if !req.include_memory => {}
+            s => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {} is {}; capture a ready sandbox{}",
+                    row.name,
+                    s.as_str(),
+                    if req.include_memory {
+                        " (memory needs it running)"
+                    } else {
+                        " or a stopped one"
+                    }
+                )))
+            }
+        }
+        let host_id = row
+            .host_id
+            .ok_or_else(|| ApiError::conflict(format!("sandbox {} has no host", row.name)))?;
+        let source = self
+            .db
+            .get_snapshot(row.workspace_id, row.snapshot_id)
+            .await
+            .map_err(db_error)?;
+        let base: RunConfig = serde_json::from_value(row.run_config.clone()).unwrap_or_default();
+        let run_config = match &req.run_config {
+            Some(over) => {
+                over.validate("run_config")?;
+                over.merged_over(&base)
+            }
+            None => base,
+        };
+        // The sandbox's own env layer is not part of the snapshot.
+        let now = Timestamp::now();
+        let id = SnapshotId::new();
+        let snap = SnapshotRow {
+            id,
+            workspace_id: Some(who.workspace_id),
+            name: reference.name.clone(),
+            tag: reference.tag.clone(),
+            status: SnapshotStatus::Building,
+            status_message: None,
+            image: source.image.clone(),
+            fs_capacity: row.fs_capacity,
+            labels: req.labels.clone().unwrap_or_else(|| row.labels.clone()),
+            run_config: serde_json::to_value(&run_config).ok(),
+            docker_image: None,
+            created_at: now,
+            updated_at: now,
+            volume: Some(format!("snap-{id}")),
+            memory_bytes: None,
+            source_sandbox_id: Some(row.id),
+            image_digest: None,
+            description: req.description.clone(),
+        };
+        self.db
+            .insert_snapshot(who.workspace_id, &snap)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::Conflict { .. } => {
+                    ApiError::name_conflict("snapshot", &reference.to_string())
+                }
+                other => db_error(other),
+            })?;
+        let control = self.clone();
+        let include_memory = req.include_memory;
+        let (vm, building) = (vm_id(row.id), snap.clone());
+        tokio::spawn(async move {
+            let result = match control.hosts.get(&host_id) {
+                Some(host) => {
+                    let volume = building.volume.clone().unwrap_or_default();
+                    host.capture(vm, &volume, include_memory)
+                        .await
+                        .map_err(|e| host.public_error(&e))
+                }
+                None => Err(format!("host {host_id} is not reachable")),
+            };
+            control.finish_snapshot(building, result).await;
+        });
+        Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
+    }
+
+    /// `POST /snapshots`: build a snapshot from an OCI image in a
+    /// registry. Registries on loopback are reached over plain HTTP, all
+    /// others over HTTPS; private registries (`registry_id`) are not
+    /// supported yet.
+    pub async fn create_snapshot(
+        self: &Arc<Self>,
+        who: &Principal,
+        body: &[u8],
+    ) -> Result<SnapshotResponse, ApiError> {
+        who.require("sandboxes:create")?;
+        let req: CreateSnapshotRequest = hearth_api::parse_body(body)?;
+        let (reference, capacity) = req.validate()?;
+        if req.registry_id.is_some() {
+            return Err(ApiError::validation(
+                "registry_id",
+                "private registries are not supported yet; use a public image",
+            ));
+        }
+        let capacity = hearth_types::ByteSize(capacity);
+        self.check_disk_size(capacity)?;
+        if let Some(rc) = &req.run_config {
+            rc.validate("run_config")?;
+        }
+        let (host_id, host) = self.any_host()?;
+        let now = Timestamp::now();
+        let id = SnapshotId::new();
+        let snap = SnapshotRow {
+            id,
+            workspace_id: Some(who.workspace_id),
+            name: reference.name.clone(),
+            tag: reference.tag.clone(),
+            status: SnapshotStatus::Building,
+            status_message: None,
+            // Its kernel and initramfs; the disk is the image's.
+            image: hearth_image::ImageName::Busybox.as_str().to_owned(),
+            fs_capacity: capacity,
+            labels: req.labels.clone().unwrap_or_default(),
+            run_config: None,
+            docker_image: Some(req.docker_image.clone()),
+            created_at: now,
+            updated_at: now,
+            volume: Some(format!("snap-{id}")),
+            memory_bytes: None,
+            source_sandbox_id: None,
+            image_digest: None,
+            description: req.description.clone(),
+        };
+        self.db
+            .insert_snapshot(who.workspace_id, &snap)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::Conflict { .. } => {
+                    ApiError::name_conflict("snapshot", &reference.to_string())
+                }
+                other => db_error(other),
+            })?;
+        let control = self.clone();
+        let mut building = snap.clone();
+        let over = req.run_config.clone();
+        let image_ref = req.docker_image.clone();
+        tokio::spawn(async move {
+            let source = hearth_image::OciSource::Registry {
+                insecure_http: on_loopback(&image_ref),
+                reference: image_ref,
+                auth: None,
+            };
+            let volume = building.volume.clone().unwrap_or_default();
+            let result = match host.import_oci(source, capacity, &volume).await {
+                Ok((captured, image)) => {
+                    // The image's configuration, under the request's.
+                    let base = RunConfig {
+                        user: image.run_config.user.clone(),
+                        work_dir: image.run_config.working_dir.clone(),
+                        env_vars: Some(image.run_config.env.iter().cloned().collect()),
+                    };
+                    let rc = over.map_or(base.clone(), |o| o.merged_over(&base));
+                    building.run_config = serde_json::to_value(&rc).ok();
+                    building.image_digest = Some(image.digest.clone());
+                    Ok(captured)
+                }
+                Err(e) => {
+                    tracing::warn!(host = %host_id, error = %hearth_host::error_chain(&e), "image import failed");
+                    Err(host.public_error(&e))
+                }
+            };
+            control.finish_snapshot(building, result).await;
+        });
+        Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
+    }
+
+    /// Records the outcome of a snapshot build.
+    pub(crate) async fn finish_snapshot(
+        &self,
+        mut snap: SnapshotRow,
+        result: Result<Captured, String>,
+    ) {
+        match result {
+            Ok(c) => {
+                snap.status = SnapshotStatus::Ready;
+                snap.status_message = None;
+                snap.memory_bytes = c.memory.as_ref().map(|m| m.memory_size);
+                snap.fs_capacity = snap.fs_capacity.max(c.disk_size);
+                snap.volume = Some(c.disk);
+            }
+            Err(e) => {
+                tracing::warn!(snapshot = %snap.id, error = %e, "snapshot build failed");
+                snap.status = SnapshotStatus::Failed;
+                snap.status_message = Some(e);
+            }
+        }
+        if let Err(e) = self.db.update_snapshot(&snap).await {
+            tracing::error!(snapshot = %snap.id, error = %e, "cannot record a snapshot's outcome");
+        }
+    }
+
+    /// `DELETE /snapshots/{id or name:tag}`: the record, then the store's
+    /// volumes (and hosts' copies of its memory).
+    pub async fn delete_snapshot(&self, who: &Principal, reference: &str) -> Result<(), ApiError> {
+        who.require("sandboxes:delete")?;
+        let ws = who.workspace_id;
+        let snap = self.resolve_any_snapshot(ws, reference).await?;
+        let snap = self
+            .db
+            .delete_snapshot(ws, snap.id)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::Conflict { what } => {
+                    ApiError::conflict(format!("{what}: delete those sandboxes first"))
+                }
+                other => db_error(other),
+            })?;
+        if let Some(volume) = &snap.volume {
+            let captured = Captured {
+                disk: volume.clone(),
+                disk_size: snap.fs_capacity,
+                memory: snap.memory_bytes.map(|m| memory_volumes(volume, m)),
+            };
+            for (id, host) in &self.hosts {
+                if let Err(e) = host.delete_snapshot_data(&captured).await {
+                    // The record is gone; what is left is garbage the
+                    // store's GC collects.
+                    tracing::warn!(snapshot = %snap.id, host = %id, error = %hearth_host::error_chain(&e), "cannot remove a snapshot's data");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot of the workspace (or built-in) by id or `name[:tag]`, in
+    /// any status.
+    pub(crate) async fn resolve_any_snapshot(
+        &self,
+        ws: WorkspaceId,
+        reference: &str,
+    ) -> Result<SnapshotRow, ApiError> {
+        let found = if let Ok(id) = reference.parse::<SnapshotId>() {
+            self.db.get_snapshot(ws, id).await.ok()
+        } else {
+            let r: hearth_api::SnapshotRef = reference
+                .parse()
+                .map_err(|_| ApiError::snapshot_not_found(reference))?;
+            self.db.find_snapshot_by_ref(ws, &r.name, &r.tag).await.ok()
+        };
+        found.ok_or_else(|| ApiError::snapshot_not_found(reference))
+    }
+
+    /// Any host (the store is shared, so any of them can import into it).
+    fn any_host(&self) -> Result<(HostId, Arc<hearth_host::Host>), ApiError> {
+        self.hosts
+            .iter()
+            .next()
+            .map(|(id, h)| (*id, h.clone()))
+            .ok_or_else(ApiError::no_hosts)
+    }
+}
+
+/// Whether an image reference names a registry on loopback (reached over
+/// plain HTTP, as a local test or mirror registry is).
+fn on_loopback(reference: &str) -> bool {
+    let host = reference.split('/').next().unwrap_or("");
+    let host = host.rsplit_once(':').map_or(host, |(h, port)| {
+        if port.bytes().all(|b| b.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    });
+    reference.contains('/')
+        && (host == "localhost"
+            || host == "[::1]"
+            || host
+                .parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|ip| ip.is_loopback()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_loopback_registries_get_plain_http() {
+        for (r, local) in [
+            ("127.0.0.1:5000/hello:v1", true),
+            ("localhost:5000/a/b", true),
+            ("127.1.2.3/x", true),
+            ("python:3.12", false),
+            ("docker.io/library/python:3.12", false),
+            ("10.0.0.1:5000/x", false),
+            ("localhost", false),
+        ] {
+            assert_eq!(super::on_loopback(r), local, "{r}");
+        }
+    }
+}
