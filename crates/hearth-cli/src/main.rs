@@ -178,7 +178,63 @@ fn parse_images(s: &str) -> anyhow::Result<Vec<ImageName>> {
 }
 
 async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>> {
-    let cfg = hearth_host::HostConfig::new(data_dir);
+    start_host_with(data_dir, &StoreOverrides::default()).await
+}
+
+/// Where a host keeps disks and saved memory, beyond the defaults under the
+/// data dir: `hearth.toml` (for `hearth up`) or the environment
+/// (`HEARTH_STORE_URL`, `HEARTH_COMMIT_INTERVAL_SECS`,
+/// `HEARTH_MASTER_KEY_FILE`, `HEARTH_CACHE_MAX_BYTES`), the file winning.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOverrides {
+    pub url: Option<String>,
+    pub commit_interval_secs: Option<u64>,
+    pub master_key_file: Option<PathBuf>,
+    pub cache_max_bytes: Option<u64>,
+}
+
+impl StoreOverrides {
+    fn apply(&self, s: &mut hearth_host::StoreSettings) -> anyhow::Result<()> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let num = |k: &str| -> anyhow::Result<Option<u64>> {
+            env(k)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .with_context(|| format!("{k}={v:?} is not a number"))
+                })
+                .transpose()
+        };
+        if let Some(url) = self.url.clone().or_else(|| env("HEARTH_STORE_URL")) {
+            s.url = url;
+        }
+        if let Some(secs) = self
+            .commit_interval_secs
+            .or(num("HEARTH_COMMIT_INTERVAL_SECS")?)
+        {
+            s.commit_interval = std::time::Duration::from_secs(secs);
+        }
+        if let Some(f) = self
+            .master_key_file
+            .clone()
+            .or_else(|| env("HEARTH_MASTER_KEY_FILE").map(PathBuf::from))
+        {
+            s.master_key_file = f;
+        }
+        if let Some(n) = self.cache_max_bytes.or(num("HEARTH_CACHE_MAX_BYTES")?) {
+            s.cache_max = hearth_types::ByteSize(n);
+        }
+        Ok(())
+    }
+}
+
+async fn start_host_with(
+    data_dir: PathBuf,
+    store: &StoreOverrides,
+) -> anyhow::Result<Arc<hearth_host::Host>> {
+    let mut cfg = hearth_host::HostConfig::new(data_dir);
+    if let hearth_host::Storage::Store(s) = &mut cfg.storage {
+        store.apply(s)?;
+    }
     hearth_host::Host::start(cfg, progress::reporter())
         .await
         .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))

@@ -54,6 +54,13 @@ struct FileConfig {
     /// Whether `/metrics` needs an API key (default: only when listening
     /// beyond loopback).
     metrics_require_key: Option<bool>,
+    /// Object storage for disks, saved memory and snapshots (default
+    /// `file://<data>/store`; `s3://bucket/prefix?endpoint=…&region=…`).
+    store_url: Option<String>,
+    /// How often a running sandbox's disk is committed (default 60).
+    commit_interval_seconds: Option<u64>,
+    /// Bound of the local chunk cache (default 10 GiB).
+    cache_max_bytes: Option<u64>,
 }
 
 /// Memory kept for the host itself (the control plane, QEMU's own
@@ -132,7 +139,13 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("create the data directory {}", data_dir.display()))?;
     eprintln!("[hearth] data directory {}", data_dir.display());
 
-    let host = crate::start_host(data_dir.clone()).await?;
+    let store = crate::StoreOverrides {
+        url: file.store_url.clone(),
+        commit_interval_secs: file.commit_interval_seconds,
+        master_key_file: file.master_key_file.clone(),
+        cache_max_bytes: file.cache_max_bytes,
+    };
+    let host = crate::start_host_with(data_dir.clone(), &store).await?;
     if !args.no_default_image {
         host.artifacts(ImageName::Default, crate::progress::reporter())
             .await
@@ -181,6 +194,9 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .await
         .with_context(|| format!("listen on {listen}"))?;
     tokio::spawn(control.clone().run_reapers());
+    // The one host of `hearth up` is the store's only writer: it collects
+    // its garbage, hourly.
+    tokio::spawn(collect_garbage(host.clone()));
 
     eprintln!();
     eprintln!(
@@ -219,6 +235,29 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     eprintln!("[hearth] bye");
     Ok(0)
 }
+
+/// Runs the store's garbage collection every hour (the first an hour
+/// after start), logging what it freed.
+async fn collect_garbage(host: std::sync::Arc<hearth_host::Host>) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + GC_INTERVAL, GC_INTERVAL);
+    loop {
+        tick.tick().await;
+        match host.collect_garbage().await {
+            Ok(r) => tracing::info!(
+                manifests = r.manifests_deleted,
+                chunks = r.chunks_deleted,
+                bytes = r.bytes_deleted,
+                "store garbage collected"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %hearth_host::error_chain(&e), "store garbage collection failed")
+            }
+        }
+    }
+}
+
+/// How often `hearth up` collects the store's garbage.
+const GC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 #[cfg(test)]
 mod tests {

@@ -329,6 +329,12 @@ impl Host {
         Ok(host)
     }
 
+    /// The store-backed disk provider, when this host keeps its disks in
+    /// the store (benchmarks and tests count its bytes).
+    pub fn generations(&self) -> Option<&Arc<GenerationDisks>> {
+        self.generations.as_ref()
+    }
+
     pub fn config(&self) -> &HostConfig {
         &self.cfg
     }
@@ -1001,6 +1007,14 @@ impl Host {
             },
             image,
         ))
+    }
+
+    /// Collects the store's garbage: old generations beyond the newest few
+    /// of each volume, then chunks no manifest references (see
+    /// `hearth_store::gc`). Exactly one process per store may run it.
+    pub async fn collect_garbage(&self) -> Result<hearth_store::GcReport, HostError> {
+        let store = self.store("garbage collection")?;
+        Ok(store.gc(hearth_store::GcOptions::default()).await?)
     }
 
     /// Removes a snapshot's volumes from the store and this host's copies
