@@ -15,6 +15,9 @@ server you started yourself:
 Environment:
     LANGSMITH_ENDPOINT, LANGSMITH_API_KEY  the server and a key with `*`
     HEARTH_SDK_OTHER_KEY      a key of another workspace (else that test skips)
+    HEARTH_SDK_OCI_IMAGE      an image reference in a local registry for the
+                              OCI snapshot test (else it skips loudly, or fails
+                              when HEARTH_REQUIRE_OCI is set)
     HEARTH_SDK_CHECKPOINT     a path: after the burst, the ready sandboxes are
                               written to <path>.json and the burst test waits
                               for <path>.done before deleting them (the Rust
@@ -34,6 +37,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
 
 from langsmith.sandbox import (
@@ -42,6 +46,7 @@ from langsmith.sandbox import (
     ResourceNotFoundError,
     SandboxAuthenticationError,
     SandboxClient,
+    SandboxClientError,
     SandboxOperationError,
     ValidationError,
 )
@@ -630,7 +635,244 @@ def test_error_other_workspace_sandbox_is_not_found():
 
 
 # --------------------------------------------------------------------------
-# 10: a burst of creates
+# 10: snapshots (captured disks, memory, OCI images) and preserved memory
+
+# Snapshot builds and memory captures run under emulation here: generous.
+SNAPSHOT_TIMEOUT = 600
+
+
+def unique(prefix):
+    return f"{prefix}-{os.getpid()}-{random.randrange(1 << 32):08x}"
+
+
+def raw(method, path, body=None):
+    """One request to the control plane's API (the SDK's base URL), outside
+    the SDK: for what the SDK cannot send (`include_memory`) or does not
+    keep (`memory_snapshot_size_bytes`). Returns (status, JSON body)."""
+    url = client._base_url + path
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("X-Api-Key", os.environ["LANGSMITH_API_KEY"])
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=120) as r:
+            text = r.read()
+            return r.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as e:
+        text = e.read()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, text.decode(errors="replace")
+
+
+def http_status(e):
+    """The HTTP status behind an SDK exception, when it kept the response."""
+    cause = e.__cause__
+    response = getattr(cause, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def start_detached(sb, script, pidfile):
+    """Starts `sh -c script` in its own session (it outlives the exec that
+    started it) and returns its PID, which the script writes to pidfile."""
+    r = sb.run(
+        f"setsid -f sh -c 'echo $$ > {pidfile}; {script}' >/dev/null 2>&1 </dev/null",
+        timeout=60,
+    )
+    check(r.exit_code == 0, f"start detached: {r}")
+    deadline = time.monotonic() + 30
+    while True:
+        r = sb.run(f"cat {pidfile} 2>/dev/null")
+        if r.stdout.strip().isdigit():
+            return int(r.stdout.strip())
+        check(time.monotonic() < deadline, f"no {pidfile} after 30s")
+        time.sleep(0.2)
+
+
+def process_alive(sb, pid):
+    """Whether pid runs in the sandbox (not a zombie); returns its cmdline."""
+    r = sb.run(
+        f"[ -e /proc/{pid} ] && ! grep -q '^State:.*Z' /proc/{pid}/status "
+        f"&& tr '\\0' ' ' < /proc/{pid}/cmdline"
+    )
+    return r.stdout if r.exit_code == 0 else None
+
+
+def test_snapshot_capture_boots_a_copy_and_delete_is_refused_while_in_use():
+    src = create(snapshot_name="busybox", timeout=CREATE_TIMEOUT)
+    token = unique("captured")
+    r = src.run(f"mkdir -p /root && echo {token} > /root/f && sync")
+    check(r.exit_code == 0, f"write /root/f: {r}")
+    name = unique("sdk-capture")
+    t = time.monotonic()
+    snap = client.capture_snapshot(src.name, name, tag="t1", timeout=SNAPSHOT_TIMEOUT)
+    log(f"captured {snap.id} ({name}:t1) in {time.monotonic() - t:.1f}s")
+    check(snap.status == "ready", f"snapshot status {snap.status!r}")
+    check(snap.name == name, f"snapshot name {snap.name!r}")
+    check(snap.source_sandbox_id == src.id, f"source_sandbox_id {snap.source_sandbox_id!r}, expected {src.id}")
+    check("t1" in (snap.tags or []), f"tags {snap.tags!r}")
+
+    by_id = client.get_snapshot(snap.id)
+    by_ref = client.get_snapshot(f"{name}:t1")
+    check(by_id.id == snap.id and by_ref.id == snap.id, f"get by id {by_id.id}, by name:tag {by_ref.id}")
+    listed = [s.id for s in client.list_snapshots(name_contains=name)]
+    check(listed == [snap.id], f"list_snapshots(name_contains={name!r}): {listed}")
+    listed = [s.id for s in client.list_snapshots(limit=500)]
+    check(snap.id in listed, f"{snap.id} not in list_snapshots(): {listed}")
+
+    t = time.monotonic()
+    copy = create(snapshot_id=snap.id, timeout=CREATE_TIMEOUT)
+    log(f"booted {copy.name} from the snapshot in {time.monotonic() - t:.1f}s")
+    got = copy.run("cat /root/f")
+    check(got.stdout.strip() == token, f"/root/f in the copy: {got!r}, expected {token!r}")
+    # The copy is its own disk: writing it does not change the source.
+    copy.run("echo changed > /root/f")
+    check(src.run("cat /root/f").stdout.strip() == token, "the copy's write reached the source")
+
+    e = expect_error(SandboxClientError, client.delete_snapshot, snap.id)
+    check(not isinstance(e, ResourceNotFoundError), f"delete while in use: {type(e).__name__}: {e}")
+    check(http_status(e) in (None, 409), f"delete while in use: HTTP {http_status(e)}, expected 409")
+    log(f"delete while {copy.name} uses it: {type(e).__name__} ({http_status(e)}): {e}")
+    check(client.get_snapshot(snap.id).status == "ready", "the refused delete changed the snapshot")
+
+    delete(copy.name)
+    client.delete_snapshot(snap.id)
+    expect_error(ResourceNotFoundError, client.get_snapshot, snap.id)
+    expect_error(ResourceNotFoundError, client.get_snapshot, f"{name}:t1")
+    listed = [s.id for s in client.list_snapshots(name_contains=name)]
+    check(not listed, f"still listed after delete: {listed}")
+    # The source sandbox is untouched by all of it.
+    check(src.run("cat /root/f").stdout.strip() == token, "the source lost /root/f")
+    delete(src.name)
+
+
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+
+
+def read_count(sb):
+    r = sb.run("cat /tmp/count 2>/dev/null")
+    return int(r.stdout) if r.stdout.strip().isdigit() else None
+
+
+def wait_count_above(sb, floor, seconds=60):
+    deadline = time.monotonic() + seconds
+    while True:
+        n = read_count(sb)
+        if n is not None and n > floor:
+            return n
+        check(time.monotonic() < deadline, f"/tmp/count stayed at {n} (wanted > {floor}) for {seconds}s")
+        time.sleep(0.5)
+
+
+def test_preserve_memory_on_stop_resumes_processes_on_start():
+    sb = create(timeout=CREATE_TIMEOUT, mem_bytes=2 * GIB, preserve_memory_on_stop=True)
+    pid = start_detached(sb, COUNTER, "/tmp/counter.pid")
+    wait_count_above(sb, 3)
+    check(process_alive(sb, pid), f"counter {pid} not running")
+    before = read_count(sb)
+    t = time.monotonic()
+    client.stop_sandbox(sb.name)
+    deadline = time.monotonic() + CREATE_TIMEOUT
+    while (status := client.get_sandbox(sb.name).status) != "stopped":
+        check(time.monotonic() < deadline, f"status {status!r} {CREATE_TIMEOUT}s after stop")
+        time.sleep(0.5)
+    log(f"stopped (memory saved) in {time.monotonic() - t:.1f}s with /tmp/count at {before}")
+    t = time.monotonic()
+    sb = client.start_sandbox(sb.name, timeout=CREATE_TIMEOUT)
+    log(f"started in {time.monotonic() - t:.1f}s")
+    # /tmp is a tmpfs: a cold boot would have neither file.
+    pidfile = sb.run("cat /tmp/counter.pid 2>/dev/null").stdout.strip()
+    check(pidfile == str(pid), f"/tmp/counter.pid after start: {pidfile!r}, expected {pid} (memory lost?)")
+    cmdline = process_alive(sb, pid)
+    check(cmdline and "sh" in cmdline, f"counter {pid} not running after start: {cmdline!r}")
+    after = read_count(sb)
+    check(after is not None and after >= before, f"/tmp/count {after} after start, was {before}")
+    later = wait_count_above(sb, max(after, before) + 2)
+    log(f"/tmp/count {before} before stop, {after} after start, then {later}: pid {pid} kept running")
+    delete(sb.name)
+
+
+def test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not():
+    src = create(timeout=CREATE_TIMEOUT, mem_bytes=2 * GIB)
+    token = unique("served-from-memory")
+    # Served from /tmp (tmpfs): only memory carries it into the copy.
+    check(src.run(f"mkdir -p /tmp/www && echo {token} > /tmp/www/index.txt").exit_code == 0, "write index")
+    pid = start_detached(
+        src, "cd /tmp/www && exec python3 -m http.server 8000 --bind 127.0.0.1", "/tmp/http.pid"
+    )
+    wait_for_port(src, 8000)
+    name = unique("sdk-memory")
+    t = time.monotonic()
+    status, body = raw("POST", f"/boxes/{src.name}/snapshot", {"name": name, "include_memory": True})
+    check(status == 202, f"POST /boxes/{src.name}/snapshot: {status} {body}")
+    snap_id = body["id"]
+    check(body.get("status") in ("building", "ready"), f"capture answer {body}")
+    snap = client.wait_for_snapshot(snap_id, timeout=SNAPSHOT_TIMEOUT)
+    log(f"captured {snap_id} with memory in {time.monotonic() - t:.1f}s")
+    status, got = raw("GET", f"/snapshots/{snap_id}")
+    check(status == 200, f"GET /snapshots/{snap_id}: {status} {got}")
+    mem = got.get("memory_snapshot_size_bytes")
+    check(isinstance(mem, int) and mem > 0, f"memory_snapshot_size_bytes {mem!r}: {got}")
+    log(f"memory_snapshot_size_bytes {mem}, fs_used_bytes {got.get('fs_used_bytes')}")
+    # The source keeps serving after the capture.
+    check(src.run("curl -s http://127.0.0.1:8000/index.txt").stdout.strip() == token, "source stopped serving")
+
+    t = time.monotonic()
+    warm = create(snapshot_id=snap_id, timeout=CREATE_TIMEOUT, mem_bytes=2 * GIB)
+    log(f"resumed {warm.name} from the memory snapshot in {time.monotonic() - t:.1f}s")
+    r = warm.run("curl -s --max-time 30 http://127.0.0.1:8000/index.txt")
+    check(r.stdout.strip() == token, f"curl in the resumed sandbox: {r!r}, expected {token!r}")
+    cmdline = process_alive(warm, pid)
+    check(cmdline and "http.server" in cmdline, f"server pid {pid} in the resumed sandbox: {cmdline!r}")
+    check(warm.run("cat /tmp/http.pid").stdout.strip() == str(pid), "pid file differs")
+
+    t = time.monotonic()
+    cold = create(snapshot_id=snap_id, restore_memory=False, timeout=CREATE_TIMEOUT, mem_bytes=2 * GIB)
+    log(f"cold-booted {cold.name} from the same snapshot in {time.monotonic() - t:.1f}s")
+    probe = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), 1).close()\""
+    r = cold.run(probe)
+    check(r.exit_code != 0, f"something listens on 8000 in the restore_memory=False sandbox: {r!r}")
+    r = cold.run("ls /tmp/www 2>&1; cat /tmp/http.pid 2>&1")
+    check(token not in r.stdout and str(pid) not in r.stdout.split(), f"tmpfs state in a cold boot: {r.stdout!r}")
+
+    for sb in (warm, cold, src):
+        delete(sb.name)
+    client.delete_snapshot(snap_id)
+    expect_error(ResourceNotFoundError, client.get_snapshot, snap_id)
+
+
+def test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env():
+    ref = os.environ.get("HEARTH_SDK_OCI_IMAGE")
+    if not ref:
+        msg = "HEARTH_SDK_OCI_IMAGE (an image in a local registry, pushed by sdk.rs) is not set"
+        if os.environ.get("HEARTH_REQUIRE_OCI"):
+            raise AssertionError(f"HEARTH_REQUIRE_OCI is set but {msg}")
+        log(f"!!!!!!!! SKIPPED: {msg} !!!!!!!!")
+        raise Skip(msg)
+    name = unique("sdk-oci")
+    t = time.monotonic()
+    snap = client.create_snapshot(name, docker_image=ref, fs_capacity_bytes=256 * MIB, timeout=SNAPSHOT_TIMEOUT)
+    log(f"built {snap.id} from {ref} in {time.monotonic() - t:.1f}s")
+    check(snap.status == "ready", f"status {snap.status!r}")
+    check(snap.docker_image == ref, f"docker_image {snap.docker_image!r}")
+    check((snap.image_digest or "").startswith("sha256:"), f"image_digest {snap.image_digest!r}")
+    check(snap.fs_capacity_bytes == 256 * MIB, f"fs_capacity_bytes {snap.fs_capacity_bytes}")
+    sb = create(snapshot_id=snap.id, timeout=CREATE_TIMEOUT, mem_bytes=2 * GIB)
+    # The image has no bash: the SDK's default shell must be overridden.
+    r = sb.run("/hello", shell="/bin/sh")
+    check(r.exit_code == 0 and "hi-from-oci" in r.stdout, f"/hello: {r!r}")
+    r = sb.run("pwd; echo $GREETING", shell="/bin/sh")
+    check(r.stdout.split() == ["/work", "hi-from-oci"], f"working dir and env: {r.stdout!r}")
+    delete(sb.name)
+    client.delete_snapshot(snap.id)
+    expect_error(ResourceNotFoundError, client.get_snapshot, snap.id)
+
+
+# --------------------------------------------------------------------------
+# 11: a burst of creates
 
 
 def test_burst_of_creates_ends_ready_or_with_clear_errors():
@@ -764,6 +1006,10 @@ TESTS = [
     test_error_bad_sizing_is_validation_error,
     test_error_wrong_api_key_is_authentication_error,
     test_error_other_workspace_sandbox_is_not_found,
+    test_snapshot_capture_boots_a_copy_and_delete_is_refused_while_in_use,
+    test_preserve_memory_on_stop_resumes_processes_on_start,
+    test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not,
+    test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env,
     test_burst_of_creates_ends_ready_or_with_clear_errors,
 ]
 
