@@ -728,6 +728,8 @@ impl Host {
         }
         let saved_dir = vm.dir.join("saved");
         let started = Instant::now();
+        // Should the resume fail, the cold boot finds the guest's writes.
+        guest_sync(&vm).await;
         let saved = match self.save_memory(&vm, &inst, &saved_dir).await {
             Ok(v) => v,
             Err(e) => {
@@ -821,16 +823,7 @@ impl Host {
         let (disk, memory) = if running && include_memory {
             self.capture_running(&vm, &gens, name).await?
         } else if running {
-            if let Some(g) = vm.guest() {
-                let sync = hearth_guest_proto::ExecRequest {
-                    argv: Some(vec!["sync".into()]),
-                    timeout_ms: 30_000,
-                    ..Default::default()
-                };
-                if let Err(e) = g.run_capped(sync, 1024).await {
-                    tracing::warn!(vm = %id, error = %e, "guest sync before a snapshot failed");
-                }
-            }
+            guest_sync(&vm).await;
             let m = gens
                 .commit(id)
                 .await?
@@ -897,6 +890,9 @@ impl Host {
             });
         }
         let started = Instant::now();
+        // The disk alone must hold what the guest wrote, for cold boots of
+        // the snapshot (restore_memory=false).
+        guest_sync(vm).await;
         let result = async {
             let saved = inst.save(&dir.join("state")).await?;
             let (src, dst) = (saved.memory.clone(), dir.join("memory"));
@@ -1209,6 +1205,21 @@ impl Host {
             let _ = std::fs::remove_dir_all(&vm.run_dir);
             self.vms().insert(rec.id, Arc::new(vm));
         }
+    }
+}
+
+/// Asks a ready guest to write its dirty pages to the disk (`sync`), at
+/// most 30 s; a failure is logged (what reached the disk is still
+/// consistent: the filesystem journals).
+async fn guest_sync(vm: &Vm) {
+    let Some(g) = vm.guest() else { return };
+    let sync = hearth_guest_proto::ExecRequest {
+        argv: Some(vec!["sync".into()]),
+        timeout_ms: 30_000,
+        ..Default::default()
+    };
+    if let Err(e) = g.run_capped(sync, 1024).await {
+        tracing::warn!(vm = %vm.id, error = %e, "guest sync failed");
     }
 }
 
