@@ -13,6 +13,12 @@
 //! counts them. Finally the server is stopped with SIGINT and must exit
 //! cleanly, leaving no VM behind.
 //!
+//! For the OCI snapshot test a `docker-registry` is started on a free
+//! loopback port with a small image built by `umoci` and pushed by
+//! `skopeo`; its reference reaches the script as `HEARTH_SDK_OCI_IMAGE`.
+//! Without those tools (and busybox-static) that test is skipped loudly,
+//! unless `HEARTH_REQUIRE_OCI` is set.
+//!
 //! The interpreter: `HEARTH_SDK_PYTHON` (`.ci/run` sets it), else a
 //! virtualenv made once under `target/hearth-test/sdk-venv` with
 //! `pip install -r tests/sdk/requirements.txt` (needs PyPI the first time).
@@ -342,6 +348,159 @@ fn processes_mentioning(dir: &Path) -> Vec<String> {
     found
 }
 
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+fn run_out(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?}: {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    Ok(())
+}
+
+/// A `docker-registry` on a free loopback port holding `hello:t`, a
+/// busybox image whose entrypoint `/hello` prints `$GREETING`; killed by
+/// its PID on drop.
+struct OciRegistry {
+    child: Child,
+    reference: String,
+}
+
+impl OciRegistry {
+    /// `None` (after saying so loudly) when the tools are missing, unless
+    /// `HEARTH_REQUIRE_OCI` is set.
+    fn start(dir: &Path) -> Option<Self> {
+        let mut missing: Vec<&str> = ["docker-registry", "umoci", "skopeo"]
+            .into_iter()
+            .filter(|t| !on_path(t))
+            .collect();
+        if !Path::new("/bin/busybox").is_file() {
+            missing.push("/bin/busybox (busybox-static)");
+        }
+        if !missing.is_empty() {
+            let msg = format!(
+                "missing {}; install docker-registry umoci skopeo busybox-static",
+                missing.join(", ")
+            );
+            assert!(
+                std::env::var_os("HEARTH_REQUIRE_OCI").is_none(),
+                "HEARTH_REQUIRE_OCI is set but {msg}"
+            );
+            println!("\n!!!!!!!! THE OCI SNAPSHOT TEST WILL SKIP: {msg} !!!!!!!!\n");
+            return None;
+        }
+        let dir = dir.join("oci");
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let config = dir.join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+                 http:\n  addr: 127.0.0.1:{port}\n",
+                dir.join("registry").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        let mut registry = Self {
+            child,
+            reference: format!("127.0.0.1:{port}/hello:t"),
+        };
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "docker-registry did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Err(e) = registry.push_hello(&dir) {
+            registry.stop();
+            panic!("build and push the OCI test image: {e}");
+        }
+        println!("OCI image {} in a local registry", registry.reference);
+        Some(registry)
+    }
+
+    fn push_hello(&self, dir: &Path) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let layout = dir.join("layout");
+        let bundle = dir.join("bundle");
+        let image = format!("{}:t", layout.display());
+        run_out(
+            Command::new("umoci")
+                .arg("init")
+                .arg("--layout")
+                .arg(&layout),
+        )?;
+        run_out(Command::new("umoci").args(["new", "--image", &image]))?;
+        run_out(
+            Command::new("umoci")
+                .args(["unpack", "--image", &image])
+                .arg(&bundle),
+        )?;
+        let root = bundle.join("rootfs");
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::create_dir_all(root.join("work")).unwrap();
+        std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+        std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+        let hello = root.join("hello");
+        std::fs::write(&hello, "#!/bin/sh\necho \"greeting: $GREETING\"\n").unwrap();
+        std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).unwrap();
+        run_out(
+            Command::new("umoci")
+                .args(["repack", "--image", &image])
+                .arg(&bundle),
+        )?;
+        run_out(Command::new("umoci").args([
+            "config",
+            "--image",
+            &image,
+            "--config.env",
+            "GREETING=hi-from-oci",
+            "--config.entrypoint",
+            "/hello",
+            "--config.workingdir",
+            "/work",
+        ]))?;
+        run_out(
+            Command::new("skopeo")
+                .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+                .arg(format!("oci:{image}"))
+                .arg(format!("docker://{}", self.reference)),
+        )
+    }
+
+    fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for OciRegistry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// The sum over hosts of a `/metrics` gauge.
 fn metric(text: &str, name: &str) -> Option<u64> {
     let values: Vec<u64> = text
@@ -422,6 +581,7 @@ fn langsmith_sdk_against_hearth_up() {
     let python = sdk_python();
     println!("python: {}", python.display());
     let dir = data_dir();
+    let registry = OciRegistry::start(&dir);
     let mut server = Server::start(&dir);
 
     // A second workspace with its own key: its view must not include the
@@ -449,6 +609,9 @@ fn langsmith_sdk_against_hearth_up() {
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
+    if let Some(registry) = &registry {
+        cmd.env("HEARTH_SDK_OCI_IMAGE", &registry.reference);
+    }
     let suite_started = Instant::now();
     let mut py = cmd.spawn().unwrap();
     // The script's output goes straight to stdout (live, not captured by
@@ -524,6 +687,8 @@ fn langsmith_sdk_against_hearth_up() {
         Ok(status) => failures.push(format!("hearth up exited {status} on SIGINT")),
         Err(e) => failures.push(e),
     }
+    // The registry's command line names the data directory too.
+    drop(registry);
     let left = processes_mentioning(&dir);
     if !left.is_empty() {
         failures.push(format!("processes outlived hearth up: {left:?}"));
