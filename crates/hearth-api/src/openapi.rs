@@ -21,7 +21,10 @@ use crate::files::{
     DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
     ServiceUrlRequest, ServiceUrlResponse,
 };
-use crate::snapshots::{ListSnapshotsResponse, SnapshotResponse, SnapshotsByNameResponse};
+use crate::snapshots::{
+    CaptureSnapshotRequest, CreateSnapshotRequest, ListSnapshotsResponse, SnapshotResponse,
+    SnapshotsByNameResponse,
+};
 
 /// The OpenAPI 3.1 document as JSON.
 pub fn openapi() -> serde_json::Value {
@@ -77,7 +80,8 @@ const DATAPLANE_PATHS: &[&str] = &[
     paths(
         create_box, list_boxes, get_box, update_box, delete_box, box_status, start_box, stop_box,
         download_url, fetch_download, service_url, service_proxy,
-        list_snapshots, get_snapshot, snapshots_by_name,
+        list_snapshots, get_snapshot, snapshots_by_name, create_snapshot, capture_snapshot,
+        delete_snapshot,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
     ),
@@ -86,7 +90,7 @@ const DATAPLANE_PATHS: &[&str] = &[
     security(("api_key" = [])),
     tags(
         (name = "boxes", description = "Sandboxes: create, read, update, delete, start, stop"),
-        (name = "snapshots", description = "Snapshots sandboxes boot from (read side)"),
+        (name = "snapshots", description = "Snapshots sandboxes boot from: built from OCI images, captured from sandboxes (disk, optionally memory)"),
         (name = "dataplane", description = "Per-sandbox runtime: commands, files, TCP tunnels"),
     ),
 )]
@@ -361,6 +365,54 @@ fn get_snapshot() {}
 )]
 #[allow(dead_code)]
 fn snapshots_by_name() {}
+
+/// Build a snapshot from an OCI (Docker) image in a registry. Answers at
+/// once with status `building`; poll until `ready` or `failed`. Registries
+/// on loopback are reached over plain HTTP.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/snapshots", tag = "snapshots",
+    request_body = CreateSnapshotRequest,
+    responses(
+        (status = 202, description = "The snapshot, building", body = SnapshotResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 409, description = "name:tag is taken", body = ErrorBody),
+        (status = 422, description = "Invalid body", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn create_snapshot() {}
+
+/// Capture a snapshot of a sandbox: its disk, and with `include_memory`
+/// its running memory (sandboxes created from it resume its processes).
+/// Answers at once with status `building`.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes/{name}/snapshot", tag = "snapshots",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    request_body = CaptureSnapshotRequest,
+    responses(
+        (status = 202, description = "The snapshot, building", body = SnapshotResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not capturable now (not persistent, not running for memory) or name:tag taken", body = ErrorBody),
+        (status = 422, description = "Invalid body", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn capture_snapshot() {}
+
+/// Delete a snapshot by id or `name[:tag]`.
+#[utoipa::path(
+    delete, path = "/api/v2/sandboxes/snapshots/{snapshot_id}", tag = "snapshots",
+    params(("snapshot_id" = String, Path, description = "Snapshot UUID or name[:tag]")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such snapshot", body = ErrorBody),
+        (status = 409, description = "A sandbox booted from it still exists, or it is built in", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn delete_snapshot() {}
 
 /// Run a command and wait for it (fallback for clients without WebSocket).
 #[utoipa::path(
