@@ -20,6 +20,11 @@ pub struct Hello {
     pub versions: Vec<u16>,
     /// Echoed in the ack so the host can tell a fresh ack from a stale one.
     pub nonce: u64,
+    /// The host's wall clock (Unix ms) when it said hello. A guest whose
+    /// clock is off (no RTC it trusts, or resumed from saved memory after
+    /// minutes or days) sets its own from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ms: Option<u64>,
 }
 
 /// Guest → host answer to [`Hello`].

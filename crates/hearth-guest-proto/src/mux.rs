@@ -929,6 +929,10 @@ where
     let hello = Hello {
         versions: crate::msg::SUPPORTED_VERSIONS.to_vec(),
         nonce,
+        time_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as u64),
     };
     let payload = serde_json::to_vec(&hello).unwrap_or_default();
     let give_up = tokio::time::Instant::now() + deadline;
@@ -979,12 +983,12 @@ where
         .map(|(v, _)| v)
 }
 
-/// [`guest_handshake`], also returning the nonce of the host's hello, for
-/// [`Mux::bind_session`].
+/// [`guest_handshake`], also returning the host's hello (its nonce is for
+/// [`Mux::bind_session`]).
 pub async fn guest_handshake_session<R, W>(
     reader: &mut FramedRead<R, FrameCodec>,
     writer: &mut FramedWrite<W, FrameCodec>,
-) -> Result<(u16, u64), HandshakeError>
+) -> Result<(u16, Hello), HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -1010,7 +1014,7 @@ where
                     .await
                     .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
                 match negotiate(&hello.versions) {
-                    Some(v) => return Ok((v, hello.nonce)),
+                    Some(v) => return Ok((v, hello)),
                     None => continue,
                 }
             }

@@ -560,9 +560,10 @@ async fn a_hello_from_a_new_host_session_ends_the_guest_connection() {
     let guest = tokio::spawn(async move {
         let mut r = FramedRead::new(gr, FrameCodec);
         let mut w = FramedWrite::new(gw, FrameCodec);
-        let (_, nonce) = guest_handshake_session(&mut r, &mut w).await.unwrap();
+        let (_, hello) = guest_handshake_session(&mut r, &mut w).await.unwrap();
+        assert!(hello.time_ms.is_some(), "the host sends its clock");
         let (mux, _accept) = Mux::start(Role::Guest, r, w);
-        mux.bind_session(nonce);
+        mux.bind_session(hello.nonce);
         (mux, _accept)
     });
     let mut hr = FramedRead::new(hr, FrameCodec);

@@ -94,7 +94,7 @@ async fn serve(port: Option<PathBuf>) {
     loop {
         let mut reader = FramedRead::new(io.clone(), FrameCodec);
         let mut writer = FramedWrite::new(io.clone(), FrameCodec);
-        let (version, session) = match guest_handshake_session(&mut reader, &mut writer).await {
+        let (version, hello) = match guest_handshake_session(&mut reader, &mut writer).await {
             Ok(v) => v,
             Err(_) => {
                 // Host not connected (reads return EOF): poll gently.
@@ -102,8 +102,11 @@ async fn serve(port: Option<PathBuf>) {
                 continue;
             }
         };
+        if let Some(ms) = hello.time_ms {
+            sync_clock(ms);
+        }
         let (mux, accept) = Mux::start(Role::Guest, reader, writer);
-        mux.bind_session(session);
+        mux.bind_session(hello.nonce);
         let Some(mut accept) = accept else { return };
         loop {
             tokio::select! {
@@ -118,6 +121,24 @@ async fn serve(port: Option<PathBuf>) {
         }
         mux.shutdown("host went away");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sets the clock to the host's when they differ by more than a second:
+/// after a resume from saved memory the guest's clock is as old as the
+/// save.
+fn sync_clock(host_ms: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if now.abs_diff(host_ms) > 1000 {
+        match sys::set_realtime_ms(host_ms) {
+            Ok(()) => eprintln!(
+                "hearth-guest: clock set from the host's ({} ms off)",
+                now.abs_diff(host_ms)
+            ),
+            Err(e) => eprintln!("hearth-guest: cannot set the clock: {e}"),
+        }
     }
 }
 

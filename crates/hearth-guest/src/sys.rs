@@ -107,6 +107,16 @@ pub fn sync() {
     unsafe { libc::sync() }
 }
 
+/// Sets the wall clock (CLOCK_REALTIME) to `ms` Unix milliseconds.
+pub fn set_realtime_ms(ms: u64) -> io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+    };
+    // SAFETY: `ts` is a valid timespec that outlives the call.
+    check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) }).map(drop)
+}
+
 pub fn sethostname(name: &str) -> io::Result<()> {
     // SAFETY: pointer and length describe a valid byte slice.
     check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)

@@ -300,10 +300,21 @@ async fn preserved_memory_keeps_processes_running_across_stop_and_start() {
     eprintln!("stop saving memory: {:?}", t.elapsed());
     assert_eq!(rec.state, VmState::Stopped);
     assert!(rec.saved.is_some(), "{:?}", rec.reason);
+    // Time passes while it is stopped; the resumed guest's clock catches up.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let t = Instant::now();
     let vm = host.start_vm(id).await.unwrap();
     eprintln!("resume: {:?}", t.elapsed());
     let g = vm.guest().unwrap();
+    let guest_now: u64 = run(&g, "date +%s").await.parse().unwrap();
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        guest_now.abs_diff(host_now) <= 2,
+        "guest clock {guest_now}, host {host_now}"
+    );
     // The same process, still counting (/tmp is tmpfs: only memory keeps it).
     run(&g, &format!("kill -0 {pid}")).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
