@@ -9,6 +9,7 @@ mod keys;
 mod membench;
 mod progress;
 mod run;
+mod storagebench;
 mod up;
 
 use std::path::PathBuf;
@@ -126,6 +127,20 @@ enum BenchCommand {
         /// Images to boot (comma separated).
         #[arg(long, default_value = "busybox,default")]
         images: String,
+    },
+    /// Block service costs next to their baselines: commit vs bytes
+    /// changed, resume vs cold boot, reads vs qcow2, empty vs warm cache.
+    Storage {
+        /// Parts to run (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "commit,resume,read,cold")]
+        parts: Vec<storagebench::Part>,
+        /// Size of the file read back (throughput, cold cache).
+        #[arg(long, default_value = "256M")]
+        file_size: ByteSize,
+        /// Object storage for the store-backed bench hosts (`s3://…`);
+        /// default: a local directory per host.
+        #[arg(long)]
+        store_url: Option<String>,
     },
 }
 
@@ -322,6 +337,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         } => {
             let images = parse_images(&images)?;
             bench::substrate(cli.data_dir, images, boots, execs, file_size).await?;
+            Ok(0)
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Storage {
+                    parts,
+                    file_size,
+                    store_url,
+                },
+        } => {
+            let opts = storagebench::Options {
+                parts,
+                file_size,
+                store_url,
+            };
+            storagebench::storage(cli.data_dir, opts).await?;
             Ok(0)
         }
     }
