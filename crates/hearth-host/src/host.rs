@@ -8,7 +8,14 @@ use std::time::{Duration, Instant};
 
 use hearth_image::{GuestArtifacts, ImageConfig, ImageName, Progress};
 use hearth_types::{ByteSize, MilliCpu, VmId};
-use hearth_vmm::{Accel, Qemu, QemuConfig, VmInstance, VmSpec, Vmm};
+use hearth_vmm::{Accel, VmInstance, VmSpec, Vmm};
+
+/// The VMM backend this host drives. The host speaks only the
+/// [`Vmm`]/[`VmInstance`] traits; this alias and [`Host::start`]'s
+/// construction of it are the one place a backend is chosen.
+pub type Backend = hearth_vmm::Qemu;
+/// A running VM of the [`Backend`].
+pub type Instance = <Backend as Vmm>::Instance;
 use serde::{Deserialize, Serialize};
 
 use crate::block::GenerationDisks;
@@ -237,7 +244,7 @@ pub enum HostError {
 pub struct Host {
     cfg: HostConfig,
     images: ImageConfig,
-    qemu: Qemu,
+    vmm: Backend,
     accel: Accel,
     artifacts: tokio::sync::Mutex<HashMap<ImageName, Arc<GuestArtifacts>>>,
     vms: Mutex<HashMap<VmId, Arc<Vm>>>,
@@ -282,10 +289,10 @@ impl Host {
         )
         .await;
         tracing::info!(%accel, "guests will run under {accel}");
-        let qemu = Qemu::new(QemuConfig {
+        let vmm = Backend::new(hearth_vmm::QemuConfig {
             binary: cfg.qemu_binary.clone(),
             accel,
-            ..QemuConfig::default()
+            ..hearth_vmm::QemuConfig::default()
         });
         let mut artifacts = HashMap::new();
         artifacts.insert(ImageName::Busybox, Arc::new(base));
@@ -318,7 +325,7 @@ impl Host {
         let host = Arc::new(Self {
             cfg,
             images,
-            qemu,
+            vmm,
             accel,
             artifacts: tokio::sync::Mutex::new(artifacts),
             vms: Mutex::new(HashMap::new()),
@@ -583,13 +590,13 @@ impl Host {
             .await?;
         let spec = self.spec(vm, &rec, artifacts, root);
         let instance = match resume {
-            None => self.qemu.boot(&spec).await?,
+            None => self.vmm.boot(&spec).await?,
             Some((volumes, shared, required)) => {
                 match self.resume_from_memory(vm, &spec, &volumes, shared).await {
                     Ok(i) => i,
                     Err(e) if !required => {
                         tracing::warn!(vm = %id, error = %error_chain(&e), "cannot resume from saved memory; booting cold");
-                        self.qemu.boot(&spec).await?
+                        self.vmm.boot(&spec).await?
                     }
                     Err(e) => return Err(e),
                 }
@@ -645,7 +652,7 @@ impl Host {
     async fn attach(
         self: &Arc<Self>,
         vm: &Arc<Vm>,
-        instance: Arc<hearth_vmm::QemuInstance>,
+        instance: Arc<Instance>,
     ) -> Result<(), HostError> {
         let id = vm.id;
         let pid = instance.pid();
@@ -676,7 +683,7 @@ impl Host {
         spec: &VmSpec,
         volumes: &MemoryVolumes,
         shared: bool,
-    ) -> Result<hearth_vmm::QemuInstance, HostError> {
+    ) -> Result<Instance, HostError> {
         let store = self.store("resuming from memory")?;
         let dir = if shared {
             self.cfg.data_dir.join("snapshots").join(&volumes.memory)
@@ -699,7 +706,7 @@ impl Host {
             memory: spec.mem_path.clone(),
             private: false,
         };
-        Ok(self.qemu.restore(spec, &from).await?)
+        Ok(self.vmm.restore(spec, &from).await?)
     }
 
     fn store(&self, what: &'static str) -> Result<&hearth_store::Store, HostError> {
@@ -758,7 +765,7 @@ impl Host {
     async fn save_memory(
         &self,
         vm: &Vm,
-        inst: &hearth_vmm::QemuInstance,
+        inst: &Instance,
         dir: &Path,
     ) -> Result<MemoryVolumes, HostError> {
         let id = vm.id;
@@ -925,7 +932,7 @@ impl Host {
                 memory: spec.mem_path.clone(),
                 private: false,
             };
-            let inst = self.qemu.restore(&spec, &from).await?;
+            let inst = self.vmm.restore(&spec, &from).await?;
             self.attach(vm, Arc::new(inst)).await
         }
         .await;
@@ -1048,7 +1055,7 @@ impl Host {
         vm: &Vm,
         want: VmState,
         wanted: &'static str,
-    ) -> Result<Arc<hearth_vmm::QemuInstance>, HostError> {
+    ) -> Result<Arc<Instance>, HostError> {
         let state = vm.state();
         match vm.instance() {
             Some(i) if state == want => Ok(i),
@@ -1355,12 +1362,7 @@ async fn kill_if_ours(pid: u32, id: VmId) -> bool {
 
 /// Marks the VM failed the moment its VMM exits or its guest channel breaks
 /// while it should be running.
-async fn watch_vm(
-    host: Arc<Host>,
-    vm: Arc<Vm>,
-    instance: Arc<hearth_vmm::QemuInstance>,
-    guest: GuestClient,
-) {
+async fn watch_vm(host: Arc<Host>, vm: Arc<Vm>, instance: Arc<Instance>, guest: GuestClient) {
     let reason = tokio::select! {
         exit = instance.wait_exit() => format!("vmm exited unexpectedly ({exit})"),
         why = guest.closed() => format!("guest channel lost: {why}"),

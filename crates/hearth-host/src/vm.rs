@@ -17,7 +17,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hearth_image::ImageName;
 use hearth_types::{ByteSize, MilliCpu, VmId};
-use hearth_vmm::QemuInstance;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -127,7 +126,7 @@ pub struct Vm {
     pub dir: PathBuf,
     /// Runtime directory on tmpfs (sockets, logs, memory file).
     pub run_dir: PathBuf,
-    pub(crate) instance: Mutex<Option<Arc<QemuInstance>>>,
+    pub(crate) instance: Mutex<Option<Arc<crate::host::Instance>>>,
     pub(crate) guest: Mutex<Option<GuestClient>>,
 }
 
@@ -237,7 +236,7 @@ impl Vm {
         self.guest.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub(crate) fn instance(&self) -> Option<Arc<QemuInstance>> {
+    pub(crate) fn instance(&self) -> Option<Arc<crate::host::Instance>> {
         self.instance
             .lock()
             .unwrap_or_else(|p| p.into_inner())
