@@ -96,15 +96,7 @@ impl Control {
             image_digest: None,
             description: req.description.clone(),
         };
-        self.db
-            .insert_snapshot(who.workspace_id, &snap)
-            .await
-            .map_err(|e| match e {
-                hearth_db::DbError::Conflict { .. } => {
-                    ApiError::name_conflict("snapshot", &reference.to_string())
-                }
-                other => db_error(other),
-            })?;
+        self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
         let include_memory = req.include_memory;
         let (vm, building) = (vm_id(row.id), snap.clone());
@@ -170,15 +162,7 @@ impl Control {
             image_digest: None,
             description: req.description.clone(),
         };
-        self.db
-            .insert_snapshot(who.workspace_id, &snap)
-            .await
-            .map_err(|e| match e {
-                hearth_db::DbError::Conflict { .. } => {
-                    ApiError::name_conflict("snapshot", &reference.to_string())
-                }
-                other => db_error(other),
-            })?;
+        self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
         let mut building = snap.clone();
         let over = req.run_config.clone();
@@ -211,6 +195,20 @@ impl Control {
             control.finish_snapshot(building, result).await;
         });
         Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
+    }
+
+    /// Stores a new snapshot row (status `building`); a taken `name:tag`
+    /// is a 409.
+    async fn insert_building(&self, ws: WorkspaceId, snap: &SnapshotRow) -> Result<(), ApiError> {
+        self.db
+            .insert_snapshot(ws, snap)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::Conflict { .. } => {
+                    ApiError::name_conflict("snapshot", &format!("{}:{}", snap.name, snap.tag))
+                }
+                other => db_error(other),
+            })
     }
 
     /// Records the outcome of a snapshot build.

@@ -691,16 +691,7 @@ impl Host {
             vm.dir.join("saved")
         };
         let (memory, state) = crate::memory::fetch(store, volumes, &dir).await?;
-        let io = |source| HostError::Io {
-            id: vm.id,
-            what: "copy saved memory to tmpfs".into(),
-            source,
-        };
-        let (src, dst) = (memory, spec.mem_path.clone());
-        tokio::task::spawn_blocking(move || crate::memory::copy_sparse(&src, &dst))
-            .await
-            .map_err(|e| HostError::Invalid(format!("copy task: {e}")))?
-            .map_err(io)?;
+        copy_memory(vm.id, &memory, &spec.mem_path, "copy saved memory to tmpfs").await?;
         let from = hearth_vmm::RestoreFrom {
             state,
             memory: spec.mem_path.clone(),
@@ -775,15 +766,13 @@ impl Host {
             source,
         })?;
         let saved = inst.save(&dir.join("state")).await?;
-        let (src, dst) = (saved.memory.clone(), dir.join("memory"));
-        tokio::task::spawn_blocking(move || crate::memory::copy_sparse(&src, &dst))
-            .await
-            .map_err(|e| HostError::Invalid(format!("copy task: {e}")))?
-            .map_err(|source| HostError::Io {
-                id,
-                what: "keep the saved memory".into(),
-                source,
-            })?;
+        copy_memory(
+            id,
+            &saved.memory,
+            &dir.join("memory"),
+            "keep the saved memory",
+        )
+        .await?;
         // The VMM is gone: commit the disk the memory belongs with, and
         // free the tmpfs copy.
         self.after_exit(vm).await?;
@@ -902,15 +891,13 @@ impl Host {
         guest_sync(vm).await;
         let result = async {
             let saved = inst.save(&dir.join("state")).await?;
-            let (src, dst) = (saved.memory.clone(), dir.join("memory"));
-            tokio::task::spawn_blocking(move || crate::memory::copy_sparse(&src, &dst))
-                .await
-                .map_err(|e| HostError::Invalid(format!("copy task: {e}")))?
-                .map_err(|source| HostError::Io {
-                    id,
-                    what: "copy the memory for the snapshot".into(),
-                    source,
-                })?;
+            copy_memory(
+                id,
+                &saved.memory,
+                &dir.join("memory"),
+                "copy the memory for the snapshot",
+            )
+            .await?;
             // The disk as of the save: the VMM is gone, nothing writes.
             let disk = gens
                 .commit(id)
@@ -1213,6 +1200,19 @@ impl Host {
             self.vms().insert(rec.id, Arc::new(vm));
         }
     }
+}
+
+/// [`crate::memory::copy_sparse`] on the blocking pool.
+async fn copy_memory(id: VmId, src: &Path, dst: &Path, what: &str) -> Result<u64, HostError> {
+    let (from, to) = (src.to_owned(), dst.to_owned());
+    tokio::task::spawn_blocking(move || crate::memory::copy_sparse(&from, &to))
+        .await
+        .map_err(|e| HostError::Invalid(format!("copy task: {e}")))?
+        .map_err(|source| HostError::Io {
+            id,
+            what: what.to_owned(),
+            source,
+        })
 }
 
 /// Asks a ready guest to write its dirty pages to the disk (`sync`), at

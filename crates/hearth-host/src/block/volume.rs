@@ -179,6 +179,28 @@ impl Volume {
         Ok(())
     }
 
+    /// Before `[offset, offset+len)` is written: the chunks it covers only
+    /// in part are fetched (a chunk written whole need not be), and all of
+    /// them are marked present and dirty. The device stays locked until the
+    /// returned guard drops, after the write.
+    async fn about_to_write(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<tokio::sync::MutexGuard<'_, Inner>> {
+        let mut g = self.inner.lock().await;
+        self.check(&g)?;
+        for i in self.chunks_of(offset, len) {
+            let (start, clen) = self.span(i, self.size);
+            if offset > start || offset + len < start + clen {
+                self.ensure(&mut g, i).await?;
+            }
+            g.present[i as usize] = true;
+            g.dirty.insert(i);
+        }
+        Ok(g)
+    }
+
     fn staging_error(&self, op: &'static str, source: io::Error) -> StoreError {
         StoreError::Io {
             op,
@@ -335,32 +357,12 @@ impl BlockDevice for Volume {
     }
 
     async fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let mut g = self.inner.lock().await;
-        self.check(&g)?;
-        let len = data.len() as u64;
-        for i in self.chunks_of(offset, len) {
-            let (start, clen) = self.span(i, self.size);
-            // A chunk written whole need not be fetched first.
-            if offset > start || offset + len < start + clen {
-                self.ensure(&mut g, i).await?;
-            }
-            g.present[i as usize] = true;
-            g.dirty.insert(i);
-        }
+        let _g = self.about_to_write(offset, data.len() as u64).await?;
         self.file.write_all_at(data, offset)
     }
 
     async fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
-        let mut g = self.inner.lock().await;
-        self.check(&g)?;
-        for i in self.chunks_of(offset, len) {
-            let (start, clen) = self.span(i, self.size);
-            if offset > start || offset + len < start + clen {
-                self.ensure(&mut g, i).await?;
-            }
-            g.present[i as usize] = true;
-            g.dirty.insert(i);
-        }
+        let _g = self.about_to_write(offset, len).await?;
         punch_hole(&self.file, offset, len)
     }
 
