@@ -914,6 +914,9 @@ impl StreamReceiver {
     }
 }
 
+/// How often the host repeats its hello until the guest answers.
+const HELLO_RESEND: Duration = Duration::from_millis(50);
+
 /// Host side of the handshake: offers our versions until the guest answers.
 /// Frames other than the ack are ignored; undecodable bytes fail it.
 pub async fn host_handshake<R, W>(
@@ -941,7 +944,9 @@ where
             .send(Frame::new(FrameKind::Hello, 0, payload.clone()))
             .await
             .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
-        let resend = tokio::time::Instant::now() + Duration::from_millis(500);
+        // Often: a guest resumed from saved memory ignores the first hello
+        // (it ends its old session) and answers the next.
+        let resend = tokio::time::Instant::now() + HELLO_RESEND;
         loop {
             let wait_until = resend.min(give_up);
             match tokio::time::timeout_at(wait_until, reader.next()).await {

@@ -120,7 +120,10 @@ async fn serve(port: Option<PathBuf>) {
             }
         }
         mux.shutdown("host went away");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Briefly: a host that went away makes the next handshake fail at
+        // once (and that path sleeps); a new host session (a VM resumed from
+        // saved memory) is waiting for our answer.
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
