@@ -30,6 +30,10 @@ use super::nbd::BlockDevice;
 
 /// Chunks uploaded at once by a commit.
 const UPLOADS_IN_FLIGHT: usize = 8;
+/// Chunks fetched at once when a read needs several.
+const FETCHES_IN_FLIGHT: usize = 8;
+/// Chunks fetched ahead of a sequential read (1 MiB at 64 KiB chunks).
+const READAHEAD: u64 = 16;
 
 /// Where a volume commits its generations.
 #[derive(Clone, Debug)]
@@ -66,6 +70,9 @@ struct Inner {
     dirty: BTreeSet<u64>,
     /// The volume's generation fence moved past ours: refuse everything.
     fenced: bool,
+    /// Where the last read ended: a read starting there is sequential and
+    /// fetches ahead.
+    read_end: u64,
 }
 
 impl Volume {
@@ -110,6 +117,7 @@ impl Volume {
                 present,
                 dirty,
                 fenced: false,
+                read_end: u64::MAX,
             }),
             committing: Mutex::new(()),
         })
@@ -154,16 +162,46 @@ impl Volume {
         offset / self.chunk..(offset + len).div_ceil(self.chunk)
     }
 
-    /// Makes chunk `i` present in the local file, fetching it if needed.
-    async fn ensure(&self, g: &mut Inner, i: u64) -> io::Result<()> {
-        if g.present[i as usize] {
+    /// Makes the chunks of `wanted` present, and tries those of `ahead`
+    /// too (a failure there is left for a later read to report), fetching
+    /// them concurrently.
+    async fn fetch_many(
+        &self,
+        g: &mut Inner,
+        wanted: std::ops::Range<u64>,
+        ahead: std::ops::Range<u64>,
+    ) -> io::Result<()> {
+        let mut missing: Vec<(u64, ChunkRef, bool)> = Vec::new();
+        for (i, needed) in wanted.map(|i| (i, true)).chain(ahead.map(|i| (i, false))) {
+            if g.present[i as usize] {
+                continue;
+            }
+            match g.chunks.get(&i) {
+                Some(r) => missing.push((i, r.clone(), needed)),
+                // A zero chunk: the sparse file already reads as zeros.
+                None => g.present[i as usize] = true,
+            }
+        }
+        if missing.is_empty() {
             return Ok(());
         }
-        let Some(r) = g.chunks.get(&i) else {
-            g.present[i as usize] = true;
-            return Ok(());
-        };
-        let data = self.store.get_chunk(r).await.map_err(io::Error::other)?;
+        let fetched: Vec<_> = futures_util::stream::iter(missing)
+            .map(|(i, r, needed)| async move { (i, needed, self.store.get_chunk(&r).await) })
+            .buffer_unordered(FETCHES_IN_FLIGHT)
+            .collect()
+            .await;
+        for (i, needed, data) in fetched {
+            match data {
+                Ok(data) => self.place(g, i, &data)?,
+                Err(e) if needed => return Err(io::Error::other(e)),
+                Err(e) => tracing::debug!(chunk = i, error = %e, "readahead fetch failed"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes fetched chunk `i` into the local file; it is present then.
+    fn place(&self, g: &mut Inner, i: u64, data: &[u8]) -> io::Result<()> {
         let (start, len) = self.span(i, self.size);
         // The last chunk of a grown disk may be shorter than a chunk.
         if data.len() as u64 > self.chunk {
@@ -177,6 +215,19 @@ impl Volume {
         self.file.write_all_at(&data[..n], start)?;
         g.present[i as usize] = true;
         Ok(())
+    }
+
+    /// Makes chunk `i` present in the local file, fetching it if needed.
+    async fn ensure(&self, g: &mut Inner, i: u64) -> io::Result<()> {
+        if g.present[i as usize] {
+            return Ok(());
+        }
+        let Some(r) = g.chunks.get(&i) else {
+            g.present[i as usize] = true;
+            return Ok(());
+        };
+        let data = self.store.get_chunk(r).await.map_err(io::Error::other)?;
+        self.place(g, i, &data)
     }
 
     /// Before `[offset, offset+len)` is written: the chunks it covers only
@@ -350,9 +401,15 @@ impl BlockDevice for Volume {
     async fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let mut g = self.inner.lock().await;
         self.check(&g)?;
-        for i in self.chunks_of(offset, buf.len() as u64) {
-            self.ensure(&mut g, i).await?;
-        }
+        let len = buf.len() as u64;
+        let wanted = self.chunks_of(offset, len);
+        let ahead = if g.read_end == offset {
+            wanted.end..(wanted.end + READAHEAD).min(self.size.div_ceil(self.chunk))
+        } else {
+            wanted.end..wanted.end
+        };
+        g.read_end = offset + len;
+        self.fetch_many(&mut g, wanted, ahead).await?;
         self.file.read_exact_at(buf, offset)
     }
 
