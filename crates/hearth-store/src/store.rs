@@ -691,7 +691,10 @@ impl Store {
         let keys = self.scope_keys(scope, true).await?;
         let cs = u64::from(chunk_size);
         let count = manifest::chunk_count(size, chunk_size);
-        let chunks: BTreeMap<u64, ChunkRef> = futures_util::stream::iter(0..count)
+        // Only chunks holding data are read: a guest memory file is mostly
+        // holes (a 2 GiB guest that used 150 MiB).
+        let with_data = data_chunks(&file, size, cs).unwrap_or_else(|| (0..count).collect());
+        let chunks: BTreeMap<u64, ChunkRef> = futures_util::stream::iter(with_data)
             .map(|index| {
                 let file = Arc::clone(&file);
                 let keys = Arc::clone(&keys);
@@ -793,6 +796,39 @@ impl Store {
             .await?;
         file.sync_all().map_err(|e| io("sync", e))
     }
+}
+
+/// Indices of the `chunk`-sized chunks of `file` (`size` bytes) that hold
+/// data, from the filesystem's map of holes (`SEEK_DATA`/`SEEK_HOLE`);
+/// `None` when the filesystem cannot tell.
+fn data_chunks(file: &std::fs::File, size: u64, chunk: u64) -> Option<Vec<u64>> {
+    use std::os::fd::AsRawFd;
+    let end = i64::try_from(size).ok()?;
+    let mut out: Vec<u64> = Vec::new();
+    let mut pos: i64 = 0;
+    while pos < end {
+        // SAFETY: lseek on a descriptor the caller keeps open; integers only.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            // ENXIO: only a hole is left.
+            return (e.raw_os_error() == Some(libc::ENXIO)).then_some(out);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return None;
+        }
+        let first = data as u64 / chunk;
+        let last = (hole as u64).div_ceil(chunk);
+        for i in first..last {
+            if out.last() != Some(&i) {
+                out.push(i);
+            }
+        }
+        pos = hole;
+    }
+    Some(out)
 }
 
 /// The fencing rule: the seq a draft on `parent` at `fence` may take.
