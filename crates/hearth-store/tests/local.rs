@@ -315,3 +315,38 @@ async fn gc_deletes_unreferenced_old_chunks_only() {
     assert_eq!((report.chunks_deleted, report.chunks_kept), (1, 0));
     assert!(files_under(&url.join("chunks")).is_empty());
 }
+
+/// A file with real holes (a guest memory file; import walks its data
+/// with SEEK_DATA): only the chunks holding data are stored, and the
+/// export has the same bytes.
+#[tokio::test]
+async fn a_file_with_holes_stores_only_its_data_chunks() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(
+        &format!("file://{}", dir.path().join("store").display()),
+        &dir.path().join("cache"),
+        1,
+    )
+    .await;
+    let path = dir.path().join("memory");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(64 << 20).unwrap();
+    f.write_all_at(&[7u8; 100_000], 10 << 20).unwrap();
+    drop(f);
+    let m = store
+        .import_file(
+            &scope("s"),
+            &volume("mem"),
+            &path,
+            64 << 10,
+            0,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(m.chunks.keys().copied().collect::<Vec<_>>(), vec![160, 161]);
+    let out = dir.path().join("out");
+    store.export_to_file(&m, &out).await.unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&path).unwrap());
+}
