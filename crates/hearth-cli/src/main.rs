@@ -197,9 +197,10 @@ async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>>
 }
 
 /// Where a host keeps disks and saved memory, beyond the defaults under the
-/// data dir: `hearth.toml` (for `hearth up`) or the environment
-/// (`HEARTH_STORE_URL`, `HEARTH_COMMIT_INTERVAL_SECS`,
-/// `HEARTH_MASTER_KEY_FILE`, `HEARTH_CACHE_MAX_BYTES`), the file winning.
+/// data dir: the environment (`HEARTH_STORE_URL`,
+/// `HEARTH_COMMIT_INTERVAL_SECS`, `HEARTH_MASTER_KEY_FILE`,
+/// `HEARTH_CACHE_MAX_BYTES`), else `hearth.toml` (for `hearth up`): the
+/// environment wins, as it does over the file elsewhere.
 #[derive(Clone, Debug, Default)]
 pub struct StoreOverrides {
     pub url: Option<String>,
@@ -219,23 +220,19 @@ impl StoreOverrides {
                 })
                 .transpose()
         };
-        if let Some(url) = self.url.clone().or_else(|| env("HEARTH_STORE_URL")) {
+        if let Some(url) = env("HEARTH_STORE_URL").or_else(|| self.url.clone()) {
             s.url = url;
         }
-        if let Some(secs) = self
-            .commit_interval_secs
-            .or(num("HEARTH_COMMIT_INTERVAL_SECS")?)
-        {
+        if let Some(secs) = num("HEARTH_COMMIT_INTERVAL_SECS")?.or(self.commit_interval_secs) {
             s.commit_interval = std::time::Duration::from_secs(secs);
         }
-        if let Some(f) = self
-            .master_key_file
-            .clone()
-            .or_else(|| env("HEARTH_MASTER_KEY_FILE").map(PathBuf::from))
+        if let Some(f) = env("HEARTH_MASTER_KEY_FILE")
+            .map(PathBuf::from)
+            .or_else(|| self.master_key_file.clone())
         {
             s.master_key_file = f;
         }
-        if let Some(n) = self.cache_max_bytes.or(num("HEARTH_CACHE_MAX_BYTES")?) {
+        if let Some(n) = num("HEARTH_CACHE_MAX_BYTES")?.or(self.cache_max_bytes) {
             s.cache_max = hearth_types::ByteSize(n);
         }
         Ok(())

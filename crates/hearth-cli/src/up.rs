@@ -139,10 +139,19 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("create the data directory {}", data_dir.display()))?;
     eprintln!("[hearth] data directory {}", data_dir.display());
 
+    // One master key for the control plane's secrets and the store's keys;
+    // loaded (or made) first, with its checks, before the host uses it.
+    let key_file = std::env::var_os("HEARTH_MASTER_KEY_FILE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or(file.master_key_file.clone())
+        .unwrap_or_else(|| data_dir.join("master.key"));
+    let master_key = hearth_control::secrets::MasterKey::load_or_create(&key_file)
+        .context("load the master key")?;
     let store = crate::StoreOverrides {
         url: file.store_url.clone(),
         commit_interval_secs: file.commit_interval_seconds,
-        master_key_file: file.master_key_file.clone(),
+        master_key_file: Some(key_file),
         cache_max_bytes: file.cache_max_bytes,
     };
     let host = crate::start_host_with(data_dir.clone(), &store).await?;
@@ -160,12 +169,6 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let db = Db::connect(&db_url).await.context("open the database")?;
     let first_start = keys::ensure_default_workspace(&db).await?;
     let (cpu, mem) = host_capacity(&file)?;
-    let key_file = file
-        .master_key_file
-        .clone()
-        .unwrap_or_else(|| data_dir.join("master.key"));
-    let master_key = hearth_control::secrets::MasterKey::load_or_create(&key_file)
-        .context("load the master key")?;
     let mut cfg = ControlConfig {
         public_url: public_url.clone(),
         master_key,
