@@ -746,6 +746,18 @@ def test_snapshot_capture_boots_a_copy_and_delete_is_refused_while_in_use():
     check(not listed, f"still listed after delete: {listed}")
     # The source sandbox is untouched by all of it.
     check(src.run("cat /root/f").stdout.strip() == token, "the source lost /root/f")
+
+    # Capturing again under the same name:tag moves the tag: the newer
+    # snapshot answers to it, the older one stays, by id only, untagged.
+    older = client.capture_snapshot(src.name, name, tag="t2", timeout=SNAPSHOT_TIMEOUT)
+    newer = client.capture_snapshot(src.name, name, tag="t2", timeout=SNAPSHOT_TIMEOUT)
+    check(newer.id != older.id, "a second capture made no new snapshot")
+    check(client.get_snapshot(f"{name}:t2").id == newer.id, "the tag did not move to the newer snapshot")
+    dangling = client.get_snapshot(older.id)
+    check(dangling.status == "ready" and not dangling.tags, f"the older snapshot: tags {dangling.tags!r}")
+    log(f"re-capture under {name}:t2 moved the tag from {older.id} to {newer.id}")
+    for s in (older, newer):
+        client.delete_snapshot(s.id)
     delete(src.name)
 
 

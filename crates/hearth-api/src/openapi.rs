@@ -368,14 +368,15 @@ fn snapshots_by_name() {}
 
 /// Build a snapshot from an OCI (Docker) image in a registry. Answers at
 /// once with status `building`; poll until `ready` or `failed`. Registries
-/// on loopback are reached over plain HTTP.
+/// on loopback are reached over plain HTTP. A `name:tag` another snapshot
+/// holds moves to this one (the other stays, by id, untagged).
 #[utoipa::path(
     post, path = "/api/v2/sandboxes/snapshots", tag = "snapshots",
     request_body = CreateSnapshotRequest,
     responses(
         (status = 202, description = "The snapshot, building", body = SnapshotResponse),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-        (status = 409, description = "name:tag is taken", body = ErrorBody),
+
         (status = 422, description = "Invalid body", body = ErrorBody),
     ),
 )]
@@ -393,7 +394,7 @@ fn create_snapshot() {}
         (status = 202, description = "The snapshot, building", body = SnapshotResponse),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such sandbox", body = ErrorBody),
-        (status = 409, description = "Not capturable now (not persistent, not running for memory) or name:tag taken", body = ErrorBody),
+        (status = 409, description = "Not capturable now (not persistent, or not running for memory)", body = ErrorBody),
         (status = 422, description = "Invalid body", body = ErrorBody),
     ),
 )]

@@ -58,7 +58,11 @@ pub fn snapshot_response(s: &SnapshotRow, tags: Vec<String>) -> SnapshotResponse
     SnapshotResponse {
         id: *s.id.as_uuid(),
         name: s.name.clone(),
-        tags,
+        // A tag that moved to a newer snapshot leaves this one dangling.
+        tags: tags
+            .into_iter()
+            .filter(|t| hearth_db::is_published_tag(t))
+            .collect(),
         status: match s.status {
             SnapshotStatus::Building => A::Building,
             SnapshotStatus::Ready => A::Ready,

@@ -3,6 +3,9 @@
 //! `building` until the host has stored the snapshot, then `ready` (or
 //! `failed` with the host's reason), which the SDK polls for.
 //!
+//! Publishing a snapshot under a `name:tag` that another holds moves the
+//! tag (LangSmith's rule): the older one stays reachable by id, untagged.
+//!
 //! Deleting a snapshot is refused (409) while a sandbox not being deleted
 //! was booted from it, as LangSmith does. Its chunks would be safe either
 //! way: a sandbox's own generations reference them, and the store's GC
@@ -197,18 +200,10 @@ impl Control {
         Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
     }
 
-    /// Stores a new snapshot row (status `building`); a taken `name:tag`
-    /// is a 409.
+    /// Stores a new snapshot row (status `building`) under its `name:tag`;
+    /// a snapshot that had that tag keeps its id but loses the tag.
     async fn insert_building(&self, ws: WorkspaceId, snap: &SnapshotRow) -> Result<(), ApiError> {
-        self.db
-            .insert_snapshot(ws, snap)
-            .await
-            .map_err(|e| match e {
-                hearth_db::DbError::Conflict { .. } => {
-                    ApiError::name_conflict("snapshot", &format!("{}:{}", snap.name, snap.tag))
-                }
-                other => db_error(other),
-            })
+        self.db.publish_snapshot(ws, snap).await.map_err(db_error)
     }
 
     /// Records the outcome of a snapshot build.

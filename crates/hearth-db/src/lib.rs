@@ -43,6 +43,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 pub use error::{DbError, QuotaKind};
 pub use model::*;
+pub use snapshots::{dangling_tag, is_published_tag};
 pub use time::Timestamp;
 
 use sql::{Pool, Sql};

@@ -172,6 +172,44 @@ impl Db {
         Ok(())
     }
 
+    /// Stores a workspace's snapshot under its `name:tag`, moving the tag
+    /// (LangSmith's rule): a snapshot that held it stays addressable by id,
+    /// untagged ("dangling": its tag becomes [`dangling_tag`] of its id).
+    pub async fn publish_snapshot(
+        &self,
+        workspace_id: WorkspaceId,
+        s: &SnapshotRow,
+    ) -> Result<(), DbError> {
+        let op = "publish snapshot";
+        let mut tx = self
+            .pool
+            .begin_write()
+            .await
+            .map_err(DbError::backend(op))?;
+        let untag = Sql::new(
+            "UPDATE snapshots SET tag = '#' || id, updated_at = $4 \
+             WHERE workspace_id = $1 AND name = $2 AND tag = $3",
+        )
+        .arg(workspace_id.to_string())
+        .arg(s.name.as_str())
+        .arg(s.tag.as_str())
+        .arg(Timestamp::now());
+        tx.execute(&untag).await.map_err(DbError::backend(op))?;
+        let insert = snapshot_sql(
+            op,
+            &format!(
+                "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+            ),
+            s,
+            Some(workspace_id),
+        )?;
+        tx.execute(&insert)
+            .await
+            .map_err(DbError::unique(op, || format!("snapshot {}", s.id)))?;
+        tx.commit().await.map_err(DbError::backend(op))
+    }
+
     /// Sets a snapshot's build status (and message; `None` clears it).
     pub async fn set_snapshot_status(
         &self,
@@ -358,7 +396,7 @@ impl Db {
             Ok((r.text("tag")?, r.parse("id")?))
         }
         let sql = Sql::new(&format!(
-            "SELECT tag, id FROM snapshots WHERE {VISIBLE} AND name = $2 \
+            "SELECT tag, id FROM snapshots WHERE {VISIBLE} AND name = $2 AND tag NOT LIKE '#%' \
              ORDER BY tag, CASE WHEN workspace_id IS NULL THEN 1 ELSE 0 END"
         ))
         .arg(workspace_id.to_string())
@@ -371,4 +409,15 @@ impl Db {
         tags.dedup_by(|later, first| later.0 == first.0);
         Ok(tags)
     }
+}
+
+/// The tag column of a snapshot whose tag moved to another ("dangling",
+/// reachable by id only). API tags cannot contain `#`.
+pub fn dangling_tag(id: SnapshotId) -> String {
+    format!("#{id}")
+}
+
+/// Whether a stored tag is a real one (not [`dangling_tag`]).
+pub fn is_published_tag(tag: &str) -> bool {
+    !tag.starts_with('#')
 }

@@ -327,3 +327,42 @@ async fn snapshots_are_finished_and_deleted_only_when_unused() {
         ));
     });
 }
+
+#[tokio::test]
+async fn publishing_a_taken_tag_moves_it_and_leaves_the_old_snapshot_by_id() {
+    each_backend!(|db| {
+        let ws = workspace(db, Quotas::default()).await.id;
+        let mut first = snapshot("env", "latest");
+        first.workspace_id = Some(ws);
+        db.publish_snapshot(ws, &first).await.unwrap();
+        let mut second = snapshot("env", "latest");
+        second.workspace_id = Some(ws);
+        db.publish_snapshot(ws, &second).await.unwrap();
+        assert_eq!(
+            db.find_snapshot_by_ref(ws, "env", "latest")
+                .await
+                .unwrap()
+                .id,
+            second.id
+        );
+        let old = db.get_snapshot(ws, first.id).await.unwrap();
+        assert_eq!(old.tag, hearth_db::dangling_tag(first.id));
+        assert!(!hearth_db::is_published_tag(&old.tag));
+        assert_eq!(
+            db.snapshot_tags(ws, "env").await.unwrap(),
+            vec![("latest".to_owned(), second.id)]
+        );
+        // Another workspace's tag of the same name is not touched.
+        let other = workspace(db, Quotas::default()).await.id;
+        let mut theirs = snapshot("env", "latest");
+        theirs.workspace_id = Some(other);
+        db.publish_snapshot(other, &theirs).await.unwrap();
+        assert_eq!(
+            db.find_snapshot_by_ref(ws, "env", "latest")
+                .await
+                .unwrap()
+                .id,
+            second.id
+        );
+    });
+}
