@@ -77,27 +77,12 @@ impl Control {
             None => base,
         };
         // The sandbox's own env layer is not part of the snapshot.
-        let now = Timestamp::now();
-        let id = SnapshotId::new();
         let snap = SnapshotRow {
-            id,
-            workspace_id: Some(who.workspace_id),
-            name: reference.name.clone(),
-            tag: reference.tag.clone(),
-            status: SnapshotStatus::Building,
-            status_message: None,
-            image: source.image.clone(),
-            fs_capacity: row.fs_capacity,
             labels: req.labels.clone().unwrap_or_else(|| row.labels.clone()),
             run_config: serde_json::to_value(&run_config).ok(),
-            docker_image: None,
-            created_at: now,
-            updated_at: now,
-            volume: Some(format!("snap-{id}")),
-            memory_bytes: None,
             source_sandbox_id: Some(row.id),
-            image_digest: None,
             description: req.description.clone(),
+            ..building(who.workspace_id, &reference, &source.image, row.fs_capacity)
         };
         self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
@@ -142,28 +127,17 @@ impl Control {
             rc.validate("run_config")?;
         }
         let (host_id, host) = self.any_host()?;
-        let now = Timestamp::now();
-        let id = SnapshotId::new();
         let snap = SnapshotRow {
-            id,
-            workspace_id: Some(who.workspace_id),
-            name: reference.name.clone(),
-            tag: reference.tag.clone(),
-            status: SnapshotStatus::Building,
-            status_message: None,
-            // Its kernel and initramfs; the disk is the image's.
-            image: hearth_image::ImageName::Busybox.as_str().to_owned(),
-            fs_capacity: capacity,
             labels: req.labels.clone().unwrap_or_default(),
-            run_config: None,
             docker_image: Some(req.docker_image.clone()),
-            created_at: now,
-            updated_at: now,
-            volume: Some(format!("snap-{id}")),
-            memory_bytes: None,
-            source_sandbox_id: None,
-            image_digest: None,
             description: req.description.clone(),
+            // Its kernel and initramfs; the disk is the image's.
+            ..building(
+                who.workspace_id,
+                &reference,
+                hearth_image::ImageName::Busybox.as_str(),
+                capacity,
+            )
         };
         self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
@@ -289,6 +263,38 @@ impl Control {
             .next()
             .map(|(id, h)| (*id, h.clone()))
             .ok_or_else(ApiError::no_hosts)
+    }
+}
+
+/// A new snapshot row, `building`, whose data will be the store volume
+/// `snap-<id>`.
+fn building(
+    ws: WorkspaceId,
+    reference: &hearth_api::SnapshotRef,
+    image: &str,
+    capacity: hearth_types::ByteSize,
+) -> SnapshotRow {
+    let now = Timestamp::now();
+    let id = SnapshotId::new();
+    SnapshotRow {
+        id,
+        workspace_id: Some(ws),
+        name: reference.name.clone(),
+        tag: reference.tag.clone(),
+        status: SnapshotStatus::Building,
+        status_message: None,
+        image: image.to_owned(),
+        fs_capacity: capacity,
+        labels: Default::default(),
+        run_config: None,
+        docker_image: None,
+        created_at: now,
+        updated_at: now,
+        volume: Some(format!("snap-{id}")),
+        memory_bytes: None,
+        source_sandbox_id: None,
+        image_digest: None,
+        description: None,
     }
 }
 

@@ -83,6 +83,19 @@ fn snapshot_sql(
         .arg(s.description.as_deref()))
 }
 
+/// The insert of a workspace's snapshot.
+fn insert_sql(op: &'static str, s: &SnapshotRow, workspace: WorkspaceId) -> Result<Sql, DbError> {
+    snapshot_sql(
+        op,
+        &format!(
+            "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+        ),
+        s,
+        Some(workspace),
+    )
+}
+
 fn sort_spec(s: SnapshotSort) -> SortSpec {
     match s {
         SnapshotSort::Name => SortSpec {
@@ -154,15 +167,7 @@ impl Db {
         s: &SnapshotRow,
     ) -> Result<(), DbError> {
         let op = "insert snapshot";
-        let sql = snapshot_sql(
-            op,
-            &format!(
-                "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
-            ),
-            s,
-            Some(workspace_id),
-        )?;
+        let sql = insert_sql(op, s, workspace_id)?;
         self.pool
             .execute(&sql)
             .await
@@ -195,15 +200,7 @@ impl Db {
         .arg(s.tag.as_str())
         .arg(Timestamp::now());
         tx.execute(&untag).await.map_err(DbError::backend(op))?;
-        let insert = snapshot_sql(
-            op,
-            &format!(
-                "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
-            ),
-            s,
-            Some(workspace_id),
-        )?;
+        let insert = insert_sql(op, s, workspace_id)?;
         tx.execute(&insert)
             .await
             .map_err(DbError::unique(op, || format!("snapshot {}", s.id)))?;
