@@ -132,26 +132,30 @@ impl GenerationDisks {
         Ok(m)
     }
 
-    /// The generation a VM's disk boots from, made or claimed as asked.
+    /// The generation a fresh disk starts from: the snapshot's, or the
+    /// built-in image's (imported on first use).
+    async fn base_manifest(&self, req: &DiskRequest<'_>) -> Result<Manifest, HostError> {
+        let Some(from) = req.from else {
+            return Ok(self.image(req.base).await?);
+        };
+        let volume: VolumeId = from.parse()?;
+        self.store
+            .head(&volume)
+            .await?
+            .ok_or_else(|| HostError::Boot {
+                id: req.vm,
+                reason: format!("snapshot {volume} is not in the store"),
+            })
+    }
+
+    /// The generation a VM's disk boots from, made or claimed as asked;
+    /// the base is only read when the disk starts from it.
     async fn head_for(
         &self,
         req: &DiskRequest<'_>,
     ) -> Result<(Manifest, Option<Target>), HostError> {
-        let image = match req.from {
-            Some(from) => {
-                let volume: VolumeId = from.parse()?;
-                self.store
-                    .head(&volume)
-                    .await?
-                    .ok_or_else(|| HostError::Boot {
-                        id: req.vm,
-                        reason: format!("snapshot {volume} is not in the store"),
-                    })?
-            }
-            None => self.image(req.base).await?,
-        };
         if !req.persistent {
-            return Ok((image, None));
+            return Ok((self.base_manifest(req).await?, None));
         }
         let target = Target {
             volume: Self::volume_of(req.vm),
@@ -160,11 +164,13 @@ impl GenerationDisks {
         };
         let head = match self.store.head(&target.volume).await? {
             None => {
+                let base = self.base_manifest(req).await?;
                 self.store
-                    .copy_volume(&image, &target.volume, &target.scope, req.fence)
+                    .copy_volume(&base, &target.volume, &target.scope, req.fence)
                     .await?
             }
             Some(head) if req.fresh => {
+                let image = self.base_manifest(req).await?;
                 self.store
                     .commit(
                         &target.volume,
