@@ -111,17 +111,8 @@ pub(super) async fn wait_outgoing(
 ) -> Result<(), SnapshotError> {
     let started = Instant::now();
     loop {
-        let answer = match qmp.execute("query-migrate", None).await {
-            Ok(v) => v,
-            Err(e) => return Err(exited_or(process, qemu_log, e.into()).await),
-        };
-        let status = answer
-            .get("status")
-            .and_then(Value::as_str)
-            .ok_or_else(|| SnapshotError::Unexpected {
-                command: "query-migrate",
-                answer: answer.to_string(),
-            })?;
+        let (answer, status) = query_status(qmp, process, qemu_log, "query-migrate").await?;
+        let status = status.as_str();
         match status {
             "completed" => return Ok(()),
             "failed" | "cancelled" => {
@@ -149,6 +140,30 @@ pub(super) async fn wait_outgoing(
     }
 }
 
+/// Runs a `query-*` command whose answer has a `status` string; the
+/// answer and its status. A failed command is QEMU's exit if it exited.
+async fn query_status(
+    qmp: &QmpClient,
+    process: &Process,
+    qemu_log: &Path,
+    command: &'static str,
+) -> Result<(Value, String), SnapshotError> {
+    let answer = match qmp.execute(command, None).await {
+        Ok(v) => v,
+        Err(e) => return Err(exited_or(process, qemu_log, e.into()).await),
+    };
+    match answer.get("status").and_then(Value::as_str) {
+        Some(status) => {
+            let status = status.to_owned();
+            Ok((answer, status))
+        }
+        None => Err(SnapshotError::Unexpected {
+            command,
+            answer: answer.to_string(),
+        }),
+    }
+}
+
 /// Polls `query-status` on the restoring side until the state is loaded
 /// (QEMU reports `paused`), QEMU exits (QEMU 7.2 exits when a load fails)
 /// or `deadline` passes.
@@ -172,17 +187,8 @@ pub(super) async fn wait_incoming(
             )
             .await);
         }
-        let answer = match qmp.execute("query-status", None).await {
-            Ok(v) => v,
-            Err(e) => return Err(exited_or(process, qemu_log, e.into()).await),
-        };
-        let status = answer
-            .get("status")
-            .and_then(Value::as_str)
-            .ok_or_else(|| SnapshotError::Unexpected {
-                command: "query-status",
-                answer: answer.to_string(),
-            })?;
+        let (_, status) = query_status(qmp, process, qemu_log, "query-status").await?;
+        let status = status.as_str();
         match status {
             "paused" | "running" => return Ok(()),
             "inmigrate" | "prelaunch" => last = status.to_owned(),
