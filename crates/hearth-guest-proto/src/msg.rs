@@ -116,6 +116,43 @@ pub enum Request {
     Info,
     /// Sync filesystems and power the guest off.
     Shutdown,
+    /// The sandbox's settings from the host: its network and the
+    /// environment every later command starts with. Sent after every
+    /// handshake (a boot or a resume from saved memory) and whenever they
+    /// change; idempotent. Answered `Ok`, or `Error` naming what failed.
+    Configure(GuestConfig),
+}
+
+/// What [`Request::Configure`] sets.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GuestConfig {
+    /// Bring up this interface (absent: the VM has no network).
+    #[serde(default)]
+    pub network: Option<GuestNetwork>,
+    /// Environment under every command's own (the command's wins per key):
+    /// proxy variables, CA bundle paths, a proxy rule's dummy credentials.
+    /// Replaces the previous configuration's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// The guest's one NIC, configured by the agent (the kernel has no `ip=`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GuestNetwork {
+    /// Interface name, e.g. `eth0`.
+    pub interface: String,
+    /// IPv4 address and prefix length.
+    pub address: std::net::Ipv4Addr,
+    pub prefix: u8,
+    /// Default route and the only DNS server.
+    pub gateway: std::net::Ipv4Addr,
+    pub dns: std::net::Ipv4Addr,
+    /// PEM certificate the guest must trust (the egress proxy's CA): added
+    /// to the system bundle.
+    #[serde(default)]
+    pub ca_pem: Option<String>,
 }
 
 /// How to start a command. Durations are in milliseconds; see field docs for

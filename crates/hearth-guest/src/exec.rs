@@ -337,7 +337,10 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
         ("LANG", "C.UTF-8"),
     ];
     let mut env: std::collections::BTreeMap<&str, &str> = base.into_iter().collect();
-    for (k, v) in &req.env {
+    // The sandbox's configured environment (proxy variables, CA paths),
+    // then the command's own.
+    let configured = crate::netconf::default_env();
+    for (k, v) in configured.iter().chain(&req.env) {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
             return Err(refused(format!("invalid environment variable {k:?}")));
         }

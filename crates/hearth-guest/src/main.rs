@@ -10,6 +10,7 @@ mod exec;
 mod files;
 mod init;
 mod net;
+mod netconf;
 mod reaper;
 mod search;
 mod sys;
@@ -188,6 +189,22 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         Request::TcpDial { port } => net::dial(stream, port).await,
         Request::Info => {
             let _ = stream.send_ctl(&Reply::Info(info(version))).await;
+        }
+        Request::Configure(cfg) => {
+            // Blocking file and ioctl work, and a short wait for the NIC.
+            let done = tokio::task::spawn_blocking(move || netconf::configure(cfg)).await;
+            let reply = match done {
+                Ok(Ok(())) => Reply::Ok,
+                Ok(Err(msg)) => Reply::Error(hearth_guest_proto::OpError::new(
+                    hearth_guest_proto::OpErrorKind::Io,
+                    msg,
+                )),
+                Err(e) => Reply::Error(hearth_guest_proto::OpError::new(
+                    hearth_guest_proto::OpErrorKind::Io,
+                    format!("configure: {e}"),
+                )),
+            };
+            let _ = stream.send_ctl(&reply).await;
         }
         Request::Shutdown => {
             sys::sync();

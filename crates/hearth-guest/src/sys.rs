@@ -124,16 +124,53 @@ pub fn sethostname(name: &str) -> io::Result<()> {
 
 /// Brings the loopback interface up, so guest programs can use 127.0.0.1.
 pub fn loopback_up() -> io::Result<()> {
+    link_up("lo")
+}
+
+/// An `AF_INET` datagram socket for interface ioctls.
+fn inet_socket() -> io::Result<OwnedFd> {
     // SAFETY: socket() has no memory preconditions; the fd is owned below.
     let fd =
         check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: fd is a fresh, valid descriptor that we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An `ifreq` naming `name` (at most 15 bytes), the rest zero.
+fn ifreq(name: &str) -> io::Result<libc::ifreq> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad interface name {name:?}"),
+        ));
+    }
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
         *dst = *src as libc::c_char;
     }
+    Ok(req)
+}
+
+/// A `sockaddr` holding an IPv4 address (port 0).
+fn sockaddr_v4(addr: std::net::Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(addr.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size on Linux, and any
+    // bit pattern is a valid sockaddr.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+/// Sets `IFF_UP` on the interface `name`.
+pub fn link_up(name: &str) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let mut req = ifreq(name)?;
     // SAFETY: SIOCGIFFLAGS reads into the ifreq we pass, which is valid for writes.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
     // SAFETY: the kernel filled ifru_flags in the union for SIOCGIFFLAGS.
@@ -141,6 +178,43 @@ pub fn loopback_up() -> io::Result<()> {
     // SAFETY: SIOCSIFFLAGS reads the ifreq we pass.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) })?;
     Ok(())
+}
+
+/// Gives the interface `name` the address `addr/prefix`.
+pub fn set_ipv4(name: &str, addr: std::net::Ipv4Addr, prefix: u8) -> io::Result<()> {
+    if prefix > 32 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("prefix /{prefix} is longer than 32"),
+        ));
+    }
+    let sock = inet_socket()?;
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_addr = sockaddr_v4(addr);
+    // SAFETY: SIOCSIFADDR reads the ifreq we pass.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFADDR, &req) })?;
+    let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_netmask = sockaddr_v4(std::net::Ipv4Addr::from(mask));
+    // SAFETY: SIOCSIFNETMASK reads the ifreq we pass.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFNETMASK, &req) })?;
+    Ok(())
+}
+
+/// Adds the default route through `gateway`; one already there is fine.
+pub fn add_default_route(gateway: std::net::Ipv4Addr) -> io::Result<()> {
+    let sock = inet_socket()?;
+    // SAFETY: rtentry is plain old data; all-zero is a valid value.
+    let mut rt: libc::rtentry = unsafe { std::mem::zeroed() };
+    rt.rt_dst = sockaddr_v4(std::net::Ipv4Addr::UNSPECIFIED);
+    rt.rt_genmask = sockaddr_v4(std::net::Ipv4Addr::UNSPECIFIED);
+    rt.rt_gateway = sockaddr_v4(gateway);
+    rt.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+    // SAFETY: SIOCADDRT reads the rtentry we pass, which outlives the call.
+    match check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCADDRT, &rt) }) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        r => r.map(drop),
+    }
 }
 
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {

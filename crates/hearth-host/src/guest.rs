@@ -132,6 +132,12 @@ impl GuestClient {
         }
     }
 
+    /// Sets the guest's network and default environment (see
+    /// [`hearth_guest_proto::GuestConfig`]).
+    pub async fn configure(&self, cfg: &hearth_guest_proto::GuestConfig) -> Result<(), GuestError> {
+        self.call(&Request::Configure(cfg.clone())).await.map(drop)
+    }
+
     pub async fn shutdown(&self) -> Result<(), GuestError> {
         self.call(&Request::Shutdown).await.map(drop)
     }
