@@ -1,5 +1,5 @@
 //! The one error type of this crate, shaped for the API layer to map:
-//! `NotFound` → 404, `Conflict`/`Stale` → 409, `Quota` → 429,
+//! `NotFound` → 404, `Conflict`/`Stale`/`TooMany` → 409, `Quota` → 429,
 //! `InvalidCursor` → 400, `Schema`/`Backend` → 500.
 
 /// Which quota a rejected insert would have exceeded.
@@ -50,6 +50,11 @@ pub enum DbError {
         used: u64,
         requested: u64,
     },
+
+    /// A fixed per-workspace limit on a count of records (not a quota an
+    /// operator sets): e.g. at most 1,000 workspace secrets.
+    #[error("too many {what}: the limit is {limit} per workspace")]
+    TooMany { what: &'static str, limit: u64 },
 
     #[error("invalid pagination cursor")]
     InvalidCursor,

@@ -8,7 +8,7 @@
 //! `migrations/{sqlite,postgres}/` and are applied on connect.
 //!
 //! Records ([`Workspace`], [`ApiKey`], [`HostRow`], [`SnapshotRow`],
-//! [`SandboxRow`]) are rows, not wire types; times are [`Timestamp`]s
+//! [`SandboxRow`], [`WorkspaceSecretMeta`]) are rows, not wire types; times are [`Timestamp`]s
 //! (unix milliseconds in the database, RFC 3339 for display). Lists are
 //! keyset-paginated with opaque cursors ([`Page`]), stable under inserts.
 //!
@@ -30,6 +30,7 @@ mod sandboxes;
 mod snapshots;
 mod sql;
 mod time;
+mod workspace_secrets;
 mod workspaces;
 
 #[cfg(feature = "testing")]
@@ -45,6 +46,7 @@ pub use error::{DbError, QuotaKind};
 pub use model::*;
 pub use snapshots::{dangling_tag, is_published_tag};
 pub use time::Timestamp;
+pub use workspace_secrets::{WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};
 
 use sql::{Pool, Sql};
 

@@ -44,6 +44,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0004_snapshot_storage.sql"),
         postgres: include_str!("../migrations/postgres/0004_snapshot_storage.sql"),
     },
+    Migration {
+        version: 5,
+        name: "workspace_secrets",
+        sqlite: include_str!("../migrations/sqlite/0005_workspace_secrets.sql"),
+        postgres: include_str!("../migrations/postgres/0005_workspace_secrets.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

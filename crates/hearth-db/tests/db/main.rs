@@ -4,6 +4,7 @@
 mod hosts_snapshots;
 mod lists;
 mod sandboxes;
+mod workspace_secrets;
 mod workspaces;
 
 use std::collections::BTreeMap;
