@@ -203,6 +203,8 @@ pub async fn run_probe_guest(
         mem_path: mem_path.clone(),
         raw_ports: Vec::new(),
         free_page_reporting: false,
+        net: None,
+        jail: None,
     };
     let qemu = Qemu::new(QemuConfig {
         start_timeout: cfg.start_timeout.min(deadline),

@@ -79,6 +79,62 @@ pub struct VmSpec {
     /// hands pages it frees back to the host (QEMU punches them out of the
     /// memory file), so an idle guest's footprint shrinks to what it uses.
     pub free_page_reporting: bool,
+    /// A virtio-net NIC on a TAP device the caller prepared; `None`: no NIC.
+    pub net: Option<NetAttach>,
+    /// Run the VMM confined ([`JailSpec`]); `None`: as the calling user,
+    /// with the host's view of everything.
+    pub jail: Option<JailSpec>,
+}
+
+/// A NIC of a [`VmSpec`]: a persistent TAP device the caller created in a
+/// network namespace (`ip -n <ns> tuntap add dev <tap> mode tap`), with
+/// its addresses and filtering. The backend only attaches to it: it opens
+/// the TAP from inside `netns` and hands the descriptor to the VMM, which
+/// then needs no network privilege at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetAttach {
+    /// The namespace's nsfs file (e.g. `/run/netns/hearth-<id>`).
+    pub netns: PathBuf,
+    /// Name of the TAP device inside `netns`.
+    pub tap: String,
+    /// The guest NIC's MAC address.
+    pub mac: [u8; 6],
+}
+
+impl NetAttach {
+    /// The MAC in the usual `xx:xx:xx:xx:xx:xx` form.
+    pub fn mac_string(&self) -> String {
+        let m = self.mac;
+        format!(
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+/// How a VMM process is confined: an unprivileged user, its own
+/// namespaces, a root holding only the files it needs, and cgroup limits.
+/// See [`qemu::jail`] for what exactly the QEMU backend does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JailSpec {
+    /// The user the VMM runs as; not 0. Give each VM its own uid, so that one
+    /// escaped VMM cannot touch another VM's files or processes.
+    pub uid: u32,
+    /// The group the VMM runs as (supplementary groups are cleared); not 0.
+    pub gid: u32,
+    pub limits: Limits,
+}
+
+/// Resource limits of a jailed VMM, enforced with cgroups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPU quota: `cpu` millicores per 100 ms period.
+    pub cpu: MilliCpu,
+    /// Memory limit of the whole VMM (guest RAM plus the VMM's overhead, as
+    /// the caller computes it); swap is limited to the same total.
+    pub memory_max: ByteSize,
+    /// Most processes and threads the VMM may have.
+    pub pids_max: u32,
 }
 
 /// One block device of a [`VmSpec`].
@@ -347,6 +403,25 @@ pub enum VmmError {
         vm: VmId,
         pid: u32,
         waited: Duration,
+    },
+
+    #[error("open tap {tap} in {netns} for vm {vm}")]
+    Net {
+        vm: VmId,
+        netns: PathBuf,
+        tap: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// Confining the VMM failed: preparing the jail, or a step of the
+    /// child process between fork and exec (`step` names it).
+    #[error("jail of vm {vm}: {step}")]
+    Jail {
+        vm: VmId,
+        step: String,
+        #[source]
+        source: io::Error,
     },
 
     /// A backend-specific failure (for QEMU: a QMP exchange, a migration),

@@ -85,14 +85,44 @@ pub fn process_name(spec: &VmSpec) -> String {
     format!("hearth-vm-{}", spec.id)
 }
 
+/// Longest network interface name Linux accepts (`IFNAMSIZ` - 1).
+const MAX_IFNAME: usize = 15;
+
+/// The descriptor number [`crate::Qemu::args`] shows for a NIC's TAP: the
+/// real one is only known once the backend has opened the TAP at spawn.
+pub const NET_FD_PLACEHOLDER: i32 = 3;
+
+/// Checks a [`crate::NetAttach`]'s TAP name: what Linux accepts as an
+/// interface name.
+pub fn check_tap_name(spec: &VmSpec, tap: &str) -> Result<(), VmmError> {
+    let ok = !tap.is_empty()
+        && tap.len() <= MAX_IFNAME
+        && tap
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b',' && b != b':');
+    if ok {
+        Ok(())
+    } else {
+        Err(VmmError::InvalidSpec {
+            vm: spec.id,
+            reason: format!(
+                "tap name {tap:?} must be 1-{MAX_IFNAME} printable characters without '/', ',' or ':'"
+            ),
+        })
+    }
+}
+
 /// The full argument vector (without the binary) for `spec`.
 ///
-/// `tsc_khz` is required under TCG and ignored under KVM.
+/// `tsc_khz` is required under TCG and ignored under KVM. `net_fd` is the
+/// descriptor number QEMU inherits the NIC's TAP on (required when
+/// [`VmSpec::net`] is set, ignored otherwise).
 pub fn build_args(
     spec: &VmSpec,
     accel: Accel,
     tsc_khz: Option<u32>,
     start: Start<'_>,
+    net_fd: Option<i32>,
 ) -> Result<Vec<String>, VmmError> {
     let invalid = |reason: String| VmmError::InvalidSpec {
         vm: spec.id,
@@ -157,6 +187,16 @@ pub fn build_args(
             )));
         }
     }
+    let net = match &spec.net {
+        None => None,
+        Some(net) => {
+            check_tap_name(spec, &net.tap)?;
+            let Some(fd) = net_fd else {
+                return Err(invalid("a nic needs the tap's descriptor".to_owned()));
+            };
+            Some((fd, net.mac_string()))
+        }
+    };
     let files = RunFiles::new(&spec.run_dir);
     let kernel = utf8("kernel", &spec.kernel)?;
     let initrd = utf8("initrd", &spec.initrd)?;
@@ -295,6 +335,15 @@ pub fn build_args(
             "virtio-balloon-device,free-page-reporting=on".to_owned(),
         );
     }
+    // The TAP is opened by the backend (QEMU needs no network privilege)
+    // and inherited on `fd`. Same place in the device list on a restore.
+    if let Some((fd, mac)) = net {
+        push("-netdev", format!("tap,id=net0,fd={fd}"));
+        push(
+            "-device",
+            format!("virtio-net-device,netdev=net0,mac={mac}"),
+        );
+    }
     push("-device", "virtio-serial-device".to_owned());
     push(
         "-chardev",
@@ -363,6 +412,8 @@ mod tests {
             mem_path: "/dev/shm/hearth/vm1.mem".into(),
             raw_ports: Vec::new(),
             free_page_reporting: false,
+            net: None,
+            jail: None,
         }
     }
 
@@ -433,7 +484,7 @@ mod tests {
             "console=ttyS0 panic=-1 reboot=t quiet tsc_early_khz=2596134 hearth.image=busybox",
         ]);
         want.extend(devices());
-        let got = build_args(&spec(), Accel::Tcg, Some(2_596_134), Start::Cold);
+        let got = build_args(&spec(), Accel::Tcg, Some(2_596_134), Start::Cold, None);
         assert_eq!(got.ok(), Some(want.iter().map(|s| s.to_string()).collect()));
     }
 
@@ -465,7 +516,7 @@ mod tests {
         // No tsc_early_khz under KVM, even when a value is known.
         want.extend(["-append", "console=ttyS0 panic=-1 reboot=t quiet"]);
         want.extend(&devices()[8..]);
-        let got = build_args(&s, Accel::Kvm, Some(2_596_134), Start::Cold);
+        let got = build_args(&s, Accel::Kvm, Some(2_596_134), Start::Cold, None);
         assert_eq!(got.ok(), Some(want.iter().map(|s| s.to_string()).collect()));
     }
 
@@ -473,7 +524,7 @@ mod tests {
     fn free_page_reporting_adds_a_balloon() {
         let mut s = spec();
         s.free_page_reporting = true;
-        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
+        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold, None).unwrap_or_default();
         let at = got
             .iter()
             .position(|a| a == "virtio-balloon-device,free-page-reporting=on");
@@ -484,7 +535,7 @@ mod tests {
     fn raw_ports_follow_the_agent_port() {
         let mut s = spec();
         s.raw_ports = vec!["hearth.raw".into()];
-        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
+        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold, None).unwrap_or_default();
         let at = got
             .iter()
             .position(|a| a == "virtserialport,chardev=agent,name=hearth.agent")
@@ -508,7 +559,7 @@ mod tests {
             DiskSpec::nbd("/run/blocks/a,b.sock", "gen-7"),
             DiskSpec::nbd("/run/blocks/base.sock", "").with_read_only(true),
         ];
-        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
+        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold, None).unwrap_or_default();
         let blockdevs: Vec<Value> = got
             .windows(2)
             .filter(|w| w[0] == "-blockdev")
@@ -543,16 +594,66 @@ mod tests {
     }
 
     #[test]
+    fn a_nic_is_a_tap_netdev_on_the_inherited_fd_with_its_mac() {
+        let mut s = spec();
+        s.net = Some(crate::NetAttach {
+            netns: "/run/netns/hearth-x".into(),
+            tap: "tap0".to_owned(),
+            mac: [0x02, 0x48, 0x0a, 0xb0, 0x01, 0xff],
+        });
+        let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold, Some(7)).unwrap_or_default();
+        let at = got.iter().position(|a| a == "-netdev").unwrap_or(0);
+        assert_eq!(
+            got[at..at + 4],
+            [
+                "-netdev",
+                "tap,id=net0,fd=7",
+                "-device",
+                "virtio-net-device,netdev=net0,mac=02:48:0a:b0:01:ff"
+            ]
+        );
+        // Without a descriptor there is no NIC to give QEMU.
+        assert!(build_args(&s, Accel::Tcg, Some(1), Start::Cold, None).is_err());
+        for bad in ["", "tap,0", "a/b", "sixteen-chars-xx", "t ap"] {
+            if let Some(n) = s.net.as_mut() {
+                n.tap = bad.to_owned();
+            }
+            assert!(
+                build_args(&s, Accel::Tcg, Some(1), Start::Cold, Some(7)).is_err(),
+                "{bad:?}"
+            );
+        }
+        // The same device, in the same place, on a restore.
+        if let Some(n) = s.net.as_mut() {
+            n.tap = "tap0".to_owned();
+        }
+        let from = RestoreFrom {
+            state: "/s".into(),
+            memory: "/m".into(),
+            private: true,
+        };
+        let restored =
+            build_args(&s, Accel::Tcg, Some(1), Start::Restore(&from), Some(7)).unwrap_or_default();
+        let dev = |v: &[String]| -> Vec<String> {
+            v.windows(2)
+                .filter(|w| w[0] == "-device" || w[0] == "-netdev")
+                .map(|w| w[1].clone())
+                .collect()
+        };
+        assert_eq!(dev(&got), dev(&restored));
+    }
+
+    #[test]
     fn restore_maps_the_saved_memory_and_waits_for_state() {
-        let cold = build_args(&spec(), Accel::Tcg, Some(1), Start::Cold).unwrap_or_default();
+        let cold = build_args(&spec(), Accel::Tcg, Some(1), Start::Cold, None).unwrap_or_default();
         for private in [false, true] {
             let from = RestoreFrom {
                 state: "/snap/state".into(),
                 memory: "/snap/mem,0".into(),
                 private,
             };
-            let got =
-                build_args(&spec(), Accel::Tcg, Some(1), Start::Restore(&from)).unwrap_or_default();
+            let got = build_args(&spec(), Accel::Tcg, Some(1), Start::Restore(&from), None)
+                .unwrap_or_default();
             let share = if private { "off" } else { "on" };
             let want_mem =
                 format!("memory-backend-file,id=mem,size=256M,mem-path=/snap/mem,,0,share={share}");
@@ -574,7 +675,7 @@ mod tests {
     #[test]
     fn tcg_without_tsc_is_refused() {
         assert!(matches!(
-            build_args(&spec(), Accel::Tcg, None, Start::Cold),
+            build_args(&spec(), Accel::Tcg, None, Start::Cold, None),
             Err(VmmError::TscUnknown { .. })
         ));
     }
@@ -606,7 +707,7 @@ mod tests {
         for (what, mutate) in cases {
             let mut s = spec();
             mutate(&mut s);
-            let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold);
+            let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold, None);
             assert!(
                 matches!(got, Err(VmmError::InvalidSpec { .. })),
                 "{what}: {got:?}"

@@ -21,8 +21,10 @@
 pub mod cmdline;
 pub mod qmp;
 pub mod snapshot;
+mod sys;
 
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -108,17 +110,32 @@ impl Qemu {
     }
 
     /// The arguments [`Qemu::boot`] would pass to QEMU for `spec`.
+    /// With a NIC, its `fd=` shows [`cmdline::NET_FD_PLACEHOLDER`]: the real
+    /// descriptor number is known once the TAP is open
+    /// ([`QemuInstance::args`] has it).
     pub fn args(&self, spec: &VmSpec) -> Result<Vec<String>, VmmError> {
-        self.start_args(spec, Start::Cold)
+        let net_fd = spec.net.as_ref().map(|_| cmdline::NET_FD_PLACEHOLDER);
+        self.start_args(spec, Start::Cold, net_fd)
     }
 
-    fn start_args(&self, spec: &VmSpec, start: Start<'_>) -> Result<Vec<String>, VmmError> {
+    fn start_args(
+        &self,
+        spec: &VmSpec,
+        start: Start<'_>,
+        net_fd: Option<i32>,
+    ) -> Result<Vec<String>, VmmError> {
         if let (Accel::Tcg, Err(detail)) = (self.cfg.accel, &self.tsc) {
             return Err(VmmError::TscUnknown {
                 detail: detail.clone(),
             });
         }
-        cmdline::build_args(spec, self.cfg.accel, self.tsc.as_ref().ok().copied(), start)
+        cmdline::build_args(
+            spec,
+            self.cfg.accel,
+            self.tsc.as_ref().ok().copied(),
+            start,
+            net_fd,
+        )
     }
 
     async fn restore_qemu(
@@ -201,7 +218,24 @@ impl Qemu {
 
     async fn launch(&self, spec: &VmSpec, start: Start<'_>) -> Result<QemuInstance, VmmError> {
         let vm = spec.id;
-        let args = self.start_args(spec, start)?;
+        // Checked before anything is opened or removed.
+        self.start_args(spec, start, spec.net.as_ref().map(|_| 0))?;
+        // QEMU gets the NIC's TAP already open: it needs no privilege for it.
+        let tap = match &spec.net {
+            None => None,
+            Some(net) => {
+                Some(
+                    sys::open_tap(&net.netns, &net.tap).map_err(|source| VmmError::Net {
+                        vm,
+                        netns: net.netns.clone(),
+                        tap: net.tap.clone(),
+                        source,
+                    })?,
+                )
+            }
+        };
+        let tap_fd = tap.as_ref().map(|fd| fd.as_raw_fd());
+        let args = self.start_args(spec, start, tap_fd)?;
         let files = RunFiles::new(&spec.run_dir);
         let run_dir_err = |path: &Path| {
             let path = path.to_owned();
@@ -243,17 +277,26 @@ impl Qemu {
             .process_group(0);
         let parent = std::process::id();
         // SAFETY: the closure runs in the forked child before exec. It calls
-        // only async-signal-safe functions (prctl, getppid) and builds errors
-        // from raw OS codes, which does not allocate.
+        // only async-signal-safe functions (prctl, getppid, fcntl) and
+        // builds errors from raw OS codes, which does not allocate.
         unsafe {
-            cmd.pre_exec(move || die_with_parent(parent));
+            cmd.pre_exec(move || {
+                sys::die_with_parent(parent)?;
+                if let Some(fd) = tap_fd {
+                    sys::inherit_fd(fd)?;
+                }
+                Ok(())
+            });
         }
         let spawned_at = Instant::now();
         let child = cmd.spawn().map_err(|source| VmmError::Spawn {
             vm,
             binary: self.cfg.binary.clone(),
             source,
-        })?;
+        });
+        // QEMU holds its own copy now.
+        drop(tap);
+        let child = child?;
         let Some(pid) = child.id() else {
             return Err(VmmError::Spawn {
                 vm,
@@ -309,31 +352,6 @@ impl Vmm for Qemu {
     async fn restore(&self, spec: &VmSpec, from: &RestoreFrom) -> Result<QemuInstance, VmmError> {
         self.restore_qemu(spec, from).await
     }
-}
-
-/// Sets `PR_SET_PDEATHSIG` in the child, between fork and exec.
-fn die_with_parent(parent: u32) -> io::Result<()> {
-    // SAFETY: prctl(PR_SET_PDEATHSIG, sig) reads only its integer arguments.
-    let rc = unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // If the spawning thread already died before prctl, no signal will come;
-    // a changed parent shows that, and the spawn fails instead.
-    // SAFETY: getppid has no preconditions and cannot fail.
-    let ppid = unsafe { libc::getppid() };
-    if u32::try_from(ppid).ok() != Some(parent) {
-        return Err(io::Error::from_raw_os_error(libc::ESRCH));
-    }
-    Ok(())
 }
 
 async fn wait_ready(

@@ -258,6 +258,8 @@ pub fn small_spec(id: VmId, kernel: &Path, initrd: &Path, dirs: &TestDirs) -> Vm
         mem_path: dirs.mem_path.clone(),
         raw_ports: Vec::new(),
         free_page_reporting: false,
+        net: None,
+        jail: None,
     }
 }
 
