@@ -28,6 +28,7 @@ mod service;
 mod services;
 mod snapshots;
 pub mod tunnel;
+mod workspace_secrets;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -339,6 +340,14 @@ pub fn router(control: Arc<Control>) -> Router {
     Router::new()
         .nest("/api/v2/sandboxes", api.clone())
         .nest("/v2/sandboxes", api)
+        .nest(
+            "/api/v1/workspaces/current",
+            workspace_secrets::routes().layer(DefaultBodyLimit::disable()),
+        )
+        .nest(
+            "/v1/workspaces/current",
+            workspace_secrets::routes().layer(DefaultBodyLimit::disable()),
+        )
         .merge(dataplane)
         .route(
             "/healthz",
