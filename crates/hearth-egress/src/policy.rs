@@ -1,0 +1,536 @@
+//! A sandbox's resolved egress policy, built from the API's `ProxyConfig`.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use hearth_api::nested::{ProxyConfig, ProxyHeader, SecretKind};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+use crate::pattern::{check_path_glob, normalize_name, path_glob_matches, HostPattern};
+
+/// Why a `proxy_config` cannot become a policy; `field` is the JSON path the
+/// API reports in its 422 (`proxy_config.access_control.allow_list[2]`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct PolicyError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> PolicyError {
+    PolicyError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// The egress policy of one sandbox with every secret already substituted.
+/// Serializable because it travels from the control plane to the host.
+/// `Policy::default()` allows every public destination and injects nothing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<Access>,
+    /// Enabled header rules, in order; the first match wins.
+    #[serde(default)]
+    pub rules: Vec<HeaderRule>,
+    #[serde(default)]
+    pub callbacks: Vec<Callback>,
+}
+
+/// `access_control`: an allow list or a deny list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    AllowList(Vec<HostPattern>),
+    DenyList(Vec<HostPattern>),
+}
+
+/// One enabled header-injection rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeaderRule {
+    pub name: String,
+    /// Empty = the rule matches no host.
+    pub match_hosts: Vec<HostPattern>,
+    /// Any one must match the request path; empty = every path.
+    #[serde(default)]
+    pub match_paths: Vec<String>,
+    /// Every `(lowercase name, exact value)` must be present.
+    #[serde(default)]
+    pub match_headers: Vec<(String, String)>,
+    /// Set on the upstream request, replacing same-name headers.
+    pub headers: Vec<(String, String)>,
+}
+
+/// One header callback.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Callback {
+    pub match_hosts: Vec<HostPattern>,
+    /// Absolute `http://` or `https://` URL.
+    pub url: String,
+    pub ttl_seconds: u64,
+    /// Sent with the callback POST.
+    #[serde(default)]
+    pub request_headers: Vec<(String, String)>,
+}
+
+/// Why a destination is refused; Display is the reason guests read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    NotAllowed { host: String },
+    Denied { host: String },
+    Private { host: String, ip: IpAddr },
+    TooManyConnections,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NotAllowed { host } => {
+                write!(f, "{host:?} is not in this sandbox's allow_list")
+            }
+            Refusal::Denied { host } => write!(f, "{host:?} is in this sandbox's deny_list"),
+            Refusal::Private { host, ip } => write!(f, "{host:?} is a private address ({ip})"),
+            Refusal::TooManyConnections => {
+                write!(f, "this sandbox has too many open connections")
+            }
+        }
+    }
+}
+
+/// What the name alone decides, before any address is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameVerdict {
+    Allowed,
+    Refused(Refusal),
+    /// Allowed only if the address matches an allow_list IP/CIDR.
+    NeedsAddress,
+}
+
+impl Policy {
+    /// Builds the policy from the API config. `resolve` turns a header's stored
+    /// value into the real one (plaintext as is, opaque decrypted,
+    /// workspace_secret templates expanded); its error is reported against
+    /// the header's field. Disabled rules are dropped; `no_proxy` is ignored.
+    pub fn from_config(
+        cfg: &ProxyConfig,
+        resolve: &mut dyn FnMut(&ProxyHeader) -> Result<String, String>,
+    ) -> Result<Policy, PolicyError> {
+        let access = match &cfg.access_control {
+            None => None,
+            Some(ac) => match (&ac.allow_list, &ac.deny_list) {
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        "proxy_config.access_control",
+                        "takes allow_list or deny_list, not both",
+                    ))
+                }
+                (Some(list), None) => Some(Access::AllowList(patterns(
+                    "proxy_config.access_control.allow_list",
+                    list,
+                )?)),
+                (None, Some(list)) => Some(Access::DenyList(patterns(
+                    "proxy_config.access_control.deny_list",
+                    list,
+                )?)),
+                (None, None) => None,
+            },
+        };
+        let mut rules = Vec::new();
+        for (i, rule) in cfg.rules.iter().enumerate() {
+            let at = format!("proxy_config.rules[{i}]");
+            let match_hosts = patterns(&format!("{at}.match_hosts"), &rule.match_hosts)?;
+            for (j, g) in rule.match_paths.iter().enumerate() {
+                check_path_glob(g).map_err(|m| err(format!("{at}.match_paths[{j}]"), m))?;
+            }
+            let mut match_headers = Vec::new();
+            for (j, h) in rule.match_headers.iter().enumerate() {
+                let field = format!("{at}.match_headers[{j}]");
+                let (name, value) = h
+                    .split_once(':')
+                    .ok_or_else(|| err(&field, "must be \"name: value\""))?;
+                let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_owned());
+                check_header_pair(&field, &name, &value)?;
+                match_headers.push((name, value));
+            }
+            let headers = resolve_headers(&format!("{at}.headers"), &rule.headers, resolve)?;
+            if rule.enabled == Some(false) {
+                continue;
+            }
+            rules.push(HeaderRule {
+                name: rule.name.clone(),
+                match_hosts,
+                match_paths: rule.match_paths.clone(),
+                match_headers,
+                headers,
+            });
+        }
+        let mut callbacks = Vec::new();
+        for (i, cb) in cfg.callbacks.iter().enumerate() {
+            let at = format!("proxy_config.callbacks[{i}]");
+            let match_hosts = patterns(&format!("{at}.match_hosts"), &cb.match_hosts)?;
+            check_callback_url(&format!("{at}.url"), &cb.url)?;
+            let ttl_seconds = u64::try_from(cb.ttl_seconds)
+                .ok()
+                .filter(|t| (1..=86_400).contains(t))
+                .ok_or_else(|| err(format!("{at}.ttl_seconds"), "must be a positive duration"))?;
+            let request_headers = resolve_headers(
+                &format!("{at}.request_headers"),
+                &cb.request_headers,
+                resolve,
+            )?;
+            callbacks.push(Callback {
+                match_hosts,
+                url: cb.url.trim().to_owned(),
+                ttl_seconds,
+                request_headers,
+            });
+        }
+        Ok(Policy {
+            access,
+            rules,
+            callbacks,
+        })
+    }
+
+    /// The access-control verdict on a name alone (no private-address check).
+    pub fn name_verdict(&self, name: &str) -> NameVerdict {
+        match &self.access {
+            None => NameVerdict::Allowed,
+            Some(Access::DenyList(list)) => {
+                if list.iter().any(|p| p.matches_name(name)) {
+                    NameVerdict::Refused(Refusal::Denied { host: name.into() })
+                } else {
+                    NameVerdict::NeedsAddress
+                }
+            }
+            Some(Access::AllowList(list)) => {
+                if list.iter().any(|p| p.matches_name(name)) {
+                    NameVerdict::Allowed
+                } else if list.iter().any(|p| !p.is_name_pattern()) {
+                    NameVerdict::NeedsAddress
+                } else {
+                    NameVerdict::Refused(Refusal::NotAllowed { host: name.into() })
+                }
+            }
+        }
+    }
+
+    /// The access-control verdict on a connection to `ip`, known as `name`
+    /// when a name is known: allow_list passes if the name or the address
+    /// matches; deny_list refuses if either matches.
+    pub fn check(&self, name: Option<&str>, ip: IpAddr) -> Result<(), Refusal> {
+        let host = name.map_or_else(|| ip.to_string(), str::to_owned);
+        match &self.access {
+            None => Ok(()),
+            Some(Access::AllowList(list)) => {
+                let ok = list
+                    .iter()
+                    .any(|p| p.matches_ip(ip) || name.is_some_and(|n| p.matches_name(n)));
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Refusal::NotAllowed { host })
+                }
+            }
+            Some(Access::DenyList(list)) => {
+                let hit = list
+                    .iter()
+                    .any(|p| p.matches_ip(ip) || name.is_some_and(|n| p.matches_name(n)));
+                if hit {
+                    Err(Refusal::Denied { host })
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Whether some rule or callback could apply to requests to `host`
+    /// (decides whether TLS to it is intercepted).
+    pub fn could_rewrite(&self, host: &str) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.match_hosts.iter().any(|p| p.matches_name(host)))
+            || self.callback_for(host).is_some()
+    }
+
+    /// The first rule matching a request, if any.
+    pub fn rule_for(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&HeaderRule> {
+        self.rules.iter().find(|r| r.matches(host, path, headers))
+    }
+
+    /// The first callback matching `host`, with its index.
+    pub fn callback_for(&self, host: &str) -> Option<(usize, &Callback)> {
+        self.callbacks
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.match_hosts.iter().any(|p| p.matches_name(host)))
+    }
+}
+
+impl HeaderRule {
+    fn matches(&self, host: &str, path: &str, headers: &HeaderMap) -> bool {
+        self.match_hosts.iter().any(|p| p.matches_name(host))
+            && (self.match_paths.is_empty()
+                || self.match_paths.iter().any(|g| path_glob_matches(g, path)))
+            && self.match_headers.iter().all(|(name, value)| {
+                headers
+                    .get_all(name.as_str())
+                    .iter()
+                    .any(|v| v.as_bytes() == value.as_bytes())
+            })
+    }
+}
+
+/// Checks a `proxy_config` without resolving any secret: patterns, globs,
+/// header names and values, callback URLs. The error names the field.
+pub fn validate_config(cfg: &ProxyConfig) -> Result<(), PolicyError> {
+    // Stored values are checked as they are (templates and opaque values
+    // are checked again once resolved, by `Policy::from_config`).
+    let mut placeholder = |h: &ProxyHeader| Ok(h.value.clone().unwrap_or_else(|| "x".to_owned()));
+    Policy::from_config(cfg, &mut placeholder).map(|_| ())
+}
+
+fn patterns(field: &str, list: &[String]) -> Result<Vec<HostPattern>, PolicyError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| HostPattern::parse(s).map_err(|m| err(format!("{field}[{i}]"), m)))
+        .collect()
+}
+
+fn resolve_headers(
+    field: &str,
+    headers: &[ProxyHeader],
+    resolve: &mut dyn FnMut(&ProxyHeader) -> Result<String, String>,
+) -> Result<Vec<(String, String)>, PolicyError> {
+    let mut out = Vec::new();
+    for (j, h) in headers.iter().enumerate() {
+        let at = format!("{field}[{j}]");
+        let name = h.name.trim().to_ascii_lowercase();
+        let value = match h.kind {
+            SecretKind::Plaintext | SecretKind::Opaque | SecretKind::WorkspaceSecret => {
+                resolve(h).map_err(|m| err(format!("{at}.value"), m))?
+            }
+        };
+        check_header_pair(&at, &name, &value)?;
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+fn check_header_pair(field: &str, name: &str, value: &str) -> Result<(), PolicyError> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+        err(
+            format!("{field}.name"),
+            format!("{name:?} is not a valid header name"),
+        )
+    })?;
+    HeaderValue::from_str(value)
+        .map_err(|_| err(format!("{field}.value"), "is not a valid header value"))?;
+    Ok(())
+}
+
+fn check_callback_url(field: &str, url: &str) -> Result<(), PolicyError> {
+    let uri: http::Uri = url
+        .trim()
+        .parse()
+        .map_err(|_| err(field, "must be an absolute http(s) URL"))?;
+    let scheme_ok = matches!(uri.scheme_str(), Some("http") | Some("https"));
+    let host_ok = uri
+        .host()
+        .is_some_and(|h| normalize_name(h).is_some() || crate::pattern::parse_ip(h).is_some());
+    if !scheme_ok || !host_ok {
+        return Err(err(field, "must be an absolute http(s) URL"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_api::nested::{AccessControl, ProxyCallback, ProxyRule};
+
+    fn plain(name: &str, value: &str) -> ProxyHeader {
+        ProxyHeader {
+            name: name.into(),
+            kind: SecretKind::Plaintext,
+            value: Some(value.into()),
+            is_set: None,
+        }
+    }
+
+    fn policy(cfg: &ProxyConfig) -> Policy {
+        Policy::from_config(cfg, &mut |h| Ok(h.value.clone().unwrap_or_default())).unwrap()
+    }
+
+    fn allow(list: &[&str]) -> ProxyConfig {
+        ProxyConfig {
+            access_control: Some(AccessControl {
+                allow_list: Some(list.iter().map(|s| s.to_string()).collect()),
+                deny_list: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn allow_list_by_name_or_address() {
+        let p = policy(&allow(&[
+            "good.test",
+            "*.ok.test",
+            "192.0.2.0/24",
+            "~api[0-9]\\.x\\.test",
+        ]));
+        let ip = "203.0.113.1".parse().unwrap();
+        assert!(p.check(Some("good.test"), ip).is_ok());
+        assert!(p.check(Some("a.b.ok.test"), ip).is_ok());
+        assert!(p.check(Some("api7.x.test"), ip).is_ok());
+        assert!(p
+            .check(Some("any.test"), "192.0.2.7".parse().unwrap())
+            .is_ok());
+        let refused = p.check(Some("evil.test"), ip).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "\"evil.test\" is not in this sandbox's allow_list"
+        );
+        assert_eq!(p.name_verdict("evil.test"), NameVerdict::NeedsAddress);
+        let names_only = policy(&allow(&["good.test"]));
+        assert!(matches!(
+            names_only.name_verdict("evil.test"),
+            NameVerdict::Refused(_)
+        ));
+    }
+
+    #[test]
+    fn deny_list_by_name_or_address() {
+        let cfg = ProxyConfig {
+            access_control: Some(AccessControl {
+                allow_list: None,
+                deny_list: Some(vec!["evil.test".into(), "198.51.100.0/24".into()]),
+            }),
+            ..Default::default()
+        };
+        let p = policy(&cfg);
+        let ip = "203.0.113.1".parse().unwrap();
+        assert!(p.check(Some("fine.test"), ip).is_ok());
+        assert_eq!(
+            p.check(Some("EVIL.test."), ip).unwrap_err().to_string(),
+            "\"EVIL.test.\" is in this sandbox's deny_list"
+        );
+        assert!(p.check(None, "198.51.100.4".parse().unwrap()).is_err());
+        assert!(p
+            .check(Some("fine.test"), "198.51.100.4".parse().unwrap())
+            .is_err());
+    }
+
+    fn rule(name: &str, hosts: &[&str]) -> ProxyRule {
+        ProxyRule {
+            name: name.into(),
+            match_hosts: hosts.iter().map(|s| s.to_string()).collect(),
+            headers: vec![plain("authorization", &format!("Bearer {name}"))],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rules_first_match_wins_and_disabled_are_skipped() {
+        let mut off = rule("off", &["api.test"]);
+        off.enabled = Some(false);
+        let mut paths = rule("paths", &["api.test"]);
+        paths.match_paths = vec!["/v1/*".into()];
+        let mut hdrs = rule("hdrs", &["api.test"]);
+        hdrs.match_headers = vec!["X-Tenant: blue".into()];
+        let cfg = ProxyConfig {
+            rules: vec![
+                off,
+                paths,
+                hdrs,
+                rule("any", &["*.test"]),
+                rule("none", &[]),
+            ],
+            ..Default::default()
+        };
+        let p = policy(&cfg);
+        let mut h = HeaderMap::new();
+        assert_eq!(p.rule_for("api.test", "/v1/x", &h).unwrap().name, "paths");
+        assert_eq!(p.rule_for("api.test", "/v2", &h).unwrap().name, "any");
+        h.insert("x-tenant", HeaderValue::from_static("blue"));
+        assert_eq!(p.rule_for("api.test", "/v2", &h).unwrap().name, "hdrs");
+        assert!(p.rule_for("api.other", "/", &h).is_none());
+        assert!(p.could_rewrite("b.test"));
+        assert!(!p.could_rewrite("b.other"));
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let e = validate_config(&allow(&["ok.test", "fine.test", "~("])).unwrap_err();
+        assert_eq!(e.field, "proxy_config.access_control.allow_list[2]");
+        let mut bad_rule = rule("r", &["a.test"]);
+        bad_rule.headers = vec![plain("bad name", "v")];
+        let e = validate_config(&ProxyConfig {
+            rules: vec![bad_rule],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "proxy_config.rules[0].headers[0].name");
+        let mut bad_value = rule("r", &["a.test"]);
+        bad_value.headers = vec![plain("x", "line\nbreak")];
+        assert!(validate_config(&ProxyConfig {
+            rules: vec![bad_value],
+            ..Default::default()
+        })
+        .is_err());
+        let cb = |url: &str| ProxyConfig {
+            callbacks: vec![ProxyCallback {
+                match_hosts: vec!["a.test".into()],
+                url: url.into(),
+                ttl_seconds: 60,
+                full_request: None,
+                request_headers: vec![],
+            }],
+            ..Default::default()
+        };
+        assert!(validate_config(&cb("https://hooks.example.com/x")).is_ok());
+        assert!(validate_config(&cb("http://10.0.0.1:8080/")).is_ok());
+        for bad in ["ftp://x.test/", "/relative", "not a url"] {
+            let e = validate_config(&cb(bad)).unwrap_err();
+            assert_eq!(e.field, "proxy_config.callbacks[0].url", "{bad}");
+        }
+        let e = validate_config(&ProxyConfig {
+            rules: vec![ProxyRule {
+                match_headers: vec!["no-colon".into()],
+                ..rule("r", &["a.test"])
+            }],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "proxy_config.rules[0].match_headers[0]");
+    }
+
+    #[test]
+    fn secrets_are_resolved_and_errors_located() {
+        let mut r = rule("r", &["a.test"]);
+        r.headers = vec![ProxyHeader {
+            name: "X-Key".into(),
+            kind: SecretKind::WorkspaceSecret,
+            value: Some("{KEY}".into()),
+            is_set: None,
+        }];
+        let cfg = ProxyConfig {
+            rules: vec![r],
+            ..Default::default()
+        };
+        let p = Policy::from_config(&cfg, &mut |h| {
+            Ok(h.value.as_deref().unwrap_or("").replace("{KEY}", "s3cret"))
+        })
+        .unwrap();
+        assert_eq!(p.rules[0].headers, vec![("x-key".into(), "s3cret".into())]);
+        let e = Policy::from_config(&cfg, &mut |_| Err("no secret KEY".into())).unwrap_err();
+        assert_eq!(e.field, "proxy_config.rules[0].headers[0].value");
+        let json = serde_json::to_string(&p).unwrap();
+        let back: Policy = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
+    }
+}

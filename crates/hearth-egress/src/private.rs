@@ -1,0 +1,169 @@
+//! Which destinations are private or special and refused unless the operator
+//! lists them in `allow_private`.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+
+/// How long the host's own interface addresses are trusted before re-reading.
+const LOCAL_ADDRS_TTL: Duration = Duration::from_secs(10);
+
+/// Loopback, RFC 1918, link-local (metadata services), CGNAT, ULA,
+/// multicast, unspecified, broadcast, documentation and other reserved
+/// ranges. IPv4-mapped/compatible IPv6 is judged as IPv4.
+pub fn is_special(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => is_special_v4(v4),
+        IpAddr::V6(v6) => is_special_v6(v6),
+    }
+}
+
+fn is_special_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local()
+        || ip.is_multicast()
+        || ip.is_broadcast()
+        || a == 0
+        || a >= 240 // reserved (and broadcast)
+        || (a == 100 && (64..128).contains(&b)) // CGNAT 100.64/10
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 0 && c == 2) // TEST-NET-1
+        || (a == 198 && b == 51 && c == 100) // TEST-NET-2
+        || (a == 203 && b == 0 && c == 113) // TEST-NET-3
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking
+        || (a == 192 && b == 88 && c == 99) // 6to4 relay anycast
+}
+
+fn is_special_v6(ip: Ipv6Addr) -> bool {
+    let s = ip.segments();
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || (s[0] & 0xfe00) == 0xfc00 // ULA fc00::/7
+        || (s[0] & 0xffc0) == 0xfe80 // link-local
+        || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64 (embeds v4 of any kind)
+        || s[0] == 0x0100 && s[1] == 0 && s[2] == 0 && s[3] == 0 // discard-only
+        || s[0] == 0x2002 // 6to4 (embeds v4 of any kind)
+        || (s[0] == 0x2001 && s[1] == 0) // Teredo
+}
+
+/// The private-address gate: special ranges and the host's own addresses
+/// are refused unless inside an operator-allowed network.
+pub struct PrivateGate {
+    allow: Vec<IpNet>,
+    local: Mutex<(Option<Instant>, Vec<IpAddr>)>,
+}
+
+impl PrivateGate {
+    pub fn new(allow: Vec<IpNet>) -> PrivateGate {
+        PrivateGate {
+            allow,
+            local: Mutex::new((None, Vec::new())),
+        }
+    }
+
+    /// Whether connecting to `ip` is refused as private.
+    pub fn refuses(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        if self.allow.iter().any(|n| n.contains(&ip)) {
+            return false;
+        }
+        is_special(ip) || self.is_local(ip)
+    }
+
+    fn is_local(&self, ip: IpAddr) -> bool {
+        let mut guard = match self.local.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let stale = guard.0.is_none_or(|at| at.elapsed() > LOCAL_ADDRS_TTL);
+        if stale {
+            guard.1 = local_addresses();
+            guard.0 = Some(Instant::now());
+        }
+        guard.1.contains(&ip)
+    }
+}
+
+/// Every address on the host's interfaces (root network namespace).
+fn local_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        tracing::warn!("cannot list the host's interface addresses");
+        return Vec::new();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|s| {
+            if let Some(v4) = s.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                s.as_sockaddr_in6()
+                    .map(|v6| IpAddr::V6(v6.ip()).to_canonical())
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn special_ranges() {
+        for s in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "100.127.255.255",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+            "192.0.2.1",
+            "198.51.100.1",
+            "203.0.113.1",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "ff02::1",
+            "2001:db8::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a00:1",
+        ] {
+            assert!(is_special(s.parse().unwrap()), "{s} should be special");
+        }
+        for s in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "172.32.0.1",
+        ] {
+            assert!(!is_special(s.parse().unwrap()), "{s} should be public");
+        }
+    }
+
+    #[test]
+    fn allow_private_and_local_addresses() {
+        let gate = PrivateGate::new(vec!["10.9.0.0/16".parse().unwrap()]);
+        assert!(!gate.refuses("10.9.1.1".parse().unwrap()));
+        assert!(gate.refuses("10.8.1.1".parse().unwrap()));
+        assert!(gate.refuses("127.0.0.1".parse().unwrap()));
+        assert!(!gate.refuses("1.1.1.1".parse().unwrap()));
+        // Every host address is refused even if public.
+        for ip in local_addresses() {
+            assert!(gate.refuses(ip) || gate.allow.iter().any(|n| n.contains(&ip)));
+        }
+    }
+}
