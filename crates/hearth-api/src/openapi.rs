@@ -68,7 +68,8 @@ const DATAPLANE_PATHS: &[&str] = &[
         title = "Hearth sandbox API",
         version = "v2",
         description = "LangSmith-compatible sandbox API served by Hearth. Control-plane paths are \
-            under /api/v2/sandboxes; data-plane paths are relative to a sandbox's dataplane_url. \
+            under /api/v2/sandboxes (workspace secrets under /api/v1/workspaces/current/secrets; \
+            both also without the /api prefix); data-plane paths are relative to a sandbox's dataplane_url. \
             Errors are {\"detail\": {\"error\", \"error_id\", \"message\"}}, except request \
             validation (422), which is FastAPI's {\"detail\": [{\"loc\", \"msg\", \"type\"}]}. \
             On every path, a request that cannot be read (a malformed body, a path that is not \
@@ -84,6 +85,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         delete_snapshot,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
+        list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
     ),
     components(schemas(ClientFrame, ServerFrame, ErrorBody)),
     modifiers(&ApiKeyAuth),
@@ -92,6 +94,9 @@ const DATAPLANE_PATHS: &[&str] = &[
         (name = "boxes", description = "Sandboxes: create, read, update, delete, start, stop"),
         (name = "snapshots", description = "Snapshots sandboxes boot from: built from OCI images, captured from sandboxes (disk, optionally memory)"),
         (name = "dataplane", description = "Per-sandbox runtime: commands, files, TCP tunnels"),
+        (name = "secrets", description = "Workspace secrets: named values sandbox egress rules \
+            use (proxy_config header rules of type workspace_secret) without the value entering \
+            the sandbox; sealed at rest, never returned"),
     ),
 )]
 struct ApiDoc;
@@ -593,3 +598,74 @@ fn grep() {}
 )]
 #[allow(dead_code)]
 fn tunnel() {}
+
+/// A workspace secret as listed: never its value.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct WorkspaceSecret {
+    /// The secret's name.
+    #[schema(example = "OPENAI_API_KEY")]
+    key: String,
+    /// RFC 3339.
+    created_at: String,
+    /// RFC 3339.
+    updated_at: String,
+}
+
+/// One item of a secrets update.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct WorkspaceSecretUpsert {
+    /// Matches `^[A-Za-z_][A-Za-z0-9_]{0,127}$`.
+    #[schema(pattern = "^[A-Za-z_][A-Za-z0-9_]{0,127}$", example = "OPENAI_API_KEY")]
+    key: String,
+    /// The new value (at most 64 KiB, no NUL), or `null` to delete the secret.
+    #[schema(required = true)]
+    value: Option<String>,
+}
+
+/// List the workspace's secrets (names and times; never values).
+#[utoipa::path(
+    get, path = "/api/v1/workspaces/current/secrets", tag = "secrets",
+    responses(
+        (status = 200, description = "The secrets, by name", body = [WorkspaceSecret]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key lacks sandboxes:read", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_workspace_secrets() {}
+
+/// Create, replace or (`value: null`) delete secrets of the workspace.
+///
+/// At most 100 items, each key once; the whole body is validated before
+/// anything changes. A workspace holds at most 1,000 secrets.
+#[utoipa::path(
+    post, path = "/api/v1/workspaces/current/secrets", tag = "secrets",
+    request_body = [WorkspaceSecretUpsert],
+    responses(
+        (status = 200, description = "The secrets after the change, as listed", body = [WorkspaceSecret]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key lacks sandboxes:create", body = ErrorBody),
+        (status = 409, description = "The workspace would hold more than 1,000 secrets", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Invalid body: a bad key or value, a key given twice, \
+            more than 100 items (`loc` names the item, e.g. [\"body\", 0, \"key\"])", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn upsert_workspace_secrets() {}
+
+/// Delete a secret of the workspace.
+#[utoipa::path(
+    delete, path = "/api/v1/workspaces/current/secrets/{key}", tag = "secrets",
+    params(("key" = String, Path, description = "The secret's name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key lacks sandboxes:create", body = ErrorBody),
+        (status = 404, description = "No such secret in this workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn delete_workspace_secret() {}
