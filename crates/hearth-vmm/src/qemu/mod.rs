@@ -18,7 +18,9 @@
 //! runtime worker thread (or a current-thread runtime's thread) that lives as
 //! long as the VM, never from `spawn_blocking` (whose threads exit when idle).
 
+pub mod cgroup;
 pub mod cmdline;
+pub mod jail;
 pub mod qmp;
 pub mod snapshot;
 mod sys;
@@ -265,8 +267,17 @@ impl Qemu {
         }
         let log = std::fs::File::create(&files.qemu_log).map_err(run_dir_err(&files.qemu_log))?;
         let log2 = log.try_clone().map_err(run_dir_err(&files.qemu_log))?;
+        let mut jailed = match &spec.jail {
+            None => None,
+            Some(j) => {
+                Some(jail::prepare(spec, j, start, self.cfg.accel, &self.cfg.binary, tap_fd).await?)
+            }
+        };
+        let program = jailed
+            .as_ref()
+            .map_or_else(|| self.cfg.binary.clone(), |j| j.program.clone());
 
-        let mut cmd = Command::new(&self.cfg.binary);
+        let mut cmd = Command::new(&program);
         cmd.args(&args)
             .stdin(Stdio::null())
             .stdout(log)
@@ -276,41 +287,114 @@ impl Qemu {
             // the host agent decides their fate.
             .process_group(0);
         let parent = std::process::id();
-        // SAFETY: the closure runs in the forked child before exec. It calls
-        // only async-signal-safe functions (prctl, getppid, fcntl) and
-        // builds errors from raw OS codes, which does not allocate.
-        unsafe {
-            cmd.pre_exec(move || {
-                sys::die_with_parent(parent)?;
-                if let Some(fd) = tap_fd {
-                    sys::inherit_fd(fd)?;
+        let (report, cgroups, plan) = match jailed.take() {
+            None => {
+                // SAFETY: the closure runs in the forked child before exec.
+                // It calls only async-signal-safe functions (prctl, getppid,
+                // fcntl) and builds errors from raw OS codes, which does not
+                // allocate.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        sys::die_with_parent(parent)?;
+                        if let Some(fd) = tap_fd {
+                            sys::inherit_fd(fd)?;
+                        }
+                        Ok(())
+                    });
                 }
-                Ok(())
-            });
-        }
-        let spawned_at = Instant::now();
-        let child = cmd.spawn().map_err(|source| VmmError::Spawn {
-            vm,
-            binary: self.cfg.binary.clone(),
-            source,
-        });
-        // QEMU holds its own copy now.
-        drop(tap);
-        let child = child?;
-        let Some(pid) = child.id() else {
-            return Err(VmmError::Spawn {
-                vm,
-                binary: self.cfg.binary.clone(),
-                source: io::Error::other("spawned child has no pid"),
-            });
+                (None, Vec::new(), None)
+            }
+            Some(j) => {
+                let child_jail = j.child;
+                // SAFETY: the closure runs in the forked child before exec;
+                // `jail_pre_exec` only makes async-signal-safe system calls
+                // on data prepared before the fork (see `sys`).
+                unsafe {
+                    cmd.pre_exec(move || sys::jail_pre_exec(&child_jail));
+                }
+                (Some(j.report), j.cgroups.dirs().to_vec(), Some(j.plan))
+            }
         };
-        let process = Process::watch(child, vm, pid);
+        let spawned_at = Instant::now();
+        let child = cmd.spawn();
+        // Closes this process's copies of the TAP, the report pipe's write
+        // end and the jail's descriptors: the children hold their own.
+        drop(cmd);
+        drop(tap);
+        let report = match report {
+            Some(fd) => Some(jail::read_report(fd).await),
+            None => None,
+        };
+        let spawn_failed = |source| VmmError::Spawn {
+            vm,
+            binary: program.clone(),
+            source,
+        };
+        let jail_failed = |step: u32, errno: i32| VmmError::Jail {
+            vm,
+            step: plan
+                .as_ref()
+                .map_or_else(|| format!("step {step}"), |p| jail::describe_step(p, step)),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        let child = match (child, &report) {
+            (Ok(c), _) => c,
+            (
+                Err(e),
+                Some(Ok(jail::Report {
+                    failed: Some((step, errno)),
+                    ..
+                })),
+            ) => {
+                let _ = cgroup::remove_dirs(&cgroups).await;
+                tracing::debug!(%vm, error = %e, "jailed spawn failed");
+                return Err(jail_failed(*step, *errno));
+            }
+            (Err(e), _) => {
+                let _ = cgroup::remove_dirs(&cgroups).await;
+                return Err(spawn_failed(e));
+            }
+        };
+        let Some(pid) = child.id() else {
+            return Err(spawn_failed(io::Error::other("spawned child has no pid")));
+        };
+        // Under a jail, QEMU is the intermediate's child: its PID comes from
+        // the report, and a pidfd keeps signals from reaching a recycled PID.
+        let (vmm_pid, pidfd) = match report {
+            None => (pid, None),
+            Some(Ok(jail::Report {
+                vmm_pid: Some(qemu),
+                ..
+            })) => (qemu, sys::pidfd_open(qemu).ok()),
+            Some(Ok(jail::Report {
+                failed: Some((step, errno)),
+                ..
+            })) => {
+                let process = Process::watch(child, vm, pid, None, cgroups);
+                let _ = process.kill_and_wait().await;
+                return Err(jail_failed(step, errno));
+            }
+            Some(other) => {
+                let process = Process::watch(child, vm, pid, None, cgroups);
+                let _ = process.kill_and_wait().await;
+                let source = match other {
+                    Err(e) => e,
+                    Ok(_) => io::Error::other("the jail reported no qemu pid"),
+                };
+                return Err(VmmError::Jail {
+                    vm,
+                    step: "read the jail's report".to_owned(),
+                    source,
+                });
+            }
+        };
+        let process = Process::watch(child, vm, pid, pidfd, cgroups);
         // If this future is dropped or fails from here on, QEMU must not
         // linger: the guard kills it unless boot succeeds.
         let guard = KillOnDrop(Some(&process));
 
         let started = async {
-            std::fs::write(&files.pid_file, format!("{pid}\n"))
+            std::fs::write(&files.pid_file, format!("{vmm_pid}\n"))
                 .map_err(run_dir_err(&files.pid_file))?;
             wait_ready(vm, pid, &files, &process, &self.cfg).await
         };
@@ -338,6 +422,7 @@ impl Qemu {
             mem_path: spec.mem_path.clone(),
             private_memory: false,
             migrate_timeout: self.cfg.migrate_timeout,
+            vmm_pid,
         })
     }
 }
@@ -426,7 +511,17 @@ struct Process {
 impl Process {
     /// Hands `child` to a reaper task that publishes its exit and carries
     /// out kill requests.
-    fn watch(mut child: Child, vm: VmId, pid: u32) -> Self {
+    ///
+    /// `pidfd` (a jailed QEMU) is where kills go: QEMU dies, the
+    /// intermediate that is `child` reaps it and exits. `cgroups` are
+    /// removed before the exit is published.
+    fn watch(
+        mut child: Child,
+        vm: VmId,
+        pid: u32,
+        pidfd: Option<std::os::fd::OwnedFd>,
+        cgroups: Vec<PathBuf>,
+    ) -> Self {
         let (kill_tx, mut kill_rx) = mpsc::unbounded_channel::<()>();
         let (exit_tx, exit_rx) = watch::channel(None);
         tokio::spawn(async move {
@@ -436,6 +531,10 @@ impl Process {
                     status = child.wait() => break status,
                     req = kill_rx.recv(), if kill_open => match req {
                         Some(()) => {
+                            let through_pidfd = pidfd.as_ref().is_some_and(|fd| sys::pidfd_kill(fd).is_ok());
+                            if through_pidfd {
+                                continue;
+                            }
                             if let Err(e) = child.start_kill() {
                                 tracing::warn!(%vm, pid, error = %e, "SIGKILL of qemu failed");
                             }
@@ -453,6 +552,9 @@ impl Process {
                 }
             };
             tracing::info!(%vm, pid, exit = %info, "qemu exited");
+            if let Err(e) = cgroup::remove_dirs(&cgroups).await {
+                tracing::warn!(%vm, error = %e, "cannot remove the vm's cgroups");
+            }
             exit_tx.send_replace(Some(info));
         });
         Self {
@@ -535,9 +637,21 @@ pub struct QemuInstance {
     /// RAM is a private copy-on-write mapping of a snapshot file.
     private_memory: bool,
     migrate_timeout: Duration,
+    /// QEMU's own PID (the spawned process's under a jail is the jail's
+    /// intermediate process).
+    vmm_pid: u32,
 }
 
 impl QemuInstance {
+    /// The PID of the QEMU process itself, whose `/proc/PID/cmdline` names
+    /// the VM. Without a jail it is [`VmInstance::pid`]; with one,
+    /// [`VmInstance::pid`] is the jail's intermediate process (QEMU's
+    /// parent, which exits as QEMU does) and this is QEMU, PID 1 of its own
+    /// namespace. `qemu.pid` holds this one.
+    pub fn vmm_pid(&self) -> u32 {
+        self.vmm_pid
+    }
+
     /// The QMP session, for commands beyond the [`VmInstance`] ones.
     pub fn qmp(&self) -> &QmpClient {
         &self.qmp
