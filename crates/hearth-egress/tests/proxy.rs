@@ -503,6 +503,8 @@ async fn header_rules_plain_and_intercepted_tls() {
     );
     assert_eq!(w.get_https("secure.test", "/v2", &[]).await.0, 200);
     let seen = w.https.all();
+    let paths: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(paths, ["/v1/chat", "/v2", "/v2"]);
     assert_eq!(
         seen.iter().map(auth).collect::<Vec<_>>(),
         vec![
@@ -700,7 +702,7 @@ async fn dns_answers_and_refuses() {
         m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
         m.to_vec().unwrap()
     };
-    let queries = vec![
+    let queries = [
         ask("plain.test.", RecordType::A),
         ask("evil.test.", RecordType::A),
         ask("plain.test.", RecordType::MX),
