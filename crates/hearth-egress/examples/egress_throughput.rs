@@ -159,10 +159,13 @@ async fn main() {
     let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["bench.test".to_owned()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
+    let leaf = CertificateParams::new(vec![
+        "bench.test".to_owned(),
+        "intercept.bench.test".to_owned(),
+    ])
+    .unwrap()
+    .signed_by(&key, &issuer)
+    .unwrap();
     std::fs::write(dir.join("origin.pem"), &ca_pem).unwrap();
     let server_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
