@@ -17,6 +17,11 @@
 //! [`RestoreFrom`]), also copy-on-write so that many VMs start from one
 //! snapshot. Disks are image files or NBD exports ([`DiskSource`]).
 //!
+//! A VM may have a NIC ([`NetAttach`]: a TAP the caller prepared in a
+//! network namespace; the backend opens it and the VMM inherits it) and a
+//! jail ([`JailSpec`]: an unprivileged user, namespaces, a minimal root and
+//! cgroup [`Limits`]; see [`qemu::jail`]).
+//!
 //! Host facts live beside the backends: [`accel::probe_accel`] decides once per
 //! host (and caches) whether KVM can boot a real guest, and [`host`] reads
 //! the host TSC frequency that TCG guests need on their kernel command line.

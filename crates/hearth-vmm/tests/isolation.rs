@@ -610,3 +610,45 @@ async fn a_jail_refuses_a_kernel_its_user_cannot_read() {
         Err(VmmError::InvalidSpec { .. })
     ));
 }
+
+/// Regression: changing the uid clears the parent-death signal, so jailed
+/// QEMUs outlived the thread that spawned them until it was set again
+/// after the privilege drop.
+#[tokio::test]
+async fn a_jailed_qemu_dies_with_the_thread_that_spawned_it() {
+    let Some(fx) = root_fixture() else { return };
+    let Some(initrd) = ticker_initrd() else {
+        return;
+    };
+    let _one = SERIAL.lock().await;
+
+    let id = VmId::new();
+    let dirs = TestDirs::new(id);
+    let mut spec = small_spec(id, &fx.kernel, &initrd, &dirs);
+    spec.jail = Some(jail_for(id));
+    let spawner = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let vm = tcg().boot(&spec).await.expect("jailed boot");
+            vm.vmm_pid()
+        })
+    });
+    let qemu = spawner.join().expect("spawner thread");
+    let proc_dir = PathBuf::from(format!("/proc/{qemu}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while proc_dir.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !proc_dir.exists(),
+        "jailed qemu {qemu} outlived its spawner"
+    );
+    // Nobody reaped it through the handle: its cgroups are the host
+    // agent's to sweep; this test sweeps them.
+    for dir in cgroup_dirs(id) {
+        let _ = std::fs::remove_dir(dir);
+    }
+}

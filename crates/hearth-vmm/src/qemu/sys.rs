@@ -453,17 +453,6 @@ fn vmm_child(j: &ChildJail) -> io::Result<()> {
             rep,
             JailStep::DeathSignal,
         )?;
-        let mut pfd = libc::pollfd {
-            fd: j.alive_read.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // The intermediate keeps the write end for its whole life: a hang-up
-        // means it is already gone, and the signal set above never comes.
-        if libc::poll(&mut pfd, 1, 0) > 0 && pfd.revents & libc::POLLHUP != 0 {
-            libc::_exit(1);
-        }
-        libc::close(j.alive_read.as_raw_fd());
 
         check(
             libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS),
@@ -630,6 +619,24 @@ fn vmm_child(j: &ChildJail) -> io::Result<()> {
             rep,
             JailStep::NoNewPrivs,
         )?;
+        // Changing the uid cleared the parent-death signal: set it again,
+        // then make sure the intermediate is still there to deliver it.
+        check(
+            set_pdeathsig().map_or(-1, |()| 0),
+            rep,
+            JailStep::DeathSignal,
+        )?;
+        let mut pfd = libc::pollfd {
+            fd: j.alive_read.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // The intermediate keeps the write end for its whole life: a hang-up
+        // means it is already gone, and the signal set above never comes.
+        if libc::poll(&mut pfd, 1, 0) > 0 && pfd.revents & libc::POLLHUP != 0 {
+            libc::_exit(1);
+        }
+        libc::close(j.alive_read.as_raw_fd());
     }
     if let Some(fd) = j.tap {
         if let Err(e) = inherit_fd(fd) {
