@@ -12,7 +12,7 @@ mod run;
 mod storagebench;
 mod up;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -193,7 +193,8 @@ fn parse_images(s: &str) -> anyhow::Result<Vec<ImageName>> {
 }
 
 async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>> {
-    start_host_with(data_dir, &StoreOverrides::default()).await
+    let network = NetworkFileConfig::default().settings(&data_dir)?;
+    start_host_with(data_dir, &StoreOverrides::default(), network).await
 }
 
 /// Where a host keeps disks and saved memory, beyond the defaults under the
@@ -239,14 +240,73 @@ impl StoreOverrides {
     }
 }
 
+/// `[network]` of `hearth.toml`: every sandbox gets a NIC whose traffic
+/// leaves only through the host's egress proxy.
+#[derive(serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkFileConfig {
+    /// Sandboxes get a network (default true; needs `ip`, `nft` and
+    /// `/dev/net/tun`).
+    pub enabled: Option<bool>,
+    /// Private networks (CIDRs) sandboxes may reach anyway; loopback,
+    /// RFC 1918, link-local (the metadata address) and the host's own
+    /// addresses are refused otherwise.
+    #[serde(default)]
+    pub allow_private: Vec<String>,
+    /// Names the sandboxes' DNS answers before the host's resolver
+    /// (`"pypi.internal" = ["10.0.0.5"]`).
+    #[serde(default)]
+    pub hosts: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// Extra CA certificates (PEM files) the proxy trusts for origins.
+    #[serde(default)]
+    pub origin_ca_files: Vec<PathBuf>,
+}
+
+impl NetworkFileConfig {
+    /// The egress settings, or `None` when networking is off
+    /// (`HEARTH_NETWORK=0` wins over the file).
+    pub fn settings(
+        &self,
+        data_dir: &Path,
+    ) -> anyhow::Result<Option<hearth_egress::EgressSettings>> {
+        let env = std::env::var("HEARTH_NETWORK").ok();
+        let enabled = match env.as_deref() {
+            Some("0") | Some("false") => false,
+            Some("1") | Some("true") => true,
+            _ => self.enabled.unwrap_or(true),
+        };
+        if !enabled {
+            return Ok(None);
+        }
+        let allow_private = self
+            .allow_private
+            .iter()
+            .map(|c| {
+                c.parse::<ipnet::IpNet>()
+                    .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .with_context(|| format!("network.allow_private: {c:?} is not a CIDR"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Some(hearth_egress::EgressSettings {
+            ca_dir: data_dir.join("egress-ca"),
+            origin_ca_files: self.origin_ca_files.clone(),
+            allow_private,
+            hosts: self.hosts.clone(),
+            connect_timeout: std::time::Duration::from_secs(10),
+        }))
+    }
+}
+
 async fn start_host_with(
     data_dir: PathBuf,
     store: &StoreOverrides,
+    network: Option<hearth_egress::EgressSettings>,
 ) -> anyhow::Result<Arc<hearth_host::Host>> {
     let mut cfg = hearth_host::HostConfig::new(data_dir);
     if let hearth_host::Storage::Store(s) = &mut cfg.storage {
         store.apply(s)?;
     }
+    cfg.network = network;
     hearth_host::Host::start(cfg, progress::reporter())
         .await
         .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))

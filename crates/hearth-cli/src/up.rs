@@ -61,6 +61,9 @@ struct FileConfig {
     commit_interval_seconds: Option<u64>,
     /// Bound of the local chunk cache (default 10 GiB).
     cache_max_bytes: Option<u64>,
+    /// Sandbox networking and the egress proxy (`[network]`).
+    #[serde(default)]
+    network: crate::NetworkFileConfig,
 }
 
 /// Memory kept for the host itself (the control plane, QEMU's own
@@ -154,7 +157,8 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         master_key_file: Some(key_file),
         cache_max_bytes: file.cache_max_bytes,
     };
-    let host = crate::start_host_with(data_dir.clone(), &store).await?;
+    let network = file.network.settings(&data_dir)?;
+    let host = crate::start_host_with(data_dir.clone(), &store, network).await?;
     if !args.no_default_image {
         host.artifacts(ImageName::Default, crate::progress::reporter())
             .await

@@ -23,6 +23,8 @@
 //! virtualenv made once under `target/hearth-test/sdk-venv` with
 //! `pip install -r tests/sdk/requirements.txt` (needs PyPI the first time).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -64,37 +66,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn run_ok(cmd: &mut Command) {
-    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(status.success(), "{cmd:?}: {status}");
-}
-
-/// The Python that has the SDK: `HEARTH_SDK_PYTHON`, or a virtualenv made
-/// (once per requirements file) under `target/hearth-test/sdk-venv`.
-fn sdk_python() -> PathBuf {
-    if let Some(p) = std::env::var_os("HEARTH_SDK_PYTHON").filter(|p| !p.is_empty()) {
-        return p.into();
-    }
-    let requirements = repo().join("tests/sdk/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).unwrap();
-    let venv = shared().join("sdk-venv");
-    let python = venv.join("bin/python");
-    // Written last: its presence means the install finished.
-    let stamp = venv.join("hearth-requirements.txt");
-    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&*wanted) {
-        return python;
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv));
-    run_ok(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "-r"])
-            .arg(&requirements),
-    );
-    std::fs::write(&stamp, wanted).unwrap();
-    python
 }
 
 /// `hearth` with the server's data directory (the key commands open its
@@ -578,7 +549,7 @@ fn check_after_burst(server: &Server, checkpoint_json: &Path) -> Result<String, 
 #[test]
 fn langsmith_sdk_against_hearth_up() {
     let started = Instant::now();
-    let python = sdk_python();
+    let python = common::sdk_python();
     println!("python: {}", python.display());
     let dir = data_dir();
     let registry = OciRegistry::start(&dir);

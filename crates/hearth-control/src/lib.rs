@@ -17,6 +17,7 @@
 pub mod auth;
 mod boxes;
 mod dataplane;
+mod egress;
 pub mod error;
 mod extract;
 mod guard;

@@ -99,5 +99,58 @@ pub async fn render(
             );
         }
     }
+    egress_metrics(&c, &mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// Each sandbox's egress through its host's proxy, labelled with the
+/// sandbox id as the API shows it.
+fn egress_metrics(c: &Control, out: &mut String) {
+    let mut rows = Vec::new();
+    for host in c.hosts.values() {
+        rows.extend(host.egress_metrics());
+    }
+    type Field = fn(&hearth_egress::EgressCounters) -> u64;
+    let series: [(&str, &str, Field); 6] = [
+        (
+            "bytes_in_total",
+            "Bytes from upstream to the sandbox.",
+            |m| m.bytes_in,
+        ),
+        (
+            "bytes_out_total",
+            "Bytes from the sandbox to upstream.",
+            |m| m.bytes_out,
+        ),
+        (
+            "connections_allowed_total",
+            "Connections the proxy let through.",
+            |m| m.connections_allowed,
+        ),
+        (
+            "connections_refused_total",
+            "Connections the proxy refused.",
+            |m| m.connections_refused,
+        ),
+        ("dns_queries_total", "DNS queries answered.", |m| {
+            m.dns_queries
+        }),
+        ("dns_refused_total", "DNS queries refused by policy.", |m| {
+            m.dns_refused
+        }),
+    ];
+    for (name, help, field) in series {
+        let _ = writeln!(
+            out,
+            "# HELP hearth_sandbox_egress_{name} {help}\n# TYPE hearth_sandbox_egress_{name} counter"
+        );
+        for (vm, m) in &rows {
+            let id = uuid::Uuid::parse_str(vm).map_or_else(|_| vm.clone(), |u| u.to_string());
+            let _ = writeln!(
+                out,
+                "hearth_sandbox_egress_{name}{{sandbox_id=\"{id}\"}} {}",
+                field(m)
+            );
+        }
+    }
 }

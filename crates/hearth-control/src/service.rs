@@ -221,6 +221,13 @@ impl Control {
             supports_non_persistent: true,
         };
         let mut plan = resolve_create(&req, &facts)?;
+        if let Some(pc) = plan.spec.proxy_config.as_mut() {
+            crate::egress::check(pc)?;
+            crate::egress::seal_opaque(&self.cfg.master_key, who.workspace_id, pc)?;
+        }
+        let net = self
+            .sandbox_net(who.workspace_id, plan.spec.proxy_config.as_ref())
+            .await?;
         let image = snapshot_image(&snap)?;
         let from = boot_from(&snap, plan.restore_memory);
         if let Some(m) = from.as_ref().and_then(|f| f.memory.as_ref()) {
@@ -291,7 +298,7 @@ impl Control {
             })?;
         drop(placing);
         self.metrics.created();
-        self.spawn_boot(row.clone(), host_id, image, from, Boot::Create);
+        self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create);
         let Some(wait) = plan.wait_for_ready else {
             return self.response(&row);
         };
@@ -343,6 +350,7 @@ impl Control {
         host_id: HostId,
         image: ImageName,
         from: Option<BootFrom>,
+        net: hearth_host::SandboxNet,
         how: Boot,
     ) {
         let control = self.clone();
@@ -365,6 +373,7 @@ impl Control {
                 fence: row.generation,
                 from,
                 existing: false,
+                network: Some(net.clone()),
             };
             // A start applies what a PATCH changed since the last boot.
             let resize = Resize {
@@ -372,6 +381,7 @@ impl Control {
                 memory: Some(memory),
                 cpu: Some(row.cpu),
                 disk: Some(row.fs_capacity),
+                network: Some(net),
             };
             let result = match how {
                 Boot::Create => host.create_vm(create).await.map(drop),
@@ -479,9 +489,21 @@ impl Control {
         body: &[u8],
     ) -> Result<SandboxResponse, ApiError> {
         who.require("sandboxes:update")?;
-        let req: UpdateSandboxRequest = hearth_api::parse_body(body)?;
+        let mut req: UpdateSandboxRequest = hearth_api::parse_body(body)?;
+        if let Some(pc) = req.proxy_config.as_mut() {
+            crate::egress::check(pc)?;
+            crate::egress::seal_opaque(&self.cfg.master_key, who.workspace_id, pc)?;
+        }
         let row = self.find(who.workspace_id, name).await?;
         let spec = apply_update(&spec_of(&row)?, &req)?;
+        // Resolved before anything is stored: a missing secret is a 422.
+        let net = match &req.proxy_config {
+            Some(_) => Some(
+                self.sandbox_net(who.workspace_id, spec.proxy_config.as_ref())
+                    .await?,
+            ),
+            None => None,
+        };
         self.check_disk_size(spec.fs_capacity)?;
         let mut new = row.clone();
         if let Some(n) = &req.name {
@@ -509,7 +531,25 @@ impl Control {
                 }
                 other => db_error(other),
             })?;
+        if let Some(net) = net {
+            self.push_network(&saved, net).await;
+        }
         self.response(&saved)
+    }
+
+    /// Gives a sandbox's host its new egress policy and environment, which
+    /// a running VM applies at once (the next connection, request and
+    /// command); a stopped one gets them again at its next start.
+    async fn push_network(&self, row: &SandboxRow, net: hearth_host::SandboxNet) {
+        let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) else {
+            return;
+        };
+        match host.set_network(vm_id(row.id), net).await {
+            Ok(()) | Err(HostError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "cannot apply the new proxy_config to the running sandbox")
+            }
+        }
     }
 
     pub async fn delete(&self, who: &Principal, name: &str) -> Result<(), ApiError> {
@@ -658,7 +698,19 @@ impl Control {
         // The snapshot's disk for a disk that is not kept; never its
         // memory (only a create resumes a snapshot's memory).
         let from = boot_from(&snap, hearth_api::RestoreMemory::Never);
-        self.spawn_boot(placed.clone(), host_id, image, from, Boot::Start);
+        let net = self
+            .sandbox_net(row.workspace_id, spec_of(row)?.proxy_config.as_ref())
+            .await;
+        let net = match net {
+            Ok(net) => net,
+            Err(e) => {
+                // Placed already: the sandbox says why it cannot start.
+                self.finish_boot(&placed, Err(format!("proxy_config: {}", e.message)))
+                    .await;
+                return Err(e);
+            }
+        };
+        self.spawn_boot(placed.clone(), host_id, image, from, net, Boot::Start);
         Ok(placed)
     }
 

@@ -48,6 +48,10 @@ pub struct HostConfig {
     pub free_page_reporting: bool,
     /// Where disks and saved memory are kept.
     pub storage: Storage,
+    /// Give every VM a NIC in its own network namespace, whose traffic
+    /// leaves only through the egress proxy with these settings (see
+    /// [`crate::network`]). `None`: VMs have no network device.
+    pub network: Option<hearth_egress::EgressSettings>,
 }
 
 /// Where a host keeps VM disks and saved memory.
@@ -131,6 +135,7 @@ impl HostConfig {
             raw_ports: Vec::new(),
             liveness: Liveness::default(),
             free_page_reporting: true,
+            network: None,
         }
     }
 }
@@ -173,6 +178,10 @@ pub struct CreateVm {
     /// generation instead of starting fresh.
     #[serde(default)]
     pub existing: bool,
+    /// The VM's egress policy and environment (when the host has a
+    /// network); `None` keeps what the host holds, else the default policy.
+    #[serde(default)]
+    pub network: Option<crate::network::SandboxNet>,
 }
 
 fn default_true() -> bool {
@@ -200,6 +209,7 @@ impl Default for CreateVm {
             fence: 0,
             from: None,
             existing: false,
+            network: None,
         }
     }
 }
@@ -253,6 +263,8 @@ pub struct Host {
     /// The same provider when it is the store's: snapshots and saved
     /// memory need it.
     generations: Option<Arc<GenerationDisks>>,
+    /// VM networks and the egress proxy, when enabled.
+    network: Option<crate::network::Network>,
 }
 
 impl Host {
@@ -322,7 +334,15 @@ impl Host {
             }
             Storage::QcowOverlays => (Arc::new(QcowOverlays::new(&cfg.data_dir)), None),
         };
+        let network = match &cfg.network {
+            Some(settings) => Some(crate::network::Network::new(
+                hearth_egress::Egress::new(settings.clone())
+                    .map_err(|e| HostError::Invalid(format!("egress proxy: {e}")))?,
+            )),
+            None => None,
+        };
         let host = Arc::new(Self {
+            network,
             cfg,
             images,
             vmm,
@@ -463,6 +483,7 @@ impl Host {
             dir.clone(),
             run_dir.clone(),
         ));
+        *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = req.network.clone();
         self.vms().insert(id, vm.clone());
         self.boot_or_fail(vm, &artifacts, !req.existing).await
     }
@@ -520,6 +541,9 @@ impl Host {
             r.disk = r.disk.max(resize.disk);
             r.fence = r.fence.max(resize.fence.unwrap_or(0));
         });
+        if let Some(net) = resize.network {
+            *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+        }
         self.boot_or_fail(vm, &artifacts, !rec.persistent).await
     }
 
@@ -588,6 +612,21 @@ impl Host {
                 fence: rec.fence,
             })
             .await?;
+        if let Some(network) = &self.network {
+            let cfg = vm
+                .net_config
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let net = network
+                .setup(id, cfg.unwrap_or_default().policy)
+                .await
+                .map_err(|e| HostError::Boot {
+                    id,
+                    reason: format!("network: {e}"),
+                })?;
+            *vm.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+        }
         let spec = self.spec(vm, &rec, artifacts, root);
         let instance = match resume {
             None => self.vmm.boot(&spec).await?,
@@ -644,6 +683,13 @@ impl Host {
             mem_path: vm.run_dir.join("guest.mem"),
             raw_ports: self.cfg.raw_ports.clone(),
             free_page_reporting: self.cfg.free_page_reporting,
+            net: vm
+                .net
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(crate::network::Network::attach_spec),
+            jail: None,
         }
     }
 
@@ -666,9 +712,69 @@ impl Host {
             g = connect => g.map_err(|e| HostError::Boot { id, reason: format!("{e}; console: {}", console_tail(instance.console_log())) })?,
             exit = instance.wait_exit() => return Err(HostError::Boot { id, reason: format!("qemu exited during boot ({exit}); console: {}", console_tail(instance.console_log())) }),
         };
+        if let Some(cfg) = self.guest_config(vm) {
+            guest.configure(&cfg).await.map_err(|e| HostError::Boot {
+                id,
+                reason: format!("configure the guest's network: {e}"),
+            })?;
+        }
         *vm.guest.lock().unwrap_or_else(|p| p.into_inner()) = Some(guest.clone());
         tokio::spawn(watch_vm(self.clone(), vm.clone(), instance, guest));
         Ok(())
+    }
+
+    /// What the guest is told at each handshake when the VM has a network.
+    fn guest_config(&self, vm: &Vm) -> Option<hearth_guest_proto::GuestConfig> {
+        let network = self.network.as_ref()?;
+        vm.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref()?;
+        let cfg = vm
+            .net_config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Some(network.guest_config(cfg.unwrap_or_default().env))
+    }
+
+    /// Applies a new egress policy and environment to a VM: the proxy
+    /// enforces the policy on its next connection and request, a running
+    /// guest gets the environment for its next command; a stopped VM keeps
+    /// them for its next start.
+    pub async fn set_network(
+        &self,
+        id: VmId,
+        net: crate::network::SandboxNet,
+    ) -> Result<(), HostError> {
+        let vm = self.get(id)?;
+        let policy = net.policy.clone();
+        *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+        let Some(network) = &self.network else {
+            return Ok(());
+        };
+        if !network.set_policy(id, policy) {
+            return Ok(());
+        }
+        if let (Some(cfg), Some(guest)) = (self.guest_config(&vm), vm.guest()) {
+            guest.configure(&cfg).await?;
+        }
+        Ok(())
+    }
+
+    /// The egress proxy's counters of each VM with a network.
+    pub fn egress_metrics(&self) -> Vec<(String, hearth_egress::EgressCounters)> {
+        self.network
+            .as_ref()
+            .map(|n| n.egress().metrics())
+            .unwrap_or_default()
+    }
+
+    /// Detaches the VM's network (proxy and namespace), logging failures.
+    async fn release_network(&self, vm: &Vm) {
+        let net = vm.net.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let (Some(network), Some(net)) = (&self.network, net) {
+            if let Err(e) = network.teardown(net).await {
+                tracing::warn!(vm = %vm.id, error = %e, "cannot remove the vm's network namespace");
+            }
+        }
     }
 
     /// Starts the VM's VMM from saved memory: the VM's own, or (`shared`)
@@ -1130,6 +1236,7 @@ impl Host {
             }
         }
         vm.transition(VmState::Deleted, None);
+        self.release_network(&vm).await;
         self.cleanup_runtime(&vm);
         remove_dir_logged(&vm.dir);
         self.vms().remove(&id);
@@ -1140,6 +1247,7 @@ impl Host {
     /// one committed) and its runtime directory removed.
     async fn after_exit(&self, vm: &Vm) -> Result<(), HostError> {
         let released = self.disks.release(vm.id).await;
+        self.release_network(vm).await;
         self.cleanup_runtime(vm);
         if let Err(e) = &released {
             tracing::error!(vm = %vm.id, error = %error_chain(e), "disk release failed");
@@ -1197,6 +1305,11 @@ impl Host {
                 );
             }
             let _ = std::fs::remove_dir_all(&vm.run_dir);
+            if self.network.is_some() {
+                if let Err(e) = crate::network::Network::remove_stale(rec.id).await {
+                    tracing::warn!(vm = %rec.id, error = %e, "cannot remove a namespace left by a previous host agent");
+                }
+            }
             self.vms().insert(rec.id, Arc::new(vm));
         }
     }
@@ -1309,13 +1422,15 @@ pub struct Captured {
 }
 
 /// Resources a start may change (see [`Host::start_vm_with`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Resize {
     /// The placement generation of this boot, when it moved on.
     pub fence: Option<u64>,
     pub memory: Option<ByteSize>,
     pub cpu: Option<MilliCpu>,
     pub disk: Option<ByteSize>,
+    /// A new egress policy and environment (see [`CreateVm::network`]).
+    pub network: Option<crate::network::SandboxNet>,
 }
 
 fn check_resources(memory: ByteSize, cpu: MilliCpu) -> Result<(), HostError> {

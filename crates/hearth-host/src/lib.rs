@@ -8,6 +8,8 @@
 //!   held stream (exec with replay, files, TCP dial, info).
 //! - [`block`]: the block service: root disks as generations in the
 //!   store ([`hearth_store`]), served to QEMU over NBD.
+//! - [`network`]: each VM's network namespace and TAP, and the egress
+//!   proxy ([`hearth_egress`]) that is its only way out.
 //! - [`api`]: the host's private HTTP + WebSocket API on loopback, which the
 //!   control plane (and `hearth` commands) use.
 
@@ -17,6 +19,7 @@ pub mod disks;
 pub mod guest;
 pub mod host;
 pub mod memory;
+pub mod network;
 pub mod vm;
 
 pub use guest::{
@@ -26,4 +29,5 @@ pub use host::{
     error_chain, Captured, CreateVm, Host, HostConfig, HostError, Liveness, Resize, Storage,
     StoreSettings,
 };
+pub use network::{Network, SandboxNet};
 pub use vm::{BootFrom, MemoryVolumes, Vm, VmRecord, VmState};

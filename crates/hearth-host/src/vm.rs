@@ -128,6 +128,11 @@ pub struct Vm {
     pub run_dir: PathBuf,
     pub(crate) instance: Mutex<Option<Arc<crate::host::Instance>>>,
     pub(crate) guest: Mutex<Option<GuestClient>>,
+    /// The VM's namespace and proxy attachment while it runs.
+    pub(crate) net: Mutex<Option<crate::network::VmNet>>,
+    /// Its egress policy and environment, as last given by the control
+    /// plane (kept in memory only: it holds resolved secrets).
+    pub(crate) net_config: Mutex<Option<crate::network::SandboxNet>>,
 }
 
 impl Vm {
@@ -143,6 +148,8 @@ impl Vm {
             run_dir,
             instance: Mutex::new(None),
             guest: Mutex::new(None),
+            net: Mutex::new(None),
+            net_config: Mutex::new(None),
         };
         vm.persist();
         vm
@@ -167,6 +174,8 @@ impl Vm {
             run_dir,
             instance: Mutex::new(None),
             guest: Mutex::new(None),
+            net: Mutex::new(None),
+            net_config: Mutex::new(None),
         })
     }
 

@@ -76,11 +76,16 @@ impl Server {
 
     /// Starts `hearth up` with extra environment.
     pub fn start_with(tag: &str, env: &[(&str, &str)]) -> Self {
-        let dir = data_dir(tag);
+        Self::start_in(data_dir(tag), env, &[])
+    }
+
+    /// Starts `hearth up` in `dir` with extra environment and arguments.
+    pub fn start_in(dir: PathBuf, env: &[(&str, &str)], args: &[&str]) -> Self {
         let port = free_port();
         let mut up = Command::new(BIN);
         up.args(["up", "--listen", &format!("127.0.0.1:{port}")])
             .arg("--no-default-image")
+            .args(args)
             .env("HEARTH_DATA_DIR", &dir)
             .stdin(Stdio::null())
             .envs(env.iter().copied())
@@ -207,4 +212,36 @@ pub fn show(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// The Python that has the SDK: `HEARTH_SDK_PYTHON`, or a virtualenv made
+/// (once per requirements file) under `target/hearth-test/sdk-venv`.
+pub fn sdk_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("HEARTH_SDK_PYTHON").filter(|p| !p.is_empty()) {
+        return p.into();
+    }
+    let requirements =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).unwrap();
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test/sdk-venv");
+    let python = venv.join("bin/python");
+    // Written last: its presence means the install finished.
+    let stamp = venv.join("hearth-requirements.txt");
+    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&*wanted) {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+    run_ok(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "-r"])
+            .arg(&requirements),
+    );
+    std::fs::write(&stamp, wanted).unwrap();
+    python
+}
+
+fn run_ok(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?}: {status}");
 }

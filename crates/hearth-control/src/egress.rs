@@ -1,0 +1,193 @@
+//! A sandbox's `proxy_config` on its way to the host's egress proxy.
+//!
+//! - **At rest**: `opaque` header values are sealed under the master key
+//!   before the spec is stored (reads show only `is_set`), so a copy of
+//!   the database holds no usable credential.
+//! - **Checked**: every pattern, header and callback URL is validated when
+//!   the config arrives (422 naming the field), and every
+//!   `workspace_secret` it names must exist.
+//! - **Resolved** only when a host needs it (create, start, PATCH):
+//!   `opaque` values are opened, `{NAME}` templates of `workspace_secret`
+//!   values are filled from the workspace's secrets, and the result goes
+//!   to the host in memory ([`hearth_host::SandboxNet`]); it is never
+//!   written to disk and never enters the guest. The guest gets only the
+//!   enabled rules' `env_vars` (dummy values for tools that insist on a
+//!   variable).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use hearth_api::nested::{ProxyConfig, ProxyHeader, SecretKind};
+use hearth_api::ApiError;
+use hearth_host::SandboxNet;
+use hearth_types::WorkspaceId;
+
+use crate::secrets::MasterKey;
+use crate::Control;
+
+/// Associated data of a sealed `opaque` value: it opens only for the
+/// workspace that stored it.
+fn opaque_aad(workspace: WorkspaceId) -> String {
+    format!("proxy-opaque:{workspace}")
+}
+
+/// Checks a config as it arrives on the API.
+pub(crate) fn check(cfg: &ProxyConfig) -> Result<(), ApiError> {
+    hearth_egress::validate_config(cfg).map_err(|e| ApiError::validation(&e.field, e.to_string()))
+}
+
+/// Every header of a config (rules' and callbacks').
+fn headers_mut(cfg: &mut ProxyConfig) -> impl Iterator<Item = &mut ProxyHeader> {
+    cfg.rules
+        .iter_mut()
+        .flat_map(|r| r.headers.iter_mut())
+        .chain(
+            cfg.callbacks
+                .iter_mut()
+                .flat_map(|c| c.request_headers.iter_mut()),
+        )
+}
+
+/// Seals the `opaque` values of a config that came from the API (call it
+/// before merging stored values in, which are sealed already).
+pub(crate) fn seal_opaque(
+    key: &MasterKey,
+    workspace: WorkspaceId,
+    cfg: &mut ProxyConfig,
+) -> Result<(), ApiError> {
+    for h in headers_mut(cfg) {
+        if h.kind != SecretKind::Opaque {
+            continue;
+        }
+        if let Some(v) = &h.value {
+            let sealed = key
+                .seal(&opaque_aad(workspace), v.as_bytes())
+                .map_err(|e| {
+                    tracing::error!(error = %e, "cannot seal an opaque proxy header");
+                    ApiError::internal()
+                })?;
+            h.value = Some(sealed);
+        }
+    }
+    Ok(())
+}
+
+/// The `{NAME}` references of a `workspace_secret` value.
+fn template_names(value: &str) -> Vec<&str> {
+    let mut names = Vec::new();
+    let mut rest = value;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else { break };
+        let name = &after[..close];
+        if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            names.push(name);
+        }
+        rest = &after[close + 1..];
+    }
+    names
+}
+
+/// Fills `{NAME}` references from `secrets`.
+fn expand(value: &str, secrets: &BTreeMap<String, String>) -> Result<String, String> {
+    let mut out = value.to_owned();
+    for name in template_names(value) {
+        let secret = secrets
+            .get(name)
+            .ok_or_else(|| format!("workspace secret {name} is not set"))?;
+        out = out.replace(&format!("{{{name}}}"), secret);
+    }
+    Ok(out)
+}
+
+impl Control {
+    /// The resolved network settings of a sandbox whose stored config is
+    /// `cfg` (sealed `opaque` values), for its host.
+    pub(crate) async fn sandbox_net(
+        &self,
+        workspace: WorkspaceId,
+        cfg: Option<&ProxyConfig>,
+    ) -> Result<SandboxNet, ApiError> {
+        let Some(cfg) = cfg else {
+            return Ok(SandboxNet::default());
+        };
+        let mut wanted = BTreeSet::new();
+        for rule in &cfg.rules {
+            for h in &rule.headers {
+                if h.kind == SecretKind::WorkspaceSecret {
+                    if let Some(v) = &h.value {
+                        wanted.extend(template_names(v).into_iter().map(str::to_owned));
+                    }
+                }
+            }
+        }
+        let mut secrets = BTreeMap::new();
+        for name in wanted {
+            match crate::workspace_secrets::resolve_workspace_secret(self, workspace, &name)
+                .await?
+            {
+                Some(v) => {
+                    secrets.insert(name, v);
+                }
+                None => {
+                    return Err(ApiError::validation(
+                        "proxy_config",
+                        format!("proxy_config names the workspace secret {name}, which is not set (hearth secrets set {name})"),
+                    ))
+                }
+            }
+        }
+        let key = &self.cfg.master_key;
+        let mut resolve = |h: &ProxyHeader| -> Result<String, String> {
+            let v = h.value.clone().unwrap_or_default();
+            match h.kind {
+                SecretKind::Plaintext => Ok(v),
+                SecretKind::Opaque => key
+                    .open(&opaque_aad(workspace), &v)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8".to_owned())),
+                SecretKind::WorkspaceSecret => expand(&v, &secrets),
+            }
+        };
+        let policy = hearth_egress::Policy::from_config(cfg, &mut resolve)
+            .map_err(|e| ApiError::validation(&e.field, e.to_string()))?;
+        let mut env = BTreeMap::new();
+        for rule in cfg.rules.iter().filter(|r| r.enabled != Some(false)) {
+            for (k, v) in rule.env_vars.iter().flatten() {
+                env.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        Ok(SandboxNet { policy, env })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_expand_and_name_what_is_missing() {
+        assert_eq!(template_names("Bearer {TOKEN} {x_2}"), ["TOKEN", "x_2"]);
+        assert!(template_names("{not a name} {").is_empty());
+        let secrets = BTreeMap::from([("TOKEN".to_owned(), "s3cr3t".to_owned())]);
+        assert_eq!(expand("Bearer {TOKEN}", &secrets).unwrap(), "Bearer s3cr3t");
+        assert!(expand("{MISSING}", &secrets)
+            .unwrap_err()
+            .contains("MISSING"));
+    }
+
+    #[test]
+    fn opaque_values_are_sealed_and_open_only_for_their_workspace() {
+        let key = MasterKey::ephemeral();
+        let ws = WorkspaceId::new();
+        let mut cfg: ProxyConfig = serde_json::from_value(serde_json::json!({
+            "rules": [{"name": "r", "match_hosts": ["api.test"],
+                       "headers": [{"name": "x-key", "type": "opaque", "value": "hunter2"}]}]
+        }))
+        .unwrap();
+        seal_opaque(&key, ws, &mut cfg).unwrap();
+        let sealed = cfg.rules[0].headers[0].value.clone().unwrap();
+        assert!(!sealed.contains("hunter2"));
+        assert_eq!(key.open(&opaque_aad(ws), &sealed).unwrap(), b"hunter2");
+        assert!(key.open(&opaque_aad(WorkspaceId::new()), &sealed).is_err());
+    }
+}

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""A test "internet" for Hearth's network tests: run inside a network
+namespace the test creates (never on a real network).
+
+Serves, on every address of the namespace:
+  :80 HTTP and :443 HTTPS (certificate for every test name, signed by the
+  test CA) with
+    GET  /echo            JSON {host, path, headers} of the request as received
+    GET  /simple/, /simple/hearthdemo/   a PyPI "simple" index
+    GET  /packages/hearthdemo-1.0-py3-none-any.whl   a tiny wheel built here
+    GET  /bytes?mib=N     N MiB of zeros (throughput benchmark)
+    POST /callback/ok     {"headers": {"x-callback": "from-callback"}}
+    POST /callback/fail   500
+  UDP :53 a DNS "resolver" that answers every query with 203.0.113.7
+  (sandboxes must never reach it: only Hearth's DNS is allowed).
+
+Every request is appended as one JSON line to <dir>/requests.log (callback
+calls too), so the test can count what reached the upstream. Prints READY
+once listening.
+"""
+
+import argparse
+import base64
+import hashlib
+import http.server
+import io
+import json
+import os
+import socket
+import socketserver
+import ssl
+import struct
+import sys
+import threading
+import zipfile
+
+LOCK = threading.Lock()
+
+
+def wheel_bytes():
+    files = {
+        "hearthdemo/__init__.py": b"VALUE = 'hearthdemo-from-the-test-index'\n",
+        "hearthdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: hearthdemo\nVersion: 1.0\n",
+        "hearthdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: hearth-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("hearthdemo-1.0.dist-info/RECORD,,")
+    files["hearthdemo-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+WHEEL = wheel_bytes()
+WHEEL_NAME = "hearthdemo-1.0-py3-none-any.whl"
+WHEEL_SHA = hashlib.sha256(WHEEL).hexdigest()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def record(self, body=None):
+        entry = {
+            "method": self.command,
+            "host": self.headers.get("Host", ""),
+            "path": self.path,
+            "tls": isinstance(self.connection, ssl.SSLSocket),
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+        }
+        if body is not None:
+            entry["body"] = body.decode(errors="replace")
+        with LOCK:
+            with open(os.path.join(ARGS.dir, "requests.log"), "a") as f:
+                f.write(json.dumps(entry) + "\n")
+        return entry
+
+    def send(self, code, body, ctype="application/json"):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        entry = self.record()
+        path = self.path.split("?")[0]
+        if path == "/echo":
+            self.send(200, json.dumps(entry).encode())
+        elif path in ("/simple", "/simple/"):
+            self.send(200, b'<html><body><a href="hearthdemo/">hearthdemo</a></body></html>', "text/html")
+        elif path in ("/simple/hearthdemo", "/simple/hearthdemo/"):
+            body = f'<html><body><a href="/packages/{WHEEL_NAME}#sha256={WHEEL_SHA}">{WHEEL_NAME}</a></body></html>'
+            self.send(200, body.encode(), "text/html")
+        elif path == f"/packages/{WHEEL_NAME}":
+            self.send(200, WHEEL, "application/octet-stream")
+        elif path == "/bytes":
+            mib = int(self.path.split("mib=")[1]) if "mib=" in self.path else 1
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(mib << 20))
+            self.end_headers()
+            chunk = b"\0" * (1 << 20)
+            for _ in range(mib):
+                self.wfile.write(chunk)
+        else:
+            self.send(404, b'{"error": "not found"}')
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.record(body)
+        if self.path == "/callback/ok":
+            self.send(200, json.dumps({"headers": {"x-callback": "from-callback"}}).encode())
+        elif self.path == "/callback/fail":
+            self.send(500, b'{"error": "callback says no"}')
+        else:
+            self.send(404, b'{"error": "not found"}')
+
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def dns_server(sock):
+    """Answers every A query with 203.0.113.7 (a documentation address)."""
+    while True:
+        data, peer = sock.recvfrom(512)
+        if len(data) < 12:
+            continue
+        qid = data[:2]
+        question = data[12:]
+        end = question.find(b"\0")
+        if end < 0:
+            continue
+        q = question[: end + 5]
+        header = qid + struct.pack(">HHHHH", 0x8180, 1, 1, 0, 0)
+        answer = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton("203.0.113.7")
+        with LOCK:
+            with open(os.path.join(ARGS.dir, "dns.log"), "a") as f:
+                f.write(json.dumps({"peer": peer[0]}) + "\n")
+        sock.sendto(header + q + answer, peer)
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--cert", required=True)
+    p.add_argument("--key", required=True)
+    ARGS = p.parse_args()
+    http_srv = Server(("0.0.0.0", 80), Handler)
+    https_srv = Server(("0.0.0.0", 443), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(ARGS.cert, ARGS.key)
+    https_srv.socket = ctx.wrap_socket(https_srv.socket, server_side=True)
+    dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dns.bind(("0.0.0.0", 53))
+    for target in (http_srv.serve_forever, https_srv.serve_forever):
+        threading.Thread(target=target, daemon=True).start()
+    threading.Thread(target=dns_server, args=(dns,), daemon=True).start()
+    print("READY", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Network end to end: sandboxes reach a test "internet" only through
+Hearth's egress proxy, which enforces each sandbox's `proxy_config`.
+
+Driven by `crates/hearth-cli/tests/network.rs`, which creates the test
+internet (a network namespace running tests/network/inet.py), starts
+`hearth up` with `[network]` settings that name its hosts and allow its
+private subnet, and runs this script with the unmodified `langsmith` SDK.
+
+Environment:
+    LANGSMITH_ENDPOINT, LANGSMITH_API_KEY
+    NET_IP        the test internet's address (every *.test name maps to it)
+    NET_DIR       its state directory (requests.log, dns.log)
+    NET_CA        the test CA (PEM) the test servers' certificate chains to
+    HOST_IP       an address of the host itself (its services must be unreachable)
+    CONTROL_PORT  the control plane's port
+
+Prints PASS/FAIL per test; exits non-zero on a failure.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+from langsmith.sandbox import SandboxClient, workspace_secret
+
+client = SandboxClient()
+NET_IP = os.environ["NET_IP"]
+NET_DIR = os.environ["NET_DIR"]
+NET_CA = open(os.environ["NET_CA"]).read()
+HOST_IP = os.environ["HOST_IP"]
+CONTROL_PORT = os.environ["CONTROL_PORT"]
+CREATE_TIMEOUT = 240
+SECRET = "s3cret-" + os.urandom(8).hex()
+created = set()
+state = {}
+
+
+def log(msg):
+    print(f"    {msg}", flush=True)
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def raw(method, path, body=None, api="/api/v2/sandboxes"):
+    url = client._base_url.split("/api/v2/sandboxes")[0].split("/v2/sandboxes")[0] + api + path
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("X-Api-Key", os.environ["LANGSMITH_API_KEY"])
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=120) as r:
+            text = r.read()
+            try:
+                return r.status, json.loads(text) if text else None
+            except ValueError:
+                return r.status, text.decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        text = e.read()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, text.decode(errors="replace")
+
+
+def create(name, **kwargs):
+    sb = client.create_sandbox(name=f"{name}-{os.getpid()}", timeout=CREATE_TIMEOUT, **kwargs)
+    created.add(sb.name)
+    return sb
+
+
+def run(sb, cmd, timeout=120):
+    r = sb.run(cmd, timeout=timeout)
+    log(f"$ {cmd[:100]} -> {r.exit_code}: {r.stdout.strip()[:160]!r} {r.stderr.strip()[:160]!r}")
+    return r
+
+
+def status_of(sb, url, transparent=False, extra=""):
+    """The HTTP status curl gets for url in the sandbox ('000': no answer)."""
+    via = "--noproxy '*'" if transparent else ""
+    r = run(sb, f"rm -f /tmp/body; curl -s -o /tmp/body -w '%{{http_code}} %{{http_connect}}' --max-time 15 {via} {extra} {url}; echo; cat /tmp/body 2>/dev/null | head -c 300")
+    first, _, rest = r.stdout.partition("\n")
+    code, _, connect = first.strip().partition(" ")
+    # A refused CONNECT (explicit proxy) has no response, only its answer.
+    if code == "000" and connect not in ("", "000", "200"):
+        code = connect
+    return code, rest
+
+
+def requests_log():
+    try:
+        with open(os.path.join(NET_DIR, "requests.log")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def patch_proxy(sb, cfg):
+    status, body = raw("PATCH", f"/boxes/{sb.name}", {"proxy_config": cfg})
+    check(status == 200, f"PATCH proxy_config: {status} {body}")
+
+
+# --------------------------------------------------------------------------
+
+
+def test_names_resolve_through_hearth_dns_and_both_proxy_paths_work():
+    sb = create("net-open")
+    state["open"] = sb
+    r = run(sb, "getent hosts echo.test")
+    check(r.exit_code == 0 and NET_IP in r.stdout, f"echo.test resolves to {NET_IP}: {r.stdout!r}")
+    r = run(sb, "cat /etc/resolv.conf; ip -4 addr show eth0 2>/dev/null || cat /proc/net/fib_trie | head -5")
+    check("nameserver 10.200.0.1" in r.stdout, f"resolv.conf names Hearth's DNS: {r.stdout!r}")
+    for transparent in (False, True):
+        code, body = status_of(sb, "http://echo.test/echo", transparent)
+        check(code == "200", f"http echo.test (transparent={transparent}): {code} {body}")
+        check('"host": "echo.test"' in body, f"the upstream saw Host echo.test: {body}")
+    # An origin with a private CA: the guest trusts it like any user would.
+    sb.write("/tmp/testca.pem", NET_CA)
+    for transparent in (False, True):
+        code, body = status_of(sb, "https://echo.test/echo", transparent, "--cacert /tmp/testca.pem")
+        check(code == "200", f"https echo.test spliced (transparent={transparent}): {code} {body}")
+        check('"tls": true' in body, f"the upstream saw TLS: {body}")
+
+
+def test_pip_install_from_the_test_index():
+    sb = state["open"]
+    r = run(sb, "cat /tmp/testca.pem >> /etc/ssl/certs/ca-certificates.crt")
+    check(r.exit_code == 0, "trust the test CA")
+    r = run(sb, "pip install --no-cache-dir --index-url https://pypi.test/simple hearthdemo 2>&1 | tail -3", timeout=300)
+    r = run(sb, "python3 -c 'import hearthdemo; print(hearthdemo.VALUE)'")
+    check(r.stdout.strip() == "hearthdemo-from-the-test-index", f"the package from the test index imports: {r.stdout!r} {r.stderr!r}")
+
+
+def test_other_dns_servers_private_addresses_and_the_host_are_unreachable():
+    sb = state["open"]
+    # A query to another resolver (the test internet runs one) gets nothing back.
+    script = (
+        "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(3);"
+        f"s.sendto(bytes.fromhex('123401000001000000000000056f74686572047465737400000100 01'.replace(' ','')),('{NET_IP}',53));"
+        "\ntry:\n  s.recv(512); print('ANSWERED')\nexcept Exception as e: print('BLOCKED', type(e).__name__)"
+    )
+    sb.write("/tmp/dns.py", script)
+    r = run(sb, "python3 /tmp/dns.py")
+    check("BLOCKED" in r.stdout, f"an outside resolver is unreachable: {r.stdout!r}")
+    dns_log = os.path.join(NET_DIR, "dns.log")
+    check(not os.path.exists(dns_log) or os.path.getsize(dns_log) == 0, "no query reached the outside resolver")
+    # The metadata address and the host's own services, through either path.
+    for url in ("http://169.254.169.254/latest/meta-data/", f"http://{HOST_IP}:{CONTROL_PORT}/healthz", f"http://127.0.0.1:{CONTROL_PORT}/healthz"):
+        for transparent in (False, True):
+            code, body = status_of(sb, url, transparent)
+            check(code != "200", f"{url} (transparent={transparent}) must be unreachable: {code} {body}")
+    code, body = status_of(sb, "http://169.254.169.254/", True)
+    check(code == "403" and "private" in body, f"the metadata address is refused as private: {code} {body}")
+    # The gateway's own ports are closed except the proxy's.
+    code, _ = status_of(sb, f"http://10.200.0.1:{CONTROL_PORT}/healthz", True, "--connect-timeout 3")
+    check(code == "000", f"the gateway does not forward to the host: {code}")
+
+
+def test_sandboxes_cannot_reach_each_other():
+    a = state["open"]
+    b = create("net-b")
+    run(b, "setsid -f python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 </dev/null; sleep 2")
+    r = run(b, "curl -s --noproxy '*' -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/")
+    check(r.stdout.strip() == "200", "B serves on its port 8000")
+    # Every sandbox is 10.200.0.2 in its own namespace: A reaching that
+    # address reaches itself, the gateway forwards nothing, and the proxy
+    # refuses private addresses.
+    for url in ("http://10.200.0.2:8000/", "http://10.200.0.1:8000/", "http://10.200.0.3:8000/"):
+        code, body = status_of(a, url, True, "--connect-timeout 3")
+        check(code != "200", f"A reaching {url} must fail: {code} {body}")
+    client.delete_sandbox(b.name)
+    created.discard(b.name)
+
+
+def test_allow_list_then_deny_list_applied_live():
+    allow = {"access_control": {"allow_list": ["echo.test", "*.glob.test", "~^re[0-9]+\\.test$"]}}
+    sb = create("net-acl", proxy_config=allow)
+    state["acl"] = sb
+    for host in ("echo.test", "a.glob.test", "deep.a.glob.test", "re42.test"):
+        for transparent in (False, True):
+            code, body = status_of(sb, f"http://{host}/echo", transparent)
+            check(code == "200", f"{host} is allowed (transparent={transparent}): {code} {body}")
+    for host in ("other.test", "glob.test", "re.test"):
+        # Through the explicit proxy: a 403 with the reason.
+        code, body = status_of(sb, f"http://{host}/echo", False)
+        check(code == "403" and "allow_list" in body, f"{host} is refused with a reason: {code} {body}")
+        # Transparently: the name does not even resolve.
+        code, body = status_of(sb, f"http://{host}/echo", True)
+        check(code == "000", f"{host} does not resolve for a direct connection: {code} {body}")
+    code, body = status_of(sb, "https://other.test/echo", False)
+    check(code == "403", f"https other.test: the proxy refuses the CONNECT: {code} {body}")
+    # Straight to the address with the name in SNI: intercepted, then 403.
+    code, body = status_of(sb, "https://other.test/echo", True, f"--resolve other.test:443:{NET_IP}")
+    check(code == "403" and "allow_list" in body, f"https other.test is refused after interception: {code} {body}")
+    r = run(sb, "getent hosts other.test")
+    check(r.exit_code != 0, "DNS does not resolve a name outside the allow_list")
+    n_before = len(requests_log())
+
+    patch_proxy(sb, {"access_control": {"deny_list": ["other.test", "*.glob.test", "~^re[0-9]+\\.test$"]}})
+    code, body = status_of(sb, "http://echo.test/echo", True)
+    check(code == "200", f"echo.test is not denied: {code} {body}")
+    for host in ("other.test", "a.glob.test", "re7.test"):
+        code, body = status_of(sb, f"http://{host}/echo", False)
+        check(code == "403" and "deny_list" in body, f"{host} is denied at once after PATCH: {code} {body}")
+        r = run(sb, f"getent hosts {host}")
+        check(r.exit_code != 0, f"DNS refuses a denied name: {host}")
+
+    patch_proxy(sb, {"access_control": {"deny_list": [f"{NET_IP}/32"]}})
+    # A raw IP straight to the denied address, and a name through the
+    # explicit proxy (DNS answers no denied address, so a direct
+    # connection to the name cannot even start).
+    for url, transparent in ((f"http://{NET_IP}/echo", True), ("http://echo.test/echo", False)):
+        code, body = status_of(sb, url, transparent)
+        check(code == "403" and "deny_list" in body, f"{url} is denied by CIDR: {code} {body}")
+    r = run(sb, "getent hosts echo.test")
+    check(r.exit_code != 0, "DNS answers no denied address")
+    hosts = [e["host"] for e in requests_log()[n_before:]]
+    check("other.test" not in hosts and "a.glob.test" not in hosts, f"no refused request reached the upstream: {hosts}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+
+
+def test_header_rule_with_a_workspace_secret_never_enters_the_guest():
+    status, body = raw("POST", "", [{"key": "API_TOKEN", "value": SECRET}], api="/api/v1/workspaces/current/secrets")
+    check(status == 200, f"set the workspace secret: {status} {body}")
+    rule = {
+        "name": "api",
+        "match_hosts": ["api.test"],
+        "headers": [
+            {"name": "Authorization", "type": "workspace_secret", "value": "Bearer {API_TOKEN}"},
+            {"name": "X-Opaque", "type": "opaque", "value": "opaque-" + SECRET},
+        ],
+        "env_vars": {"API_TOKEN": "dummy-token"},
+    }
+    sb = create("net-secret", proxy_config={"rules": [rule]})
+    status, body = raw("GET", f"/boxes/{sb.name}")
+    check(SECRET not in json.dumps(body), "the API never returns the opaque value")
+    r = run(sb, "echo $API_TOKEN")
+    check(r.stdout.strip() == "dummy-token", f"the guest gets the dummy variable: {r.stdout!r}")
+    for scheme in ("https", "http"):
+        r = run(sb, f"curl -sS -v {scheme}://api.test/echo -H \"Authorization: Bearer $API_TOKEN\" 2>/tmp/curl-{scheme}.err")
+        check(r.exit_code == 0, f"{scheme} api.test: {r.stderr}")
+        echoed = json.loads(r.stdout)
+        check(echoed["headers"].get("authorization") == f"Bearer {SECRET}", f"the upstream got the secret ({scheme}): {echoed['headers']}")
+        check(echoed["headers"].get("x-opaque") == f"opaque-{SECRET}", f"the upstream got the opaque header ({scheme})")
+        r = run(sb, f"grep -c 'Bearer dummy-token' /tmp/curl-{scheme}.err")
+        check(r.stdout.strip() != "0", "the request as the guest sent it carried the dummy")
+    # The search gets the secret reversed, so that its own command line
+    # does not hold it.
+    sb.write("/tmp/find.py", FIND_SCRIPT)
+    r = run(sb, f"python3 /tmp/find.py {SECRET[::-1]}", timeout=900)
+    check(r.exit_code == 0 and r.stdout.strip().endswith("FOUND NOTHING"), f"the secret is nowhere in the guest: {r.stdout!r} {r.stderr!r}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+
+
+FIND_SCRIPT = r"""
+import os, sys
+secret = sys.argv[1][::-1].encode()
+me = str(os.getpid())
+hits = []
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or pid == me:
+        continue
+    for what in ("environ", "cmdline"):
+        try:
+            with open(f"/proc/{pid}/{what}", "rb") as f:
+                if secret in f.read():
+                    hits.append(f"/proc/{pid}/{what}")
+        except OSError:
+            pass
+files = 0
+for root, dirs, names in os.walk("/"):
+    if root == "/":
+        dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
+    for n in names:
+        p = os.path.join(root, n)
+        try:
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            files += 1
+            with open(p, "rb") as f:
+                tail = b""
+                while True:
+                    chunk = f.read(1 << 20)
+                    if not chunk:
+                        break
+                    if secret in tail + chunk:
+                        hits.append(p)
+                        break
+                    tail = chunk[-len(secret):]
+        except OSError:
+            pass
+print(f"searched {files} files")
+print("\n".join(hits) if hits else "FOUND NOTHING")
+"""
+
+
+def test_callbacks_fail_closed_and_cache_their_headers():
+    cfg = {
+        "callbacks": [
+            {"match_hosts": ["cbfail.test"], "url": f"http://{NET_IP}/callback/fail", "ttl_seconds": 60},
+            {"match_hosts": ["cbok.test", "static.test"], "url": f"http://{NET_IP}/callback/ok", "ttl_seconds": 60},
+        ],
+        "rules": [{"name": "static", "match_hosts": ["static.test"], "headers": [{"name": "X-Static", "type": "plaintext", "value": "yes"}]}],
+    }
+    sb = create("net-cb", proxy_config=cfg)
+    before = len(requests_log())
+    code, body = status_of(sb, "http://cbfail.test/echo", True)
+    check(code == "502" and "callback resolution failed" in body, f"a failing callback gives 502: {code} {body}")
+    code, body = status_of(sb, "https://cbfail.test/echo", False)
+    check(code == "502", f"also over HTTPS: {code} {body}")
+    upstream = [e for e in requests_log()[before:] if e["host"].startswith("cbfail.test")]
+    check(not upstream, f"no request reached the upstream: {upstream}")
+    for _ in range(2):
+        code, body = status_of(sb, "http://cbok.test/echo", True)
+        check(code == "200" and '"x-callback": "from-callback"' in body, f"the callback's header is set: {code} {body}")
+    calls = [e for e in requests_log()[before:] if e["path"] == "/callback/ok" and "cbok.test" in e.get("body", "")]
+    check(len(calls) == 1, f"the callback was called once within its TTL: {len(calls)}")
+    code, body = status_of(sb, "http://static.test/echo", True)
+    check('"x-static": "yes"' in body and "x-callback" not in body, f"a static rule beats a callback: {body}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+
+
+def test_metrics_count_each_sandbox_traffic():
+    status, text = raw("GET", "", api="/metrics")
+    text = text if isinstance(text, str) else json.dumps(text)
+    sb = state["open"]
+    lines = [l for l in text.splitlines() if sb.id in l and l.startswith("hearth_sandbox_egress")]
+    log("\n    ".join(lines[:8]))
+    got = {l.split("{")[0]: float(l.rsplit(" ", 1)[1]) for l in lines}
+    check(got.get("hearth_sandbox_egress_bytes_in_total", 0) > 0, f"bytes in counted: {got}")
+    check(got.get("hearth_sandbox_egress_bytes_out_total", 0) > 0, f"bytes out counted: {got}")
+    check(got.get("hearth_sandbox_egress_connections_refused_total", 0) > 0, f"refusals counted: {got}")
+    check(got.get("hearth_sandbox_egress_connections_allowed_total", 0) > 0, f"connections counted: {got}")
+
+
+TESTS = [
+    test_names_resolve_through_hearth_dns_and_both_proxy_paths_work,
+    test_pip_install_from_the_test_index,
+    test_other_dns_servers_private_addresses_and_the_host_are_unreachable,
+    test_sandboxes_cannot_reach_each_other,
+    test_allow_list_then_deny_list_applied_live,
+    test_header_rule_with_a_workspace_secret_never_enters_the_guest,
+    test_callbacks_fail_closed_and_cache_their_headers,
+    test_metrics_count_each_sandbox_traffic,
+]
+
+
+def main(argv):
+    only = set(argv[1:])
+    failed = 0
+    for t in TESTS:
+        if only and t.__name__ not in only:
+            continue
+        started = time.monotonic()
+        print(f"RUN  {t.__name__}", flush=True)
+        try:
+            t()
+            print(f"PASS {t.__name__} ({time.monotonic() - started:.1f}s)", flush=True)
+        except Exception:
+            failed += 1
+            traceback.print_exc()
+            print(f"FAIL {t.__name__} ({time.monotonic() - started:.1f}s)", flush=True)
+    for name in list(created):
+        try:
+            client.delete_sandbox(name)
+        except Exception as e:
+            print(f"cleanup {name}: {e}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
