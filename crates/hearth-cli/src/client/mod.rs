@@ -1,6 +1,6 @@
 //! The `hearth` commands that talk to a Hearth server's public API (never to
 //! internals): create, list, get, exec, console, cp, start, stop, delete,
-//! tunnel.
+//! tunnel, and the workspace's secrets.
 //!
 //! Everything goes through the same API the `langsmith` SDK uses: the
 //! control plane under `{endpoint}/api/v2/sandboxes`, and each sandbox's
@@ -30,6 +30,7 @@ mod boxes;
 mod exec;
 mod files;
 mod http;
+mod secrets;
 mod term;
 mod tunnel;
 mod ws;
@@ -119,6 +120,11 @@ pub enum ClientCommand {
         #[arg(long, value_name = "SECS")]
         expires: Option<u64>,
     },
+    /// The workspace's secrets, which sandbox egress rules can use.
+    Secrets {
+        #[command(subcommand)]
+        command: secrets::SecretsCommand,
+    },
 }
 
 pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
@@ -145,6 +151,7 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
             port,
             expires,
         } => boxes::service(&api, &name, port, expires, json).await,
+        ClientCommand::Secrets { command } => secrets::run(&api, command, json).await,
     };
     result.map_err(|e| http::hint(e, &api))
 }
