@@ -77,9 +77,6 @@ pub(crate) fn workspace_secret_aad(workspace: WorkspaceId, name: &str) -> String
 /// workspace has no such secret. A value that does not open (another
 /// master key, a damaged or moved value) is logged and answered 500: the
 /// caller cannot fix it.
-// The egress policy builder (`proxy_config` header rules) calls this; until
-// it lands, only tests do.
-#[allow(dead_code)]
 pub(crate) async fn resolve_workspace_secret(
     control: &Control,
     workspace: WorkspaceId,
