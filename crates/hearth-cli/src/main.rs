@@ -297,6 +297,24 @@ impl NetworkFileConfig {
     }
 }
 
+/// VMMs run jailed when Hearth runs as root (it needs to be, to make
+/// namespaces and change users); `HEARTH_JAIL=0` turns it off.
+fn jail_settings() -> anyhow::Result<Option<hearth_host::JailSettings>> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    match std::env::var("HEARTH_JAIL").ok().as_deref() {
+        Some("0") | Some("false") => Ok(None),
+        Some("1") | Some("true") if !root => {
+            anyhow::bail!("HEARTH_JAIL=1 needs root (to create namespaces and change users)")
+        }
+        _ if root => Ok(Some(hearth_host::JailSettings::default())),
+        _ => {
+            tracing::warn!("not root: VMMs run unjailed, as this user");
+            Ok(None)
+        }
+    }
+}
+
 async fn start_host_with(
     data_dir: PathBuf,
     store: &StoreOverrides,
@@ -307,6 +325,7 @@ async fn start_host_with(
         store.apply(s)?;
     }
     cfg.network = network;
+    cfg.jail = jail_settings()?;
     hearth_host::Host::start(cfg, progress::reporter())
         .await
         .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))

@@ -75,22 +75,10 @@ fn busybox(srv: &Server, name: &str) -> Value {
 
 /// PIDs of the QEMU processes `parent` started.
 fn qemu_children(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == Some(parent) && String::from_utf8_lossy(&cmd).contains("hearth-vm-") {
-            out.push(pid);
-        }
-    }
-    out
+    common::qemu_processes(parent)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// The host's runtime directory on tmpfs, read off a running VMM's

@@ -274,35 +274,12 @@ fn api_sandboxes(server: &Server) -> Result<Vec<(String, String, String)>, Strin
         .collect())
 }
 
-/// QEMU processes that are children of `parent`, as VM ids (32 hex digits,
-/// from `-name hearth-vm-<id>`). Zombies do not count.
+/// QEMU processes `parent` started, as VM ids.
 fn qemu_children(parent: u32) -> BTreeSet<String> {
-    let mut vms = BTreeSet::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return vms;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`; comm may hold spaces.
-        let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
-        let ppid: Option<u32> = after.split_whitespace().nth(1).and_then(|p| p.parse().ok());
-        if ppid != Some(parent) {
-            continue;
-        }
-        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        if let Some(pos) = cmdline.find("hearth-vm-") {
-            let id: String = cmdline[pos + "hearth-vm-".len()..]
-                .chars()
-                .take_while(char::is_ascii_hexdigit)
-                .collect();
-            vms.insert(id);
-        }
-    }
-    vms
+    common::qemu_processes(parent)
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect()
 }
 
 /// Any process (a VM left running) whose command line mentions `dir`.

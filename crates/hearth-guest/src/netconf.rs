@@ -24,7 +24,10 @@ static DEFAULT_ENV: Mutex<BTreeMap<String, String>> = Mutex::new(BTreeMap::new()
 
 /// A copy of the configured default environment.
 pub fn default_env() -> BTreeMap<String, String> {
-    DEFAULT_ENV.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    DEFAULT_ENV
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 pub fn configure(cfg: GuestConfig) -> Result<(), String> {
@@ -64,7 +67,10 @@ fn network(net: &GuestNetwork) -> Result<(), String> {
 /// Replaces `path` (a symlink too, as systemd images have for
 /// resolv.conf) with `data`.
 fn write_replacing(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    if path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
+    if path
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
         fs::remove_file(path)?;
     }
     if let Some(dir) = path.parent() {

@@ -52,7 +52,36 @@ pub struct HostConfig {
     /// leaves only through the egress proxy with these settings (see
     /// [`crate::network`]). `None`: VMs have no network device.
     pub network: Option<hearth_egress::EgressSettings>,
+    /// Run every VMM jailed (its own uid, namespaces, a minimal root,
+    /// cgroup limits; see [`hearth_vmm::JailSpec`]). `None`: QEMU runs as
+    /// this process's user, guarded only by its own seccomp filter.
+    pub jail: Option<JailSettings>,
 }
+
+/// Settings of jailed VMMs.
+#[derive(Clone, Copy, Debug)]
+pub struct JailSettings {
+    /// VM number `n` runs as uid and gid `uid_base + n`: no two VMMs of
+    /// a host share a user.
+    pub uid_base: u32,
+    /// How many VMs may run jailed at once (uids reserved).
+    pub slots: u32,
+}
+
+impl Default for JailSettings {
+    fn default() -> Self {
+        Self {
+            uid_base: 1_600_000_000,
+            slots: 65_536,
+        }
+    }
+}
+
+/// What a jailed VMM may use beyond its guest's RAM: QEMU itself, the TCG
+/// translation cache, device buffers.
+const VMM_MEMORY_OVERHEAD: ByteSize = ByteSize::mib(256);
+/// Processes and threads of one jailed VMM (vCPUs, I/O workers).
+const VMM_PIDS_MAX: u32 = 256;
 
 /// Where a host keeps VM disks and saved memory.
 #[derive(Clone, Debug)]
@@ -136,6 +165,7 @@ impl HostConfig {
             liveness: Liveness::default(),
             free_page_reporting: true,
             network: None,
+            jail: None,
         }
     }
 }
@@ -265,6 +295,8 @@ pub struct Host {
     generations: Option<Arc<GenerationDisks>>,
     /// VM networks and the egress proxy, when enabled.
     network: Option<crate::network::Network>,
+    /// Jail uids in use (offsets from `JailSettings::uid_base`).
+    jail_slots: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl Host {
@@ -343,6 +375,7 @@ impl Host {
         };
         let host = Arc::new(Self {
             network,
+            jail_slots: Mutex::new(std::collections::BTreeSet::new()),
             cfg,
             images,
             vmm,
@@ -627,6 +660,16 @@ impl Host {
                 })?;
             *vm.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
         }
+        if self.cfg.jail.is_some() {
+            self.take_jail_slot(vm)?;
+            for file in [&artifacts.kernel.vmlinuz, &artifacts.initramfs.path] {
+                world_readable(file).map_err(|source| HostError::Io {
+                    id,
+                    what: format!("make {} readable to jailed VMMs", file.display()),
+                    source,
+                })?;
+            }
+        }
         let spec = self.spec(vm, &rec, artifacts, root);
         let instance = match resume {
             None => self.vmm.boot(&spec).await?,
@@ -689,7 +732,57 @@ impl Host {
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
                 .map(crate::network::Network::attach_spec),
-            jail: None,
+            jail: self.jail_spec(vm, rec),
+        }
+    }
+
+    /// The VM's jail, when VMMs are jailed and it holds a slot.
+    fn jail_spec(&self, vm: &Vm, rec: &VmRecord) -> Option<hearth_vmm::JailSpec> {
+        let settings = self.cfg.jail?;
+        let slot = (*vm.jail_slot.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let uid = settings.uid_base.checked_add(slot)?;
+        Some(hearth_vmm::JailSpec {
+            uid,
+            gid: uid,
+            limits: hearth_vmm::Limits {
+                cpu: rec.cpu,
+                memory_max: ByteSize(rec.memory.bytes() + VMM_MEMORY_OVERHEAD.bytes()),
+                pids_max: VMM_PIDS_MAX,
+            },
+        })
+    }
+
+    /// Gives the VM the lowest free jail uid (kept until its VMM exits).
+    fn take_jail_slot(&self, vm: &Vm) -> Result<(), HostError> {
+        let Some(settings) = self.cfg.jail else {
+            return Ok(());
+        };
+        let mut mine = vm.jail_slot.lock().unwrap_or_else(|p| p.into_inner());
+        if mine.is_some() {
+            return Ok(());
+        }
+        let mut used = self.jail_slots.lock().unwrap_or_else(|p| p.into_inner());
+        let free = (0..settings.slots)
+            .find(|n| !used.contains(n))
+            .ok_or_else(|| {
+                HostError::Invalid(format!("all {} jail uids are in use", settings.slots))
+            })?;
+        used.insert(free);
+        *mine = Some(free);
+        Ok(())
+    }
+
+    fn release_jail_slot(&self, vm: &Vm) {
+        if let Some(slot) = vm
+            .jail_slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            self.jail_slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&slot);
         }
     }
 
@@ -701,7 +794,9 @@ impl Host {
         instance: Arc<Instance>,
     ) -> Result<(), HostError> {
         let id = vm.id;
-        let pid = instance.pid();
+        // QEMU's own PID (under a jail, `pid()` is its parent): what the
+        // restart sweep looks for by command line.
+        let pid = instance.vmm_pid();
         vm.update(|r| r.pid = Some(pid));
         *vm.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance.clone());
 
@@ -1237,6 +1332,7 @@ impl Host {
         }
         vm.transition(VmState::Deleted, None);
         self.release_network(&vm).await;
+        self.release_jail_slot(&vm);
         self.cleanup_runtime(&vm);
         remove_dir_logged(&vm.dir);
         self.vms().remove(&id);
@@ -1248,6 +1344,7 @@ impl Host {
     async fn after_exit(&self, vm: &Vm) -> Result<(), HostError> {
         let released = self.disks.release(vm.id).await;
         self.release_network(vm).await;
+        self.release_jail_slot(vm);
         self.cleanup_runtime(vm);
         if let Err(e) = &released {
             tracing::error!(vm = %vm.id, error = %error_chain(e), "disk release failed");
@@ -1313,6 +1410,17 @@ impl Host {
             self.vms().insert(rec.id, Arc::new(vm));
         }
     }
+}
+
+/// Adds read permission for everyone to `path` (a kernel or initramfs:
+/// public contents), which a jailed VMM needs.
+fn world_readable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o444 != 0o444 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o444))?;
+    }
+    Ok(())
 }
 
 /// [`crate::memory::copy_sparse`] on the blocking pool.

@@ -26,8 +26,8 @@ pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
 };
 pub use host::{
-    error_chain, Captured, CreateVm, Host, HostConfig, HostError, Liveness, Resize, Storage,
-    StoreSettings,
+    error_chain, Captured, CreateVm, Host, HostConfig, HostError, JailSettings, Liveness, Resize,
+    Storage, StoreSettings,
 };
 pub use network::{Network, SandboxNet};
 pub use vm::{BootFrom, MemoryVolumes, Vm, VmRecord, VmState};

@@ -133,6 +133,8 @@ pub struct Vm {
     /// Its egress policy and environment, as last given by the control
     /// plane (kept in memory only: it holds resolved secrets).
     pub(crate) net_config: Mutex<Option<crate::network::SandboxNet>>,
+    /// Its jail uid slot while its VMM runs (see `JailSettings`).
+    pub(crate) jail_slot: Mutex<Option<u32>>,
 }
 
 impl Vm {
@@ -150,6 +152,7 @@ impl Vm {
             guest: Mutex::new(None),
             net: Mutex::new(None),
             net_config: Mutex::new(None),
+            jail_slot: Mutex::new(None),
         };
         vm.persist();
         vm
@@ -176,6 +179,7 @@ impl Vm {
             guest: Mutex::new(None),
             net: Mutex::new(None),
             net_config: Mutex::new(None),
+            jail_slot: Mutex::new(None),
         })
     }
 

@@ -245,3 +245,53 @@ fn run_ok(cmd: &mut Command) {
     let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(status.success(), "{cmd:?}: {status}");
 }
+
+/// The QEMU processes `ancestor` started, directly or through a jail's
+/// intermediate process: `(pid, vm id)` with the id's 32 hex digits from
+/// `-name hearth-vm-<id>`. Zombies do not count.
+pub fn qemu_processes(ancestor: u32) -> Vec<(u32, String)> {
+    let mut parent = std::collections::HashMap::new();
+    let mut qemus = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces.
+        let mut rest = stat
+            .rsplit_once(')')
+            .map_or("", |(_, a)| a)
+            .split_whitespace();
+        let state = rest.next().unwrap_or("");
+        let Some(ppid) = rest.next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        parent.insert(pid, ppid);
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if state == "Z" || !cmdline.contains("qemu") {
+            continue;
+        }
+        if let Some(pos) = cmdline.find("hearth-vm-") {
+            let id: String = cmdline[pos + "hearth-vm-".len()..]
+                .chars()
+                .take_while(char::is_ascii_hexdigit)
+                .collect();
+            qemus.push((pid, id));
+        }
+    }
+    qemus.retain(|(pid, _)| {
+        let mut p = *pid;
+        for _ in 0..4 {
+            match parent.get(&p) {
+                Some(&pp) if pp == ancestor => return true,
+                Some(&pp) => p = pp,
+                None => return false,
+            }
+        }
+        false
+    });
+    qemus
+}

@@ -482,6 +482,9 @@ fn vmm_child(j: &ChildJail) -> io::Result<()> {
             rep,
             JailStep::MountRoot,
         )?;
+        // The jail's directories must be traversable by the jail user
+        // whatever umask the host agent runs with (Hearth's is 077).
+        let saved_umask = libc::umask(0o022);
         for (i, m) in j.mounts.iter().enumerate() {
             let step = MOUNT_STEP_BASE + i as u32;
             let rc = match m {
@@ -530,6 +533,7 @@ fn vmm_child(j: &ChildJail) -> io::Result<()> {
                 return Err(fail(rep, step));
             }
         }
+        libc::umask(saved_umask);
         check(libc::chdir(j.root.as_ptr()), rep, JailStep::PivotRoot)?;
         check(
             libc::syscall(libc::SYS_pivot_root, DOT.as_ptr(), DOT.as_ptr()) as libc::c_int,
