@@ -1402,6 +1402,12 @@ impl Host {
                 );
             }
             let _ = std::fs::remove_dir_all(&vm.run_dir);
+            if self.cfg.jail.is_some() {
+                let root = Path::new(hearth_vmm::qemu::cgroup::CGROUP_ROOT);
+                if let Err(e) = hearth_vmm::qemu::cgroup::remove_stale(root, rec.id).await {
+                    tracing::warn!(vm = %rec.id, error = %e, "cannot remove cgroups left by a previous host agent");
+                }
+            }
             if self.network.is_some() {
                 if let Err(e) = crate::network::Network::remove_stale(rec.id).await {
                     tracing::warn!(vm = %rec.id, error = %e, "cannot remove a namespace left by a previous host agent");

@@ -127,6 +127,19 @@ impl Cgroups {
     }
 }
 
+/// Removes what a jailed VMM of `vm` left under `root` when its host agent
+/// died before cleaning up (the VMM died with it, so the groups are
+/// empty): `hearth/<vm>` in the unified hierarchy and in every v1 one.
+pub async fn remove_stale(root: &Path, vm: VmId) -> Result<(), CgroupError> {
+    let rel = Path::new("hearth").join(vm.to_string());
+    let mut dirs = vec![root.join(&rel)];
+    if let Ok(entries) = std::fs::read_dir(root) {
+        dirs.extend(entries.flatten().map(|e| e.path().join(&rel)));
+    }
+    dirs.retain(|d| d.is_dir());
+    remove_dirs(&dirs).await
+}
+
 /// Removes cgroup directories (retrying while busy); absent ones are fine.
 pub async fn remove_dirs(dirs: &[PathBuf]) -> Result<(), CgroupError> {
     let started = Instant::now();
