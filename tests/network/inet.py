@@ -156,7 +156,14 @@ def main():
     p.add_argument("--dir", required=True)
     p.add_argument("--cert", required=True)
     p.add_argument("--key", required=True)
+    p.add_argument("--http-only", type=int, metavar="PORT",
+                   help="serve only plain HTTP on PORT (the benchmark's bare-TAP server)")
     ARGS = p.parse_args()
+    if ARGS.http_only:
+        srv = Server(("0.0.0.0", ARGS.http_only), Handler)
+        print("READY", flush=True)
+        srv.serve_forever()
+        return
     http_srv = Server(("0.0.0.0", 80), Handler)
     https_srv = Server(("0.0.0.0", 443), Handler)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

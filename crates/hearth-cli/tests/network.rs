@@ -164,33 +164,51 @@ fn host_ip(inet_subnet_prefix: &str) -> String {
         .to_owned()
 }
 
+/// A test internet and a `hearth up` configured for it.
+struct Setup {
+    inet: Inet,
+    server: common::Server,
+    dir: std::path::PathBuf,
+}
+
+impl Setup {
+    fn start(tag: &str) -> Self {
+        let dir = common::data_dir(tag);
+        let inet_dir = dir.join("inet");
+        std::fs::create_dir_all(&inet_dir).unwrap();
+        let inet = Inet::start(&inet_dir);
+        let hosts: Vec<String> = NAMES
+            .iter()
+            .map(|n| format!("\"{n}\" = [\"{}\"]", inet.ip))
+            .collect();
+        let config = dir.join("hearth.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[network]\nallow_private = [\"{}\"]\norigin_ca_files = [\"{}\"]\n\n[network.hosts]\n{}\n",
+                inet.subnet,
+                inet_dir.join("ca.pem").display(),
+                hosts.join("\n")
+            ),
+        )
+        .unwrap();
+        let server =
+            common::Server::start_in(dir.clone(), &[], &["--config", config.to_str().unwrap()]);
+        Self { inet, server, dir }
+    }
+
+    fn inet_dir(&self) -> std::path::PathBuf {
+        self.dir.join("inet")
+    }
+}
+
 #[test]
 fn sandboxes_reach_the_test_internet_only_through_the_policy_enforcing_proxy() {
     if !usable() {
         return;
     }
-    let dir = common::data_dir("net");
-    let inet_dir = dir.join("inet");
-    std::fs::create_dir_all(&inet_dir).unwrap();
-    let inet = Inet::start(&inet_dir);
-
-    let hosts: Vec<String> = NAMES
-        .iter()
-        .map(|n| format!("\"{n}\" = [\"{}\"]", inet.ip))
-        .collect();
-    let config = dir.join("hearth.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[network]\nallow_private = [\"{}\"]\norigin_ca_files = [\"{}\"]\n\n[network.hosts]\n{}\n",
-            inet.subnet,
-            inet_dir.join("ca.pem").display(),
-            hosts.join("\n")
-        ),
-    )
-    .unwrap();
-    let server =
-        common::Server::start_in(dir.clone(), &[], &["--config", config.to_str().unwrap()]);
+    let setup = Setup::start("net");
+    let (inet, server, inet_dir) = (&setup.inet, &setup.server, setup.inet_dir());
     let port = server.endpoint.rsplit(':').next().unwrap().to_owned();
     let prefix = inet.subnet.trim_end_matches("0/24").to_owned();
 
@@ -217,4 +235,119 @@ fn sandboxes_reach_the_test_internet_only_through_the_policy_enforcing_proxy() {
         out.status.success() && stdout.contains("PASS") && !stdout.contains("FAIL"),
         "the network suite failed"
     );
+}
+
+/// Runs `script` in the sandbox; its stdout.
+fn exec(server: &common::Server, name: &str, script: &str) -> String {
+    let out = server.ok(&["exec", name, "--", "sh", "-c", script]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The benchmark of `docs/benchmarks.md` (`cargo test -p hearth-cli --test
+/// network -- --ignored --nocapture`): a 256 MiB HTTP download into a
+/// sandbox through the egress proxy (transparent and explicit, plain and
+/// spliced TLS) next to the same download over the bare TAP from a server
+/// inside the sandbox's namespace (no proxy), and connection setup through
+/// the proxy next to the bare TAP.
+#[test]
+#[ignore = "benchmark: prints numbers"]
+fn bench_download_and_connection_setup_through_the_proxy_and_the_bare_tap() {
+    if !usable() {
+        return;
+    }
+    let setup = Setup::start("netbench");
+    let server = &setup.server;
+    server.ok(&["create", "netbench", "--vcpus", "1", "--memory", "2G"]);
+    let vm = server.json(&["get", "netbench"])["id"]
+        .as_str()
+        .unwrap()
+        .replace('-', "");
+    let ns = format!("hearth-{vm}");
+    // A server in the sandbox's own namespace, on the gateway address: the
+    // guest reaches it over the TAP alone (one rule lets it in).
+    sh(&format!(
+        "ip netns exec {ns} nft insert rule inet hearth input iifname tap0 tcp dport 8080 accept"
+    ));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/network/inet.py");
+    let inet_dir = setup.inet_dir();
+    let mut bare = Command::new("ip")
+        .args(["netns", "exec", &ns, "python3"])
+        .arg(&script)
+        .args(["--http-only", "8080", "--dir"])
+        .arg(&inet_dir)
+        .arg("--cert")
+        .arg(inet_dir.join("srv.pem"))
+        .arg("--key")
+        .arg(inet_dir.join("srv.key"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(bare.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "READY");
+    let ca = std::fs::read_to_string(inet_dir.join("ca.pem")).unwrap();
+    server.run_with_input(&["cp", "-", "netbench:/tmp/testca.pem"], ca.as_bytes());
+
+    let mib = 256;
+    let speed = |via: &str, url: &str| -> f64 {
+        let out = exec(
+            server,
+            "netbench",
+            &format!("curl -sS -o /dev/null -w '%{{speed_download}}' {via} '{url}'"),
+        );
+        out.parse::<f64>().unwrap_or(0.0) / (1 << 20) as f64
+    };
+    let rows = [
+        (
+            "bare TAP (no proxy)",
+            "--noproxy '*'",
+            "http://10.200.0.1:8080/bytes?mib=256".to_owned(),
+        ),
+        (
+            "proxy, transparent HTTP",
+            "--noproxy '*'",
+            format!("http://echo.test/bytes?mib={mib}"),
+        ),
+        (
+            "proxy, explicit HTTP (HTTP_PROXY)",
+            "",
+            format!("http://echo.test/bytes?mib={mib}"),
+        ),
+        (
+            "proxy, transparent TLS (spliced)",
+            "--noproxy '*' --cacert /tmp/testca.pem",
+            format!("https://echo.test/bytes?mib={mib}"),
+        ),
+    ];
+    println!("256 MiB download into a sandbox (MiB/s, best of 2):");
+    let mut base = 0.0;
+    for (what, via, url) in rows {
+        let best = (0..2).map(|_| speed(via, &url)).fold(0.0, f64::max);
+        if base == 0.0 {
+            base = best;
+        }
+        println!("  {what:<38} {best:8.1}  ({:.2}x of bare)", best / base);
+    }
+    let setup_time = |via: &str, url: &str| -> f64 {
+        let out = exec(
+            server,
+            "netbench",
+            &format!(
+                "for i in $(seq 20); do curl -sS -o /dev/null -w '%{{time_total}}\\n' {via} '{url}'; done"
+            ),
+        );
+        let mut v: Vec<f64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0) * 1000.0
+    };
+    let bare_ms = setup_time("--noproxy '*'", "http://10.200.0.1:8080/echo");
+    let proxy_ms = setup_time("--noproxy '*'", "http://echo.test/echo");
+    let explicit_ms = setup_time("", "http://echo.test/echo");
+    println!("connect + one small request, median of 20 (ms):");
+    println!("  bare TAP {bare_ms:.2}, proxy transparent {proxy_ms:.2} ({:.2}x), proxy explicit {explicit_ms:.2} ({:.2}x)", proxy_ms / bare_ms, explicit_ms / bare_ms);
+    let _ = bare.kill();
+    let _ = bare.wait();
+    server.ok(&["delete", "netbench"]);
 }
