@@ -47,7 +47,7 @@ fn doctor_on_this_machine() {
     for line in text.lines().filter(|l| !l[6..].starts_with("KVM")) {
         assert!(line.starts_with("ok"), "not green: {line}");
     }
-    assert_eq!(text.lines().count(), 12, "{text}");
+    assert_eq!(text.lines().count(), 14, "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
