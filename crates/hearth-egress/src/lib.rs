@@ -54,7 +54,7 @@ const MAX_DNS_NAMES: usize = 4096;
 /// Operator settings, the same for every sandbox of a host.
 #[derive(Debug, Clone)]
 pub struct EgressSettings {
-    /// Holds `ca.pem` (0644) and `ca.key` (0600), created on first start.
+    /// Holds `ca.pem` and `ca.key` (0600), created on first start.
     pub ca_dir: PathBuf,
     /// Extra trust roots for upstream TLS, PEM files.
     pub origin_ca_files: Vec<PathBuf>,

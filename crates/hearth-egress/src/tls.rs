@@ -72,8 +72,10 @@ fn ca_params() -> CertificateParams {
 }
 
 impl Ca {
-    /// Loads `ca.pem` and `ca.key` from `dir`, or creates them (key 0600,
-    /// certificate 0644) so guests keep trusting the same CA across restarts.
+    /// Loads `ca.pem` and `ca.key` from `dir`, or creates them (both 0600:
+    /// the certificate is public, guests get it, but like everything Hearth
+    /// keeps it is readable only by Hearth's user) so guests keep trusting
+    /// the same CA across restarts.
     pub fn load_or_create(dir: &Path) -> Result<Ca, TlsError> {
         let cert_path = dir.join("ca.pem");
         let key_path = dir.join("ca.key");
@@ -105,7 +107,7 @@ impl Ca {
                 .map_err(io(&key_path))?;
             let pem = cert.pem();
             fs::write(&cert_path, &pem).map_err(io(&cert_path))?;
-            fs::set_permissions(&cert_path, fs::Permissions::from_mode(0o644))
+            fs::set_permissions(&cert_path, fs::Permissions::from_mode(0o600))
                 .map_err(io(&cert_path))?;
             (pem, key)
         };
