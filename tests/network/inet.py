@@ -157,10 +157,15 @@ def main():
     p.add_argument("--cert", required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--http-only", type=int, metavar="PORT",
-                   help="serve only plain HTTP on PORT (the benchmark's bare-TAP server)")
+                   help="serve only HTTP on PORT and HTTPS on PORT+1 (the benchmark's bare-TAP server)")
     ARGS = p.parse_args()
     if ARGS.http_only:
         srv = Server(("0.0.0.0", ARGS.http_only), Handler)
+        tls = Server(("0.0.0.0", ARGS.http_only + 1), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(ARGS.cert, ARGS.key)
+        tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+        threading.Thread(target=tls.serve_forever, daemon=True).start()
         print("READY", flush=True)
         srv.serve_forever()
         return
