@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use hearth_api::ApiError;
 use hearth_guest_proto::OpErrorKind;
@@ -24,16 +24,10 @@ use crate::links::{embed_origins, service_port};
 use crate::Control;
 
 /// Headers of one hop only (RFC 9110 §7.6.1), plus Hearth's credentials.
+/// Dropped besides the hop-by-hop headers: the framing hyper redoes, and
+/// Hearth's own credentials, which never reach the service.
 const DROPPED: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
     "transfer-encoding",
-    "upgrade",
     "x-api-key",
     "x-langsmith-sandbox-service-token",
 ];
@@ -61,17 +55,7 @@ fn strip_hops(headers: &mut HeaderMap, upgrade: bool) {
 }
 
 fn strip(headers: &mut HeaderMap) {
-    // Headers the Connection header names are hop-by-hop too.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
-    }
+    hearth_egress::remove_hop_by_hop(headers);
     for n in DROPPED {
         headers.remove(*n);
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri};
+use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -90,6 +90,24 @@ const HOP_BY_HOP: [&str; 8] = [
     "trailer",
     "upgrade",
 ];
+
+/// Removes the hop-by-hop headers of a request or response being
+/// forwarded: the standard ones and those its `Connection` header names.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in listed {
+        headers.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        headers.remove(n);
+    }
+}
 
 impl Conn {
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
@@ -284,19 +302,7 @@ fn prepare(mut req: Request<Incoming>, inject: &[(String, String)]) -> Request<I
         }
     }
     let headers = req.headers_mut();
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in listed {
-        headers.remove(n);
-    }
-    for n in HOP_BY_HOP {
-        headers.remove(n);
-    }
+    remove_hop_by_hop(headers);
     for (name, _) in inject {
         headers.remove(name.as_str());
     }

@@ -41,6 +41,7 @@ pub mod private;
 mod proxy;
 pub mod tls;
 
+pub use http_proxy::remove_hop_by_hop;
 pub use pattern::HostPattern;
 pub use policy::{validate_config, Access, Callback, HeaderRule, Policy, PolicyError, Refusal};
 

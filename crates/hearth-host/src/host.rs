@@ -317,10 +317,10 @@ impl Host {
         // Paths handed to a jailed VMM must be plain absolute paths (no
         // `..`, no relative parts): they are recreated inside its root.
         let mut cfg = cfg;
-        cfg.data_dir = std::fs::canonicalize(&cfg.data_dir)
-            .map_err(|e| io("resolve the data dir", e))?;
-        cfg.run_root = std::fs::canonicalize(&cfg.run_root)
-            .map_err(|e| io("resolve the run dir", e))?;
+        cfg.data_dir =
+            std::fs::canonicalize(&cfg.data_dir).map_err(|e| io("resolve the data dir", e))?;
+        cfg.run_root =
+            std::fs::canonicalize(&cfg.run_root).map_err(|e| io("resolve the run dir", e))?;
         let images = ImageConfig::new(&cfg.data_dir);
         // The busybox image is tiny; the kernel + initramfs are what the probe needs.
         let base = {

@@ -114,17 +114,7 @@ pub async fn list(api: &Api, json: bool) -> anyhow::Result<u8> {
             text(sb, "created_at"),
         ]);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        outln!("{}", line.join("  ").trim_end());
-    }
+    super::print_table(&rows)?;
     Ok(0)
 }
 

@@ -26,6 +26,23 @@ pub(crate) fn write_stdout(line: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Prints rows as a table: each column as wide as its widest cell, two
+/// spaces between columns, no trailing blanks.
+pub(crate) fn print_table<const N: usize>(rows: &[[String; N]]) -> anyhow::Result<()> {
+    let widths: Vec<usize> = (0..N)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        outln!("{}", line.join("  ").trim_end());
+    }
+    Ok(())
+}
+
 mod boxes;
 mod exec;
 mod files;

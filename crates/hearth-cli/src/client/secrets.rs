@@ -119,17 +119,7 @@ fn print_list(all: &Value, json: bool) -> anyhow::Result<()> {
             field(s, "updated_at"),
         ]
     }));
-    let widths: Vec<usize> = (0..3)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        outln!("{}", line.join("  ").trim_end());
-    }
+    super::print_table(&rows)?;
     Ok(())
 }
 
