@@ -479,3 +479,26 @@ fn signed_but_mutated_headers_never_panic() {
         assert!(verify(&w, &w.signer.seal(&h), now).is_err());
     }
 }
+
+#[test]
+fn racing_copies_of_one_command_are_accepted_once() {
+    let w = world();
+    let now = hearth_fence::now_ms();
+    for _ in 0..20 {
+        let token = w
+            .signer
+            .sign(HOST, EPOCH, Some(VM), GEN, &stop(), BODY)
+            .unwrap();
+        let accepted = std::thread::scope(|s| {
+            let racers: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| verify(&w, &token, now).is_ok()))
+                .collect();
+            racers
+                .into_iter()
+                .map(|r| r.join().unwrap())
+                .filter(|ok| *ok)
+                .count()
+        });
+        assert_eq!(accepted, 1);
+    }
+}
