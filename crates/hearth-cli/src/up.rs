@@ -190,7 +190,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         cfg,
         vec![LocalHost {
             id: host_id,
-            host: host.clone(),
+            host: std::sync::Arc::new(hearth_host::InProcessHost::new(host.clone())),
             capacity_cpu: cpu,
             capacity_mem: mem,
         }],

@@ -68,7 +68,7 @@ async fn main() {
     };
     let local = LocalHost {
         id: HostId::new(),
-        host: host.clone(),
+        host: Arc::new(hearth_host::InProcessHost::new(host.clone())),
         capacity_cpu: MilliCpu(64_000),
         capacity_mem: ByteSize::gib(256),
     };

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::dp::RunConfig as HostRunConfig;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method};
@@ -18,7 +19,6 @@ use hearth_api::{
 };
 use hearth_db::Timestamp;
 use hearth_guest_proto::ExecRequest;
-use hearth_host::api::RunConfig as HostRunConfig;
 use serde::Deserialize;
 
 use crate::auth::Principal;
@@ -81,7 +81,7 @@ pub async fn execute_ws(
         .on_upgrade(move |socket| async move {
             let ticker = keep_active(&c2, row.id);
             let started = std::time::Instant::now();
-            hearth_host::api::exec_session(socket, guest, vm, defaults, Some(shutdown)).await;
+            crate::dp::exec_session(socket, guest, vm, defaults, Some(shutdown)).await;
             ticker.abort();
             if started.elapsed() > Duration::from_secs(5) {
                 let _ = c2.db.touch_activity(row.id, Timestamp::now()).await;
@@ -103,7 +103,7 @@ impl Drop for AbortOnDrop {
 fn active_while_streaming(
     c: &Arc<Control>,
     id: hearth_types::SandboxId,
-    answer: Result<Response, hearth_host::api::ApiError>,
+    answer: Result<Response, crate::dp::ApiError>,
 ) -> Response {
     use futures_util::StreamExt;
     let resp = match answer {
@@ -120,7 +120,7 @@ fn active_while_streaming(
 }
 
 /// `POST {dp}/execute/stream/start`: the SSE exec transport (opt-in in the
-/// SDK); see [`hearth_host::api::sse_start`].
+/// SDK); see [`crate::dp::sse_start`].
 pub async fn execute_stream_start(
     State(c): State<Arc<Control>>,
     who: Principal,
@@ -130,7 +130,7 @@ pub async fn execute_stream_start(
     let (row, guest) = c.runtime(&who, &id).await?;
     let defaults = run_defaults(&row);
     let shutdown = Some(c.shutdown_signal());
-    let answer = hearth_host::api::sse_start(&guest, &defaults, &body, shutdown).await;
+    let answer = crate::dp::sse_start(&guest, &defaults, &body, shutdown).await;
     Ok(active_while_streaming(&c, row.id, answer))
 }
 
@@ -144,7 +144,7 @@ pub async fn execute_stream_resume(
 ) -> HttpResult<Response> {
     let (row, guest) = c.runtime(&who, &id).await?;
     let shutdown = Some(c.shutdown_signal());
-    let answer = hearth_host::api::sse_resume(&guest, &body, shutdown).await;
+    let answer = crate::dp::sse_resume(&guest, &body, shutdown).await;
     Ok(active_while_streaming(&c, row.id, answer))
 }
 
@@ -188,7 +188,7 @@ pub async fn execute(
                 );
             }
             match e {
-                hearth_host::GuestError::Deadline(m) => ApiError::new(504, "GuestTimeout", m),
+                hearth_hostapi::GuestError::Deadline(m) => ApiError::new(504, "GuestTimeout", m),
                 e => ApiError::command_failed(e.to_string()),
             }
         })?;
@@ -221,7 +221,7 @@ pub async fn upload(
     hearth_api::files::check_query_path(&q.path)?;
     let (row, guest) = c.runtime(&who, &id).await?;
     let _active = AbortOnDrop(keep_active(&c, row.id));
-    let write_err = |e: hearth_host::GuestError| -> HttpError {
+    let write_err = |e: hearth_hostapi::GuestError| -> HttpError {
         use hearth_guest_proto::OpErrorKind as K;
         match e.op_kind() {
             Some(K::NotFound) => ApiError::file_not_found(&q.path),
@@ -267,7 +267,7 @@ pub async fn upload(
 }
 
 /// `GET|HEAD {dp}/download?path=`: the file's bytes, with `Range`, `ETag`
-/// and the conditional headers (see [`hearth_host::api::serve_download`]).
+/// and the conditional headers (see [`crate::dp::serve_download`]).
 pub async fn download(
     State(c): State<Arc<Control>>,
     who: Principal,
@@ -278,7 +278,7 @@ pub async fn download(
 ) -> HttpResult<Response> {
     hearth_api::files::check_query_path(&q.path)?;
     let (row, guest) = c.runtime(&who, &id).await?;
-    let answer = hearth_host::api::serve_download(&guest, &q.path, &method, &headers).await;
+    let answer = crate::dp::serve_download(&guest, &q.path, &method, &headers).await;
     // A long download keeps its sandbox active while it is read.
     Ok(active_while_streaming(&c, row.id, answer))
 }
@@ -286,7 +286,7 @@ pub async fn download(
 /// A failed guest search as the API error the SDK expects: a missing path
 /// is the file 404 (`ResourceNotFoundError`), a bad pattern or a path that
 /// is not a directory is a 422 on that field.
-fn search_error(e: hearth_host::GuestError, path: &str, pattern_field: &str) -> HttpError {
+fn search_error(e: hearth_hostapi::GuestError, path: &str, pattern_field: &str) -> HttpError {
     use hearth_guest_proto::OpErrorKind as K;
     match e.op_kind() {
         Some(K::NotFound) => ApiError::file_not_found(path),

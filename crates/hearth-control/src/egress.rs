@@ -9,7 +9,7 @@
 //! - **Resolved** only when a host needs it (create, start, PATCH):
 //!   `opaque` values are opened, `{NAME}` templates of `workspace_secret`
 //!   values are filled from the workspace's secrets, and the result goes
-//!   to the host in memory ([`hearth_host::SandboxNet`]); it is never
+//!   to the host in memory ([`hearth_hostapi::SandboxNet`]); it is never
 //!   written to disk and never enters the guest. The guest gets only the
 //!   enabled rules' `env_vars` (dummy values for tools that insist on a
 //!   variable).
@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use hearth_api::nested::{ProxyConfig, ProxyHeader, SecretKind};
 use hearth_api::ApiError;
-use hearth_host::SandboxNet;
+use hearth_hostapi::SandboxNet;
 use hearth_types::WorkspaceId;
 
 use crate::secrets::MasterKey;

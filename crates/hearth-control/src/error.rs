@@ -50,7 +50,7 @@ pub fn db_error(e: DbError) -> ApiError {
         }
         DbError::InvalidCursor => ApiError::invalid_query("cursor", "malformed or foreign cursor"),
         other => {
-            tracing::error!(error = %hearth_host::error_chain(&other), "database failure");
+            tracing::error!(error = %error_chain(&other), "database failure");
             ApiError::internal()
         }
     }
@@ -85,7 +85,19 @@ pub fn exec_failure(t: hearth_guest_proto::ExecErrorType, message: String) -> Ap
         hearth_guest_proto::ExecErrorType::CommandTimeout => {
             ApiError::new(408, "CommandTimeout", message)
         }
-        t if hearth_host::api::is_refusal(t) => ApiError::command_refused(message),
+        t if crate::dp::is_refusal(t) => ApiError::command_refused(message),
         _ => ApiError::command_failed(message),
     }
+}
+
+/// An error and its sources, `: `-separated (one line for logs).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }

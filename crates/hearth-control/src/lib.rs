@@ -17,6 +17,7 @@
 pub mod auth;
 mod boxes;
 mod dataplane;
+mod dp;
 mod egress;
 pub mod error;
 mod extract;
@@ -40,7 +41,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use hearth_db::{Db, HostRow, HostState, SnapshotRow, SnapshotStatus, Timestamp};
-use hearth_host::Host;
+use hearth_hostapi::HostApi;
 use hearth_types::{ByteSize, HostId, MilliCpu, SnapshotId};
 use tokio::sync::watch;
 
@@ -88,7 +89,7 @@ impl Default for ControlConfig {
             lease: Duration::from_secs(30),
             stale_provisioning: Duration::from_secs(600),
             json_limit: 1 << 20,
-            exec_output_cap: hearth_host::guest::OUTPUT_CAP,
+            exec_output_cap: hearth_hostapi::guest::OUTPUT_CAP,
             master_key: secrets::MasterKey::ephemeral(),
             link_default_ttl: Duration::from_secs(24 * 3600),
             link_max_ttl: Duration::from_secs(7 * 24 * 3600),
@@ -102,7 +103,7 @@ impl Default for ControlConfig {
 pub struct Control {
     pub db: Db,
     pub cfg: ControlConfig,
-    hosts: HashMap<HostId, Arc<Host>>,
+    hosts: HashMap<HostId, Arc<dyn HostApi>>,
     /// Bumped on every status change this process makes (waiters re-read).
     changed: watch::Sender<u64>,
     /// Flips to true when the server shuts down (exec sockets close 1001).
@@ -117,7 +118,7 @@ pub struct Control {
 /// A host agent the control plane can drive, with the capacity it offers.
 pub struct LocalHost {
     pub id: HostId,
-    pub host: Arc<Host>,
+    pub host: Arc<dyn HostApi>,
     pub capacity_cpu: MilliCpu,
     pub capacity_mem: ByteSize,
 }

@@ -184,11 +184,10 @@ pub async fn fetch(
     headers: HeaderMap,
 ) -> HttpResult<Response> {
     let (claims, guest) = c.redeem(&token, false).await?;
-    let mut resp =
-        match hearth_host::api::serve_download(&guest, &claims.path, &method, &headers).await {
-            Ok(resp) => resp,
-            Err(e) => return Ok(e.into_response()),
-        };
+    let mut resp = match crate::dp::serve_download(&guest, &claims.path, &method, &headers).await {
+        Ok(resp) => resp,
+        Err(e) => return Ok(e.into_response()),
+    };
     let h = resp.headers_mut();
     if let Some(v) = claims
         .ct
@@ -226,7 +225,7 @@ impl Control {
         self: &Arc<Self>,
         token: &str,
         service: bool,
-    ) -> Result<(Claims, hearth_host::GuestClient), ApiError> {
+    ) -> Result<(Claims, hearth_hostapi::GuestClient), ApiError> {
         let what = if service {
             "service URL"
         } else {

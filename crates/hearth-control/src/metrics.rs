@@ -99,16 +99,19 @@ pub async fn render(
             );
         }
     }
-    egress_metrics(&c, &mut out);
+    egress_metrics(&c, &mut out).await;
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }
 
 /// Each sandbox's egress through its host's proxy, labelled with the
 /// sandbox id as the API shows it.
-fn egress_metrics(c: &Control, out: &mut String) {
+async fn egress_metrics(c: &Control, out: &mut String) {
     let mut rows = Vec::new();
     for host in c.hosts.values() {
-        rows.extend(host.egress_metrics());
+        match host.status().await {
+            Ok(status) => rows.extend(status.egress),
+            Err(e) => tracing::debug!(error = %e, "a host's egress counters are unavailable"),
+        }
     }
     type Field = fn(&hearth_egress::EgressCounters) -> u64;
     let series: [(&str, &str, Field); 6] = [

@@ -12,7 +12,9 @@ use hearth_api::{
     SnapshotSelector, StatusResponse, UpdateSandboxRequest,
 };
 use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
-use hearth_host::{BootFrom, CreateVm, GuestClient, HostError, MemoryVolumes, Resize, VmState};
+use hearth_hostapi::{
+    BootFrom, CreateVm, GuestClient, MemoryVolumes, Resize, SandboxNet, StopVm, VmState,
+};
 use hearth_image::ImageName;
 use hearth_types::{ByteSize, HostId, SandboxId, VmId, WorkspaceId};
 
@@ -166,21 +168,24 @@ impl Control {
         if let Some(disk) = disk {
             let before = candidates.len();
             let mut most_free = 0;
-            candidates.retain(|(_, id)| {
-                let free = self.hosts.get(id).map_or(0, |h| h.disk_available());
+            let mut room = Vec::with_capacity(candidates.len());
+            for (load, id) in candidates {
+                let free = match self.hosts.get(&id) {
+                    Some(h) => h.status().await.map_or(0, |s| s.disk_available.bytes()),
+                    None => 0,
+                };
                 most_free = most_free.max(free);
-                disk.bytes()
-                    .saturating_add(hearth_host::disks::DISK_RESERVE)
-                    <= free
-            });
+                if disk.bytes() <= free {
+                    room.push((load, id));
+                }
+            }
+            candidates = room;
             if before > 0 && candidates.is_empty() {
                 return Err(ApiError::validation(
                     "fs_capacity_bytes",
                     format!(
                         "no host has room for a disk of {disk} (the most free on a host is {})",
-                        hearth_types::ByteSize(
-                            most_free.saturating_sub(hearth_host::disks::DISK_RESERVE)
-                        )
+                        hearth_types::ByteSize(most_free)
                     ),
                 ));
             }
@@ -350,7 +355,7 @@ impl Control {
         host_id: HostId,
         image: ImageName,
         from: Option<BootFrom>,
-        net: hearth_host::SandboxNet,
+        net: SandboxNet,
         how: Boot,
     ) {
         let control = self.clone();
@@ -385,12 +390,12 @@ impl Control {
             };
             let result = match how {
                 Boot::Create => host.create_vm(create).await.map(drop),
-                Boot::Start => match host.get(vm) {
-                    Ok(_) => host.start_vm_with(vm, resize).await.map(drop),
+                Boot::Start => match host.get_vm(vm).await {
+                    Ok(_) => host.start_vm(vm, resize).await.map(drop),
                     // This host has no record of it (another host ran it,
                     // or its local state was lost): a persistent disk comes
                     // back from the store.
-                    Err(HostError::NotFound(_)) => host
+                    Err(e) if e.is_not_found() => host
                         .create_vm(CreateVm {
                             existing: row.persistent,
                             ..create
@@ -400,11 +405,13 @@ impl Control {
                     Err(e) => Err(e),
                 },
             };
-            let result = result.map_err(|e| host.public_error(&e));
+            let result = result.map_err(|e| e.message);
             let booted = result.is_ok();
             if !control.finish_boot(&row, result).await && booted {
                 // The sandbox moved on (deleted, stopped) while booting.
-                let _ = host.delete(vm).await;
+                if let Err(e) = host.delete_vm(vm).await {
+                    tracing::warn!(sandbox = %row.id, error = %e, "cannot remove a VM that booted too late");
+                }
             }
         });
     }
@@ -540,14 +547,15 @@ impl Control {
     /// Gives a sandbox's host its new egress policy and environment, which
     /// a running VM applies at once (the next connection, request and
     /// command); a stopped one gets them again at its next start.
-    async fn push_network(&self, row: &SandboxRow, net: hearth_host::SandboxNet) {
+    async fn push_network(&self, row: &SandboxRow, net: SandboxNet) {
         let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) else {
             return;
         };
         match host.set_network(vm_id(row.id), net).await {
-            Ok(()) | Err(HostError::NotFound(_)) => {}
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
             Err(e) => {
-                tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "cannot apply the new proxy_config to the running sandbox")
+                tracing::warn!(sandbox = %row.id, error = %e, "cannot apply the new proxy_config to the running sandbox")
             }
         }
     }
@@ -570,10 +578,11 @@ impl Control {
             .await;
         self.bump();
         if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
-            match host.delete(vm_id(row.id)).await {
-                Ok(()) | Err(HostError::NotFound(_)) => {}
+            match host.delete_vm(vm_id(row.id)).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
                 Err(e) => {
-                    tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "delete vm")
+                    tracing::warn!(sandbox = %row.id, error = %e, "delete vm")
                 }
             }
         }
@@ -608,15 +617,14 @@ impl Control {
         if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
             // preserve_memory_on_stop: the next start resumes the running
             // processes (only a ready VM has memory worth keeping).
-            let stopped = if row.preserve_memory_on_stop && row.status == SandboxStatus::Ready {
-                host.stop_saving_memory(vm_id(row.id)).await
-            } else {
-                host.stop(vm_id(row.id)).await
+            let how = StopVm {
+                save_memory: row.preserve_memory_on_stop && row.status == SandboxStatus::Ready,
             };
-            match stopped {
-                Ok(_) | Err(HostError::NotFound(_)) => {}
+            match host.stop_vm(vm_id(row.id), how).await {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
                 Err(e) => {
-                    tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "stop vm")
+                    tracing::warn!(sandbox = %row.id, error = %e, "stop vm")
                 }
             }
         }
@@ -684,8 +692,8 @@ impl Control {
             // A different host: the old one's copy is stale; it forgets
             // it (the store keeps the disk for the new host).
             if let Some(old) = row.host_id.and_then(|h| self.hosts.get(&h)) {
-                if let Err(e) = old.forget(vm_id(row.id)).await {
-                    tracing::warn!(sandbox = %row.id, error = %hearth_host::error_chain(&e), "the previous host could not drop its copy");
+                if let Err(e) = old.forget_vm(vm_id(row.id)).await {
+                    tracing::warn!(sandbox = %row.id, error = %e, "the previous host could not drop its copy");
                 }
             }
         }
@@ -741,11 +749,14 @@ impl Control {
         if row.status != SandboxStatus::Ready {
             return Err(ApiError::sandbox_not_ready(&row.name));
         }
-        let guest = row
+        let host = row
             .host_id
             .and_then(|h| self.hosts.get(&h))
-            .and_then(|h| h.guest(vm_id(row.id)).ok())
             .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
+        let guest = host
+            .guest(vm_id(row.id))
+            .await
+            .map_err(|_| ApiError::sandbox_not_ready(&row.name))?;
         self.touch(&row).await;
         Ok((row, guest))
     }
@@ -781,21 +792,25 @@ impl Control {
         for (host_id, host) in &self.hosts {
             // VMs first, then rows: a VM is only ever created after its row,
             // so a VM missing from the later row query really has no sandbox.
-            let vms = host.list();
+            let vms = match host.list_vms().await {
+                Ok(vms) => vms,
+                Err(e) => {
+                    tracing::warn!(host = %host_id, error = %e, "cannot list the host's VMs");
+                    continue;
+                }
+            };
             let Ok(rows) = self.db.sandboxes_on_host(*host_id).await else {
                 continue;
             };
             for row in &rows {
-                let vm_state = host.get(vm_id(row.id)).ok().map(|vm| vm.state());
-                let running = matches!(vm_state, Some(VmState::Ready | VmState::Paused));
+                let vm = vms.iter().find(|v| v.id == vm_id(row.id));
+                let running = matches!(vm.map(|v| v.state), Some(VmState::Ready | VmState::Paused));
                 match row.status {
                     SandboxStatus::Ready if running => {
                         // A guest that misses liveness pings is unhealthy
                         // before it is failed: say so while it lasts.
-                        let unhealthy = host
-                            .get(vm_id(row.id))
-                            .ok()
-                            .and_then(|vm| vm.record().reason)
+                        let unhealthy = vm
+                            .and_then(|v| v.reason.clone())
                             .filter(|r| r.starts_with("unhealthy"));
                         let shown = row
                             .status_message
@@ -841,10 +856,8 @@ impl Control {
                             expect_status: vec![SandboxStatus::Ready],
                             ..StatusExtra::default()
                         };
-                        let reason = host
-                            .get(vm_id(row.id))
-                            .ok()
-                            .and_then(|vm| vm.record().reason)
+                        let reason = vm
+                            .and_then(|v| v.reason.clone())
                             .map(|r| format!("{msg}: {r}"))
                             .unwrap_or_else(|| msg.to_owned());
                         let _ = self
@@ -878,7 +891,9 @@ impl Control {
                 let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
                 if !known {
                     tracing::info!(vm = %rec.id, "removing a vm with no sandbox");
-                    let _ = host.delete(rec.id).await;
+                    if let Err(e) = host.delete_vm(rec.id).await {
+                        tracing::warn!(vm = %rec.id, error = %e, "cannot remove a vm with no sandbox");
+                    }
                 }
             }
         }

@@ -100,7 +100,7 @@ async fn forward(
             bad_gateway(format!("cannot reach port {port} in the sandbox: {e}"))
         }
     })?;
-    let io = TokioIo::new(hearth_host::stream_io(conn));
+    let io = TokioIo::new(hearth_hostapi::stream_io(conn));
     let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Body>(io)
         .await
         .map_err(|e| bad_gateway(format!("HTTP handshake with port {port} failed: {e}")))?;

@@ -17,7 +17,7 @@ use hearth_api::{
     ApiError, CaptureSnapshotRequest, CreateSnapshotRequest, RunConfig, SnapshotResponse,
 };
 use hearth_db::{SandboxStatus, SnapshotRow, SnapshotStatus, Timestamp};
-use hearth_host::Captured;
+use hearth_hostapi::{Captured, HostApi, ImportImage};
 use hearth_types::{HostId, SnapshotId, WorkspaceId};
 
 use crate::auth::Principal;
@@ -94,7 +94,7 @@ impl Control {
                     let volume = building.volume.clone().unwrap_or_default();
                     host.capture(vm, &volume, include_memory)
                         .await
-                        .map_err(|e| host.public_error(&e))
+                        .map_err(|e| e.message)
                 }
                 None => Err(format!("host {host_id} is not reachable")),
             };
@@ -145,28 +145,28 @@ impl Control {
         let over = req.run_config.clone();
         let image_ref = req.docker_image.clone();
         tokio::spawn(async move {
-            let source = hearth_image::OciSource::Registry {
+            let import = ImportImage {
                 insecure_http: on_loopback(&image_ref),
                 reference: image_ref,
-                auth: None,
+                capacity,
+                volume: building.volume.clone().unwrap_or_default(),
             };
-            let volume = building.volume.clone().unwrap_or_default();
-            let result = match host.import_oci(source, capacity, &volume).await {
-                Ok((captured, image)) => {
+            let result = match host.import_image(import).await {
+                Ok(image) => {
                     // The image's configuration, under the request's.
                     let base = RunConfig {
-                        user: image.run_config.user.clone(),
-                        work_dir: image.run_config.working_dir.clone(),
-                        env_vars: Some(image.run_config.env.iter().cloned().collect()),
+                        user: image.user.clone(),
+                        work_dir: image.working_dir.clone(),
+                        env_vars: Some(image.env.iter().cloned().collect()),
                     };
                     let rc = over.map_or(base.clone(), |o| o.merged_over(&base));
                     building.run_config = serde_json::to_value(&rc).ok();
                     building.image_digest = Some(image.digest.clone());
-                    Ok(captured)
+                    Ok(image.captured)
                 }
                 Err(e) => {
-                    tracing::warn!(host = %host_id, error = %hearth_host::error_chain(&e), "image import failed");
-                    Err(host.public_error(&e))
+                    tracing::warn!(host = %host_id, error = %e, "image import failed");
+                    Err(e.message)
                 }
             };
             control.finish_snapshot(building, result).await;
@@ -231,7 +231,7 @@ impl Control {
                 if let Err(e) = host.delete_snapshot_data(&captured).await {
                     // The record is gone; what is left is garbage the
                     // store's GC collects.
-                    tracing::warn!(snapshot = %snap.id, host = %id, error = %hearth_host::error_chain(&e), "cannot remove a snapshot's data");
+                    tracing::warn!(snapshot = %snap.id, host = %id, error = %e, "cannot remove a snapshot's data");
                 }
             }
         }
@@ -257,7 +257,7 @@ impl Control {
     }
 
     /// Any host (the store is shared, so any of them can import into it).
-    fn any_host(&self) -> Result<(HostId, Arc<hearth_host::Host>), ApiError> {
+    fn any_host(&self) -> Result<(HostId, Arc<dyn HostApi>), ApiError> {
         self.hosts
             .iter()
             .next()

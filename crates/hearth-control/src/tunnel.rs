@@ -10,7 +10,7 @@ use axum::extract::ws::{Message, WebSocket};
 use bytes::Bytes;
 use futures_util::{AsyncReadExt, AsyncWriteExt, SinkExt, StreamExt};
 use hearth_guest_proto::{Incoming, OpErrorKind};
-use hearth_host::{GuestClient, GuestError};
+use hearth_hostapi::{GuestClient, GuestError};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::compat::TokioAsyncReadCompatExt;
 

@@ -86,7 +86,7 @@ async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
 fn local(host: Arc<Host>) -> LocalHost {
     LocalHost {
         id: HostId::new(),
-        host,
+        host: Arc::new(hearth_host::InProcessHost::new(host)),
         capacity_cpu: MilliCpu(64_000),
         capacity_mem: ByteSize::gib(256),
     }
@@ -1392,7 +1392,7 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
     let url = hearth_db::testing::sqlite_url();
     let mk = |host: Arc<Host>| LocalHost {
         id: host_id,
-        host,
+        host: Arc::new(hearth_host::InProcessHost::new(host)),
         capacity_cpu: MilliCpu(64_000),
         capacity_mem: ByteSize::gib(256),
     };

@@ -90,7 +90,7 @@ pub struct SandboxSockets {
 }
 
 /// A snapshot of one sandbox's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EgressCounters {
     /// Guest → upstream (as read from the guest, TLS included).
     pub bytes_out: u64,

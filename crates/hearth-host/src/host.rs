@@ -16,12 +16,12 @@ use hearth_vmm::{Accel, VmInstance, VmSpec, Vmm};
 pub type Backend = hearth_vmm::Qemu;
 /// A running VM of the [`Backend`].
 pub type Instance = <Backend as Vmm>::Instance;
-use serde::{Deserialize, Serialize};
 
 use crate::block::GenerationDisks;
 use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
 use crate::guest::GuestClient;
 use crate::vm::{now_ms, BootFrom, MemoryVolumes, Vm, VmRecord, VmState};
+pub use hearth_hostapi::types::{Captured, CreateVm, Resize};
 
 /// Settings of a host agent.
 #[derive(Clone, Debug)]
@@ -175,73 +175,6 @@ fn blake3_tag(p: &Path) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     p.hash(&mut h);
     format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
-}
-
-/// A request to boot a VM.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CreateVm {
-    /// The id to use (the control plane passes its sandbox id); new if absent.
-    #[serde(default)]
-    pub id: Option<VmId>,
-    /// Keep the disk across stop/start (false: every start is a fresh disk).
-    #[serde(default = "default_true")]
-    pub persistent: bool,
-    /// Size of the root disk; the image's own size when absent or smaller.
-    #[serde(default)]
-    pub disk: Option<ByteSize>,
-    #[serde(default = "default_image")]
-    pub image: ImageName,
-    #[serde(default = "default_memory")]
-    pub memory: ByteSize,
-    #[serde(default = "default_cpu")]
-    pub cpu: MilliCpu,
-    /// The placement generation of this boot (the control plane's
-    /// sandbox generation): disk commits are fenced on it.
-    #[serde(default)]
-    pub fence: u64,
-    /// Boot from a snapshot in the store instead of the built-in image's
-    /// disk; with its memory, the VM resumes where the snapshot was taken.
-    #[serde(default)]
-    pub from: Option<BootFrom>,
-    /// The VM existed before (on another host, or this host lost its
-    /// record): a persistent disk comes back from its last committed
-    /// generation instead of starting fresh.
-    #[serde(default)]
-    pub existing: bool,
-    /// The VM's egress policy and environment (when the host has a
-    /// network); `None` keeps what the host holds, else the default policy.
-    #[serde(default)]
-    pub network: Option<crate::network::SandboxNet>,
-}
-
-fn default_true() -> bool {
-    true
-}
-fn default_image() -> ImageName {
-    ImageName::Default
-}
-fn default_memory() -> ByteSize {
-    ByteSize::mib(512)
-}
-fn default_cpu() -> MilliCpu {
-    MilliCpu::vcpus(1)
-}
-
-impl Default for CreateVm {
-    fn default() -> Self {
-        Self {
-            id: None,
-            persistent: true,
-            disk: None,
-            image: default_image(),
-            memory: default_memory(),
-            cpu: default_cpu(),
-            fence: 0,
-            from: None,
-            existing: false,
-            network: None,
-        }
-    }
 }
 
 /// Why a host operation failed.
@@ -844,7 +777,7 @@ impl Host {
     pub async fn set_network(
         &self,
         id: VmId,
-        net: crate::network::SandboxNet,
+        net: hearth_hostapi::SandboxNet,
     ) -> Result<(), HostError> {
         let vm = self.get(id)?;
         let policy = net.policy.clone();
@@ -1531,27 +1464,6 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())
-}
-
-/// A snapshot's volumes in the store (see [`Host::capture`]).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Captured {
-    /// Volume of the disk.
-    pub disk: String,
-    pub disk_size: ByteSize,
-    pub memory: Option<MemoryVolumes>,
-}
-
-/// Resources a start may change (see [`Host::start_vm_with`]).
-#[derive(Clone, Debug, Default)]
-pub struct Resize {
-    /// The placement generation of this boot, when it moved on.
-    pub fence: Option<u64>,
-    pub memory: Option<ByteSize>,
-    pub cpu: Option<MilliCpu>,
-    pub disk: Option<ByteSize>,
-    /// A new egress policy and environment (see [`CreateVm::network`]).
-    pub network: Option<crate::network::SandboxNet>,
 }
 
 fn check_resources(memory: ByteSize, cpu: MilliCpu) -> Result<(), HostError> {

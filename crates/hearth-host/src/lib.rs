@@ -16,8 +16,13 @@
 pub mod api;
 pub mod block;
 pub mod disks;
-pub mod guest;
+/// The guest client lives in `hearth-hostapi` (the control plane uses it
+/// too); re-exported under its old path.
+pub mod guest {
+    pub use hearth_hostapi::guest::*;
+}
 pub mod host;
+mod local;
 pub mod memory;
 pub mod network;
 pub mod vm;
@@ -25,9 +30,12 @@ pub mod vm;
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
 };
-pub use host::{
-    error_chain, Captured, CreateVm, Host, HostConfig, HostError, JailSettings, Liveness, Resize,
-    Storage, StoreSettings,
+pub use hearth_hostapi::{
+    BootFrom, Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
 };
-pub use network::{Network, SandboxNet};
-pub use vm::{BootFrom, MemoryVolumes, Vm, VmRecord, VmState};
+pub use host::{
+    error_chain, Host, HostConfig, HostError, JailSettings, Liveness, Storage, StoreSettings,
+};
+pub use local::InProcessHost;
+pub use network::Network;
+pub use vm::Vm;

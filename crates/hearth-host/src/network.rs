@@ -25,6 +25,7 @@ use std::process::Stdio;
 
 use hearth_egress::{Attachment, Egress, Policy, SandboxSockets};
 use hearth_guest_proto::{GuestConfig, GuestNetwork};
+pub use hearth_hostapi::SandboxNet;
 use hearth_types::VmId;
 use tokio::io::AsyncWriteExt;
 
@@ -59,17 +60,6 @@ pub enum NetError {
     },
     #[error("egress proxy: {0}")]
     Egress(#[from] hearth_egress::EgressError),
-}
-
-/// What the control plane gives a VM's network: the resolved egress
-/// policy (secrets included; never written to disk) and the environment
-/// its commands get (a proxy rule's dummy credentials).
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct SandboxNet {
-    #[serde(default)]
-    pub policy: Policy,
-    #[serde(default)]
-    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// The host's network service: the egress proxy and the namespaces.

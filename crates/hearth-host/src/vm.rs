@@ -15,100 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use hearth_image::ImageName;
-use hearth_types::{ByteSize, MilliCpu, VmId};
-use serde::{Deserialize, Serialize};
+use hearth_types::VmId;
 use tokio::sync::watch;
 
 use crate::guest::GuestClient;
-
-/// Lifecycle state of a VM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VmState {
-    Provisioning,
-    Ready,
-    Paused,
-    Stopping,
-    Stopped,
-    Failed,
-    Deleted,
-}
-
-impl VmState {
-    /// No VMM process runs in these states.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Stopped | Self::Failed | Self::Deleted)
-    }
-}
-
-/// What the host agent knows about a VM, as reported by its API.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct VmRecord {
-    pub id: VmId,
-    pub image: ImageName,
-    pub memory: ByteSize,
-    pub cpu: MilliCpu,
-    pub state: VmState,
-    /// Whether the disk survives a stop.
-    #[serde(default = "yes")]
-    pub persistent: bool,
-    /// Requested root disk size (grown from the image's at first boot).
-    #[serde(default)]
-    pub disk: Option<ByteSize>,
-    /// Why the VM is `failed`, or other context for the state.
-    #[serde(default)]
-    pub reason: Option<String>,
-    #[serde(default)]
-    pub pid: Option<u32>,
-    #[serde(default)]
-    pub accel: Option<String>,
-    /// Unix milliseconds.
-    pub created_at_ms: u64,
-    #[serde(default)]
-    pub boot_ms: Option<u64>,
-    /// The placement generation this host holds for the VM; its disk's
-    /// commits are fenced on it.
-    #[serde(default)]
-    pub fence: u64,
-    /// The snapshot the VM was created from (its store volumes); `None`:
-    /// the built-in image.
-    #[serde(default)]
-    pub from: Option<BootFrom>,
-    /// Guest memory saved by the last stop, to resume from at the next
-    /// start.
-    #[serde(default)]
-    pub saved: Option<MemoryVolumes>,
-}
-
-/// A snapshot in the store that a VM boots from.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BootFrom {
-    /// Volume of the disk.
-    pub disk: String,
-    /// Volumes of the saved memory and device state, when the snapshot has
-    /// memory and the boot resumes from it.
-    #[serde(default)]
-    pub memory: Option<MemoryVolumes>,
-    /// Fail the boot if the memory cannot be resumed (LangSmith's
-    /// `restore_memory: true`); otherwise a failed resume cold-boots.
-    #[serde(default)]
-    pub require_memory: bool,
-}
-
-/// Where saved guest memory is kept in the store.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct MemoryVolumes {
-    /// Guest RAM, exactly the VM's memory size.
-    pub memory: String,
-    /// The VMM's device state.
-    pub state: String,
-    pub memory_size: ByteSize,
-}
-
-fn yes() -> bool {
-    true
-}
+pub use hearth_hostapi::types::{BootFrom, MemoryVolumes, VmRecord, VmState};
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

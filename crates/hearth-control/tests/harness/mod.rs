@@ -79,7 +79,7 @@ impl Server {
         let hosts = if with_host {
             vec![LocalHost {
                 id: HostId::new(),
-                host: host().await,
+                host: Arc::new(hearth_host::InProcessHost::new(host().await)),
                 capacity_cpu: MilliCpu(64_000),
                 capacity_mem: ByteSize::gib(256),
             }]

@@ -20,20 +20,8 @@
 //! | `GET`, `DELETE /v1/vms/{id}`             | `VmRecord`; 204                      |
 //! | `POST /v1/vms/{id}/{pause,resume,stop,kill}` | `VmRecord`                       |
 //! | `GET /v1/vms/{id}/info`                  | the guest's `GuestInfo`              |
-//! | `GET /v1/vms/{id}/exec/ws`               | LangSmith's exec WebSocket           |
-//! | `POST /v1/vms/{id}/exec/stream/{start,resume}` | LangSmith's SSE exec transport  |
-//! | `POST /v1/vms/{id}/exec`                 | `{"stdout","stderr","exit_code"}`    |
-//! | `PUT`, `GET`, `DELETE /v1/vms/{id}/files?path=` | upload, download (Range), remove |
-//! | `GET /v1/vms/{id}/files/{stat,list}?path=` | `FileStat`; `{"entries":[…]}`      |
-//! | `POST /v1/vms/{id}/files/mkdir?path=`    | 204                                  |
 //! | `GET /v1/vms/{id}/tcp?port=`             | WebSocket of binary frames to a guest port |
 
-mod exec;
-pub use exec::{exec_session, is_refusal, RunConfig};
-mod files;
-pub use files::serve_download;
-mod sse;
-pub use sse::{sse_resume, sse_start};
 mod vms;
 
 use std::future::{Future, IntoFuture};
@@ -46,7 +34,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use hearth_guest_proto::{MuxError, OpErrorKind};
@@ -75,19 +63,6 @@ pub fn router(host: Arc<Host>) -> Router {
         .route("/v1/vms/{id}/kill", post(vms::kill))
         .route("/v1/vms/{id}/info", get(vms::info))
         .route("/v1/vms/{id}/tcp", get(vms::tcp))
-        .route("/v1/vms/{id}/exec", post(exec::run))
-        .route("/v1/vms/{id}/exec/ws", get(exec::ws))
-        .route("/v1/vms/{id}/exec/stream/start", post(sse::start_route))
-        .route("/v1/vms/{id}/exec/stream/resume", post(sse::resume_route))
-        .route(
-            "/v1/vms/{id}/files",
-            put(files::upload)
-                .get(files::download)
-                .delete(files::remove),
-        )
-        .route("/v1/vms/{id}/files/stat", get(files::stat))
-        .route("/v1/vms/{id}/files/list", get(files::list))
-        .route("/v1/vms/{id}/files/mkdir", post(files::mkdir))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(host)

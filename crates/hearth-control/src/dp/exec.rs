@@ -20,15 +20,9 @@
 //! therefore exactly the offset to reconnect from.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::Response;
-use axum::Json;
+use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket};
 use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -36,9 +30,7 @@ use hearth_guest_proto::{ExecErrorType, ExecRequest, OutputChannel, PtySize};
 use hearth_types::VmId;
 use serde::{Deserialize, Serialize};
 
-use super::{ws_rejection, ApiError, JsonBody, VmPath};
-use crate::guest::{ExecControl, ExecEvents, ExecHandle, ExecUpdate, GuestClient};
-use crate::host::Host;
+use hearth_hostapi::guest::{ExecControl, ExecEvents, ExecHandle, ExecUpdate, GuestClient};
 
 /// How long a new exec WebSocket may take to send its first frame.
 const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,8 +42,6 @@ const FLUSH_WAIT: Duration = Duration::from_secs(1);
 const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 const DEFAULT_IDLE_TIMEOUT_MS: i64 = 300_000;
 const DEFAULT_TTL_MS: i64 = 600_000;
-/// A blocking exec cannot be re-attached to, so its session need not linger.
-const HTTP_TTL_MS: i64 = 1_000;
 /// Terminal size of `"pty": true`.
 const DEFAULT_PTY: PtySize = PtySize { rows: 24, cols: 80 };
 
@@ -316,20 +306,6 @@ fn decode_prefix(buf: &[u8]) -> (String, usize) {
 
 // ---------------------------------------------------------------------------
 // WebSocket exec
-
-pub(super) async fn ws(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Result<Response, ApiError> {
-    let ws = ws.map_err(ws_rejection)?;
-    let guest = host.guest(id)?;
-    Ok(ws
-        .on_failed_upgrade(
-            move |e| tracing::info!(vm = %id, error = %e, "exec websocket upgrade failed"),
-        )
-        .on_upgrade(move |socket| exec_session(socket, guest, id, RunConfig::default(), None)))
-}
 
 /// Serves LangSmith's exec WebSocket protocol on an upgraded socket against
 /// one guest. The public data plane calls this too, with the sandbox's run
@@ -607,79 +583,6 @@ async fn read_client(source: &mut SplitStream<WebSocket>, control: &ExecControl,
             }
         };
     }
-}
-
-// ---------------------------------------------------------------------------
-// Blocking HTTP exec
-
-#[derive(Deserialize)]
-pub(super) struct RunBody {
-    command: String,
-    /// Seconds; absent = 60, 0 = none.
-    timeout: Option<f64>,
-    shell: Option<String>,
-    env: Option<BTreeMap<String, String>>,
-    cwd: Option<String>,
-    user: Option<String>,
-}
-
-#[derive(Serialize)]
-pub(super) struct RunOutput {
-    stdout: String,
-    stderr: String,
-    exit_code: i32,
-    /// Set when an output passed the cap and its end was dropped.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    truncated: bool,
-}
-
-/// `POST /v1/vms/{id}/exec`: runs a command to completion. The command
-/// is killed if the client disconnects first.
-pub(super) async fn run(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    JsonBody(body): JsonBody<RunBody>,
-) -> Result<Json<RunOutput>, ApiError> {
-    let req = ExecRequest {
-        command: body.command,
-        argv: None,
-        shell: body.shell,
-        env: body.env.unwrap_or_default(),
-        cwd: body.cwd,
-        user: body.user,
-        timeout_ms: timeout_ms(body.timeout, "timeout").map_err(ApiError::unprocessable)?,
-        idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
-        ttl_ms: HTTP_TTL_MS,
-        kill_on_disconnect: true,
-        pty: None,
-        command_id: None,
-    };
-    let guest = host.guest(id)?;
-    let out = guest
-        .run_capped(req, crate::guest::OUTPUT_CAP)
-        .await
-        .map_err(ApiError::from)?;
-    if let Some((error_type, message)) = out.error {
-        return Err(exec_error(error_type, message));
-    }
-    Ok(Json(RunOutput {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        exit_code: out.exit_code.unwrap_or(-1),
-        truncated: out.truncated,
-    }))
-}
-
-/// A blocking exec's error as an HTTP answer. A start the request made
-/// impossible ([`is_refusal`]) is a 400 of LangSmith's type `CommandError`.
-fn exec_error(t: ExecErrorType, message: String) -> ApiError {
-    let (status, error) = match t {
-        _ if is_refusal(t) => (StatusCode::BAD_REQUEST, "CommandError"),
-        ExecErrorType::CommandTimeout => (StatusCode::REQUEST_TIMEOUT, "CommandTimeout"),
-        ExecErrorType::SessionExpired => (StatusCode::GONE, "SessionExpired"),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "CommandError"),
-    };
-    ApiError::new(status, error, message)
 }
 
 /// Whether an error that ends a fresh exec is the request's fault: the

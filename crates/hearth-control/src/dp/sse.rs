@@ -18,11 +18,9 @@
 //! idle connections alive.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -33,9 +31,8 @@ use serde::Deserialize;
 use tokio::sync::watch;
 
 use super::exec::{Execute, RunConfig};
-use super::{ApiError, JsonBody, VmPath};
-use crate::guest::{ExecControl, ExecEvents, ExecHandle, ExecUpdate, GuestClient};
-use crate::host::Host;
+use super::ApiError;
+use hearth_hostapi::guest::{ExecControl, ExecEvents, ExecHandle, ExecUpdate, GuestClient};
 
 /// How often an idle stream carries a comment line.
 const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -51,24 +48,6 @@ pub(super) struct Resume {
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::unprocessable(format!("invalid body: {e}")))
-}
-
-/// `POST /v1/vms/{id}/exec/stream/start` on the host's own API.
-pub(super) async fn start_route(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    JsonBody(x): JsonBody<Execute>,
-) -> Result<Response, ApiError> {
-    start(&host.guest(id)?, &RunConfig::default(), x, None).await
-}
-
-/// `POST /v1/vms/{id}/exec/stream/resume` on the host's own API.
-pub(super) async fn resume_route(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    JsonBody(r): JsonBody<Resume>,
-) -> Result<Response, ApiError> {
-    resume(&host.guest(id)?, r, None).await
 }
 
 /// `POST …/execute/stream/start` with a JSON `body`; the public data plane
@@ -178,7 +157,7 @@ struct Pump {
     /// dropping it detaches (the command keeps running).
     _control: ExecControl,
     /// An update read before the response began (resume's first).
-    pending: Option<Result<Option<ExecUpdate>, crate::GuestError>>,
+    pending: Option<Result<Option<ExecUpdate>, hearth_hostapi::GuestError>>,
     /// Where each stream's next byte sits (stdout, stderr).
     cursors: [u64; 2],
     shutdown: Option<watch::Receiver<bool>>,
@@ -285,7 +264,7 @@ impl Pump {
 
 fn stream_response(
     handle: ExecHandle,
-    pending: Option<Result<Option<ExecUpdate>, crate::GuestError>>,
+    pending: Option<Result<Option<ExecUpdate>, hearth_hostapi::GuestError>>,
     cursors: [u64; 2],
     shutdown: Option<watch::Receiver<bool>>,
 ) -> Response {

@@ -2,78 +2,12 @@
 //! stat, list, mkdir and remove. Paths are the guest's; relative paths
 //! resolve from the default user's home.
 
-use std::sync::Arc;
-
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use futures_util::StreamExt;
-use hearth_guest_proto::FileStat;
-use serde::Deserialize;
 
-use super::{guest_call, no_content, ApiError, Query, VmPath};
-use crate::guest::{FileReader, FileVersion, GuestClient};
-use crate::host::Host;
-
-#[derive(Deserialize)]
-pub(super) struct PathQuery {
-    path: String,
-}
-
-#[derive(Deserialize)]
-pub(super) struct UploadQuery {
-    path: String,
-    /// Octal permission bits, such as `755` or `0o600`.
-    mode: Option<String>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct MkdirQuery {
-    path: String,
-    #[serde(default)]
-    parents: bool,
-}
-
-#[derive(Deserialize)]
-pub(super) struct RemoveQuery {
-    path: String,
-    #[serde(default)]
-    recursive: bool,
-}
-
-fn parse_mode(mode: &str) -> Result<u32, ApiError> {
-    let digits = mode.strip_prefix("0o").unwrap_or(mode);
-    match u32::from_str_radix(digits, 8) {
-        Ok(m) if m <= 0o7777 && !digits.is_empty() && !digits.starts_with('+') => Ok(m),
-        _ => Err(ApiError::validation(format!(
-            "mode must be octal permission bits such as 644, got {mode:?}"
-        ))),
-    }
-}
-
-/// `PUT /v1/vms/{id}/files?path=P[&mode=octal]`: the request body, streamed
-/// into the guest chunk by chunk; the file appears only once complete.
-pub(super) async fn upload(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    Query(q): Query<UploadQuery>,
-    body: Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let mode = q.mode.as_deref().map(parse_mode).transpose()?;
-    let guest = host.guest(id)?;
-    let mut writer = guest_call(guest.write_file(&q.path, mode)).await?;
-    let mut body = body.into_data_stream();
-    while let Some(chunk) = body.next().await {
-        // Dropping the writer unfinished discards the partial file.
-        let chunk =
-            chunk.map_err(|e| ApiError::validation(format!("the upload was interrupted: {e}")))?;
-        writer.send(chunk).await?;
-    }
-    let bytes = guest_call(writer.finish()).await?;
-    Ok(Json(serde_json::json!({ "bytes": bytes })))
-}
+use super::{guest_call, ApiError};
+use hearth_hostapi::guest::{FileReader, FileVersion};
 
 /// A single range of a `Range: bytes=…` header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,20 +62,6 @@ fn unsatisfiable(size: u64) -> Response {
     resp
 }
 
-/// `GET|HEAD /v1/vms/{id}/files?path=P`: the file's bytes, streamed from
-/// the guest; honours a single `Range` and the validators (see
-/// [`serve_download`]).
-pub(super) async fn download(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    Query(q): Query<PathQuery>,
-    method: Method,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let guest = host.guest(id)?;
-    serve_download(&guest, &q.path, &method, &headers).await
-}
-
 /// Whether an `If-None-Match` / `If-Range` entity-tag list names `etag`
 /// (`*` names any). Weak tags compare by their opaque part, as RFC 9110's
 /// weak comparison does for `If-None-Match`.
@@ -171,7 +91,7 @@ fn if_range_holds(value: &str, version: &FileVersion) -> bool {
 ///   `Range` with an `If-Range` that no longer holds is ignored (200 with
 ///   the whole file: the client restarts instead of splicing versions).
 pub async fn serve_download(
-    guest: &crate::guest::GuestClient,
+    guest: &hearth_hostapi::GuestClient,
     path: &str,
     method: &Method,
     headers: &HeaderMap,
@@ -299,45 +219,6 @@ fn file_body(reader: FileReader) -> Body {
     Body::from_stream(chunks)
 }
 
-pub(super) async fn stat(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    Query(q): Query<PathQuery>,
-) -> Result<Json<FileStat>, ApiError> {
-    let guest: GuestClient = host.guest(id)?;
-    Ok(Json(guest_call(guest.stat(&q.path)).await?))
-}
-
-pub(super) async fn list(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    Query(q): Query<PathQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let guest = host.guest(id)?;
-    let entries = guest_call(guest.list(&q.path)).await?;
-    Ok(Json(serde_json::json!({ "entries": entries })))
-}
-
-pub(super) async fn mkdir(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    Query(q): Query<MkdirQuery>,
-) -> Result<Response, ApiError> {
-    let guest = host.guest(id)?;
-    guest_call(guest.mkdir(&q.path, q.parents)).await?;
-    Ok(no_content())
-}
-
-pub(super) async fn remove(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-    Query(q): Query<RemoveQuery>,
-) -> Result<Response, ApiError> {
-    let guest = host.guest(id)?;
-    guest_call(guest.remove(&q.path, q.recursive)).await?;
-    Ok(no_content())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,16 +241,6 @@ mod tests {
             "bytes",
         ] {
             assert_eq!(parse_range(ignored), None, "{ignored}");
-        }
-    }
-
-    #[test]
-    fn modes_are_octal() {
-        assert_eq!(parse_mode("755").unwrap(), 0o755);
-        assert_eq!(parse_mode("0o600").unwrap(), 0o600);
-        assert_eq!(parse_mode("0644").unwrap(), 0o644);
-        for bad in ["", "9", "17777", "rw", "+7", "0o"] {
-            assert!(parse_mode(bad).is_err(), "{bad}");
         }
     }
 }

@@ -1,0 +1,140 @@
+//! [`HostApi`]: everything the control plane may ask of a host agent.
+//!
+//! One interface, three implementations: the host agent in the same
+//! process (`hearth up`; `hearth-host` implements it on its `Host`), a host
+//! elsewhere on the network (`crate::remote`, over the host's private
+//! HTTP + WebSocket API), and a simulated host for fast control-plane
+//! tests (`crate::sim`). The control plane holds only `Arc<dyn HostApi>`.
+
+use async_trait::async_trait;
+use hearth_types::{ByteSize, VmId};
+use serde::{Deserialize, Serialize};
+
+use crate::guest::GuestClient;
+use crate::types::{Captured, CreateVm, Resize, SandboxNet, VmRecord};
+
+/// What kind of failure a host reported; the control plane maps it to an
+/// answer (404, 409, 503, …) without parsing messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The host has no such VM.
+    NotFound,
+    /// The VM is not in a state that allows the operation.
+    WrongState,
+    /// The request itself is wrong (sizes, names).
+    Invalid,
+    /// The request conflicts with what the host holds.
+    Conflict,
+    /// The host cannot be reached, or is fenced or draining.
+    Unavailable,
+    /// The host refused the command (signature, nonce, generation).
+    Refused,
+    /// Anything else; the message is safe to show.
+    Internal,
+}
+
+/// A failed host operation: a kind and a message fit for users (a host
+/// redacts its paths and keeps the full chain in its own log).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct HostApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl HostApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(vm: VmId) -> Self {
+        Self::new(ErrorKind::NotFound, format!("no vm {vm}"))
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.kind == ErrorKind::NotFound
+    }
+}
+
+pub type HostResult<T> = Result<T, HostApiError>;
+
+/// How a VM stops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopVm {
+    /// Save the guest's memory (LangSmith's `preserve_memory_on_stop`): the
+    /// next start resumes the same processes.
+    #[serde(default)]
+    pub save_memory: bool,
+}
+
+/// Builds a snapshot's disk from an OCI image in a registry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportImage {
+    /// `[registry/]name[:tag][@digest]`.
+    pub reference: String,
+    /// Plain HTTP (registries on loopback).
+    #[serde(default)]
+    pub insecure_http: bool,
+    /// Size of the disk to build.
+    pub capacity: ByteSize,
+    /// Store volume the disk becomes.
+    pub volume: String,
+}
+
+/// An imported image: its volumes and its configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportedImage {
+    pub captured: Captured,
+    /// Digest of the image's manifest (`sha256:…`).
+    pub digest: String,
+    pub user: Option<String>,
+    pub working_dir: Option<String>,
+    /// `Env`, in order.
+    pub env: Vec<(String, String)>,
+}
+
+/// A host's own figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostStatus {
+    /// Free space for new disks (after the host's reserve).
+    pub disk_available: ByteSize,
+    /// Each VM's egress counters, by VM id.
+    pub egress: Vec<(String, hearth_egress::EgressCounters)>,
+}
+
+/// The host agent's commands, as the control plane sees them.
+#[async_trait]
+pub trait HostApi: Send + Sync {
+    /// Boots a new VM (or one whose record this host lost: `existing`).
+    async fn create_vm(&self, req: CreateVm) -> HostResult<VmRecord>;
+    /// Starts a stopped VM, applying `resize`.
+    async fn start_vm(&self, id: VmId, resize: Resize) -> HostResult<VmRecord>;
+    async fn stop_vm(&self, id: VmId, how: StopVm) -> HostResult<VmRecord>;
+    /// Stops the VM and removes it, its disk included.
+    async fn delete_vm(&self, id: VmId) -> HostResult<()>;
+    /// Drops this host's copy (the VM moved; its stored disk stays).
+    async fn forget_vm(&self, id: VmId) -> HostResult<()>;
+    /// A new egress policy and environment, applied at once.
+    async fn set_network(&self, id: VmId, net: SandboxNet) -> HostResult<()>;
+    async fn get_vm(&self, id: VmId) -> HostResult<VmRecord>;
+    async fn list_vms(&self) -> HostResult<Vec<VmRecord>>;
+    /// Commits the VM's disk (and, with `include_memory`, its memory) as
+    /// the snapshot volume `volume`.
+    async fn capture(&self, id: VmId, volume: &str, include_memory: bool) -> HostResult<Captured>;
+    async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage>;
+    /// Removes a deleted snapshot's data.
+    async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()>;
+    async fn status(&self) -> HostResult<HostStatus>;
+    /// The VM's guest agent: typed operations over guest streams (exec,
+    /// files, search, TCP). Hosts expose guest streams, not LangSmith's
+    /// protocol, which the control plane speaks.
+    async fn guest(&self, id: VmId) -> HostResult<GuestClient>;
+}

@@ -1,0 +1,27 @@
+//! The seam between Hearth's control plane and its host agents.
+//!
+//! - [`types`]: the host's commands and replies ([`CreateVm`],
+//!   [`Resize`], [`VmRecord`], [`Captured`], [`SandboxNet`], …), serde
+//!   types that travel in process or over the host's private API.
+//! - [`HostApi`]: the interface the control plane drives hosts through,
+//!   with [`HostApiError`] (a kind and a message fit for users).
+//! - [`guest::GuestClient`]: the typed client of a guest agent over the
+//!   multiplexed guest stream (exec with replay, files, search, TCP dial),
+//!   whether the mux runs over the VM's serial port (on the host) or over
+//!   a WebSocket to a remote host.
+//!
+//! `hearth-control` depends on this crate and never on `hearth-host`.
+
+pub mod api;
+pub mod guest;
+pub mod types;
+
+pub use api::{
+    ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
+};
+pub use guest::{
+    stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
+};
+pub use types::{
+    BootFrom, Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
+};
