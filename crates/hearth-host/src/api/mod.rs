@@ -22,7 +22,10 @@
 //! | `GET /v1/vms/{id}/info`                  | the guest's `GuestInfo`              |
 //! | `GET /v1/vms/{id}/tcp?port=`             | WebSocket of binary frames to a guest port |
 
+mod fence;
 mod vms;
+
+pub use fence::CommandCheck;
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
@@ -51,12 +54,20 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Deadline of a guest operation that answers with a single reply.
 const GUEST_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The API's routes over `host`.
+/// The API's routes over `host`, unsigned (loopback only).
 pub fn router(host: Arc<Host>) -> Router {
+    router_checked(host, CommandCheck(None))
+}
+
+/// The API's routes over `host`, each request checked by `check`.
+pub fn router_checked(host: Arc<Host>, check: CommandCheck) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/vms", post(vms::create).get(vms::list))
-        .route("/v1/vms/{id}", get(vms::get).delete(vms::delete))
+        .route(
+            "/v1/vms/{id}",
+            get(vms::get).put(vms::create_at).delete(vms::delete),
+        )
         .route("/v1/vms/{id}/pause", post(vms::pause))
         .route("/v1/vms/{id}/resume", post(vms::resume))
         .route("/v1/vms/{id}/stop", post(vms::stop))
@@ -66,6 +77,7 @@ pub fn router(host: Arc<Host>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(host)
+        .layer(axum::middleware::from_fn_with_state(check, fence::check))
 }
 
 /// Serves the API on `listener` until `shutdown` resolves; requests still
@@ -73,6 +85,16 @@ pub fn router(host: Arc<Host>) -> Router {
 /// WebSocket sessions end with the process.
 pub async fn serve(
     host: Arc<Host>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_checked(host, CommandCheck(None), listener, shutdown).await
+}
+
+/// [`serve`], every request but `/healthz` checked by `check`.
+pub async fn serve_checked(
+    host: Arc<Host>,
+    check: CommandCheck,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -90,7 +112,7 @@ pub async fn serve(
         shutdown.await;
         let _ = fired_tx.send(());
     };
-    let server = axum::serve(listener, router(host))
+    let server = axum::serve(listener, router_checked(host, check))
         .with_graceful_shutdown(signal)
         .into_future();
     let grace = async move {

@@ -28,6 +28,23 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, Json(vm.record())).into_response())
 }
 
+/// `PUT /v1/vms/{id}`: creates the VM with that id (the form signed
+/// commands use, so the command names the VM it creates).
+pub(super) async fn create_at(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    JsonBody(mut req): JsonBody<CreateVm>,
+) -> Result<Response, ApiError> {
+    if req.id.is_some_and(|body_id| body_id != id) {
+        return Err(ApiError::validation(
+            "the body names another VM than the path",
+        ));
+    }
+    req.id = Some(id);
+    let vm = detached(async move { host.create_vm(req).await }).await?;
+    Ok((StatusCode::CREATED, Json(vm.record())).into_response())
+}
+
 pub(super) async fn list(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "vms": host.list() }))
 }
