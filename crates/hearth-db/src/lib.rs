@@ -22,6 +22,7 @@
 //! tests: a temporary SQLite file and a throwaway PostgreSQL cluster.
 
 mod error;
+mod fleet;
 mod hosts;
 mod migrate;
 mod model;
@@ -43,6 +44,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use error::{DbError, QuotaKind};
+pub use fleet::{KeyOwnerKind, LeaderLease, Leadership, NewSigningKey, SigningKeyRow};
 pub use model::*;
 pub use snapshots::{dangling_tag, is_published_tag};
 pub use time::Timestamp;

@@ -50,6 +50,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0005_workspace_secrets.sql"),
         postgres: include_str!("../migrations/postgres/0005_workspace_secrets.sql"),
     },
+    Migration {
+        version: 6,
+        name: "fleet",
+        sqlite: include_str!("../migrations/sqlite/0006_fleet.sql"),
+        postgres: include_str!("../migrations/postgres/0006_fleet.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.
