@@ -87,10 +87,11 @@ fn host_agent_kill_9_leaves_no_orphans_and_restart_accounts_for_every_vm() {
 
     let mut vms = Vec::new();
     for _ in 0..2 {
+        let id = uuid::Uuid::now_v7().simple().to_string();
         let (status, vm) = http(
             port,
-            "POST",
-            "/v1/vms",
+            "PUT",
+            &format!("/v1/vms/{id}"),
             r#"{"image":"busybox","memory":268435456}"#,
         );
         assert_eq!(status, 201, "{vm}");

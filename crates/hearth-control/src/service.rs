@@ -390,8 +390,8 @@ impl Control {
             };
             let result = match how {
                 Boot::Create => host.create_vm(create).await.map(drop),
-                Boot::Start => match host.get_vm(vm).await {
-                    Ok(_) => host.start_vm(vm, resize).await.map(drop),
+                Boot::Start => match host.get_vm(vm, row.generation).await {
+                    Ok(_) => host.start_vm(vm, row.generation, resize).await.map(drop),
                     // This host has no record of it (another host ran it,
                     // or its local state was lost): a persistent disk comes
                     // back from the store.
@@ -409,7 +409,7 @@ impl Control {
             let booted = result.is_ok();
             if !control.finish_boot(&row, result).await && booted {
                 // The sandbox moved on (deleted, stopped) while booting.
-                if let Err(e) = host.delete_vm(vm).await {
+                if let Err(e) = host.delete_vm(vm, row.generation).await {
                     tracing::warn!(sandbox = %row.id, error = %e, "cannot remove a VM that booted too late");
                 }
             }
@@ -551,7 +551,7 @@ impl Control {
         let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) else {
             return;
         };
-        match host.set_network(vm_id(row.id), net).await {
+        match host.set_network(vm_id(row.id), row.generation, net).await {
             Ok(()) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => {
@@ -578,7 +578,7 @@ impl Control {
             .await;
         self.bump();
         if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
-            match host.delete_vm(vm_id(row.id)).await {
+            match host.delete_vm(vm_id(row.id), row.generation).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => {
@@ -620,7 +620,7 @@ impl Control {
             let how = StopVm {
                 save_memory: row.preserve_memory_on_stop && row.status == SandboxStatus::Ready,
             };
-            match host.stop_vm(vm_id(row.id), how).await {
+            match host.stop_vm(vm_id(row.id), row.generation, how).await {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => {
@@ -692,7 +692,7 @@ impl Control {
             // A different host: the old one's copy is stale; it forgets
             // it (the store keeps the disk for the new host).
             if let Some(old) = row.host_id.and_then(|h| self.hosts.get(&h)) {
-                if let Err(e) = old.forget_vm(vm_id(row.id)).await {
+                if let Err(e) = old.forget_vm(vm_id(row.id), placed.generation).await {
                     tracing::warn!(sandbox = %row.id, error = %e, "the previous host could not drop its copy");
                 }
             }
@@ -754,7 +754,7 @@ impl Control {
             .and_then(|h| self.hosts.get(&h))
             .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
         let guest = host
-            .guest(vm_id(row.id))
+            .guest(vm_id(row.id), row.generation)
             .await
             .map_err(|_| ApiError::sandbox_not_ready(&row.name))?;
         self.touch(&row).await;
@@ -891,7 +891,7 @@ impl Control {
                 let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
                 if !known {
                     tracing::info!(vm = %rec.id, "removing a vm with no sandbox");
-                    if let Err(e) = host.delete_vm(rec.id).await {
+                    if let Err(e) = host.delete_vm(rec.id, rec.fence).await {
                         tracing::warn!(vm = %rec.id, error = %e, "cannot remove a vm with no sandbox");
                     }
                 }

@@ -87,12 +87,12 @@ impl Control {
         self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
         let include_memory = req.include_memory;
-        let (vm, building) = (vm_id(row.id), snap.clone());
+        let (vm, building, generation) = (vm_id(row.id), snap.clone(), row.generation);
         tokio::spawn(async move {
             let result = match control.hosts.get(&host_id) {
                 Some(host) => {
                     let volume = building.volume.clone().unwrap_or_default();
-                    host.capture(vm, &volume, include_memory)
+                    host.capture(vm, generation, &volume, include_memory)
                         .await
                         .map_err(|e| e.message)
                 }

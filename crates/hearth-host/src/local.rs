@@ -12,7 +12,9 @@ use hearth_types::{ByteSize, VmId};
 
 use crate::host::{error_chain, Host, HostError};
 
-/// A [`Host`] driven through [`HostApi`].
+/// A [`Host`] driven through [`HostApi`]. In one process the control
+/// plane's word is the only one, so the fences are not checked here; a
+/// remote host checks them on its API (`api/fence.rs`).
 #[derive(Clone)]
 pub struct InProcessHost(pub Arc<Host>);
 
@@ -47,14 +49,15 @@ impl HostApi for InProcessHost {
         }
     }
 
-    async fn start_vm(&self, id: VmId, resize: Resize) -> HostResult<VmRecord> {
+    async fn start_vm(&self, id: VmId, fence: u64, mut resize: Resize) -> HostResult<VmRecord> {
+        resize.fence = Some(fence);
         match self.0.start_vm_with(id, resize).await {
             Ok(vm) => Ok(vm.record()),
             Err(e) => Err(self.error(e)),
         }
     }
 
-    async fn stop_vm(&self, id: VmId, how: StopVm) -> HostResult<VmRecord> {
+    async fn stop_vm(&self, id: VmId, _fence: u64, how: StopVm) -> HostResult<VmRecord> {
         let stopped = if how.save_memory {
             self.0.stop_saving_memory(id).await
         } else {
@@ -63,19 +66,19 @@ impl HostApi for InProcessHost {
         stopped.map_err(|e| self.error(e))
     }
 
-    async fn delete_vm(&self, id: VmId) -> HostResult<()> {
+    async fn delete_vm(&self, id: VmId, _fence: u64) -> HostResult<()> {
         self.0.delete(id).await.map_err(|e| self.error(e))
     }
 
-    async fn forget_vm(&self, id: VmId) -> HostResult<()> {
+    async fn forget_vm(&self, id: VmId, _fence: u64) -> HostResult<()> {
         self.0.forget(id).await.map_err(|e| self.error(e))
     }
 
-    async fn set_network(&self, id: VmId, net: SandboxNet) -> HostResult<()> {
+    async fn set_network(&self, id: VmId, _fence: u64, net: SandboxNet) -> HostResult<()> {
         self.0.set_network(id, net).await.map_err(|e| self.error(e))
     }
 
-    async fn get_vm(&self, id: VmId) -> HostResult<VmRecord> {
+    async fn get_vm(&self, id: VmId, _fence: u64) -> HostResult<VmRecord> {
         self.0
             .get(id)
             .map(|vm| vm.record())
@@ -86,7 +89,13 @@ impl HostApi for InProcessHost {
         Ok(self.0.list())
     }
 
-    async fn capture(&self, id: VmId, volume: &str, include_memory: bool) -> HostResult<Captured> {
+    async fn capture(
+        &self,
+        id: VmId,
+        _fence: u64,
+        volume: &str,
+        include_memory: bool,
+    ) -> HostResult<Captured> {
         self.0
             .capture(id, volume, include_memory)
             .await
@@ -131,7 +140,7 @@ impl HostApi for InProcessHost {
         })
     }
 
-    async fn guest(&self, id: VmId) -> HostResult<GuestClient> {
+    async fn guest(&self, id: VmId, _fence: u64) -> HostResult<GuestClient> {
         self.0.guest(id).map_err(|e| self.error(e))
     }
 }

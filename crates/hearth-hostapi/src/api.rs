@@ -111,24 +111,36 @@ pub struct HostStatus {
 }
 
 /// The host agent's commands, as the control plane sees them.
+///
+/// Every command about one VM carries `fence`, the sandbox's placement
+/// generation as the control plane knows it: a remote host refuses a
+/// command older than the generation it holds, so a stale or replayed
+/// decision never acts (see `hearth-fence`).
 #[async_trait]
 pub trait HostApi: Send + Sync {
-    /// Boots a new VM (or one whose record this host lost: `existing`).
+    /// Boots a new VM (or one whose record this host lost: `existing`), at
+    /// generation `req.fence`.
     async fn create_vm(&self, req: CreateVm) -> HostResult<VmRecord>;
-    /// Starts a stopped VM, applying `resize`.
-    async fn start_vm(&self, id: VmId, resize: Resize) -> HostResult<VmRecord>;
-    async fn stop_vm(&self, id: VmId, how: StopVm) -> HostResult<VmRecord>;
+    /// Starts a stopped VM at generation `fence`, applying `resize`.
+    async fn start_vm(&self, id: VmId, fence: u64, resize: Resize) -> HostResult<VmRecord>;
+    async fn stop_vm(&self, id: VmId, fence: u64, how: StopVm) -> HostResult<VmRecord>;
     /// Stops the VM and removes it, its disk included.
-    async fn delete_vm(&self, id: VmId) -> HostResult<()>;
+    async fn delete_vm(&self, id: VmId, fence: u64) -> HostResult<()>;
     /// Drops this host's copy (the VM moved; its stored disk stays).
-    async fn forget_vm(&self, id: VmId) -> HostResult<()>;
+    async fn forget_vm(&self, id: VmId, fence: u64) -> HostResult<()>;
     /// A new egress policy and environment, applied at once.
-    async fn set_network(&self, id: VmId, net: SandboxNet) -> HostResult<()>;
-    async fn get_vm(&self, id: VmId) -> HostResult<VmRecord>;
+    async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()>;
+    async fn get_vm(&self, id: VmId, fence: u64) -> HostResult<VmRecord>;
     async fn list_vms(&self) -> HostResult<Vec<VmRecord>>;
     /// Commits the VM's disk (and, with `include_memory`, its memory) as
     /// the snapshot volume `volume`.
-    async fn capture(&self, id: VmId, volume: &str, include_memory: bool) -> HostResult<Captured>;
+    async fn capture(
+        &self,
+        id: VmId,
+        fence: u64,
+        volume: &str,
+        include_memory: bool,
+    ) -> HostResult<Captured>;
     async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage>;
     /// Removes a deleted snapshot's data.
     async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()>;
@@ -136,5 +148,5 @@ pub trait HostApi: Send + Sync {
     /// The VM's guest agent: typed operations over guest streams (exec,
     /// files, search, TCP). Hosts expose guest streams, not LangSmith's
     /// protocol, which the control plane speaks.
-    async fn guest(&self, id: VmId) -> HostResult<GuestClient>;
+    async fn guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient>;
 }

@@ -10,10 +10,14 @@
 //!   whether the mux runs over the VM's serial port (on the host) or over
 //!   a WebSocket to a remote host.
 //!
+//! - [`RemoteHost`]: a host elsewhere, over its private HTTP API with
+//!   signed commands, and its guest streams over a WebSocket.
+//!
 //! `hearth-control` depends on this crate and never on `hearth-host`.
 
 pub mod api;
 pub mod guest;
+pub mod remote;
 pub mod types;
 
 pub use api::{
@@ -22,6 +26,7 @@ pub use api::{
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
 };
+pub use remote::RemoteHost;
 pub use types::{
     BootFrom, Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
 };

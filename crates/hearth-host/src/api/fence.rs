@@ -54,13 +54,6 @@ pub async fn check(State(check): State<CommandCheck>, req: Request, next: Next) 
             .into_response()
         }
     };
-    if parts.method == axum::http::Method::POST && parts.uri.path() == "/v1/vms" {
-        // A signed create names its VM, so the command is fenced on it.
-        return refused(
-            "unnamed_create",
-            "signed creates name their VM: PUT /v1/vms/{id}",
-        );
-    }
     let action = hearth_fence::action(parts.method.as_str(), parts.uri.path());
     let verified = match verifier.verify(&token, &action, &bytes, hearth_fence::now_ms()) {
         Ok(v) => v,

@@ -1,28 +1,31 @@
-//! The host agent's private HTTP + WebSocket API, served on loopback to the
-//! control plane and to `hearth` commands.
-//!
-//! Handlers only parse requests and call [`Host`] and
-//! [`GuestClient`](crate::GuestClient) methods; the logic lives in those
-//! types. Every failure, including every rejected request, is answered with
-//! LangSmith's error envelope:
+//! The host agent's private HTTP + WebSocket API: exactly the commands of
+//! [`hearth_hostapi::HostApi`], which a remote control plane drives
+//! (`hearth_hostapi::remote`). With a verifier each request must carry a
+//! signed command (`fence.rs`). Every failure is answered with LangSmith's
+//! error envelope whose `error` is the host's error kind:
 //!
 //! ```text
-//! {"detail": {"error": "<Type>", "error_id": "<uuid>", "message": "…"}}
+//! {"detail": {"error": "not_found", "error_id": "<uuid>", "message": "…"}}
 //! ```
 //!
-//! Routes:
-//!
-//! | method and path                          | answer                               |
+//! | method and path                          | command                              |
 //! |------------------------------------------|--------------------------------------|
-//! | `GET /healthz`                           | `{"status":"ok","accel":"tcg"}`      |
-//! | `POST /v1/vms`                           | 201 + `VmRecord` once ready          |
+//! | `GET /healthz`                           | `{"status":"ok","accel":"tcg"}` (never signed) |
+//! | `GET /v1/status`                         | `HostStatus`                         |
 //! | `GET /v1/vms`                            | `{"vms":[VmRecord…]}`                |
+//! | `PUT /v1/vms/{id}` (`CreateVm`)          | 201 + `VmRecord` once ready          |
 //! | `GET`, `DELETE /v1/vms/{id}`             | `VmRecord`; 204                      |
-//! | `POST /v1/vms/{id}/{pause,resume,stop,kill}` | `VmRecord`                       |
-//! | `GET /v1/vms/{id}/info`                  | the guest's `GuestInfo`              |
-//! | `GET /v1/vms/{id}/tcp?port=`             | WebSocket of binary frames to a guest port |
+//! | `POST /v1/vms/{id}/start` (`Resize`)     | `VmRecord`                           |
+//! | `POST /v1/vms/{id}/stop` (`StopVm`)      | `VmRecord`                           |
+//! | `POST /v1/vms/{id}/forget`               | 204                                  |
+//! | `PUT /v1/vms/{id}/network` (`SandboxNet`) | 204                                 |
+//! | `POST /v1/vms/{id}/capture`              | `Captured`                           |
+//! | `GET /v1/vms/{id}/guest`                 | WebSocket: the guest streams (`guest_relay.rs`) |
+//! | `POST /v1/images/import` (`ImportImage`) | `ImportedImage`                      |
+//! | `POST /v1/snapshots/delete` (`Captured`) | 204                                  |
 
 mod fence;
+mod guest_relay;
 mod vms;
 
 pub use fence::CommandCheck;
@@ -37,7 +40,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use hearth_guest_proto::{MuxError, OpErrorKind};
@@ -51,8 +54,6 @@ use crate::host::{error_chain, Host, HostError};
 pub const JSON_LIMIT: usize = 1024 * 1024;
 /// After the shutdown signal, how long open requests may still finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// Deadline of a guest operation that answers with a single reply.
-const GUEST_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The API's routes over `host`, unsigned (loopback only).
 pub fn router(host: Arc<Host>) -> Router {
@@ -63,17 +64,20 @@ pub fn router(host: Arc<Host>) -> Router {
 pub fn router_checked(host: Arc<Host>, check: CommandCheck) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/v1/vms", post(vms::create).get(vms::list))
+        .route("/v1/status", get(vms::status))
+        .route("/v1/vms", get(vms::list))
         .route(
             "/v1/vms/{id}",
-            get(vms::get).put(vms::create_at).delete(vms::delete),
+            get(vms::get).put(vms::create).delete(vms::delete),
         )
-        .route("/v1/vms/{id}/pause", post(vms::pause))
-        .route("/v1/vms/{id}/resume", post(vms::resume))
+        .route("/v1/vms/{id}/start", post(vms::start))
         .route("/v1/vms/{id}/stop", post(vms::stop))
-        .route("/v1/vms/{id}/kill", post(vms::kill))
-        .route("/v1/vms/{id}/info", get(vms::info))
-        .route("/v1/vms/{id}/tcp", get(vms::tcp))
+        .route("/v1/vms/{id}/forget", post(vms::forget))
+        .route("/v1/vms/{id}/network", put(vms::network))
+        .route("/v1/vms/{id}/capture", post(vms::capture))
+        .route("/v1/vms/{id}/guest", get(vms::guest))
+        .route("/v1/images/import", post(vms::import))
+        .route("/v1/snapshots/delete", post(vms::delete_snapshot))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(host)
@@ -267,32 +271,6 @@ fn ws_rejection(e: WebSocketUpgradeRejection) -> ApiError {
     ApiError::new(e.status(), "ValidationError", e.body_text())
 }
 
-/// Runs a host operation as its own task, so a client that disconnects
-/// cannot abandon a boot or a stop half way.
-async fn detached<T: Send + 'static>(
-    op: impl Future<Output = Result<T, HostError>> + Send + 'static,
-) -> Result<T, ApiError> {
-    match tokio::spawn(op).await {
-        Ok(r) => r.map_err(ApiError::from),
-        Err(e) => Err(ApiError::internal(format!("host operation failed: {e}"))),
-    }
-}
-
-/// A guest operation with a single reply, bounded in time.
-async fn guest_call<T>(op: impl Future<Output = Result<T, GuestError>>) -> Result<T, ApiError> {
-    match tokio::time::timeout(GUEST_CALL_TIMEOUT, op).await {
-        Ok(r) => r.map_err(ApiError::from),
-        Err(_) => Err(ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "Timeout",
-            format!(
-                "the guest agent did not answer within {}s",
-                GUEST_CALL_TIMEOUT.as_secs()
-            ),
-        )),
-    }
-}
-
 /// The `{id}` of a route, parsed as a [`VmId`].
 struct VmPath(VmId);
 
@@ -307,19 +285,6 @@ impl<S: Send + Sync> FromRequestParts<S> for VmPath {
         raw.parse::<VmId>()
             .map(VmPath)
             .map_err(|_| ApiError::validation(format!("invalid vm id {raw:?}")))
-    }
-}
-
-/// The query string, parsed as `T`.
-struct Query<T>(T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::try_from_uri(&parts.uri)
-            .map(|q| Query(q.0))
-            .map_err(|e| ApiError::validation(e.body_text()))
     }
 }
 

@@ -1,36 +1,85 @@
-//! VM lifecycle routes, guest info, and the TCP tunnel WebSocket.
+//! The host's commands ([`HostApi`], served through [`InProcessHost`]),
+//! one route each. Errors travel as LangSmith's envelope whose `error` is
+//! the [`ErrorKind`], so a remote client gets back the same
+//! [`HostApiError`] the host produced.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::{SinkExt, StreamExt};
-use hearth_guest_proto::{GuestInfo, Incoming, Stream};
-use hearth_types::VmId;
+use hearth_hostapi::{
+    Captured, CreateVm, ErrorKind, HostApi, HostApiError, HostStatus, ImportImage, ImportedImage,
+    Resize, SandboxNet, StopVm, VmRecord,
+};
+use serde::Deserialize;
 
-use super::{detached, guest_call, no_content, ws_rejection, ApiError, JsonBody, Query, VmPath};
-use crate::host::{CreateVm, Host};
-use crate::vm::VmRecord;
+use super::{no_content, ws_rejection, ApiError, JsonBody, VmPath};
+use crate::host::Host;
+use crate::local::InProcessHost;
 
-/// How long a closing WebSocket waits for the client's close frame.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
-
-pub(super) async fn create(
-    State(host): State<Arc<Host>>,
-    JsonBody(req): JsonBody<CreateVm>,
-) -> Result<Response, ApiError> {
-    let vm = detached(async move { host.create_vm(req).await }).await?;
-    Ok((StatusCode::CREATED, Json(vm.record())).into_response())
+/// The HTTP status of each kind of failure.
+pub(crate) fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::WrongState | ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Refused => StatusCode::FORBIDDEN,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
-/// `PUT /v1/vms/{id}`: creates the VM with that id (the form signed
-/// commands use, so the command names the VM it creates).
-pub(super) async fn create_at(
+/// The name of a kind on the wire (`detail.error`).
+pub(crate) fn kind_name(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::NotFound => "not_found",
+        ErrorKind::WrongState => "wrong_state",
+        ErrorKind::Invalid => "invalid",
+        ErrorKind::Conflict => "conflict",
+        ErrorKind::Unavailable => "unavailable",
+        ErrorKind::Refused => "refused",
+        ErrorKind::Internal => "internal",
+    }
+}
+
+impl From<HostApiError> for ApiError {
+    fn from(e: HostApiError) -> Self {
+        ApiError::new(status_of(e.kind), kind_name(e.kind), e.message)
+    }
+}
+
+fn api(host: Arc<Host>) -> InProcessHost {
+    InProcessHost::new(host)
+}
+
+/// Runs a command as its own task, so a client that disconnects cannot
+/// abandon a boot or a stop half way.
+async fn detached<T: Send + 'static>(
+    op: impl std::future::Future<Output = Result<T, HostApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::spawn(op).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => Err(ApiError::internal(format!("host operation failed: {e}"))),
+    }
+}
+
+pub(super) async fn status(State(host): State<Arc<Host>>) -> Result<Json<HostStatus>, ApiError> {
+    Ok(Json(api(host).status().await?))
+}
+
+pub(super) async fn list(
+    State(host): State<Arc<Host>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let vms = api(host).list_vms().await?;
+    Ok(Json(serde_json::json!({ "vms": vms })))
+}
+
+/// `PUT /v1/vms/{id}`: boots the VM with that id.
+pub(super) async fn create(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
     JsonBody(mut req): JsonBody<CreateVm>,
@@ -41,160 +90,115 @@ pub(super) async fn create_at(
         ));
     }
     req.id = Some(id);
-    let vm = detached(async move { host.create_vm(req).await }).await?;
-    Ok((StatusCode::CREATED, Json(vm.record())).into_response())
-}
-
-pub(super) async fn list(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "vms": host.list() }))
+    let rec = detached(async move { api(host).create_vm(req).await }).await?;
+    Ok((StatusCode::CREATED, Json(rec)).into_response())
 }
 
 pub(super) async fn get(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
 ) -> Result<Json<VmRecord>, ApiError> {
-    Ok(Json(host.get(id)?.record()))
+    Ok(Json(api(host).get_vm(id, 0).await?))
 }
 
 pub(super) async fn delete(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
 ) -> Result<Response, ApiError> {
-    detached(async move { host.delete(id).await }).await?;
+    detached(async move { api(host).delete_vm(id, 0).await }).await?;
     Ok(no_content())
 }
 
-pub(super) async fn pause(
+pub(super) async fn start(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
+    JsonBody(resize): JsonBody<Resize>,
 ) -> Result<Json<VmRecord>, ApiError> {
-    Ok(Json(detached(async move { host.pause(id).await }).await?))
-}
-
-pub(super) async fn resume(
-    State(host): State<Arc<Host>>,
-    VmPath(id): VmPath,
-) -> Result<Json<VmRecord>, ApiError> {
-    Ok(Json(detached(async move { host.resume(id).await }).await?))
+    let fence = resize.fence.unwrap_or(0);
+    Ok(Json(
+        detached(async move { api(host).start_vm(id, fence, resize).await }).await?,
+    ))
 }
 
 pub(super) async fn stop(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
+    JsonBody(how): JsonBody<StopVm>,
 ) -> Result<Json<VmRecord>, ApiError> {
-    Ok(Json(detached(async move { host.stop(id).await }).await?))
+    Ok(Json(
+        detached(async move { api(host).stop_vm(id, 0, how).await }).await?,
+    ))
 }
 
-pub(super) async fn kill(
+pub(super) async fn forget(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
-) -> Result<Json<VmRecord>, ApiError> {
-    Ok(Json(detached(async move { host.kill(id).await }).await?))
+) -> Result<Response, ApiError> {
+    detached(async move { api(host).forget_vm(id, 0).await }).await?;
+    Ok(no_content())
 }
 
-pub(super) async fn info(
+pub(super) async fn network(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
-) -> Result<Json<GuestInfo>, ApiError> {
-    let guest = host.guest(id)?;
-    Ok(Json(guest_call(guest.info()).await?))
+    JsonBody(net): JsonBody<SandboxNet>,
+) -> Result<Response, ApiError> {
+    api(host).set_network(id, 0, net).await?;
+    Ok(no_content())
 }
 
-#[derive(serde::Deserialize)]
-pub(super) struct TcpQuery {
-    port: u16,
+#[derive(Deserialize)]
+pub(super) struct CaptureBody {
+    volume: String,
+    #[serde(default)]
+    include_memory: bool,
 }
 
-/// `GET /v1/vms/{id}/tcp?port=N`: dials the port inside the guest before
-/// upgrading (so a refused connection is an HTTP error), then carries its
-/// bytes in binary frames both ways.
-pub(super) async fn tcp(
+pub(super) async fn capture(
     State(host): State<Arc<Host>>,
     VmPath(id): VmPath,
-    Query(q): Query<TcpQuery>,
+    JsonBody(body): JsonBody<CaptureBody>,
+) -> Result<Json<Captured>, ApiError> {
+    Ok(Json(
+        detached(async move {
+            api(host)
+                .capture(id, 0, &body.volume, body.include_memory)
+                .await
+        })
+        .await?,
+    ))
+}
+
+pub(super) async fn import(
+    State(host): State<Arc<Host>>,
+    JsonBody(req): JsonBody<ImportImage>,
+) -> Result<Json<ImportedImage>, ApiError> {
+    Ok(Json(
+        detached(async move { api(host).import_image(req).await }).await?,
+    ))
+}
+
+pub(super) async fn delete_snapshot(
+    State(host): State<Arc<Host>>,
+    JsonBody(captured): JsonBody<Captured>,
+) -> Result<Response, ApiError> {
+    api(host).delete_snapshot_data(&captured).await?;
+    Ok(no_content())
+}
+
+/// `GET /v1/vms/{id}/guest`: the VM's guest streams over a WebSocket (see
+/// `guest_relay.rs`).
+pub(super) async fn guest(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let ws = ws.map_err(ws_rejection)?;
-    let guest = host.guest(id)?;
-    let stream = guest_call(guest.dial(q.port)).await?;
-    let port = q.port;
+    let guest = api(host).guest(id, 0).await?;
     Ok(ws
+        .max_message_size(super::guest_relay::MAX_MESSAGE)
         .on_failed_upgrade(
-            move |e| tracing::info!(vm = %id, port, error = %e, "tcp websocket upgrade failed"),
+            move |e| tracing::info!(vm = %id, error = %e, "guest websocket upgrade failed"),
         )
-        .on_upgrade(move |socket| tunnel(socket, stream, id, port)))
-}
-
-async fn tunnel(socket: WebSocket, stream: Stream, vm: VmId, port: u16) {
-    let (tx, mut rx) = stream.split();
-    let (mut sink, mut source) = socket.split();
-    // Client → guest. A client close ends its direction (EOF to the port);
-    // WebSocket has no half-close, so it also ends the tunnel.
-    let upstream = async {
-        while let Some(msg) = source.next().await {
-            let data = match msg {
-                Ok(Message::Binary(b)) => b,
-                Ok(Message::Text(t)) => bytes::Bytes::copy_from_slice(t.as_str().as_bytes()),
-                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
-                Ok(Message::Close(_)) | Err(_) => break,
-            };
-            if tx.send_data(data).await.is_err() {
-                return;
-            }
-        }
-        let _ = tx.send_eof();
-    };
-    // Guest → client; the port's EOF closes the WebSocket normally.
-    let downstream = async {
-        loop {
-            let close = match rx.recv().await {
-                Some(Incoming::Data(d)) => {
-                    if sink.send(Message::Binary(d)).await.is_err() {
-                        return false;
-                    }
-                    continue;
-                }
-                Some(Incoming::Ctl(_)) => continue,
-                Some(Incoming::Eof) => CloseFrame {
-                    code: close_code::NORMAL,
-                    reason: "".into(),
-                },
-                msg @ (Some(Incoming::Close(_)) | None) => {
-                    let reason = match msg {
-                        Some(Incoming::Close(Some(r))) => r.message,
-                        _ => "the guest closed the connection".to_owned(),
-                    };
-                    CloseFrame {
-                        code: close_code::ERROR,
-                        reason: truncate_reason(&reason).into(),
-                    }
-                }
-            };
-            let _ = sink.send(Message::Close(Some(close))).await;
-            return true;
-        }
-    };
-    {
-        tokio::pin!(upstream, downstream);
-        tokio::select! {
-            () = &mut upstream => {}
-            closed = &mut downstream => {
-                if closed {
-                    let _ = tokio::time::timeout(CLOSE_WAIT, &mut upstream).await;
-                }
-            }
-        }
-    }
-    // Completes the close handshake when the client started it.
-    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
-    tracing::debug!(vm = %vm, port, "tcp tunnel ended");
-}
-
-/// A close frame's reason must fit in 123 bytes.
-fn truncate_reason(s: &str) -> String {
-    let mut end = s.len().min(120);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
+        .on_upgrade(move |socket| super::guest_relay::relay(socket, guest, id)))
 }

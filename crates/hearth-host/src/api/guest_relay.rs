@@ -1,0 +1,165 @@
+//! `GET /v1/vms/{id}/guest`: a VM's guest streams for a remote control
+//! plane. The WebSocket's binary messages carry a second multiplexed
+//! session (the same frames and credit as the VM's serial port): the
+//! control plane runs the host side of it (its `GuestClient`), this relay
+//! the guest side. Each stream the control plane opens is opened again on
+//! the VM's own channel with the same request and the two are joined, so
+//! backpressure travels end to end. Requests only the host may make
+//! (`Configure`, `Shutdown`) are refused here.
+
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use hearth_guest_proto::{
+    guest_handshake, FrameCodec, Incoming, Mux, OpError, OpErrorKind, Request, Role, Stream,
+    StreamReceiver, StreamSender,
+};
+use hearth_hostapi::GuestClient;
+use hearth_types::VmId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+/// The largest WebSocket message either side sends (a read of the pipe).
+pub const MAX_MESSAGE: usize = 256 * 1024;
+/// How long the control plane may take to say hello.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+pub(super) async fn relay(socket: WebSocket, guest: GuestClient, vm: VmId) {
+    let (ours, theirs) = tokio::io::duplex(MAX_MESSAGE);
+    let pump = tokio::spawn(pump(socket, theirs));
+    let (r, w) = tokio::io::split(ours);
+    let mut reader = FramedRead::new(r, FrameCodec);
+    let mut writer = FramedWrite::new(w, FrameCodec);
+    let version =
+        match tokio::time::timeout(HANDSHAKE, guest_handshake(&mut reader, &mut writer)).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                tracing::info!(vm = %vm, error = %e, "guest relay: no handshake");
+                pump.abort();
+                return;
+            }
+            Err(_) => {
+                tracing::info!(vm = %vm, "guest relay: no hello in time");
+                pump.abort();
+                return;
+            }
+        };
+    let (mux, acceptor) = Mux::start_versioned(Role::Guest, version, reader, writer);
+    let Some(mut acceptor) = acceptor else {
+        pump.abort();
+        return;
+    };
+    loop {
+        tokio::select! {
+            accepted = acceptor.recv() => match accepted {
+                Some((stream, request)) => {
+                    tokio::spawn(relay_stream(guest.clone(), stream, request));
+                }
+                None => break,
+            },
+            reason = guest.closed() => {
+                mux.shutdown(&reason);
+                break;
+            }
+        }
+    }
+    pump.abort();
+    tracing::debug!(vm = %vm, "guest relay ended");
+}
+
+fn refuse(stream: &Stream, kind: OpErrorKind, message: String) {
+    stream.sender.close(Some(&OpError::new(kind, message)));
+}
+
+/// Joins a stream the control plane opened with the same request on the
+/// VM's channel.
+async fn relay_stream(guest: GuestClient, downstream: Stream, request: Bytes) {
+    let req: Request = match serde_json::from_slice(&request) {
+        Ok(r) => r,
+        Err(e) => {
+            return refuse(
+                &downstream,
+                OpErrorKind::BadRequest,
+                format!("invalid request: {e}"),
+            )
+        }
+    };
+    if matches!(req, Request::Shutdown | Request::Configure(_)) {
+        return refuse(
+            &downstream,
+            OpErrorKind::BadRequest,
+            "only the host configures or shuts down its guest".into(),
+        );
+    }
+    let upstream = match guest.mux().open(&req).await {
+        Ok(s) => s,
+        Err(e) => return refuse(&downstream, OpErrorKind::Io, e.to_string()),
+    };
+    let (down_tx, down_rx) = downstream.split();
+    let (up_tx, up_rx) = upstream.split();
+    tokio::select! {
+        () = forward(down_rx, &up_tx) => {}
+        () = forward(up_rx, &down_tx) => {}
+    }
+}
+
+/// Copies what one side receives to the other until the stream ends.
+async fn forward(mut from: StreamReceiver, to: &StreamSender) {
+    while let Some(msg) = from.recv().await {
+        let sent = match msg {
+            Incoming::Data(d) => to.send_data(d).await,
+            Incoming::Ctl(c) => match serde_json::from_slice::<serde_json::Value>(&c) {
+                Ok(v) => to.send_ctl(&v).await,
+                Err(_) => Ok(()),
+            },
+            Incoming::Eof => to.send_eof(),
+            Incoming::Close(reason) => {
+                to.close(reason.as_ref());
+                return;
+            }
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+    to.close(None);
+}
+
+/// WebSocket binary messages ⇄ the pipe the relay's mux runs on.
+async fn pump(socket: WebSocket, io: DuplexStream) {
+    let (mut sink, mut source) = socket.split();
+    let (mut r, mut w) = tokio::io::split(io);
+    let inbound = async {
+        while let Some(Ok(msg)) = source.next().await {
+            match msg {
+                Message::Binary(b) if w.write_all(&b).await.is_err() => break,
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+    };
+    let outbound = async {
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if sink
+                        .send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = sink.close().await;
+    };
+    tokio::select! {
+        () = inbound => {}
+        () = outbound => {}
+    }
+}

@@ -1,0 +1,401 @@
+//! [`RemoteHost`]: a host agent elsewhere on the network, through its
+//! private API (`hearth-host/src/api/`). Every request carries a command
+//! signed for that host, its lease epoch, the VM and its placement
+//! generation (`hearth-fence`); guest streams travel as a second
+//! multiplexed session inside one WebSocket per VM, kept open and reused.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use hearth_types::VmId;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::api::{
+    ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
+};
+use crate::guest::GuestClient;
+use crate::types::{Captured, CreateVm, Resize, SandboxNet, VmRecord};
+
+/// How long one command may take (a create boots a VM; an import pulls an
+/// image).
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long connecting to a host may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest WebSocket message of a guest session.
+const MAX_MESSAGE: usize = 256 * 1024;
+/// How long the guest session's handshake may take.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// A host reached over HTTP.
+pub struct RemoteHost {
+    /// `http://address:port`, no trailing slash.
+    base: String,
+    /// The host's id: the audience its commands are signed for.
+    host_id: String,
+    /// The host's lease epoch (a host that lost its lease comes back with
+    /// a new one; commands for the old one are refused).
+    epoch: AtomicU64,
+    signer: Option<Arc<hearth_fence::Signer>>,
+    http: reqwest::Client,
+    /// Open guest sessions, by VM, with the generation they were opened at.
+    guests: Mutex<HashMap<VmId, (u64, GuestClient)>>,
+}
+
+impl RemoteHost {
+    /// `signer: None` sends unsigned requests (a host serving on loopback
+    /// without a verifier).
+    pub fn new(
+        base: impl Into<String>,
+        host_id: impl Into<String>,
+        epoch: u64,
+        signer: Option<Arc<hearth_fence::Signer>>,
+    ) -> Result<Self, HostApiError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(COMMAND_TIMEOUT)
+            .build()
+            .map_err(|e| HostApiError::new(ErrorKind::Internal, format!("http client: {e}")))?;
+        Ok(Self {
+            base: base.into().trim_end_matches('/').to_owned(),
+            host_id: host_id.into(),
+            epoch: AtomicU64::new(epoch),
+            signer,
+            http,
+            guests: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// The signed-command header value for a request, if this client signs.
+    fn command(
+        &self,
+        method: &str,
+        path: &str,
+        subject: Option<VmId>,
+        fence: u64,
+        body: &[u8],
+    ) -> HostResult<Option<String>> {
+        let Some(signer) = &self.signer else {
+            return Ok(None);
+        };
+        let subject = subject.map(|s| s.to_string());
+        let generation = if subject.is_some() { fence } else { 0 };
+        signer
+            .sign(
+                &self.host_id,
+                self.epoch(),
+                subject.as_deref(),
+                generation,
+                &hearth_fence::action(method, path),
+                body,
+            )
+            .map(Some)
+            .map_err(|e| HostApiError::new(ErrorKind::Internal, format!("sign a command: {e}")))
+    }
+
+    async fn call<B: Serialize + ?Sized>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        subject: Option<VmId>,
+        fence: u64,
+        body: Option<&B>,
+    ) -> HostResult<Bytes> {
+        let body = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| {
+                HostApiError::new(ErrorKind::Internal, format!("encode a command: {e}"))
+            })?,
+            None => Vec::new(),
+        };
+        let token = self.command(method.as_str(), path, subject, fence, &body)?;
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = token {
+            req = req.header(hearth_fence::HEADER_NAME, t);
+        }
+        let resp = req.send().await.map_err(|e| {
+            HostApiError::unavailable(format!("host {} is unreachable: {e}", self.host_id))
+        })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| {
+            HostApiError::unavailable(format!("host {} answer cut short: {e}", self.host_id))
+        })?;
+        if status.is_success() {
+            return Ok(bytes);
+        }
+        Err(error_of(status.as_u16(), &bytes))
+    }
+
+    async fn json<T: DeserializeOwned, B: Serialize + ?Sized>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        subject: Option<VmId>,
+        fence: u64,
+        body: Option<&B>,
+    ) -> HostResult<T> {
+        let bytes = self.call(method, path, subject, fence, body).await?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            HostApiError::new(
+                ErrorKind::Internal,
+                format!("host {} sent an unreadable answer: {e}", self.host_id),
+            )
+        })
+    }
+
+    async fn open_guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient> {
+        let path = format!("/v1/vms/{id}/guest");
+        let url = format!("{}{path}", self.base.replacen("http", "ws", 1));
+        let token = self.command("GET", &path, Some(id), fence, b"")?;
+        let mut req =
+            tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+                url.as_str(),
+            )
+            .map_err(|e| HostApiError::new(ErrorKind::Internal, format!("guest url: {e}")))?;
+        if let Some(t) = token {
+            let value = t.parse().map_err(|_| {
+                HostApiError::new(ErrorKind::Internal, "a command that is not a header value")
+            })?;
+            req.headers_mut().insert(hearth_fence::HEADER_NAME, value);
+        }
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE))
+            .max_frame_size(Some(MAX_MESSAGE));
+        let connect = tokio_tungstenite::connect_async_with_config(req, Some(config), true);
+        let (ws, _) = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(Ok(ok)) => ok,
+            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+                let body = resp.body().clone().unwrap_or_default();
+                return Err(error_of(resp.status().as_u16(), &body));
+            }
+            Ok(Err(e)) => {
+                return Err(HostApiError::unavailable(format!(
+                    "guest session with host {}: {e}",
+                    self.host_id
+                )))
+            }
+            Err(_) => {
+                return Err(HostApiError::unavailable(format!(
+                    "guest session with host {}: no answer in {CONNECT_TIMEOUT:?}",
+                    self.host_id
+                )))
+            }
+        };
+        let (ours, theirs) = tokio::io::duplex(MAX_MESSAGE);
+        tokio::spawn(pump(ws, theirs));
+        let (r, w) = tokio::io::split(ours);
+        GuestClient::handshake(r, w, HANDSHAKE)
+            .await
+            .map_err(|e| HostApiError::unavailable(format!("guest session: {e}")))
+    }
+}
+
+/// A host's refusal, from its envelope (`detail.error` is the kind).
+fn error_of(status: u16, body: &[u8]) -> HostApiError {
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        error: String,
+        message: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        detail: Detail,
+    }
+    match serde_json::from_slice::<Envelope>(body) {
+        Ok(e) => {
+            let kind = match e.detail.error.as_str() {
+                "not_found" => ErrorKind::NotFound,
+                "wrong_state" => ErrorKind::WrongState,
+                "invalid" | "ValidationError" => ErrorKind::Invalid,
+                "conflict" => ErrorKind::Conflict,
+                "unavailable" => ErrorKind::Unavailable,
+                "refused" | "CommandRefused" => ErrorKind::Refused,
+                _ => ErrorKind::Internal,
+            };
+            HostApiError::new(kind, e.detail.message)
+        }
+        Err(_) => HostApiError::new(
+            if status == 503 {
+                ErrorKind::Unavailable
+            } else {
+                ErrorKind::Internal
+            },
+            format!("host answered {status}"),
+        ),
+    }
+}
+
+/// WebSocket binary messages ⇄ the pipe the guest session's mux runs on.
+async fn pump<S>(ws: tokio_tungstenite::WebSocketStream<S>, io: DuplexStream)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (mut sink, mut source) = ws.split();
+    let (mut r, mut w) = tokio::io::split(io);
+    let inbound = async {
+        while let Some(Ok(msg)) = source.next().await {
+            match msg {
+                Message::Binary(b) if w.write_all(&b).await.is_err() => break,
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+    };
+    let outbound = async {
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if sink
+                        .send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = sink.close().await;
+    };
+    tokio::select! {
+        () = inbound => {}
+        () = outbound => {}
+    }
+}
+
+use reqwest::Method;
+
+#[async_trait]
+impl HostApi for RemoteHost {
+    async fn create_vm(&self, req: CreateVm) -> HostResult<VmRecord> {
+        let id = req
+            .id
+            .ok_or_else(|| HostApiError::new(ErrorKind::Invalid, "a remote create names its VM"))?;
+        let path = format!("/v1/vms/{id}");
+        self.json(Method::PUT, &path, Some(id), req.fence, Some(&req))
+            .await
+    }
+
+    async fn start_vm(&self, id: VmId, fence: u64, mut resize: Resize) -> HostResult<VmRecord> {
+        resize.fence = Some(fence);
+        let path = format!("/v1/vms/{id}/start");
+        self.json(Method::POST, &path, Some(id), fence, Some(&resize))
+            .await
+    }
+
+    async fn stop_vm(&self, id: VmId, fence: u64, how: StopVm) -> HostResult<VmRecord> {
+        let path = format!("/v1/vms/{id}/stop");
+        self.json(Method::POST, &path, Some(id), fence, Some(&how))
+            .await
+    }
+
+    async fn delete_vm(&self, id: VmId, fence: u64) -> HostResult<()> {
+        self.guests.lock().map(|mut g| g.remove(&id)).ok();
+        let path = format!("/v1/vms/{id}");
+        self.call::<()>(Method::DELETE, &path, Some(id), fence, None)
+            .await
+            .map(drop)
+    }
+
+    async fn forget_vm(&self, id: VmId, fence: u64) -> HostResult<()> {
+        self.guests.lock().map(|mut g| g.remove(&id)).ok();
+        let path = format!("/v1/vms/{id}/forget");
+        self.call::<()>(Method::POST, &path, Some(id), fence, None)
+            .await
+            .map(drop)
+    }
+
+    async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()> {
+        let path = format!("/v1/vms/{id}/network");
+        self.call(Method::PUT, &path, Some(id), fence, Some(&net))
+            .await
+            .map(drop)
+    }
+
+    async fn get_vm(&self, id: VmId, fence: u64) -> HostResult<VmRecord> {
+        let path = format!("/v1/vms/{id}");
+        self.json::<_, ()>(Method::GET, &path, Some(id), fence, None)
+            .await
+    }
+
+    async fn list_vms(&self) -> HostResult<Vec<VmRecord>> {
+        #[derive(serde::Deserialize)]
+        struct List {
+            vms: Vec<VmRecord>,
+        }
+        let list: List = self
+            .json::<_, ()>(Method::GET, "/v1/vms", None, 0, None)
+            .await?;
+        Ok(list.vms)
+    }
+
+    async fn capture(
+        &self,
+        id: VmId,
+        fence: u64,
+        volume: &str,
+        include_memory: bool,
+    ) -> HostResult<Captured> {
+        let path = format!("/v1/vms/{id}/capture");
+        let body = serde_json::json!({"volume": volume, "include_memory": include_memory});
+        self.json(Method::POST, &path, Some(id), fence, Some(&body))
+            .await
+    }
+
+    async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage> {
+        self.json(Method::POST, "/v1/images/import", None, 0, Some(&req))
+            .await
+    }
+
+    async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()> {
+        self.call(
+            Method::POST,
+            "/v1/snapshots/delete",
+            None,
+            0,
+            Some(captured),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn status(&self) -> HostResult<HostStatus> {
+        self.json::<_, ()>(Method::GET, "/v1/status", None, 0, None)
+            .await
+    }
+
+    async fn guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient> {
+        if let Ok(guests) = self.guests.lock() {
+            if let Some((f, g)) = guests.get(&id) {
+                if *f == fence && !g.mux().is_closed() {
+                    return Ok(g.clone());
+                }
+            }
+        }
+        let guest = self.open_guest(id, fence).await?;
+        if let Ok(mut guests) = self.guests.lock() {
+            guests.insert(id, (fence, guest.clone()));
+        }
+        Ok(guest)
+    }
+}
