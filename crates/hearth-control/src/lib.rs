@@ -142,6 +142,10 @@ impl Control {
                 lease_expires_at: now.plus(cfg.lease),
                 registered_at: now,
                 updated_at: now,
+                epoch: 0,
+                version: env!("CARGO_PKG_VERSION").into(),
+                store_url: String::new(),
+                disk_free: ByteSize(0),
             })
             .await?;
         }

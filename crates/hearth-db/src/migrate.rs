@@ -56,6 +56,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0006_fleet.sql"),
         postgres: include_str!("../migrations/postgres/0006_fleet.sql"),
     },
+    Migration {
+        version: 7,
+        name: "host_leases",
+        sqlite: include_str!("../migrations/sqlite/0007_host_leases.sql"),
+        postgres: include_str!("../migrations/postgres/0007_host_leases.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

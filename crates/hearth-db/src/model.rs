@@ -177,6 +177,16 @@ pub struct HostRow {
     /// Kept from the first registration on upsert.
     pub registered_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The lease epoch: one more at every registration (see
+    /// [`crate::Db::register_host`]).
+    pub epoch: u64,
+    /// The host agent's version.
+    pub version: String,
+    /// The store its disks live in (a sandbox can move to a host with the
+    /// same store).
+    pub store_url: String,
+    /// Free space for new disks, as last reported.
+    pub disk_free: ByteSize,
 }
 
 /// What a host has committed: the sum over its `provisioning` and `ready`

@@ -18,7 +18,48 @@ fn host(lease_ms: i64) -> HostRow {
         lease_expires_at: Timestamp::from_unix_ms(lease_ms),
         registered_at: Timestamp::from_unix_ms(1000),
         updated_at: Timestamp::from_unix_ms(1000),
+        epoch: 0,
+        version: "test".into(),
+        store_url: "file:///store".into(),
+        disk_free: ByteSize::gib(100),
     }
+}
+
+#[tokio::test]
+async fn registrations_start_new_epochs_and_a_lost_lease_is_not_renewed() {
+    each_backend!(|db| {
+        let h = host(10_000);
+        assert_eq!(db.register_host(&h).await.unwrap(), 1);
+        let at = |ms| Timestamp::from_unix_ms(ms);
+        // Renewal at the current epoch, before expiry.
+        assert!(db
+            .renew_lease_at_epoch(h.id, 1, at(5_000), at(15_000), ByteSize::gib(9))
+            .await
+            .unwrap());
+        let row = db.get_host(h.id).await.unwrap();
+        assert_eq!((row.epoch, row.lease_expires_at, row.disk_free), (1, at(15_000), ByteSize::gib(9)));
+        // Another epoch, or after expiry: refused.
+        assert!(!db
+            .renew_lease_at_epoch(h.id, 2, at(6_000), at(16_000), ByteSize::gib(9))
+            .await
+            .unwrap());
+        assert!(!db
+            .renew_lease_at_epoch(h.id, 1, at(15_001), at(25_000), ByteSize::gib(9))
+            .await
+            .unwrap());
+        // Expired and marked down at its epoch; down is never renewed.
+        let expired = db.expired_hosts(at(15_001)).await.unwrap();
+        assert_eq!(expired.iter().map(|h| h.id).collect::<Vec<_>>(), vec![h.id]);
+        assert!(!db.mark_host_down(h.id, 2).await.unwrap());
+        assert!(db.mark_host_down(h.id, 1).await.unwrap());
+        assert!(db.expired_hosts(at(15_001)).await.unwrap().is_empty());
+        // Registering again: a new epoch, ready again.
+        let mut again = host(40_000);
+        again.id = h.id;
+        assert_eq!(db.register_host(&again).await.unwrap(), 2);
+        let row = db.get_host(h.id).await.unwrap();
+        assert_eq!((row.epoch, row.state), (2, HostState::Ready));
+    });
 }
 
 #[tokio::test]
