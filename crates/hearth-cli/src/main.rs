@@ -5,6 +5,7 @@
 mod bench;
 mod client;
 mod doctor;
+mod fleet;
 mod keys;
 mod membench;
 mod progress;
@@ -97,10 +98,27 @@ enum ImageCommand {
 
 #[derive(Subcommand)]
 enum HostCommand {
-    /// Serve the host agent's private API (HTTP + WebSocket) on loopback.
+    /// Serve the host agent's private API (HTTP + WebSocket). Alone, on
+    /// loopback and unsigned; with `--control`, as a member of a fleet:
+    /// registered with the control plane (enrollment token in
+    /// HEARTH_HOST_TOKEN), holding a lease, taking only signed commands.
     Serve {
         #[arg(long, default_value = "127.0.0.1:19190")]
         listen: std::net::SocketAddr,
+        /// The control plane's URL.
+        #[arg(long, env = "HEARTH_CONTROL_URL")]
+        control: Option<String>,
+        /// This host's API as the control plane reaches it (default: the
+        /// listen address).
+        #[arg(long, env = "HEARTH_ADVERTISE")]
+        advertise: Option<String>,
+    },
+    /// Drain this host (the data directory's): it takes no new sandboxes,
+    /// and those it runs are saved (`preserve_memory_on_stop`) or stopped,
+    /// to start on another host when next used. Returns when done.
+    Drain {
+        #[arg(long, env = "HEARTH_CONTROL_URL")]
+        control: String,
     },
 }
 
@@ -376,8 +394,32 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             command,
         } => run::run(cli.data_dir, image, memory, cpus, shell, command).await,
         Command::Host {
-            command: HostCommand::Serve { listen },
+            command: HostCommand::Drain { control },
+        } => fleet::drain(&cli.data_dir, control).await,
+        Command::Host {
+            command:
+                HostCommand::Serve {
+                    listen,
+                    control: Some(control),
+                    advertise,
+                },
         } => {
+            let store = StoreOverrides::default();
+            let network = NetworkFileConfig::default().settings(&cli.data_dir)?;
+            let host = start_host_with(cli.data_dir.clone(), &store, network).await?;
+            fleet::serve(&cli.data_dir, host.clone(), listen, control, advertise).await?;
+            eprintln!("hearth: stopping VMs");
+            host.shutdown().await;
+            Ok(0)
+        }
+        Command::Host {
+            command: HostCommand::Serve { listen, .. },
+        } => {
+            if !listen.ip().is_loopback() {
+                anyhow::bail!(
+                    "an unsigned host API listens on loopback only; give --control to join a fleet"
+                );
+            }
             let host = start_host(cli.data_dir).await?;
             let listener = tokio::net::TcpListener::bind(listen)
                 .await

@@ -31,6 +31,10 @@ pub struct UpArgs {
     /// Skip building the Debian image now (it is built on first use).
     #[arg(long)]
     no_default_image: bool,
+    /// Run no host agent in this process: only remote hosts (`hearth host
+    /// serve --control`, enrolled with HEARTH_HOST_TOKEN) run sandboxes.
+    #[arg(long)]
+    no_local_host: bool,
 }
 
 /// `hearth.toml`: the same settings as the flags.
@@ -101,8 +105,31 @@ fn host_capacity(cfg: &FileConfig) -> anyhow::Result<(MilliCpu, ByteSize)> {
     Ok((cpu, mem))
 }
 
+/// The fleet settings of the environment: `HEARTH_HOST_TOKEN` (remote
+/// hosts may enroll), `HEARTH_HOST_LEASE_TTL_SECONDS`,
+/// `HEARTH_FAILOVER_GRACE_SECONDS`; the control plane signs its commands
+/// to hosts with `<data>/control.key`.
+fn fleet_settings(data_dir: &Path, cfg: &mut ControlConfig) -> anyhow::Result<()> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    cfg.host_token = env(crate::fleet::TOKEN_ENV);
+    if let Some(v) = env("HEARTH_HOST_LEASE_TTL_SECONDS") {
+        let secs: u64 = v.parse().context("HEARTH_HOST_LEASE_TTL_SECONDS")?;
+        cfg.lease = std::time::Duration::from_secs(secs.clamp(2, 3600));
+    }
+    if let Some(v) = env("HEARTH_FAILOVER_GRACE_SECONDS") {
+        let secs: u64 = v.parse().context("HEARTH_FAILOVER_GRACE_SECONDS")?;
+        cfg.failover_grace = std::time::Duration::from_secs(secs.min(3600));
+    }
+    let key = crate::fleet::signing_key(data_dir, "control")?;
+    cfg.signer = Some(std::sync::Arc::new(hearth_fence::Signer::new(
+        key,
+        std::time::Duration::from_secs(60),
+    )));
+    Ok(())
+}
+
 /// The host's id survives restarts, so placement and records stay attached.
-fn host_id(data_dir: &Path) -> anyhow::Result<HostId> {
+pub fn host_id(data_dir: &Path) -> anyhow::Result<HostId> {
     let path = data_dir.join("host-id");
     if let Ok(text) = std::fs::read_to_string(&path) {
         if let Ok(id) = text.trim().parse() {
@@ -131,9 +158,14 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .clone()
         .or(file.public_url.clone())
         .unwrap_or_else(|| format!("http://{listen}"));
-    // What `hearth doctor` checks: stop with its advice, not a stack of errors.
+    // What `hearth doctor` checks: stop with its advice, not a stack of
+    // errors (a control plane without a host needs none of it).
     let env = crate::doctor::Env::new(&data_dir);
-    let checks = tokio::task::spawn_blocking(move || crate::doctor::run_checks(&env)).await?;
+    let checks = if args.no_local_host {
+        Vec::new()
+    } else {
+        tokio::task::spawn_blocking(move || crate::doctor::run_checks(&env)).await?
+    };
     if !crate::doctor::passed(&checks) {
         eprint!("{}", crate::doctor::report(&checks));
         anyhow::bail!("this machine is not ready for Hearth: fix the FAIL lines above (hearth doctor checks again)");
@@ -157,14 +189,19 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         master_key_file: Some(key_file),
         cache_max_bytes: file.cache_max_bytes,
     };
-    let network = file.network.settings(&data_dir)?;
-    let host = crate::start_host_with(data_dir.clone(), &store, network).await?;
-    if !args.no_default_image {
-        host.artifacts(ImageName::Default, crate::progress::reporter())
-            .await
-            .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
-            .context("build the default image")?;
-    }
+    let host = if args.no_local_host {
+        None
+    } else {
+        let network = file.network.settings(&data_dir)?;
+        let host = crate::start_host_with(data_dir.clone(), &store, network).await?;
+        if !args.no_default_image {
+            host.artifacts(ImageName::Default, crate::progress::reporter())
+                .await
+                .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
+                .context("build the default image")?;
+        }
+        Some(host)
+    };
     let db_url = args
         .database_url
         .clone()
@@ -184,32 +221,42 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     if let Some(s) = file.idle_reaper_seconds {
         cfg.reaper_interval = std::time::Duration::from_secs(s.max(1));
     }
-    let host_id = host_id(&data_dir)?;
-    let control = Control::open(
-        db.clone(),
-        cfg,
-        vec![LocalHost {
-            id: host_id,
+    fleet_settings(&data_dir, &mut cfg)?;
+    let local = match &host {
+        Some(host) => vec![LocalHost {
+            id: host_id(&data_dir)?,
             host: std::sync::Arc::new(hearth_host::InProcessHost::new(host.clone())),
             capacity_cpu: cpu,
             capacity_mem: mem,
         }],
-    )
-    .await
-    .context("start the control plane")?;
+        None => Vec::new(),
+    };
+    let control = Control::open(db.clone(), cfg, local)
+        .await
+        .context("start the control plane")?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
     tokio::spawn(control.clone().run_reapers());
     // The one host of `hearth up` is the store's only writer: it collects
-    // its garbage, hourly.
-    tokio::spawn(collect_garbage(host.clone()));
+    // its garbage, hourly. (With remote hosts sharing a store, collection
+    // would race their uploads: not run.)
+    if let Some(host) = &host {
+        if control.cfg.host_token.is_none() {
+            tokio::spawn(collect_garbage(host.clone()));
+        }
+    }
 
     eprintln!();
-    eprintln!(
-        "Hearth is up: {public_url}  (guests run under {})",
-        host.accel()
-    );
+    match &host {
+        Some(host) => eprintln!(
+            "Hearth is up: {public_url}  (guests run under {})",
+            host.accel()
+        ),
+        None => {
+            eprintln!("Hearth's control plane is up: {public_url}  (sandboxes run on remote hosts)")
+        }
+    }
     if first_start {
         let (id, secret) = keys::create_key(
             &db,
@@ -238,7 +285,9 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .context("serve")?;
     eprintln!("[hearth] stopping sandboxes…");
     control.stop_all().await;
-    host.shutdown().await;
+    if let Some(host) = host {
+        host.shutdown().await;
+    }
     eprintln!("[hearth] bye");
     Ok(0)
 }

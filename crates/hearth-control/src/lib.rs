@@ -21,6 +21,7 @@ mod dp;
 mod egress;
 pub mod error;
 mod extract;
+mod fleet;
 mod guard;
 mod links;
 mod list;
@@ -78,6 +79,14 @@ pub struct ControlConfig {
     /// `/metrics` needs an API key (on by default; `hearth up` turns it off
     /// only when it listens on loopback).
     pub metrics_require_key: bool,
+    /// The enrollment token remote hosts register with; `None`: no remote
+    /// hosts (see `fleet.rs`).
+    pub host_token: Option<String>,
+    /// How long after a remote host's lease expired its sandboxes are
+    /// started elsewhere (the host fenced itself before its expiry).
+    pub failover_grace: Duration,
+    /// Signs commands to remote hosts.
+    pub signer: Option<Arc<hearth_fence::Signer>>,
 }
 
 impl Default for ControlConfig {
@@ -95,6 +104,9 @@ impl Default for ControlConfig {
             link_max_ttl: Duration::from_secs(7 * 24 * 3600),
             metrics_require_key: true,
             max_fs_capacity: ByteSize::gib(256),
+            host_token: None,
+            failover_grace: Duration::from_secs(10),
+            signer: None,
         }
     }
 }
@@ -113,6 +125,10 @@ pub struct Control {
     /// Signs and checks download links.
     links: links::LinkKey,
     pub metrics: Metrics,
+    /// Clients of remote hosts (`fleet.rs`).
+    remotes: fleet::Remotes,
+    /// Checks the commands hosts sign (nonces, epochs).
+    host_verifier: hearth_fence::Verifier,
 }
 
 /// A host agent the control plane can drive, with the capacity it offers.
@@ -187,7 +203,13 @@ impl Control {
             placement: tokio::sync::Mutex::new(()),
             links,
             metrics: Metrics::default(),
+            remotes: fleet::Remotes::default(),
+            host_verifier: hearth_fence::Verifier::new(
+                hearth_fence::VerifierConfig::new(fleet::AUDIENCE),
+                hearth_fence::KeyRing::new(),
+            ),
         });
+        control.register_control_key().await?;
         control.reconcile(true).await;
         Ok(control)
     }
@@ -264,6 +286,7 @@ impl Control {
                     .await;
             }
         }
+        self.fail_over(now).await;
         self.reconcile(false).await;
     }
 
@@ -355,6 +378,9 @@ pub fn router(control: Arc<Control>) -> Router {
             workspace_secrets::routes().layer(DefaultBodyLimit::disable()),
         )
         .merge(dataplane)
+        .route("/internal/v1/hosts/register", post(fleet::register))
+        .route("/internal/v1/hosts/{id}/lease", post(fleet::renew))
+        .route("/internal/v1/hosts/{id}/drain", post(fleet::drain))
         .route(
             "/healthz",
             get(|| async { Json(serde_json::json!({"status": "ok"})) }),

@@ -17,6 +17,7 @@ pub struct Metrics {
     created: AtomicU64,
     boot_failed: AtomicU64,
     idle_stopped: AtomicU64,
+    hosts_lost: AtomicU64,
 }
 
 impl Metrics {
@@ -28,6 +29,9 @@ impl Metrics {
     }
     pub fn idle_stopped(&self) {
         self.idle_stopped.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn host_lost(&self) {
+        self.hosts_lost.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -76,6 +80,11 @@ pub async fn render(
             "Sandboxes stopped by their idle timeout.",
             &m.idle_stopped,
         ),
+        (
+            "hearth_hosts_lost_total",
+            "Hosts whose lease expired (their sandboxes failed over).",
+            &m.hosts_lost,
+        ),
     ] {
         let _ = writeln!(
             out,
@@ -107,7 +116,7 @@ pub async fn render(
 /// sandbox id as the API shows it.
 async fn egress_metrics(c: &Control, out: &mut String) {
     let mut rows = Vec::new();
-    for host in c.hosts.values() {
+    for (_, host) in c.live_hosts().await {
         match host.status().await {
             Ok(status) => rows.extend(status.egress),
             Err(e) => tracing::debug!(error = %e, "a host's egress counters are unavailable"),

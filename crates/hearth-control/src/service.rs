@@ -153,56 +153,44 @@ impl Control {
         let now = Timestamp::now();
         let hosts = self.db.list_hosts().await.map_err(db_error)?;
         let loads = self.db.host_load().await.map_err(db_error)?;
-        let mut candidates: Vec<(u64, HostId)> = hosts
-            .iter()
-            .filter(|h| h.state == hearth_db::HostState::Ready && h.lease_expires_at > now)
-            .filter(|h| self.hosts.contains_key(&h.id))
-            .filter_map(|h| {
-                let load = loads.iter().find(|l| l.host_id == h.id);
-                let (used_cpu, used_mem) = load.map_or((0, 0), |l| (l.cpu.0 as u64, l.mem.bytes()));
-                let fits = used_cpu + cpu.0 as u64 <= h.capacity_cpu.0 as u64
-                    && used_mem + mem.bytes() <= h.capacity_mem.bytes();
-                fits.then_some((used_cpu, h.id))
-            })
-            .collect();
-        if let Some(disk) = disk {
-            let before = candidates.len();
-            let mut most_free = 0;
-            let mut room = Vec::with_capacity(candidates.len());
-            for (load, id) in candidates {
-                let free = match self.hosts.get(&id) {
-                    Some(h) => h.status().await.map_or(0, |s| s.disk_available.bytes()),
-                    None => 0,
-                };
-                most_free = most_free.max(free);
-                if disk.bytes() <= free {
-                    room.push((load, id));
-                }
+        let mut views = Vec::with_capacity(hosts.len());
+        for h in &hosts {
+            let local = self.hosts.get(&h.id);
+            if local.is_none() && !crate::fleet::is_remote(h) {
+                // An in-process host of another (or an earlier) server.
+                continue;
             }
-            candidates = room;
-            if before > 0 && candidates.is_empty() {
-                return Err(ApiError::validation(
-                    "fs_capacity_bytes",
-                    format!(
-                        "no host has room for a disk of {disk} (the most free on a host is {})",
-                        hearth_types::ByteSize(most_free)
-                    ),
-                ));
-            }
+            let load = loads.iter().find(|l| l.host_id == h.id);
+            // This process's hosts answer at once; remote ones reported
+            // their free disk with their lease.
+            let disk_free = match (disk, local) {
+                (None, _) => None,
+                (Some(_), Some(host)) => Some(
+                    host.status()
+                        .await
+                        .map_or(ByteSize(0), |s| s.disk_available),
+                ),
+                (Some(_), None) => Some(h.disk_free),
+            };
+            views.push(hearth_fleet::HostView {
+                id: h.id,
+                ready: h.state == hearth_db::HostState::Ready,
+                lease_live: h.lease_expires_at > now,
+                draining: h.state == hearth_db::HostState::Draining,
+                capacity_cpu: h.capacity_cpu,
+                committed_cpu: load.map_or(hearth_types::MilliCpu(0), |l| l.cpu),
+                capacity_mem: h.capacity_mem,
+                committed_mem: load.map_or(ByteSize(0), |l| l.mem),
+                disk_free,
+            });
         }
-        candidates.sort();
-        let Some(&(least, best)) = candidates.first() else {
-            return Err(ApiError::no_hosts());
-        };
-        if let Some(prev) = previous {
-            if let Some(&(load, id)) = candidates.iter().find(|(_, id)| *id == prev) {
-                // "Close to the least loaded": within one vCPU.
-                if load <= least + 1000 {
-                    return Ok(id);
-                }
+        let req = hearth_fleet::PlacementRequest { cpu, mem, disk };
+        hearth_fleet::place(&views, &req, previous).map_err(|e| match e {
+            hearth_fleet::PlacementError::NoHosts => ApiError::no_hosts(),
+            e @ hearth_fleet::PlacementError::DiskTooLarge { .. } => {
+                ApiError::validation("fs_capacity_bytes", e.to_string())
             }
-        }
-        Ok(best)
+        })
     }
 
     pub async fn create(
@@ -360,7 +348,7 @@ impl Control {
     ) {
         let control = self.clone();
         tokio::spawn(async move {
-            let Some(host) = control.hosts.get(&host_id).cloned() else {
+            let Some(host) = control.host(host_id).await else {
                 control
                     .finish_boot(&row, Err(format!("host {host_id} is not reachable")))
                     .await;
@@ -548,7 +536,10 @@ impl Control {
     /// a running VM applies at once (the next connection, request and
     /// command); a stopped one gets them again at its next start.
     async fn push_network(&self, row: &SandboxRow, net: SandboxNet) {
-        let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) else {
+        let Some(host_id) = row.host_id else {
+            return;
+        };
+        let Some(host) = self.host(host_id).await else {
             return;
         };
         match host.set_network(vm_id(row.id), row.generation, net).await {
@@ -577,7 +568,11 @@ impl Control {
             )
             .await;
         self.bump();
-        if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
+        let host = match row.host_id {
+            Some(id) => self.host(id).await,
+            None => None,
+        };
+        if let Some(host) = host {
             match host.delete_vm(vm_id(row.id), row.generation).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}
@@ -614,7 +609,11 @@ impl Control {
                 )))
             }
         }
-        if let Some(host) = row.host_id.and_then(|h| self.hosts.get(&h)) {
+        let host = match row.host_id {
+            Some(id) => self.host(id).await,
+            None => None,
+        };
+        if let Some(host) = host {
             // preserve_memory_on_stop: the next start resumes the running
             // processes (only a ready VM has memory worth keeping).
             let how = StopVm {
@@ -691,7 +690,11 @@ impl Control {
         if row.host_id.is_some() && row.host_id != Some(host_id) {
             // A different host: the old one's copy is stale; it forgets
             // it (the store keeps the disk for the new host).
-            if let Some(old) = row.host_id.and_then(|h| self.hosts.get(&h)) {
+            let old = match row.host_id {
+                Some(id) => self.host(id).await,
+                None => None,
+            };
+            if let Some(old) = old {
                 if let Err(e) = old.forget_vm(vm_id(row.id), placed.generation).await {
                     tracing::warn!(sandbox = %row.id, error = %e, "the previous host could not drop its copy");
                 }
@@ -749,10 +752,11 @@ impl Control {
         if row.status != SandboxStatus::Ready {
             return Err(ApiError::sandbox_not_ready(&row.name));
         }
-        let host = row
-            .host_id
-            .and_then(|h| self.hosts.get(&h))
-            .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
+        let host = match row.host_id {
+            Some(id) => self.host(id).await,
+            None => None,
+        }
+        .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
         let guest = host
             .guest(vm_id(row.id), row.generation)
             .await
@@ -789,7 +793,7 @@ impl Control {
     /// recorded as running whose VM is gone is marked, and a VM with no
     /// sandbox is removed.
     pub async fn reconcile(&self, after_restart: bool) {
-        for (host_id, host) in &self.hosts {
+        for (host_id, host) in &self.live_hosts().await {
             // VMs first, then rows: a VM is only ever created after its row,
             // so a VM missing from the later row query really has no sandbox.
             let vms = match host.list_vms().await {
@@ -886,14 +890,29 @@ impl Control {
                     _ => {}
                 }
             }
-            // VMs the database does not know (or has deleted) go away.
+            // VMs the database does not know (or has deleted) go away; a
+            // VM whose sandbox now runs on another host (it failed over,
+            // or moved at a start) is only forgotten here: its disk in the
+            // store is the other host's now.
             for rec in vms {
                 let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
-                if !known {
+                if known {
+                    continue;
+                }
+                let elsewhere = self
+                    .db
+                    .get_sandbox_by_id(hearth_types::SandboxId::from_uuid(rec.id.as_uuid()))
+                    .await
+                    .is_ok();
+                let done = if elsewhere {
+                    tracing::info!(vm = %rec.id, "forgetting a vm whose sandbox moved to another host");
+                    host.forget_vm(rec.id, rec.fence).await
+                } else {
                     tracing::info!(vm = %rec.id, "removing a vm with no sandbox");
-                    if let Err(e) = host.delete_vm(rec.id, rec.fence).await {
-                        tracing::warn!(vm = %rec.id, error = %e, "cannot remove a vm with no sandbox");
-                    }
+                    host.delete_vm(rec.id, rec.fence).await
+                };
+                if let Err(e) = done {
+                    tracing::warn!(vm = %rec.id, error = %e, "cannot clean up a vm with no sandbox here");
                 }
             }
         }

@@ -89,7 +89,7 @@ impl Control {
         let include_memory = req.include_memory;
         let (vm, building, generation) = (vm_id(row.id), snap.clone(), row.generation);
         tokio::spawn(async move {
-            let result = match control.hosts.get(&host_id) {
+            let result = match control.host(host_id).await {
                 Some(host) => {
                     let volume = building.volume.clone().unwrap_or_default();
                     host.capture(vm, generation, &volume, include_memory)
@@ -126,7 +126,7 @@ impl Control {
         if let Some(rc) = &req.run_config {
             rc.validate("run_config")?;
         }
-        let (host_id, host) = self.any_host()?;
+        let (host_id, host) = self.any_host().await?;
         let snap = SnapshotRow {
             labels: req.labels.clone().unwrap_or_default(),
             docker_image: Some(req.docker_image.clone()),
@@ -227,7 +227,7 @@ impl Control {
                 disk_size: snap.fs_capacity,
                 memory: snap.memory_bytes.map(|m| memory_volumes(volume, m)),
             };
-            for (id, host) in &self.hosts {
+            for (id, host) in &self.live_hosts().await {
                 if let Err(e) = host.delete_snapshot_data(&captured).await {
                     // The record is gone; what is left is garbage the
                     // store's GC collects.
@@ -257,11 +257,11 @@ impl Control {
     }
 
     /// Any host (the store is shared, so any of them can import into it).
-    fn any_host(&self) -> Result<(HostId, Arc<dyn HostApi>), ApiError> {
-        self.hosts
-            .iter()
+    async fn any_host(&self) -> Result<(HostId, Arc<dyn HostApi>), ApiError> {
+        self.live_hosts()
+            .await
+            .into_iter()
             .next()
-            .map(|(id, h)| (*id, h.clone()))
             .ok_or_else(ApiError::no_hosts)
     }
 }

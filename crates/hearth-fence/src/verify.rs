@@ -172,6 +172,21 @@ impl Verifier {
         body: &[u8],
         now_ms: u64,
     ) -> Result<Verified, Refusal> {
+        let keys = self.keys();
+        self.verify_with(token, action, body, now_ms, &keys)
+    }
+
+    /// [`Verifier::verify`] against `keys` instead of the verifier's own
+    /// ring: a control plane checks each host's commands against that
+    /// host's keys only, while nonces and generations stay in one place.
+    pub fn verify_with(
+        &self,
+        token: &str,
+        action: &str,
+        body: &[u8],
+        now_ms: u64,
+        keys: &KeyRing,
+    ) -> Result<Verified, Refusal> {
         let decoded = match header::decode(token) {
             Ok(d) => d,
             Err(refusal) => {
@@ -183,7 +198,7 @@ impl Verifier {
                 return Err(refusal);
             }
         };
-        let result = self.check(&decoded, action, body, now_ms);
+        let result = self.check(&decoded, action, body, now_ms, keys);
         if let Err(refusal) = &result {
             let h = &decoded.header;
             tracing::warn!(
@@ -205,13 +220,13 @@ impl Verifier {
         action: &str,
         body: &[u8],
         now_ms: u64,
+        keys: &KeyRing,
     ) -> Result<Verified, Refusal> {
         let h = &decoded.header;
 
         // Who signed it, and is the signature theirs? Nothing below reads a
         // header field before this, and nothing is recorded before every
         // check has passed, so unsigned garbage cannot touch any state.
-        let keys = self.keys();
         let ring_key = keys.get(&h.key_id).ok_or_else(|| Refusal::UnknownKey {
             key_id: h.key_id.clone(),
         })?;

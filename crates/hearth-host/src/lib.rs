@@ -16,6 +16,7 @@
 pub mod api;
 pub mod block;
 pub mod disks;
+pub mod fleet;
 /// The guest client lives in `hearth-hostapi` (the control plane uses it
 /// too); re-exported under its old path.
 pub mod guest {

@@ -16,6 +16,7 @@
 //! `hearth-control` depends on this crate and never on `hearth-host`.
 
 pub mod api;
+pub mod fleet;
 pub mod guest;
 pub mod remote;
 pub mod types;

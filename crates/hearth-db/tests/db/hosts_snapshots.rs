@@ -37,7 +37,10 @@ async fn registrations_start_new_epochs_and_a_lost_lease_is_not_renewed() {
             .await
             .unwrap());
         let row = db.get_host(h.id).await.unwrap();
-        assert_eq!((row.epoch, row.lease_expires_at, row.disk_free), (1, at(15_000), ByteSize::gib(9)));
+        assert_eq!(
+            (row.epoch, row.lease_expires_at, row.disk_free),
+            (1, at(15_000), ByteSize::gib(9))
+        );
         // Another epoch, or after expiry: refused.
         assert!(!db
             .renew_lease_at_epoch(h.id, 2, at(6_000), at(16_000), ByteSize::gib(9))

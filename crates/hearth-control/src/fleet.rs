@@ -1,0 +1,460 @@
+//! Hosts as separate processes (`hearth host serve --control URL`).
+//!
+//! - **Registration** (`POST /internal/v1/hosts/register`): an enrollment
+//!   token (`ControlConfig::host_token`) and a command signed by the host's
+//!   own key, which is recorded in `signing_keys`. Each registration starts
+//!   a new lease epoch; the answer carries the control plane's public keys.
+//! - **Leases** (`POST /internal/v1/hosts/{id}/lease`): signed by the host,
+//!   at its epoch; renewed only while the lease is still held (a lost
+//!   lease is a 409: the host has fenced itself and must register again).
+//! - **Drain** (`POST /internal/v1/hosts/{id}/drain`): the host takes no
+//!   new sandbox; those it runs are stopped (memory saved where asked) and
+//!   start elsewhere on their next use.
+//! - **Failover** ([`Control::fail_over`], from the reapers): a host whose
+//!   lease expired more than `failover_grace` ago is marked down and its
+//!   live sandboxes are started on other hosts from their last committed
+//!   disk; one whose disk was only in that host's own store is `failed`.
+//! - Commands to remote hosts go through [`hearth_hostapi::RemoteHost`],
+//!   signed with this control plane's key for the host's current epoch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hearth_api::ApiError;
+use hearth_db::{
+    HostRow, HostState, KeyOwnerKind, NewSigningKey, SandboxStatus, StatusExtra, Timestamp,
+};
+use hearth_fence::{KeyRing, PublicKey};
+use hearth_hostapi::fleet::{Drained, Lease, RegisterHost, RenewLease, CONTROL_AUDIENCE};
+use hearth_hostapi::{HostApi, RemoteHost};
+use hearth_types::HostId;
+
+use crate::error::{db_error, HttpError, HttpResult};
+use crate::extract::Path;
+use crate::Control;
+
+/// Remote hosts this process has talked to, by id, with the epoch and
+/// address their client was made for.
+#[derive(Default)]
+pub(crate) struct Remotes(Mutex<HashMap<HostId, RemoteEntry>>);
+
+/// A remote host's client, with the epoch and address it was made for.
+type RemoteEntry = (u64, String, Arc<RemoteHost>);
+
+impl Remotes {
+    fn client(
+        &self,
+        row: &HostRow,
+        signer: Option<Arc<hearth_fence::Signer>>,
+    ) -> Option<Arc<RemoteHost>> {
+        let mut map = self.0.lock().ok()?;
+        if let Some((epoch, address, client)) = map.get(&row.id) {
+            if *epoch == row.epoch && *address == row.address {
+                return Some(client.clone());
+            }
+        }
+        let client = match RemoteHost::new(&row.address, row.id.to_string(), row.epoch, signer) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                tracing::error!(host = %row.id, error = %e, "cannot make a client for a host");
+                return None;
+            }
+        };
+        map.insert(row.id, (row.epoch, row.address.clone(), client.clone()));
+        Some(client)
+    }
+}
+
+/// A remote host's address (in-process hosts are recorded as `in-process`).
+pub(crate) fn is_remote(row: &HostRow) -> bool {
+    row.address.starts_with("http://") || row.address.starts_with("https://")
+}
+
+impl Control {
+    /// The host `id`, in this process or remote.
+    pub(crate) async fn host(&self, id: HostId) -> Option<Arc<dyn HostApi>> {
+        if let Some(h) = self.hosts.get(&id) {
+            return Some(h.clone());
+        }
+        let row = self.db.get_host(id).await.ok()?;
+        if !is_remote(&row) || row.state == HostState::Down {
+            return None;
+        }
+        let client = self.remotes.client(&row, self.cfg.signer.clone())?;
+        Some(client)
+    }
+
+    /// Every host that may run something now: this process's, and remote
+    /// ones not marked down.
+    pub(crate) async fn live_hosts(&self) -> Vec<(HostId, Arc<dyn HostApi>)> {
+        let mut out: Vec<(HostId, Arc<dyn HostApi>)> =
+            self.hosts.iter().map(|(id, h)| (*id, h.clone())).collect();
+        if let Ok(rows) = self.db.list_hosts().await {
+            for row in rows
+                .iter()
+                .filter(|r| is_remote(r) && r.state != HostState::Down)
+            {
+                if let Some(c) = self.remotes.client(row, self.cfg.signer.clone()) {
+                    out.push((row.id, c));
+                }
+            }
+        }
+        out
+    }
+
+    /// The control plane's public keys, as hosts receive them.
+    async fn control_keys(&self) -> Vec<String> {
+        match self.db.list_signing_keys(KeyOwnerKind::Control, None).await {
+            Ok(keys) => keys
+                .iter()
+                .filter(|k| k.retired_at.is_none())
+                .filter_map(|k| PublicKey::from_bytes(&k.public_key).ok())
+                .map(|k| k.to_base64())
+                .collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list the control plane's keys");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Records this control plane's signing key, so hosts trust it.
+    pub(crate) async fn register_control_key(&self) -> Result<(), hearth_db::DbError> {
+        let Some(signer) = &self.cfg.signer else {
+            return Ok(());
+        };
+        let public = signer.key().public();
+        self.db
+            .register_signing_key(&NewSigningKey {
+                key_id: public.id().to_string(),
+                owner_kind: KeyOwnerKind::Control,
+                owner_id: "control".into(),
+                public_key: public.bytes(),
+                created_at: Timestamp::now(),
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Checks a command a host signed: by one of its registered keys, for
+    /// the control plane, about itself, at `epoch` (when given).
+    async fn host_command(
+        &self,
+        host: HostId,
+        headers: &HeaderMap,
+        action: &str,
+        body: &[u8],
+    ) -> Result<hearth_fence::Verified, ApiError> {
+        let token = headers
+            .get(hearth_fence::HEADER_NAME)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                ApiError::new(403, "CommandRefused", "missing_command: no signed command")
+            })?;
+        let keys = self
+            .db
+            .list_signing_keys(KeyOwnerKind::Host, Some(&host.to_string()))
+            .await
+            .map_err(db_error)?;
+        let mut ring = KeyRing::new();
+        for k in &keys {
+            if let Ok(public) = PublicKey::from_bytes(&k.public_key) {
+                ring.insert(public, k.retired_at.map(|t| t.unix_ms() as u64));
+            }
+        }
+        // The shared verifier remembers nonces and epochs across hosts;
+        // the ring is this host's keys only, so no host signs for another.
+        let verified = self
+            .host_verifier
+            .verify_with(token, action, body, hearth_fence::now_ms(), &ring)
+            .map_err(|r| ApiError::new(403, "CommandRefused", format!("{}: {r}", r.reason())))?;
+        if verified.subject.as_deref() != Some(host.to_string().as_str()) {
+            return Err(ApiError::new(
+                403,
+                "CommandRefused",
+                "wrong_subject: a host signs only for itself",
+            ));
+        }
+        Ok(verified)
+    }
+
+    fn lease_answer(&self, epoch: u64, expires: Timestamp, keys: Vec<String>) -> Lease {
+        Lease {
+            epoch,
+            expires_at_ms: expires.unix_ms() as u64,
+            ttl_ms: self.cfg.lease.as_millis() as u64,
+            control_keys: keys,
+        }
+    }
+
+    /// Marks hosts whose lease expired more than the failover grace ago
+    /// as down, and starts their sandboxes elsewhere.
+    pub(crate) async fn fail_over(self: &Arc<Self>, now: Timestamp) {
+        let expired = match self
+            .db
+            .expired_hosts(now.minus(self.cfg.failover_grace))
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list expired hosts");
+                return;
+            }
+        };
+        for host in expired.iter().filter(|h| is_remote(h)) {
+            match self.db.mark_host_down(host.id, host.epoch).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(host = %host.id, error = %e, "cannot mark a host down");
+                    continue;
+                }
+            }
+            tracing::warn!(host = %host.id, epoch = host.epoch, "host lease expired: failing its sandboxes over");
+            self.metrics.host_lost();
+            let shared = self.store_is_shared(host).await;
+            let rows = match self.db.sandboxes_on_host(host.id).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(host = %host.id, error = %e, "cannot list a lost host's sandboxes");
+                    continue;
+                }
+            };
+            for row in rows
+                .iter()
+                .filter(|r| matches!(r.status, SandboxStatus::Ready | SandboxStatus::Provisioning))
+            {
+                self.fail_over_sandbox(row, host, shared).await;
+            }
+        }
+    }
+
+    /// Whether another live host uses the lost host's store (so its disks
+    /// can come back there).
+    async fn store_is_shared(&self, lost: &HostRow) -> bool {
+        if lost.store_url.is_empty() {
+            return false;
+        }
+        if !lost.store_url.starts_with("file:") {
+            return true;
+        }
+        let now = Timestamp::now();
+        match self.db.list_hosts().await {
+            Ok(hosts) => hosts.iter().any(|h| {
+                h.id != lost.id && h.store_url == lost.store_url && h.lease_expires_at > now
+            }),
+            Err(_) => false,
+        }
+    }
+
+    async fn fail_over_sandbox(
+        self: &Arc<Self>,
+        row: &hearth_db::SandboxRow,
+        host: &HostRow,
+        shared: bool,
+    ) {
+        let extra = StatusExtra {
+            stopped_at: Some(Some(Timestamp::now())),
+            expect_generation: Some(row.generation),
+            expect_status: vec![SandboxStatus::Ready, SandboxStatus::Provisioning],
+            ..StatusExtra::default()
+        };
+        if !shared && row.persistent {
+            let message = format!(
+                "host {} was lost and the sandbox's disk lived only in its store ({}), which no live host shares; it starts again only if that host comes back",
+                host.id, host.store_url
+            );
+            if let Err(e) = self
+                .db
+                .set_status(row.id, SandboxStatus::Failed, Some(&message), extra)
+                .await
+            {
+                tracing::warn!(sandbox = %row.id, error = %e, "cannot record a lost sandbox");
+            }
+            self.bump();
+            return;
+        }
+        let message = format!(
+            "host {} was lost; restarting on another host from the last committed disk",
+            host.id
+        );
+        let stopped = match self
+            .db
+            .set_status(row.id, SandboxStatus::Stopped, Some(&message), extra)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(sandbox = %row.id, error = %e, "sandbox moved on before failover");
+                return;
+            }
+        };
+        self.bump();
+        match self.start_row(&stopped).await {
+            Ok(_) => tracing::info!(sandbox = %row.id, lost = %host.id, "sandbox failed over"),
+            // Stays stopped, with the message; its next use starts it.
+            Err(e) => {
+                tracing::warn!(sandbox = %row.id, error = %e.message, "failover start refused")
+            }
+        }
+    }
+
+    /// Stops every sandbox on `host` (saving memory where asked); they
+    /// start elsewhere on their next use.
+    async fn drain_host(&self, host: HostId) -> Drained {
+        let mut out = Drained::default();
+        let Ok(rows) = self.db.sandboxes_on_host(host).await else {
+            return out;
+        };
+        for row in rows.iter().filter(|r| r.status == SandboxStatus::Ready) {
+            match self.stop_row(row, Some("the host was drained")).await {
+                Ok(_) if row.preserve_memory_on_stop => out.saved += 1,
+                Ok(_) => out.stopped += 1,
+                Err(e) => {
+                    tracing::warn!(sandbox = %row.id, error = %e.message, "drain: cannot stop");
+                    out.failed += 1;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Constant-time comparison of the enrollment token.
+fn token_matches(given: &str, want: &str) -> bool {
+    let (a, b) = (
+        blake3::hash(given.as_bytes()),
+        blake3::hash(want.as_bytes()),
+    );
+    a == b
+}
+
+pub(crate) async fn register(
+    State(c): State<Arc<Control>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> HttpResult<Response> {
+    let Some(want) = c.cfg.host_token.as_deref() else {
+        return Err(ApiError::forbidden(
+            "this control plane takes no remote hosts (no host token is set)",
+        )
+        .into());
+    };
+    let given = headers
+        .get(hearth_hostapi::fleet::ENROLLMENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if !token_matches(given, want) {
+        return Err(HttpError(ApiError::unauthorized()));
+    }
+    let req: RegisterHost = hearth_api::parse_body(&body)?;
+    let public = PublicKey::from_base64(&req.public_key)
+        .map_err(|e| ApiError::validation("public_key", e.to_string()))?;
+    if !(req.address.starts_with("http://") || req.address.starts_with("https://")) {
+        return Err(ApiError::validation("address", "an http:// or https:// URL").into());
+    }
+    // The registration is signed by the key it registers.
+    let token = headers
+        .get(hearth_fence::HEADER_NAME)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            ApiError::new(403, "CommandRefused", "missing_command: no signed command")
+        })?;
+    let ring = KeyRing::new().with(public.clone(), None);
+    c.host_verifier
+        .verify_with(
+            token,
+            "POST /internal/v1/hosts/register",
+            &body,
+            hearth_fence::now_ms(),
+            &ring,
+        )
+        .map_err(|r| ApiError::new(403, "CommandRefused", format!("{}: {r}", r.reason())))?;
+    c.db.register_signing_key(&NewSigningKey {
+        key_id: public.id().to_string(),
+        owner_kind: KeyOwnerKind::Host,
+        owner_id: req.id.to_string(),
+        public_key: public.bytes(),
+        created_at: Timestamp::now(),
+    })
+    .await
+    .map_err(db_error)?;
+    let now = Timestamp::now();
+    let expires = now.plus(c.cfg.lease);
+    let epoch =
+        c.db.register_host(&HostRow {
+            id: req.id,
+            address: req.address.clone(),
+            state: HostState::Ready,
+            capacity_cpu: req.capacity_cpu,
+            capacity_mem: req.capacity_mem,
+            lease_expires_at: expires,
+            registered_at: now,
+            updated_at: now,
+            epoch: 0,
+            version: req.version.clone(),
+            store_url: req.store_url.clone(),
+            disk_free: req.disk_free,
+        })
+        .await
+        .map_err(db_error)?;
+    tracing::info!(host = %req.id, address = %req.address, epoch, "host registered");
+    c.bump();
+    let keys = c.control_keys().await;
+    Ok(Json(c.lease_answer(epoch, expires, keys)).into_response())
+}
+
+pub(crate) async fn renew(
+    State(c): State<Arc<Control>>,
+    Path(id): Path<HostId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> HttpResult<Response> {
+    let action = format!("POST /internal/v1/hosts/{id}/lease");
+    let verified = c.host_command(id, &headers, &action, &body).await?;
+    let req: RenewLease = hearth_api::parse_body(&body)?;
+    if verified.generation != req.epoch {
+        return Err(ApiError::validation("epoch", "the body's epoch is not the command's").into());
+    }
+    let now = Timestamp::now();
+    let expires = now.plus(c.cfg.lease);
+    let renewed =
+        c.db.renew_lease_at_epoch(id, req.epoch, now, expires, req.disk_free)
+            .await
+            .map_err(db_error)?;
+    if !renewed {
+        return Err(ApiError::conflict(format!(
+            "host {id} no longer holds the lease of epoch {}: fence and register again",
+            req.epoch
+        ))
+        .into());
+    }
+    let keys = c.control_keys().await;
+    Ok(Json(c.lease_answer(req.epoch, expires, keys)).into_response())
+}
+
+pub(crate) async fn drain(
+    State(c): State<Arc<Control>>,
+    Path(id): Path<HostId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> HttpResult<Response> {
+    let action = format!("POST /internal/v1/hosts/{id}/drain");
+    c.host_command(id, &headers, &action, &body).await?;
+    c.db.set_host_state(id, HostState::Draining)
+        .await
+        .map_err(db_error)?;
+    tracing::info!(host = %id, "draining host");
+    let drained = c.drain_host(id).await;
+    tracing::info!(host = %id, saved = drained.saved, stopped = drained.stopped, failed = drained.failed, "host drained");
+    Ok(Json(drained).into_response())
+}
+
+/// The audience hosts sign for; re-exported for the verifier's set-up.
+pub(crate) const AUDIENCE: &str = CONTROL_AUDIENCE;

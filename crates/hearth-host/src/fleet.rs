@@ -1,0 +1,314 @@
+//! The host agent in a fleet (`hearth host serve --control URL`): it
+//! registers with the control plane, renews its lease, and **fences
+//! itself** — kills its VMs and refuses every command — when it cannot
+//! renew before the lease's expiry minus a margin, or is told the lease is
+//! lost. It then registers again, in a new epoch: commands minted for the
+//! old one stay refused.
+//!
+//! The lease is timed with this host's monotonic clock from the moment a
+//! renewal was *sent*: the control plane starts the new term when it
+//! receives it, later, so the host always fences before the control plane
+//! considers the lease expired and fails its sandboxes over.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hearth_fence::{KeyPair, KeyRing, PublicKey, Verifier};
+use hearth_hostapi::fleet::{Drained, Lease, RegisterHost, RenewLease, CONTROL_AUDIENCE};
+use hearth_types::{ByteSize, HostId, MilliCpu};
+
+use crate::host::Host;
+
+/// An epoch no command carries: the fenced host refuses everything.
+pub const FENCED_EPOCH: u64 = u64::MAX;
+
+/// How a host joins a fleet.
+#[derive(Clone)]
+pub struct FleetSettings {
+    /// The control plane's base URL.
+    pub control: String,
+    /// The enrollment token.
+    pub token: String,
+    /// This host's API as the control plane reaches it (`http://ip:port`).
+    pub advertise: String,
+    pub host_id: HostId,
+    pub capacity_cpu: MilliCpu,
+    pub capacity_mem: ByteSize,
+    /// This host's signing key (`<data>/host.key`).
+    pub key: Arc<KeyPair>,
+    /// Fence this long before the lease would expire.
+    pub margin: Duration,
+    /// Where the current epoch is written (`hearth host drain` reads it).
+    pub lease_file: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("control plane unreachable: {0}")]
+    Unreachable(String),
+    #[error("control plane answered {status}: {message}")]
+    Refused { status: u16, message: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A client of the control plane's host endpoints, signing as this host.
+pub struct ControlClient {
+    settings: FleetSettings,
+    http: reqwest::Client,
+    signer: hearth_fence::Signer,
+}
+
+impl ControlClient {
+    pub fn new(settings: FleetSettings) -> Result<Self, FleetError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .timeout(Duration::from_secs(600))
+            .build()
+            .map_err(|e| FleetError::Other(format!("http client: {e}")))?;
+        let signer = hearth_fence::Signer::new((*settings.key).clone(), Duration::from_secs(60));
+        Ok(Self {
+            settings,
+            http,
+            signer,
+        })
+    }
+
+    async fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        subject: Option<&str>,
+        generation: u64,
+        body: &B,
+        timeout: Duration,
+    ) -> Result<T, FleetError> {
+        let body = serde_json::to_vec(body).map_err(|e| FleetError::Other(e.to_string()))?;
+        let token = self
+            .signer
+            .sign(
+                CONTROL_AUDIENCE,
+                0,
+                subject,
+                generation,
+                &hearth_fence::action("POST", path),
+                &body,
+            )
+            .map_err(|e| FleetError::Other(format!("sign: {e}")))?;
+        let resp = self
+            .http
+            .post(format!(
+                "{}{path}",
+                self.settings.control.trim_end_matches('/')
+            ))
+            .header("content-type", "application/json")
+            .header(
+                hearth_hostapi::fleet::ENROLLMENT_HEADER,
+                format!("Bearer {}", self.settings.token),
+            )
+            .header(hearth_fence::HEADER_NAME, token)
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| FleetError::Unreachable(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| FleetError::Unreachable(e.to_string()))?;
+        if !(200..300).contains(&status) {
+            let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v["detail"]["message"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(FleetError::Refused { status, message });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| FleetError::Other(format!("answer: {e}")))
+    }
+
+    pub async fn register(&self, host: &Host) -> Result<Lease, FleetError> {
+        let store_url = match &host.config().storage {
+            crate::host::Storage::Store(s) => s.url.clone(),
+            crate::host::Storage::QcowOverlays => String::new(),
+        };
+        let req = RegisterHost {
+            id: self.settings.host_id,
+            address: self.settings.advertise.clone(),
+            capacity_cpu: self.settings.capacity_cpu,
+            capacity_mem: self.settings.capacity_mem,
+            version: env!("CARGO_PKG_VERSION").into(),
+            store_url,
+            disk_free: disk_free(host),
+            public_key: self.settings.key.public().to_base64(),
+        };
+        self.post(
+            "/internal/v1/hosts/register",
+            None,
+            0,
+            &req,
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    pub async fn renew(
+        &self,
+        host: &Host,
+        epoch: u64,
+        timeout: Duration,
+    ) -> Result<Lease, FleetError> {
+        let id = self.settings.host_id.to_string();
+        let path = format!("/internal/v1/hosts/{id}/lease");
+        let req = RenewLease {
+            epoch,
+            disk_free: disk_free(host),
+        };
+        self.post(&path, Some(&id), epoch, &req, timeout).await
+    }
+
+    /// Asks the control plane to drain this host; returns once it has.
+    pub async fn drain(&self, epoch: u64) -> Result<Drained, FleetError> {
+        let id = self.settings.host_id.to_string();
+        let path = format!("/internal/v1/hosts/{id}/drain");
+        self.post(
+            &path,
+            Some(&id),
+            epoch,
+            &serde_json::json!({}),
+            Duration::from_secs(600),
+        )
+        .await
+    }
+}
+
+fn disk_free(host: &Host) -> ByteSize {
+    ByteSize(
+        host.disk_available()
+            .saturating_sub(crate::disks::DISK_RESERVE),
+    )
+}
+
+/// The control plane's keys as a ring for the host's verifier.
+fn ring(keys: &[String]) -> KeyRing {
+    let mut ring = KeyRing::new();
+    for k in keys {
+        match PublicKey::from_base64(k) {
+            Ok(p) => ring.insert(p, None),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring a control-plane key that does not parse")
+            }
+        }
+    }
+    ring
+}
+
+/// Holds the lease for as long as the process runs: registers, renews,
+/// fences and registers again. `verifier` is the host API's.
+pub async fn hold_lease(host: Arc<Host>, client: ControlClient, verifier: Arc<Verifier>) {
+    verifier.set_epoch(FENCED_EPOCH);
+    loop {
+        // Register (again), with a bounded backoff.
+        let mut backoff = Duration::from_millis(200);
+        let (lease, sent) = loop {
+            let sent = Instant::now();
+            match client.register(&host).await {
+                Ok(lease) => break (lease, sent),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot register with the control plane; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        verifier.set_keys(ring(&lease.control_keys));
+        verifier.set_epoch(lease.epoch);
+        write_lease_file(&client.settings.lease_file, lease.epoch);
+        eprintln!(
+            "hearth host {} registered with {} (lease epoch {}, {} ms)",
+            client.settings.host_id, client.settings.control, lease.epoch, lease.ttl_ms
+        );
+        tracing::info!(
+            epoch = lease.epoch,
+            ttl_ms = lease.ttl_ms,
+            "host registered"
+        );
+        let ttl = Duration::from_millis(lease.ttl_ms.max(1000));
+        let margin = client.settings.margin.min(ttl / 3);
+        // Fence before the lease could have expired on the control plane.
+        let mut deadline = sent + ttl - margin;
+        let period = ttl / 3;
+        // Renewals are timed from when the last one was sent, so a late
+        // answer brings the next one forward.
+        let mut next = sent + period;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::error!(
+                    epoch = lease.epoch,
+                    "lease not renewed in time: fencing this host"
+                );
+                break;
+            }
+            tokio::time::sleep_until(next.min(deadline).into()).await;
+            if Instant::now() >= deadline {
+                tracing::error!(
+                    epoch = lease.epoch,
+                    "lease not renewed in time: fencing this host"
+                );
+                break;
+            }
+            let sent = Instant::now();
+            next = sent + period;
+            let left = deadline.saturating_duration_since(sent);
+            match client
+                .renew(&host, lease.epoch, left.max(Duration::from_millis(100)))
+                .await
+            {
+                Ok(l) => {
+                    deadline = sent + ttl - margin;
+                    verifier.set_keys(ring(&l.control_keys));
+                }
+                Err(FleetError::Refused {
+                    status: 409,
+                    message,
+                }) => {
+                    tracing::error!(%message, "the lease is lost: fencing this host");
+                    break;
+                }
+                Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
+            }
+        }
+        fence(&host, &verifier).await;
+    }
+}
+
+/// Refuses every command and kills every VM; the control plane runs them
+/// elsewhere.
+async fn fence(host: &Host, verifier: &Verifier) {
+    verifier.set_epoch(FENCED_EPOCH);
+    eprintln!("hearth host fenced: its lease was lost; stopping every VM");
+    let vms = host.list();
+    for vm in vms.iter().filter(|v| !v.state.is_terminal()) {
+        if let Err(e) = host.kill(vm.id).await {
+            tracing::warn!(vm = %vm.id, error = %crate::host::error_chain(&e), "fence: cannot kill a VM");
+        }
+    }
+    tracing::warn!(vms = vms.len(), "host fenced");
+}
+
+fn write_lease_file(path: &std::path::Path, epoch: u64) {
+    let tmp = path.with_extension("tmp");
+    let ok = std::fs::write(&tmp, format!("{{\"epoch\":{epoch}}}\n"))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = ok {
+        tracing::warn!(path = %path.display(), error = %e, "cannot record the lease epoch");
+    }
+}
+
+/// The epoch `hold_lease` last recorded (for `hearth host drain`).
+pub fn read_lease_file(path: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["epoch"].as_u64()
+}
