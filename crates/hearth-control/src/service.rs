@@ -291,7 +291,7 @@ impl Control {
             })?;
         drop(placing);
         self.metrics.created();
-        self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create);
+        self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create, None);
         let Some(wait) = plan.wait_for_ready else {
             return self.response(&row);
         };
@@ -345,6 +345,7 @@ impl Control {
         from: Option<BootFrom>,
         net: SandboxNet,
         how: Boot,
+        saved: Option<MemoryVolumes>,
     ) {
         let control = self.clone();
         tokio::spawn(async move {
@@ -367,6 +368,7 @@ impl Control {
                 from,
                 existing: false,
                 network: Some(net.clone()),
+                saved: None,
             };
             // A start applies what a PATCH changed since the last boot.
             let resize = Resize {
@@ -386,6 +388,7 @@ impl Control {
                     Err(e) if e.is_not_found() => host
                         .create_vm(CreateVm {
                             existing: row.persistent,
+                            saved,
                             ..create
                         })
                         .await
@@ -620,7 +623,16 @@ impl Control {
                 save_memory: row.preserve_memory_on_stop && row.status == SandboxStatus::Ready,
             };
             match host.stop_vm(vm_id(row.id), row.generation, how).await {
-                Ok(_) => {}
+                Ok(rec) => {
+                    // Where the memory went, so the next start resumes it
+                    // on whichever host it lands.
+                    if let Some(saved) = rec.saved.as_ref().filter(|_| how.save_memory) {
+                        let json = serde_json::to_string(saved).unwrap_or_default();
+                        if let Err(e) = self.db.put_saved_memory(row.id, &json).await {
+                            tracing::warn!(sandbox = %row.id, error = %e, "cannot record where memory was saved");
+                        }
+                    }
+                }
                 Err(e) if e.is_not_found() => {}
                 Err(e) => {
                     tracing::warn!(sandbox = %row.id, error = %e, "stop vm")
@@ -721,7 +733,24 @@ impl Control {
                 return Err(e);
             }
         };
-        self.spawn_boot(placed.clone(), host_id, image, from, net, Boot::Start);
+        // Memory the last stop saved: consumed by this start, resumed on
+        // the new host when the VM moves (its old host resumes its own).
+        let saved = match self.db.take_saved_memory(row.id).await {
+            Ok(json) => json.and_then(|j| serde_json::from_str::<MemoryVolumes>(&j).ok()),
+            Err(e) => {
+                tracing::warn!(sandbox = %row.id, error = %e, "cannot read where memory was saved; booting cold");
+                None
+            }
+        };
+        self.spawn_boot(
+            placed.clone(),
+            host_id,
+            image,
+            from,
+            net,
+            Boot::Start,
+            saved,
+        );
         Ok(placed)
     }
 

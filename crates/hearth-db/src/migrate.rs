@@ -62,6 +62,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0007_host_leases.sql"),
         postgres: include_str!("../migrations/postgres/0007_host_leases.sql"),
     },
+    Migration {
+        version: 8,
+        name: "saved_memory",
+        sqlite: include_str!("../migrations/sqlite/0008_saved_memory.sql"),
+        postgres: include_str!("../migrations/postgres/0008_saved_memory.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -552,7 +552,39 @@ impl Db {
         Ok(())
     }
 
+    /// Records where the sandbox's last stop saved its memory (JSON of the
+    /// store volumes), replacing any earlier record.
+    pub async fn put_saved_memory(&self, id: SandboxId, volumes: &str) -> Result<(), DbError> {
+        let sql = Sql::new(
+            "INSERT INTO saved_memory (sandbox_id, volumes) VALUES ($1, $2) \
+             ON CONFLICT (sandbox_id) DO UPDATE SET volumes = excluded.volumes",
+        )
+        .arg(id.to_string())
+        .arg(volumes);
+        self.pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend("record saved memory"))?;
+        Ok(())
+    }
+
+    /// Removes and returns the record of the sandbox's saved memory (a
+    /// start consumes it: resumed or not, it no longer matches the disk).
+    pub async fn take_saved_memory(&self, id: SandboxId) -> Result<Option<String>, DbError> {
+        let sql = Sql::new("DELETE FROM saved_memory WHERE sandbox_id = $1 RETURNING volumes")
+            .arg(id.to_string());
+        self.pool
+            .fetch_optional(&sql, |r| r.text("volumes"))
+            .await
+            .map_err(DbError::backend("take saved memory"))
+    }
+
     pub async fn delete_sandbox(&self, id: SandboxId) -> Result<(), DbError> {
+        let forget = Sql::new("DELETE FROM saved_memory WHERE sandbox_id = $1").arg(id.to_string());
+        self.pool
+            .execute(&forget)
+            .await
+            .map_err(DbError::backend("delete sandbox"))?;
         let sql = Sql::new("DELETE FROM sandboxes WHERE id = $1").arg(id.to_string());
         let n = self
             .pool

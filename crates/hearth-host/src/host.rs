@@ -451,7 +451,7 @@ impl Host {
                 boot_ms: None,
                 fence: req.fence,
                 from: req.from.clone(),
-                saved: None,
+                saved: req.saved.clone(),
             },
             dir.clone(),
             run_dir.clone(),

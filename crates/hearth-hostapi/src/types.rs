@@ -129,6 +129,10 @@ pub struct CreateVm {
     /// network); `None` keeps what the host holds, else the default policy.
     #[serde(default)]
     pub network: Option<SandboxNet>,
+    /// Memory an earlier stop saved (on this or another host): the boot
+    /// resumes from it (a cold boot when it cannot).
+    #[serde(default)]
+    pub saved: Option<MemoryVolumes>,
 }
 
 fn default_true() -> bool {
@@ -157,6 +161,7 @@ impl Default for CreateVm {
             from: None,
             existing: false,
             network: None,
+            saved: None,
         }
     }
 }
