@@ -136,3 +136,51 @@ pub async fn drain(data_dir: &Path, control: String) -> anyhow::Result<u8> {
     );
     Ok(if drained.failed == 0 { 0 } else { 1 })
 }
+
+/// The host autoscaler from `HEARTH_AUTOSCALE_*` (LangSmith's knobs), when
+/// `HEARTH_AUTOSCALE_ENABLED` is true. The backend is
+/// `HEARTH_AUTOSCALE_BACKEND`: `command` runs `HEARTH_AUTOSCALE_COMMAND`
+/// (a program and its arguments, split at whitespace, run without a shell)
+/// with `HEARTH_DESIRED_REPLICAS`; `kubernetes` scales the Deployment
+/// `HEARTH_AUTOSCALE_DEPLOYMENT` in `HEARTH_AUTOSCALE_NAMESPACE` through its
+/// `scale` subresource. Hosts are assumed alike, of
+/// `HEARTH_AUTOSCALE_HOST_CPU_MILLICORES` (default 16 vCPU).
+pub async fn autoscale_from_env() -> anyhow::Result<Option<hearth_control::AutoscaleSetup>> {
+    let host_cpu = match env("HEARTH_AUTOSCALE_HOST_CPU_MILLICORES") {
+        Some(v) => MilliCpu(v.parse().context("HEARTH_AUTOSCALE_HOST_CPU_MILLICORES")?),
+        None => MilliCpu(16_000),
+    };
+    let policy = hearth_fleet::AutoscalePolicy::from_env(host_cpu).context("HEARTH_AUTOSCALE_*")?;
+    if !policy.enabled {
+        return Ok(None);
+    }
+    let backend: Arc<dyn hearth_fleet::ScaleBackend> = match env("HEARTH_AUTOSCALE_BACKEND")
+        .as_deref()
+    {
+        Some("command") => {
+            let cmd = env("HEARTH_AUTOSCALE_COMMAND")
+                .context("HEARTH_AUTOSCALE_BACKEND=command needs HEARTH_AUTOSCALE_COMMAND")?;
+            let mut argv = cmd.split_whitespace();
+            let program = argv.next().context("HEARTH_AUTOSCALE_COMMAND is empty")?;
+            Arc::new(hearth_fleet::CommandHook::new(
+                program,
+                argv.map(str::to_owned).collect::<Vec<_>>(),
+                hearth_fleet::CommandHook::DEFAULT_TIMEOUT,
+            ))
+        }
+        Some("kubernetes") => {
+            let name = env("HEARTH_AUTOSCALE_DEPLOYMENT")
+                .context("HEARTH_AUTOSCALE_BACKEND=kubernetes needs HEARTH_AUTOSCALE_DEPLOYMENT")?;
+            let namespace = env("HEARTH_AUTOSCALE_NAMESPACE");
+            let kube = hearth_fleet::KubeDeployment::infer(namespace.as_deref(), &name)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))
+                .context("the Kubernetes scaling backend")?;
+            Arc::new(kube)
+        }
+        other => anyhow::bail!(
+            "HEARTH_AUTOSCALE_BACKEND must be `command` or `kubernetes` (got {other:?})"
+        ),
+    };
+    Ok(Some(hearth_control::AutoscaleSetup { policy, backend }))
+}

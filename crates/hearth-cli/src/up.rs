@@ -107,9 +107,10 @@ fn host_capacity(cfg: &FileConfig) -> anyhow::Result<(MilliCpu, ByteSize)> {
 
 /// The fleet settings of the environment: `HEARTH_HOST_TOKEN` (remote
 /// hosts may enroll), `HEARTH_HOST_LEASE_TTL_SECONDS`,
-/// `HEARTH_FAILOVER_GRACE_SECONDS`; the control plane signs its commands
-/// to hosts with `<data>/control.key`.
-fn fleet_settings(data_dir: &Path, cfg: &mut ControlConfig) -> anyhow::Result<()> {
+/// `HEARTH_FAILOVER_GRACE_SECONDS`, the host autoscaler's
+/// `HEARTH_AUTOSCALE_*`; the control plane signs its commands to hosts
+/// with `<data>/control.key`.
+async fn fleet_settings(data_dir: &Path, cfg: &mut ControlConfig) -> anyhow::Result<()> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     cfg.host_token = env(crate::fleet::TOKEN_ENV);
     if let Some(v) = env("HEARTH_HOST_LEASE_TTL_SECONDS") {
@@ -120,6 +121,7 @@ fn fleet_settings(data_dir: &Path, cfg: &mut ControlConfig) -> anyhow::Result<()
         let secs: u64 = v.parse().context("HEARTH_FAILOVER_GRACE_SECONDS")?;
         cfg.failover_grace = std::time::Duration::from_secs(secs.min(3600));
     }
+    cfg.autoscale = crate::fleet::autoscale_from_env().await?;
     let key = crate::fleet::signing_key(data_dir, "control")?;
     cfg.signer = Some(std::sync::Arc::new(hearth_fence::Signer::new(
         key,
@@ -221,7 +223,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     if let Some(s) = file.idle_reaper_seconds {
         cfg.reaper_interval = std::time::Duration::from_secs(s.max(1));
     }
-    fleet_settings(&data_dir, &mut cfg)?;
+    fleet_settings(&data_dir, &mut cfg).await?;
     let local = match &host {
         Some(host) => vec![LocalHost {
             id: host_id(&data_dir)?,

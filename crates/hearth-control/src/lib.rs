@@ -15,6 +15,7 @@
 //! leases and committed CPU, as it will with many hosts.
 
 pub mod auth;
+mod autoscale;
 mod boxes;
 mod dataplane;
 mod dp;
@@ -46,6 +47,7 @@ use hearth_hostapi::HostApi;
 use hearth_types::{ByteSize, HostId, MilliCpu, SnapshotId};
 use tokio::sync::watch;
 
+pub use autoscale::AutoscaleSetup;
 pub use metrics::Metrics;
 
 /// Settings of the control plane.
@@ -87,6 +89,8 @@ pub struct ControlConfig {
     pub failover_grace: Duration,
     /// Signs commands to remote hosts.
     pub signer: Option<Arc<hearth_fence::Signer>>,
+    /// The host autoscaler (run by the replica holding its lease).
+    pub autoscale: Option<AutoscaleSetup>,
 }
 
 impl Default for ControlConfig {
@@ -107,6 +111,7 @@ impl Default for ControlConfig {
             host_token: None,
             failover_grace: Duration::from_secs(10),
             signer: None,
+            autoscale: None,
         }
     }
 }
@@ -129,6 +134,7 @@ pub struct Control {
     remotes: fleet::Remotes,
     /// Checks the commands hosts sign (nonces, epochs).
     host_verifier: hearth_fence::Verifier,
+    pub(crate) autoscale_state: autoscale::AutoscaleState,
 }
 
 /// A host agent the control plane can drive, with the capacity it offers.
@@ -208,6 +214,7 @@ impl Control {
                 hearth_fence::VerifierConfig::new(fleet::AUDIENCE),
                 hearth_fence::KeyRing::new(),
             ),
+            autoscale_state: autoscale::AutoscaleState::new(),
         });
         control.register_control_key().await?;
         control.reconcile(true).await;
@@ -287,6 +294,7 @@ impl Control {
             }
         }
         self.fail_over(now).await;
+        self.autoscale(now).await;
         self.reconcile(false).await;
     }
 

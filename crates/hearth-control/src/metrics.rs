@@ -109,6 +109,7 @@ pub async fn render(
         }
     }
     egress_metrics(&c, &mut out).await;
+    autoscale_metrics(&c, &mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }
 
@@ -164,5 +165,31 @@ async fn egress_metrics(c: &Control, out: &mut String) {
                 field(m)
             );
         }
+    }
+}
+
+/// The elected autoscaler's last decision (only the leader has one).
+fn autoscale_metrics(c: &Control, out: &mut String) {
+    let Some(d) = c.autoscale_state.last.lock().ok().and_then(|l| l.clone()) else {
+        return;
+    };
+    for (name, help, v) in [
+        (
+            "hearth_host_pool_desired_replicas",
+            "Hosts the autoscaler asked for.",
+            d.desired,
+        ),
+        (
+            "hearth_host_pool_current_replicas",
+            "Hosts the scaling backend reported.",
+            d.current,
+        ),
+        (
+            "hearth_host_pool_target_replicas",
+            "The formula's clamped target, before stabilization.",
+            d.target,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
 }

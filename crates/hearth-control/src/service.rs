@@ -59,13 +59,14 @@ pub(crate) fn spec_of(row: &SandboxRow) -> Result<SandboxSpec, ApiError> {
 }
 
 /// What a boot task is asked to do.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Boot {
     /// A new sandbox: a fresh VM with a fresh disk.
     Create,
     /// A stopped or failed sandbox: boot again from its disk (or fresh, if
-    /// not persistent, or if the host has no trace of it).
-    Start,
+    /// not persistent, or if the host has no trace of it), resuming the
+    /// memory its last stop `saved` when it moves to another host.
+    Start { saved: Option<MemoryVolumes> },
 }
 
 impl Control {
@@ -291,7 +292,7 @@ impl Control {
             })?;
         drop(placing);
         self.metrics.created();
-        self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create, None);
+        self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create);
         let Some(wait) = plan.wait_for_ready else {
             return self.response(&row);
         };
@@ -345,7 +346,6 @@ impl Control {
         from: Option<BootFrom>,
         net: SandboxNet,
         how: Boot,
-        saved: Option<MemoryVolumes>,
     ) {
         let control = self.clone();
         tokio::spawn(async move {
@@ -380,7 +380,7 @@ impl Control {
             };
             let result = match how {
                 Boot::Create => host.create_vm(create).await.map(drop),
-                Boot::Start => match host.get_vm(vm, row.generation).await {
+                Boot::Start { saved } => match host.get_vm(vm, row.generation).await {
                     Ok(_) => host.start_vm(vm, row.generation, resize).await.map(drop),
                     // This host has no record of it (another host ran it,
                     // or its local state was lost): a persistent disk comes
@@ -748,8 +748,7 @@ impl Control {
             image,
             from,
             net,
-            Boot::Start,
-            saved,
+            Boot::Start { saved },
         );
         Ok(placed)
     }
