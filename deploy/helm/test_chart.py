@@ -8,11 +8,20 @@ Needs Python 3 and PyYAML (Debian: python3-yaml); no helm, no cluster.
    why not), and every key of values.yaml has a comment.
 2. rendering: a small renderer for the subset of Go templates the chart
    keeps to (see templates/_helpers.tpl) renders every template for several
-   sets of values; each must give valid YAML, and the objects are checked
-   against what Hearth's design needs (host pool, RBAC, wiring between the
-   control plane and the hosts, secrets). `required` values must fail the
-   render when unset.
-3. helm: when a `helm` binary is on PATH, `helm lint` and `helm template`
+   sets of values (numbers as Helm holds them: float64); each must give
+   valid YAML, and the objects are checked against the fleet as built: the
+   exact environment of each component (the host autoscaler, lease TTL and
+   failover grace on the control plane; store and capacity on the hosts;
+   no database URL on hosts), the control plane's RBAC (scale of the host
+   Deployment, only with autoscaling) and none for hosts, the enrollment
+   token and master key Secrets feeding both, `--control` of `host serve`
+   and of the preStop drain naming the control Service and port, writable
+   data dirs, the host pool's scheduling and rollout. `required` values
+   must fail the render when unset.
+3. code: with the repository's crates next to this script, the names the
+   chart relies on (environment variables, flags, the autoscaler's lists,
+   the Kubernetes backend's calls) are checked against the sources.
+4. helm: when a `helm` binary is on PATH, `helm lint` and `helm template`
    run too and must produce the same objects (kinds and names).
 
 Exit status 0 when everything holds; a summary is printed either way.
@@ -25,6 +34,7 @@ Exit status 0 when everything holds; a summary is printed either way.
 
 import base64
 import copy
+import decimal
 import json
 import re
 import secrets
@@ -59,6 +69,16 @@ REQUIRED_VALUES = {
     "store": {"url": "s3://hearth-test/store?region=us-east-1"},
 }
 
+# The contract of the fleet as the code has it (crates/hearth-cli/src/
+# {main,up,fleet}.rs, crates/hearth-fleet/src/autoscale.rs); when the sources
+# are next to this script, check_sources() holds these names to them.
+REPO = Path(__file__).resolve().parent.parent.parent
+# `hearth --data-dir`'s default (main.rs).
+DEFAULT_DATA_DIR = "/var/lib/hearth"
+
+# The host autoscaler's environment: it runs in the control plane (the
+# replica holding the `autoscaler` lease), never in the hosts. A key of
+# sandboxHost.autoscaling, or None when the chart derives the value.
 AUTOSCALE_ENV = {
     "HEARTH_AUTOSCALE_ENABLED": "enabled",
     "HEARTH_AUTOSCALE_MIN_REPLICAS": "minReplicas",
@@ -66,10 +86,48 @@ AUTOSCALE_ENV = {
     "HEARTH_AUTOSCALE_TARGET_UTILIZATION_PERCENT": "targetUtilizationPercent",
     "HEARTH_AUTOSCALE_HEADROOM_HOSTS": "headroomHosts",
     "HEARTH_AUTOSCALE_SCALE_DOWN_STABILIZATION_SECONDS": "scaleDownStabilizationSeconds",
-    "HEARTH_AUTOSCALE_BACKEND": None,
-    "HEARTH_AUTOSCALE_DEPLOYMENT": None,
-    "HEARTH_AUTOSCALE_NAMESPACE": None,
+    "HEARTH_AUTOSCALE_HOST_CPU_MILLICORES": None,  # sandboxHost.capacity.vcpus × 1000
+    "HEARTH_AUTOSCALE_BACKEND": None,  # kubernetes
+    "HEARTH_AUTOSCALE_DEPLOYMENT": None,  # the host Deployment
+    "HEARTH_AUTOSCALE_NAMESPACE": None,  # the downward API's metadata.namespace
 }
+
+# Exactly the environment of each component (AWS_* only with
+# store.existingSecret). The control plane, run with --no-local-host, never
+# opens the store; hosts never open the database and never run the
+# autoscaler; the lease TTL and failover grace are the control plane's.
+CONTROL_ENV = {
+    "HEARTH_DATABASE_URL",
+    "HEARTH_PUBLIC_URL",
+    "HEARTH_DATA_DIR",
+    "HEARTH_MASTER_KEY_FILE",
+    "HEARTH_HOST_TOKEN",
+    "HEARTH_LOG",
+    "HEARTH_HOST_LEASE_TTL_SECONDS",
+    "HEARTH_FAILOVER_GRACE_SECONDS",
+} | set(AUTOSCALE_ENV)
+HOST_ENV = {
+    "POD_IP",  # --advertise $(POD_IP):port
+    "HEARTH_DATA_DIR",
+    "HEARTH_HOST_TOKEN",
+    "HEARTH_STORE_URL",
+    "HEARTH_MASTER_KEY_FILE",
+    "HEARTH_HOST_CPU_MILLICORES",
+    "HEARTH_HOST_MEMORY",
+    "HEARTH_COMMIT_INTERVAL_SECS",
+    "HEARTH_LOG",
+}
+STORE_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+# What the control plane's ServiceAccount may do when the autoscaler is on:
+# hearth_fleet::KubeDeployment reads and merge-patches the host
+# Deployment's scale subresource, and touches nothing else.
+CONTROL_RBAC = {("apps", "deployments/scale", verb) for verb in ("get", "patch")}
+
+# hearth_types::ByteSize (HEARTH_HOST_MEMORY): digits and one of these
+# units, case-insensitive; Kubernetes' Gi/Mi are not among them.
+BYTE_SIZE = re.compile(r"^\s*\d+\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*$", re.I)
+U32 = 2**32 - 1
 
 HOST_LABEL = "hearth.dev/host"
 
@@ -337,10 +395,68 @@ def go_str(v, where="?"):
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        return str(int(v)) if v.is_integer() else repr(v)
+        return go_float(v)
     if isinstance(v, str):
         return v
     raise TemplateError(f"{where}: printing a {type(v).__name__} ({v!r}); use toYaml")
+
+
+def go_float(v):
+    """Go's %v of a float64 (strconv 'g', shortest): exponent form from
+    1e+06 up and below 1e-04, as Helm prints a number read from values."""
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == 0:
+        return "0"
+    d = decimal.Decimal(repr(v)).normalize()
+    sign, digits, exponent = d.as_tuple()
+    exp = len(digits) + exponent - 1
+    neg = "-" if sign else ""
+    if exp < -4 or exp >= 6:
+        mant = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+        return f"{neg}{mant}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"
+    return neg + format(abs(d), "f")
+
+
+def helm_numbers(v):
+    """Values as Helm holds them: every number of a values file is a float64."""
+    if isinstance(v, dict):
+        return {k: helm_numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [helm_numbers(x) for x in v]
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    return v
+
+
+def json_numbers(v):
+    """What toYaml prints of a float64 that is a whole number (sigs.k8s.io/yaml
+    goes through JSON: 8080, not 8080.0)."""
+    if isinstance(v, dict):
+        return {k: json_numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [json_numbers(x) for x in v]
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e21:
+        return int(v)
+    return v
+
+
+def go_int(v, where):
+    """Sprig's toInt64 of what a template passes to `int` or `mul`."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(float(v)) if v.strip() else 0
+        except ValueError:
+            return 0
+    if v is None:
+        return 0
+    raise TemplateError(f"{where}: cannot make an integer of {v!r}")
 
 
 def go_quote(s):
@@ -384,7 +500,7 @@ def go_printf(fmt, *args, where="?"):
 def to_yaml(v):
     if v is None:
         return "null"
-    return yaml.safe_dump(v, default_flow_style=False, sort_keys=True, allow_unicode=True).rstrip("\n")
+    return yaml.safe_dump(json_numbers(v), default_flow_style=False, sort_keys=True, allow_unicode=True).rstrip("\n")
 
 
 def indent(n, s):
@@ -441,7 +557,16 @@ class Renderer:
                 secrets.choice(string.ascii_letters + string.digits) for _ in range(n)
             ),
             "b64enc": lambda w, s: base64.b64encode(s.encode()).decode(),
+            "int": lambda w, v: go_int(v, w),
+            "mul": lambda w, a, *b: self.mul(w, a, *b),
         }
+
+    @staticmethod
+    def mul(where, a, *b):
+        out = go_int(a, where)
+        for x in b:
+            out *= go_int(x, where)
+        return out
 
     @staticmethod
     def required(where, msg, v):
@@ -588,10 +713,12 @@ class Chart:
         }
 
     def render(self, overrides, lookups=None):
-        """Renders every template; returns ({file: text}, Renderer)."""
+        """Renders every template; returns ({file: text}, Renderer, values).
+        The templates see numbers as Helm does (float64); the values
+        returned keep YAML's integers, for the checks."""
         values = deep_merge(self.values, overrides)
         r = Renderer(self.defines, lookups)
-        dot = self.context(values)
+        dot = self.context(helm_numbers(values))
         out = {}
         for name, nodes in self.files.items():
             out[name] = r.render(nodes, dot, {"$": dot})
@@ -782,10 +909,47 @@ def fullname(values):
     return values["fullnameOverride"] or f"{RELEASE}-{values['nameOverride'] or 'hearth'}"
 
 
+def data_dir_of(args, env):
+    """The data directory a `hearth` command line uses: --data-dir, else
+    HEARTH_DATA_DIR, else the default; and whether the two disagree."""
+    flag = arg_after(args, "--data-dir")
+    var = (env.get("HEARTH_DATA_DIR") or {}).get("value")
+    return flag or var or DEFAULT_DATA_DIR, bool(flag and var and flag != var)
+
+
+def mount_of(ct, path):
+    """The mount of a container a path is on (the deepest), or None."""
+    best = None
+    for m in ct.get("volumeMounts") or []:
+        mp = m["mountPath"].rstrip("/")
+        if path == mp or path.startswith(mp + "/"):
+            if best is None or len(mp) > len(best["mountPath"].rstrip("/")):
+                best = m
+    return best
+
+
+def secret_ref(env, name):
+    return (((env.get(name) or {}).get("valueFrom") or {}).get("secretKeyRef")) or None
+
+
+def value_of(env, name):
+    return (env.get(name) or {}).get("value")
+
+
+def env_str(v):
+    """What an env value of the chart must read for a value of values.yaml."""
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def is_uint(s, top=U32):
+    return isinstance(s, str) and s.isdigit() and int(s) <= top
+
+
 def check_objects(objs, values, c, scenario):
     w = f"[{scenario}]"
     sh = values["sandboxHost"]
     auto = sh["autoscaling"]
+    cap = sh["capacity"]
     image = f"{values['images']['hearth']['repository']}:{values['images']['hearth']['tag']}"
 
     hosts = find(objs, "Deployment", lambda o: component(o) == "host")
@@ -846,8 +1010,6 @@ def check_objects(objs, values, c, scenario):
         c.ok(rp.get(k) == v, f"{hw}: readinessProbe {k} is {rp.get(k)}, want {v}")
     ports = ct.get("ports") or []
     c.ok(any(p.get("containerPort") == 19190 and p.get("hostPort") == 19190 for p in ports), f"{hw}: no containerPort/hostPort 19190")
-    pre = (((ct.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command")
-    c.ok(pre == ["hearth", "host", "drain"], f"{hw}: preStop is {pre}, want hearth host drain")
     vols = {v["name"]: v for v in spec.get("volumes") or []}
     mounts = {m["mountPath"]: m for m in ct.get("volumeMounts") or []}
     kvm = mounts.get("/dev/kvm")
@@ -858,26 +1020,8 @@ def check_objects(objs, values, c, scenario):
     c.ok(sv and (sv.get("emptyDir") or {}).get("medium") == "Memory"
          and sv["emptyDir"].get("sizeLimit") == sh["shmSizeLimit"],
          f"{hw}: /dev/shm is not a Memory emptyDir sized by sandboxHost.shmSizeLimit")
-    data = mounts.get(sh["dataDir"])
-    dv = vols.get(data["name"]) if data else None
-    c.ok(dv and (dv.get("hostPath") or {}).get("path") == sh["dataDir"], f"{hw}: data dir is not the hostPath {sh['dataDir']}")
 
     env = env_of(ct)
-    c.ok((env.get("HEARTH_DATA_DIR") or {}).get("value") == sh["dataDir"], f"{hw}: HEARTH_DATA_DIR is not the data dir")
-    auto_names = {n for n in env if n.startswith("HEARTH_AUTOSCALE_")}
-    c.ok(auto_names == set(AUTOSCALE_ENV), f"{hw}: autoscale env is {sorted(auto_names)}, want {sorted(AUTOSCALE_ENV)}")
-    for name, key in AUTOSCALE_ENV.items():
-        e = env.get(name) or {}
-        if key is not None:
-            want = auto[key]
-            want = ("true" if want else "false") if isinstance(want, bool) else str(want)
-            c.ok(e.get("value") == want, f"{hw}: {name}={e.get('value')!r}, want {want!r} (sandboxHost.autoscaling.{key})")
-    c.ok((env.get("HEARTH_AUTOSCALE_BACKEND") or {}).get("value") == "kubernetes", f"{hw}: HEARTH_AUTOSCALE_BACKEND is not kubernetes")
-    c.ok((env.get("HEARTH_AUTOSCALE_DEPLOYMENT") or {}).get("value") == host_name, f"{hw}: HEARTH_AUTOSCALE_DEPLOYMENT is not {host_name}")
-    c.ok(((env.get("HEARTH_AUTOSCALE_NAMESPACE") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace",
-         f"{hw}: HEARTH_AUTOSCALE_NAMESPACE is not the downward API's metadata.namespace")
-    c.ok((env.get("HEARTH_HOST_LEASE_TTL_SECONDS") or {}).get("value") == str(sh["leaseTtlSeconds"]), f"{hw}: HEARTH_HOST_LEASE_TTL_SECONDS is not sandboxHost.leaseTtlSeconds")
-
     args = ct.get("args") or []
     c.ok(args[:2] == ["host", "serve"], f"{hw}: args {args} do not start with host serve")
     c.ok(arg_after(args, "--listen") == "0.0.0.0:19190", f"{hw}: --listen is {arg_after(args, '--listen')}")
@@ -888,6 +1032,44 @@ def check_objects(objs, values, c, scenario):
         fr = ((env.get(m.group(1)) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
         c.ok(fr in ("status.podIP", "status.hostIP"), f"{hw}: --advertise's {m.group(1)} is not the pod's/node's IP")
 
+    # The host's data dir: serve's, on the node (hostPath), the same for
+    # commands run in the pod (HEARTH_DATA_DIR).
+    host_dd, disagree = data_dir_of(args, env)
+    c.ok(not disagree, f"{hw}: --data-dir and HEARTH_DATA_DIR disagree")
+    c.ok(host_dd == sh["dataDir"], f"{hw}: host serve's data dir is {host_dd}, not sandboxHost.dataDir {sh['dataDir']}")
+    c.ok(value_of(env, "HEARTH_DATA_DIR") == sh["dataDir"], f"{hw}: HEARTH_DATA_DIR is not the data dir")
+    data = mounts.get(sh["dataDir"])
+    dv = vols.get(data["name"]) if data else None
+    c.ok(dv and (dv.get("hostPath") or {}).get("path") == sh["dataDir"] and not data.get("readOnly"),
+         f"{hw}: data dir is not the writable hostPath {sh['dataDir']}")
+
+    # The preStop drain: the same data dir (the host's id, key and lease
+    # epoch) and the same control plane as serve; its token is the
+    # container's HEARTH_HOST_TOKEN.
+    pre = (((ct.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command") or []
+    c.ok(pre[:3] == ["hearth", "host", "drain"], f"{hw}: preStop is {pre}, want hearth host drain …")
+    drain_dd, disagree = data_dir_of(pre, env)
+    c.ok(not disagree and drain_dd == host_dd, f"{hw}: preStop drain's data dir {drain_dd} is not serve's {host_dd}")
+    c.ok(arg_after(pre, "--control") == arg_after(args, "--control"),
+         f"{hw}: preStop drain's --control {arg_after(pre, '--control')} is not serve's {arg_after(args, '--control')}")
+
+    # Exactly the host's environment, from values.
+    want_env = HOST_ENV | (set(STORE_CREDENTIALS) if values["store"]["existingSecret"] else set())
+    c.ok(set(env) == want_env, f"{hw}: env has extra {sorted(set(env) - want_env)}, misses {sorted(want_env - set(env))}")
+    c.ok("HEARTH_DATABASE_URL" not in env, f"{hw}: hosts must not get the database URL (they never open the database)")
+    c.ok(not {n for n in env if n.startswith("HEARTH_AUTOSCALE_")}, f"{hw}: the autoscaler runs in the control plane, not in hosts")
+    c.ok("HEARTH_HOST_LEASE_TTL_SECONDS" not in env, f"{hw}: the lease TTL is the control plane's (told to hosts at registration)")
+    want_cpu = str(int(cap["cpuMillicores"])) if cap["cpuMillicores"] not in ("", None) else str(cap["vcpus"] * 8000)
+    got_cpu = value_of(env, "HEARTH_HOST_CPU_MILLICORES")
+    c.ok(got_cpu == want_cpu, f"{hw}: HEARTH_HOST_CPU_MILLICORES={got_cpu!r}, want {want_cpu!r} (capacity.cpuMillicores, else vcpus × 8000)")
+    c.ok(is_uint(got_cpu) and int(got_cpu) > 0, f"{hw}: HEARTH_HOST_CPU_MILLICORES={got_cpu!r} is not a u32 above 0")
+    mem = value_of(env, "HEARTH_HOST_MEMORY")
+    c.ok(mem == cap["memory"], f"{hw}: HEARTH_HOST_MEMORY={mem!r} is not sandboxHost.capacity.memory")
+    c.ok(isinstance(mem, str) and BYTE_SIZE.match(mem), f"{hw}: HEARTH_HOST_MEMORY={mem!r} is no size hearth reads (64GiB, 64G; not 64Gi)")
+    ci = value_of(env, "HEARTH_COMMIT_INTERVAL_SECS")
+    c.ok(ci == env_str(sh["commitIntervalSeconds"]) and is_uint(ci, 2**64 - 1),
+         f"{hw}: HEARTH_COMMIT_INTERVAL_SECS={ci!r} is not sandboxHost.commitIntervalSeconds as a whole number")
+
     # ---- control plane and the hosts' --control URL
     cw = f"{w} control Deployment"
     cspec = check_pod_spec(control, c, cw)
@@ -897,6 +1079,7 @@ def check_objects(objs, values, c, scenario):
     cargs = cct.get("args") or []
     c.ok(cargs[:1] == ["up"] and "--no-local-host" in cargs, f"{cw}: args {cargs} are not up … --no-local-host")
     listen = arg_after(cargs, "--listen") or ":0"
+    c.ok(listen.startswith("0.0.0.0:"), f"{cw}: --listen {listen} is not on every address")
     cports = {p.get("name"): p.get("containerPort") for p in cct.get("ports") or []}
     c.ok(port_of(listen) in cports.values(), f"{cw}: --listen {listen} is no containerPort")
     c.ok("livenessProbe" in cct and "readinessProbe" in cct, f"{cw}: needs liveness and readiness probes")
@@ -904,7 +1087,8 @@ def check_objects(objs, values, c, scenario):
          f"{cw}: readiness on /readyz deadlocks (it needs a ready host, which registers through this Service)")
     c.ok((cct.get("securityContext") or {}).get("privileged") is not True, f"{cw}: control plane must not be privileged")
     cenv = env_of(cct)
-    db = (cenv.get("HEARTH_DATABASE_URL") or {}).get("valueFrom", {}).get("secretKeyRef")
+    c.ok(set(cenv) == CONTROL_ENV, f"{cw}: env has extra {sorted(set(cenv) - CONTROL_ENV)}, misses {sorted(CONTROL_ENV - set(cenv))}")
+    db = secret_ref(cenv, "HEARTH_DATABASE_URL")
     if c.ok(db, f"{cw}: HEARTH_DATABASE_URL is not from a Secret"):
         if values["database"]["url"]:
             s = find(objs, "Secret", lambda o: o["metadata"]["name"] == db["name"])
@@ -913,7 +1097,48 @@ def check_objects(objs, values, c, scenario):
         else:
             c.ok(db == {"name": values["database"]["existingSecret"], "key": values["database"]["existingSecretKey"]},
                  f"{cw}: HEARTH_DATABASE_URL is not database.existingSecret/existingSecretKey")
-    c.ok("HEARTH_DATABASE_URL" not in env, f"{hw}: hosts must not get the database URL")
+        c.ok(not [e for e in env.values() if (((e.get("valueFrom") or {}).get("secretKeyRef") or {}).get("name")) == db["name"]],
+             f"{hw}: hosts must not read the database Secret {db['name']}")
+    for k in ("HEARTH_STORE_URL",) + STORE_CREDENTIALS:
+        c.ok(k not in cenv, f"{cw}: {k} set, but the control plane (--no-local-host) never opens the store")
+
+    # The control plane's settings of the hosts' leases.
+    ttl = value_of(cenv, "HEARTH_HOST_LEASE_TTL_SECONDS")
+    c.ok(ttl == env_str(sh["leaseTtlSeconds"]), f"{cw}: HEARTH_HOST_LEASE_TTL_SECONDS={ttl!r} is not sandboxHost.leaseTtlSeconds")
+    c.ok(is_uint(ttl, 2**64 - 1) and 2 <= int(ttl) <= 3600, f"{cw}: HEARTH_HOST_LEASE_TTL_SECONDS={ttl!r} is outside 2..3600 (hearth clamps it)")
+    grace = value_of(cenv, "HEARTH_FAILOVER_GRACE_SECONDS")
+    c.ok(grace == env_str(sh["failoverGraceSeconds"]), f"{cw}: HEARTH_FAILOVER_GRACE_SECONDS={grace!r} is not sandboxHost.failoverGraceSeconds")
+    c.ok(is_uint(grace, 2**64 - 1) and int(grace) <= 3600, f"{cw}: HEARTH_FAILOVER_GRACE_SECONDS={grace!r} is above 3600 (hearth caps it)")
+
+    # The host autoscaler: the control plane's, from sandboxHost.autoscaling.
+    for name, key in AUTOSCALE_ENV.items():
+        if key is not None:
+            want = env_str(auto[key])
+            got = value_of(cenv, name)
+            c.ok(got == want, f"{cw}: {name}={got!r}, want {want!r} (sandboxHost.autoscaling.{key})")
+            if key != "enabled":
+                c.ok(is_uint(got), f"{cw}: {name}={got!r} is not a u32")
+    c.ok(value_of(cenv, "HEARTH_AUTOSCALE_ENABLED") in ("true", "false"), f"{cw}: HEARTH_AUTOSCALE_ENABLED is not true/false")
+    # hearth_fleet::AutoscalePolicy::validate, which refuses to start otherwise.
+    c.ok(1 <= auto["maxReplicas"] and auto["minReplicas"] <= auto["maxReplicas"] and 1 <= auto["targetUtilizationPercent"] <= 100,
+         f"{w} autoscaling: want 1 <= maxReplicas, minReplicas <= maxReplicas, targetUtilizationPercent in 1..100")
+    hc = value_of(cenv, "HEARTH_AUTOSCALE_HOST_CPU_MILLICORES")
+    c.ok(hc == str(cap["vcpus"] * 1000) and is_uint(hc) and int(hc) > 0,
+         f"{cw}: HEARTH_AUTOSCALE_HOST_CPU_MILLICORES={hc!r}, want sandboxHost.capacity.vcpus × 1000 = {cap['vcpus'] * 1000}")
+    c.ok(value_of(cenv, "HEARTH_AUTOSCALE_BACKEND") == "kubernetes", f"{cw}: HEARTH_AUTOSCALE_BACKEND is not kubernetes")
+    c.ok(value_of(cenv, "HEARTH_AUTOSCALE_DEPLOYMENT") == host_name, f"{cw}: HEARTH_AUTOSCALE_DEPLOYMENT is not {host_name}")
+    c.ok(((cenv.get("HEARTH_AUTOSCALE_NAMESPACE") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace",
+         f"{cw}: HEARTH_AUTOSCALE_NAMESPACE is not the downward API's metadata.namespace")
+
+    # A writable data dir: `<data-dir>/control.key` is created on first start.
+    cdd, disagree = data_dir_of(cargs, cenv)
+    c.ok(not disagree, f"{cw}: --data-dir and HEARTH_DATA_DIR disagree")
+    dm = mount_of(cct, cdd)
+    if c.ok(dm, f"{cw}: data dir {cdd} is on no volume (control.key must be written)"):
+        vol = [v for v in cspec.get("volumes") or [] if v["name"] == dm["name"]]
+        c.ok(not dm.get("readOnly") and vol and ("emptyDir" in vol[0] or "persistentVolumeClaim" in vol[0]),
+             f"{cw}: data dir {cdd} is not on a writable emptyDir or PersistentVolumeClaim")
+        c.ok(dm.get("mountPath") != "/etc/hearth/master-key", f"{cw}: data dir is the master key's mount")
 
     services = find(objs, "Service", lambda o: component(o) == "control")
     if c.ok(len(services) == 1, f"{w} expected one control Service"):
@@ -921,34 +1146,34 @@ def check_objects(objs, values, c, scenario):
         sel = svc["spec"].get("selector") or {}
         c.ok(sel and subset(sel, control_pod_labels), f"{w} control Service selects no control pod")
         c.ok(not subset(sel, host_pod_labels), f"{w} control Service would select host pods")
-        url = arg_after(args, "--control") or ""
-        um = re.fullmatch(r"http://([a-z0-9.-]+):(\d+)", url)
-        if c.ok(um, f"{hw}: --control {url!r} is not http://host:port"):
+        for what, cmd in (("host serve", args), ("preStop drain", pre)):
+            url = arg_after(cmd, "--control") or ""
+            um = re.fullmatch(r"http://([a-z0-9.-]+):(\d+)", url)
+            if not c.ok(um, f"{hw}: {what} --control {url!r} is not http://host:port"):
+                continue
             c.ok(um.group(1) in (svc["metadata"]["name"], f"{svc['metadata']['name']}.{NAMESPACE}.svc",
                                  f"{svc['metadata']['name']}.{NAMESPACE}.svc.cluster.local"),
-                 f"{hw}: --control host {um.group(1)} is not the control Service")
+                 f"{hw}: {what} --control host {um.group(1)} is not the control Service")
             sports = svc["spec"].get("ports") or []
             match = [p for p in sports if p.get("port") == int(um.group(2))]
-            c.ok(match, f"{hw}: --control port {um.group(2)} is not a port of Service {svc['metadata']['name']}")
+            c.ok(match, f"{hw}: {what} --control port {um.group(2)} is not a port of Service {svc['metadata']['name']}")
             for p in match:
                 tp = p.get("targetPort", p.get("port"))
                 target = cports.get(tp) if isinstance(tp, str) else tp
                 c.ok(target == port_of(listen), f"{w} Service port {p['port']} targets {tp}, not the control's --listen port")
-        public = values["publicUrl"] or url
-        c.ok((cenv.get("HEARTH_PUBLIC_URL") or {}).get("value") == public, f"{cw}: HEARTH_PUBLIC_URL is not {public}")
+        public = values["publicUrl"] or arg_after(args, "--control")
+        c.ok(value_of(cenv, "HEARTH_PUBLIC_URL") == public, f"{cw}: HEARTH_PUBLIC_URL is not {public}")
 
-    # ---- shared: store, credentials, master key
+    # ---- shared: log filter, master key, enrollment token; the hosts' store
+    for ew, e in ((hw, env), (cw, cenv)):
+        c.ok(value_of(e, "HEARTH_LOG") == values["logLevel"], f"{ew}: HEARTH_LOG is not logLevel")
+    c.ok(value_of(env, "HEARTH_STORE_URL") == values["store"]["url"], f"{hw}: HEARTH_STORE_URL is not store.url")
+    for k in STORE_CREDENTIALS:
+        if values["store"]["existingSecret"]:
+            c.ok(secret_ref(env, k) == {"name": values["store"]["existingSecret"], "key": k}, f"{hw}: {k} is not from store.existingSecret")
     for dep, ctr, ew in ((host, ct, hw), (control, cct, cw)):
         e = env_of(ctr)
-        c.ok((e.get("HEARTH_STORE_URL") or {}).get("value") == values["store"]["url"], f"{ew}: HEARTH_STORE_URL is not store.url")
-        c.ok((e.get("HEARTH_LOG") or {}).get("value") == values["logLevel"], f"{ew}: HEARTH_LOG is not logLevel")
-        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            ref = ((e.get(k) or {}).get("valueFrom") or {}).get("secretKeyRef")
-            if values["store"]["existingSecret"]:
-                c.ok(ref == {"name": values["store"]["existingSecret"], "key": k}, f"{ew}: {k} is not from store.existingSecret")
-            else:
-                c.ok(k not in e, f"{ew}: {k} set without store.existingSecret")
-        keyfile = (e.get("HEARTH_MASTER_KEY_FILE") or {}).get("value") or ""
+        keyfile = value_of(e, "HEARTH_MASTER_KEY_FILE") or ""
         dspec = dep["spec"]["template"]["spec"]
         mount = [m for m in ctr.get("volumeMounts") or [] if keyfile.startswith(m["mountPath"].rstrip("/") + "/")]
         if c.ok(mount, f"{ew}: HEARTH_MASTER_KEY_FILE {keyfile!r} is under no mount"):
@@ -960,6 +1185,9 @@ def check_objects(objs, values, c, scenario):
             c.ok(sec.get("secretName") == want_name, f"{ew}: master key from {sec.get('secretName')}, want {want_name}")
             c.ok(sec.get("items") == [{"key": want_key, "path": rel}], f"{ew}: master key items {sec.get('items')} do not give {rel}")
             c.ok(sec.get("defaultMode") == 0o400, f"{ew}: master key mode must be 0400 (hearth refuses group/other bits)")
+            c.ok(mount[0].get("readOnly") is True, f"{ew}: the master key mount is not read-only")
+    c.ok(value_of(env, "HEARTH_MASTER_KEY_FILE") == value_of(cenv, "HEARTH_MASTER_KEY_FILE"),
+         f"{w} control plane and hosts read the master key from different paths")
     mk = find(objs, "Secret", lambda o: o["metadata"]["name"] == f"{fullname(values)}-master-key")
     if values["masterKey"]["existingSecret"]:
         c.ok(not mk, f"{w} a master key Secret is generated although masterKey.existingSecret is set")
@@ -969,33 +1197,59 @@ def check_objects(objs, values, c, scenario):
         c.ok((mk[0]["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == "keep",
              f"{w} master key Secret is not kept on uninstall")
 
-    # ---- RBAC
+    # The enrollment token: one Secret feeds both components.
+    tok = values["hostToken"]
+    want_tok = ({"name": tok["existingSecret"], "key": tok["existingSecretKey"]} if tok["existingSecret"]
+                else {"name": f"{fullname(values)}-host-token", "key": "token"})
+    for ew, e in ((hw, env), (cw, cenv)):
+        c.ok(secret_ref(e, "HEARTH_HOST_TOKEN") == want_tok, f"{ew}: HEARTH_HOST_TOKEN is {secret_ref(e, 'HEARTH_HOST_TOKEN')}, want {want_tok}")
+    ts = find(objs, "Secret", lambda o: o["metadata"]["name"] == f"{fullname(values)}-host-token")
+    if tok["existingSecret"]:
+        c.ok(not ts, f"{w} a host token Secret is generated although hostToken.existingSecret is set")
+    elif c.ok(len(ts) == 1, f"{w} no generated host token Secret"):
+        raw = base64.b64decode((ts[0].get("data") or {}).get("token", ""))
+        c.ok(len(raw) >= 32 and raw.decode().isalnum(), f"{w} generated host token is {len(raw)} bytes, want 32 or more alphanumerics")
+
+    # ---- RBAC: the control plane scales the host Deployment; hosts have none.
     sa = spec.get("serviceAccountName")
+    csa = cspec.get("serviceAccountName")
     c.ok(find(objs, "ServiceAccount", lambda o: o["metadata"]["name"] == sa), f"{hw}: ServiceAccount {sa} is not rendered")
+    c.ok(find(objs, "ServiceAccount", lambda o: o["metadata"]["name"] == csa), f"{cw}: ServiceAccount {csa} is not rendered")
+    c.ok(csa != sa, f"{cw}: the control plane must not use the hosts' ServiceAccount")
+    c.ok(spec.get("automountServiceAccountToken") is False, f"{hw}: hosts never call the Kubernetes API: no token")
+    c.ok(cspec.get("automountServiceAccountToken") is bool(auto["enabled"]),
+         f"{cw}: automountServiceAccountToken is {cspec.get('automountServiceAccountToken')}, want {bool(auto['enabled'])} (only the autoscaler needs it)")
+    for o in find(objs, "ServiceAccount"):
+        c.ok(o.get("automountServiceAccountToken") is False, f"{w} ServiceAccount {o['metadata']['name']} mounts its token by default")
     roles = find(objs, "Role")
-    if c.ok(len(roles) == 1, f"{w} expected one Role, got {len(roles)}"):
-        role = roles[0]
-        got = set()
-        for rule in role.get("rules") or []:
-            for g in rule.get("apiGroups") or []:
-                for res in rule.get("resources") or []:
-                    for verb in rule.get("verbs") or []:
-                        for rn in rule.get("resourceNames") or [None]:
-                            got.add((g, res, verb, rn))
-        want = {("coordination.k8s.io", "leases", v, None) for v in ("create", "delete", "get", "list", "update", "watch")}
-        want |= {("apps", r, v, host_name) for r in ("deployments", "deployments/scale") for v in ("get", "patch")}
-        want |= {("", "pods", "patch", None)}
-        c.ok(got == want, f"{w} Role grants {sorted(got - want, key=str)} extra, misses {sorted(want - got, key=str)}")
-        bindings = find(objs, "RoleBinding")
-        if c.ok(len(bindings) == 1, f"{w} expected one RoleBinding"):
-            rb = bindings[0]
-            c.ok(rb.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
-                 f"{w} RoleBinding does not reference the Role")
-            c.ok(rb.get("subjects") == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}],
-                 f"{w} RoleBinding subjects {rb.get('subjects')} are not the host ServiceAccount {sa}")
+    bindings = find(objs, "RoleBinding")
+    for rb in bindings:
+        c.ok(not [s for s in rb.get("subjects") or [] if s.get("name") == sa],
+             f"{w} RoleBinding {rb['metadata']['name']} binds the hosts' ServiceAccount (hosts need no RBAC)")
+    if auto["enabled"]:
+        if c.ok(len(roles) == 1, f"{w} expected one Role (the control plane's), got {len(roles)}"):
+            role = roles[0]
+            got = set()
+            names = set()
+            for rule in role.get("rules") or []:
+                c.ok(rule.get("resourceNames"), f"{w} a Role rule is not restricted by resourceNames")
+                for g in rule.get("apiGroups") or []:
+                    for res in rule.get("resources") or []:
+                        for verb in rule.get("verbs") or []:
+                            got.add((g, res, verb))
+                names |= set(rule.get("resourceNames") or [])
+            c.ok(got == CONTROL_RBAC, f"{w} Role grants {sorted(got - CONTROL_RBAC)} extra, misses {sorted(CONTROL_RBAC - got)}")
+            c.ok(names == {host_name} == {value_of(cenv, "HEARTH_AUTOSCALE_DEPLOYMENT")},
+                 f"{w} Role resourceNames {sorted(names)} are not the host Deployment {host_name}")
+            if c.ok(len(bindings) == 1, f"{w} expected one RoleBinding"):
+                rb = bindings[0]
+                c.ok(rb.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+                     f"{w} RoleBinding does not reference the Role")
+                c.ok(rb.get("subjects") == [{"kind": "ServiceAccount", "name": csa, "namespace": NAMESPACE}],
+                     f"{w} RoleBinding subjects {rb.get('subjects')} are not the control plane's ServiceAccount {csa}")
+    else:
+        c.ok(not roles and not bindings, f"{w} Role/RoleBinding rendered although autoscaling is off")
     c.ok(not find(objs, "ClusterRole") and not find(objs, "ClusterRoleBinding"), f"{w} no cluster-wide RBAC expected")
-    c.ok(cspec.get("serviceAccountName") != sa, f"{cw}: the control plane must not use the hosts' ServiceAccount")
-    c.ok(cspec.get("automountServiceAccountToken") is False, f"{cw}: control plane should not mount an API token")
 
     # ---- PodDisruptionBudget
     pdbs = find(objs, "PodDisruptionBudget")
@@ -1022,18 +1276,23 @@ SCENARIOS = {
                 "targetUtilizationPercent": 65,
                 "headroomHosts": 2,
                 "scaleDownStabilizationSeconds": 120,
-            }
+            },
+            # × 8000 and × 1000 past 1e6: printed as integers, not 1e+06.
+            "capacity": {"vcpus": 128},
         }
     },
     "pdb": {"sandboxHost": {"pdb": {"enabled": True}}},
     # Every other branch of the templates: inline database URL, existing
-    # secrets, public URL, pull secrets, annotations, placement knobs.
+    # secrets, public URL, pull secrets, annotations, placement knobs, an
+    # explicit host CPU capacity (past 1e6), the control plane's lease
+    # settings.
     "other-branches": {
         "nameOverride": "sbx",
         "publicUrl": "https://sandboxes.example.com",
         "logLevel": "debug",
         "database": {"url": "postgres://hearth:pw@db:5432/hearth"},
         "masterKey": {"existingSecret": "my-master-key", "existingSecretKey": "key"},
+        "hostToken": {"existingSecret": "my-host-token", "existingSecretKey": "enroll"},
         "store": {"existingSecret": "s3-creds"},
         "images": {"pullSecrets": [{"name": "regcred"}]},
         "control": {
@@ -1042,6 +1301,10 @@ SCENARIOS = {
             "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/c"}},
         },
         "sandboxHost": {
+            "leaseTtlSeconds": 20,
+            "failoverGraceSeconds": 45,
+            "capacity": {"vcpus": 8, "cpuMillicores": 2000000, "memory": "256GiB"},
+            "commitIntervalSeconds": 15,
             "priorityClassName": "system-node-critical",
             "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/h"}},
         },
@@ -1050,7 +1313,7 @@ SCENARIOS = {
 
 
 def check_renders(chart, c):
-    c.section("rendering (tiny renderer): " + ", ".join(SCENARIOS) + ", upgrade with an installed master key")
+    c.section("rendering (tiny renderer): " + ", ".join(SCENARIOS) + ", upgrade with an installed master key and host token")
     results = {}
     for name, over in SCENARIOS.items():
         values_over = deep_merge(REQUIRED_VALUES, over)
@@ -1065,14 +1328,21 @@ def check_renders(chart, c):
         kinds = check_objects(objs, values, c, name)
         results[name] = (values_over, kinds)
 
-    # An upgrade must reuse the installed master key (lookup finds it).
+    # An upgrade must reuse the installed master key and host token (lookup
+    # finds them); a fresh install generates new ones each render.
     installed = base64.b64encode(b"k" * 32).decode()
-    fixture = {("v1", "Secret", NAMESPACE, f"{RELEASE}-hearth-master-key"): {"data": {"master.key": installed}}}
+    token = base64.b64encode(b"t" * 48).decode()
+    fixture = {
+        ("v1", "Secret", NAMESPACE, f"{RELEASE}-hearth-master-key"): {"data": {"master.key": installed}},
+        ("v1", "Secret", NAMESPACE, f"{RELEASE}-hearth-host-token"): {"data": {"token": token}},
+    }
     try:
         rendered, _, _ = chart.render(REQUIRED_VALUES, lookups=fixture)
-        objs = [d for d in yaml.safe_load_all(rendered["secrets.yaml"]) if d]
-        key = [o for o in objs if o["metadata"]["name"] == f"{RELEASE}-hearth-master-key"]
-        c.ok(key and key[0]["data"]["master.key"] == installed, "[upgrade] the installed master key is not reused")
+        objs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(rendered["secrets.yaml"]) if d}
+        key = objs.get(f"{RELEASE}-hearth-master-key") or {}
+        c.ok((key.get("data") or {}).get("master.key") == installed, "[upgrade] the installed master key is not reused")
+        tok = objs.get(f"{RELEASE}-hearth-host-token") or {}
+        c.ok((tok.get("data") or {}).get("token") == token, "[upgrade] the installed host token is not reused")
     except TemplateError as e:
         c.ok(False, f"[upgrade] render failed: {e}")
 
@@ -1089,6 +1359,67 @@ def check_renders(chart, c):
         except TemplateError as e:
             c.ok(False, f"rendering without {path} failed, but not through required: {e}")
     return results
+
+
+def code_text(path):
+    """A source file without its unit tests (the `#[cfg(test)]` module at
+    its end), so a name only a test mentions does not count."""
+    text = path.read_text()
+    cut = text.find("#[cfg(test)]")
+    return text if cut < 0 else text[:cut]
+
+
+def const_strs(text, name):
+    m = re.search(rf"\bconst {name}\b[^=]*=\s*\[(.*?)\];", text, re.S)
+    return re.findall(r'"([^"]+)"', m.group(1)) if m else None
+
+
+def check_sources(c):
+    """Holds the contract this script checks the chart against to the code:
+    every environment variable the chart sets is one hearth reads, the
+    autoscaler's names are hearth_fleet's own lists, the flags exist, and the
+    Kubernetes backend needs no more than CONTROL_RBAC."""
+    crates = REPO / "crates"
+    cli = crates / "hearth-cli" / "src"
+    if not (cli / "main.rs").is_file():
+        print(f"SKIP: no sources at {crates}: the chart's names are not checked against the code")
+        return False
+    c.section("the chart's contract against the code (hearth-cli, hearth-fleet)")
+    files = sorted(p for p in crates.glob("*/src/**/*.rs"))
+    code = "\n".join(code_text(p) for p in files)
+    for name in sorted((CONTROL_ENV | HOST_ENV) - {"POD_IP"}):
+        if name.startswith("HEARTH_"):
+            c.ok(f'"{name}"' in code, f"code: no crate's source reads {name}, which the chart sets")
+    autoscale = code_text(crates / "hearth-fleet" / "src" / "autoscale.rs")
+    policy = const_strs(autoscale, "ENV_VARS")
+    backend = const_strs(autoscale, "BACKEND_ENV_VARS")
+    if c.ok(policy and backend, "code: hearth-fleet's ENV_VARS / BACKEND_ENV_VARS not found"):
+        named = {k for k, v in AUTOSCALE_ENV.items() if v is not None}
+        c.ok(set(policy) == named, f"code: hearth_fleet ENV_VARS {policy} are not the chart's valued autoscale env {sorted(named)}")
+        c.ok(set(backend) <= set(AUTOSCALE_ENV), f"code: BACKEND_ENV_VARS {backend} are not all set by the chart")
+        rest = set(AUTOSCALE_ENV) - set(policy) - set(backend)
+        fleet = code_text(cli / "fleet.rs")
+        c.ok(all(f'"{n}"' in fleet for n in rest), f"code: fleet.rs reads none of {sorted(rest)}")
+    main = code_text(cli / "main.rs")
+    m = re.search(r'env = "HEARTH_DATA_DIR",\s*default_value = "([^"]+)"', main)
+    c.ok(m and m.group(1) == DEFAULT_DATA_DIR, f"code: --data-dir's default is {m and m.group(1)}, not {DEFAULT_DATA_DIR}")
+    up = code_text(cli / "up.rs")
+    # The flags the chart passes, as clap fields (kebab-case of the field).
+    for text, fields, where in (
+        (main, ("data_dir", "listen", "control", "advertise"), "main.rs (Cli, host serve/drain)"),
+        (up, ("listen", "no_local_host"), "up.rs (UpArgs)"),
+    ):
+        for f in fields:
+            c.ok(re.search(rf"\b{f}:\s", text), f"code: {where} has no argument {f} (--{f.replace('_', '-')})")
+    c.ok(re.search(r"\bServe\s*\{", main) and re.search(r"\bDrain\s*\{", main) and "Up(" in main,
+         "code: main.rs lacks the up / host serve / host drain commands")
+    c.ok('"HEARTH_HOST_TOKEN"' in code_text(cli / "fleet.rs") and '"control"' in code_text(cli / "up.rs"),
+         "code: the enrollment token's variable or the control plane's signing key (control.key) moved")
+    kube = code_text(crates / "hearth-fleet" / "src" / "backend" / "kube.rs")
+    calls = set(re.findall(r"\.api\s*\.\s*(\w+)\(", kube))
+    c.ok(calls == {"get_scale", "patch_scale"},
+         f"code: the Kubernetes backend calls {sorted(calls)}; CONTROL_RBAC grants deployments/scale get and patch only")
+    return True
 
 
 def check_helm(results, c):
@@ -1142,6 +1473,7 @@ def main():
         c.ok((CHART / f).is_file(), f"the chart lacks {f}")
     refs = check_values(chart, c)
     results = check_renders(chart, c)
+    check_sources(c)
     ran_helm = check_helm(results, c)
 
     print(f"Hearth chart {chart.meta['version']} (app {chart.meta['appVersion']}):")

@@ -6,7 +6,9 @@ deploy/helm/test_chart.py can render them without helm: `define`, `include`,
 `if`/`else if`/`else`/`end`, variables (`$x := ...`), and the functions
 toYaml, nindent, indent, quote, default, required, printf, trunc,
 trimSuffix, replace, not, and, or, eq, ne, empty, index, lookup,
-randAlphaNum and b64enc. No `with`, no `range`, no `tpl`.
+randAlphaNum, b64enc, int and mul. No `with`, no `range`, no `tpl`.
+Values are numbers as Helm reads them (float64): print an integer that may
+reach 1e6 through `int` or `mul`, or it prints as 1e+06.
 */}}
 
 {{/* The chart's name, or nameOverride. */}}
@@ -121,22 +123,53 @@ master.key
 {{- end -}}
 {{- end }}
 
-{{/* Where the master key is mounted in every pod. */}}
+{{/* Where the master key is mounted in every pod (both components). */}}
 {{- define "hearth.masterKeyFile" -}}
 /etc/hearth/master-key/master.key
 {{- end }}
 
+{{/* The Secret and key holding the hosts' enrollment token. */}}
+{{- define "hearth.hostTokenSecretName" -}}
+{{- if .Values.hostToken.existingSecret -}}
+{{- .Values.hostToken.existingSecret -}}
+{{- else -}}
+{{- printf "%s-host-token" (include "hearth.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end }}
+
+{{- define "hearth.hostTokenSecretKey" -}}
+{{- if .Values.hostToken.existingSecret -}}
+{{- required "hostToken.existingSecretKey is required" .Values.hostToken.existingSecretKey -}}
+{{- else -}}
+token
+{{- end -}}
+{{- end }}
+
 {{/*
-Environment both components share: the store, its credentials, the master
-key and the log filter. A list of EnvVar, to be indented by the caller.
+Environment both components share: the master key (the same file in every
+pod), the enrollment token (the control plane accepts hosts that present
+it; hosts register and drain with it) and the log filter. A list of
+EnvVar, to be indented by the caller.
 */}}
 {{- define "hearth.sharedEnv" -}}
-- name: HEARTH_STORE_URL
-  value: {{ required "store.url is required: an S3 URL every host shares (e.g. s3://bucket/hearth?region=us-east-1)" .Values.store.url | quote }}
 - name: HEARTH_MASTER_KEY_FILE
   value: {{ include "hearth.masterKeyFile" . | quote }}
+- name: HEARTH_HOST_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hearth.hostTokenSecretName" . }}
+      key: {{ include "hearth.hostTokenSecretKey" . }}
 - name: HEARTH_LOG
   value: {{ .Values.logLevel | quote }}
+{{- end }}
+
+{{/*
+The hosts' object store and its credentials (the control plane, run with
+--no-local-host, never opens the store).
+*/}}
+{{- define "hearth.storeEnv" -}}
+- name: HEARTH_STORE_URL
+  value: {{ required "store.url is required: an S3 URL every host shares (e.g. s3://bucket/hearth?region=us-east-1)" .Values.store.url | quote }}
 {{- if .Values.store.existingSecret }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
@@ -149,6 +182,27 @@ key and the log filter. A list of EnvVar, to be indented by the caller.
       name: {{ .Values.store.existingSecret }}
       key: AWS_SECRET_ACCESS_KEY
 {{- end }}
+{{- end }}
+
+{{/*
+The CPU a host offers placement, in millicores (HEARTH_HOST_CPU_MILLICORES):
+sandboxHost.capacity.cpuMillicores, else 8 sandbox vCPUs per host vCPU
+(what `hearth host serve` assumes of the cores it sees).
+*/}}
+{{- define "hearth.hostCpuMillicores" -}}
+{{- if .Values.sandboxHost.capacity.cpuMillicores -}}
+{{- int .Values.sandboxHost.capacity.cpuMillicores -}}
+{{- else -}}
+{{- mul .Values.sandboxHost.capacity.vcpus 8000 -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The control plane's data directory (--data-dir): it creates its signing key,
+control.key, there on first start, so the directory must be writable.
+*/}}
+{{- define "hearth.controlDataDir" -}}
+/var/lib/hearth
 {{- end }}
 
 {{/*
