@@ -11,15 +11,19 @@
 //! `ip netns exec`, which also remounts `/sys` and so hides the cgroup v1
 //! hierarchies under `/sys/fs/cgroup` that the host's jail uses.
 
+#[path = "fleet_net.rs"]
+mod net;
+#[path = "fleet_proc.rs"]
+mod proc;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use hearth_db::{Db, HostRow, SandboxRow};
@@ -27,6 +31,8 @@ use hearth_fence::{KeyPair, Signer};
 use serde_json::Value;
 
 use crate::common;
+pub use net::{http, Netns};
+pub use proc::{poll, Proc};
 
 /// The control plane's lease on each host (`HEARTH_HOST_LEASE_TTL_SECONDS`).
 pub const LEASE_TTL: Duration = Duration::from_secs(6);
@@ -66,234 +72,8 @@ fn usable() -> bool {
     ok
 }
 
-fn sh(cmd: &str) {
-    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd}: {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn now_ms() -> i64 {
     hearth_fence::now_ms() as i64
-}
-
-/// Polls `f` every `every` until it gives a value; panics after `limit`.
-pub fn poll<T>(
-    limit: Duration,
-    every: Duration,
-    what: &str,
-    mut f: impl FnMut() -> Option<T>,
-) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(every);
-    }
-}
-
-/// A child process whose stdout and stderr go, line by line, to a log
-/// file and to memory. Stopped on drop (SIGINT, then SIGKILL).
-pub struct Proc {
-    pub name: String,
-    pub pid: u32,
-    child: Option<Child>,
-    lines: Arc<Mutex<Vec<String>>>,
-    pub log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Self {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {name}: {cmd:?}: {e}"));
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let file = Arc::new(Mutex::new(std::fs::File::create(&log).unwrap()));
-        let streams: [Box<dyn Read + Send>; 2] = [
-            Box::new(child.stdout.take().unwrap()),
-            Box::new(child.stderr.take().unwrap()),
-        ];
-        for stream in streams {
-            let (lines, file) = (lines.clone(), file.clone());
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let _ = writeln!(file.lock().unwrap(), "{line}");
-                    lines.lock().unwrap().push(line);
-                }
-            });
-        }
-        Self {
-            name: name.to_owned(),
-            pid: child.id(),
-            child: Some(child),
-            lines,
-            log,
-        }
-    }
-
-    pub fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-
-    pub fn count(&self, needle: &str) -> usize {
-        self.lines().iter().filter(|l| l.contains(needle)).count()
-    }
-
-    pub fn alive(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
-    }
-
-    /// Waits until more than `seen` lines contain `needle`; returns the
-    /// newest. Panics (with the log's tail) if the process exits first.
-    pub fn wait_for_line(&mut self, needle: &str, seen: usize, limit: Duration) -> String {
-        let t = Instant::now();
-        loop {
-            let hits: Vec<String> = self
-                .lines()
-                .into_iter()
-                .filter(|l| l.contains(needle))
-                .collect();
-            if hits.len() > seen {
-                return hits.last().unwrap().clone();
-            }
-            if !self.alive() {
-                // Give the readers a moment to drain the pipes.
-                std::thread::sleep(Duration::from_millis(200));
-                panic!(
-                    "{} exited before printing {needle:?}:\n{}",
-                    self.name,
-                    self.tail(40)
-                );
-            }
-            assert!(
-                t.elapsed() < limit,
-                "{} did not print {needle:?} within {limit:?}:\n{}",
-                self.name,
-                self.tail(40)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    pub fn tail(&self, n: usize) -> String {
-        let lines = self.lines();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn interrupt(&self) {
-        if let Some(c) = &self.child {
-            common::sigint(c.id());
-        }
-    }
-
-    /// Waits for the exit until `deadline`, then SIGKILL.
-    fn reap(&mut self, deadline: Instant) {
-        if let Some(mut c) = self.child.take() {
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            eprintln!("{} ignored SIGINT; killing it", self.name);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.interrupt();
-        self.reap(Instant::now() + Duration::from_secs(30));
-    }
-}
-
-/// A network namespace and the veth pair joining it to the root namespace.
-pub struct Netns {
-    pub name: String,
-    /// The root side of the veth pair.
-    pub veth: String,
-    pub root_ip: String,
-    pub ip: String,
-}
-
-impl Netns {
-    fn create(index: usize, octet: u8) -> Self {
-        let pid = std::process::id();
-        let net = Self {
-            name: format!("hf{pid}x{index}"),
-            veth: format!("hf{pid}v{index}"),
-            root_ip: format!("10.97.{octet}.1"),
-            ip: format!("10.97.{octet}.2"),
-        };
-        let peer = format!("hf{pid}p{index}");
-        let (ns, veth) = (&net.name, &net.veth);
-        sh(&format!("ip netns add {ns}"));
-        sh(&format!("ip link add {veth} type veth peer name {peer}"));
-        sh(&format!("ip link set {peer} netns {ns}"));
-        sh(&format!(
-            "ip addr add {}/24 dev {veth} && ip link set {veth} up",
-            net.root_ip
-        ));
-        sh(&format!(
-            "ip -n {ns} addr add {}/24 dev {peer} && ip -n {ns} link set {peer} up && ip -n {ns} link set lo up",
-            net.ip
-        ));
-        net
-    }
-
-    /// Brings the root side of the link up or down (a partition).
-    pub fn set_link(&self, up: bool) {
-        sh(&format!(
-            "ip link set {} {}",
-            self.veth,
-            if up { "up" } else { "down" }
-        ));
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.veth])
-            .stderr(Stdio::null())
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// Third octets `10.97.N.0/24` that no address or route here uses yet.
-fn free_octets(n: usize) -> Vec<u8> {
-    let text = |args: &[&str]| {
-        let out = Command::new("ip").args(args).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let used = text(&["-o", "-4", "addr", "show"]) + &text(&["-4", "route", "show"]);
-    let free: Vec<u8> = (1..=254u8)
-        .filter(|o| !used.contains(&format!("10.97.{o}.")))
-        .take(n)
-        .collect();
-    assert_eq!(free.len(), n, "no free 10.97.N.0/24 subnets:\n{used}");
-    free
 }
 
 /// One host agent in its own namespace. The process is stopped before
@@ -373,7 +153,7 @@ impl Fleet {
 
         // The namespaces first: hosts need them, and a failure here
         // leaves nothing running.
-        let nets: Vec<Netns> = free_octets(hosts)
+        let nets: Vec<Netns> = net::free_octets(hosts)
             .into_iter()
             .enumerate()
             .map(|(i, o)| Netns::create(i + 1, o))
@@ -872,16 +652,6 @@ impl Drop for Fleet {
     }
 }
 
-impl Netns {
-    /// Reconnects a partitioned host so that it can shut down cleanly.
-    fn set_link_quietly_up(&self) {
-        let _ = Command::new("ip")
-            .args(["link", "set", &self.veth, "up"])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 /// A data directory inside the test's, sharing the image cache.
 fn sub_data_dir(dir: &Path, name: &str) -> PathBuf {
     let d = dir.join(name);
@@ -907,61 +677,4 @@ fn hex(b: &[u8]) -> String {
 fn write_private(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
-/// One HTTP/1.1 exchange on its own connection (`Connection: close`):
-/// the status and the body as text.
-pub fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    s.set_write_timeout(Some(Duration::from_secs(30)))?;
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not HTTP: {text:?}")))?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Ok((status, body))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
-    out
 }
