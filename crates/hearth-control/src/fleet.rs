@@ -94,10 +94,13 @@ impl Control {
     pub(crate) async fn live_hosts(&self) -> Vec<(HostId, Arc<dyn HostApi>)> {
         let mut out: Vec<(HostId, Arc<dyn HostApi>)> =
             self.hosts.iter().map(|(id, h)| (*id, h.clone())).collect();
+        let now = Timestamp::now();
         if let Ok(rows) = self.db.list_hosts().await {
+            // A host past its lease has fenced itself (or is gone): there
+            // is nothing to ask it until it registers again.
             for row in rows
                 .iter()
-                .filter(|r| is_remote(r) && r.state != HostState::Down)
+                .filter(|r| is_remote(r) && r.state != HostState::Down && r.lease_expires_at > now)
             {
                 if let Some(c) = self.remotes.client(row, self.cfg.signer.clone()) {
                     out.push((row.id, c));

@@ -13,7 +13,8 @@ use hearth_api::{
 };
 use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
 use hearth_hostapi::{
-    BootFrom, CreateVm, GuestClient, MemoryVolumes, Resize, SandboxNet, StopVm, VmState,
+    BootFrom, CreateVm, GuestClient, HostApi, HostApiError, MemoryVolumes, Resize, SandboxNet,
+    StopVm, VmState,
 };
 use hearth_image::ImageName;
 use hearth_types::{ByteSize, HostId, SandboxId, VmId, WorkspaceId};
@@ -59,6 +60,12 @@ pub(crate) fn spec_of(row: &SandboxRow) -> Result<SandboxSpec, ApiError> {
 }
 
 /// What a boot task is asked to do.
+/// How long reconciliation waits for a host's list of VMs.
+const RECONCILE_LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many other hosts a boot tries when its host cannot be reached.
+const MAX_BOOT_REPLACEMENTS: usize = 2;
+
 #[derive(Clone)]
 enum Boot {
     /// A new sandbox: a fresh VM with a fresh disk.
@@ -150,6 +157,7 @@ impl Control {
         mem: hearth_types::ByteSize,
         disk: Option<hearth_types::ByteSize>,
         previous: Option<HostId>,
+        exclude: &[HostId],
     ) -> Result<HostId, ApiError> {
         let now = Timestamp::now();
         let hosts = self.db.list_hosts().await.map_err(db_error)?;
@@ -157,7 +165,7 @@ impl Control {
         let mut views = Vec::with_capacity(hosts.len());
         for h in &hosts {
             let local = self.hosts.get(&h.id);
-            if local.is_none() && !crate::fleet::is_remote(h) {
+            if exclude.contains(&h.id) || (local.is_none() && !crate::fleet::is_remote(h)) {
                 // An in-process host of another (or an earlier) server.
                 continue;
             }
@@ -240,6 +248,7 @@ impl Control {
                 plan.spec.mem,
                 Some(plan.spec.fs_capacity),
                 None,
+                &[],
             )
             .await?;
         let id = SandboxId::new();
@@ -349,62 +358,141 @@ impl Control {
     ) {
         let control = self.clone();
         tokio::spawn(async move {
-            let Some(host) = control.host(host_id).await else {
-                control
-                    .finish_boot(&row, Err(format!("host {host_id} is not reachable")))
-                    .await;
-                return;
-            };
-            let vm = vm_id(row.id);
-            let memory = vm_memory(row.mem);
-            let create = CreateVm {
-                id: Some(vm),
-                persistent: row.persistent,
-                disk: Some(row.fs_capacity),
-                image,
-                memory,
-                cpu: row.cpu,
-                fence: row.generation,
-                from,
-                existing: false,
-                network: Some(net.clone()),
-                saved: None,
-            };
-            // A start applies what a PATCH changed since the last boot.
-            let resize = Resize {
-                fence: Some(row.generation),
-                memory: Some(memory),
-                cpu: Some(row.cpu),
-                disk: Some(row.fs_capacity),
-                network: Some(net),
-            };
-            let result = match how {
-                Boot::Create => host.create_vm(create).await.map(drop),
-                Boot::Start { saved } => match host.get_vm(vm, row.generation).await {
-                    Ok(_) => host.start_vm(vm, row.generation, resize).await.map(drop),
-                    // This host has no record of it (another host ran it,
-                    // or its local state was lost): a persistent disk comes
-                    // back from the store.
-                    Err(e) if e.is_not_found() => host
-                        .create_vm(CreateVm {
-                            existing: row.persistent,
-                            saved,
-                            ..create
-                        })
-                        .await
-                        .map(drop),
-                    Err(e) => Err(e),
-                },
-            };
-            let result = result.map_err(|e| e.message);
-            let booted = result.is_ok();
-            if !control.finish_boot(&row, result).await && booted {
-                // The sandbox moved on (deleted, stopped) while booting.
-                if let Err(e) = host.delete_vm(vm, row.generation).await {
-                    tracing::warn!(sandbox = %row.id, error = %e, "cannot remove a VM that booted too late");
+            let (mut row, mut host_id) = (row, host_id);
+            // Hosts that could not be reached for this boot: a host whose
+            // lease has not run out yet may be dead; the boot is placed
+            // again elsewhere, a bounded number of times.
+            let mut unreachable = Vec::new();
+            loop {
+                let host = control.host(host_id).await;
+                let result = match &host {
+                    Some(h) => {
+                        control
+                            .boot_on(
+                                h.as_ref(),
+                                &row,
+                                image,
+                                from.clone(),
+                                net.clone(),
+                                how.clone(),
+                            )
+                            .await
+                    }
+                    None => Err(HostApiError::unavailable(format!(
+                        "host {host_id} is not reachable"
+                    ))),
+                };
+                if let Err(e) = &result {
+                    if e.kind == hearth_hostapi::ErrorKind::Unavailable
+                        && unreachable.len() < MAX_BOOT_REPLACEMENTS
+                    {
+                        unreachable.push(host_id);
+                        if let Some((moved, next)) = control.place_again(&row, &unreachable).await {
+                            tracing::warn!(sandbox = %row.id, from = %host_id, to = %next, error = %e, "host unreachable; booting elsewhere");
+                            (row, host_id) = (moved, next);
+                            continue;
+                        }
+                    }
                 }
+                let booted = result.is_ok();
+                if !control
+                    .finish_boot(&row, result.map_err(|e| e.message))
+                    .await
+                    && booted
+                {
+                    // The sandbox moved on (deleted, stopped) while booting.
+                    if let Some(h) = &host {
+                        if let Err(e) = h.delete_vm(vm_id(row.id), row.generation).await {
+                            tracing::warn!(sandbox = %row.id, error = %e, "cannot remove a VM that booted too late");
+                        }
+                    }
+                }
+                return;
             }
         });
+    }
+
+    /// Boots the sandbox's VM on `host` at the row's generation.
+    async fn boot_on(
+        &self,
+        host: &dyn HostApi,
+        row: &SandboxRow,
+        image: ImageName,
+        from: Option<BootFrom>,
+        net: SandboxNet,
+        how: Boot,
+    ) -> Result<(), HostApiError> {
+        let vm = vm_id(row.id);
+        let memory = vm_memory(row.mem);
+        let create = CreateVm {
+            id: Some(vm),
+            persistent: row.persistent,
+            disk: Some(row.fs_capacity),
+            image,
+            memory,
+            cpu: row.cpu,
+            fence: row.generation,
+            from,
+            existing: false,
+            network: Some(net.clone()),
+            saved: None,
+        };
+        // A start applies what a PATCH changed since the last boot.
+        let resize = Resize {
+            fence: Some(row.generation),
+            memory: Some(memory),
+            cpu: Some(row.cpu),
+            disk: Some(row.fs_capacity),
+            network: Some(net),
+        };
+        match how {
+            Boot::Create => host.create_vm(create).await.map(drop),
+            Boot::Start { saved } => match host.get_vm(vm, row.generation).await {
+                Ok(_) => host.start_vm(vm, row.generation, resize).await.map(drop),
+                // This host has no record of it (another host ran it, or
+                // its local state was lost): a persistent disk comes back
+                // from the store.
+                Err(e) if e.is_not_found() => host
+                    .create_vm(CreateVm {
+                        existing: row.persistent,
+                        saved,
+                        ..create
+                    })
+                    .await
+                    .map(drop),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Places a booting sandbox again, on a host other than `exclude`, at
+    /// a new generation; `None` when no other host has room (the boot then
+    /// fails with its own error) or the sandbox moved on.
+    async fn place_again(
+        &self,
+        row: &SandboxRow,
+        exclude: &[HostId],
+    ) -> Option<(SandboxRow, HostId)> {
+        let _placing = self.placement.lock().await;
+        let disk = (row.generation <= 1).then_some(row.fs_capacity);
+        let host_id = self
+            .place(row.cpu, row.mem, disk, None, exclude)
+            .await
+            .ok()?;
+        let extra = StatusExtra {
+            host_id: Some(Some(host_id)),
+            bump_generation: true,
+            expect_generation: Some(row.generation),
+            expect_status: vec![SandboxStatus::Provisioning],
+            ..StatusExtra::default()
+        };
+        let moved = self
+            .db
+            .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+            .await
+            .ok()?;
+        self.bump();
+        Some((moved, host_id))
     }
 
     /// Records a boot's outcome; false when a newer decision won.
@@ -682,7 +770,7 @@ impl Control {
         }
         let placing = self.placement.lock().await;
         // The disk exists already; a host checks any growth when it boots.
-        let host_id = self.place(row.cpu, row.mem, None, row.host_id).await?;
+        let host_id = self.place(row.cpu, row.mem, None, row.host_id, &[]).await?;
         let extra = StatusExtra {
             host_id: Some(Some(host_id)),
             bump_generation: true,
@@ -824,9 +912,17 @@ impl Control {
         for (host_id, host) in &self.live_hosts().await {
             // VMs first, then rows: a VM is only ever created after its row,
             // so a VM missing from the later row query really has no sandbox.
-            let vms = match host.list_vms().await {
-                Ok(vms) => vms,
-                Err(e) => {
+            let vms = match tokio::time::timeout(RECONCILE_LIST_TIMEOUT, host.list_vms()).await {
+                Ok(Ok(vms)) => vms,
+                Err(_) => {
+                    tracing::warn!(host = %host_id, "the host did not list its VMs in time");
+                    continue;
+                }
+                Ok(Err(e)) if e.kind == hearth_hostapi::ErrorKind::Unavailable => {
+                    tracing::debug!(host = %host_id, error = %e, "cannot list the host's VMs");
+                    continue;
+                }
+                Ok(Err(e)) => {
                     tracing::warn!(host = %host_id, error = %e, "cannot list the host's VMs");
                     continue;
                 }

@@ -144,6 +144,17 @@ impl Verifier {
         self.state().generations.remove(subject)
     }
 
+    /// Ends every generation held: each subject's becomes one more, so
+    /// only a newer placement (the control plane bumps the generation at
+    /// every placement) is accepted for it. A host that fenced itself
+    /// calls this: whatever it held may have been placed elsewhere since,
+    /// and commands minted for those placements must stay refused.
+    pub fn end_generations(&self) {
+        for held in self.state().generations.values_mut() {
+            *held = held.saturating_add(1);
+        }
+    }
+
     pub fn held(&self, subject: &str) -> Option<u64> {
         self.state().generations.get(subject).copied()
     }

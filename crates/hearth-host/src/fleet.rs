@@ -285,15 +285,27 @@ pub async fn hold_lease(host: Arc<Host>, client: ControlClient, verifier: Arc<Ve
 
 /// Refuses every command and kills every VM; the control plane runs them
 /// elsewhere.
+///
+/// Every VM is then forgotten (its disk stays in the store, committed at
+/// the kill), and every generation it held is ended: the sandboxes may
+/// have been placed elsewhere meanwhile, so nothing minted for the old
+/// placements is accepted after this host registers again.
 async fn fence(host: &Host, verifier: &Verifier) {
     verifier.set_epoch(FENCED_EPOCH);
     eprintln!("hearth host fenced: its lease was lost; stopping every VM");
     let vms = host.list();
-    for vm in vms.iter().filter(|v| !v.state.is_terminal()) {
-        if let Err(e) = host.kill(vm.id).await {
-            tracing::warn!(vm = %vm.id, error = %crate::host::error_chain(&e), "fence: cannot kill a VM");
+    for vm in &vms {
+        verifier.hold(&vm.id.to_string(), vm.fence);
+        if !vm.state.is_terminal() {
+            if let Err(e) = host.kill(vm.id).await {
+                tracing::warn!(vm = %vm.id, error = %crate::host::error_chain(&e), "fence: cannot kill a VM");
+            }
+        }
+        if let Err(e) = host.forget(vm.id).await {
+            tracing::warn!(vm = %vm.id, error = %crate::host::error_chain(&e), "fence: cannot forget a VM");
         }
     }
+    verifier.end_generations();
     tracing::warn!(vms = vms.len(), "host fenced");
 }
 

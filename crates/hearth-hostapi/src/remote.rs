@@ -27,6 +27,9 @@ use crate::types::{Captured, CreateVm, Resize, SandboxNet, VmRecord};
 /// How long one command may take (a create boots a VM; an import pulls an
 /// image).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a read (a VM's record, the list, the host's figures) may take:
+/// a host that is partitioned away must not hold up the reapers.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting to a host may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest WebSocket message of a guest session.
@@ -116,6 +119,11 @@ impl RemoteHost {
         fence: u64,
         body: Option<&B>,
     ) -> HostResult<Bytes> {
+        let timeout = if method == reqwest::Method::GET {
+            READ_TIMEOUT
+        } else {
+            COMMAND_TIMEOUT
+        };
         let body = match body {
             Some(b) => serde_json::to_vec(b).map_err(|e| {
                 HostApiError::new(ErrorKind::Internal, format!("encode a command: {e}"))
@@ -127,6 +135,7 @@ impl RemoteHost {
             .http
             .request(method, format!("{}{path}", self.base))
             .header("content-type", "application/json")
+            .timeout(timeout)
             .body(body);
         if let Some(t) = token {
             req = req.header(hearth_fence::HEADER_NAME, t);

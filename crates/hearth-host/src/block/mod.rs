@@ -124,10 +124,30 @@ impl GenerationDisks {
                 .to_string_lossy()
                 .into(),
         );
-        let m = self
+        let m = match self
             .store
             .import_file(&images_scope(), &volume, base, CHUNK_SIZE, 0, meta)
-            .await?;
+            .await
+        {
+            Ok(m) => m,
+            // Another host sharing the store imported the same image (the
+            // volume is named after its content) at the same time: theirs
+            // is as good as ours.
+            Err(StoreError::Conflict { .. }) => match self.store.head(&volume).await? {
+                Some(m) => {
+                    tracing::info!(%volume, "another host imported this image first");
+                    return Ok(m);
+                }
+                None => {
+                    return Err(StoreError::Conflict {
+                        volume,
+                        parent: None,
+                        head: None,
+                    })
+                }
+            },
+            Err(e) => return Err(e),
+        };
         tracing::info!(%volume, chunks = m.chunks.len(), ms = started.elapsed().as_millis() as u64, "imported an image into the store");
         Ok(m)
     }
