@@ -19,6 +19,7 @@ pub mod api;
 pub mod fleet;
 pub mod guest;
 pub mod remote;
+pub mod sim;
 pub mod types;
 
 pub use api::{
@@ -28,6 +29,7 @@ pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
 };
 pub use remote::RemoteHost;
+pub use sim::SimHost;
 pub use types::{
     BootFrom, Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
 };
