@@ -91,9 +91,7 @@ pub async fn serve(
         "hearth host agent {host_id} listening on http://{listen} (guests under {}), joining {control_url}",
         host.accel(),
     );
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    let shutdown = crate::stop_signal();
     hearth_host::api::serve_checked(
         host.clone(),
         hearth_host::api::CommandCheck(Some(verifier)),

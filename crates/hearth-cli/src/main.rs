@@ -210,6 +210,26 @@ fn parse_images(s: &str) -> anyhow::Result<Vec<ImageName>> {
         .collect()
 }
 
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM (what Kubernetes and systemd
+/// send), so a stop always runs the graceful shutdown.
+pub async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops hearth");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
 async fn start_host(data_dir: PathBuf) -> anyhow::Result<Arc<hearth_host::Host>> {
     let network = NetworkFileConfig::default().settings(&data_dir)?;
     start_host_with(data_dir, &StoreOverrides::default(), network).await
@@ -428,9 +448,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 "hearth host agent listening on http://{listen} (guests under {})",
                 host.accel()
             );
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
-            };
+            let shutdown = crate::stop_signal();
             hearth_host::api::serve(host.clone(), listener, shutdown)
                 .await
                 .context("serve the host API")?;

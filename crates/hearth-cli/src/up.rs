@@ -277,11 +277,9 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         println!("export LANGSMITH_ENDPOINT={public_url}");
     }
     eprintln!();
-    eprintln!("Ctrl-C stops the sandboxes and exits.");
+    eprintln!("Ctrl-C (or SIGTERM) stops the sandboxes and exits.");
 
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    let shutdown = crate::stop_signal();
     hearth_control::serve(control.clone(), listener, shutdown)
         .await
         .context("serve")?;
