@@ -43,12 +43,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use futures_util::StreamExt;
-use hearth_guest_proto::{MuxError, OpErrorKind};
 use hearth_types::VmId;
 use serde::de::DeserializeOwned;
 
-use crate::guest::GuestError;
-use crate::host::{error_chain, Host, HostError};
+use crate::host::Host;
 
 /// Largest JSON request body; file uploads have no limit.
 pub const JSON_LIMIT: usize = 1024 * 1024;
@@ -200,69 +198,6 @@ impl IntoResponse for ApiError {
             "detail": {"error": self.error, "error_id": error_id, "message": self.message}
         });
         (self.status, Json(body)).into_response()
-    }
-}
-
-impl From<HostError> for ApiError {
-    fn from(e: HostError) -> Self {
-        let message = error_chain(&e);
-        match e {
-            HostError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "NotFound", message),
-            HostError::WrongState { .. } | HostError::Conflict(_) => {
-                Self::new(StatusCode::CONFLICT, "Conflict", message)
-            }
-            HostError::Invalid(_) => Self::unprocessable(message),
-            HostError::Boot { .. } | HostError::Vmm(_) | HostError::Image(_) => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                message,
-            ),
-            HostError::Io { .. } => Self::internal(message),
-            HostError::NeedsStore(_) => Self::new(StatusCode::CONFLICT, "Conflict", message),
-            HostError::Store(hearth_store::StoreError::Fenced { .. }) => {
-                Self::new(StatusCode::CONFLICT, "Fenced", message)
-            }
-            HostError::Store(_) => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "StorageUnavailable",
-                message,
-            ),
-            HostError::Guest(g) => g.into(),
-        }
-    }
-}
-
-impl From<GuestError> for ApiError {
-    fn from(e: GuestError) -> Self {
-        let message = e.to_string();
-        let (status, error) = match &e {
-            GuestError::Op(op) => match op.kind {
-                OpErrorKind::NotFound => (StatusCode::NOT_FOUND, "FileNotFound"),
-                OpErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, "PermissionDenied"),
-                OpErrorKind::IsADirectory => (StatusCode::BAD_REQUEST, "IsADirectory"),
-                OpErrorKind::NotADirectory => (StatusCode::BAD_REQUEST, "NotADirectory"),
-                OpErrorKind::InvalidPath => (StatusCode::BAD_REQUEST, "InvalidPath"),
-                OpErrorKind::NotAFile => (StatusCode::BAD_REQUEST, "NotAFile"),
-                OpErrorKind::BadRequest => (StatusCode::BAD_REQUEST, "ValidationError"),
-                OpErrorKind::AlreadyExists | OpErrorKind::DirectoryNotEmpty => {
-                    (StatusCode::CONFLICT, "Conflict")
-                }
-                OpErrorKind::ConnectionRefused => (StatusCode::BAD_GATEWAY, "ConnectionError"),
-                OpErrorKind::Unsupported | OpErrorKind::Io => {
-                    (StatusCode::INTERNAL_SERVER_ERROR, "CommandError")
-                }
-            },
-            GuestError::Handshake(_) | GuestError::Channel(MuxError::Closed { .. }) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable")
-            }
-            GuestError::Channel(MuxError::RequestTooLarge { .. }) => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge")
-            }
-            GuestError::Channel(_) => (StatusCode::INTERNAL_SERVER_ERROR, "CommandError"),
-            GuestError::Protocol(_) => (StatusCode::BAD_GATEWAY, "GuestProtocolError"),
-            GuestError::Deadline(_) => (StatusCode::GATEWAY_TIMEOUT, "GuestTimeout"),
-        };
-        Self::new(status, error, message)
     }
 }
 
