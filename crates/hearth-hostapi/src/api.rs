@@ -34,6 +34,37 @@ pub enum ErrorKind {
     Internal,
 }
 
+impl ErrorKind {
+    const ALL: [ErrorKind; 7] = [
+        Self::NotFound,
+        Self::WrongState,
+        Self::Invalid,
+        Self::Conflict,
+        Self::Unavailable,
+        Self::Refused,
+        Self::Internal,
+    ];
+
+    /// The kind's name on the wire (the envelope's `error` on the host's
+    /// API; the serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::WrongState => "wrong_state",
+            Self::Invalid => "invalid",
+            Self::Conflict => "conflict",
+            Self::Unavailable => "unavailable",
+            Self::Refused => "refused",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The kind [`ErrorKind::as_str`] names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
 /// A failed host operation: a kind and a message fit for users (a host
 /// redacts its paths and keeps the full chain in its own log).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -149,4 +180,19 @@ pub trait HostApi: Send + Sync {
     /// files, search, TCP). Hosts expose guest streams, not LangSmith's
     /// protocol, which the control plane speaks.
     async fn guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorKind;
+
+    #[test]
+    fn kind_names_are_the_serde_names() {
+        for k in ErrorKind::ALL {
+            let serde = serde_json::to_value(k).unwrap();
+            assert_eq!(serde.as_str(), Some(k.as_str()));
+            assert_eq!(ErrorKind::from_name(k.as_str()), Some(k));
+        }
+        assert_eq!(ErrorKind::from_name("NotFound"), None);
+    }
 }

@@ -230,14 +230,12 @@ fn error_of(status: u16, body: &[u8]) -> HostApiError {
     }
     match serde_json::from_slice::<Envelope>(body) {
         Ok(e) => {
+            // The host's commands answer with a kind; its own refusals
+            // (a bad body, a refused command) with their envelope type.
             let kind = match e.detail.error.as_str() {
-                "not_found" => ErrorKind::NotFound,
-                "wrong_state" => ErrorKind::WrongState,
-                "invalid" | "ValidationError" => ErrorKind::Invalid,
-                "conflict" => ErrorKind::Conflict,
-                "unavailable" => ErrorKind::Unavailable,
-                "refused" | "CommandRefused" => ErrorKind::Refused,
-                _ => ErrorKind::Internal,
+                "ValidationError" | "PayloadTooLarge" => ErrorKind::Invalid,
+                "CommandRefused" => ErrorKind::Refused,
+                name => ErrorKind::from_name(name).unwrap_or(ErrorKind::Internal),
             };
             HostApiError::new(kind, e.detail.message)
         }

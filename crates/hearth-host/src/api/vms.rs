@@ -33,22 +33,9 @@ pub(crate) fn status_of(kind: ErrorKind) -> StatusCode {
     }
 }
 
-/// The name of a kind on the wire (`detail.error`).
-pub(crate) fn kind_name(kind: ErrorKind) -> &'static str {
-    match kind {
-        ErrorKind::NotFound => "not_found",
-        ErrorKind::WrongState => "wrong_state",
-        ErrorKind::Invalid => "invalid",
-        ErrorKind::Conflict => "conflict",
-        ErrorKind::Unavailable => "unavailable",
-        ErrorKind::Refused => "refused",
-        ErrorKind::Internal => "internal",
-    }
-}
-
 impl From<HostApiError> for ApiError {
     fn from(e: HostApiError) -> Self {
-        ApiError::new(status_of(e.kind), kind_name(e.kind), e.message)
+        ApiError::new(status_of(e.kind), e.kind.as_str(), e.message)
     }
 }
 
