@@ -50,7 +50,7 @@ pub fn db_error(e: DbError) -> ApiError {
         }
         DbError::InvalidCursor => ApiError::invalid_query("cursor", "malformed or foreign cursor"),
         other => {
-            tracing::error!(error = %error_chain(&other), "database failure");
+            tracing::error!(error = %hearth_types::error_chain(&other), "database failure");
             ApiError::internal()
         }
     }
@@ -90,14 +90,3 @@ pub fn exec_failure(t: hearth_guest_proto::ExecErrorType, message: String) -> Ap
     }
 }
 
-/// An error and its sources, `: `-separated (one line for logs).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}

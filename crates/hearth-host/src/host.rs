@@ -22,6 +22,7 @@ use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
 use crate::guest::GuestClient;
 use crate::vm::{now_ms, BootFrom, MemoryVolumes, Vm, VmRecord, VmState};
 pub use hearth_hostapi::types::{Captured, CreateVm, Resize};
+pub use hearth_types::error_chain;
 
 /// Settings of a host agent.
 #[derive(Clone, Debug)]
@@ -1587,14 +1588,3 @@ fn console_tail(path: &Path) -> String {
     String::from_utf8_lossy(&text[start..]).replace('\n', " | ")
 }
 
-/// `e` and its sources, joined, for records and API messages.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}

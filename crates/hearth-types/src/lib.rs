@@ -165,6 +165,18 @@ impl MilliCpu {
     }
 }
 
+/// `e` and its sources, joined, for records and API messages.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,3 +206,4 @@ mod tests {
         assert_eq!(MilliCpu(2001).whole_vcpus(), 3);
     }
 }
+
