@@ -18,6 +18,7 @@
 pub mod api;
 pub mod fleet;
 pub mod guest;
+pub mod pipe;
 pub mod remote;
 pub mod sim;
 pub mod types;

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use hearth_types::VmId;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio_tungstenite::tungstenite::Message;
+
+use crate::pipe::{Inbound, MAX_MESSAGE};
 
 use crate::api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
@@ -32,8 +33,6 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting to a host may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The largest WebSocket message of a guest session.
-const MAX_MESSAGE: usize = 256 * 1024;
 /// How long the guest session's handshake may take.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
@@ -209,7 +208,18 @@ impl RemoteHost {
             }
         };
         let (ours, theirs) = tokio::io::duplex(MAX_MESSAGE);
-        tokio::spawn(pump(ws, theirs));
+        let (sink, source) = ws.split();
+        tokio::spawn(crate::pipe::pump(
+            sink,
+            source,
+            theirs,
+            Message::Binary,
+            |m| match m {
+                Message::Binary(b) => Inbound::Data(b),
+                Message::Close(_) => Inbound::End,
+                _ => Inbound::Skip,
+            },
+        ));
         let (r, w) = tokio::io::split(ours);
         GuestClient::handshake(r, w, HANDSHAKE)
             .await
@@ -247,46 +257,6 @@ fn error_of(status: u16, body: &[u8]) -> HostApiError {
             },
             format!("host answered {status}"),
         ),
-    }
-}
-
-/// WebSocket binary messages ⇄ the pipe the guest session's mux runs on.
-async fn pump<S>(ws: tokio_tungstenite::WebSocketStream<S>, io: DuplexStream)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let (mut sink, mut source) = ws.split();
-    let (mut r, mut w) = tokio::io::split(io);
-    let inbound = async {
-        while let Some(Ok(msg)) = source.next().await {
-            match msg {
-                Message::Binary(b) if w.write_all(&b).await.is_err() => break,
-                Message::Close(_) => break,
-                _ => {}
-            }
-        }
-    };
-    let outbound = async {
-        let mut buf = vec![0u8; MAX_MESSAGE];
-        loop {
-            match r.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if sink
-                        .send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = sink.close().await;
-    };
-    tokio::select! {
-        () = inbound => {}
-        () = outbound => {}
     }
 }
 

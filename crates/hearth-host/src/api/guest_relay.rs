@@ -11,24 +11,34 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use hearth_guest_proto::{
     guest_handshake, FrameCodec, Incoming, Mux, OpError, OpErrorKind, Request, Role, Stream,
     StreamReceiver, StreamSender,
 };
+use hearth_hostapi::pipe::Inbound;
 use hearth_hostapi::GuestClient;
 use hearth_types::VmId;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-/// The largest WebSocket message either side sends (a read of the pipe).
-pub const MAX_MESSAGE: usize = 256 * 1024;
+pub use hearth_hostapi::pipe::MAX_MESSAGE;
 /// How long the control plane may take to say hello.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
 pub(super) async fn relay(socket: WebSocket, guest: GuestClient, vm: VmId) {
     let (ours, theirs) = tokio::io::duplex(MAX_MESSAGE);
-    let pump = tokio::spawn(pump(socket, theirs));
+    let (sink, source) = socket.split();
+    let pump = tokio::spawn(hearth_hostapi::pipe::pump(
+        sink,
+        source,
+        theirs,
+        Message::Binary,
+        |m| match m {
+            Message::Binary(b) => Inbound::Data(b),
+            Message::Close(_) => Inbound::End,
+            _ => Inbound::Skip,
+        },
+    ));
     let (r, w) = tokio::io::split(ours);
     let mut reader = FramedRead::new(r, FrameCodec);
     let mut writer = FramedWrite::new(w, FrameCodec);
@@ -125,41 +135,4 @@ async fn forward(mut from: StreamReceiver, to: &StreamSender) {
         }
     }
     to.close(None);
-}
-
-/// WebSocket binary messages ⇄ the pipe the relay's mux runs on.
-async fn pump(socket: WebSocket, io: DuplexStream) {
-    let (mut sink, mut source) = socket.split();
-    let (mut r, mut w) = tokio::io::split(io);
-    let inbound = async {
-        while let Some(Ok(msg)) = source.next().await {
-            match msg {
-                Message::Binary(b) if w.write_all(&b).await.is_err() => break,
-                Message::Close(_) => break,
-                _ => {}
-            }
-        }
-    };
-    let outbound = async {
-        let mut buf = vec![0u8; MAX_MESSAGE];
-        loop {
-            match r.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if sink
-                        .send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = sink.close().await;
-    };
-    tokio::select! {
-        () = inbound => {}
-        () = outbound => {}
-    }
 }
