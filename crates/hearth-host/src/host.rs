@@ -1587,4 +1587,3 @@ fn console_tail(path: &Path) -> String {
     let start = text.len().saturating_sub(600);
     String::from_utf8_lossy(&text[start..]).replace('\n', " | ")
 }
-
