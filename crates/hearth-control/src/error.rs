@@ -89,4 +89,3 @@ pub fn exec_failure(t: hearth_guest_proto::ExecErrorType, message: String) -> Ap
         _ => ApiError::command_failed(message),
     }
 }
-

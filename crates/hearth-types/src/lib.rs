@@ -206,4 +206,3 @@ mod tests {
         assert_eq!(MilliCpu(2001).whole_vcpus(), 3);
     }
 }
-
