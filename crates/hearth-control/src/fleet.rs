@@ -20,7 +20,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -35,7 +34,7 @@ use hearth_hostapi::{HostApi, RemoteHost};
 use hearth_types::HostId;
 
 use crate::error::{db_error, HttpError, HttpResult};
-use crate::extract::Path;
+use crate::extract::{JsonBody, Path};
 use crate::Control;
 
 /// Remote hosts this process has talked to, by id, with the epoch and
@@ -340,7 +339,7 @@ fn token_matches(given: &str, want: &str) -> bool {
 pub(crate) async fn register(
     State(c): State<Arc<Control>>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
     let Some(want) = c.cfg.host_token.as_deref() else {
         return Err(ApiError::forbidden(
@@ -354,7 +353,11 @@ pub(crate) async fn register(
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
     if !token_matches(given, want) {
-        return Err(HttpError(ApiError::unauthorized()));
+        return Err(HttpError(ApiError::new(
+            401,
+            "Unauthorized",
+            "invalid or missing host enrollment token",
+        )));
     }
     let req: RegisterHost = hearth_api::parse_body(&body)?;
     let public = PublicKey::from_base64(&req.public_key)
@@ -417,7 +420,7 @@ pub(crate) async fn renew(
     State(c): State<Arc<Control>>,
     Path(id): Path<HostId>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
     let action = format!("POST /internal/v1/hosts/{id}/lease");
     let verified = c.host_command(id, &headers, &action, &body).await?;
@@ -446,7 +449,7 @@ pub(crate) async fn drain(
     State(c): State<Arc<Control>>,
     Path(id): Path<HostId>,
     headers: HeaderMap,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
     let action = format!("POST /internal/v1/hosts/{id}/drain");
     c.host_command(id, &headers, &action, &body).await?;
