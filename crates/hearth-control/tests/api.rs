@@ -1461,13 +1461,12 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
         .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
         .unwrap();
     let resp = app.oneshot(req).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let v: Value = serde_json::from_slice(
-        &axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let status = resp.status();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["stdout"], "persisted\n", "{v}");
     control.stop_all().await;
 }
