@@ -1454,17 +1454,38 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
         let ws = row.workspace_id;
         key(&control.db, ws, &["*"]).await
     };
-    let req = Request::builder()
-        .method(Method::POST)
-        .uri(format!("/dataplane/{id}/execute"))
-        .header("x-api-key", key)
-        .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
-        .unwrap();
-    let resp = app.oneshot(req).await.unwrap();
-    let status = resp.status();
-    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
+    // As the SDK does, a 503 (with Retry-After) is retried a few times.
+    let mut tries = 0;
+    let (status, body) = loop {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("/dataplane/{id}/execute"))
+            .header("x-api-key", &key)
+            .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        if status == StatusCode::SERVICE_UNAVAILABLE && tries < 5 {
+            tries += 1;
+            let row = control
+                .db
+                .get_sandbox_by_id(id.parse().unwrap())
+                .await
+                .unwrap();
+            eprintln!(
+                "wake answered 503 ({}); sandbox {:?}: {:?}; retrying",
+                String::from_utf8_lossy(&body),
+                row.status,
+                row.status_message
+            );
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            continue;
+        }
+        break (status, body);
+    };
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["stdout"], "persisted\n", "{v}");
