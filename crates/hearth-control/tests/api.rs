@@ -1421,6 +1421,21 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
     unsafe {
         libc::kill(pid as i32, libc::SIGKILL);
     }
+    // In this process the dead host's tasks outlive it: its VM watcher
+    // still releases the disk and removes the run directory it sees die.
+    // A real host agent dies with its tasks, so the new one must not start
+    // on the same directory until that reaction is over (else the old
+    // watcher removes the new VMM's run directory and races its disk).
+    let gone = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !vm.state().is_terminal() {
+        assert!(
+            tokio::time::Instant::now() < gone,
+            "the killed vm was never seen dead: {:?}",
+            vm.record()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(vm);
     // The restarted control plane has the same master key (it seals the
     // link key in the database; another key would fail closed).
     let master_key = e.control.cfg.master_key.clone();
@@ -1454,38 +1469,25 @@ async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
         let ws = row.workspace_id;
         key(&control.db, ws, &["*"]).await
     };
-    // As the SDK does, a 503 (with Retry-After) is retried a few times.
-    let mut tries = 0;
-    let (status, body) = loop {
-        let req = Request::builder()
-            .method(Method::POST)
-            .uri(format!("/dataplane/{id}/execute"))
-            .header("x-api-key", &key)
-            .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
-            .unwrap();
-        let resp = app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("/dataplane/{id}/execute"))
+        .header("x-api-key", &key)
+        .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    if status != StatusCode::OK {
+        let row = control
+            .db
+            .get_sandbox_by_id(id.parse().unwrap())
             .await
             .unwrap();
-        if status == StatusCode::SERVICE_UNAVAILABLE && tries < 5 {
-            tries += 1;
-            let row = control
-                .db
-                .get_sandbox_by_id(id.parse().unwrap())
-                .await
-                .unwrap();
-            eprintln!(
-                "wake answered 503 ({}); sandbox {:?}: {:?}; retrying",
-                String::from_utf8_lossy(&body),
-                row.status,
-                row.status_message
-            );
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            continue;
-        }
-        break (status, body);
-    };
+        eprintln!("sandbox {:?}: {:?}", row.status, row.status_message);
+    }
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["stdout"], "persisted\n", "{v}");
