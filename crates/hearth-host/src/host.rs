@@ -57,6 +57,9 @@ pub struct HostConfig {
     /// cgroup limits; see [`hearth_vmm::JailSpec`]). `None`: QEMU runs as
     /// this process's user, guarded only by its own seccomp filter.
     pub jail: Option<JailSettings>,
+    /// How long a starting agent waits for the data directory's lock (see
+    /// [`crate::lock`]): a previous agent may still be shutting down.
+    pub lock_wait: Duration,
 }
 
 /// Settings of jailed VMMs.
@@ -167,6 +170,7 @@ impl HostConfig {
             free_page_reporting: true,
             network: None,
             jail: None,
+            lock_wait: Duration::from_secs(5),
         }
     }
 }
@@ -231,6 +235,9 @@ pub struct Host {
     network: Option<crate::network::Network>,
     /// Jail uids in use (offsets from `JailSettings::uid_base`).
     jail_slots: Mutex<std::collections::BTreeSet<u32>>,
+    /// This agent's hold on its data directory; the last field, so it is
+    /// released after everything else is dropped.
+    _lock: crate::lock::DataDirLock,
 }
 
 impl Host {
@@ -246,6 +253,8 @@ impl Host {
             source: e,
         };
         private_dir(&cfg.data_dir).map_err(|e| io("secure the data dir", e))?;
+        // Before anything under the directory is read or changed.
+        let lock = crate::lock::DataDirLock::acquire(&cfg.data_dir, cfg.lock_wait).await?;
         private_dir(&cfg.data_dir.join("vms")).map_err(|e| io("create data dir", e))?;
         private_dir(&cfg.run_root).map_err(|e| io("create run dir", e))?;
         // Paths handed to a jailed VMM must be plain absolute paths (no
@@ -325,6 +334,7 @@ impl Host {
             vms: Mutex::new(HashMap::new()),
             disks,
             generations,
+            _lock: lock,
         });
         host.recover().await;
         Ok(host)

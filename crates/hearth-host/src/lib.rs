@@ -24,6 +24,7 @@ pub mod guest {
 }
 pub mod host;
 mod local;
+pub mod lock;
 pub mod memory;
 pub mod network;
 pub mod vm;

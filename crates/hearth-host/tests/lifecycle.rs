@@ -178,3 +178,45 @@ async fn a_larger_disk_is_grown_into_at_boot() {
     assert_eq!(vm.state(), VmState::Stopped);
     host.delete(vm.id).await.unwrap();
 }
+
+/// A second host agent on a data directory in use (`hearth run` while
+/// `hearth up` runs) is refused before it touches anything: it used to
+/// "recover" the first one's VMs, killing their VMMs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_the_same_data_directory_is_refused() {
+    let cfg = test_config();
+    let host = hearth_host::Host::start(
+        cfg.clone(),
+        std::sync::Arc::new(hearth_image::QuietProgress),
+    )
+    .await
+    .unwrap();
+    let (vm, g) = vm(&host, ImageName::Busybox).await;
+    let pid = vm.record().pid.unwrap();
+
+    let mut second = cfg.clone();
+    second.lock_wait = Duration::from_millis(200);
+    let err = hearth_host::Host::start(second, std::sync::Arc::new(hearth_image::QuietProgress))
+        .await
+        .err()
+        .expect("a second agent on the same directory must not start");
+    let msg = hearth_host::error_chain(&err);
+    assert!(
+        msg.contains(&format!("pid {}", std::process::id())) && msg.contains("data directory"),
+        "{msg}"
+    );
+    // The first agent's VM was not touched.
+    assert_eq!(vm.state(), VmState::Ready);
+    assert_eq!(vm.record().pid, Some(pid));
+    assert_eq!(g.run(sh("echo alive")).await.unwrap().stdout, b"alive\n");
+
+    // Once the first agent is gone, the directory is free again and the
+    // next agent accounts for its VM.
+    host.shutdown().await;
+    drop((vm, g, host));
+    let host = hearth_host::Host::start(cfg, std::sync::Arc::new(hearth_image::QuietProgress))
+        .await
+        .expect("the directory is free once the first agent is gone");
+    assert_eq!(host.list().len(), 1);
+    host.shutdown().await;
+}
