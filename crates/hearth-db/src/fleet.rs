@@ -98,9 +98,19 @@ pub struct SigningKeyRow {
     pub created_at: Timestamp,
     /// When it stopped being used for signing; `None` while in use.
     pub retired_at: Option<Timestamp>,
+    /// When its owner last said it still signs with it
+    /// ([`Db::touch_signing_key`]); registration counts.
+    pub seen_at: Timestamp,
 }
 
-const KEY_COLS: &str = "key_id, owner_kind, owner_id, public_key, created_at, retired_at";
+impl SigningKeyRow {
+    /// In use and seen at or after `since`: a key hosts should trust.
+    pub fn live_since(&self, since: Timestamp) -> bool {
+        self.retired_at.is_none() && self.seen_at >= since
+    }
+}
+
+const KEY_COLS: &str = "key_id, owner_kind, owner_id, public_key, created_at, retired_at, seen_at";
 
 fn decode_key(r: &dyn RowExt) -> Result<SigningKeyRow, sqlx::Error> {
     let hex = r.text("public_key")?;
@@ -112,6 +122,8 @@ fn decode_key(r: &dyn RowExt) -> Result<SigningKeyRow, sqlx::Error> {
             .ok_or_else(|| bad_column("public_key", "not 32 bytes of hex"))?,
         created_at: r.ts("created_at")?,
         retired_at: r.opt_ts("retired_at")?,
+        // Rows from before migration 9 were never refreshed.
+        seen_at: r.opt_ts("seen_at")?.unwrap_or(r.ts("created_at")?),
     })
 }
 
@@ -228,7 +240,7 @@ impl Db {
     ) -> Result<SigningKeyRow, DbError> {
         let op = "register signing key";
         let sql = Sql::new(&format!(
-            "INSERT INTO signing_keys ({KEY_COLS}) VALUES ($1, $2, $3, $4, $5, NULL) \
+            "INSERT INTO signing_keys ({KEY_COLS}) VALUES ($1, $2, $3, $4, $5, NULL, $5) \
              ON CONFLICT (key_id) DO NOTHING"
         ))
         .arg(key.key_id.as_str())
@@ -249,6 +261,7 @@ impl Db {
                 public_key: key.public_key,
                 created_at: key.created_at,
                 retired_at: None,
+                seen_at: key.created_at,
             });
         }
         // Rows are never deleted, so the one that conflicted is there.
@@ -301,6 +314,30 @@ impl Db {
             .fetch_all(&sql, decode_key)
             .await
             .map_err(DbError::backend("list signing keys"))
+    }
+
+    /// Records that the key's owner still signs with it at `at` (a later
+    /// time than the one stored; an earlier one changes nothing). An
+    /// unknown key is `NotFound`.
+    pub async fn touch_signing_key(&self, key_id: &str, at: Timestamp) -> Result<(), DbError> {
+        let op = "refresh signing key";
+        let sql = Sql::new(
+            "UPDATE signing_keys SET seen_at = $2 WHERE key_id = $1 \
+             AND (seen_at IS NULL OR seen_at < $2)",
+        )
+        .arg(key_id)
+        .arg(at);
+        let changed = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend(op))?;
+        if changed == 0 && self.signing_key(key_id).await?.is_none() {
+            return Err(DbError::NotFound {
+                what: "signing key",
+            });
+        }
+        Ok(())
     }
 
     /// Marks a key retired at `at` and returns it. Retiring a retired key

@@ -68,6 +68,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0008_saved_memory.sql"),
         postgres: include_str!("../migrations/postgres/0008_saved_memory.sql"),
     },
+    Migration {
+        version: 9,
+        name: "signing_key_seen",
+        sqlite: include_str!("../migrations/sqlite/0009_signing_key_seen.sql"),
+        postgres: include_str!("../migrations/postgres/0009_signing_key_seen.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -272,5 +272,23 @@ async fn signing_keys_register_list_retire_and_never_overwrite() {
             DbError::NotFound { .. }
         ));
         assert_eq!(db.signing_key("nope").await.unwrap(), None);
+
+        // Seen: registration counts; a touch moves it forward only.
+        let seen = |id: &'static str| async move { db.signing_key(id).await.unwrap().unwrap() };
+        assert_eq!(seen("ctl-2").await.seen_at, at(10));
+        db.touch_signing_key("ctl-2", at(500)).await.unwrap();
+        db.touch_signing_key("ctl-2", at(400)).await.unwrap();
+        let c2_row = seen("ctl-2").await;
+        assert_eq!(c2_row.seen_at, at(500));
+        assert!(c2_row.live_since(at(500)) && !c2_row.live_since(at(501)));
+        // ctl-1 was never touched: seen when registered, so not live now.
+        assert!(!seen("ctl-1").await.live_since(at(400)));
+        // A retired key is never live, however recently seen.
+        db.touch_signing_key("host-1", at(900)).await.unwrap();
+        assert!(!seen("host-1").await.live_since(at(0)));
+        assert!(matches!(
+            db.touch_signing_key("nope", at(1)).await.unwrap_err(),
+            DbError::NotFound { .. }
+        ));
     }
 }
