@@ -45,6 +45,23 @@ pub enum KeysCommand {
         #[arg(long)]
         name: String,
     },
+    /// The fleet's command-signing keys (control-plane replicas and hosts).
+    Signing {
+        #[command(subcommand)]
+        command: SigningCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SigningCommand {
+    /// List every signing key: owner, when made, when last seen, and
+    /// whether hosts trust it now.
+    List,
+    /// Retire a key at once: hosts drop a control key at their next lease
+    /// renewal, and the control plane refuses a host key's signatures.
+    /// To rotate a control plane's key, remove its `control.key`, restart
+    /// it (a new key is made and registered), then retire the old one.
+    Retire { key_id: String },
 }
 
 /// The workspace `hearth up` creates on first start.
@@ -149,6 +166,50 @@ pub async fn run(data_dir: &Path, args: DbArgs, cmd: KeysCommand) -> anyhow::Res
             .await?;
             println!("{id}");
         }
+        KeysCommand::Signing { command } => signing(&db, command).await?,
     }
     Ok(0)
+}
+
+async fn signing(db: &Db, cmd: SigningCommand) -> anyhow::Result<()> {
+    use hearth_db::KeyOwnerKind;
+    match cmd {
+        SigningCommand::List => {
+            let now = hearth_db::Timestamp::now();
+            let since = now.minus(hearth_control::CONTROL_KEY_WINDOW);
+            for kind in [KeyOwnerKind::Control, KeyOwnerKind::Host] {
+                for k in db.list_signing_keys(kind, None).await? {
+                    let state = match (k.retired_at, kind) {
+                        (Some(at), _) => format!("retired {at}"),
+                        (None, KeyOwnerKind::Control) if !k.live_since(since) => {
+                            "stale (not sent to hosts)".to_owned()
+                        }
+                        (None, _) => "in use".to_owned(),
+                    };
+                    println!(
+                        "{}  {} {}  created {}  seen {}  {state}",
+                        k.key_id,
+                        kind.as_str(),
+                        k.owner_id,
+                        k.created_at,
+                        k.seen_at
+                    );
+                }
+            }
+        }
+        SigningCommand::Retire { key_id } => {
+            let row = db
+                .retire_signing_key(&key_id, hearth_db::Timestamp::now())
+                .await
+                .with_context(|| format!("retire the signing key {key_id}"))?;
+            let at = row.retired_at.map(|t| t.to_string()).unwrap_or_default();
+            println!(
+                "retired {} ({} {}) at {at}",
+                row.key_id,
+                row.owner_kind.as_str(),
+                row.owner_id
+            );
+        }
+    }
+    Ok(())
 }

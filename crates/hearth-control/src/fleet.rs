@@ -16,6 +16,13 @@
 //!   disk; one whose disk was only in that host's own store is `failed`.
 //! - Commands to remote hosts go through [`hearth_hostapi::RemoteHost`],
 //!   signed with this control plane's key for the host's current epoch.
+//! - **Control keys** are sent to hosts with every lease, and a host trusts
+//!   exactly those until its next renewal. Each replica refreshes its own
+//!   key's `seen_at` at every reaper pass; only keys seen within
+//!   [`CONTROL_KEY_WINDOW`] and not retired are sent. The key of a replica
+//!   that is gone (the chart gives each pod a new key) so stops being
+//!   trusted on its own within the window plus one renewal; `hearth keys
+//!   signing retire` ends a key at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -109,12 +116,15 @@ impl Control {
         out
     }
 
-    /// The control plane's public keys, as hosts receive them.
-    async fn control_keys(&self) -> Vec<String> {
+    /// The control plane's public keys, as hosts receive them: not
+    /// retired, and refreshed by their replica within
+    /// [`CONTROL_KEY_WINDOW`] of `now`.
+    async fn control_keys(&self, now: Timestamp) -> Vec<String> {
+        let since = now.minus(CONTROL_KEY_WINDOW);
         match self.db.list_signing_keys(KeyOwnerKind::Control, None).await {
             Ok(keys) => keys
                 .iter()
-                .filter(|k| k.retired_at.is_none())
+                .filter(|k| k.live_since(since))
                 .filter_map(|k| PublicKey::from_bytes(&k.public_key).ok())
                 .map(|k| k.to_base64())
                 .collect(),
@@ -125,22 +135,41 @@ impl Control {
         }
     }
 
-    /// Records this control plane's signing key, so hosts trust it.
+    /// Records this control plane's signing key, so hosts trust it, and
+    /// marks it seen now (a restart with the same key file re-registers
+    /// nothing but is seen again).
     pub(crate) async fn register_control_key(&self) -> Result<(), hearth_db::DbError> {
         let Some(signer) = &self.cfg.signer else {
             return Ok(());
         };
         let public = signer.key().public();
-        self.db
+        let now = Timestamp::now();
+        let row = self
+            .db
             .register_signing_key(&NewSigningKey {
                 key_id: public.id().to_string(),
                 owner_kind: KeyOwnerKind::Control,
                 owner_id: "control".into(),
                 public_key: public.bytes(),
-                created_at: Timestamp::now(),
+                created_at: now,
             })
-            .await
-            .map(drop)
+            .await?;
+        if row.retired_at.is_some() {
+            // Hosts will refuse every command it signs: say so loudly.
+            tracing::error!(key = %row.key_id, "this control plane's signing key was retired; give it a new key file");
+        }
+        self.db.touch_signing_key(&row.key_id, now).await
+    }
+
+    /// Says this replica still signs with its key (a reaper pass).
+    pub(crate) async fn refresh_control_key(&self, now: Timestamp) {
+        let Some(signer) = &self.cfg.signer else {
+            return;
+        };
+        let id = signer.key().public().id().to_string();
+        if let Err(e) = self.db.touch_signing_key(&id, now).await {
+            tracing::warn!(key = %id, error = %e, "cannot refresh this control plane's signing key");
+        }
     }
 
     /// Checks a command a host signed: by one of its registered keys, for
@@ -382,15 +411,25 @@ pub(crate) async fn register(
             &ring,
         )
         .map_err(|r| ApiError::new(403, "CommandRefused", format!("{}: {r}", r.reason())))?;
-    c.db.register_signing_key(&NewSigningKey {
-        key_id: public.id().to_string(),
-        owner_kind: KeyOwnerKind::Host,
-        owner_id: req.id.to_string(),
-        public_key: public.bytes(),
-        created_at: Timestamp::now(),
-    })
-    .await
-    .map_err(db_error)?;
+    let key =
+        c.db.register_signing_key(&NewSigningKey {
+            key_id: public.id().to_string(),
+            owner_kind: KeyOwnerKind::Host,
+            owner_id: req.id.to_string(),
+            public_key: public.bytes(),
+            created_at: Timestamp::now(),
+        })
+        .await
+        .map_err(db_error)?;
+    if key.retired_at.is_some() {
+        // Its renewals would be refused: it must come back with a new key.
+        return Err(ApiError::new(
+            403,
+            "CommandRefused",
+            "retired_key: this host's key was retired; give the host a new key (remove its host.key)",
+        )
+        .into());
+    }
     let now = Timestamp::now();
     let expires = now.plus(c.cfg.lease);
     let epoch =
@@ -412,7 +451,7 @@ pub(crate) async fn register(
         .map_err(db_error)?;
     tracing::info!(host = %req.id, address = %req.address, epoch, "host registered");
     c.bump();
-    let keys = c.control_keys().await;
+    let keys = c.control_keys(now).await;
     Ok(Json(c.lease_answer(epoch, expires, keys)).into_response())
 }
 
@@ -441,7 +480,7 @@ pub(crate) async fn renew(
         ))
         .into());
     }
-    let keys = c.control_keys().await;
+    let keys = c.control_keys(now).await;
     Ok(Json(c.lease_answer(req.epoch, expires, keys)).into_response())
 }
 
@@ -464,3 +503,9 @@ pub(crate) async fn drain(
 
 /// The audience hosts sign for; re-exported for the verifier's set-up.
 pub(crate) const AUDIENCE: &str = CONTROL_AUDIENCE;
+
+/// How long a control key stays trusted by hosts after its replica last
+/// refreshed it (every reaper pass, seconds apart). Generous against clock
+/// skew between replicas and a database blip; short enough that the key
+/// of a pod that is gone does not stay valid for long.
+pub const CONTROL_KEY_WINDOW: std::time::Duration = std::time::Duration::from_secs(300);

@@ -48,6 +48,7 @@ use hearth_types::{ByteSize, HostId, MilliCpu, SnapshotId};
 use tokio::sync::watch;
 
 pub use autoscale::AutoscaleSetup;
+pub use fleet::CONTROL_KEY_WINDOW;
 pub use metrics::Metrics;
 
 /// Settings of the control plane.
@@ -293,6 +294,7 @@ impl Control {
                     .await;
             }
         }
+        self.refresh_control_key(now).await;
         self.fail_over(now).await;
         self.autoscale(now).await;
         self.reconcile(false).await;
