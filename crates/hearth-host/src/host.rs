@@ -20,7 +20,7 @@ pub type Instance = <Backend as Vmm>::Instance;
 use crate::block::GenerationDisks;
 use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
 use crate::guest::GuestClient;
-use crate::vm::{now_ms, BootFrom, MemoryVolumes, Vm, VmRecord, VmState};
+use crate::vm::{BootFrom, MemoryVolumes, Vm, VmRecord, VmState};
 pub use hearth_hostapi::types::{Captured, CreateVm, Resize};
 pub use hearth_types::error_chain;
 
@@ -447,23 +447,7 @@ impl Host {
         private_dir(&dir).map_err(io("create vm dir"))?;
         private_dir(&run_dir).map_err(io("create run dir"))?;
         let vm = Arc::new(Vm::new(
-            VmRecord {
-                id,
-                image: req.image,
-                memory: req.memory,
-                cpu: req.cpu,
-                state: VmState::Provisioning,
-                persistent: req.persistent,
-                disk: req.disk,
-                reason: None,
-                pid: None,
-                accel: Some(self.accel.to_string()),
-                created_at_ms: now_ms(),
-                boot_ms: None,
-                fence: req.fence,
-                from: req.from.clone(),
-                saved: req.saved.clone(),
-            },
+            VmRecord::provisioning(id, &req, self.accel.to_string()),
             dir.clone(),
             run_dir.clone(),
         ));

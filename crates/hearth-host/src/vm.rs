@@ -13,20 +13,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use hearth_types::VmId;
 use tokio::sync::watch;
 
 use crate::guest::GuestClient;
 pub use hearth_hostapi::types::{BootFrom, MemoryVolumes, VmRecord, VmState};
-
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// A VM and its live handles.
 pub struct Vm {

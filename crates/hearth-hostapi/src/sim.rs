@@ -34,7 +34,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use hearth_guest_proto::{
@@ -260,12 +260,6 @@ fn drop_guest(st: &mut State, id: VmId, why: &str) {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// The disk of a VM that asked for none: its image's (as the built-in
 /// snapshots record them).
 fn image_disk(image: ImageName) -> ByteSize {
@@ -310,21 +304,9 @@ impl HostApi for SimHost {
             st.vms.insert(
                 id,
                 VmRecord {
-                    id,
-                    image: req.image,
-                    memory: req.memory,
-                    cpu: req.cpu,
-                    state: VmState::Provisioning,
-                    persistent: req.persistent,
-                    disk: req.disk,
-                    reason: None,
-                    pid: None,
-                    accel: Some("sim".into()),
-                    created_at_ms: now_ms(),
-                    boot_ms: None,
-                    fence: req.fence,
-                    from: req.from,
+                    // The simulation resumes no memory.
                     saved: None,
+                    ..VmRecord::provisioning(id, &req, "sim".into())
                 },
             );
         }

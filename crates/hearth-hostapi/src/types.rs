@@ -65,6 +65,33 @@ pub struct VmRecord {
     pub saved: Option<MemoryVolumes>,
 }
 
+impl VmRecord {
+    /// The record of a VM `req` creates, before its first boot, on a host
+    /// whose guests run under `accel`.
+    pub fn provisioning(id: VmId, req: &CreateVm, accel: String) -> Self {
+        let created_at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Self {
+            id,
+            image: req.image,
+            memory: req.memory,
+            cpu: req.cpu,
+            state: VmState::Provisioning,
+            persistent: req.persistent,
+            disk: req.disk,
+            reason: None,
+            pid: None,
+            accel: Some(accel),
+            created_at_ms,
+            boot_ms: None,
+            fence: req.fence,
+            from: req.from.clone(),
+            saved: req.saved.clone(),
+        }
+    }
+}
+
 /// A snapshot in the store that a VM boots from.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BootFrom {
