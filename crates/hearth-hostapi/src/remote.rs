@@ -35,6 +35,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the guest session's handshake may take.
 const HANDSHAKE: Duration = Duration::from_secs(10);
+/// The most of one answer read from a host: the longest is the list of its
+/// VMs (about 500 bytes each). A host that sends more is broken or
+/// hostile; it must not grow the control plane's memory.
+const MAX_ANSWER: usize = 16 << 20;
 
 /// A host reached over HTTP.
 pub struct RemoteHost {
@@ -143,13 +147,37 @@ impl RemoteHost {
             HostApiError::unavailable(format!("host {} is unreachable: {e}", self.host_id))
         })?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| {
-            HostApiError::unavailable(format!("host {} answer cut short: {e}", self.host_id))
-        })?;
+        let bytes = self.read_answer(resp).await?;
         if status.is_success() {
             return Ok(bytes);
         }
         Err(error_of(status.as_u16(), &bytes))
+    }
+
+    /// The answer's body, at most [`MAX_ANSWER`] bytes.
+    async fn read_answer(&self, mut resp: reqwest::Response) -> HostResult<Bytes> {
+        let too_long = || {
+            HostApiError::unavailable(format!(
+                "host {} answered more than {MAX_ANSWER} bytes",
+                self.host_id
+            ))
+        };
+        if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+            return Err(too_long());
+        }
+        let mut body = bytes::BytesMut::new();
+        loop {
+            let chunk = resp.chunk().await.map_err(|e| {
+                HostApiError::unavailable(format!("host {} answer cut short: {e}", self.host_id))
+            })?;
+            let Some(chunk) = chunk else {
+                return Ok(body.freeze());
+            };
+            if body.len() + chunk.len() > MAX_ANSWER {
+                return Err(too_long());
+            }
+            body.extend_from_slice(&chunk);
+        }
     }
 
     async fn json<T: DeserializeOwned, B: Serialize + ?Sized>(
@@ -374,5 +402,66 @@ impl HostApi for RemoteHost {
             guests.insert(id, (fence, guest.clone()));
         }
         Ok(guest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A "host" that answers every request with `head` and then `chunks`
+    /// of 1 MiB (chunked encoding) until the client goes away.
+    async fn endless_host(head: &'static str, chunked: bool) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut req = [0u8; 4096];
+                    if conn.read(&mut req).await.is_err() {
+                        return;
+                    }
+                    if conn.write_all(head.as_bytes()).await.is_err() || !chunked {
+                        return;
+                    }
+                    let mib = vec![b' '; 1 << 20];
+                    let size = format!("{:x}\r\n", mib.len());
+                    for _ in 0..64 {
+                        let sent = async {
+                            conn.write_all(size.as_bytes()).await?;
+                            conn.write_all(&mib).await?;
+                            conn.write_all(b"\r\n").await
+                        };
+                        if sent.await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_bound_is_refused_not_buffered() {
+        // Chunked with no length: read up to the bound, then refused.
+        let base = endless_host(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            true,
+        )
+        .await;
+        let host = RemoteHost::new(base, "host-a", 1, None).unwrap();
+        let err = host.list_vms().await.unwrap_err();
+        assert!(err.message.contains("answered more than"), "{err:?}");
+        // A declared length past the bound: refused before reading.
+        let base = endless_host(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1073741824\r\n\r\n",
+            false,
+        )
+        .await;
+        let host = RemoteHost::new(base, "host-a", 1, None).unwrap();
+        let err = host.status().await.unwrap_err();
+        assert!(err.message.contains("answered more than"), "{err:?}");
     }
 }
