@@ -47,7 +47,11 @@ fn open_local(path: &Path) -> Result<Arc<dyn ObjectStore>, StoreError> {
         op: "open local directory".into(),
         source,
     })?;
-    Ok(Arc::new(fs))
+    // An object written is on the disk (the file and its directory
+    // synced) before the put answers: a guest's flush is acknowledged only
+    // after its journal record is written, and that promise must outlive a
+    // power cut as well as the agent.
+    Ok(Arc::new(fs.with_fsync(true)))
 }
 
 /// Creates `path` (and parents) and makes the last component mode 0700.

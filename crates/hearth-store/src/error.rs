@@ -86,6 +86,10 @@ pub enum StoreError {
         parent: Option<u64>,
         head: Option<u64>,
     },
+    /// A journal record already exists at that place (a write whose
+    /// answer was lost landed after all).
+    #[error("volume {volume}: journal record {n} on generation {base} already exists")]
+    JournalExists { volume: VolumeId, base: u64, n: u64 },
     /// A draft that cannot become a manifest (bad chunk size, chunk beyond
     /// the device size, …).
     #[error("invalid generation for volume {volume}: {reason}")]

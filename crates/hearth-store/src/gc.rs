@@ -37,6 +37,8 @@ impl Default for GcOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
     pub manifests_deleted: u64,
+    /// Flush journal records superseded by a generation.
+    pub journal_records_deleted: u64,
     pub chunks_deleted: u64,
     pub bytes_deleted: u64,
     pub chunks_kept: u64,
@@ -59,6 +61,21 @@ impl Store {
             }
         }
 
+        // 1b. Drop journal records a newer generation superseded (folded, or
+        //     appended by a fenced writer) and those of deleted volumes.
+        let heads: HashMap<VolumeId, u64> = self
+            .all_generations()
+            .await?
+            .into_iter()
+            .filter_map(|(v, s)| s.last().map(|&h| (v, h)))
+            .collect();
+        for (volume, base, n) in self.journal_records().await? {
+            if heads.get(&volume).is_none_or(|&head| base < head) {
+                self.delete_record(&volume, base, n).await?;
+                report.journal_records_deleted += 1;
+            }
+        }
+
         // 2. List chunks with their ages (before reading manifests).
         let listed_at = SystemTime::now();
         let chunks: Vec<(ChunkRef, ObjectMeta)> = self
@@ -68,8 +85,23 @@ impl Store {
             .filter_map(|m| parse_chunk_path(&m.location).map(|r| (r, m)))
             .collect();
 
-        // 3. Everything the remaining manifests reference.
         let mut referenced: HashSet<ChunkRef> = HashSet::new();
+        // 3. Everything the flush journals name, read before the manifests:
+        //    a record folded into a generation after this point is found
+        //    here, and one folded before is a generation listed below. A
+        //    record appended after step 2 names chunks put just before it,
+        //    so young (the writer's puts refresh old ones, as for commits).
+        for (volume, base, n) in self.journal_records().await? {
+            // Gone meanwhile: folded into a generation listed below.
+            if let Some(r) = self.journal_record(&volume, base, n).await? {
+                referenced.extend(r.entries.values().flatten().map(|hash| ChunkRef {
+                    scope: r.scope.clone(),
+                    hash: *hash,
+                }));
+            }
+        }
+
+        // 3b. Everything the remaining manifests reference.
         let gens = self.all_generations().await?;
         let manifests = futures_util::stream::iter(
             gens.into_iter()
@@ -144,6 +176,16 @@ impl Store {
             .try_collect()
             .await
             .map_err(backend(op))
+    }
+
+    /// Every journal record: volume, base, position.
+    async fn journal_records(&self) -> Result<Vec<(VolumeId, u64, u64)>, StoreError> {
+        Ok(self
+            .list(ObjPath::from("journal"), "list journals")
+            .await?
+            .iter()
+            .filter_map(|m| crate::journal::parse_record_path(&m.location))
+            .collect())
     }
 
     /// Every volume's generations, ascending.

@@ -78,6 +78,7 @@ mod crypto;
 mod error;
 mod gc;
 mod id;
+pub mod journal;
 mod kek;
 mod manifest;
 mod store;
@@ -85,6 +86,7 @@ mod store;
 pub use error::StoreError;
 pub use gc::{GcOptions, GcReport};
 pub use id::{ScopeId, VolumeId, MAX_NAME_LEN};
+pub use journal::JournalRecord;
 pub use kek::{Kek, KeyFileKek};
 pub use manifest::{
     check_chunk_size, ChunkRef, Manifest, ManifestDraft, DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE,

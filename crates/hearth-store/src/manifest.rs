@@ -300,21 +300,21 @@ pub(crate) fn decode_body(body: &[u8], scope: &ScopeId) -> Result<Manifest, Stri
 }
 
 /// A bounds-checked cursor over untrusted bytes.
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
-    pos: usize,
+    pub(crate) pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8]) -> Self {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
         Self { buf, pos: 0 }
     }
 
-    fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         if n > self.remaining() {
             return Err("truncated".into());
         }
@@ -323,41 +323,41 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    fn rest(&mut self) -> &'a [u8] {
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];
         self.pos = self.buf.len();
         s
     }
 
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
 
-    fn u16(&mut self) -> Result<u16, String> {
+    pub(crate) fn u16(&mut self) -> Result<u16, String> {
         let b = self.take(2)?;
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    pub(crate) fn u32(&mut self) -> Result<u32, String> {
         let mut a = [0u8; 4];
         a.copy_from_slice(self.take(4)?);
         Ok(u32::from_be_bytes(a))
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_be_bytes(a))
     }
 
     /// A u8-length-prefixed UTF-8 name.
-    fn name(&mut self) -> Result<&'a str, String> {
+    pub(crate) fn name(&mut self) -> Result<&'a str, String> {
         let n = usize::from(self.u8()?);
         std::str::from_utf8(self.take(n)?).map_err(|_| "name is not UTF-8".into())
     }
 
     /// A u32-length-prefixed UTF-8 string.
-    fn string(&mut self) -> Result<String, String> {
+    pub(crate) fn string(&mut self) -> Result<String, String> {
         let n = self.u32()? as usize;
         let s = std::str::from_utf8(self.take(n)?).map_err(|_| "meta is not UTF-8")?;
         Ok(s.to_owned())

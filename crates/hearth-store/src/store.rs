@@ -132,7 +132,7 @@ fn chunk_aad(r: &ChunkRef) -> Vec<u8> {
 }
 
 /// Reads a whole object of at most `max` bytes; `None` when absent.
-async fn get_bounded(
+pub(crate) async fn get_bounded(
     os: &dyn ObjectStore,
     path: &ObjPath,
     max: u64,
@@ -575,11 +575,14 @@ impl Store {
         }
     }
 
-    /// Takes a volume over at `fence`: writes a generation with the head's
-    /// chunks and the new fence, so a writer with an older fence can never
-    /// commit again. No-op when the head already has this fence;
-    /// [`StoreError::Fenced`] when it has a higher one; `None` for a volume
-    /// without generations.
+    /// Takes a volume over at `fence` with everything flushed into it: when
+    /// the head has an older fence or a journal (what its writer flushed
+    /// since, see [`crate::journal`]), writes a generation with the head's
+    /// chunks, the journal replayed on top, and the new fence, so a writer
+    /// with an older fence can never commit again; then drops the folded
+    /// records. The head itself when it already has this fence and no
+    /// journal; [`StoreError::Fenced`] when it has a higher fence; `None`
+    /// for a volume without generations.
     pub async fn claim(
         &self,
         volume: &VolumeId,
@@ -590,9 +593,6 @@ impl Store {
             let Some(head) = self.head(volume).await? else {
                 return Ok(None);
             };
-            if head.fence == fence {
-                return Ok(Some(head));
-            }
             if head.fence > fence {
                 return Err(StoreError::Fenced {
                     volume: volume.clone(),
@@ -600,18 +600,48 @@ impl Store {
                     ours: fence,
                 });
             }
+            let records = self.journal(volume, head.seq, head.fence).await?;
+            if head.fence == fence && records.is_empty() {
+                return Ok(Some(head));
+            }
+            let base = head.seq;
+            let mut chunks = head.chunks;
+            let mut size = head.size;
+            for r in &records {
+                if r.chunk_size != head.chunk_size {
+                    return Err(StoreError::CorruptManifest {
+                        volume: volume.clone(),
+                        seq: base,
+                        reason: format!(
+                            "journal record {} has chunks of {} bytes, the generation {}",
+                            r.n, r.chunk_size, head.chunk_size
+                        ),
+                    });
+                }
+                r.apply(&mut chunks);
+                size = size.max(r.size);
+            }
             let draft = ManifestDraft {
                 scope: head.scope,
-                parent: Some(head.seq),
+                parent: Some(base),
                 fence,
-                size: head.size,
+                size,
                 chunk_size: head.chunk_size,
                 meta: head.meta,
-                chunks: head.chunks,
+                chunks,
             };
             match self.commit(volume, draft).await {
                 Err(StoreError::Conflict { .. }) if attempts < 5 => attempts += 1,
-                other => return other.map(Some),
+                Ok(m) => {
+                    if !records.is_empty() {
+                        tracing::info!(%volume, base, records = records.len(), seq = m.seq, "folded the flush journal into a generation");
+                        if let Err(e) = self.delete_journal(volume, base).await {
+                            tracing::warn!(%volume, base, error = %e, "cannot delete folded journal records; GC will");
+                        }
+                    }
+                    return Ok(Some(m));
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -637,12 +667,26 @@ impl Store {
         self.commit(to, draft).await
     }
 
-    /// Deletes a volume's manifests (not its chunks: GC does that).
+    /// Deletes a volume's manifests and journal (not its chunks: GC does
+    /// that).
     /// Returns how many were deleted.
     pub async fn delete_volume(&self, volume: &VolumeId) -> Result<usize, StoreError> {
         let seqs = self.generations(volume).await?;
         for &seq in &seqs {
             self.delete_manifest(volume, seq).await?;
+        }
+        let records: Vec<_> = self
+            .inner
+            .os
+            .list(Some(&crate::journal::journal_prefix(volume)))
+            .try_collect()
+            .await
+            .map_err(backend(format!("list the journal of volume {volume}")))?;
+        for (v, base, n) in records
+            .iter()
+            .filter_map(|m| crate::journal::parse_record_path(&m.location))
+        {
+            self.delete_record(&v, base, n).await?;
         }
         Ok(seqs.len())
     }

@@ -26,6 +26,14 @@ async fn round_trip_and_fencing_on_a_local_dir() {
 }
 
 #[tokio::test]
+async fn flushed_journal_folds_on_claim_and_survives_gc_on_a_local_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("store");
+    let store = open(url.to_str().unwrap(), &dir.path().join("cache"), 1).await;
+    journal_folds_fences_and_survives_gc(&store).await;
+}
+
+#[tokio::test]
 async fn same_file_in_two_volumes_uploads_once_and_copy_shares_chunks() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().join("store").display());

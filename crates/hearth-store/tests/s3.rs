@@ -115,4 +115,7 @@ async fn round_trip_and_fencing_on_s3() {
         wrong.head(&volume("root-1")).await,
         Err(hearth_store::StoreError::WrongKey { .. })
     ));
+    // Flush journals on S3 (conditional creates: `If-None-Match`), last:
+    // its GC runs without grace.
+    journal_folds_fences_and_survives_gc(&store).await;
 }

@@ -164,3 +164,151 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Flush journals: records on top of the head are folded by `claim` (at
+/// the same fence after an agent crash, at a new one after failover); a
+/// record after a gap, of another fence, or of a fenced writer at an old
+/// base is never replayed; GC keeps what a live record names and drops the
+/// records a generation superseded.
+pub async fn journal_folds_fences_and_survives_gc(store: &Store) {
+    use hearth_store::{GcOptions, JournalRecord, ManifestDraft};
+    let v = volume("journal-vol");
+    let s = scope("journal-vol");
+    let a = store.put_chunk(&s, &[1u8; 4096]).await.unwrap();
+    let b = store.put_chunk(&s, &[2u8; 4096]).await.unwrap();
+    let c = store.put_chunk(&s, &[3u8; 4096]).await.unwrap();
+    let head = store
+        .commit(
+            &v,
+            ManifestDraft {
+                scope: s.clone(),
+                parent: None,
+                fence: 1,
+                size: 8 * 4096,
+                chunk_size: 4096,
+                meta: BTreeMap::new(),
+                chunks: BTreeMap::from([(0, a.clone()), (1, a.clone())]),
+            },
+        )
+        .await
+        .unwrap();
+    let rec =
+        |base: u64, n: u64, fence: u64, entries: Vec<(u64, Option<[u8; 32]>)>| JournalRecord {
+            volume: v.clone(),
+            base,
+            n,
+            fence,
+            scope: s.clone(),
+            size: 8 * 4096,
+            chunk_size: 4096,
+            entries: entries.into_iter().collect(),
+        };
+    store
+        .append_journal(&rec(
+            head.seq,
+            0,
+            1,
+            vec![(1, Some(b.hash)), (2, Some(c.hash))],
+        ))
+        .await
+        .unwrap();
+    store
+        .append_journal(&rec(head.seq, 1, 1, vec![(0, None), (2, Some(b.hash))]))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.append_journal(&rec(head.seq, 1, 1, vec![])).await,
+        Err(StoreError::JournalExists { n: 1, .. })
+    ));
+    // After a gap nothing is replayed.
+    store
+        .append_journal(&rec(head.seq, 3, 1, vec![(5, Some(c.hash))]))
+        .await
+        .unwrap();
+    // Past the device: refused before anything is written.
+    assert!(matches!(
+        store
+            .append_journal(&rec(head.seq, 2, 1, vec![(8, None)]))
+            .await,
+        Err(StoreError::InvalidDraft { .. })
+    ));
+    assert_eq!(store.journal(&v, head.seq, 1).await.unwrap().len(), 2);
+
+    // The agent restarts at the same fence: the journal is folded in.
+    let m = store.claim(&v, 1).await.unwrap().unwrap();
+    assert_eq!((m.seq, m.fence), (head.seq + 1, 1));
+    assert_eq!(m.chunks, BTreeMap::from([(1, b.clone()), (2, b.clone())]));
+    assert!(store.journal(&v, head.seq, 1).await.unwrap().is_empty());
+    assert_eq!(store.claim(&v, 1).await.unwrap().unwrap().seq, m.seq);
+
+    // The host is lost after a flush; another takes over at fence 2.
+    store
+        .append_journal(&rec(m.seq, 0, 1, vec![(3, Some(c.hash))]))
+        .await
+        .unwrap();
+    let m2 = store.claim(&v, 2).await.unwrap().unwrap();
+    assert_eq!((m2.seq, m2.fence), (m.seq + 1, 2));
+    assert_eq!(m2.chunks.get(&3), Some(&c));
+    // The zombie appends on at its old base: never replayed.
+    store
+        .append_journal(&rec(m.seq, 1, 1, vec![(4, Some(a.hash))]))
+        .await
+        .unwrap();
+    // A record at the head by another fence is not replayed either.
+    store
+        .append_journal(&rec(m2.seq, 0, 1, vec![(6, Some(a.hash))]))
+        .await
+        .unwrap();
+    let same = store.claim(&v, 2).await.unwrap().unwrap();
+    assert_eq!(same.seq, m2.seq);
+    assert!(!same.chunks.contains_key(&4) && !same.chunks.contains_key(&6));
+
+    // GC: a chunk only a live record names is kept; superseded records go.
+    let w = volume("journal-gc");
+    let live = store.put_chunk(&s, &[9u8; 4096]).await.unwrap();
+    let g0 = store
+        .commit(
+            &w,
+            ManifestDraft {
+                scope: s.clone(),
+                parent: None,
+                fence: 1,
+                size: 4 * 4096,
+                chunk_size: 4096,
+                meta: BTreeMap::new(),
+                chunks: BTreeMap::new(),
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .append_journal(&JournalRecord {
+            volume: w.clone(),
+            ..rec(g0.seq, 0, 1, vec![(0, Some(live.hash))])
+        })
+        .await
+        .unwrap();
+    let report = store
+        .gc(GcOptions {
+            keep_generations: 1,
+            grace: std::time::Duration::ZERO,
+        })
+        .await
+        .unwrap();
+    // The zombie's record on the old base (m.seq) is gone; the claim had
+    // deleted the one it folded.
+    assert_eq!(report.journal_records_deleted, 1, "{report:?}");
+    assert_eq!(store.get_chunk(&live).await.unwrap().as_ref(), &[9u8; 4096]);
+    let folded = store.claim(&w, 1).await.unwrap().unwrap();
+    assert_eq!(folded.chunks.get(&0), Some(&live));
+    // delete_volume takes the journal with it.
+    store
+        .append_journal(&JournalRecord {
+            volume: w.clone(),
+            ..rec(folded.seq, 0, 1, vec![(1, None)])
+        })
+        .await
+        .unwrap();
+    store.delete_volume(&w).await.unwrap();
+    assert!(store.journal(&w, folded.seq, 1).await.unwrap().is_empty());
+}
