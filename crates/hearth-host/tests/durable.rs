@@ -465,7 +465,7 @@ fn signal(child: &Child, sig: libc::c_int) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_s3_a_stalled_store_delays_commits_but_loses_nothing() {
+async fn on_s3_a_stalled_store_delays_flushes_and_commits_but_loses_nothing() {
     let _one = SERIAL.lock().await;
     let Some((moto, port)) = tokio::task::spawn_blocking(start_moto).await.unwrap() else {
         return;
@@ -492,12 +492,29 @@ async fn on_s3_a_stalled_store_delays_commits_but_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
-    // Object storage stops answering; the sandbox keeps working.
+    // Object storage stops answering; the sandbox keeps working, but a
+    // flush is not acknowledged while the store cannot hold what it
+    // covers: the guest's `sync` waits for the store to come back.
     signal(&moto.0, libc::SIGSTOP);
-    run(&g, "echo two > /root/two && sync").await;
+    run(&g, "echo two > /root/two").await;
+    run(
+        &g,
+        "setsid sh -c 'sync; echo flushed > /tmp/synced' >/dev/null 2>&1 </dev/null &",
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(run(&g, "cat /root/two").await, "two");
+    assert_eq!(
+        run(&g, "cat /tmp/synced 2>/dev/null || echo waiting").await,
+        "waiting",
+        "a sync was acknowledged while object storage was stopped"
+    );
     signal(&moto.0, libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while run(&g, "cat /tmp/synced 2>/dev/null || echo waiting").await != "flushed" {
+        assert!(Instant::now() < deadline, "the sync never returned");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     let stalled = seq().await;
     let deadline = Instant::now() + Duration::from_secs(120);
     while seq().await == stalled {

@@ -10,8 +10,13 @@
 //!   that changed. Commits happen when the VM stops, on a timer while it
 //!   runs, and for snapshots, and are fenced by the placement generation
 //!   the host holds (`DiskRequest::fence`).
+//!   A guest's flush is durable before it is answered: the chunks written
+//!   since are uploaded and named by a journal record on top of the head,
+//!   which the next commit, or the next host to open the disk, folds into
+//!   a generation (see [`volume`]).
 //! - A non-persistent sandbox's disk is served straight over the image's
-//!   generation and never committed: its writes are dropped at every stop.
+//!   generation and never committed: its writes are dropped at every stop,
+//!   and its flushes promise nothing beyond the VM's life.
 //!
 //! Reads come from the VM's local file, else lazily from the store's cache,
 //! else from object storage (see [`volume`]).
@@ -206,20 +211,13 @@ impl GenerationDisks {
                     )
                     .await?
             }
-            Some(head) if head.fence < req.fence => self
+            // Taken over at our fence, with what was flushed on top of the
+            // head (by this host before a crash, or by a lost one) folded in.
+            Some(head) => self
                 .store
                 .claim(&target.volume, req.fence)
                 .await?
                 .unwrap_or(head),
-            Some(head) if head.fence > req.fence => {
-                return Err(StoreError::Fenced {
-                    volume: target.volume,
-                    head_fence: head.fence,
-                    ours: req.fence,
-                }
-                .into())
-            }
-            Some(head) => head,
         };
         Ok((head, Some(target)))
     }
@@ -257,7 +255,7 @@ impl GenerationDisks {
             move |source| HostError::Io { id, what, source }
         };
         let volume = Arc::new(
-            Volume::open(self.store.clone(), target, &head, size, &local)
+            Volume::open(self.store.clone(), target, &head, size, &local, keep)
                 .map_err(io("create the disk's local file"))?,
         );
         let socket = req.run_dir.join("disk.sock");
@@ -383,7 +381,7 @@ async fn commit_periodically(volume: Arc<Volume>, every: Duration, vm: VmId) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if volume.dirty_bytes().await == 0 {
+        if !volume.uncommitted().await {
             continue;
         }
         match volume.commit(BTreeMap::new()).await {

@@ -4,7 +4,8 @@
 //! `OPT_EXPORT_NAME`/`OPT_LIST`/`OPT_ABORT` while haggling, and `READ`,
 //! `WRITE`, `FLUSH`, `TRIM`, `WRITE_ZEROES`, `CACHE` and `DISC` in
 //! transmission; structured replies and metadata contexts are declined,
-//! which QEMU accepts.
+//! which QEMU accepts. A flush is answered out of order when it is done,
+//! so a flush waiting on object storage does not stall the disk.
 //!
 //! The client is not trusted: QEMU runs guest-influenced code, so every
 //! length and offset is checked against the export before any buffer is
@@ -103,7 +104,8 @@ fn proto(msg: impl Into<String>) -> NbdError {
 }
 
 /// Serves `dev` as the export `name` on one connection until the client
-/// disconnects. Requests are answered in order.
+/// disconnects. Requests are answered in order, but for flushes (see
+/// `transmission`).
 pub async fn serve<S, D>(stream: S, name: &str, dev: Arc<D>) -> Result<(), NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -115,7 +117,7 @@ where
     if !handshake(&mut r, &mut w, name, &*dev).await? {
         return Ok(());
     }
-    transmission(&mut r, &mut w, &*dev).await
+    transmission(&mut r, &mut w, &dev).await
 }
 
 fn transmission_flags<D: BlockDevice>(dev: &D) -> u16 {
@@ -237,13 +239,24 @@ async fn reply<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-async fn transmission<R, W, D>(r: &mut BufReader<R>, w: &mut W, dev: &D) -> Result<(), NbdError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-    D: BlockDevice,
-{
-    let mut buf = Vec::new();
+/// One request off the wire, its payload read.
+struct Request {
+    cmd: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    /// A WRITE's payload.
+    data: Vec<u8>,
+}
+
+/// Requests read ahead of the one being served.
+const READ_AHEAD: usize = 4;
+
+/// Reads requests (a WRITE's payload with it) into `tx` until DISC or EOF.
+async fn read_requests<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    tx: tokio::sync::mpsc::Sender<Request>,
+) -> Result<(), NbdError> {
     loop {
         let magic = match r.read_u32().await {
             Ok(m) => m,
@@ -259,24 +272,106 @@ where
         let cookie = r.read_u64().await?;
         let offset = r.read_u64().await?;
         let len = r.read_u32().await?;
+        let mut data = Vec::new();
+        if cmd == CMD_WRITE {
+            // The payload follows whatever we answer; read it first.
+            if len > MAX_PAYLOAD {
+                return Err(proto(format!("write of {len} bytes")));
+            }
+            data.resize(len as usize, 0);
+            r.read_exact(&mut data).await?;
+        }
+        let disc = cmd == CMD_DISC;
+        if tx
+            .send(Request {
+                cmd,
+                cookie,
+                offset,
+                len,
+                data,
+            })
+            .await
+            .is_err()
+            || disc
+        {
+            return Ok(());
+        }
+    }
+}
+
+/// Serves requests until DISC or EOF. Reads, writes and zeroes are served
+/// in order; a FLUSH runs in its own task while later requests go on (it
+/// may wait on object storage: see `volume`), and is answered when done
+/// (NBD replies may come in any order: the cookie names the request). A
+/// flush covers every write answered before it was read, as the protocol
+/// asks, since those are served in order before it.
+async fn transmission<R, W, D>(
+    r: &mut BufReader<R>,
+    w: &mut W,
+    dev: &Arc<D>,
+) -> Result<(), NbdError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    D: BlockDevice,
+{
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Request>(READ_AHEAD);
+    let reader = read_requests(r, tx);
+    tokio::pin!(reader);
+    let mut reader_done = false;
+    let mut flushes = FuturesUnordered::new();
+    let mut buf = Vec::new();
+    loop {
+        let req = tokio::select! {
+            done = &mut reader, if !reader_done => {
+                done?;
+                reader_done = true;
+                continue;
+            }
+            Some(done) = flushes.next(), if !flushes.is_empty() => {
+                let (cookie, err) = match done {
+                    Ok(answer) => answer,
+                    Err(e) => return Err(NbdError::Io(io::Error::other(format!("flush task: {e}")))),
+                };
+                simple(w, err, cookie, &[]).await?;
+                w.flush().await?;
+                continue;
+            }
+            req = rx.recv() => match req {
+                Some(req) => req,
+                // The reader ended (EOF or DISC); answer flushes in flight.
+                None if flushes.is_empty() => return Ok(()),
+                None => {
+                    while let Some(done) = flushes.next().await {
+                        if let Ok((cookie, err)) = done {
+                            simple(w, err, cookie, &[]).await?;
+                        }
+                    }
+                    w.flush().await?;
+                    return Ok(());
+                }
+            },
+        };
+        let Request {
+            cmd,
+            cookie,
+            offset,
+            len,
+            data,
+        } = req;
         let in_bounds = offset
             .checked_add(u64::from(len))
             .is_some_and(|end| end <= dev.size());
         match cmd {
-            CMD_DISC => return Ok(()),
+            CMD_DISC => {}
             CMD_WRITE => {
-                // The payload follows whatever we answer; read it first.
-                if len > MAX_PAYLOAD {
-                    return Err(proto(format!("write of {len} bytes")));
-                }
-                buf.resize(len as usize, 0);
-                r.read_exact(&mut buf).await?;
                 let err = if dev.read_only() {
                     EPERM
                 } else if !in_bounds {
                     ENOSPC
                 } else {
-                    errno(dev.write(offset, &buf).await)
+                    errno(dev.write(offset, &data).await)
                 };
                 simple(w, err, cookie, &[]).await?;
             }
@@ -295,8 +390,11 @@ where
                 }
             }
             CMD_FLUSH => {
-                let err = errno(dev.flush().await);
-                simple(w, err, cookie, &[]).await?;
+                // Its own task: it runs to the end even if the client goes.
+                let dev = dev.clone();
+                flushes.push(tokio::spawn(
+                    async move { (cookie, errno(dev.flush().await)) },
+                ));
             }
             CMD_TRIM | CMD_WRITE_ZEROES => {
                 let err = if dev.read_only() {
@@ -312,9 +410,9 @@ where
             CMD_CACHE => simple(w, if in_bounds { 0 } else { EINVAL }, cookie, &[]).await?,
             _ => simple(w, ENOTSUP, cookie, &[]).await?,
         }
-        // Answer at once unless more requests are already buffered (QEMU
+        // Answer at once unless more requests are already waiting (QEMU
         // pipelines them; batching replies saves syscalls).
-        if r.buffer().is_empty() {
+        if rx.is_empty() {
             w.flush().await?;
         }
     }

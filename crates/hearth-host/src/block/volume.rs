@@ -7,23 +7,40 @@
 //! dirty; [`Volume::commit`] turns the dirty chunks into a new generation,
 //! uploading only those chunks.
 //!
-//! The local file is a cache like any other: after a host crash it is
-//! discarded and the disk comes back from its last committed generation.
+//! **Flush means durable.** A persistent volume answers a guest's `FLUSH`
+//! only once everything written before it is in the store: the chunks
+//! written since the previous flush are uploaded and a journal record
+//! naming them is appended on top of the current generation
+//! ([`hearth_store::journal`]). Concurrent flushes are grouped: a flush
+//! waits for one round that started after it arrived, so a database
+//! calling `fsync` from many threads costs one round trip per round, not
+//! per call. The local file is a cache like any other: after a crash of
+//! the agent or the loss of the host it is discarded, and the disk comes
+//! back from its last generation with the journal folded in
+//! ([`Store::claim`]), holding every flushed write. A non-persistent
+//! volume keeps nothing past its VM, so its flush has nothing to promise
+//! and answers at once.
 //!
-//! A commit is crash-consistent: under the device lock the dirty chunks are
-//! copied to a staging file (a local copy, milliseconds for tens of MiB),
-//! the dirty set is reset, and the upload runs from the staging file while
-//! the guest keeps writing. A failed upload or commit puts its chunks back
-//! into the dirty set, so the next commit retries them.
+//! A commit (and a flush round) is crash-consistent: under the device lock
+//! the dirty chunks are copied to a staging file (a local copy,
+//! milliseconds for tens of MiB) and the dirty set is noted, each chunk
+//! with the number of the write that last dirtied it; the upload runs from
+//! the staging file while the guest keeps writing. Only a round that
+//! succeeds cleans its chunks, and only those not written again since, so
+//! a failed round, or one cancelled half way (a task aborted at a stop),
+//! leaves everything dirty for the next.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::{StreamExt, TryStreamExt};
-use hearth_store::{ChunkRef, Manifest, ManifestDraft, ScopeId, Store, StoreError, VolumeId};
+use hearth_store::{
+    ChunkRef, JournalRecord, Manifest, ManifestDraft, ScopeId, Store, StoreError, VolumeId,
+};
 use tokio::sync::Mutex;
 
 use super::nbd::BlockDevice;
@@ -54,9 +71,16 @@ pub struct Volume {
     file: std::fs::File,
     path: PathBuf,
     staging: PathBuf,
+    /// Flushes are made durable in the store (persistent volumes).
+    durable: bool,
     inner: Mutex<Inner>,
-    /// One commit at a time.
+    /// One commit or flush round at a time.
     committing: Mutex<()>,
+    /// Rounds (flushes and commits) that have taken their dirty set.
+    rounds_started: AtomicU64,
+    /// The last round that made its dirty set durable; every write
+    /// answered before that round started is in the store.
+    durable_round: AtomicU64,
 }
 
 struct Inner {
@@ -66,8 +90,14 @@ struct Inner {
     chunks: BTreeMap<u64, ChunkRef>,
     /// The local file holds this chunk's current content.
     present: Vec<bool>,
-    /// Written since the last commit.
-    dirty: BTreeSet<u64>,
+    /// Written since the last flush or commit: only the local file has
+    /// their current content. Each with the number of its last write.
+    dirty: BTreeMap<u64, u64>,
+    /// Writes so far (numbers them for `dirty`).
+    writes: u64,
+    /// Journal records appended on generation `seq` (the next one's
+    /// position).
+    journal_n: u64,
     /// The volume's generation fence moved past ours: refuse everything.
     fenced: bool,
     /// Where the last read ended: a read starting there is sequential and
@@ -78,13 +108,16 @@ struct Inner {
 impl Volume {
     /// A device over `head` (the volume's current generation), `size` bytes
     /// large (at least the generation's; a larger size grows the disk),
-    /// with its local file at `path` (replaced).
+    /// with its local file at `path` (replaced). `head` must have no journal
+    /// (as [`Store::claim`] leaves it). A `durable` volume makes every flush
+    /// durable in the store.
     pub fn open(
         store: Store,
         target: Target,
         head: &Manifest,
         size: u64,
         path: &Path,
+        durable: bool,
     ) -> io::Result<Self> {
         let chunk = u64::from(head.chunk_size);
         let size = size.max(head.size);
@@ -99,9 +132,9 @@ impl Volume {
         let present = (0..count).map(|i| !head.chunks.contains_key(&i)).collect();
         // Growing is a change the next commit records.
         let dirty = if size > head.size {
-            BTreeSet::from([count - 1])
+            BTreeMap::from([(count - 1, 0)])
         } else {
-            BTreeSet::new()
+            BTreeMap::new()
         };
         Ok(Self {
             store,
@@ -111,15 +144,20 @@ impl Volume {
             file,
             staging: path.with_extension("staging"),
             path: path.to_owned(),
+            durable,
             inner: Mutex::new(Inner {
                 seq: head.seq,
                 chunks: head.chunks.clone(),
                 present,
                 dirty,
+                writes: 0,
+                journal_n: 0,
                 fenced: false,
                 read_end: u64::MAX,
             }),
             committing: Mutex::new(()),
+            rounds_started: AtomicU64::new(0),
+            durable_round: AtomicU64::new(0),
         })
     }
 
@@ -132,9 +170,21 @@ impl Volume {
         &self.path
     }
 
-    /// Bytes written since the last commit (whole chunks).
+    /// Bytes written since the last flush or commit (whole chunks).
     pub async fn dirty_bytes(&self) -> u64 {
         self.inner.lock().await.dirty.len() as u64 * self.chunk
+    }
+
+    /// Something since the last generation: writes, or flushes journaled
+    /// on top of it.
+    pub async fn uncommitted(&self) -> bool {
+        let g = self.inner.lock().await;
+        !g.dirty.is_empty() || g.journal_n > 0
+    }
+
+    /// Journal records on the current generation (tests count them).
+    pub async fn journal_len(&self) -> u64 {
+        self.inner.lock().await.journal_n
     }
 
     /// Removes the local files.
@@ -247,7 +297,9 @@ impl Volume {
                 self.ensure(&mut g, i).await?;
             }
             g.present[i as usize] = true;
-            g.dirty.insert(i);
+            g.writes += 1;
+            let w = g.writes;
+            g.dirty.insert(i, w);
         }
         Ok(g)
     }
@@ -270,126 +322,238 @@ impl Volume {
         Ok(())
     }
 
-    /// Commits the dirty chunks as a new generation (`meta` recorded in its
-    /// manifest). Nothing dirty and nothing grown: the current generation.
-    pub async fn commit(&self, meta: BTreeMap<String, String>) -> Result<Manifest, StoreError> {
-        let _one = self.committing.lock().await;
-        let (dirty, parent, mut chunks, size) = {
-            let mut g = self.inner.lock().await;
-            if g.fenced {
-                return Err(StoreError::Fenced {
-                    volume: self.target.volume.clone(),
-                    head_fence: u64::MAX,
-                    ours: self.target.fence,
-                });
-            }
-            if g.dirty.is_empty() && meta.is_empty() {
-                return self.store.manifest(&self.target.volume, g.seq).await;
-            }
-            let staging = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&self.staging)
-                .map_err(|source| self.staging_error("create", source))?;
-            staging
-                .set_len(self.size)
-                .map_err(|source| self.staging_error("size", source))?;
-            let mut buf = vec![0u8; self.chunk as usize];
-            for &i in &g.dirty {
-                let (start, len) = self.span(i, self.size);
-                let b = &mut buf[..len as usize];
-                self.file
-                    .read_exact_at(b, start)
-                    .and_then(|()| staging.write_all_at(b, start))
-                    .map_err(|source| self.staging_error("copy a chunk to", source))?;
-            }
-            let dirty = std::mem::take(&mut g.dirty);
-            (dirty, g.seq, g.chunks.clone(), self.size)
-        };
-        let result = self
-            .upload_and_commit(&dirty, parent, &mut chunks, size, meta)
-            .await;
-        let mut g = self.inner.lock().await;
-        match result {
-            Ok(m) => {
-                g.seq = m.seq;
-                // Chunks written since the staging copy are dirty again and
-                // present locally; the map only serves absent chunks.
-                g.chunks = chunks;
-                Ok(m)
+    fn fenced_error(&self) -> StoreError {
+        StoreError::Fenced {
+            volume: self.target.volume.clone(),
+            head_fence: u64::MAX,
+            ours: self.target.fence,
+        }
+    }
+
+    /// Under the device lock: starts a round (see `durable_round`), copies
+    /// the dirty chunks to the staging file and notes the dirty set (left
+    /// in place until the round succeeds). The guest keeps writing while
+    /// the round uploads from the copy.
+    fn take_dirty(&self, g: &mut Inner) -> Result<(u64, BTreeMap<u64, u64>), StoreError> {
+        if g.fenced {
+            return Err(self.fenced_error());
+        }
+        let round = self.rounds_started.fetch_add(1, Ordering::SeqCst) + 1;
+        if g.dirty.is_empty() {
+            return Ok((round, BTreeMap::new()));
+        }
+        let staging = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&self.staging)
+            .map_err(|source| self.staging_error("create", source))?;
+        staging
+            .set_len(self.size)
+            .map_err(|source| self.staging_error("size", source))?;
+        let mut buf = vec![0u8; self.chunk as usize];
+        for &i in g.dirty.keys() {
+            let (start, len) = self.span(i, self.size);
+            let b = &mut buf[..len as usize];
+            self.file
+                .read_exact_at(b, start)
+                .and_then(|()| staging.write_all_at(b, start))
+                .map_err(|source| self.staging_error("copy a chunk to", source))?;
+        }
+        Ok((round, g.dirty.clone()))
+    }
+
+    /// A round's end: on success its chunks' new places are recorded, the
+    /// chunks not written since are clean, and every write before the
+    /// round is durable; on failure everything stays dirty for the next.
+    fn end_round(
+        &self,
+        g: &mut Inner,
+        round: u64,
+        dirty: BTreeMap<u64, u64>,
+        outcome: Result<&[(u64, Option<ChunkRef>)], &StoreError>,
+    ) {
+        match outcome {
+            Ok(placed) => {
+                for (i, r) in placed {
+                    match r {
+                        Some(r) => g.chunks.insert(*i, r.clone()),
+                        None => g.chunks.remove(i),
+                    };
+                }
+                for (i, w) in dirty {
+                    if g.dirty.get(&i) == Some(&w) {
+                        g.dirty.remove(&i);
+                    }
+                }
+                self.durable_round.fetch_max(round, Ordering::SeqCst);
             }
             Err(e) => {
                 if matches!(e, StoreError::Fenced { .. }) {
                     g.fenced = true;
                 }
-                g.dirty.extend(dirty);
-                Err(e)
             }
         }
     }
 
-    async fn upload_and_commit(
+    /// Makes every write answered before this call durable in the store
+    /// (see the module docs). Concurrent callers share rounds.
+    pub async fn flush_durably(&self) -> Result<(), StoreError> {
+        if !self.durable {
+            return Ok(());
+        }
+        // A round that starts after this point covers our writes.
+        let need = self.rounds_started.load(Ordering::SeqCst) + 1;
+        let _one = self.committing.lock().await;
+        if self.durable_round.load(Ordering::SeqCst) >= need {
+            return Ok(());
+        }
+        let (round, dirty, base, mut n) = {
+            let mut g = self.inner.lock().await;
+            let (round, dirty) = self.take_dirty(&mut g)?;
+            (round, dirty, g.seq, g.journal_n)
+        };
+        let result = if dirty.is_empty() {
+            Ok(Vec::new())
+        } else {
+            match self.upload(&dirty, self.size).await {
+                Ok(placed) => {
+                    let mut record = JournalRecord {
+                        volume: self.target.volume.clone(),
+                        base,
+                        n,
+                        fence: self.target.fence,
+                        scope: self.target.scope.clone(),
+                        size: self.size,
+                        chunk_size: self.chunk as u32,
+                        entries: placed
+                            .iter()
+                            .map(|(i, r)| (*i, r.as_ref().map(|r| r.hash)))
+                            .collect(),
+                    };
+                    let mut appended = self.store.append_journal(&record).await;
+                    if let Err(StoreError::JournalExists { .. }) = appended {
+                        // Our previous attempt landed though its answer
+                        // was lost; this record supersedes it.
+                        n += 1;
+                        record.n = n;
+                        appended = self.store.append_journal(&record).await;
+                    }
+                    appended.map(|()| placed)
+                }
+                Err(e) => Err(e),
+            }
+        };
+        let mut g = self.inner.lock().await;
+        if result.is_ok() && !dirty.is_empty() {
+            g.journal_n = n + 1;
+        }
+        self.end_round(&mut g, round, dirty, result.as_deref());
+        result.map(drop)
+    }
+
+    /// Commits the dirty chunks and the journal as a new generation (`meta`
+    /// recorded in its manifest). Nothing dirty, no journal and no meta:
+    /// the current generation.
+    pub async fn commit(&self, meta: BTreeMap<String, String>) -> Result<Manifest, StoreError> {
+        let _one = self.committing.lock().await;
+        let (round, dirty, parent, journal_n) = {
+            let mut g = self.inner.lock().await;
+            if g.fenced {
+                return Err(self.fenced_error());
+            }
+            if g.dirty.is_empty() && g.journal_n == 0 && meta.is_empty() {
+                let round = self.rounds_started.fetch_add(1, Ordering::SeqCst) + 1;
+                self.durable_round.fetch_max(round, Ordering::SeqCst);
+                return self.store.manifest(&self.target.volume, g.seq).await;
+            }
+            let (round, dirty) = self.take_dirty(&mut g)?;
+            (round, dirty, g.seq, g.journal_n)
+        };
+        let placed = match self.upload(&dirty, self.size).await {
+            Ok(placed) => placed,
+            Err(e) => {
+                self.end_round(&mut *self.inner.lock().await, round, dirty, Err(&e));
+                return Err(e);
+            }
+        };
+        let mut chunks = self.inner.lock().await.chunks.clone();
+        for (i, r) in &placed {
+            match r {
+                Some(r) => chunks.insert(*i, r.clone()),
+                None => chunks.remove(i),
+            };
+        }
+        let draft = ManifestDraft {
+            scope: self.target.scope.clone(),
+            parent: Some(parent),
+            fence: self.target.fence,
+            size: self.size,
+            chunk_size: self.chunk as u32,
+            meta,
+            chunks,
+        };
+        // The round is durable only once the manifest naming its chunks is.
+        let committed = self.store.commit(&self.target.volume, draft).await;
+        let outcome = match &committed {
+            Ok(_) => Ok(&placed[..]),
+            Err(e) => Err(e),
+        };
+        let mut g = self.inner.lock().await;
+        self.end_round(&mut g, round, dirty, outcome);
+        let m = committed?;
+        g.seq = m.seq;
+        g.journal_n = 0;
+        drop(g);
+        if journal_n > 0 {
+            if let Err(e) = self.store.delete_journal(&self.target.volume, parent).await {
+                tracing::warn!(volume = %self.target.volume, base = parent, error = %e, "cannot delete the journal a generation holds; GC will");
+            }
+        }
+        Ok(m)
+    }
+
+    /// Uploads the staged chunks of `dirty`: each one's new place, `None`
+    /// for an all-zero chunk (never stored).
+    async fn upload(
         &self,
-        dirty: &BTreeSet<u64>,
-        parent: u64,
-        chunks: &mut BTreeMap<u64, ChunkRef>,
+        dirty: &BTreeMap<u64, u64>,
         size: u64,
-        meta: BTreeMap<String, String>,
-    ) -> Result<Manifest, StoreError> {
+    ) -> Result<Vec<(u64, Option<ChunkRef>)>, StoreError> {
+        if dirty.is_empty() {
+            return Ok(Vec::new());
+        }
         let staging = std::fs::File::open(&self.staging)
             .map_err(|source| self.staging_error("open", source))?;
         let staging = Arc::new(staging);
-        let uploaded: Vec<(u64, Option<ChunkRef>)> =
-            futures_util::stream::iter(dirty.iter().copied())
-                .map(|i| {
-                    let staging = staging.clone();
-                    let (start, len) = self.span(i, size);
-                    async move {
-                        let mut b = vec![0u8; len as usize];
-                        staging
-                            .read_exact_at(&mut b, start)
-                            .map_err(|source| StoreError::Io {
-                                op: "read a staged chunk from",
-                                path: self.staging.clone(),
-                                source,
-                            })?;
-                        if b.iter().all(|&x| x == 0) {
-                            return Ok((i, None));
-                        }
-                        let r = self.store.put_chunk(&self.target.scope, &b).await?;
-                        Ok::<_, StoreError>((i, Some(r)))
+        let placed = futures_util::stream::iter(dirty.keys().copied())
+            .map(|i| {
+                let staging = staging.clone();
+                let (start, len) = self.span(i, size);
+                async move {
+                    let mut b = vec![0u8; len as usize];
+                    staging
+                        .read_exact_at(&mut b, start)
+                        .map_err(|source| StoreError::Io {
+                            op: "read a staged chunk from",
+                            path: self.staging.clone(),
+                            source,
+                        })?;
+                    if b.iter().all(|&x| x == 0) {
+                        return Ok((i, None));
                     }
-                })
-                .buffer_unordered(UPLOADS_IN_FLIGHT)
-                .try_collect()
-                .await?;
-        for (i, r) in uploaded {
-            match r {
-                Some(r) => chunks.insert(i, r),
-                None => chunks.remove(&i),
-            };
-        }
-        let m = self
-            .store
-            .commit(
-                &self.target.volume,
-                ManifestDraft {
-                    scope: self.target.scope.clone(),
-                    parent: Some(parent),
-                    fence: self.target.fence,
-                    size,
-                    chunk_size: self.chunk as u32,
-                    meta,
-                    chunks: chunks.clone(),
-                },
-            )
+                    let r = self.store.put_chunk(&self.target.scope, &b).await?;
+                    Ok::<_, StoreError>((i, Some(r)))
+                }
+            })
+            .buffer_unordered(UPLOADS_IN_FLIGHT)
+            .try_collect()
             .await?;
         if let Err(e) = std::fs::remove_file(&self.staging) {
             tracing::debug!(error = %e, "staging file already gone");
         }
-        Ok(m)
+        Ok(placed)
     }
 }
 
@@ -424,8 +588,7 @@ impl BlockDevice for Volume {
     }
 
     async fn flush(&self) -> io::Result<()> {
-        // The local file is a cache: durability comes from commits.
-        Ok(())
+        self.flush_durably().await.map_err(io::Error::other)
     }
 }
 
