@@ -147,10 +147,15 @@ enum BenchCommand {
         images: String,
     },
     /// Block service costs next to their baselines: commit vs bytes
-    /// changed, resume vs cold boot, reads vs qcow2, empty vs warm cache.
+    /// changed, resume vs cold boot, reads vs qcow2, empty vs warm cache,
+    /// durable fsync vs qcow2 and vs flushes that promise nothing.
     Storage {
         /// Parts to run (comma separated).
-        #[arg(long, value_delimiter = ',', default_value = "commit,resume,read,cold")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "commit,resume,read,cold,fsync"
+        )]
         parts: Vec<storagebench::Part>,
         /// Size of the file read back (throughput, cold cache).
         #[arg(long, default_value = "256M")]

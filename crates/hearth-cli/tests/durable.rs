@@ -28,12 +28,12 @@ const START_LIMIT: Duration = Duration::from_secs(30 * 60);
 const BOOT_LIMIT: Duration = Duration::from_secs(300);
 const API: &str = "/api/v2/sandboxes";
 
-fn data_dir() -> PathBuf {
+fn data_dir(test: &str) -> PathBuf {
     let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test");
     std::fs::create_dir_all(shared.join("artifacts")).unwrap();
     let dir = shared
         .join("hosts")
-        .join(format!("durable-{}", std::process::id()));
+        .join(format!("durable-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::os::unix::fs::symlink(shared.join("artifacts"), dir.join("artifacts")).unwrap();
@@ -59,6 +59,13 @@ impl Up {
     /// Starts `hearth up` on `dir`; returns it and the API key it printed
     /// (only the first start on a data directory prints one).
     fn start(dir: &Path, n: u32) -> (Self, Option<String>) {
+        // Periodic commits of the running disk every 2 s (instead of 60),
+        // so that some land while the guest writes.
+        Self::start_with(dir, n, &[("HEARTH_COMMIT_INTERVAL_SECS", "2")])
+    }
+
+    /// [`Up::start`] with more environment.
+    fn start_with(dir: &Path, n: u32, env: &[(&str, &str)]) -> (Self, Option<String>) {
         let port = free_port();
         let log = dir.join(format!("hearth-up-{n}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
@@ -72,9 +79,7 @@ impl Up {
         if let Ok(accel) = std::env::var("HEARTH_ACCEL") {
             cmd.env("HEARTH_ACCEL", accel);
         }
-        // Periodic commits of the running disk every 2 s (instead of 60),
-        // so that some land while the guest writes.
-        cmd.env("HEARTH_COMMIT_INTERVAL_SECS", "2");
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().unwrap();
         let (tx, rx) = mpsc::channel();
         let stdout = child.stdout.take().unwrap();
@@ -327,7 +332,7 @@ fn processes_mentioning(dir: &Path) -> Vec<String> {
 #[test]
 fn kill_9_during_heavy_writes_keeps_the_last_committed_disk_consistent() {
     let started = Instant::now();
-    let dir = data_dir();
+    let dir = data_dir("heavy");
     let scratch = dir.join("check");
     std::fs::create_dir_all(&scratch).unwrap();
     let (up, key) = Up::start(&dir, 0);
@@ -512,5 +517,123 @@ fn kill_9_during_heavy_writes_keeps_the_last_committed_disk_consistent() {
     let status = up.child.wait().unwrap();
     assert!(status.success(), "hearth up on SIGINT: {status}");
     println!("total {:.1}s", started.elapsed().as_secs_f64());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 16, finding 1: a write the guest flushed was lost when the host
+/// agent crashed (the block service answered NBD `FLUSH` without making
+/// anything durable, and a restart discarded the local volume for the last
+/// periodic commit). Now, `kill -9` of `hearth up` right after a guest's
+/// `sync` and `fsync`, with unflushed writes in flight, in a row
+/// (`HEARTH_FLUSH_KILLS`, 20 by default): after each restart every flushed
+/// byte of every round is there. Periodic commits are far apart here
+/// (`HEARTH_COMMIT_INTERVAL_SECS=600`), so only the flushes can keep them.
+#[test]
+fn kill_9_right_after_a_guest_flush_loses_no_flushed_write() {
+    let rounds: u32 = std::env::var("HEARTH_FLUSH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let started = Instant::now();
+    let dir = data_dir("flush");
+    let start = |n| Up::start_with(&dir, n, &[("HEARTH_COMMIT_INTERVAL_SECS", "600")]);
+    let (mut up, key) = start(0);
+    let key = key.expect("the first start prints an API key");
+    let (code, body) = http(
+        up.port,
+        &key,
+        "POST",
+        &format!("{API}/boxes"),
+        Some(json!({
+            "snapshot_name": "busybox",
+            "wait_for_ready": true,
+            "timeout": BOOT_LIMIT.as_secs(),
+        })),
+    );
+    assert_eq!(code, 201, "create: {body}\n{}", up.tail());
+    let sb = Sandbox {
+        key: &key,
+        name: body["name"].as_str().unwrap().to_owned(),
+        id: body["id"].as_str().unwrap().to_owned(),
+    };
+    sb.wait_for(&up, "ready");
+    let mut round_times = Vec::new();
+    for i in 0..rounds {
+        let t = Instant::now();
+        // Writes in flight, never flushed by their writer.
+        let (rc, _) = sb.run(
+            &up,
+            "setsid sh -c 'while :; do dd if=/dev/urandom of=/root/noise bs=64k count=8 \
+             2>/dev/null; done' >/dev/null 2>&1 </dev/null &",
+        );
+        assert_eq!(rc, 0);
+        // Flushed two ways: a whole-filesystem sync after an append, and a
+        // new file written with fsync.
+        let (rc, out) = sb.run(
+            &up,
+            &format!(
+                "echo round-{i} >> /root/flushed && sync && \
+                 printf fsync-{i} | dd of=/root/fsynced-{i} conv=fsync 2>/dev/null && echo ok"
+            ),
+        );
+        assert_eq!((rc, out.trim()), (0, "ok"), "round {i}");
+        up.child.kill().unwrap(); // SIGKILL, right after the answer
+        up.child.wait().unwrap();
+        let t_dead = Instant::now();
+        while !processes_mentioning(&dir).is_empty() {
+            assert!(
+                t_dead.elapsed() < Duration::from_secs(10),
+                "QEMU outlived its agent: {:?}",
+                processes_mentioning(&dir)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (again, _) = start(i + 1);
+        up = again;
+        let status = sb.status(&up);
+        assert!(
+            status == "stopped" || status == "failed",
+            "round {i}: status {status} for a sandbox whose VM died"
+        );
+        sb.post(&up, "start");
+        sb.wait_for(&up, "ready");
+        let want: String = (0..=i).map(|j| format!("round-{j}\n")).collect();
+        let (rc, got) = sb.run(&up, "cat /root/flushed");
+        assert_eq!(
+            (rc, got.as_str()),
+            (0, want.as_str()),
+            "round {i}: /root/flushed"
+        );
+        let (rc, got) = sb.run(
+            &up,
+            &format!("for j in $(seq 0 {i}); do cat /root/fsynced-$j; echo; done"),
+        );
+        let want: String = (0..=i).map(|j| format!("fsync-{j}\n")).collect();
+        assert_eq!(
+            (rc, got.as_str()),
+            (0, want.as_str()),
+            "round {i}: fsynced files"
+        );
+        round_times.push(t.elapsed().as_secs_f64());
+        println!(
+            "round {i}: every flushed write there ({:.1}s)",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "{rounds} kills right after a flush, nothing flushed lost; rounds took {:.1}..{:.1}s; total {:.1}s",
+        round_times.iter().cloned().fold(f64::INFINITY, f64::min),
+        round_times.iter().cloned().fold(0.0, f64::max),
+        started.elapsed().as_secs_f64()
+    );
+    let (code, body) = http(
+        up.port,
+        &key,
+        "DELETE",
+        &format!("{API}/boxes/{}", sb.name),
+        None,
+    );
+    assert!(code < 300, "delete: {code} {body}");
+    drop(up);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -39,8 +39,10 @@ pub const LEASE_TTL: Duration = Duration::from_secs(6);
 /// How long after a lease expired a dead host's sandboxes are re-placed
 /// (`HEARTH_FAILOVER_GRACE_SECONDS`).
 pub const FAILOVER_GRACE: Duration = Duration::from_secs(2);
-/// How often a running sandbox's disk is committed to the shared store.
-pub const COMMIT_INTERVAL: Duration = Duration::from_secs(2);
+/// How often a running sandbox's disk is committed to the shared store:
+/// rarely, so that what survives a host's loss is what the guest flushed,
+/// not what a commit happened to take.
+pub const COMMIT_INTERVAL: Duration = Duration::from_secs(600);
 /// Each host's CPU offered to placement: four 1-vCPU sandboxes.
 const HOST_CPU_MILLICORES: &str = "4000";
 const HOST_PORT: u16 = 19190;
