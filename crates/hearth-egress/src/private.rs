@@ -12,7 +12,11 @@ const LOCAL_ADDRS_TTL: Duration = Duration::from_secs(10);
 
 /// Loopback, RFC 1918, link-local (metadata services), CGNAT, ULA,
 /// multicast, unspecified, broadcast, documentation and other reserved
-/// ranges. IPv4-mapped/compatible IPv6 is judged as IPv4.
+/// ranges. IPv4-mapped IPv6 (`::ffff:0:0/96`) is judged by its IPv4
+/// address; the other forms that embed or translate IPv4 (IPv4-compatible
+/// `::/96`, SIIT `::ffff:0:0:0/96`, NAT64 `64:ff9b::/32` with its local-use
+/// `64:ff9b:1::/48`, 6to4, Teredo) are special whatever they embed: a
+/// translator could carry them to any IPv4 address, private ones included.
 pub fn is_special(ip: IpAddr) -> bool {
     match ip.to_canonical() {
         IpAddr::V4(v4) => is_special_v4(v4),
@@ -41,14 +45,18 @@ fn is_special_v4(ip: Ipv4Addr) -> bool {
 
 fn is_special_v6(ip: Ipv6Addr) -> bool {
     let s = ip.segments();
-    ip.is_unspecified()
+    let v4_compatible = s[..6] == [0; 6]; // ::/96, `::` and `::1` included
+    let v4_translated = s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0; // ::ffff:0:0:0/96
+    v4_compatible
+        || v4_translated
+        || ip.is_unspecified()
         || ip.is_loopback()
         || ip.is_multicast()
         || (s[0] & 0xfe00) == 0xfc00 // ULA fc00::/7
         || (s[0] & 0xffc0) == 0xfe80 // link-local
         || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
         || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-        || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64 (embeds v4 of any kind)
+        || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64 64:ff9b::/32, 64:ff9b:1::/48 within
         || s[0] == 0x0100 && s[1] == 0 && s[2] == 0 && s[3] == 0 // discard-only
         || s[0] == 0x2002 // 6to4 (embeds v4 of any kind)
         || (s[0] == 0x2001 && s[1] == 0) // Teredo
@@ -152,6 +160,42 @@ mod tests {
         ] {
             assert!(!is_special(s.parse().unwrap()), "{s} should be public");
         }
+    }
+
+    /// Security review (issue 16), finding 3: IPv6 forms that embed or
+    /// translate an IPv4 address must not smuggle a private one past the gate.
+    #[test]
+    fn finding3_v4_embedding_v6_forms_are_judged() {
+        for s in [
+            // NAT64 local-use prefix (RFC 8215), a private v4 and a public one.
+            "64:ff9b:1::a00:1",
+            "64:ff9b:1::808:808",
+            // IPv4-mapped: the embedded v4 decides.
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::ffff:0.0.0.0",
+            // IPv4-compatible (deprecated, RFC 4291): never a real destination.
+            "::127.0.0.1",
+            "::169.254.169.254",
+            "::10.0.0.1",
+            "::8.8.8.8",
+            // IPv4-translated (SIIT, RFC 2765).
+            "::ffff:0:127.0.0.1",
+            "::ffff:0:8.8.8.8",
+        ] {
+            assert!(is_special(s.parse().unwrap()), "{s} should be special");
+        }
+        // A mapped public address is as public as the address.
+        assert!(!is_special("::ffff:8.8.8.8".parse().unwrap()));
+    }
+
+    #[test]
+    fn finding3_gate_judges_embedded_v4_against_allow_private() {
+        let gate = PrivateGate::new(vec!["10.9.0.0/16".parse().unwrap()]);
+        assert!(!gate.refuses("::ffff:10.9.1.1".parse().unwrap()));
+        assert!(gate.refuses("::ffff:10.8.1.1".parse().unwrap()));
+        assert!(gate.refuses("::10.9.1.1".parse().unwrap()));
+        assert!(gate.refuses("::127.0.0.1".parse().unwrap()));
     }
 
     #[test]
