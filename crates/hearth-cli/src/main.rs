@@ -306,6 +306,20 @@ pub struct NetworkFileConfig {
 }
 
 impl NetworkFileConfig {
+    /// `allow_private` parsed (CIDRs or single addresses). The host's proxy
+    /// applies it to guest traffic and callbacks; the control plane to the
+    /// callback URLs a `proxy_config` may name.
+    pub fn allow_private(&self) -> anyhow::Result<Vec<ipnet::IpNet>> {
+        self.allow_private
+            .iter()
+            .map(|c| {
+                c.parse::<ipnet::IpNet>()
+                    .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .with_context(|| format!("network.allow_private: {c:?} is not a CIDR"))
+            })
+            .collect()
+    }
+
     /// The egress settings, or `None` when networking is off
     /// (`HEARTH_NETWORK=0` wins over the file).
     pub fn settings(
@@ -321,15 +335,7 @@ impl NetworkFileConfig {
         if !enabled {
             return Ok(None);
         }
-        let allow_private = self
-            .allow_private
-            .iter()
-            .map(|c| {
-                c.parse::<ipnet::IpNet>()
-                    .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                    .with_context(|| format!("network.allow_private: {c:?} is not a CIDR"))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let allow_private = self.allow_private()?;
         Ok(Some(hearth_egress::EgressSettings {
             ca_dir: data_dir.join("egress-ca"),
             origin_ca_files: self.origin_ca_files.clone(),

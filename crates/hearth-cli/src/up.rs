@@ -218,6 +218,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         metrics_require_key: file
             .metrics_require_key
             .unwrap_or(!listen.ip().is_loopback()),
+        allow_private: file.network.allow_private()?,
         ..ControlConfig::default()
     };
     if let Some(s) = file.idle_reaper_seconds {

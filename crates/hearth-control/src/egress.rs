@@ -4,8 +4,10 @@
 //!   before the spec is stored (reads show only `is_set`), so a copy of
 //!   the database holds no usable credential.
 //! - **Checked**: every pattern, header and callback URL is validated when
-//!   the config arrives (422 naming the field), and every
-//!   `workspace_secret` it names must exist.
+//!   the config arrives (422 naming the field; a callback URL naming a
+//!   private address or `localhost` is refused unless the operator's
+//!   `allow_private` covers it), and every `workspace_secret` it names
+//!   must exist.
 //! - **Resolved** only when a host needs it (create, start, PATCH):
 //!   `opaque` values are opened, `{NAME}` templates of `workspace_secret`
 //!   values are filled from the workspace's secrets, and the result goes
@@ -30,9 +32,11 @@ fn opaque_aad(workspace: WorkspaceId) -> String {
     format!("proxy-opaque:{workspace}")
 }
 
-/// Checks a config as it arrives on the API.
-pub(crate) fn check(cfg: &ProxyConfig) -> Result<(), ApiError> {
-    hearth_egress::validate_config(cfg).map_err(|e| ApiError::validation(&e.field, e.to_string()))
+/// Checks a config as it arrives on the API; `allow_private` is the
+/// operator's list of private networks callbacks may reach.
+pub(crate) fn check(cfg: &ProxyConfig, allow_private: &[ipnet::IpNet]) -> Result<(), ApiError> {
+    hearth_egress::validate_config(cfg, allow_private)
+        .map_err(|e| ApiError::validation(&e.field, e.to_string()))
 }
 
 /// Every header of a config (rules' and callbacks').

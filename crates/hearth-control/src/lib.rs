@@ -92,6 +92,10 @@ pub struct ControlConfig {
     pub signer: Option<Arc<hearth_fence::Signer>>,
     /// The host autoscaler (run by the replica holding its lease).
     pub autoscale: Option<AutoscaleSetup>,
+    /// The operator's `[network] allow_private`: the private networks a
+    /// `proxy_config` callback URL may name at create and PATCH. Each host
+    /// checks every callback again, with its own list, when it connects.
+    pub allow_private: Vec<ipnet::IpNet>,
 }
 
 impl Default for ControlConfig {
@@ -113,6 +117,7 @@ impl Default for ControlConfig {
             failover_grace: Duration::from_secs(10),
             signer: None,
             autoscale: None,
+            allow_private: Vec::new(),
         }
     }
 }

@@ -224,7 +224,7 @@ impl Control {
         };
         let mut plan = resolve_create(&req, &facts)?;
         if let Some(pc) = plan.spec.proxy_config.as_mut() {
-            crate::egress::check(pc)?;
+            crate::egress::check(pc, &self.cfg.allow_private)?;
             crate::egress::seal_opaque(&self.cfg.master_key, who.workspace_id, pc)?;
         }
         let net = self
@@ -577,7 +577,7 @@ impl Control {
         who.require("sandboxes:update")?;
         let mut req: UpdateSandboxRequest = hearth_api::parse_body(body)?;
         if let Some(pc) = req.proxy_config.as_mut() {
-            crate::egress::check(pc)?;
+            crate::egress::check(pc, &self.cfg.allow_private)?;
             crate::egress::seal_opaque(&self.cfg.master_key, who.workspace_id, pc)?;
         }
         let row = self.find(who.workspace_id, name).await?;

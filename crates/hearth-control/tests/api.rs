@@ -1237,6 +1237,63 @@ async fn no_ready_host_is_503_and_writes_nothing() {
     assert_eq!(s, StatusCode::OK);
 }
 
+/// Security review (issue 16), finding 3: a callback URL naming the
+/// control plane itself, the metadata address or a private network is a 422
+/// on `proxy_config.callbacks[i].url` at create and PATCH (before anything
+/// is looked up or stored); a public name passes on to placement.
+#[tokio::test]
+async fn finding3_callback_to_private_address_is_422_at_create_and_patch() {
+    let url = hearth_db::testing::sqlite_url();
+    let e = env(&url.url, Vec::new()).await;
+    let cb = |url: &str| {
+        json!({"proxy_config": {"callbacks": [
+            {"match_hosts": ["api.example"], "url": "https://hooks.example.com/", "ttl_seconds": 60},
+            {"match_hosts": ["api.example"], "url": url, "ttl_seconds": 60},
+        ]}})
+    };
+    for bad in [
+        "http://127.0.0.1:8080/api/v2/sandboxes/boxes",
+        "http://localhost:8080/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.1.2.3/",
+        "http://[::ffff:127.0.0.1]/",
+    ] {
+        let mut body = cb(bad);
+        body["snapshot"] = json!("busybox");
+        let (s, v) = e.create(&e.admin, body).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {v}");
+        assert_eq!(
+            v["detail"][0]["loc"],
+            json!(["body", "proxy_config", "callbacks", 1, "url"]),
+            "{bad}: {v}"
+        );
+        assert!(
+            v["detail"][0]["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("proxy_config.callbacks[1].url")),
+            "{bad}: {v}"
+        );
+        let (s, v) = e
+            .call(
+                Method::PATCH,
+                "/api/v2/sandboxes/boxes/ghost",
+                Some(&e.admin),
+                Some(cb(bad)),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "PATCH {bad}: {v}");
+        assert_eq!(validation_field(&v), "url", "PATCH {bad}: {v}");
+    }
+    let mut body = cb("https://hooks.example.com/other");
+    body["snapshot"] = json!("busybox");
+    let (s, v) = e.create(&e.admin, body).await;
+    assert_eq!(
+        s,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a public callback passes: {v}"
+    );
+}
+
 /// A server shutting down closes exec WebSockets with 1001, so the SDK
 /// reconnects instead of reporting a failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,15 @@
 //! Header callbacks: `POST {"host","port"}` to the configured URL, 2xx JSON
 //! `{"headers": {...}}`, cached per (callback, host, port) for its TTL. Any
-//! failure is the caller's 502 (fail closed). Callbacks go wherever their
-//! URL says, private addresses included: they are the operator's or user's
-//! endpoints, called from the host, not the guest's traffic.
+//! failure is the caller's 502 (fail closed).
+//!
+//! The host agent makes these requests, to a URL the tenant chose, so they
+//! pass the same private-address gate as guest traffic: the name is
+//! resolved, every address is checked, and only a checked address is
+//! connected to (a name that resolves to a public address at create time
+//! and to the metadata address now is refused). The answer is bounded (a
+//! total timeout, a head and a body cap), and its details (status, connect
+//! error, refusal) go to the host's log only: the guest learns "callback
+//! failed", never what answered where, so callbacks cannot probe networks.
 
 use std::time::{Duration, Instant};
 
@@ -15,15 +22,66 @@ use rustls::pki_types::ServerName;
 use crate::policy::Callback;
 use crate::{lock, Sandbox};
 
+/// The whole call: resolve, connect, TLS, request and answer.
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest answer body read.
 const MAX_BODY: usize = 64 * 1024;
+/// Largest answer head buffered (hyper's minimum is 8 KiB).
+const MAX_HEAD: usize = 16 * 1024;
 
-pub async fn headers(
+/// Why a callback gave no headers; for the host's log, never the guest.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallbackError {
+    #[error("callback URL {url:?} is not an absolute http(s) URL")]
+    BadUrl { url: String },
+    #[error("cannot resolve the callback host {host:?}")]
+    Unresolved { host: String },
+    #[error("callback host {host:?} is a private address ({ip}) the operator did not allow")]
+    Private { host: String, ip: std::net::IpAddr },
+    #[error("connect to the callback host {host:?}")]
+    Connect {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS with the callback host {host:?}")]
+    Tls {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("callback HTTP exchange")]
+    Http(#[source] hyper::Error),
+    #[error("build the callback request")]
+    Request(#[source] http::Error),
+    #[error("the callback answered {0}")]
+    Status(StatusCode),
+    #[error("read the callback's answer (at most {MAX_BODY} bytes)")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("the callback's answer is invalid: {0}")]
+    Answer(String),
+    #[error("the callback took longer than {TIMEOUT:?}")]
+    Timeout,
+}
+
+/// `e` and its sources, for a log line.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}
+
+pub(crate) async fn headers(
     sb: &Sandbox,
     cb: &Callback,
     host: &str,
     port: u16,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, CallbackError> {
     let key = (cb.url.clone(), host.to_ascii_lowercase(), port);
     if let Some((headers, until)) = lock(&sb.callback_cache).get(&key) {
         if Instant::now() < *until {
@@ -32,7 +90,7 @@ pub async fn headers(
     }
     let headers = tokio::time::timeout(TIMEOUT, call(sb, cb, host, port))
         .await
-        .map_err(|_| "the callback timed out".to_owned())??;
+        .map_err(|_| CallbackError::Timeout)??;
     let until = Instant::now() + Duration::from_secs(cb.ttl_seconds);
     let mut cache = lock(&sb.callback_cache);
     if cache.len() >= 1024 {
@@ -47,25 +105,51 @@ async fn call(
     cb: &Callback,
     host: &str,
     port: u16,
-) -> Result<Vec<(String, String)>, String> {
-    let uri: Uri = cb.url.parse().map_err(|_| "bad callback URL".to_owned())?;
+) -> Result<Vec<(String, String)>, CallbackError> {
+    let bad_url = || CallbackError::BadUrl {
+        url: cb.url.clone(),
+    };
+    let uri: Uri = cb.url.parse().map_err(|_| bad_url())?;
     let tls = uri.scheme_str() == Some("https");
     let cb_host = uri
         .host()
-        .ok_or("callback URL has no host")?
+        .ok_or_else(bad_url)?
         .trim_matches(['[', ']'])
         .to_owned();
     let cb_port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    let addrs = sb
-        .shared
-        .resolve(&cb_host, cb_port)
-        .await
-        .map_err(|e| e.to_string())?;
+    let resolved =
+        sb.shared
+            .resolve(&cb_host, cb_port)
+            .await
+            .map_err(|_| CallbackError::Unresolved {
+                host: cb_host.clone(),
+            })?;
+    // Every address is checked; only checked ones are connected to.
+    let mut refused = None;
+    let addrs: Vec<_> = resolved
+        .into_iter()
+        .filter(|a| {
+            let private = sb.shared.gate.refuses(a.ip());
+            if private {
+                refused.get_or_insert(a.ip());
+            }
+            !private
+        })
+        .collect();
+    if addrs.is_empty() {
+        return Err(match refused {
+            Some(ip) => CallbackError::Private { host: cb_host, ip },
+            None => CallbackError::Unresolved { host: cb_host },
+        });
+    }
     let tcp = sb
         .shared
         .connect(&addrs)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|source| CallbackError::Connect {
+            host: cb_host.clone(),
+            source,
+        })?;
     let body = serde_json::json!({ "host": host, "port": port }).to_string();
     let mut req = Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
         .header(
@@ -74,7 +158,7 @@ async fn call(
         )
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
+        .map_err(CallbackError::Request)?;
     for (name, value) in &cb.request_headers {
         if let (Ok(n), Ok(v)) = (
             HeaderName::from_bytes(name.as_bytes()),
@@ -83,43 +167,46 @@ async fn call(
             req.headers_mut().insert(n, v);
         }
     }
-    let resp = if tls {
-        let name = ServerName::try_from(cb_host.clone()).map_err(|e| e.to_string())?;
+    let (status, body) = if tls {
+        let name = ServerName::try_from(cb_host.clone()).map_err(|_| bad_url())?;
         let connector = tokio_rustls::TlsConnector::from(sb.shared.client_tls.clone());
         let stream = connector
             .connect(name, tcp)
             .await
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(|source| CallbackError::Tls {
+                host: cb_host.clone(),
+                source,
+            })?;
         send(stream, req).await?
     } else {
         send(tcp, req).await?
     };
-    let (parts, body) = resp;
-    if !parts.is_success() {
-        return Err(format!("the callback answered {parts}"));
+    if !status.is_success() {
+        return Err(CallbackError::Status(status));
     }
-    parse(&body)
+    parse(&body).map_err(CallbackError::Answer)
 }
 
-async fn send<I>(io: I, req: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), String>
+async fn send<I>(io: I, req: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), CallbackError>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(MAX_HEAD)
+        .handshake(TokioIo::new(io))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(CallbackError::Http)?;
     let driver = tokio::spawn(conn);
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string());
-    let out = match resp {
+    let out = match sender.send_request(req).await {
         Ok(resp) => {
             let status = resp.status();
             Limited::new(resp.into_body(), MAX_BODY)
                 .collect()
                 .await
                 .map(|c| (status, c.to_bytes()))
-                .map_err(|e| format!("callback body: {e}"))
+                .map_err(CallbackError::Body)
         }
-        Err(e) => Err(e),
+        Err(e) => Err(CallbackError::Http(e)),
     };
     driver.abort();
     out

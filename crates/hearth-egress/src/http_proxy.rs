@@ -142,10 +142,12 @@ impl Conn {
         let inject = match self.injected(&policy, &name, port, &req).await {
             Ok(h) => h,
             Err(e) => {
-                tracing::warn!(sandbox = %sb.id, host = %name, error = %e, "header callback failed");
+                // The detail is the operator's: the guest must not learn
+                // what answered (or did not) where.
+                tracing::warn!(sandbox = %sb.id, host = %name, error = %callback::chain(&e), "header callback failed");
                 return text(
                     StatusCode::BAD_GATEWAY,
-                    format!("Hearth egress proxy: callback resolution failed for {name:?}: {e}\n"),
+                    format!("Hearth egress proxy: the header callback for {name:?} failed\n"),
                 );
             }
         };
@@ -198,7 +200,7 @@ impl Conn {
         name: &str,
         port: u16,
         req: &Request<Incoming>,
-    ) -> Result<Vec<(String, String)>, String> {
+    ) -> Result<Vec<(String, String)>, callback::CallbackError> {
         if let Some(rule) = policy.rule_for(name, req.uri().path(), req.headers()) {
             return Ok(rule.headers.clone());
         }

@@ -286,11 +286,36 @@ impl HeaderRule {
 
 /// Checks a `proxy_config` without resolving any secret: patterns, globs,
 /// header names and values, callback URLs. The error names the field.
-pub fn validate_config(cfg: &ProxyConfig) -> Result<(), PolicyError> {
+///
+/// A callback URL that is private on its face (a special address, or
+/// `localhost`) is refused unless inside `allow_private`, the operator's
+/// exceptions; names are checked again, resolved, when the host connects.
+pub fn validate_config(
+    cfg: &ProxyConfig,
+    allow_private: &[ipnet::IpNet],
+) -> Result<(), PolicyError> {
     // Stored values are checked as they are (templates and opaque values
     // are checked again once resolved, by `Policy::from_config`).
     let mut placeholder = |h: &ProxyHeader| Ok(h.value.clone().unwrap_or_else(|| "x".to_owned()));
-    Policy::from_config(cfg, &mut placeholder).map(|_| ())
+    let policy = Policy::from_config(cfg, &mut placeholder)?;
+    for (i, cb) in policy.callbacks.iter().enumerate() {
+        let host = cb
+            .url
+            .parse::<http::Uri>()
+            .ok()
+            .and_then(|u| u.host().map(str::to_owned))
+            .unwrap_or_default();
+        if let Some(ip) = crate::private::refused_on_its_face(&host, allow_private) {
+            return Err(err(
+                format!("proxy_config.callbacks[{i}].url"),
+                format!(
+                    "names a private address ({ip}); callbacks reach only public addresses \
+                     and the networks the operator allows ([network] allow_private)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn patterns(field: &str, list: &[String]) -> Result<Vec<HostPattern>, PolicyError> {
@@ -465,22 +490,28 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let e = validate_config(&allow(&["ok.test", "fine.test", "~("])).unwrap_err();
+        let e = validate_config(&allow(&["ok.test", "fine.test", "~("]), &[]).unwrap_err();
         assert_eq!(e.field, "proxy_config.access_control.allow_list[2]");
         let mut bad_rule = rule("r", &["a.test"]);
         bad_rule.headers = vec![plain("bad name", "v")];
-        let e = validate_config(&ProxyConfig {
-            rules: vec![bad_rule],
-            ..Default::default()
-        })
+        let e = validate_config(
+            &ProxyConfig {
+                rules: vec![bad_rule],
+                ..Default::default()
+            },
+            &[],
+        )
         .unwrap_err();
         assert_eq!(e.field, "proxy_config.rules[0].headers[0].name");
         let mut bad_value = rule("r", &["a.test"]);
         bad_value.headers = vec![plain("x", "line\nbreak")];
-        assert!(validate_config(&ProxyConfig {
-            rules: vec![bad_value],
-            ..Default::default()
-        })
+        assert!(validate_config(
+            &ProxyConfig {
+                rules: vec![bad_value],
+                ..Default::default()
+            },
+            &[]
+        )
         .is_err());
         let cb = |url: &str| ProxyConfig {
             callbacks: vec![ProxyCallback {
@@ -492,21 +523,73 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert!(validate_config(&cb("https://hooks.example.com/x")).is_ok());
-        assert!(validate_config(&cb("http://10.0.0.1:8080/")).is_ok());
+        assert!(validate_config(&cb("https://hooks.example.com/x"), &[]).is_ok());
         for bad in ["ftp://x.test/", "/relative", "not a url"] {
-            let e = validate_config(&cb(bad)).unwrap_err();
+            let e = validate_config(&cb(bad), &[]).unwrap_err();
             assert_eq!(e.field, "proxy_config.callbacks[0].url", "{bad}");
         }
-        let e = validate_config(&ProxyConfig {
-            rules: vec![ProxyRule {
-                match_headers: vec!["no-colon".into()],
-                ..rule("r", &["a.test"])
-            }],
-            ..Default::default()
-        })
+        let e = validate_config(
+            &ProxyConfig {
+                rules: vec![ProxyRule {
+                    match_headers: vec!["no-colon".into()],
+                    ..rule("r", &["a.test"])
+                }],
+                ..Default::default()
+            },
+            &[],
+        )
         .unwrap_err();
         assert_eq!(e.field, "proxy_config.rules[0].match_headers[0]");
+    }
+
+    fn callback_cfg(urls: &[&str]) -> ProxyConfig {
+        ProxyConfig {
+            callbacks: urls
+                .iter()
+                .map(|url| ProxyCallback {
+                    match_hosts: vec!["a.test".into()],
+                    url: url.to_string(),
+                    ttl_seconds: 60,
+                    full_request: None,
+                    request_headers: vec![],
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Security review (issue 16), finding 3: a callback URL naming the
+    /// host itself, the metadata address or a private network is a 422 on
+    /// its field, unless the operator allows that network.
+    #[test]
+    fn finding3_callback_to_private_address_is_refused_at_validation() {
+        for bad in [
+            "http://127.0.0.1:8080/api/v2/sandboxes/boxes",
+            "http://localhost:8080/",
+            "http://LOCALHOST./",
+            "http://svc.localhost/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://10.0.0.1:8080/",
+            "http://[::1]:8080/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[fd00::1]/",
+            "https://0.0.0.0/",
+        ] {
+            let e = validate_config(&callback_cfg(&["https://hooks.example.com/", bad]), &[])
+                .unwrap_err();
+            assert_eq!(e.field, "proxy_config.callbacks[1].url", "{bad}");
+            assert!(e.to_string().contains("private address"), "{bad}: {e}");
+        }
+        // Names are judged when the host connects (resolved then).
+        assert!(validate_config(&callback_cfg(&["https://hooks.example.com/x"]), &[]).is_ok());
+        // The operator's exceptions apply.
+        let allow: Vec<ipnet::IpNet> = vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "127.0.0.1/32".parse().unwrap(),
+        ];
+        assert!(validate_config(&callback_cfg(&["http://10.0.0.1:8080/"]), &allow).is_ok());
+        assert!(validate_config(&callback_cfg(&["http://localhost:8080/"]), &allow).is_ok());
+        assert!(validate_config(&callback_cfg(&["http://169.254.169.254/"]), &allow).is_err());
     }
 
     #[test]

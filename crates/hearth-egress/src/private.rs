@@ -62,6 +62,30 @@ fn is_special_v6(ip: Ipv6Addr) -> bool {
         || (s[0] == 0x2001 && s[1] == 0) // Teredo
 }
 
+/// Whether `ip` is inside one of the operator's `allow_private` networks.
+fn allowed(ip: IpAddr, allow: &[IpNet]) -> bool {
+    let ip = ip.to_canonical();
+    allow.iter().any(|n| n.contains(&ip))
+}
+
+/// The special address a host as written in a URL names on its face (an
+/// address literal, or loopback for `localhost` and `*.localhost`, RFC
+/// 6761), unless `allow` covers it. Other names say nothing before they
+/// are resolved: the gate judges them at connect time.
+pub fn refused_on_its_face(host: &str, allow: &[IpNet]) -> Option<IpAddr> {
+    let ip = match crate::pattern::parse_ip(host) {
+        Some(ip) => ip,
+        None => {
+            let name = crate::pattern::normalize_name(host)?;
+            if name != "localhost" && !name.ends_with(".localhost") {
+                return None;
+            }
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        }
+    };
+    (is_special(ip) && !allowed(ip, allow)).then_some(ip.to_canonical())
+}
+
 /// The private-address gate: special ranges and the host's own addresses
 /// are refused unless inside an operator-allowed network.
 pub struct PrivateGate {
@@ -80,7 +104,7 @@ impl PrivateGate {
     /// Whether connecting to `ip` is refused as private.
     pub fn refuses(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
-        if self.allow.iter().any(|n| n.contains(&ip)) {
+        if allowed(ip, &self.allow) {
             return false;
         }
         is_special(ip) || self.is_local(ip)

@@ -163,7 +163,16 @@ async fn upstream(
     tls: Option<Arc<rustls::ServerConfig>>,
     reply: Option<(u16, String)>,
 ) -> (u16, Recorder) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    upstream_on("127.0.0.1", tls, reply).await
+}
+
+/// [`upstream`] on another loopback address (127.0.0.2 is not allowed).
+async fn upstream_on(
+    ip: &str,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    reply: Option<(u16, String)>,
+) -> (u16, Recorder) {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let rec = Recorder::default();
     let r = rec.clone();
@@ -276,6 +285,10 @@ async fn world(policy: Policy) -> World {
     hosts.insert(
         "private.test".to_owned(),
         vec!["127.0.0.2".parse().unwrap()],
+    );
+    hosts.insert(
+        "mixed.test".to_owned(),
+        vec!["127.0.0.2".parse().unwrap(), lo],
     );
     let egress = Egress::new(EgressSettings {
         ca_dir: dir.join("ca"),
@@ -596,7 +609,10 @@ async fn callbacks_cached_fail_closed_and_beaten_by_rules() {
     // Failing callback: 502, nothing upstream.
     let (status, body) = w.get_http("api.ok.test", "/f", &[]).await;
     assert_eq!(status, 502);
-    assert!(body.contains("callback resolution failed"), "{body}");
+    assert!(
+        body.contains("header callback for \"api.ok.test\" failed"),
+        "{body}"
+    );
     assert_eq!(bad_calls.len(), 1);
     assert_eq!(w.http.len(), 1);
 }
@@ -806,4 +822,100 @@ async fn hostile_input_never_panics() {
     });
     // Still serving afterwards.
     assert_eq!(w.get_http("plain.test", "/alive", &[]).await.0, 200);
+}
+
+// Security review (issue 16), finding 3: callbacks are a server-side request
+// forgery from the host agent unless they pass the private-address gate.
+
+/// A callback for `secure.test` at `url`.
+fn callback_cfg(url: String) -> ProxyConfig {
+    ProxyConfig {
+        callbacks: vec![ProxyCallback {
+            match_hosts: vec!["secure.test".into()],
+            url,
+            ttl_seconds: 60,
+            full_request: None,
+            request_headers: vec![header("x-callback-secret", "s")],
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding3_callback_to_loopback_is_refused() {
+    if !net_available() {
+        return;
+    }
+    // The operator allows 127.0.0.1 only; 127.0.0.2 is the host's loopback.
+    let (port, calls) = upstream_on(
+        "127.0.0.2",
+        None,
+        Some((200, r#"{"headers":{"X-Api-Key":"k"}}"#.into())),
+    )
+    .await;
+    let w = world(policy(callback_cfg(format!("http://127.0.0.2:{port}/")))).await;
+    let (status, body) = w.get_https("secure.test", "/", &[]).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(calls.len(), 0, "the callback must not be called");
+    assert_eq!(w.https.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding3_callback_dns_rebinding_is_refused() {
+    if !net_available() {
+        return;
+    }
+    let (port, calls) = upstream_on(
+        "127.0.0.2",
+        None,
+        Some((200, r#"{"headers":{"X-Api-Key":"k"}}"#.into())),
+    )
+    .await;
+    // A name passes validation; it resolves to a private address now.
+    let cfg = callback_cfg(format!("http://private.test:{port}/"));
+    hearth_egress::validate_config(&cfg, &[]).unwrap();
+    let w = world(policy(cfg)).await;
+    assert_eq!(w.get_https("secure.test", "/", &[]).await.0, 502);
+    // A name with a private and an allowed address: only the checked one
+    // is connected to (nothing listens there, so the callback fails).
+    w.egress.set_policy(
+        SANDBOX,
+        policy(callback_cfg(format!("http://mixed.test:{port}/"))),
+    );
+    assert_eq!(w.get_https("secure.test", "/", &[]).await.0, 502);
+    assert_eq!(calls.len(), 0, "the private address must not be reached");
+    assert_eq!(w.https.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding3_callback_failure_tells_the_guest_nothing() {
+    if !net_available() {
+        return;
+    }
+    let (status_port, _) = upstream(None, Some((403, "metadata says no".into()))).await;
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (private_port, _) = upstream_on("127.0.0.2", None, Some((405, "nope".into()))).await;
+    let mut bodies = Vec::new();
+    let w = world(Policy::default()).await;
+    for url in [
+        format!("http://127.0.0.1:{status_port}/"),
+        format!("http://127.0.0.1:{closed_port}/"),
+        format!("http://127.0.0.2:{private_port}/"),
+    ] {
+        w.egress
+            .set_policy(SANDBOX, policy(callback_cfg(url.clone())));
+        let (status, body) = w.get_https("secure.test", "/", &[]).await;
+        assert_eq!(status, 502, "{url}: {body}");
+        bodies.push(body);
+    }
+    for body in &bodies {
+        assert_eq!(
+            body.trim(),
+            "Hearth egress proxy: the header callback for \"secure.test\" failed"
+        );
+    }
+    assert_eq!(w.https.len(), 0);
 }
