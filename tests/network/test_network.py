@@ -250,8 +250,13 @@ def test_header_rule_with_a_workspace_secret_never_enters_the_guest():
         r = run(sb, f"curl -sS -v {scheme}://api.test/echo -H \"Authorization: Bearer $API_TOKEN\" 2>/tmp/curl-{scheme}.err")
         check(r.exit_code == 0, f"{scheme} api.test: {r.stderr}")
         echoed = json.loads(r.stdout)
-        check(echoed["headers"].get("authorization") == f"Bearer {SECRET}", f"the upstream got the secret ({scheme}): {echoed['headers']}")
-        check(echoed["headers"].get("x-opaque") == f"opaque-{SECRET}", f"the upstream got the opaque header ({scheme})")
+        if scheme == "https":
+            check(echoed["headers"].get("authorization") == f"Bearer {SECRET}", f"the upstream got the secret ({scheme}): {echoed['headers']}")
+            check(echoed["headers"].get("x-opaque") == f"opaque-{SECRET}", f"the upstream got the opaque header ({scheme})")
+        else:
+            # Secrets travel only inside TLS: plain HTTP keeps the guest's own value.
+            check(echoed["headers"].get("authorization") == "Bearer dummy-token", f"no secret over plain HTTP: {echoed['headers']}")
+            check("x-opaque" not in echoed["headers"], f"no opaque header over plain HTTP: {echoed['headers']}")
         r = run(sb, f"grep -c 'Bearer dummy-token' /tmp/curl-{scheme}.err")
         check(r.stdout.strip() != "0", "the request as the guest sent it carried the dummy")
     # The search gets the secret reversed, so that its own command line
@@ -315,19 +320,20 @@ def test_callbacks_fail_closed_and_cache_their_headers():
     }
     sb = create("net-cb", proxy_config=cfg)
     before = len(requests_log())
-    code, body = status_of(sb, "http://cbfail.test/echo", True)
+    # Callback headers are credentials: set only on requests that go out over TLS.
+    code, body = status_of(sb, "https://cbfail.test/echo", True)
     check(code == "502" and "header callback for \"cbfail.test\" failed" in body, f"a failing callback gives 502: {code} {body}")
     check("500" not in body and NET_IP not in body, f"the guest learns nothing of the callback's answer: {body}")
     code, body = status_of(sb, "https://cbfail.test/echo", False)
-    check(code == "502", f"also over HTTPS: {code} {body}")
+    check(code == "502", f"also through the explicit proxy: {code} {body}")
     upstream = [e for e in requests_log()[before:] if e["host"].startswith("cbfail.test")]
     check(not upstream, f"no request reached the upstream: {upstream}")
     for _ in range(2):
-        code, body = status_of(sb, "http://cbok.test/echo", True)
+        code, body = status_of(sb, "https://cbok.test/echo", True)
         check(code == "200" and '"x-callback": "from-callback"' in body, f"the callback's header is set: {code} {body}")
     calls = [e for e in requests_log()[before:] if e["path"] == "/callback/ok" and "cbok.test" in e.get("body", "")]
     check(len(calls) == 1, f"the callback was called once within its TTL: {len(calls)}")
-    code, body = status_of(sb, "http://static.test/echo", True)
+    code, body = status_of(sb, "https://static.test/echo", True)
     check('"x-static": "yes"' in body and "x-callback" not in body, f"a static rule beats a callback: {body}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)

@@ -1,6 +1,14 @@
 //! HTTP/1.1 towards the guest (plain, inside a CONNECT tunnel, or over
 //! intercepted TLS): each request is checked against the current policy,
 //! gets its rule's or callback's headers, and is forwarded upstream.
+//!
+//! Every way a request names its destination must agree before anything
+//! else: its one `Host` header, its absolute-form target, and what the
+//! connection was opened for (the TLS server name, the `CONNECT` target, the
+//! original port). A request that disagrees is answered 400 and never
+//! forwarded, so policy and header rules judge the name the upstream will
+//! actually serve, not a friendlier one the guest wrote beside it. Secret
+//! header values are set only on requests that go upstream over TLS.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -9,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -36,6 +44,67 @@ pub enum Mode {
     Tls { name: String, port: u16 },
     /// The explicit proxy: absolute-form URIs name it.
     Explicit,
+    /// The connection named two destinations (a TLS server name other than
+    /// its `CONNECT` target): every request is answered 400.
+    Conflict { reason: String },
+}
+
+/// How a request names its destination (`Host`, an absolute URI).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Authority {
+    host: String,
+    port: Option<u16>,
+}
+
+impl Authority {
+    fn parse(s: &str) -> Option<Authority> {
+        if s.contains('@') {
+            return None;
+        }
+        let a: http::uri::Authority = s.parse().ok()?;
+        let host = a.host().trim_matches(['[', ']']);
+        let plausible = crate::pattern::parse_ip(host).is_some()
+            || crate::pattern::normalize_name(host).is_some();
+        plausible.then(|| Authority {
+            host: host.to_owned(),
+            port: a.port_u16(),
+        })
+    }
+
+    /// Same host, and the same port when both say one. (A `Host` without a
+    /// port is taken to mean the connection's: clients name a non-default
+    /// port, and no upstream routes on the port it was reached on.)
+    fn agrees(&self, host: &str, port: Option<u16>) -> bool {
+        crate::pattern::same_host(&self.host, host)
+            && (self.port.is_none() || port.is_none() || self.port == port)
+    }
+}
+
+/// The request's one `Host` header; `Err` for two or an unparsable one.
+fn host_header(headers: &HeaderMap) -> Result<Option<Authority>, String> {
+    let mut all = headers.get_all(header::HOST).iter();
+    let Some(first) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err("the request has more than one Host header".into());
+    }
+    first
+        .to_str()
+        .ok()
+        .and_then(Authority::parse)
+        .map(Some)
+        .ok_or_else(|| "the request's Host header is not a host[:port]".into())
+}
+
+/// Where a request goes, once every way it names that agrees.
+struct Target {
+    name: String,
+    port: u16,
+    /// Upstream over TLS (the only way secrets travel).
+    tls: bool,
+    /// The `Host` header to set when the guest sent none.
+    host: Option<String>,
 }
 
 /// One guest connection's forwarding state: the upstream it last used.
@@ -112,11 +181,33 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 impl Conn {
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let sb = &self.sb;
-        let Some((name, port, tls)) = self.target(&req) else {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "Hearth egress proxy: the request names no host\n".into(),
+        // TRACE echoes the request, injected credentials included.
+        if req.method() == Method::TRACE || req.method().as_str() == "TRACK" {
+            let mut resp = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("Hearth egress proxy: {} is not forwarded\n", req.method()),
             );
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
+            return resp;
+        }
+        let Target {
+            name,
+            port,
+            tls,
+            host,
+        } = match self.target(&req) {
+            Ok(t) => t,
+            Err(reason) => {
+                tracing::debug!(sandbox = %sb.id, %reason, "request refused");
+                Counters::inc(&sb.counters.connections_refused);
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("Hearth egress proxy: {reason}\n"),
+                );
+            }
         };
         if req.headers().contains_key(header::UPGRADE) {
             return text(
@@ -139,7 +230,7 @@ impl Conn {
                 );
             }
         };
-        let inject = match self.injected(&policy, &name, port, &req).await {
+        let inject = match self.injected(&policy, &name, port, tls, &req).await {
             Ok(h) => h,
             Err(e) => {
                 // The detail is the operator's: the guest must not learn
@@ -151,7 +242,7 @@ impl Conn {
                 );
             }
         };
-        let req = prepare(req, &inject);
+        let req = prepare(req, &inject, host.as_deref());
         match self.send(req, (name.clone(), port, tls), &addrs).await {
             Ok(resp) => resp.map(|b| b.boxed()),
             Err(e) => text(
@@ -161,48 +252,81 @@ impl Conn {
         }
     }
 
-    /// (name, port, upstream TLS) of a request.
-    fn target(&self, req: &Request<Incoming>) -> Option<(String, u16, bool)> {
-        match &self.mode {
-            Mode::Tls { name, port } => Some((name.clone(), *port, true)),
-            Mode::Tunnel { name, port } => Some((name.clone(), *port, false)),
-            Mode::Plain { ip, port } => {
-                let host = req
-                    .headers()
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_owned)
-                    .or_else(|| req.uri().host().map(str::to_owned));
-                let name = match host {
-                    Some(h) => strip_port(&h),
-                    None => ip.to_string(),
-                };
-                Some((name, *port, false))
-            }
-            Mode::Explicit => {
-                let uri = req.uri();
-                if uri.scheme_str() != Some("http") {
-                    return None;
-                }
-                Some((
-                    uri.host()?.trim_matches(['[', ']']).to_owned(),
-                    uri.port_u16().unwrap_or(80),
-                    false,
-                ))
+    /// Where a request goes: its `Host`, its absolute-form target and the
+    /// connection's destination must agree; `Err` is the 400's reason.
+    fn target(&self, req: &Request<Incoming>) -> Result<Target, String> {
+        let host = host_header(req.headers())?;
+        let uri = match req.uri().authority() {
+            None => None,
+            Some(a) => Some(
+                Authority::parse(a.as_str())
+                    .ok_or("the request target's authority is not a host[:port]")?,
+            ),
+        };
+        if let (Some(h), Some(u)) = (&host, &uri) {
+            if !h.agrees(&u.host, u.port) {
+                return Err(format!(
+                    "the Host header ({:?}) disagrees with the request target ({:?})",
+                    h.host, u.host
+                ));
             }
         }
+        // What the request says, the absolute URI first (RFC 9112 §3.2.2).
+        let named = uri.as_ref().or(host.as_ref());
+        let on_connection = |name: &str, port: u16, tls: bool| {
+            if let Some(a) = named.filter(|a| !a.agrees(name, Some(port))) {
+                return Err(format!(
+                    "the request names {:?}, but this connection goes to {name:?} port {port}",
+                    a.host
+                ));
+            }
+            Ok(Target {
+                name: name.to_owned(),
+                port,
+                tls,
+                host: Some(host_value(name, port, tls)),
+            })
+        };
+        let mut target = match &self.mode {
+            Mode::Conflict { reason } => return Err(reason.clone()),
+            Mode::Tls { name, port } => on_connection(name, *port, true)?,
+            Mode::Tunnel { name, port } => on_connection(name, *port, false)?,
+            Mode::Plain { ip, port } => match named {
+                // Only the port is the connection's: the name is the request's.
+                Some(a) => on_connection(&a.host, *port, false)?,
+                None => on_connection(&ip.to_string(), *port, false)?,
+            },
+            Mode::Explicit => {
+                if req.uri().scheme_str() != Some("http") {
+                    return Err("the request names no http:// target".into());
+                }
+                let u = uri.as_ref().ok_or("the request names no host")?;
+                let port = u.port.unwrap_or(80);
+                on_connection(&u.host, port, false)?
+            }
+        };
+        if host.is_some() {
+            target.host = None;
+        }
+        Ok(target)
     }
 
     /// The headers to set: the first matching rule's, else a callback's.
+    /// Without TLS upstream only a rule's `plaintext` values: a callback's
+    /// headers are credentials, so it is not even called.
     async fn injected(
         &self,
         policy: &Policy,
         name: &str,
         port: u16,
+        tls: bool,
         req: &Request<Incoming>,
     ) -> Result<Vec<(String, String)>, callback::CallbackError> {
         if let Some(rule) = policy.rule_for(name, req.uri().path(), req.headers()) {
-            return Ok(rule.headers.clone());
+            return Ok(rule.headers_for(tls));
+        }
+        if !tls {
+            return Ok(Vec::new());
         }
         match policy.callback_for(name) {
             Some((_, cb)) => callback::headers(&self.sb, cb, name, port).await,
@@ -275,29 +399,32 @@ where
     Ok(sender)
 }
 
-fn strip_port(host: &str) -> String {
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or("").to_owned();
-    }
-    match host.rsplit_once(':') {
-        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h.to_owned(),
-        _ => host.to_owned(),
+/// `Host` for a request to `name:port` (the port only when not the default).
+fn host_value(name: &str, port: u16, tls: bool) -> String {
+    let host = match crate::pattern::parse_ip(name) {
+        Some(std::net::IpAddr::V6(v6)) => format!("[{v6}]"),
+        _ => name.to_owned(),
+    };
+    let default = if tls { 443 } else { 80 };
+    if port == default {
+        host
+    } else {
+        format!("{host}:{port}")
     }
 }
 
-/// Origin-form URI, no hop-by-hop headers, injected headers replacing the
-/// guest's of the same name.
-fn prepare(mut req: Request<Incoming>, inject: &[(String, String)]) -> Request<Incoming> {
+/// Origin-form URI, `Host` set when the guest sent none, no hop-by-hop
+/// headers, injected headers replacing the guest's of the same name.
+fn prepare(
+    mut req: Request<Incoming>,
+    inject: &[(String, String)],
+    host: Option<&str>,
+) -> Request<Incoming> {
+    if let Some(v) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
+        req.headers_mut().insert(header::HOST, v);
+    }
     let uri = req.uri().clone();
     if uri.authority().is_some() {
-        if req.headers().get(header::HOST).is_none() {
-            if let Some(v) = uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            {
-                req.headers_mut().insert(header::HOST, v);
-            }
-        }
         let pq = uri.path_and_query().map_or("/", |p| p.as_str());
         if let Ok(u) = pq.parse::<Uri>() {
             *req.uri_mut() = u;

@@ -140,6 +140,17 @@ impl From<HostPattern> for String {
     }
 }
 
+/// Whether two ways of naming a destination (SNI, `Host`, a `CONNECT`
+/// target, an absolute URI) name the same one: the same address, or the same
+/// DNS name up to case and a trailing dot. A name never equals an address.
+pub fn same_host(a: &str, b: &str) -> bool {
+    match (parse_ip(a), parse_ip(b)) {
+        (Some(x), Some(y)) => x.to_canonical() == y.to_canonical(),
+        (None, None) => normalize_name(a).is_some_and(|n| Some(n) == normalize_name(b)),
+        _ => false,
+    }
+}
+
 /// `10.0.0.1`, `::1` or `[::1]`.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
     let s = s
@@ -211,6 +222,16 @@ pub fn path_glob_matches(glob: &str, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_host_up_to_case_dot_and_brackets() {
+        assert!(same_host("API.example.", "api.example"));
+        assert!(same_host("[::1]", "::1"));
+        assert!(same_host("::ffff:10.0.0.1", "10.0.0.1"));
+        assert!(!same_host("api.example", "evil.example"));
+        assert!(!same_host("10.0.0.1", "api.example"));
+        assert!(!same_host("", ""));
+    }
 
     fn p(s: &str) -> HostPattern {
         HostPattern::parse(s).unwrap()

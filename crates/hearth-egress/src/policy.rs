@@ -61,6 +61,14 @@ pub struct HeaderRule {
     pub match_headers: Vec<(String, String)>,
     /// Set on the upstream request, replacing same-name headers.
     pub headers: Vec<(String, String)>,
+    /// Names of `headers` whose every value is `plaintext` configuration:
+    /// the only ones set on a plain-HTTP request. Values from secrets
+    /// (`opaque`, `workspace_secret`) travel only inside TLS, where the
+    /// upstream proved it is the host the rule names. LangSmith's rule has
+    /// no field to opt a secret in to plain HTTP, so none can. Absent
+    /// (a policy from an older control plane): nothing goes over plain HTTP.
+    #[serde(default)]
+    pub plaintext_headers: Vec<String>,
 }
 
 /// One header callback.
@@ -155,6 +163,17 @@ impl Policy {
                 match_headers.push((name, value));
             }
             let headers = resolve_headers(&format!("{at}.headers"), &rule.headers, resolve)?;
+            let mut plaintext_headers: Vec<String> = Vec::new();
+            for (name, _) in &headers {
+                let every_plain = rule
+                    .headers
+                    .iter()
+                    .filter(|h| h.name.trim().eq_ignore_ascii_case(name))
+                    .all(|h| h.kind == SecretKind::Plaintext);
+                if every_plain && !plaintext_headers.contains(name) {
+                    plaintext_headers.push(name.clone());
+                }
+            }
             if rule.enabled == Some(false) {
                 continue;
             }
@@ -164,6 +183,7 @@ impl Policy {
                 match_paths: rule.match_paths.clone(),
                 match_headers,
                 headers,
+                plaintext_headers,
             });
         }
         let mut callbacks = Vec::new();
@@ -271,6 +291,15 @@ impl Policy {
 }
 
 impl HeaderRule {
+    /// The headers to set on a request that goes upstream over TLS or not.
+    pub fn headers_for(&self, tls: bool) -> Vec<(String, String)> {
+        self.headers
+            .iter()
+            .filter(|(name, _)| tls || self.plaintext_headers.contains(name))
+            .cloned()
+            .collect()
+    }
+
     fn matches(&self, host: &str, path: &str, headers: &HeaderMap) -> bool {
         self.match_hosts.iter().any(|p| p.matches_name(host))
             && (self.match_paths.is_empty()
@@ -590,6 +619,49 @@ mod tests {
         assert!(validate_config(&callback_cfg(&["http://10.0.0.1:8080/"]), &allow).is_ok());
         assert!(validate_config(&callback_cfg(&["http://localhost:8080/"]), &allow).is_ok());
         assert!(validate_config(&callback_cfg(&["http://169.254.169.254/"]), &allow).is_err());
+    }
+
+    /// Security review (issue 16), finding 2: only `plaintext` values may be
+    /// set on plain-HTTP requests; secrets only inside TLS.
+    #[test]
+    fn finding2_secret_headers_are_only_for_tls() {
+        let mut r = rule("r", &["a.test"]);
+        r.headers = vec![
+            plain("X-Plain", "p"),
+            ProxyHeader {
+                name: "Authorization".into(),
+                kind: SecretKind::WorkspaceSecret,
+                value: Some("Bearer {TOKEN}".into()),
+                is_set: None,
+            },
+            ProxyHeader {
+                name: "X-Key".into(),
+                kind: SecretKind::Opaque,
+                value: Some("k".into()),
+                is_set: None,
+            },
+            // A name given a plaintext and a secret value is a secret.
+            plain("x-key", "also"),
+        ];
+        let p = policy(&ProxyConfig {
+            rules: vec![r],
+            ..Default::default()
+        });
+        let rule = &p.rules[0];
+        assert_eq!(rule.plaintext_headers, vec!["x-plain".to_owned()]);
+        assert_eq!(
+            rule.headers_for(false),
+            vec![("x-plain".into(), "p".into())]
+        );
+        assert_eq!(rule.headers_for(true).len(), 4);
+        // A policy from an older control plane (no list): nothing in clear.
+        let mut json = serde_json::to_value(&p).unwrap();
+        json["rules"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("plaintext_headers");
+        let old: Policy = serde_json::from_value(json).unwrap();
+        assert!(old.rules[0].headers_for(false).is_empty());
     }
 
     #[test]

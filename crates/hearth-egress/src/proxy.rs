@@ -331,6 +331,17 @@ async fn splice(sb: &Arc<Sandbox>, mut io: GuestIo, addrs: &[SocketAddr]) {
 /// TLS: spliced when allowed and no rule or callback could apply to the
 /// name; intercepted otherwise (to inject headers, or to say 403).
 async fn tls(sb: &Arc<Sandbox>, io: GuestIo, dest: Dest, sni: Option<String>) {
+    // Inside a CONNECT tunnel the server name must be the tunnel's target:
+    // one connection, one destination, or policy and rules would judge one
+    // name while the upstream serves another.
+    if let (Some(sni), Some(target)) = (&sni, &dest.name) {
+        if !crate::pattern::same_host(sni, target) {
+            Counters::inc(&sb.counters.connections_refused);
+            let reason =
+                format!("the TLS server name {sni:?} disagrees with the CONNECT target {target:?}");
+            return intercept(sb, io, Mode::Conflict { reason }).await;
+        }
+    }
     let name = sni
         .or(dest.name.clone())
         .or_else(|| dest.ip.and_then(|ip| sb.name_of(ip)));
@@ -340,12 +351,22 @@ async fn tls(sb: &Arc<Sandbox>, io: GuestIo, dest: Dest, sni: Option<String>) {
         return raw(sb, io, Dest { name: None, ..dest }).await;
     };
     let route = sb.route(&policy, &name, dest.port).await;
-    let intercept = route.is_err() || policy.could_rewrite(&name);
-    if !intercept {
+    let inspect = route.is_err() || policy.could_rewrite(&name);
+    if !inspect {
         if let Ok(addrs) = route {
             return splice(sb, io, &addrs).await;
         }
     }
+    let mode = Mode::Tls {
+        name,
+        port: dest.port,
+    };
+    intercept(sb, io, mode).await;
+}
+
+/// Terminates the guest's TLS with a leaf for its server name and serves
+/// the HTTP inside.
+async fn intercept(sb: &Arc<Sandbox>, io: GuestIo, mode: Mode) {
     let acceptor = tokio_rustls::TlsAcceptor::from(sb.shared.server_tls.clone());
     let tls = match timeout(HEAD_TIMEOUT, acceptor.accept(io)).await {
         Ok(Ok(s)) => s,
@@ -355,15 +376,7 @@ async fn tls(sb: &Arc<Sandbox>, io: GuestIo, dest: Dest, sni: Option<String>) {
         }
         Err(_) => return,
     };
-    http_proxy::serve_http(
-        sb.clone(),
-        tls,
-        Mode::Tls {
-            name,
-            port: dest.port,
-        },
-    )
-    .await;
+    http_proxy::serve_http(sb.clone(), tls, mode).await;
 }
 
 #[cfg(test)]

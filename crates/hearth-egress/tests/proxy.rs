@@ -376,6 +376,27 @@ fn header(name: &str, value: &str) -> ProxyHeader {
     }
 }
 
+/// A header whose value comes from a workspace secret (the test policy
+/// takes the stored value as the resolved one).
+fn secret(name: &str, value: &str) -> ProxyHeader {
+    ProxyHeader {
+        kind: SecretKind::WorkspaceSecret,
+        ..header(name, value)
+    }
+}
+
+/// Sends `bytes` to `target` from inside the namespace; the whole answer.
+fn raw_exchange(ns: &Netns, target: SocketAddr, bytes: &'static [u8]) -> String {
+    ns.run(move || {
+        let mut s = std::net::TcpStream::connect(target).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    })
+}
+
 fn rule(name: &str, hosts: &[&str], headers: &[(&str, &str)]) -> ProxyRule {
     ProxyRule {
         name: name.into(),
@@ -607,7 +628,7 @@ async fn callbacks_cached_fail_closed_and_beaten_by_rules() {
     assert_eq!(w.http.all()[0].headers["x-api-key"], "static");
     assert_eq!(ok_calls.len(), 1);
     // Failing callback: 502, nothing upstream.
-    let (status, body) = w.get_http("api.ok.test", "/f", &[]).await;
+    let (status, body) = w.get_https("api.ok.test", "/f", &[]).await;
     assert_eq!(status, 502);
     assert!(
         body.contains("header callback for \"api.ok.test\" failed"),
@@ -615,6 +636,7 @@ async fn callbacks_cached_fail_closed_and_beaten_by_rules() {
     );
     assert_eq!(bad_calls.len(), 1);
     assert_eq!(w.http.len(), 1);
+    assert_eq!(w.https.len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -822,6 +844,227 @@ async fn hostile_input_never_panics() {
     });
     // Still serving afterwards.
     assert_eq!(w.get_http("plain.test", "/alive", &[]).await.0, 200);
+}
+
+// Security review (issue 16), finding 2: a header rule's secret follows the
+// Host header the guest chooses.
+
+/// A rule for `secure.test` and `plain.test` whose Authorization comes from
+/// a secret, beside a plaintext header.
+fn secret_rule_cfg() -> ProxyConfig {
+    ProxyConfig {
+        rules: vec![ProxyRule {
+            name: "api".into(),
+            match_hosts: vec!["secure.test".into(), "plain.test".into()],
+            headers: vec![
+                secret("authorization", "Bearer s3cret"),
+                header("x-plain", "p"),
+            ],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding2_header_rule_secret_is_not_sent_when_host_header_disagrees() {
+    if !net_available() {
+        return;
+    }
+    let w = world(policy(secret_rule_cfg())).await;
+    let proxy_ca = w.proxy_ca.to_str().unwrap().to_owned();
+    // Intercepted TLS (transparent): SNI secure.test, Host evil.test.
+    let (status, body) = w
+        .get_https("secure.test", "/t", &["-H", "Host: evil.test"])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("evil.test"), "{body}");
+    // Through the explicit proxy: CONNECT secure.test, then Host evil.test.
+    let url = format!("https://secure.test:{}/c", w.https_port);
+    let (status, body) =
+        w.ns.curl(&[
+            "-x",
+            "http://10.200.0.1:3128",
+            "--cacert",
+            &proxy_ca,
+            "-H",
+            "Host: evil.test",
+            &url,
+        ])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    // Absolute form: the target says plain.test, Host says evil.test.
+    let url = format!("http://plain.test:{}/a", w.http_port);
+    let (status, body) =
+        w.ns.curl(&[
+            "-x",
+            "http://10.200.0.1:3128",
+            "-H",
+            "Host: evil.test",
+            &url,
+        ])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    // A Host naming another port than the connection's.
+    let (status, body) = w
+        .get_https("secure.test", "/p", &["-H", "Host: secure.test:1"])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!((w.https.len(), w.http.len()), (0, 0), "nothing forwarded");
+    // Agreeing names (any case, a trailing dot) still work.
+    let (status, _) = w
+        .get_https("secure.test", "/ok", &["-H", "Host: SECURE.test."])
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(w.https.all()[0].headers["authorization"], "Bearer s3cret");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding2_tls_server_name_must_be_the_connect_target() {
+    if !net_available() {
+        return;
+    }
+    let w = world(policy(secret_rule_cfg())).await;
+    let proxy_ca = w.proxy_ca.to_str().unwrap().to_owned();
+    // CONNECT evil.test, TLS for secure.test (curl's --connect-to).
+    let port = w.https_port;
+    let url = format!("https://secure.test:{port}/sni");
+    let connect_to = format!("secure.test:{port}:evil.test:{port}");
+    let (status, body) =
+        w.ns.curl(&[
+            "-x",
+            "http://10.200.0.1:3128",
+            "--connect-to",
+            &connect_to,
+            "--cacert",
+            &proxy_ca,
+            &url,
+        ])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("CONNECT target"), "{body}");
+    assert_eq!(w.https.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding2_duplicate_host_headers_are_400() {
+    if !net_available() {
+        return;
+    }
+    let w = world(policy(secret_rule_cfg())).await;
+    let transparent = SocketAddr::from(([192, 0, 2, 10], w.http_port));
+    let explicit: SocketAddr = "10.200.0.1:3128".parse().unwrap();
+    let resp = raw_exchange(
+        &w.ns,
+        transparent,
+        b"GET /dup HTTP/1.1\r\nHost: plain.test\r\nHost: evil.test\r\nConnection: close\r\n\r\n",
+    );
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+    assert!(resp.contains("more than one Host"), "{resp}");
+    let resp = raw_exchange(
+        &w.ns,
+        explicit,
+        b"GET http://plain.test/dup HTTP/1.1\r\nHost: plain.test\r\nHost: plain.test\r\nConnection: close\r\n\r\n",
+    );
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+    let resp = raw_exchange(
+        &w.ns,
+        transparent,
+        b"GET /bad HTTP/1.1\r\nHost: plain.test, evil.test\r\nConnection: close\r\n\r\n",
+    );
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+    assert_eq!(w.http.len(), 0, "nothing forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding2_secret_headers_are_not_injected_over_plain_http() {
+    if !net_available() {
+        return;
+    }
+    let (cb_port, cb_calls) = upstream(
+        None,
+        Some((200, r#"{"headers":{"X-Api-Key":"from-callback"}}"#.into())),
+    )
+    .await;
+    let mut cfg = secret_rule_cfg();
+    cfg.callbacks = vec![ProxyCallback {
+        match_hosts: vec!["api.ok.test".into()],
+        url: format!("http://127.0.0.1:{cb_port}/resolve"),
+        ttl_seconds: 60,
+        full_request: None,
+        request_headers: vec![],
+    }];
+    let w = world(policy(cfg)).await;
+    // Transparent plain HTTP, and plain HTTP through the explicit proxy.
+    assert_eq!(w.get_http("plain.test", "/t", &[]).await.0, 200);
+    let url = format!("http://plain.test:{}/x", w.http_port);
+    assert_eq!(
+        w.ns.curl(&["-x", "http://10.200.0.1:3128", &url]).await.0,
+        200
+    );
+    // A callback's headers are credentials too: not even fetched.
+    assert_eq!(w.get_http("api.ok.test", "/cb", &[]).await.0, 200);
+    let seen = w.http.all();
+    assert_eq!(seen.len(), 3);
+    for s in &seen {
+        assert!(s.headers.get("authorization").is_none(), "{s:?}");
+        assert!(s.headers.get("x-api-key").is_none(), "{s:?}");
+    }
+    assert_eq!(
+        seen[0].headers["x-plain"], "p",
+        "plaintext values still set"
+    );
+    assert_eq!(cb_calls.len(), 0);
+    // Over TLS the secret is set.
+    assert_eq!(w.get_https("secure.test", "/s", &[]).await.0, 200);
+    assert_eq!(w.https.all()[0].headers["authorization"], "Bearer s3cret");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding2_trace_is_refused() {
+    if !net_available() {
+        return;
+    }
+    let w = world(policy(secret_rule_cfg())).await;
+    for method in ["TRACE", "TRACK"] {
+        let (status, _) = w.get_https("secure.test", "/", &["-X", method]).await;
+        assert_eq!(status, 405, "{method} over TLS");
+        let (status, _) = w.get_http("plain.test", "/", &["-X", method]).await;
+        assert_eq!(status, 405, "{method} over plain HTTP");
+    }
+    let url = format!("http://plain.test:{}/", w.http_port);
+    let (status, _) =
+        w.ns.curl(&["-x", "http://10.200.0.1:3128", "-X", "TRACE", &url])
+            .await;
+    assert_eq!(status, 405, "TRACE through the explicit proxy");
+    assert_eq!((w.https.len(), w.http.len()), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding2_allow_list_judges_the_name_the_request_goes_to() {
+    if !net_available() {
+        return;
+    }
+    // Intercepted because a rule applies; the allow list has one name.
+    let mut cfg = access(Some(&["secure.test", "plain.test"]), None);
+    cfg.rules = vec![rule("r", &["secure.test"], &[("x-r", "1")])];
+    let w = world(policy(cfg)).await;
+    let (status, body) = w
+        .get_https("secure.test", "/", &["-H", "Host: evil.test"])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let url = format!("http://plain.test:{}/", w.http_port);
+    let (status, body) =
+        w.ns.curl(&[
+            "-x",
+            "http://10.200.0.1:3128",
+            "-H",
+            "Host: evil.test",
+            &url,
+        ])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!((w.https.len(), w.http.len()), (0, 0));
 }
 
 // Security review (issue 16), finding 3: callbacks are a server-side request
