@@ -9,10 +9,16 @@ use serde::{Deserialize, Serialize};
 /// Protocol versions this build speaks, newest last. Version 2 adds
 /// requests larger than one frame (`OpenLarge`, up to
 /// [`crate::mux::MAX_REQUEST`]); version 1 peers get single-frame requests.
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2];
+/// Version 3 adds [`Request::Clock`].
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
+
+/// The first protocol version with [`Request::Clock`]: the host measures
+/// the guest's clock over the stream and steps it after every handshake,
+/// and such a guest ignores [`Hello::time_ms`].
+pub const CLOCK_VERSION: u16 = 3;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -20,9 +26,13 @@ pub struct Hello {
     pub versions: Vec<u16>,
     /// Echoed in the ack so the host can tell a fresh ack from a stale one.
     pub nonce: u64,
-    /// The host's wall clock (Unix ms) when it said hello. A guest whose
-    /// clock is off (no RTC it trusts, or resumed from saved memory after
-    /// minutes or days) sets its own from it.
+    /// The host's wall clock (Unix ms) when this hello was sent, for
+    /// guests older than [`CLOCK_VERSION`], which set their clock from it
+    /// when it is more than a second off (a guest resumed from saved memory
+    /// is as old as the save). It cannot be more precise than that: a
+    /// booting guest reads hellos queued since the VM started, so the one
+    /// it answers can be seconds old. From [`CLOCK_VERSION`] on the guest
+    /// ignores it and the host sets the clock with [`Request::Clock`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_ms: Option<u64>,
 }
@@ -116,6 +126,15 @@ pub enum Request {
     Info,
     /// Sync filesystems and power the guest off.
     Shutdown,
+    /// Step the guest's wall clock (`CLOCK_REALTIME`) by `step_ns`
+    /// nanoseconds (0: leave it), then answer [`Reply::Clock`] with its
+    /// reading. The host reads the clock between two readings of its own
+    /// to measure the offset, then steps it by the opposite (protocol
+    /// version [`CLOCK_VERSION`]; only the host agent may send it).
+    Clock {
+        #[serde(default)]
+        step_ns: i64,
+    },
     /// The sandbox's settings from the host: its network and the
     /// environment every later command starts with. Sent after every
     /// handshake (a boot or a resume from saved memory) and whenever they
@@ -408,6 +427,11 @@ pub enum Reply {
     Searched {
         truncated: bool,
     },
+    /// Answer to [`Request::Clock`]: the guest's `CLOCK_REALTIME` (Unix
+    /// nanoseconds) after the step, read just before answering.
+    Clock {
+        realtime_ns: u64,
+    },
 }
 
 /// One entry found by `Glob`.
@@ -499,6 +523,25 @@ mod tests {
     }
 
     #[test]
+    fn clock_requests_and_replies_are_tagged_json() {
+        let r: Request = serde_json::from_str(r#"{"op":"clock","step_ns":-5000000000}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Clock {
+                step_ns: -5_000_000_000
+            }
+        );
+        let read: Request = serde_json::from_str(r#"{"op":"clock"}"#).unwrap();
+        assert_eq!(read, Request::Clock { step_ns: 0 });
+        let reply = Reply::Clock {
+            realtime_ns: 1_790_000_000_123_456_789,
+        };
+        let s = serde_json::to_string(&reply).unwrap();
+        assert_eq!(s, r#"{"type":"clock","realtime_ns":1790000000123456789}"#);
+        assert_eq!(serde_json::from_str::<Reply>(&s).unwrap(), reply);
+    }
+
+    #[test]
     fn output_chunks_round_trip_and_reject_garbage() {
         let b = encode_output(OutputChannel::Stderr, 1 << 40, b"abc");
         let (c, off, data) = decode_output(&b).unwrap();
@@ -512,7 +555,8 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3]), Some(2));
+        assert_eq!(negotiate(&[1, 2, 3, 4]), Some(3));
+        assert_eq!(negotiate(&[1, 2]), Some(2));
         assert_eq!(negotiate(&[1]), Some(1));
         assert_eq!(negotiate(&[7]), None);
         assert_eq!(negotiate(&[]), None);

@@ -929,19 +929,21 @@ where
     W: AsyncWrite + Unpin,
 {
     let nonce = rand_nonce();
-    let hello = Hello {
-        versions: crate::msg::SUPPORTED_VERSIONS.to_vec(),
-        nonce,
-        time_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_millis() as u64),
-    };
-    let payload = serde_json::to_vec(&hello).unwrap_or_default();
     let give_up = tokio::time::Instant::now() + deadline;
     loop {
+        // Built at each send: its time is when it leaves (for old guests;
+        // see `Hello::time_ms`).
+        let hello = Hello {
+            versions: crate::msg::SUPPORTED_VERSIONS.to_vec(),
+            nonce,
+            time_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_millis() as u64),
+        };
+        let payload = serde_json::to_vec(&hello).unwrap_or_default();
         writer
-            .send(Frame::new(FrameKind::Hello, 0, payload.clone()))
+            .send(Frame::new(FrameKind::Hello, 0, payload))
             .await
             .map_err(|e| HandshakeError::Protocol(e.to_string()))?;
         // Often: a guest resumed from saved memory ignores the first hello

@@ -23,8 +23,8 @@ async fn pair() -> (Mux, Acceptor) {
     let ack = host_handshake(&mut r, &mut w, Duration::from_secs(5))
         .await
         .unwrap();
-    assert_eq!(ack.version, Some(2));
-    let (host, _) = Mux::start_versioned(Role::Host, 2, r, w);
+    assert_eq!(ack.version, Some(CLOCK_VERSION));
+    let (host, _) = Mux::start_versioned(Role::Host, CLOCK_VERSION, r, w);
     let (_g, accept) = guest.await.unwrap();
     (host, accept.unwrap())
 }
@@ -594,4 +594,40 @@ async fn a_hello_from_a_new_host_session_ends_the_guest_connection() {
     tokio::time::timeout(Duration::from_secs(5), mux.closed())
         .await
         .expect("the guest ended the old session");
+}
+
+/// Finding 8 of issue 16: the hello was built once, so a guest that
+/// answered a resend set its clock from the time of the first one. Each
+/// resend now carries the time it leaves.
+#[tokio::test]
+async fn each_resent_hello_carries_the_time_it_was_sent() {
+    use futures_util::StreamExt;
+    let (host_io, guest_io) = tokio::io::duplex(64 * 1024);
+    let (hr, hw) = tokio::io::split(host_io);
+    let host = tokio::spawn(async move {
+        let mut hr = FramedRead::new(hr, FrameCodec);
+        let mut hw = FramedWrite::new(hw, FrameCodec);
+        // Nobody answers: the host resends until it gives up.
+        host_handshake(&mut hr, &mut hw, Duration::from_millis(400)).await
+    });
+    let mut gr = FramedRead::new(guest_io, FrameCodec);
+    let mut times = Vec::new();
+    while times.len() < 3 {
+        let frame = gr.next().await.unwrap().unwrap();
+        assert_eq!(frame.kind, FrameKind::Hello);
+        let hello: Hello = serde_json::from_slice(&frame.payload).unwrap();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let sent = hello.time_ms.expect("the host sends its clock");
+        assert!(sent <= now_ms, "{sent} is after {now_ms}");
+        times.push(sent);
+    }
+    // Resent every 50 ms: the third left at least ~100 ms after the first.
+    assert!(times[2] >= times[0] + 80, "{times:?}");
+    assert!(matches!(
+        host.await.unwrap(),
+        Err(HandshakeError::Timeout(_))
+    ));
 }

@@ -6,6 +6,7 @@
 //! `hearth-guest-proto`: exec sessions, files, TCP dial, info, shutdown.
 //! It runs unprivileged toward the host: it can only answer requests.
 
+mod clock;
 mod exec;
 mod files;
 mod init;
@@ -103,8 +104,13 @@ async fn serve(port: Option<PathBuf>) {
                 continue;
             }
         };
-        if let Some(ms) = hello.time_ms {
-            sync_clock(ms);
+        // A host that speaks `Request::Clock` sets the clock precisely
+        // next; the hello's time is only for older hosts (see
+        // `Hello::time_ms`).
+        if version < hearth_guest_proto::CLOCK_VERSION {
+            if let Some(ms) = hello.time_ms {
+                clock::from_hello(ms);
+            }
         }
         let (mux, accept) = Mux::start(Role::Guest, reader, writer);
         mux.bind_session(hello.nonce);
@@ -125,24 +131,6 @@ async fn serve(port: Option<PathBuf>) {
         // once (and that path sleeps); a new host session (a VM resumed from
         // saved memory) is waiting for our answer.
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Sets the clock to the host's when they differ by more than a second:
-/// after a resume from saved memory the guest's clock is as old as the
-/// save.
-fn sync_clock(host_ms: u64) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    if now.abs_diff(host_ms) > 1000 {
-        match sys::set_realtime_ms(host_ms) {
-            Ok(()) => eprintln!(
-                "hearth-guest: clock set from the host's ({} ms off)",
-                now.abs_diff(host_ms)
-            ),
-            Err(e) => eprintln!("hearth-guest: cannot set the clock: {e}"),
-        }
     }
 }
 
@@ -187,6 +175,11 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
             limit,
         } => search::grep(stream, path, pattern, glob, limit).await,
         Request::TcpDial { port } => net::dial(stream, port).await,
+        Request::Clock { step_ns } => {
+            if let Err(e) = stream.send_ctl(&clock::handle(step_ns)).await {
+                eprintln!("hearth-guest: cannot answer a clock request: {e}");
+            }
+        }
         Request::Info => {
             let _ = stream.send_ctl(&Reply::Info(info(version))).await;
         }

@@ -117,6 +117,22 @@ pub fn set_realtime_ms(ms: u64) -> io::Result<()> {
     check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) }).map(drop)
 }
 
+/// Steps the wall clock (CLOCK_REALTIME) by `secs` seconds plus `micros`
+/// microseconds (`0 <= micros < 1e6`; a negative step has negative
+/// `secs`), atomically: the kernel adds it to the clock as it stands, so
+/// the time between a caller's reading and this call is not lost. (Not
+/// `ADJ_NANO`: it would also switch the kernel's NTP status to
+/// nanoseconds for every later `adjtimex` caller in the guest.)
+pub fn step_realtime(secs: i64, micros: i64) -> io::Result<()> {
+    // SAFETY: timex is plain data; all-zero is a valid value.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    tx.modes = libc::ADJ_SETOFFSET;
+    tx.time.tv_sec = secs as libc::time_t;
+    tx.time.tv_usec = micros as libc::suseconds_t;
+    // SAFETY: `tx` is a valid timex that outlives the call.
+    check(unsafe { libc::clock_adjtime(libc::CLOCK_REALTIME, &mut tx) }).map(drop)
+}
+
 pub fn sethostname(name: &str) -> io::Result<()> {
     // SAFETY: pointer and length describe a valid byte slice.
     check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
