@@ -138,6 +138,57 @@ impl GuestClient {
         self.call(&Request::Configure(cfg.clone())).await.map(drop)
     }
 
+    /// Sets the guest's wall clock to the host's: reads it
+    /// ([`GuestClient::read_clock`]) and steps it when it is off (see
+    /// [`crate::clock`]). `None` when the guest is older than
+    /// [`hearth_guest_proto::CLOCK_VERSION`] (it set its clock from the
+    /// hello, to within a second or so). Only the host agent may do this;
+    /// a relayed session is refused.
+    pub async fn sync_clock(&self) -> Result<Option<crate::clock::ClockSync>, GuestError> {
+        use crate::clock::{step_for, ClockSync, STEP_THRESHOLD};
+        let Some(sample) = self.read_clock().await? else {
+            return Ok(None);
+        };
+        let step_ns = step_for(&sample, STEP_THRESHOLD);
+        let after_ns = match step_ns {
+            Some(step) => Some(self.clock_sample(step).await?.offset_ns()),
+            None => None,
+        };
+        Ok(Some(ClockSync {
+            offset_ns: sample.offset_ns(),
+            round_trip: sample.round_trip,
+            step_ns,
+            after_ns,
+        }))
+    }
+
+    /// The most precise of [`crate::clock::SAMPLES`] readings of the
+    /// guest's clock, each between two readings of the host's; `None`
+    /// when the guest is older than [`hearth_guest_proto::CLOCK_VERSION`].
+    pub async fn read_clock(&self) -> Result<Option<crate::clock::Sample>, GuestError> {
+        if self.protocol_version < hearth_guest_proto::CLOCK_VERSION {
+            return Ok(None);
+        }
+        let mut samples = Vec::with_capacity(crate::clock::SAMPLES);
+        for _ in 0..crate::clock::SAMPLES {
+            samples.push(self.clock_sample(0).await?);
+        }
+        Ok(crate::clock::best(&samples))
+    }
+
+    /// One round trip of `Request::Clock`, timed on the host.
+    async fn clock_sample(&self, step_ns: i64) -> Result<crate::clock::Sample, GuestError> {
+        let (sent_ns, sent) = crate::clock::host_now();
+        match self.call(&Request::Clock { step_ns }).await? {
+            Reply::Clock { realtime_ns } => Ok(crate::clock::Sample {
+                sent_ns,
+                round_trip: sent.elapsed(),
+                guest_ns: realtime_ns,
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     pub async fn shutdown(&self) -> Result<(), GuestError> {
         self.call(&Request::Shutdown).await.map(drop)
     }
@@ -783,6 +834,107 @@ mod tests {
         GuestClient::handshake(hr, hw, Duration::from_secs(5))
             .await
             .unwrap_or_else(|e| panic!("handshake: {e}"))
+    }
+
+    /// A guest whose clock is `offset_ns` off the host's and follows the
+    /// steps it is told, answering after `delay` each way.
+    async fn guest_with_clock(offset_ns: i64, delay: Duration) -> GuestClient {
+        let (host_end, guest_end) = tokio::io::duplex(1 << 20);
+        let (hr, hw) = tokio::io::split(host_end);
+        let (gr, gw) = tokio::io::split(guest_end);
+        tokio::spawn(async move {
+            let mut r = FramedRead::new(gr, FrameCodec);
+            let mut w = FramedWrite::new(gw, FrameCodec);
+            let Ok(version) = guest_handshake(&mut r, &mut w).await else {
+                return;
+            };
+            let (_mux, acceptor) = Mux::start_versioned(Role::Guest, version, r, w);
+            let Some(mut acceptor) = acceptor else { return };
+            let mut offset = i128::from(offset_ns);
+            while let Some((stream, request)) = acceptor.recv().await {
+                tokio::time::sleep(delay).await;
+                let reply = match serde_json::from_slice(&request) {
+                    Ok(Request::Clock { step_ns }) => {
+                        offset += i128::from(step_ns);
+                        let now = i128::from(crate::clock::host_now().0);
+                        Reply::Clock {
+                            realtime_ns: (now + offset) as u64,
+                        }
+                    }
+                    _ => Reply::Ok,
+                };
+                tokio::time::sleep(delay).await;
+                if stream.send_ctl(&reply).await.is_err() {
+                    return;
+                }
+            }
+        });
+        GuestClient::handshake(hr, hw, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("handshake: {e}"))
+    }
+
+    /// Finding 8 of issue 16: a guest 5.9 s behind is measured and stepped
+    /// onto the host's clock; a second sync finds nothing to do.
+    #[tokio::test]
+    async fn a_guest_behind_the_host_is_stepped_onto_its_clock() {
+        let g = guest_with_clock(-5_900_000_000, Duration::from_millis(5)).await;
+        let sync = g.sync_clock().await.unwrap().expect("protocol 3 guest");
+        let ms = |ns: i64| ns / 1_000_000;
+        assert!((-5_920..=-5_880).contains(&ms(sync.offset_ns)), "{sync:?}");
+        assert!(sync.round_trip >= Duration::from_millis(10), "{sync:?}");
+        let step = sync.step_ns.expect("stepped");
+        assert!((5_880..=5_920).contains(&ms(step)), "{sync:?}");
+        let after = sync.after_ns.expect("measured after the step");
+        assert!(ms(after).abs() <= 10, "{sync:?}");
+        let again = g.sync_clock().await.unwrap().expect("protocol 3 guest");
+        assert_eq!(again.step_ns, None, "{again:?}");
+        assert!(ms(again.offset_ns).abs() <= 10, "{again:?}");
+    }
+
+    /// A guest older than protocol 3 cannot be told the time (it took it
+    /// from the hello): nothing is sent.
+    #[tokio::test]
+    async fn an_old_guest_is_not_asked_for_its_clock() {
+        use futures_util::{SinkExt, StreamExt};
+        let (host_end, guest_end) = tokio::io::duplex(1 << 20);
+        let (hr, hw) = tokio::io::split(host_end);
+        let (gr, gw) = tokio::io::split(guest_end);
+        // Whether the old guest was sent any request.
+        let guest = tokio::spawn(async move {
+            let mut r = FramedRead::new(gr, FrameCodec);
+            let mut w = FramedWrite::new(gw, FrameCodec);
+            let Some(Ok(frame)) = r.next().await else {
+                return false;
+            };
+            let Ok(hello) = serde_json::from_slice::<hearth_guest_proto::Hello>(&frame.payload)
+            else {
+                return false;
+            };
+            let ack = hearth_guest_proto::HelloAck {
+                version: Some(2),
+                nonce: hello.nonce,
+                agent_version: "old".into(),
+            };
+            let payload = serde_json::to_vec(&ack).unwrap_or_default();
+            let frame =
+                hearth_guest_proto::Frame::new(hearth_guest_proto::FrameKind::HelloAck, 0, payload);
+            if w.send(frame).await.is_err() {
+                return false;
+            }
+            let (_mux, acceptor) = Mux::start_versioned(Role::Guest, 2, r, w);
+            let Some(mut acceptor) = acceptor else {
+                return false;
+            };
+            let next = tokio::time::timeout(Duration::from_millis(300), acceptor.recv()).await;
+            matches!(next, Ok(Some(_)))
+        });
+        let g = GuestClient::handshake(hr, hw, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("handshake: {e}"));
+        assert_eq!(g.protocol_version, 2);
+        assert_eq!(g.sync_clock().await.unwrap(), None);
+        assert!(!guest.await.unwrap(), "an old guest was sent a request");
     }
 
     fn batch(n: usize) -> Reply {

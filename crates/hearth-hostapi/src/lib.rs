@@ -9,6 +9,8 @@
 //!   multiplexed guest stream (exec with replay, files, search, TCP dial),
 //!   whether the mux runs over the VM's serial port (on the host) or over
 //!   a WebSocket to a remote host.
+//! - [`clock`]: how the host keeps its guest's wall clock on its own
+//!   ([`GuestClient::sync_clock`]).
 //!
 //! - [`RemoteHost`]: a host elsewhere, over its private HTTP API with
 //!   signed commands, and its guest streams over a WebSocket.
@@ -16,6 +18,7 @@
 //! `hearth-control` depends on this crate and never on `hearth-host`.
 
 pub mod api;
+pub mod clock;
 pub mod fleet;
 pub mod guest;
 pub mod pipe;
