@@ -44,6 +44,10 @@ pub struct HostConfig {
     pub raw_ports: Vec<String>,
     /// How the host decides a running guest is wedged.
     pub liveness: Liveness,
+    /// How often a running guest's clock is set to the host's again (it
+    /// is also set at every handshake and resume; see [`crate::clock`]).
+    /// Zero: only then.
+    pub clock_interval: Duration,
     /// Guests return freed memory (virtio-balloon free page reporting; see
     /// [`hearth_vmm::VmSpec::free_page_reporting`]). On by default.
     pub free_page_reporting: bool,
@@ -167,6 +171,7 @@ impl HostConfig {
             stop_grace: Duration::from_secs(5),
             raw_ports: Vec::new(),
             liveness: Liveness::default(),
+            clock_interval: Duration::from_secs(60),
             free_page_reporting: true,
             network: None,
             jail: None,
@@ -742,6 +747,9 @@ impl Host {
             g = connect => g.map_err(|e| HostError::Boot { id, reason: format!("{e}; console: {}", console_tail(instance.console_log())) })?,
             exit = instance.wait_exit() => return Err(HostError::Boot { id, reason: format!("qemu exited during boot ({exit}); console: {}", console_tail(instance.console_log())) }),
         };
+        // Before the guest runs anything for the sandbox (a failure is
+        // logged; the periodic sync tries again).
+        crate::clock::sync(vm, &guest, "handshake").await;
         if let Some(cfg) = self.guest_config(vm) {
             guest.configure(&cfg).await.map_err(|e| HostError::Boot {
                 id,
@@ -1170,6 +1178,10 @@ impl Host {
         let inst = self.running_instance(&vm, VmState::Paused, "paused")?;
         inst.resume().await?;
         vm.transition(VmState::Ready, None);
+        // The guest's clock stood still while its VMM was stopped.
+        if let Some(guest) = vm.guest() {
+            crate::clock::sync(&vm, &guest, "resume").await;
+        }
         Ok(vm.record())
     }
 
@@ -1510,6 +1522,7 @@ async fn watch_vm(host: Arc<Host>, vm: Arc<Vm>, instance: Arc<Instance>, guest: 
         exit = instance.wait_exit() => format!("vmm exited unexpectedly ({exit})"),
         why = guest.closed() => format!("guest channel lost: {why}"),
         why = watch_liveness(&vm, &guest, host.cfg.liveness) => why,
+        never = crate::clock::keep(&vm, &guest, host.cfg.clock_interval) => match never {},
     };
     let state = vm.state();
     if matches!(

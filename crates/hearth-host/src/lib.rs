@@ -8,6 +8,7 @@
 //!   held stream (exec with replay, files, TCP dial, info).
 //! - [`block`]: the block service: root disks as generations in the
 //!   store ([`hearth_store`]), served to QEMU over NBD.
+//! - [`clock`]: each guest's wall clock kept on the host's.
 //! - [`network`]: each VM's network namespace and TAP, and the egress
 //!   proxy ([`hearth_egress`]) that is its only way out.
 //! - [`api`]: the host's private HTTP + WebSocket API on loopback, which the
@@ -15,6 +16,7 @@
 
 pub mod api;
 pub mod block;
+pub mod clock;
 pub mod disks;
 pub mod fleet;
 /// The guest client lives in `hearth-hostapi` (the control plane uses it

@@ -38,6 +38,9 @@ pub struct Vm {
     pub(crate) net_config: Mutex<Option<crate::network::SandboxNet>>,
     /// Its jail uid slot while its VMM runs (see `JailSettings`).
     pub(crate) jail_slot: Mutex<Option<u32>>,
+    /// Held through each sync of the guest's clock: a step is relative to
+    /// the offset its own sync measured, so two must not interleave.
+    pub(crate) clock: tokio::sync::Mutex<()>,
 }
 
 impl Vm {
@@ -56,6 +59,7 @@ impl Vm {
             net: Mutex::new(None),
             net_config: Mutex::new(None),
             jail_slot: Mutex::new(None),
+            clock: tokio::sync::Mutex::new(()),
         };
         vm.persist();
         vm
@@ -83,6 +87,7 @@ impl Vm {
             net: Mutex::new(None),
             net_config: Mutex::new(None),
             jail_slot: Mutex::new(None),
+            clock: tokio::sync::Mutex::new(()),
         })
     }
 

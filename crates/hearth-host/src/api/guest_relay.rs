@@ -5,7 +5,7 @@
 //! the guest side. Each stream the control plane opens is opened again on
 //! the VM's own channel with the same request and the two are joined, so
 //! backpressure travels end to end. Requests only the host may make
-//! (`Configure`, `Shutdown`) are refused here.
+//! (`Configure`, `Clock`, `Shutdown`) are refused here.
 
 use std::time::Duration;
 
@@ -96,11 +96,14 @@ async fn relay_stream(guest: GuestClient, downstream: Stream, request: Bytes) {
             )
         }
     };
-    if matches!(req, Request::Shutdown | Request::Configure(_)) {
+    if matches!(
+        req,
+        Request::Shutdown | Request::Configure(_) | Request::Clock { .. }
+    ) {
         return refuse(
             &downstream,
             OpErrorKind::BadRequest,
-            "only the host configures or shuts down its guest".into(),
+            "only the host configures, sets the clock of or shuts down its guest".into(),
         );
     }
     let upstream = match guest.mux().open(&req).await {
