@@ -1,0 +1,198 @@
+//! The listener's bounds against a real server on loopback: both caps
+//! refuse and recover, half-open and idle connections are closed after
+//! the header timeout, and an upgraded connection outlives it while
+//! holding its slot. (The control plane's own regression test,
+//! `slow_clients_do_not_exhaust_descriptors`, floods the real API.)
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::routing::get;
+use futures_util::{SinkExt, StreamExt};
+use hearth_listen::{Counters, Limits, Options};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+async fn start(limits: Limits) -> (SocketAddr, Arc<Counters>) {
+    let app = axum::Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async { ws.on_upgrade(echo) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = Options::new("test", limits);
+    let counters = options.counters.clone();
+    tokio::spawn(hearth_listen::serve(
+        listener,
+        app,
+        options,
+        std::future::pending(),
+    ));
+    (addr, counters)
+}
+
+async fn echo(mut ws: WebSocket) {
+    while let Some(Ok(m)) = ws.recv().await {
+        if matches!(m, Message::Close(_)) || ws.send(m).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// A connection from `from` (any 127.0.0.0/8 address is loopback).
+async fn connect(from: &str, to: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(from.parse::<IpAddr>().unwrap(), 0))
+        .unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// What the server sends before it closes, or `None` if it keeps the
+/// connection open for `wait`.
+async fn until_closed(tcp: &mut TcpStream, wait: Duration) -> Option<String> {
+    let mut out = Vec::new();
+    match tokio::time::timeout(wait, tcp.read_to_end(&mut out)).await {
+        Ok(Ok(_)) => Some(String::from_utf8_lossy(&out).into_owned()),
+        // A reset is a close too.
+        Ok(Err(_)) => Some(String::from_utf8_lossy(&out).into_owned()),
+        Err(_) => None,
+    }
+}
+
+async fn wait_open(counters: &Counters, n: u64) {
+    let t = Instant::now();
+    while counters.open() != n {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "open {}",
+            counters.open()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn get_ok(from: &str, addr: SocketAddr) -> String {
+    let mut tcp = connect(from, addr).await;
+    tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    until_closed(&mut tcp, Duration::from_secs(5))
+        .await
+        .expect("answered")
+}
+
+#[tokio::test]
+async fn both_caps_refuse_with_a_503_and_recover() {
+    let (addr, counters) = start(Limits {
+        header_read_timeout: Duration::from_secs(60),
+        max_connections: 3,
+        max_per_peer: 2,
+    })
+    .await;
+    let short = Duration::from_millis(300);
+
+    let mut a1 = connect("127.0.0.2", addr).await;
+    let mut a2 = connect("127.0.0.2", addr).await;
+    let mut a3 = connect("127.0.0.2", addr).await;
+    assert!(until_closed(&mut a1, short).await.is_none());
+    assert!(until_closed(&mut a2, short).await.is_none());
+    let refused = until_closed(&mut a3, short).await.expect("refused at once");
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    assert!(refused.contains("TooManyConnections"), "{refused}");
+    assert_eq!(counters.refused_peer(), 1);
+
+    let mut b1 = connect("127.0.0.3", addr).await;
+    assert!(until_closed(&mut b1, short).await.is_none());
+    wait_open(&counters, 3).await;
+    let refused = get_ok("127.0.0.4", addr).await;
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    assert_eq!(counters.refused_total(), 1);
+
+    // Slots come back when sockets close; the loop never stopped.
+    drop(a1);
+    drop(b1);
+    wait_open(&counters, 1).await;
+    assert!(get_ok("127.0.0.4", addr).await.starts_with("HTTP/1.1 200 "));
+    assert!(get_ok("127.0.0.2", addr).await.starts_with("HTTP/1.1 200 "));
+    wait_open(&counters, 1).await;
+    drop(a2);
+    wait_open(&counters, 0).await;
+}
+
+#[tokio::test]
+async fn half_open_and_idle_connections_close_after_the_header_timeout() {
+    let timeout = Duration::from_secs(1);
+    let (addr, counters) = start(Limits {
+        header_read_timeout: timeout,
+        max_connections: 16,
+        max_per_peer: 16,
+    })
+    .await;
+
+    // A head that never ends.
+    let t = Instant::now();
+    let mut half = connect("127.0.0.1", addr).await;
+    half.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        .await
+        .unwrap();
+    until_closed(&mut half, Duration::from_secs(5))
+        .await
+        .expect("closed");
+    let took = t.elapsed();
+    assert!(
+        took >= timeout && took < timeout * 3,
+        "closed after {took:?}"
+    );
+
+    // A keep-alive connection after its answer.
+    let mut idle = connect("127.0.0.1", addr).await;
+    idle.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200 "));
+    let t = Instant::now();
+    until_closed(&mut idle, Duration::from_secs(5))
+        .await
+        .expect("closed");
+    let took = t.elapsed();
+    assert!(
+        took >= timeout / 2 && took < timeout * 3,
+        "closed after {took:?}"
+    );
+    wait_open(&counters, 0).await;
+}
+
+#[tokio::test]
+async fn upgraded_connections_outlive_the_header_timeout_and_keep_their_slot() {
+    let timeout = Duration::from_secs(1);
+    let (addr, counters) = start(Limits {
+        header_read_timeout: timeout,
+        max_connections: 1,
+        max_per_peer: 1,
+    })
+    .await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws"))
+        .await
+        .unwrap();
+    tokio::time::sleep(timeout * 3).await;
+    ws.send(tokio_tungstenite::tungstenite::Message::text("still here"))
+        .await
+        .unwrap();
+    let back = ws.next().await.unwrap().unwrap();
+    assert_eq!(back.into_text().unwrap().as_str(), "still here");
+
+    // The WebSocket still holds the only slot.
+    assert_eq!(counters.open(), 1);
+    assert!(get_ok("127.0.0.1", addr).await.starts_with("HTTP/1.1 503 "));
+    ws.close(None).await.unwrap();
+    drop(ws);
+    wait_open(&counters, 0).await;
+    assert!(get_ok("127.0.0.1", addr).await.starts_with("HTTP/1.1 200 "));
+}
