@@ -96,6 +96,9 @@ pub struct ControlConfig {
     /// `proxy_config` callback URL may name at create and PATCH. Each host
     /// checks every callback again, with its own list, when it connects.
     pub allow_private: Vec<ipnet::IpNet>,
+    /// The public listener's header-read timeout and connection caps
+    /// (default: derived from this process's descriptor limit).
+    pub listener: hearth_listen::Limits,
 }
 
 impl Default for ControlConfig {
@@ -118,6 +121,7 @@ impl Default for ControlConfig {
             signer: None,
             autoscale: None,
             allow_private: Vec::new(),
+            listener: hearth_listen::Limits::for_this_process(),
         }
     }
 }
@@ -438,8 +442,9 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// open ones finish their requests, and this returns once they have. Open
 /// WebSockets are closed by the runtime going away (clients reconnect).
 ///
-/// HTTP/1.1 through hyper's own connection builder rather than
-/// `axum::serve`, for larger head limits ([`guard::HEAD_BUFFER`],
+/// Through [`hearth_listen::serve`], bounded by `cfg.listener` (header-read
+/// timeout, connections per peer and in total; see that crate), with
+/// larger head limits than hyper's ([`guard::HEAD_BUFFER`],
 /// [`guard::HEAD_MAX_FIELDS`]): heads past the API's own limits then reach
 /// [`guard::guard`], which answers them in the envelope, where hyper would
 /// answer with an empty body.
@@ -448,60 +453,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
-
+    let mut options = hearth_listen::Options::new("api", control.cfg.listener);
+    options.max_buf_size = Some(guard::HEAD_BUFFER);
+    options.max_headers = Some(guard::HEAD_MAX_FIELDS);
+    options.counters = control.metrics.connections.clone();
     let app = router(control.clone());
-    // Flips when the server stops; each connection holds `open` until done.
-    let (stop, stopped) = watch::channel(false);
-    let (open, _) = watch::channel(());
-    tokio::pin!(shutdown);
-    loop {
-        let tcp = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    // A connection that failed before it was accepted is
-                    // that client's problem; anything else (EMFILE) gets a
-                    // pause, as axum::serve does.
-                    use std::io::ErrorKind as K;
-                    if !matches!(
-                        e.kind(),
-                        K::ConnectionRefused | K::ConnectionAborted | K::ConnectionReset
-                    ) {
-                        tracing::error!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        // Exec and tunnel frames are small and latency-bound: no Nagle delay.
-        let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
-        let mut stopped = stopped.clone();
-        let held = open.subscribe();
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .max_buf_size(guard::HEAD_BUFFER)
-                .max_headers(guard::HEAD_MAX_FIELDS)
-                .serve_connection(TokioIo::new(tcp), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                () = async { let _ = stopped.wait_for(|s| *s).await; } => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-            drop(held);
-        });
-    }
-    control.begin_shutdown();
-    drop(listener);
-    stop.send_replace(true);
-    open.closed().await;
-    Ok(())
+    let shutdown = async move {
+        shutdown.await;
+        control.begin_shutdown();
+    };
+    hearth_listen::serve(listener, app, options, shutdown).await
 }

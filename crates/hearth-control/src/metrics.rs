@@ -18,6 +18,8 @@ pub struct Metrics {
     boot_failed: AtomicU64,
     idle_stopped: AtomicU64,
     hosts_lost: AtomicU64,
+    /// The public listener's connections held and refused (`serve`).
+    pub connections: Arc<hearth_listen::Counters>,
 }
 
 impl Metrics {
@@ -108,6 +110,18 @@ pub async fn render(
             );
         }
     }
+    let conns = &m.connections;
+    out.push_str(&format!(
+        "# HELP hearth_http_connections Connections the API listener holds (upgraded ones included).\n\
+         # TYPE hearth_http_connections gauge\nhearth_http_connections {}\n\
+         # HELP hearth_http_connections_refused_total Connections refused past a cap.\n\
+         # TYPE hearth_http_connections_refused_total counter\n\
+         hearth_http_connections_refused_total{{cap=\"per_peer\"}} {}\n\
+         hearth_http_connections_refused_total{{cap=\"total\"}} {}\n",
+        conns.open(),
+        conns.refused_peer(),
+        conns.refused_total(),
+    ));
     egress_metrics(&c, &mut out).await;
     autoscale_metrics(&c, &mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
