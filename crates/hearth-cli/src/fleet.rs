@@ -51,6 +51,7 @@ pub async fn serve(
     listen: SocketAddr,
     control: String,
     advertise: Option<String>,
+    limits: hearth_listen::Limits,
 ) -> anyhow::Result<()> {
     let token = env(TOKEN_ENV)
         .with_context(|| format!("{TOKEN_ENV} must hold the control plane's enrollment token"))?;
@@ -96,6 +97,7 @@ pub async fn serve(
         host.clone(),
         hearth_host::api::CommandCheck(Some(verifier)),
         listener,
+        limits,
         shutdown,
     )
     .await

@@ -7,6 +7,7 @@ mod client;
 mod doctor;
 mod fleet;
 mod keys;
+mod listener;
 mod membench;
 mod progress;
 mod run;
@@ -435,10 +436,21 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     advertise,
                 },
         } => {
+            // The environment's listener settings; the descriptor limit is
+            // raised before the host agent opens anything.
+            let limits = listener::ListenerFileConfig::default().limits()?;
             let store = StoreOverrides::default();
             let network = NetworkFileConfig::default().settings(&cli.data_dir)?;
             let host = start_host_with(cli.data_dir.clone(), &store, network).await?;
-            fleet::serve(&cli.data_dir, host.clone(), listen, control, advertise).await?;
+            fleet::serve(
+                &cli.data_dir,
+                host.clone(),
+                listen,
+                control,
+                advertise,
+                limits,
+            )
+            .await?;
             eprintln!("hearth: stopping VMs");
             host.shutdown().await;
             Ok(0)
@@ -451,6 +463,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     "an unsigned host API listens on loopback only; give --control to join a fleet"
                 );
             }
+            let limits = listener::ListenerFileConfig::default().limits()?;
             let host = start_host(cli.data_dir).await?;
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
@@ -460,7 +473,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 host.accel()
             );
             let shutdown = crate::stop_signal();
-            hearth_host::api::serve(host.clone(), listener, shutdown)
+            hearth_host::api::serve(host.clone(), listener, limits, shutdown)
                 .await
                 .context("serve the host API")?;
             eprintln!("hearth: stopping VMs");

@@ -68,6 +68,10 @@ struct FileConfig {
     /// Sandbox networking and the egress proxy (`[network]`).
     #[serde(default)]
     network: crate::NetworkFileConfig,
+    /// The API listener's header-read timeout and connection caps
+    /// (`[listener]`).
+    #[serde(default)]
+    listener: crate::listener::ListenerFileConfig,
 }
 
 /// Memory kept for the host itself (the control plane, QEMU's own
@@ -151,6 +155,9 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("parse {}", p.display()))?,
         None => FileConfig::default(),
     };
+    // First: the descriptor limit is raised here, before the host agent
+    // opens anything.
+    let listener_limits = file.listener.limits()?;
     let listen = args
         .listen
         .or(file.listen)
@@ -219,6 +226,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
             .metrics_require_key
             .unwrap_or(!listen.ip().is_loopback()),
         allow_private: file.network.allow_private()?,
+        listener: listener_limits,
         ..ControlConfig::default()
     };
     if let Some(s) = file.idle_reaper_seconds {

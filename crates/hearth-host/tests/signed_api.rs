@@ -82,6 +82,7 @@ async fn bad_commands_are_all_refused_each_with_its_own_reason() {
         host.clone(),
         CommandCheck(Some(verifier)),
         listener,
+        hearth_listen::Limits::for_this_process(),
         async move {
             let _ = stopped.await;
         },
@@ -282,6 +283,7 @@ async fn a_remote_host_serves_every_command_and_the_guest_streams() {
         host.clone(),
         CommandCheck(Some(verifier)),
         listener,
+        hearth_listen::Limits::for_this_process(),
         async move {
             let _ = stopped.await;
         },

@@ -30,7 +30,7 @@ mod vms;
 
 pub use fence::CommandCheck;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,13 +84,17 @@ pub fn router_checked(host: Arc<Host>, check: CommandCheck) -> Router {
 
 /// Serves the API on `listener` until `shutdown` resolves; requests still
 /// open then get [`SHUTDOWN_GRACE`] to finish before they are dropped.
-/// WebSocket sessions end with the process.
+/// WebSocket sessions end with the process. Connections are bounded by
+/// `limits` (header-read timeout, per peer and in total: see
+/// [`hearth_listen`]); guest relays are upgraded connections, which hold
+/// their slot and have no timeout of the listener's.
 pub async fn serve(
     host: Arc<Host>,
     listener: tokio::net::TcpListener,
+    limits: hearth_listen::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_checked(host, CommandCheck(None), listener, shutdown).await
+    serve_checked(host, CommandCheck(None), listener, limits, shutdown).await
 }
 
 /// [`serve`], every request but `/healthz` checked by `check`.
@@ -98,38 +102,12 @@ pub async fn serve_checked(
     host: Arc<Host>,
     check: CommandCheck,
     listener: tokio::net::TcpListener,
+    limits: hearth_listen::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "host api listening");
-    }
-    let listener = listener.tap_io(|tcp| {
-        // Exec and tunnel frames are small and latency-bound.
-        let _ = tcp.set_nodelay(true);
-    });
-    let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        shutdown.await;
-        let _ = fired_tx.send(());
-    };
-    let server = axum::serve(listener, router_checked(host, check))
-        .with_graceful_shutdown(signal)
-        .into_future();
-    let grace = async move {
-        match fired_rx.await {
-            Ok(()) => tokio::time::sleep(SHUTDOWN_GRACE).await,
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        r = server => r,
-        () = grace => {
-            tracing::warn!("host api: requests still open {SHUTDOWN_GRACE:?} after shutdown; dropping them");
-            Ok(())
-        }
-    }
+    let mut options = hearth_listen::Options::new("host api", limits);
+    options.grace = Some(SHUTDOWN_GRACE);
+    hearth_listen::serve(listener, router_checked(host, check), options, shutdown).await
 }
 
 async fn healthz(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {
