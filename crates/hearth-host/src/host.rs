@@ -960,6 +960,13 @@ impl Host {
         let vm = self.get(id)?;
         let rec = vm.record();
         let running = matches!(vm.state(), VmState::Ready | VmState::Paused);
+        // The snapshot will name the disk's chunks: from now on the disk's
+        // own commits leave its garbage to GC (`hearth_store::sweep`).
+        // Marked before the commit below, which waits for any sweep in
+        // progress.
+        gens.store()
+            .mark_shared(&GenerationDisks::scope_of(id))
+            .await?;
         let (disk, memory) = if running && include_memory {
             self.capture_running(&vm, &gens, name).await?
         } else if running {

@@ -262,3 +262,127 @@ async fn a_non_persistent_volume_flushes_without_the_store() {
         .unwrap()
         .is_empty());
 }
+
+/// Bytes of chunk objects in the store.
+fn chunk_bytes(dir: &Path) -> u64 {
+    fn walk(p: &Path) -> u64 {
+        std::fs::read_dir(p).map_or(0, |rd| {
+            rd.flatten()
+                .map(|e| {
+                    let m = e.metadata().unwrap();
+                    if m.is_dir() {
+                        walk(&e.path())
+                    } else {
+                        m.len()
+                    }
+                })
+                .sum()
+        })
+    }
+    walk(&dir.join("store/chunks"))
+}
+
+fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Issue 16, finding 6: a guest rewriting its disk grew the store by a
+/// disk's worth per commit until the hourly GC. Now each commit drops the
+/// generations before its parent and deletes the chunk versions nothing
+/// kept names, so the store holds at most about two versions of the data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_cannot_grow_the_store_without_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    first_generation(&store, dir.path()).await;
+    let image = chunk_bytes(dir.path());
+    let v = open(&store, dir.path(), 1, true).await;
+    const DATA: usize = 4 << 20;
+    let mut peak = 0;
+    for round in 0..12u64 {
+        // New data over the same 4 MiB, flushed in two halves, then a
+        // commit (as the periodic one would).
+        let data = random(DATA, round + 1);
+        v.write(0, &data[..DATA / 2]).await.unwrap();
+        v.flush().await.unwrap();
+        v.write((DATA / 2) as u64, &data[DATA / 2..]).await.unwrap();
+        v.flush().await.unwrap();
+        v.commit(BTreeMap::new()).await.unwrap();
+        peak = peak.max(chunk_bytes(dir.path()));
+    }
+    let generations = store.generations(&target(1).volume).await.unwrap();
+    println!(
+        "12 rewrites of {} MiB: store chunks peaked at {:.1} MiB over the image's {:.1} MiB; generations kept: {generations:?}",
+        DATA >> 20,
+        peak as f64 / 1048576.0,
+        image as f64 / 1048576.0
+    );
+    assert!(generations.len() <= 2, "{generations:?}");
+    // Before: 12 versions (48 MiB) until GC. Now at most the kept
+    // generations' two versions, and a round's uploads, above the image.
+    assert!(
+        peak <= image + 3 * DATA as u64 + (1 << 20),
+        "store chunks grew to {peak} bytes (image {image})"
+    );
+    // Nothing the disk needs was deleted: a fresh open reads the last data.
+    drop(v);
+    let last = random(DATA, 12);
+    let after = open(&store, dir.path(), 1, true).await;
+    assert_eq!(read(&after, 0, DATA).await, last);
+    assert_eq!(read(&after, DATA as u64, 4).await, vec![7; 4]);
+}
+
+/// Content deleted by a sweep and written again is uploaded again (the
+/// store forgets it put it), and a shared scope (a snapshot names its
+/// chunks) is never swept by the disk's commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swept_content_written_again_is_stored_again_and_shared_scopes_are_left_to_gc() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path()).await;
+    first_generation(&store, dir.path()).await;
+    let v = open(&store, dir.path(), 1, true).await;
+    let a = vec![0xaa; CHUNK as usize];
+    let b = vec![0xbb; CHUNK as usize];
+    for content in [&a, &b, &b, &b] {
+        v.write(0, content).await.unwrap();
+        v.commit(BTreeMap::new()).await.unwrap();
+    }
+    // `a` was swept; written again it must be stored again.
+    v.write(0, &a).await.unwrap();
+    v.flush().await.unwrap();
+    v.discard();
+    drop(v);
+    let after = open(&store, dir.path(), 1, true).await;
+    assert_eq!(read(&after, 0, CHUNK as usize).await, a);
+
+    // A snapshot of the disk: the scope is shared from now on.
+    let head = store.head(&target(1).volume).await.unwrap().unwrap();
+    let snap = "snap-x".parse().unwrap();
+    store
+        .copy_volume(&head, &snap, &target(1).scope, 0)
+        .await
+        .unwrap();
+    assert!(store.is_shared(&target(1).scope).await.unwrap());
+    let before = chunk_bytes(dir.path());
+    for round in 0..4u64 {
+        after.write(0, &random(1 << 20, 100 + round)).await.unwrap();
+        after.commit(BTreeMap::new()).await.unwrap();
+    }
+    assert!(
+        chunk_bytes(dir.path()) >= before + (4 << 20),
+        "a shared scope's chunks were deleted by the disk's commits"
+    );
+    // The snapshot still reads.
+    let s = store.head(&snap).await.unwrap().unwrap();
+    for r in s.chunks.values() {
+        store.get_chunk(r).await.unwrap();
+    }
+}

@@ -13,6 +13,8 @@
 //! keys/<scope>                      "HKEY" | v1 | kek id | scope check[32] | Kek::wrap(data key)
 //! chunks/<scope>/<hex[0..2]>/<hex>  "HCHK" | v1 | nonce[24] | XChaCha20-Poly1305(plaintext)
 //! volumes/<volume>/<seq:016x>       "HMAN" | v1 | scope | nonce[24] | sealed body (see manifest.rs)
+//! journal/<volume>/<base>/<n>       "HJNL" | v1 | scope | nonce[24] | sealed record (see journal.rs)
+//! shared/<scope>                    a mark: other volumes may name the scope's chunks (see sweep.rs)
 //! ```
 //!
 //! - A scope's 32-byte random data key is wrapped by a [`Kek`] (the KMS
@@ -82,6 +84,7 @@ pub mod journal;
 mod kek;
 mod manifest;
 mod store;
+pub mod sweep;
 
 pub use error::StoreError;
 pub use gc::{GcOptions, GcReport};

@@ -356,6 +356,13 @@ impl Store {
         (r, Some(obj.into()))
     }
 
+    /// Forgets that this instance put `r` (it was deleted): the next put
+    /// of the same content uploads it again.
+    pub(crate) fn forget_put(&self, r: &ChunkRef) {
+        let mut recent = self.inner.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.remove(r);
+    }
+
     fn recently_put(&self, r: &ChunkRef) -> bool {
         let recent = self.inner.recent.lock().unwrap_or_else(|p| p.into_inner());
         recent
@@ -655,6 +662,16 @@ impl Store {
         scope: &ScopeId,
         fence: u64,
     ) -> Result<Manifest, StoreError> {
+        // Another volume is about to name these scopes' chunks.
+        let scopes: std::collections::BTreeSet<&ScopeId> = from
+            .chunks
+            .values()
+            .map(|c| &c.scope)
+            .filter(|s| s.as_str() != to.as_str())
+            .collect();
+        for s in scopes {
+            self.mark_shared(s).await?;
+        }
         let draft = ManifestDraft {
             scope: scope.clone(),
             parent: None,
@@ -721,6 +738,11 @@ impl Store {
             volume: volume.clone(),
             reason,
         })?;
+        // A volume not named after its scope (saved memory in a sandbox's
+        // scope) may share chunks with the scope's own volume.
+        if scope.as_str() != volume.as_str() {
+            self.mark_shared(scope).await?;
+        }
         let io = |op, source| StoreError::Io {
             op,
             path: path.to_owned(),

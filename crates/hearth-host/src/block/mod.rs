@@ -92,6 +92,11 @@ impl GenerationDisks {
         name(&format!("vm-{vm}"))
     }
 
+    /// The key scope of a VM's disk (and its saved memory).
+    pub fn scope_of(vm: VmId) -> ScopeId {
+        name(&format!("vm-{vm}"))
+    }
+
     /// The image at `base` as a generation, imported on first use. The
     /// volume is named after the file's content identity (name, size and
     /// modification time: `hearth-image` writes each build to a new file).
@@ -373,24 +378,41 @@ async fn serve(listener: tokio::net::UnixListener, volume: Arc<Volume>, vm: VmId
     }
 }
 
-/// Commits a running VM's disk every `every`; a failure (object storage
-/// unreachable) is logged and retried at the next tick, since the chunks
-/// stay dirty. A fenced volume stops committing.
+/// Journal weight past which a running disk is committed at once: the
+/// chunk versions a busy `fsync`er leaves in the journal are garbage only
+/// once a generation folds them (and its sweep deletes them).
+pub const JOURNAL_FOLD_BYTES: u64 = 64 << 20;
+
+/// Commits a running VM's disk every `every`, and sooner when its journal
+/// passes [`JOURNAL_FOLD_BYTES`]; a failure (object storage unreachable)
+/// is logged and retried at the next tick, since the chunks stay dirty. A
+/// fenced volume stops committing.
 async fn commit_periodically(volume: Arc<Volume>, every: Duration, vm: VmId) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let step = every.min(Duration::from_secs(1));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = tokio::time::Instant::now();
     loop {
         tick.tick().await;
+        let heavy = volume.journal_bytes() >= JOURNAL_FOLD_BYTES;
+        if !heavy && last.elapsed() < every {
+            continue;
+        }
         if !volume.uncommitted().await {
+            last = tokio::time::Instant::now();
             continue;
         }
         match volume.commit(BTreeMap::new()).await {
-            Ok(m) => tracing::debug!(%vm, seq = m.seq, "committed the disk"),
+            Ok(m) => {
+                last = tokio::time::Instant::now();
+                tracing::debug!(%vm, seq = m.seq, heavy, "committed the disk")
+            }
             Err(e @ StoreError::Fenced { .. }) => {
                 tracing::error!(%vm, error = %e, "the disk was taken over; no more commits");
                 return;
             }
             Err(e) => {
+                last = tokio::time::Instant::now();
                 tracing::warn!(%vm, error = %e, "periodic disk commit failed; retrying later")
             }
         }

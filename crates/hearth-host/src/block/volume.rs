@@ -74,13 +74,29 @@ pub struct Volume {
     /// Flushes are made durable in the store (persistent volumes).
     durable: bool,
     inner: Mutex<Inner>,
-    /// One commit or flush round at a time.
-    committing: Mutex<()>,
+    /// One commit or flush round at a time; what the sweep after a commit
+    /// needs to know.
+    committing: Mutex<Sweep>,
+    /// Chunk bytes uploaded by flushes since the last generation (the
+    /// journal's weight: past a bound the journal is folded).
+    journal_bytes: AtomicU64,
     /// Rounds (flushes and commits) that have taken their dirty set.
     rounds_started: AtomicU64,
     /// The last round that made its dirty set durable; every write
     /// answered before that round started is in the store.
     durable_round: AtomicU64,
+}
+
+/// What a persistent volume's commit deletes of its own garbage (see
+/// [`hearth_store::sweep`]): chunks of the generation it prunes and chunk
+/// versions its flushes uploaded, that neither kept generation names.
+struct Sweep {
+    /// The chunk map of generation `Inner::seq` as committed.
+    head: BTreeMap<u64, ChunkRef>,
+    /// The chunk map of its parent, when known (not after an open).
+    parent: Option<BTreeMap<u64, ChunkRef>>,
+    /// Chunks of our scope uploaded since `head` was committed.
+    uploaded: Vec<ChunkRef>,
 }
 
 struct Inner {
@@ -155,7 +171,12 @@ impl Volume {
                 fenced: false,
                 read_end: u64::MAX,
             }),
-            committing: Mutex::new(()),
+            committing: Mutex::new(Sweep {
+                head: head.chunks.clone(),
+                parent: None,
+                uploaded: Vec::new(),
+            }),
+            journal_bytes: AtomicU64::new(0),
             rounds_started: AtomicU64::new(0),
             durable_round: AtomicU64::new(0),
         })
@@ -185,6 +206,11 @@ impl Volume {
     /// Journal records on the current generation (tests count them).
     pub async fn journal_len(&self) -> u64 {
         self.inner.lock().await.journal_n
+    }
+
+    /// Chunk bytes flushes uploaded since the last generation.
+    pub fn journal_bytes(&self) -> u64 {
+        self.journal_bytes.load(Ordering::Relaxed)
     }
 
     /// Removes the local files.
@@ -405,7 +431,7 @@ impl Volume {
         }
         // A round that starts after this point covers our writes.
         let need = self.rounds_started.load(Ordering::SeqCst) + 1;
-        let _one = self.committing.lock().await;
+        let mut sweep = self.committing.lock().await;
         if self.durable_round.load(Ordering::SeqCst) >= need {
             return Ok(());
         }
@@ -445,6 +471,14 @@ impl Volume {
                 Err(e) => Err(e),
             }
         };
+        if let Ok(placed) = &result {
+            sweep
+                .uploaded
+                .extend(placed.iter().filter_map(|(_, r)| r.clone()));
+            let stored = placed.iter().filter(|(_, r)| r.is_some()).count() as u64;
+            self.journal_bytes
+                .fetch_add(stored * self.chunk, Ordering::Relaxed);
+        }
         let mut g = self.inner.lock().await;
         if result.is_ok() && !dirty.is_empty() {
             g.journal_n = n + 1;
@@ -457,7 +491,7 @@ impl Volume {
     /// recorded in its manifest). Nothing dirty, no journal and no meta:
     /// the current generation.
     pub async fn commit(&self, meta: BTreeMap<String, String>) -> Result<Manifest, StoreError> {
-        let _one = self.committing.lock().await;
+        let mut sweep = self.committing.lock().await;
         let (round, dirty, parent, journal_n) = {
             let mut g = self.inner.lock().await;
             if g.fenced {
@@ -506,12 +540,66 @@ impl Volume {
         g.seq = m.seq;
         g.journal_n = 0;
         drop(g);
+        self.journal_bytes.store(0, Ordering::Relaxed);
+        sweep
+            .uploaded
+            .extend(placed.iter().filter_map(|(_, r)| r.clone()));
         if journal_n > 0 {
             if let Err(e) = self.store.delete_journal(&self.target.volume, parent).await {
                 tracing::warn!(volume = %self.target.volume, base = parent, error = %e, "cannot delete the journal a generation holds; GC will");
             }
         }
+        if self.durable {
+            self.sweep(&mut sweep, parent, &m).await;
+        }
         Ok(m)
+    }
+
+    /// After generation `m` (on `parent`): drops the generations before
+    /// `parent`, and deletes the chunks of our scope that the pruned
+    /// generation or our flushes put and neither kept generation names,
+    /// unless the scope is shared (then GC will). Failures are logged:
+    /// garbage left is GC's.
+    async fn sweep(&self, sweep: &mut Sweep, parent: u64, m: &Manifest) {
+        let volume = &self.target.volume;
+        let scope = &self.target.scope;
+        let old_parent = sweep.parent.take();
+        let kept_parent = std::mem::replace(&mut sweep.head, m.chunks.clone());
+        let uploaded = std::mem::take(&mut sweep.uploaded);
+        let pruned = match self.store.prune_before(volume, parent).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(%volume, error = %e, "cannot prune old generations; GC will");
+                sweep.parent = Some(kept_parent);
+                return;
+            }
+        };
+        let keep: std::collections::HashSet<&[u8; 32]> = kept_parent
+            .values()
+            .chain(m.chunks.values())
+            .filter(|r| &r.scope == scope)
+            .map(|r| &r.hash)
+            .collect();
+        let candidates: std::collections::BTreeSet<[u8; 32]> = old_parent
+            .iter()
+            .flat_map(|c| c.values())
+            .chain(uploaded.iter())
+            .filter(|r| &r.scope == scope && !keep.contains(&r.hash))
+            .map(|r| r.hash)
+            .collect();
+        let found = candidates.len();
+        match self.store.delete_unshared_chunks(scope, candidates).await {
+            Ok(Some(deleted)) => {
+                tracing::debug!(%volume, pruned, deleted, "swept the volume's garbage")
+            }
+            Ok(None) => {
+                tracing::debug!(%volume, pruned, left = found, "scope shared: its garbage is GC's")
+            }
+            Err(e) => {
+                tracing::warn!(%volume, error = %e, "cannot delete superseded chunks; GC will")
+            }
+        }
+        sweep.parent = Some(kept_parent);
     }
 
     /// Uploads the staged chunks of `dirty`: each one's new place, `None`
