@@ -113,22 +113,30 @@ pub const VALIDATION_ERROR: &str = "ValidationError";
 /// that order. [`ApiError::quota`] words each message so exactly its own
 /// kind matches (no "sandbox" outside the count message, no "cpu" in the
 /// memory message, …); a test ports the SDK's function to pin this.
+/// LangSmith has no snapshot quotas: the snapshot count message matches
+/// none of the SDK's words, so its `quota_type` stays unset rather than
+/// wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuotaKind {
     SandboxCount,
     Cpu,
     Memory,
+    /// Bytes kept in the store: sandboxes' disks and snapshots, one budget.
     Storage,
+    /// Hearth's own: the workspace's count of snapshots.
+    SnapshotCount,
 }
 
 impl QuotaKind {
-    /// The SDK's `quota_type` for this kind.
+    /// The SDK's `quota_type` for this kind (`snapshot_count`, which the
+    /// SDK does not know, is left unset by it).
     pub fn sdk_name(self) -> &'static str {
         match self {
             Self::SandboxCount => "sandbox_count",
             Self::Cpu => "cpu",
             Self::Memory => "memory",
             Self::Storage => "storage",
+            Self::SnapshotCount => "snapshot_count",
         }
     }
 }
@@ -295,8 +303,14 @@ impl ApiError {
             QuotaKind::Memory => {
                 format!("memory quota exceeded: {used} bytes requested of {limit} allowed")
             }
-            QuotaKind::Storage => {
-                format!("storage quota exceeded: {used} bytes requested of {limit} allowed")
+            // Not "memory": the SDK would read a memory quota.
+            QuotaKind::Storage => format!(
+                "storage quota exceeded: {used} bytes requested of {limit} allowed \
+                 (disks and snapshots share it)"
+            ),
+            // Not "sandbox": the SDK would read the sandbox count.
+            QuotaKind::SnapshotCount => {
+                format!("snapshot count quota exceeded: {used} snapshots requested, limit {limit}")
             }
         };
         Self::new(429, "QuotaExceeded", message)

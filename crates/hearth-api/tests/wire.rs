@@ -949,6 +949,11 @@ fn quota_messages_give_the_sdk_the_right_quota_type() {
             e.message
         );
     }
+    // Hearth's own quota is not mistaken by the SDK for one of its kinds.
+    let e = ApiError::quota(QuotaKind::SnapshotCount, 100, 101);
+    assert_eq!((e.status, e.error), (429, "QuotaExceeded"));
+    assert_eq!(sdk_quota_type(&e.message), None, "{}", e.message);
+    assert!(e.message.contains("101") && e.message.contains("100"));
 
     let q = Quotas::default();
     assert_eq!(
