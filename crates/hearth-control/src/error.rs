@@ -38,7 +38,10 @@ pub fn db_error(e: DbError) -> ApiError {
         DbError::Conflict { what } => ApiError::conflict(format!("{what} already exists")),
         DbError::Stale { what } => ApiError::conflict(format!("{what} changed meanwhile; retry")),
         DbError::Quota {
-            kind, limit, used, ..
+            kind,
+            limit,
+            used,
+            requested,
         } => {
             let kind = match kind {
                 hearth_db::QuotaKind::Sandboxes => hearth_api::QuotaKind::SandboxCount,
@@ -46,7 +49,9 @@ pub fn db_error(e: DbError) -> ApiError {
                 hearth_db::QuotaKind::Memory => hearth_api::QuotaKind::Memory,
                 hearth_db::QuotaKind::Storage => hearth_api::QuotaKind::Storage,
             };
-            ApiError::quota(kind, limit, used)
+            // The message names what the workspace would hold with the
+            // request granted, as `ApiError::quota` expects.
+            ApiError::quota(kind, limit, used.saturating_add(requested))
         }
         DbError::InvalidCursor => ApiError::invalid_query("cursor", "malformed or foreign cursor"),
         other => {
