@@ -76,9 +76,13 @@ pub fn default_quotas() -> Quotas {
         max_sandboxes: Some(1000),
         max_cpu: Some(MilliCpu(16_000)),
         max_mem: Some(ByteSize::gib(64)),
-        // A workspace's disks, summed (persistent disks are kept while
-        // stopped); the host refuses what its own disk cannot hold.
+        // What a workspace keeps in the store, one budget: its sandboxes'
+        // disks, summed (persistent disks are kept while stopped), and its
+        // snapshots (disk, and memory when captured with it); the host
+        // refuses what its own disk cannot hold.
         max_storage: Some(ByteSize::gib(1024)),
+        // Each snapshot pins its chunks and memory until deleted.
+        max_snapshots: Some(100),
     }
 }
 

@@ -48,6 +48,7 @@ pub fn db_error(e: DbError) -> ApiError {
                 hearth_db::QuotaKind::Cpu => hearth_api::QuotaKind::Cpu,
                 hearth_db::QuotaKind::Memory => hearth_api::QuotaKind::Memory,
                 hearth_db::QuotaKind::Storage => hearth_api::QuotaKind::Storage,
+                hearth_db::QuotaKind::Snapshots => hearth_api::QuotaKind::SnapshotCount,
             };
             // The message names what the workspace would hold with the
             // request granted, as `ApiError::quota` expects.

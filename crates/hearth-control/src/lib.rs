@@ -204,6 +204,7 @@ impl Control {
                 source_sandbox_id: None,
                 image_digest: None,
                 description: None,
+                memory_reserved: None,
             })
             .await?;
         }

@@ -295,6 +295,7 @@ fn building(
         source_sandbox_id: None,
         image_digest: None,
         description: None,
+        memory_reserved: None,
     }
 }
 

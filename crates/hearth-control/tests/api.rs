@@ -48,6 +48,7 @@ async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
             max_cpu: Some(MilliCpu(16_000)),
             max_mem: Some(ByteSize::gib(64)),
             max_storage: None,
+            max_snapshots: None,
         },
         Quotas::default(),
         Quotas {

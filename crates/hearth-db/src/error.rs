@@ -11,8 +11,11 @@ pub enum QuotaKind {
     Cpu,
     /// Bytes of memory of `provisioning` and `ready` sandboxes.
     Memory,
-    /// Disk bytes (`fs_capacity`) of sandboxes not in `deleting`.
+    /// Bytes kept in the store: disks (`fs_capacity`) of sandboxes not in
+    /// `deleting`, and the workspace's snapshots (disk and memory).
     Storage,
+    /// Count of the workspace's snapshots.
+    Snapshots,
 }
 
 impl std::fmt::Display for QuotaKind {
@@ -22,6 +25,7 @@ impl std::fmt::Display for QuotaKind {
             QuotaKind::Cpu => "cpu millicores",
             QuotaKind::Memory => "memory bytes",
             QuotaKind::Storage => "storage bytes",
+            QuotaKind::Snapshots => "snapshots",
         })
     }
 }

@@ -27,6 +27,7 @@ mod hosts;
 mod migrate;
 mod model;
 mod page;
+mod quota;
 mod sandboxes;
 mod snapshots;
 mod sql;
@@ -46,7 +47,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 pub use error::{DbError, QuotaKind};
 pub use fleet::{KeyOwnerKind, LeaderLease, Leadership, NewSigningKey, SigningKeyRow};
 pub use model::*;
-pub use snapshots::{dangling_tag, is_published_tag};
+pub use snapshots::{dangling_tag, is_published_tag, snapshot_size};
 pub use time::Timestamp;
 pub use workspace_secrets::{WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};
 

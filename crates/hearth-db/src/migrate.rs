@@ -74,6 +74,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0009_signing_key_seen.sql"),
         postgres: include_str!("../migrations/postgres/0009_signing_key_seen.sql"),
     },
+    Migration {
+        version: 10,
+        name: "snapshot_quota",
+        sqlite: include_str!("../migrations/sqlite/0010_snapshot_quota.sql"),
+        postgres: include_str!("../migrations/postgres/0010_snapshot_quota.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -117,8 +117,12 @@ pub struct Quotas {
     pub max_cpu: Option<MilliCpu>,
     /// Summed over `provisioning` and `ready` sandboxes.
     pub max_mem: Option<ByteSize>,
-    /// Disk (`fs_capacity`) summed over sandboxes not in `deleting`.
+    /// One budget for what the workspace keeps in the store: the disks
+    /// (`fs_capacity`) of sandboxes not in `deleting` plus its snapshots'
+    /// logical sizes (disk, and saved memory when captured with it).
     pub max_storage: Option<ByteSize>,
+    /// The workspace's snapshots, in any status, until deleted.
+    pub max_snapshots: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,6 +226,10 @@ pub struct SnapshotRow {
     pub volume: Option<String>,
     /// Size of the saved guest memory; `None` when it has none.
     pub memory_bytes: Option<ByteSize>,
+    /// While a capture with memory is `building`: the memory it may save
+    /// (the guest's RAM), charged to the storage quota until the build
+    /// records `memory_bytes` or fails. `None` otherwise.
+    pub memory_reserved: Option<ByteSize>,
     /// The sandbox it was captured from.
     pub source_sandbox_id: Option<SandboxId>,
     /// Digest of the OCI image it was built from.

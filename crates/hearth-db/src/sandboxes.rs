@@ -7,12 +7,12 @@ use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, WorkspaceId};
 
 use crate::error::{DbError, QuotaKind};
 use crate::model::{
-    Backend, Page, Quotas, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, StatusExtra,
+    Backend, Page, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, StatusExtra,
 };
 use crate::page::{push_name_and_status, Key, KeyKind, Keyset, SortSpec};
+use crate::quota::{check, check_live, check_storage, quota_and_usage};
 use crate::sql::{int, RowExt, Sql};
 use crate::time::Timestamp;
-use crate::workspaces::decode_quotas;
 use crate::Db;
 
 const SANDBOX_COLS: &str = "id, workspace_id, name, status, status_message, snapshot_id, \
@@ -140,104 +140,6 @@ fn sort_key(sort: SandboxSort, s: &SandboxRow) -> (Key, String) {
     (k, s.id.to_string())
 }
 
-/// Current use of a workspace, read inside the quota transaction.
-struct Usage {
-    sandboxes: u64,
-    cpu: u64,
-    mem: u64,
-    storage: u64,
-}
-
-fn decode_usage(r: &dyn RowExt) -> Result<Usage, sqlx::Error> {
-    Ok(Usage {
-        sandboxes: r.unsigned("n")?,
-        cpu: r.unsigned("cpu")?,
-        mem: r.unsigned("mem")?,
-        storage: r.unsigned("storage")?,
-    })
-}
-
-fn check(kind: QuotaKind, limit: Option<u64>, used: u64, requested: u64) -> Result<(), DbError> {
-    match limit {
-        Some(limit) if used.saturating_add(requested) > limit => Err(DbError::Quota {
-            kind,
-            limit,
-            used,
-            requested,
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// A workspace's quotas and current usage, inside a write transaction that
-/// holds the workspace's lock (PostgreSQL `FOR UPDATE`; SQLite's
-/// `BEGIN IMMEDIATE` already serializes writers). Usage: sandboxes not
-/// `deleting`, and CPU and memory of live ones, leaving out `except`.
-async fn quota_and_usage(
-    tx: &mut crate::sql::Tx,
-    op: &'static str,
-    workspace: WorkspaceId,
-    except: Option<SandboxId>,
-) -> Result<(Quotas, Usage), DbError> {
-    let lock = match tx.backend() {
-        Backend::Sqlite => "",
-        Backend::Postgres => " FOR UPDATE",
-    };
-    let ws = workspace.to_string();
-    let quotas = tx
-        .fetch_optional(
-            &Sql::new(&format!(
-                "SELECT max_sandboxes, max_cpu_millicores, max_mem_bytes, max_storage_bytes \
-                 FROM workspaces \
-                 WHERE id = $1{lock}"
-            ))
-            .arg(ws.as_str()),
-            decode_quotas,
-        )
-        .await
-        .map_err(DbError::backend(op))?
-        .ok_or(DbError::NotFound { what: "workspace" })?;
-    let except = except.map(|id| id.to_string()).unwrap_or_default();
-    let usage = tx
-        .fetch_optional(
-            &Sql::new(
-                "SELECT COUNT(*) AS n, \
-                   CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
-                     THEN cpu_millicores ELSE 0 END), 0) AS BIGINT) AS cpu, \
-                   CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
-                     THEN mem_bytes ELSE 0 END), 0) AS BIGINT) AS mem, \
-                   CAST(COALESCE(SUM(fs_capacity_bytes), 0) AS BIGINT) AS storage \
-                 FROM sandboxes WHERE workspace_id = $1 AND status <> 'deleting' AND id <> $2",
-            )
-            .arg(ws.as_str())
-            .arg(except.as_str()),
-            decode_usage,
-        )
-        .await
-        .map_err(DbError::backend(op))?
-        .unwrap_or(Usage {
-            sandboxes: 0,
-            cpu: 0,
-            mem: 0,
-            storage: 0,
-        });
-    Ok((quotas, usage))
-}
-
-/// Fails with `Quota` if a live sandbox of `cpu` and `mem` does not fit.
-fn check_live(quotas: &Quotas, usage: &Usage, cpu: MilliCpu, mem: ByteSize) -> Result<(), DbError> {
-    let max_cpu = quotas.max_cpu.map(|c| u64::from(c.0));
-    check(QuotaKind::Cpu, max_cpu, usage.cpu, u64::from(cpu.0))?;
-    let max_mem = quotas.max_mem.map(ByteSize::bytes);
-    check(QuotaKind::Memory, max_mem, usage.mem, mem.bytes())
-}
-
-/// Fails with `Quota` if a sandbox with a disk of `fs` does not fit.
-fn check_storage(quotas: &Quotas, usage: &Usage, fs: ByteSize) -> Result<(), DbError> {
-    let max = quotas.max_storage.map(ByteSize::bytes);
-    check(QuotaKind::Storage, max, usage.storage, fs.bytes())
-}
-
 impl Db {
     /// Inserts a sandbox. `Conflict` if its name is taken in the workspace;
     /// `NotFound` if the workspace does not exist.
@@ -252,7 +154,8 @@ impl Db {
 
     /// Inserts a sandbox only if the workspace stays within its quotas,
     /// atomically with respect to other quota-checked inserts: the count of
-    /// sandboxes not `deleting`, and (for a live new sandbox) the CPU and
+    /// sandboxes not `deleting`, storage (their disks and the workspace's
+    /// snapshots, one budget), and (for a live new sandbox) the CPU and
     /// memory of `provisioning`/`ready` ones. Inserts into one workspace are
     /// serialized by its row lock (PostgreSQL `FOR UPDATE`) or the database
     /// write lock (SQLite `BEGIN IMMEDIATE`).

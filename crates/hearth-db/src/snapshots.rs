@@ -6,13 +6,15 @@ use hearth_types::{ByteSize, SnapshotId, WorkspaceId};
 use crate::error::DbError;
 use crate::model::{Page, SnapshotFilter, SnapshotRow, SnapshotSort, SnapshotStatus};
 use crate::page::{push_name_and_status, Key, KeyKind, Keyset, SortSpec};
-use crate::sql::{int, RowExt, Sql};
+use crate::quota::{check_snapshot, quota_and_usage};
+use crate::sql::{int, RowExt, Sql, Tx};
 use crate::time::Timestamp;
 use crate::Db;
 
 const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message, image, \
                              fs_capacity_bytes, labels, run_config, docker_image, created_at, updated_at, \
-                             volume, memory_bytes, source_sandbox_id, image_digest, description";
+                             volume, memory_bytes, source_sandbox_id, image_digest, description, \
+                             memory_reserved_bytes";
 
 /// Rows a workspace may see: its own and the built-ins. `$1` is the
 /// workspace id.
@@ -38,6 +40,7 @@ fn decode_snapshot(r: &dyn RowExt) -> Result<SnapshotRow, sqlx::Error> {
         source_sandbox_id: r.opt_parse("source_sandbox_id")?,
         image_digest: r.opt_text("image_digest")?,
         description: r.opt_text("description")?,
+        memory_reserved: r.opt_unsigned("memory_reserved_bytes")?.map(ByteSize),
     })
 }
 
@@ -80,7 +83,31 @@ fn snapshot_sql(
         )
         .arg(s.source_sandbox_id.map(|i| i.to_string()))
         .arg(s.image_digest.as_deref())
-        .arg(s.description.as_deref()))
+        .arg(s.description.as_deref())
+        .arg(
+            s.memory_reserved
+                .map(|m| int(m.bytes(), op, "memory_reserved_bytes"))
+                .transpose()?,
+        ))
+}
+
+/// What a snapshot charges against its workspace's storage quota: its
+/// disk's logical size and its memory, saved or reserved.
+pub fn snapshot_size(s: &SnapshotRow) -> ByteSize {
+    let memory = s.memory_bytes.or(s.memory_reserved).unwrap_or(ByteSize(0));
+    ByteSize(s.fs_capacity.bytes().saturating_add(memory.bytes()))
+}
+
+/// Checks, inside `tx` and under the workspace's lock, that one more
+/// snapshot `s` fits the workspace's snapshot count and storage quotas.
+async fn within_quota(
+    tx: &mut Tx,
+    op: &'static str,
+    workspace: WorkspaceId,
+    s: &SnapshotRow,
+) -> Result<(), DbError> {
+    let (quotas, usage) = quota_and_usage(tx, op, workspace, None).await?;
+    check_snapshot(&quotas, &usage, snapshot_size(s))
 }
 
 /// The insert of a workspace's snapshot.
@@ -89,7 +116,8 @@ fn insert_sql(op: &'static str, s: &SnapshotRow, workspace: WorkspaceId) -> Resu
         op,
         &format!(
             "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
+             $19)"
         ),
         s,
         Some(workspace),
@@ -136,7 +164,8 @@ impl Db {
             op,
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
+             $19) \
                  ON CONFLICT (id) DO UPDATE SET name = excluded.name, tag = excluded.tag, \
                  status = excluded.status, status_message = excluded.status_message, \
                  image = excluded.image, fs_capacity_bytes = excluded.fs_capacity_bytes, \
@@ -159,8 +188,9 @@ impl Db {
         Ok(())
     }
 
-    /// Stores a workspace's snapshot. `Conflict` if its `name:tag` is taken
-    /// in the workspace.
+    /// Stores a workspace's snapshot if the workspace stays within its
+    /// quotas (see [`Db::publish_snapshot`]). `Conflict` if its `name:tag`
+    /// is taken in the workspace.
     pub async fn insert_snapshot(
         &self,
         workspace_id: WorkspaceId,
@@ -168,18 +198,26 @@ impl Db {
     ) -> Result<(), DbError> {
         let op = "insert snapshot";
         let sql = insert_sql(op, s, workspace_id)?;
-        self.pool
-            .execute(&sql)
+        let mut tx = self
+            .pool
+            .begin_write()
             .await
-            .map_err(DbError::unique(op, || {
-                format!("snapshot {}:{}", s.name, s.tag)
-            }))?;
-        Ok(())
+            .map_err(DbError::backend(op))?;
+        within_quota(&mut tx, op, workspace_id, s).await?;
+        tx.execute(&sql).await.map_err(DbError::unique(op, || {
+            format!("snapshot {}:{}", s.name, s.tag)
+        }))?;
+        tx.commit().await.map_err(DbError::backend(op))
     }
 
     /// Stores a workspace's snapshot under its `name:tag`, moving the tag
     /// (LangSmith's rule): a snapshot that held it stays addressable by id,
     /// untagged ("dangling": its tag becomes [`dangling_tag`] of its id).
+    /// `Quota` if the workspace would pass its count of snapshots or its
+    /// storage (sandboxes' disks and snapshots, one budget), checked in the
+    /// same transaction under the workspace's lock, like sandbox inserts:
+    /// the snapshot charges its disk, and its memory (recorded or
+    /// reserved).
     pub async fn publish_snapshot(
         &self,
         workspace_id: WorkspaceId,
@@ -191,6 +229,7 @@ impl Db {
             .begin_write()
             .await
             .map_err(DbError::backend(op))?;
+        within_quota(&mut tx, op, workspace_id, s).await?;
         let untag = Sql::new(
             "UPDATE snapshots SET tag = '#' || id, updated_at = $4 \
              WHERE workspace_id = $1 AND name = $2 AND tag = $3",
@@ -233,7 +272,9 @@ impl Db {
     }
 
     /// Writes a workspace snapshot's mutable fields (status, message,
-    /// capacity, run config, where its data is kept) from `s`, by id.
+    /// capacity, run config, where its data is kept, memory saved and
+    /// reserved) from `s`, by id. Not quota-checked: a build records what
+    /// its insert reserved.
     pub async fn update_snapshot(&self, s: &SnapshotRow) -> Result<(), DbError> {
         let op = "update snapshot";
         let run_config = s
@@ -247,8 +288,8 @@ impl Db {
             })?;
         let sql = Sql::new(
             "UPDATE snapshots SET status = $2, status_message = $3, fs_capacity_bytes = $4, \
-             run_config = $5, volume = $6, memory_bytes = $7, image_digest = $8, updated_at = $9 \
-             WHERE id = $1 AND workspace_id IS NOT NULL",
+             run_config = $5, volume = $6, memory_bytes = $7, image_digest = $8, updated_at = $9, \
+             memory_reserved_bytes = $10 WHERE id = $1 AND workspace_id IS NOT NULL",
         )
         .arg(s.id.to_string())
         .arg(s.status.as_str())
@@ -262,7 +303,12 @@ impl Db {
                 .transpose()?,
         )
         .arg(s.image_digest.as_deref())
-        .arg(Timestamp::now());
+        .arg(Timestamp::now())
+        .arg(
+            s.memory_reserved
+                .map(|m| int(m.bytes(), op, "memory_reserved_bytes"))
+                .transpose()?,
+        );
         let n = self
             .pool
             .execute(&sql)

@@ -9,7 +9,8 @@ use crate::time::Timestamp;
 use crate::Db;
 
 const WORKSPACE_COLS: &str =
-    "id, name, max_sandboxes, max_cpu_millicores, max_mem_bytes, max_storage_bytes, created_at";
+    "id, name, max_sandboxes, max_cpu_millicores, max_mem_bytes, max_storage_bytes, \
+     max_snapshots, created_at";
 const API_KEY_COLS: &str =
     "id, workspace_id, key_hash, prefix, description, permissions, created_at, revoked_at";
 
@@ -25,6 +26,7 @@ pub(crate) fn decode_quotas(r: &dyn RowExt) -> Result<Quotas, sqlx::Error> {
         max_cpu,
         max_mem: r.opt_unsigned("max_mem_bytes")?.map(ByteSize),
         max_storage: r.opt_unsigned("max_storage_bytes")?.map(ByteSize),
+        max_snapshots: r.opt_unsigned("max_snapshots")?,
     })
 }
 
@@ -66,10 +68,14 @@ impl Db {
             .max_storage
             .map(|v| int(v.bytes(), op, "max_storage_bytes"))
             .transpose()?;
+        let max_snapshots = q
+            .max_snapshots
+            .map(|v| int(v, op, "max_snapshots"))
+            .transpose()?;
         let created_at = Timestamp::now();
         let sql = Sql::new(
             "INSERT INTO workspaces (id, name, max_sandboxes, max_cpu_millicores, max_mem_bytes, \
-             max_storage_bytes, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             max_storage_bytes, max_snapshots, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .arg(ws.id.to_string())
         .arg(ws.name.as_str())
@@ -77,6 +83,7 @@ impl Db {
         .arg(q.max_cpu.map(|c| i64::from(c.0)))
         .arg(max_mem)
         .arg(max_storage)
+        .arg(max_snapshots)
         .arg(created_at);
         self.pool
             .execute(&sql)

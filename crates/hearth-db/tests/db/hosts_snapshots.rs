@@ -159,7 +159,7 @@ async fn hosts_register_renew_and_sum_load() {
     });
 }
 
-fn snapshot(name: &str, tag: &str) -> SnapshotRow {
+pub(crate) fn snapshot(name: &str, tag: &str) -> SnapshotRow {
     SnapshotRow {
         id: SnapshotId::new(),
         workspace_id: None,
@@ -179,6 +179,7 @@ fn snapshot(name: &str, tag: &str) -> SnapshotRow {
         source_sandbox_id: None,
         image_digest: None,
         description: None,
+        memory_reserved: None,
     }
 }
 

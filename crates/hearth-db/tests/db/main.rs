@@ -4,6 +4,7 @@
 mod hosts_snapshots;
 mod lists;
 mod sandboxes;
+mod snapshot_quota;
 mod workspace_secrets;
 mod workspaces;
 

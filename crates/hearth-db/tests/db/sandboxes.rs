@@ -265,6 +265,7 @@ async fn cpu_and_memory_quotas_count_only_live_sandboxes() {
                 max_cpu: Some(MilliCpu(2500)),
                 max_mem: Some(ByteSize::gib(10)),
                 max_storage: None,
+                max_snapshots: None,
             },
         )
         .await;
