@@ -6,6 +6,14 @@
 //! Publishing a snapshot under a `name:tag` that another holds moves the
 //! tag (LangSmith's rule): the older one stays reachable by id, untagged.
 //!
+//! Snapshots count against the workspace's quotas, checked when the
+//! `building` row is inserted, before the host does anything (a 429 is
+//! never answered after a side effect): a count of snapshots
+//! (`max_snapshots`) and the storage budget shared with sandboxes' disks,
+//! which a snapshot charges its disk's logical size and, captured with
+//! memory, the guest's RAM it may save (the row's `memory_reserved`, until
+//! the build records `memory_bytes`). Deleting a snapshot frees its share.
+//!
 //! Deleting a snapshot is refused (409) while a sandbox not being deleted
 //! was booted from it, as LangSmith does. Its chunks would be safe either
 //! way: a sandbox's own generations reference them, and the store's GC
@@ -82,6 +90,8 @@ impl Control {
             run_config: serde_json::to_value(&run_config).ok(),
             source_sandbox_id: Some(row.id),
             description: req.description.clone(),
+            // Saved memory is as large as the guest's RAM.
+            memory_reserved: req.include_memory.then_some(row.mem),
             ..building(who.workspace_id, &reference, &source.image, row.fs_capacity)
         };
         self.insert_building(who.workspace_id, &snap).await?;
@@ -174,13 +184,15 @@ impl Control {
         Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
     }
 
-    /// Stores a new snapshot row (status `building`) under its `name:tag`;
-    /// a snapshot that had that tag keeps its id but loses the tag.
+    /// Stores a new snapshot row (status `building`) under its `name:tag`
+    /// if the workspace's snapshot count and storage quotas allow it (else
+    /// 429); a snapshot that had that tag keeps its id but loses the tag.
     async fn insert_building(&self, ws: WorkspaceId, snap: &SnapshotRow) -> Result<(), ApiError> {
         self.db.publish_snapshot(ws, snap).await.map_err(db_error)
     }
 
-    /// Records the outcome of a snapshot build.
+    /// Records the outcome of a snapshot build; the memory it reserved is
+    /// replaced by what it saved (none when it failed).
     pub(crate) async fn finish_snapshot(
         &self,
         mut snap: SnapshotRow,
@@ -198,8 +210,10 @@ impl Control {
                 tracing::warn!(snapshot = %snap.id, error = %e, "snapshot build failed");
                 snap.status = SnapshotStatus::Failed;
                 snap.status_message = Some(e);
+                snap.memory_bytes = None;
             }
         }
+        snap.memory_reserved = None;
         if let Err(e) = self.db.update_snapshot(&snap).await {
             tracing::error!(snapshot = %snap.id, error = %e, "cannot record a snapshot's outcome");
         }
