@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     /// Chunks this instance PUT recently, and when.
     recent: Mutex<HashMap<ChunkRef, Instant>>,
     refresh_after: Duration,
+    /// Keep uploaded chunks in the cache (not for a local directory).
+    cache_uploads: bool,
     stats: Counters,
 }
 
@@ -167,6 +169,9 @@ impl Store {
     /// Opens a store. The object store is not contacted until first use.
     pub async fn open(cfg: StoreConfig, kek: Arc<dyn Kek>) -> Result<Store, StoreError> {
         let os = crate::backend::open(&cfg.url)?;
+        // A local directory is as near as the cache: keeping what we upload
+        // there too would only hold every written chunk twice on the host.
+        let cache_uploads = !(cfg.url.starts_with('/') || cfg.url.starts_with("file:"));
         let cache = Cache::open(cfg.cache_dir, cfg.cache_max_bytes)?;
         Ok(Store {
             inner: Arc::new(Inner {
@@ -176,6 +181,7 @@ impl Store {
                 keys: Mutex::default(),
                 recent: Mutex::default(),
                 refresh_after: DEFAULT_GC_GRACE / 2,
+                cache_uploads,
                 stats: Counters::default(),
             }),
         })
@@ -396,7 +402,9 @@ impl Store {
             recent.insert(r.clone(), Instant::now());
         }
         // Just-written chunks are the likeliest to be read back.
-        self.inner.cache.put(r, obj).await;
+        if self.inner.cache_uploads {
+            self.inner.cache.put(r, obj).await;
+        }
         Ok(())
     }
 
