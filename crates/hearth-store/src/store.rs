@@ -84,6 +84,8 @@ pub(crate) struct Inner {
     refresh_after: Duration,
     /// Keep uploaded chunks in the cache (not for a local directory).
     cache_uploads: bool,
+    /// Scopes known to be marked shared (a mark is never removed).
+    pub(crate) shared: Mutex<std::collections::HashSet<ScopeId>>,
     stats: Counters,
 }
 
@@ -182,6 +184,7 @@ impl Store {
                 recent: Mutex::default(),
                 refresh_after: DEFAULT_GC_GRACE / 2,
                 cache_uploads,
+                shared: Mutex::default(),
                 stats: Counters::default(),
             }),
         })

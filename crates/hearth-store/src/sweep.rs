@@ -40,18 +40,38 @@ impl Store {
     /// Marks `scope` as possibly named by volumes other than its own:
     /// writers stop deleting its chunks themselves.
     pub async fn mark_shared(&self, scope: &ScopeId) -> Result<(), StoreError> {
+        if self.known_shared(scope) {
+            return Ok(());
+        }
         self.inner
             .os
             .put(&shared_path(scope), PutPayload::from_static(b"shared\n"))
             .await
             .map_err(backend(format!("mark scope {scope} shared")))?;
+        self.note_shared(scope);
         Ok(())
+    }
+
+    fn known_shared(&self, scope: &ScopeId) -> bool {
+        let known = self.inner.shared.lock().unwrap_or_else(|p| p.into_inner());
+        known.contains(scope)
+    }
+
+    fn note_shared(&self, scope: &ScopeId) {
+        let mut known = self.inner.shared.lock().unwrap_or_else(|p| p.into_inner());
+        known.insert(scope.clone());
     }
 
     /// Whether [`Store::mark_shared`] marked `scope`.
     pub async fn is_shared(&self, scope: &ScopeId) -> Result<bool, StoreError> {
+        if self.known_shared(scope) {
+            return Ok(true);
+        }
         match self.inner.os.head(&shared_path(scope)).await {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.note_shared(scope);
+                Ok(true)
+            }
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(backend(format!("read the shared mark of scope {scope}"))(e)),
         }
