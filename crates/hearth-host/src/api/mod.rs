@@ -26,9 +26,11 @@
 
 mod fence;
 mod guest_relay;
+mod token;
 mod vms;
 
 pub use fence::CommandCheck;
+pub use token::{read_token, ApiToken, TokenError, TOKEN_FILE};
 
 use std::future::Future;
 use std::sync::Arc;
