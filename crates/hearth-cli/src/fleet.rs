@@ -93,9 +93,9 @@ pub async fn serve(
         host.accel(),
     );
     let shutdown = crate::stop_signal();
-    hearth_host::api::serve_checked(
+    hearth_host::api::serve(
         host.clone(),
-        hearth_host::api::CommandCheck(Some(verifier)),
+        hearth_host::api::Access::Signed(verifier),
         listener,
         limits,
         shutdown,

@@ -100,9 +100,11 @@ enum ImageCommand {
 #[derive(Subcommand)]
 enum HostCommand {
     /// Serve the host agent's private API (HTTP + WebSocket). Alone, on
-    /// loopback and unsigned; with `--control`, as a member of a fleet:
-    /// registered with the control plane (enrollment token in
-    /// HEARTH_HOST_TOKEN), holding a lease, taking only signed commands.
+    /// loopback, every request carrying the bearer token of
+    /// `<data>/host-api.token` (made on first start, readable by root
+    /// only); with `--control`, as a member of a fleet: registered with the
+    /// control plane (enrollment token in HEARTH_HOST_TOKEN), holding a
+    /// lease, taking only signed commands.
     Serve {
         #[arg(long, default_value = "127.0.0.1:19190")]
         listen: std::net::SocketAddr,
@@ -460,20 +462,28 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         } => {
             if !listen.ip().is_loopback() {
                 anyhow::bail!(
-                    "an unsigned host API listens on loopback only; give --control to join a fleet"
+                    "a standalone host API listens on loopback only (its token would cross the \
+                     network in clear text); give --control to join a fleet"
                 );
             }
             let limits = listener::ListenerFileConfig::default().limits()?;
-            let host = start_host(cli.data_dir).await?;
+            let host = start_host(cli.data_dir.clone()).await?;
+            // Made once the agent holds the data directory's lock.
+            let token_file = cli.data_dir.join(hearth_host::api::TOKEN_FILE);
+            let token = hearth_host::api::ApiToken::load_or_create(&token_file)
+                .context("load the host API token")?;
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("listen on {listen}"))?;
             eprintln!(
-                "hearth host agent listening on http://{listen} (guests under {})",
-                host.accel()
+                "hearth host agent listening on http://{listen} (guests under {}); \
+                 send `Authorization: Bearer $(cat {})`",
+                host.accel(),
+                token_file.display(),
             );
             let shutdown = crate::stop_signal();
-            hearth_host::api::serve(host.clone(), listener, limits, shutdown)
+            let access = hearth_host::api::Access::Token(Arc::new(token));
+            hearth_host::api::serve(host.clone(), access, listener, limits, shutdown)
                 .await
                 .context("serve the host API")?;
             eprintln!("hearth: stopping VMs");

@@ -1,5 +1,6 @@
 //! kill -9 of the host agent: its QEMU processes die with it, and a
-//! restarted agent accounts for every VM it had started.
+//! restarted agent accounts for every VM it had started. The standalone
+//! host API takes only callers holding its token (`<data>/host-api.token`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -51,13 +52,29 @@ fn serve(dir: &Path, port: u16) -> Child {
     child
 }
 
-/// A minimal HTTP/1.1 exchange (Connection: close).
-fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+/// The standalone host API's token, as its operator reads it.
+fn read_token(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("host-api.token")).unwrap();
+    text.trim_end().to_owned()
+}
+
+/// A minimal HTTP/1.1 exchange (Connection: close), with the host API's
+/// `token` when given.
+fn http(
+    port: u16,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -84,12 +101,24 @@ fn host_agent_kill_9_leaves_no_orphans_and_restart_accounts_for_every_vm() {
     let dir = data_dir();
     let port = free_port();
     let mut agent = serve(&dir, port);
+    let token = read_token(&dir);
+
+    // Without the token nothing happens (security review of issue 16,
+    // finding 4).
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let create = r#"{"image":"busybox","memory":268435456}"#;
+    let (status, refused) = http(port, None, "PUT", &format!("/v1/vms/{id}"), create);
+    assert_eq!(status, 401, "{refused}");
+    assert_eq!(refused["detail"]["error"], "Unauthorized", "{refused}");
+    let (status, _) = http(port, Some("hth_host_wrong"), "GET", "/v1/vms", "");
+    assert_eq!(status, 401);
 
     let mut vms = Vec::new();
     for _ in 0..2 {
         let id = uuid::Uuid::now_v7().simple().to_string();
         let (status, vm) = http(
             port,
+            Some(&token),
             "PUT",
             &format!("/v1/vms/{id}"),
             r#"{"image":"busybox","memory":268435456}"#,
@@ -117,7 +146,9 @@ fn host_agent_kill_9_leaves_no_orphans_and_restart_accounts_for_every_vm() {
 
     let port = free_port();
     let mut agent = serve(&dir, port);
-    let (status, list) = http(port, "GET", "/v1/vms", "");
+    // The token survives the restart.
+    assert_eq!(read_token(&dir), token);
+    let (status, list) = http(port, Some(&token), "GET", "/v1/vms", "");
     assert_eq!(status, 200);
     let listed = list["vms"].as_array().unwrap();
     for (id, _) in &vms {
@@ -133,7 +164,7 @@ fn host_agent_kill_9_leaves_no_orphans_and_restart_accounts_for_every_vm() {
     }
     // The failed VMs can be cleaned up through the API.
     for (id, _) in &vms {
-        let (status, _) = http(port, "DELETE", &format!("/v1/vms/{id}"), "");
+        let (status, _) = http(port, Some(&token), "DELETE", &format!("/v1/vms/{id}"), "");
         assert_eq!(status, 204);
     }
     // SAFETY: signalling the child this test started.

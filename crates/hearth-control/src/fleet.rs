@@ -37,7 +37,7 @@ use hearth_db::{
 };
 use hearth_fence::{KeyRing, PublicKey};
 use hearth_hostapi::fleet::{Drained, Lease, RegisterHost, RenewLease, CONTROL_AUDIENCE};
-use hearth_hostapi::{HostApi, RemoteHost};
+use hearth_hostapi::{HostApi, HostCredentials, RemoteHost};
 use hearth_types::HostId;
 
 use crate::error::{db_error, HttpError, HttpResult};
@@ -64,7 +64,14 @@ impl Remotes {
                 return Some(client.clone());
             }
         }
-        let client = match RemoteHost::new(&row.address, row.id.to_string(), row.epoch, signer) {
+        let Some(signer) = signer else {
+            // Every remote host takes only signed commands.
+            tracing::error!(host = %row.id, "no signing key: cannot command a remote host");
+            return None;
+        };
+        let credentials = HostCredentials::Signed(signer);
+        let client = match RemoteHost::new(&row.address, row.id.to_string(), row.epoch, credentials)
+        {
             Ok(c) => Arc::new(c),
             Err(e) => {
                 tracing::error!(host = %row.id, error = %e, "cannot make a client for a host");

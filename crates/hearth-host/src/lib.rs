@@ -11,8 +11,9 @@
 //! - [`clock`]: each guest's wall clock kept on the host's.
 //! - [`network`]: each VM's network namespace and TAP, and the egress
 //!   proxy ([`hearth_egress`]) that is its only way out.
-//! - [`api`]: the host's private HTTP + WebSocket API on loopback, which the
-//!   control plane (and `hearth` commands) use.
+//! - [`api`]: the host's private HTTP + WebSocket API, which a remote
+//!   control plane drives with signed commands; a standalone host serves
+//!   it on loopback to holders of its token. No caller is unauthenticated.
 
 pub mod api;
 pub mod block;

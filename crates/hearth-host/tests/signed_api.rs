@@ -1,7 +1,8 @@
 //! The host's private API with signed commands: a real host agent, a real
 //! VM, and every kind of bad command sent over real HTTP. Every one is
-//! refused (403 `CommandRefused`), each with its own reason, and the VM the
-//! good commands drive is untouched by the bad ones.
+//! refused (`CommandRefused`: 401 without a command, 403 for a command that
+//! does not verify), each with its own reason, and the VM the good commands
+//! drive is untouched by the bad ones.
 
 mod common;
 
@@ -10,21 +11,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::host;
+use common::{every_route, host, request, router_routes, template, Resp, UPGRADE};
 use hearth_fence::{KeyPair, KeyRing, Signer, Verifier, VerifierConfig};
-use hearth_host::api::CommandCheck;
-use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hearth_host::api::Access;
+use serde_json::json;
 
 const HOST: &str = "host-a";
 const EPOCH: u64 = 3;
 
-struct Resp {
-    status: u16,
-    body: Value,
-}
-
-/// One HTTP/1.1 request on its own connection.
+/// One HTTP/1.1 request on its own connection, with the command `token`.
 async fn send(
     addr: SocketAddr,
     method: &str,
@@ -32,35 +27,26 @@ async fn send(
     token: Option<&str>,
     body: &[u8],
 ) -> Resp {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(t) = token {
-        head.push_str(&format!("{}: {t}\r\n", hearth_fence::HEADER_NAME));
-    }
-    head.push_str("\r\n");
-    tcp.write_all(head.as_bytes()).await.unwrap();
-    tcp.write_all(body).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(120), tcp.read_to_end(&mut raw))
-        .await
-        .expect("answer in time")
-        .unwrap();
-    let text = String::from_utf8_lossy(&raw);
-    let status: u16 = text[9..12].parse().unwrap();
-    let body_at = text.find("\r\n\r\n").map_or(text.len(), |i| i + 4);
-    let body = serde_json::from_str(&text[body_at..]).unwrap_or(Value::Null);
-    Resp { status, body }
+    let headers: Vec<(&str, &str)> = token
+        .map(|t| (hearth_fence::HEADER_NAME, t))
+        .into_iter()
+        .collect();
+    request(addr, method, path, &headers, body).await
 }
 
-/// The refusal's reason (the message's first word).
+/// The refusal's reason (the message's first word): a 401 when the
+/// request carried no command, else a 403.
 fn reason(r: &Resp) -> String {
-    assert_eq!(r.status, 403, "{}", r.body);
     assert_eq!(r.body["detail"]["error"], "CommandRefused", "{}", r.body);
     let message = r.body["detail"]["message"].as_str().unwrap();
-    message.split(':').next().unwrap().to_owned()
+    let reason = message.split(':').next().unwrap().to_owned();
+    let want = if reason == "missing_command" {
+        401
+    } else {
+        403
+    };
+    assert_eq!(r.status, want, "{}", r.body);
+    reason
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,9 +64,9 @@ async fn bad_commands_are_all_refused_each_with_its_own_reason() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(hearth_host::api::serve_checked(
+    let server = tokio::spawn(hearth_host::api::serve(
         host.clone(),
-        CommandCheck(Some(verifier)),
+        Access::Signed(verifier),
         listener,
         hearth_listen::Limits::for_this_process(),
         async move {
@@ -221,7 +207,7 @@ async fn bad_commands_are_all_refused_each_with_its_own_reason() {
     let mut seen = BTreeSet::new();
     for (want, r) in &refusals {
         let got = reason(r);
-        println!("{want:>18}: 403 {}", r.body["detail"]["message"]);
+        println!("{want:>18}: {} {}", r.status, r.body["detail"]["message"]);
         assert_eq!(&got, want, "{}", r.body);
         seen.insert(got);
     }
@@ -268,7 +254,7 @@ async fn bad_commands_are_all_refused_each_with_its_own_reason() {
 /// the guest streams over one WebSocket, against a real VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_host_serves_every_command_and_the_guest_streams() {
-    use hearth_hostapi::{CreateVm, HostApi, RemoteHost, Resize, StopVm, VmState};
+    use hearth_hostapi::{CreateVm, HostApi, HostCredentials, RemoteHost, Resize, StopVm, VmState};
 
     let control = KeyPair::from_seed(&[9; 32]);
     let ring = KeyRing::new().with(control.public(), None);
@@ -279,9 +265,9 @@ async fn a_remote_host_serves_every_command_and_the_guest_streams() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(hearth_host::api::serve_checked(
+    let server = tokio::spawn(hearth_host::api::serve(
         host.clone(),
-        CommandCheck(Some(verifier)),
+        Access::Signed(verifier),
         listener,
         hearth_listen::Limits::for_this_process(),
         async move {
@@ -289,7 +275,8 @@ async fn a_remote_host_serves_every_command_and_the_guest_streams() {
         },
     ));
     let signer = Arc::new(Signer::new(control, Duration::from_secs(60)));
-    let remote = RemoteHost::new(format!("http://{addr}"), HOST, EPOCH, Some(signer)).unwrap();
+    let credentials = HostCredentials::Signed(signer);
+    let remote = RemoteHost::new(format!("http://{addr}"), HOST, EPOCH, credentials).unwrap();
 
     let id = hearth_types::VmId::new();
     let rec = remote
@@ -354,6 +341,73 @@ async fn a_remote_host_serves_every_command_and_the_guest_streams() {
     assert!(e.is_not_found(), "{e}");
 
     let _ = stop.send(());
+    server.await.unwrap().unwrap();
+    host.shutdown().await;
+}
+
+/// With `--control`, a request without a signed command is a 401 on every
+/// route (reads, the guest relay and unknown paths too) and does nothing;
+/// a bearer token is no substitute (security review of issue 16, finding 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_host_api_refuses_unsigned_requests_to_every_route() {
+    let control = KeyPair::from_seed(&[10; 32]);
+    let ring = KeyRing::new().with(control.public(), None);
+    let mut cfg = VerifierConfig::new(HOST);
+    cfg.epoch = EPOCH;
+    let verifier = Arc::new(Verifier::new(cfg, ring));
+    let host = host().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(hearth_host::api::serve(
+        host.clone(),
+        Access::Signed(verifier),
+        listener,
+        hearth_listen::Limits::for_this_process(),
+        async move {
+            if stopped.await.is_err() {
+                tracing::debug!("the test dropped the stop signal");
+            }
+        },
+    ));
+
+    let vm = hearth_types::VmId::new().to_string();
+    let mut routes = every_route(&vm);
+    let walked: BTreeSet<(String, String)> = routes
+        .iter()
+        .map(|(m, p, _)| (m.to_string(), template(p, &vm)))
+        .collect();
+    let mut served = router_routes();
+    served.remove(&("GET".to_owned(), "/healthz".to_owned()));
+    assert_eq!(walked, served, "every route is walked");
+    routes.push(("GET", "/v1/nothing".into(), vec![]));
+    for (method, path, body) in &routes {
+        let mut headers: Vec<(&str, &str)> = Vec::new();
+        if path.ends_with("/guest") {
+            headers.extend(UPGRADE);
+        }
+        let r = request(addr, method, path, &headers, body).await;
+        assert_eq!(reason(&r), "missing_command", "{method} {path}");
+        assert!(
+            r.head.contains("www-authenticate: hearth-command"),
+            "{}",
+            r.head
+        );
+        headers.push((
+            "Authorization",
+            "Bearer hth_host_not-a-command-at-all-xxxxxxxx",
+        ));
+        let r = request(addr, method, path, &headers, body).await;
+        assert_eq!(reason(&r), "missing_command", "{method} {path}");
+        println!("{:>60}: 401 unsigned", format!("{method} {path}"));
+    }
+    assert!(host.list().is_empty(), "an unsigned request acted");
+    let r = request(addr, "GET", "/healthz", &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    if stop.send(()).is_err() {
+        panic!("the server ended early");
+    }
     server.await.unwrap().unwrap();
     host.shutdown().await;
 }

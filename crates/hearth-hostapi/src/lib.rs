@@ -13,7 +13,8 @@
 //!   ([`GuestClient::sync_clock`]).
 //!
 //! - [`RemoteHost`]: a host elsewhere, over its private HTTP API with
-//!   signed commands, and its guest streams over a WebSocket.
+//!   signed commands (or, for a local client of a standalone host, its API
+//!   token: [`HostCredentials`]), and its guest streams over a WebSocket.
 //!
 //! `hearth-control` depends on this crate and never on `hearth-host`.
 
@@ -32,7 +33,7 @@ pub use api::{
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
 };
-pub use remote::RemoteHost;
+pub use remote::{HostCredentials, RemoteHost};
 pub use sim::SimHost;
 pub use types::{
     BootFrom, Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,

@@ -1,8 +1,10 @@
 //! [`RemoteHost`]: a host agent elsewhere on the network, through its
-//! private API (`hearth-host/src/api/`). Every request carries a command
-//! signed for that host, its lease epoch, the VM and its placement
-//! generation (`hearth-fence`); guest streams travel as a second
-//! multiplexed session inside one WebSocket per VM, kept open and reused.
+//! private API (`hearth-host/src/api/`). Every request carries credentials
+//! ([`HostCredentials`]): from a control plane, a command signed for that
+//! host, its lease epoch, the VM and its placement generation
+//! (`hearth-fence`); from a local client of a standalone host, the host's
+//! API token. Guest streams travel as a second multiplexed session inside
+//! one WebSocket per VM, kept open and reused.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +42,28 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 /// hostile; it must not grow the control plane's memory.
 const MAX_ANSWER: usize = 16 << 20;
 
+/// How a [`RemoteHost`] proves it may drive the host; the host API
+/// answers 401 to a request without credentials.
+#[derive(Clone)]
+pub enum HostCredentials {
+    /// A control plane's: every request carries a command signed for the
+    /// host (`hearth host serve --control`).
+    Signed(Arc<hearth_fence::Signer>),
+    /// A local client's of a standalone host (`hearth host serve` alone):
+    /// the host's API token (its `<data>/host-api.token`), sent as
+    /// `Authorization: Bearer`.
+    Token(String),
+}
+
+impl std::fmt::Debug for HostCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Signed(_) => f.write_str("HostCredentials::Signed"),
+            Self::Token(_) => f.write_str("HostCredentials::Token(…)"),
+        }
+    }
+}
+
 /// A host reached over HTTP.
 pub struct RemoteHost {
     /// `http://address:port`, no trailing slash.
@@ -49,20 +73,20 @@ pub struct RemoteHost {
     /// The host's lease epoch (a host that lost its lease comes back with
     /// a new one; commands for the old one are refused).
     epoch: AtomicU64,
-    signer: Option<Arc<hearth_fence::Signer>>,
+    credentials: HostCredentials,
     http: reqwest::Client,
     /// Open guest sessions, by VM, with the generation they were opened at.
     guests: Mutex<HashMap<VmId, (u64, GuestClient)>>,
 }
 
 impl RemoteHost {
-    /// `signer: None` sends unsigned requests (a host serving on loopback
-    /// without a verifier).
+    /// The host at `base` (`http://address:port`), whose id (the audience
+    /// of signed commands) is `host_id`, at lease `epoch`.
     pub fn new(
         base: impl Into<String>,
         host_id: impl Into<String>,
         epoch: u64,
-        signer: Option<Arc<hearth_fence::Signer>>,
+        credentials: HostCredentials,
     ) -> Result<Self, HostApiError> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
@@ -73,7 +97,7 @@ impl RemoteHost {
             base: base.into().trim_end_matches('/').to_owned(),
             host_id: host_id.into(),
             epoch: AtomicU64::new(epoch),
-            signer,
+            credentials,
             http,
             guests: Mutex::new(HashMap::new()),
         })
@@ -87,17 +111,21 @@ impl RemoteHost {
         self.epoch.load(Ordering::Relaxed)
     }
 
-    /// The signed-command header value for a request, if this client signs.
-    fn command(
+    /// The header that authenticates a request: a command signed for it,
+    /// or the host's API token.
+    fn credentials(
         &self,
         method: &str,
         path: &str,
         subject: Option<VmId>,
         fence: u64,
         body: &[u8],
-    ) -> HostResult<Option<String>> {
-        let Some(signer) = &self.signer else {
-            return Ok(None);
+    ) -> HostResult<(&'static str, String)> {
+        let signer = match &self.credentials {
+            HostCredentials::Signed(signer) => signer,
+            HostCredentials::Token(token) => {
+                return Ok(("authorization", format!("Bearer {token}")))
+            }
         };
         let subject = subject.map(|s| s.to_string());
         let generation = if subject.is_some() { fence } else { 0 };
@@ -110,7 +138,7 @@ impl RemoteHost {
                 &hearth_fence::action(method, path),
                 body,
             )
-            .map(Some)
+            .map(|command| (hearth_fence::HEADER_NAME, command))
             .map_err(|e| HostApiError::new(ErrorKind::Internal, format!("sign a command: {e}")))
     }
 
@@ -133,16 +161,14 @@ impl RemoteHost {
             })?,
             None => Vec::new(),
         };
-        let token = self.command(method.as_str(), path, subject, fence, &body)?;
-        let mut req = self
+        let (name, value) = self.credentials(method.as_str(), path, subject, fence, &body)?;
+        let req = self
             .http
             .request(method, format!("{}{path}", self.base))
             .header("content-type", "application/json")
+            .header(name, value)
             .timeout(timeout)
             .body(body);
-        if let Some(t) = token {
-            req = req.header(hearth_fence::HEADER_NAME, t);
-        }
         let resp = req.send().await.map_err(|e| {
             HostApiError::unavailable(format!("host {} is unreachable: {e}", self.host_id))
         })?;
@@ -200,18 +226,19 @@ impl RemoteHost {
     async fn open_guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient> {
         let path = format!("/v1/vms/{id}/guest");
         let url = format!("{}{path}", self.base.replacen("http", "ws", 1));
-        let token = self.command("GET", &path, Some(id), fence, b"")?;
+        let (name, value) = self.credentials("GET", &path, Some(id), fence, b"")?;
         let mut req =
             tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
                 url.as_str(),
             )
             .map_err(|e| HostApiError::new(ErrorKind::Internal, format!("guest url: {e}")))?;
-        if let Some(t) = token {
-            let value = t.parse().map_err(|_| {
-                HostApiError::new(ErrorKind::Internal, "a command that is not a header value")
-            })?;
-            req.headers_mut().insert(hearth_fence::HEADER_NAME, value);
-        }
+        let value = value.parse().map_err(|_| {
+            HostApiError::new(
+                ErrorKind::Internal,
+                "credentials that are not a header value",
+            )
+        })?;
+        req.headers_mut().insert(name, value);
         let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
             .max_message_size(Some(MAX_MESSAGE))
             .max_frame_size(Some(MAX_MESSAGE));
@@ -272,7 +299,7 @@ fn error_of(status: u16, body: &[u8]) -> HostApiError {
             // (a bad body, a refused command) with their envelope type.
             let kind = match e.detail.error.as_str() {
                 "ValidationError" | "PayloadTooLarge" => ErrorKind::Invalid,
-                "CommandRefused" => ErrorKind::Refused,
+                "CommandRefused" | "Unauthorized" => ErrorKind::Refused,
                 name => ErrorKind::from_name(name).unwrap_or(ErrorKind::Internal),
             };
             HostApiError::new(kind, e.detail.message)
@@ -451,7 +478,8 @@ mod tests {
             true,
         )
         .await;
-        let host = RemoteHost::new(base, "host-a", 1, None).unwrap();
+        let token = || HostCredentials::Token("t".repeat(32));
+        let host = RemoteHost::new(base, "host-a", 1, token()).unwrap();
         let err = host.list_vms().await.unwrap_err();
         assert!(err.message.contains("answered more than"), "{err:?}");
         // A declared length past the bound: refused before reading.
@@ -460,7 +488,7 @@ mod tests {
             false,
         )
         .await;
-        let host = RemoteHost::new(base, "host-a", 1, None).unwrap();
+        let host = RemoteHost::new(base, "host-a", 1, token()).unwrap();
         let err = host.status().await.unwrap_err();
         assert!(err.message.contains("answered more than"), "{err:?}");
     }

@@ -1,25 +1,20 @@
-//! Signed commands on the host's private API: with a [`Verifier`]
-//! configured, every request but `/healthz` must carry a `hearth-command`
+//! Signed commands on the host's private API (`hearth host serve
+//! --control`): every request but `/healthz` must carry a `hearth-command`
 //! header the control plane signed for this host, its lease epoch, the
 //! request's method and path, its body, the VM the path names and the VM's
-//! placement generation (see `hearth-fence`). A refusal is a 403
-//! `CommandRefused` whose message starts with the reason; `hearth-fence`
-//! logs it once.
-
-use std::sync::Arc;
+//! placement generation (see `hearth-fence`). A request without one is a
+//! 401 `CommandRefused` (`missing_command`); a command that does not verify
+//! a 403 `CommandRefused`. Either message starts with the reason;
+//! `hearth-fence` logs a refused command once.
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hearth_fence::Verifier;
 
 use super::{ApiError, JSON_LIMIT};
-
-/// The API's command check; `None`: unsigned requests (loopback only).
-#[derive(Clone)]
-pub struct CommandCheck(pub Option<Arc<Verifier>>);
 
 /// The VM a path is about: `/v1/vms/{id}[/…]`.
 fn subject(path: &str) -> Option<&str> {
@@ -28,18 +23,18 @@ fn subject(path: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
-pub async fn check(State(check): State<CommandCheck>, req: Request, next: Next) -> Response {
-    let Some(verifier) = check.0 else {
-        return next.run(req).await;
-    };
-    if req.uri().path() == "/healthz" {
-        return next.run(req).await;
-    }
+/// Passes `req` on only when it carries a command `verifier` accepts.
+pub(super) async fn check(verifier: &Verifier, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let token = match parts.headers.get(hearth_fence::HEADER_NAME) {
         Some(v) => v.to_str().unwrap_or_default().to_owned(),
         None => {
-            return refused("missing_command", "the request carries no signed command");
+            return super::access::unauthorized(
+                "CommandRefused",
+                hearth_fence::HEADER_NAME,
+                "missing_command: the request carries no signed command \
+                 (this host takes only commands its control plane signed)",
+            );
         }
     };
     // A command's body is small JSON; a WebSocket upgrade has none.

@@ -1,7 +1,9 @@
 //! The host agent's private HTTP + WebSocket API: exactly the commands of
 //! [`hearth_hostapi::HostApi`], which a remote control plane drives
-//! (`hearth_hostapi::remote`). With a verifier each request must carry a
-//! signed command (`fence.rs`). Every failure is answered with LangSmith's
+//! (`hearth_hostapi::remote`). Every request but `/healthz` is
+//! authenticated (`access.rs`): in a fleet it carries a signed command
+//! (`fence.rs`), on a standalone host the host's bearer token (`token.rs`);
+//! without either it is a 401. Every failure is answered with LangSmith's
 //! error envelope whose `error` is the host's error kind:
 //!
 //! ```text
@@ -10,7 +12,7 @@
 //!
 //! | method and path                          | command                              |
 //! |------------------------------------------|--------------------------------------|
-//! | `GET /healthz`                           | `{"status":"ok","accel":"tcg"}` (never signed) |
+//! | `GET /healthz`                           | `{"status":"ok","accel":"tcg"}` (no credentials) |
 //! | `GET /v1/status`                         | `HostStatus`                         |
 //! | `GET /v1/vms`                            | `{"vms":[VmRecord…]}`                |
 //! | `PUT /v1/vms/{id}` (`CreateVm`)          | 201 + `VmRecord` once ready          |
@@ -24,12 +26,13 @@
 //! | `POST /v1/images/import` (`ImportImage`) | `ImportedImage`                      |
 //! | `POST /v1/snapshots/delete` (`Captured`) | 204                                  |
 
+mod access;
 mod fence;
 mod guest_relay;
 mod token;
 mod vms;
 
-pub use fence::CommandCheck;
+pub use access::Access;
 pub use token::{read_token, ApiToken, TokenError, TOKEN_FILE};
 
 use std::future::Future;
@@ -55,13 +58,9 @@ pub const JSON_LIMIT: usize = 1024 * 1024;
 /// After the shutdown signal, how long open requests may still finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// The API's routes over `host`, unsigned (loopback only).
-pub fn router(host: Arc<Host>) -> Router {
-    router_checked(host, CommandCheck(None))
-}
-
-/// The API's routes over `host`, each request checked by `check`.
-pub fn router_checked(host: Arc<Host>, check: CommandCheck) -> Router {
+/// The API's routes over `host`, every request but `/healthz`
+/// authenticated as `access` says.
+pub fn router(host: Arc<Host>, access: Access) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/status", get(vms::status))
@@ -81,7 +80,7 @@ pub fn router_checked(host: Arc<Host>, check: CommandCheck) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(host)
-        .layer(axum::middleware::from_fn_with_state(check, fence::check))
+        .layer(axum::middleware::from_fn_with_state(access, access::check))
 }
 
 /// Serves the API on `listener` until `shutdown` resolves; requests still
@@ -89,27 +88,18 @@ pub fn router_checked(host: Arc<Host>, check: CommandCheck) -> Router {
 /// WebSocket sessions end with the process. Connections are bounded by
 /// `limits` (header-read timeout, per peer and in total: see
 /// [`hearth_listen`]); guest relays are upgraded connections, which hold
-/// their slot and have no timeout of the listener's.
+/// their slot and have no timeout of the listener's. Every request but
+/// `/healthz` is authenticated as `access` says.
 pub async fn serve(
     host: Arc<Host>,
-    listener: tokio::net::TcpListener,
-    limits: hearth_listen::Limits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    serve_checked(host, CommandCheck(None), listener, limits, shutdown).await
-}
-
-/// [`serve`], every request but `/healthz` checked by `check`.
-pub async fn serve_checked(
-    host: Arc<Host>,
-    check: CommandCheck,
+    access: Access,
     listener: tokio::net::TcpListener,
     limits: hearth_listen::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let mut options = hearth_listen::Options::new("host api", limits);
     options.grace = Some(SHUTDOWN_GRACE);
-    hearth_listen::serve(listener, router_checked(host, check), options, shutdown).await
+    hearth_listen::serve(listener, router(host, access), options, shutdown).await
 }
 
 async fn healthz(State(host): State<Arc<Host>>) -> Json<serde_json::Value> {

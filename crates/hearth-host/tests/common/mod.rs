@@ -62,3 +62,154 @@ pub fn sh(cmd: &str) -> hearth_guest_proto::ExecRequest {
         ..Default::default()
     }
 }
+
+/// An answer of the host API.
+pub struct Resp {
+    pub status: u16,
+    /// The head, lowercase names, as raw text.
+    pub head: String,
+    pub body: serde_json::Value,
+}
+
+impl Resp {
+    /// The envelope's `detail.error`.
+    pub fn error(&self) -> &str {
+        self.body["detail"]["error"].as_str().unwrap_or_default()
+    }
+
+    /// The envelope's `detail.message`.
+    pub fn message(&self) -> &str {
+        self.body["detail"]["message"].as_str().unwrap_or_default()
+    }
+}
+
+/// One HTTP/1.1 request on its own connection, with `headers` added. An
+/// upgrade's answer (101) is read up to the end of its head.
+pub async fn request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("connection"))
+    {
+        head.push_str("Connection: close\r\n");
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = tcp.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+            // An upgraded connection stays open: its head is the answer.
+            if raw.starts_with(b"HTTP/1.1 101") && raw.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(120), read)
+        .await
+        .expect("answer in time");
+    let text = String::from_utf8_lossy(&raw);
+    let status: u16 = text[9..12].parse().unwrap();
+    let body_at = text.find("\r\n\r\n").map_or(text.len(), |i| i + 4);
+    let body = serde_json::from_str(&text[body_at..]).unwrap_or(serde_json::Value::Null);
+    Resp {
+        status,
+        head: text[..body_at].to_ascii_lowercase(),
+        body,
+    }
+}
+
+/// The headers of a WebSocket upgrade request.
+pub const UPGRADE: [(&str, &str); 4] = [
+    ("Upgrade", "websocket"),
+    ("Connection", "Upgrade"),
+    ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ("Sec-WebSocket-Version", "13"),
+];
+
+/// One request to each route of the host API about `vm` (method, path,
+/// body), in an order that works through a VM's life; the guest relay's
+/// is a WebSocket upgrade (send it with [`UPGRADE`]).
+pub fn every_route(vm: &str) -> Vec<(&'static str, String, Vec<u8>)> {
+    let create = serde_json::json!({"image": "busybox", "memory": 256u64 << 20});
+    let captured = serde_json::json!({"disk": "snap-auth-test", "disk_size": 1 << 20});
+    let import = serde_json::json!({
+        "reference": "127.0.0.1:1/nothing:here",
+        "insecure_http": true,
+        "capacity": 1u64 << 30,
+        "volume": "snap-auth-import",
+    });
+    let json = |v: serde_json::Value| serde_json::to_vec(&v).unwrap();
+    let p = format!("/v1/vms/{vm}");
+    vec![
+        ("PUT", p.clone(), json(create)),
+        ("GET", "/v1/status".into(), vec![]),
+        ("GET", "/v1/vms".into(), vec![]),
+        ("GET", p.clone(), vec![]),
+        ("PUT", format!("{p}/network"), b"{}".to_vec()),
+        ("GET", format!("{p}/guest"), vec![]),
+        (
+            "POST",
+            format!("{p}/capture"),
+            json(serde_json::json!({"volume": "snap-auth-test"})),
+        ),
+        ("POST", "/v1/snapshots/delete".into(), json(captured)),
+        ("POST", "/v1/images/import".into(), json(import)),
+        ("POST", format!("{p}/stop"), b"{}".to_vec()),
+        ("POST", format!("{p}/start"), b"{}".to_vec()),
+        ("DELETE", p.clone(), vec![]),
+        ("POST", format!("{p}/forget"), vec![]),
+    ]
+}
+
+/// Every `(METHOD, path template)` the host API's router serves, read from
+/// its source, so a route added there and not to [`every_route`] fails the
+/// tests that walk every route.
+pub fn router_routes() -> std::collections::BTreeSet<(String, String)> {
+    let src = include_str!("../../src/api/mod.rs");
+    let start = src.find("pub fn router(").expect("the router function");
+    let end = start
+        + src[start..]
+            .find(".fallback(")
+            .expect("the router's fallback");
+    let mut routes = std::collections::BTreeSet::new();
+    for chunk in src[start..end].split(".route(").skip(1) {
+        let path = chunk.split('"').nth(1).expect("a route's path").to_owned();
+        for (token, method) in [
+            ("get(", "GET"),
+            ("put(", "PUT"),
+            ("post(", "POST"),
+            ("delete(", "DELETE"),
+        ] {
+            if chunk.contains(token) {
+                routes.insert((method.to_owned(), path.clone()));
+            }
+        }
+    }
+    routes
+}
+
+/// `path` with the VM id `vm` put back as `{id}`.
+pub fn template(path: &str, vm: &str) -> String {
+    path.replace(vm, "{id}")
+}
