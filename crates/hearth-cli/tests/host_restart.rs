@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn data_dir() -> PathBuf {
+fn data_dir(tag: &str) -> PathBuf {
     let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test");
     std::fs::create_dir_all(shared.join("artifacts")).unwrap();
     let dir = shared
         .join("hosts")
-        .join(format!("restart-{}", std::process::id()));
+        .join(format!("{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let link = dir.join("artifacts");
     if !link.exists() {
@@ -98,7 +98,7 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn host_agent_kill_9_leaves_no_orphans_and_restart_accounts_for_every_vm() {
-    let dir = data_dir();
+    let dir = data_dir("restart");
     let port = free_port();
     let mut agent = serve(&dir, port);
     let token = read_token(&dir);
@@ -174,4 +174,70 @@ fn host_agent_kill_9_leaves_no_orphans_and_restart_accounts_for_every_vm() {
     let status = agent.wait().unwrap();
     assert!(status.success(), "clean exit on Ctrl-C: {status:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// As `nobody`, the finding's reproduction (`curl -X PUT …/v1/vms/<id>`)
+/// is a 401 and the token cannot be read; root, with the token, is
+/// answered (security review of issue 16, finding 4).
+#[test]
+fn hearth_host_serve_alone_refuses_other_local_users() {
+    let dir = data_dir("auth");
+    let port = free_port();
+    let mut agent = serve(&dir, port);
+    let token_file = dir.join("host-api.token");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&token_file).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&token_file).unwrap()) == 0;
+    if root {
+        let nobody = |args: &[&str]| {
+            Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .args(args)
+                .output()
+                .expect("run setpriv")
+        };
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let url = format!("http://127.0.0.1:{port}/v1/vms/{id}");
+        let out = nobody(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "PUT",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            r#"{"image":"busybox","memory":268435456}"#,
+            &url,
+        ]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "401", "{out:?}");
+        let out = nobody(&["cat", token_file.to_str().unwrap()]);
+        assert!(
+            !out.status.success() && out.stdout.is_empty(),
+            "nobody read the token: {out:?}"
+        );
+    } else {
+        println!("not root: cannot act as nobody; checked the mode only");
+    }
+    let (status, _) = http(
+        port,
+        None,
+        "GET",
+        &format!("/v1/vms/{}", uuid::Uuid::now_v7().simple()),
+        "",
+    );
+    assert_eq!(status, 401);
+    let (status, list) = http(port, Some(&read_token(&dir)), "GET", "/v1/vms", "");
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["vms"], serde_json::json!([]), "nothing was created");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    if let Err(e) = std::fs::remove_dir_all(&dir) {
+        println!("cannot remove {}: {e}", dir.display());
+    }
 }
