@@ -3,8 +3,10 @@
 //! `POST /boxes/{name}/service-url`, see [`crate::links`]).
 //!
 //! Each request is verified, wakes the sandbox, dials the port through the
-//! guest agent and is forwarded over HTTP/1.1 with hop-by-hop headers and
-//! Hearth's own credentials removed; the answer streams back. Upgrades
+//! guest agent and is forwarded over HTTP/1.1 with hop-by-hop headers,
+//! Hearth's own credentials and the browser's cookies removed; the answer
+//! streams back without the cookies it sets (service URLs share the control
+//! plane's origin, see `docs/ARCHITECTURE.md`). Upgrades
 //! (WebSocket, or any protocol the service switches to with 101) are
 //! spliced: after the 101 the two connections are copied into each other.
 
@@ -23,13 +25,32 @@ use crate::extract::Path;
 use crate::links::{embed_origins, service_port};
 use crate::Control;
 
-/// Headers of one hop only (RFC 9110 §7.6.1), plus Hearth's credentials.
-/// Dropped besides the hop-by-hop headers: the framing hyper redoes, and
-/// Hearth's own credentials, which never reach the service.
-const DROPPED: &[&str] = &[
+/// Request headers dropped besides the hop-by-hop ones (RFC 9110
+/// §7.6.1): the framing hyper redoes, Hearth's own credentials, and the
+/// browser's `Cookie`. Service URLs share the control plane's origin, so
+/// that header carries whatever any page on the origin set — another
+/// sandbox's service included — and is no business of this one.
+/// `Authorization` passes: Hearth takes no credential in it on this path
+/// (only a host's enrollment token, on the fleet routes), and services
+/// use it for their own authentication.
+const REQUEST_DROPPED: &[&str] = &[
     "transfer-encoding",
     "x-api-key",
     "x-langsmith-sandbox-service-token",
+    "cookie",
+];
+
+/// Response headers dropped besides the hop-by-hop ones: the framing,
+/// cookies (set on the shared origin they would reach every other
+/// sandbox's service and the control plane), and `Service-Worker-Allowed`,
+/// which would let a worker the service registers widen its scope from
+/// `/services/{token}/` to the whole origin (and see other sandboxes'
+/// service-URL tokens).
+const RESPONSE_DROPPED: &[&str] = &[
+    "transfer-encoding",
+    "set-cookie",
+    "set-cookie2",
+    "service-worker-allowed",
 ];
 
 /// Whether a request asks to switch protocols (`Connection: upgrade`).
@@ -43,21 +64,17 @@ fn wants_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-/// Removes hop-by-hop headers; an upgrade keeps `Upgrade` and a bare
-/// `Connection: upgrade`.
-fn strip_hops(headers: &mut HeaderMap, upgrade: bool) {
+/// Removes hop-by-hop headers and `dropped`; an upgrade keeps `Upgrade`
+/// and a bare `Connection: upgrade`.
+fn strip_hops(headers: &mut HeaderMap, upgrade: bool, dropped: &[&str]) {
     let protocol = headers.get(header::UPGRADE).cloned();
-    strip(headers);
+    hearth_egress::remove_hop_by_hop(headers);
+    for n in dropped {
+        headers.remove(*n);
+    }
     if let (true, Some(p)) = (upgrade, protocol) {
         headers.insert(header::UPGRADE, p);
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-}
-
-fn strip(headers: &mut HeaderMap) {
-    hearth_egress::remove_hop_by_hop(headers);
-    for n in DROPPED {
-        headers.remove(*n);
     }
 }
 
@@ -117,7 +134,7 @@ async fn forward(
         .path_and_query(path_and_query)
         .build()
         .map_err(|e| ApiError::invalid_request(format!("bad request path: {e}")))?;
-    strip_hops(&mut parts.headers, upgrade);
+    strip_hops(&mut parts.headers, upgrade, REQUEST_DROPPED);
     if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
         parts.headers.insert(header::HOST, host);
     }
@@ -138,7 +155,7 @@ async fn forward(
         });
     }
     let (mut parts, body) = resp.into_parts();
-    strip_hops(&mut parts.headers, switched);
+    strip_hops(&mut parts.headers, switched, RESPONSE_DROPPED);
     if let Some(origins) = embed_origins(&claims) {
         if let Ok(v) = HeaderValue::from_str(&format!("frame-ancestors 'self' {origins}")) {
             parts.headers.insert(header::CONTENT_SECURITY_POLICY, v);
@@ -146,4 +163,72 @@ async fn forward(
         parts.headers.remove(header::X_FRAME_OPTIONS);
     }
     Ok(Response::from_parts(parts, Body::new(body)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn names(h: &HeaderMap) -> Vec<&str> {
+        let mut n: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        n.sort_unstable();
+        n
+    }
+
+    /// Service URLs share the control plane's origin: the browser's cookies
+    /// never reach a guest, and a guest's cookies never reach the browser.
+    #[test]
+    fn service_urls_strip_cookies_both_ways() {
+        let mut req = headers(&[
+            ("cookie", "other-tenant=secret"),
+            ("cookie", "evil=1"),
+            ("x-api-key", "hearth-key"),
+            ("x-langsmith-sandbox-service-token", "tok"),
+            ("authorization", "Bearer the-services-own"),
+            ("accept", "text/html"),
+            ("x-custom", "kept"),
+            ("transfer-encoding", "chunked"),
+            ("connection", "keep-alive"),
+        ]);
+        strip_hops(&mut req, false, REQUEST_DROPPED);
+        assert_eq!(names(&req), ["accept", "authorization", "x-custom"]);
+
+        let mut resp = headers(&[
+            ("set-cookie", "evil=1; Path=/"),
+            ("set-cookie", "more=2; Path=/services"),
+            ("set-cookie2", "old=3"),
+            ("service-worker-allowed", "/"),
+            ("content-type", "text/html"),
+            ("cache-control", "no-store"),
+            ("location", "/elsewhere"),
+        ]);
+        strip_hops(&mut resp, false, RESPONSE_DROPPED);
+        assert_eq!(names(&resp), ["cache-control", "content-type", "location"]);
+
+        // An upgrade keeps its handshake and still loses the cookies.
+        let mut ws = headers(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("cookie", "evil=1"),
+            ("sec-websocket-key", "k"),
+        ]);
+        assert!(wants_upgrade(&ws));
+        strip_hops(&mut ws, true, REQUEST_DROPPED);
+        assert_eq!(names(&ws), ["connection", "sec-websocket-key", "upgrade"]);
+        let mut switched = headers(&[
+            ("connection", "upgrade"),
+            ("upgrade", "websocket"),
+            ("set-cookie", "evil=1; Path=/"),
+        ]);
+        strip_hops(&mut switched, true, RESPONSE_DROPPED);
+        assert_eq!(names(&switched), ["connection", "upgrade"]);
+    }
 }
