@@ -1,6 +1,8 @@
 //! The sandbox's only DNS server. A/AAAA for names the policy refuses are
 //! NXDOMAIN; other names are resolved by the host (static hosts, then the
-//! system) and answered with a 30 s TTL, remembering address → name so raw
+//! system) and answered with a 30 s TTL and only the addresses a connection
+//! could reach (access control and the private-address gate; none left is
+//! NXDOMAIN), remembering address → name so raw
 //! TCP to the address can be judged by name. Other types get an empty
 //! NOERROR answer. Malformed packets are dropped.
 
@@ -94,14 +96,15 @@ pub(crate) async fn answer(sb: &Sandbox, packet: &[u8]) -> Option<Vec<u8>> {
             ips.push(ip);
         }
     }
-    if verdict == NameVerdict::NeedsAddress {
-        // Only addresses the access control lets through are worth answering.
-        ips.retain(|ip| policy.check(Some(name), *ip).is_ok());
-        if ips.is_empty() {
-            Counters::inc(&sb.counters.dns_refused);
-            resp.set_response_code(ResponseCode::NXDomain);
-            return resp.to_vec().ok();
-        }
+    // Only addresses a connection could reach are worth answering, judged
+    // as the proxy judges a connection (access control, then the
+    // private-address gate): the others would only tell the guest what the
+    // operator's static hosts, the host's own names and its networks hold.
+    ips.retain(|ip| sb.check_ip(&policy, Some(name), *ip).is_ok());
+    if ips.is_empty() {
+        Counters::inc(&sb.counters.dns_refused);
+        resp.set_response_code(ResponseCode::NXDomain);
+        return resp.to_vec().ok();
     }
     for ip in ips {
         let rdata = match (qtype, ip) {

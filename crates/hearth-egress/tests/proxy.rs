@@ -745,6 +745,12 @@ async fn dns_answers_and_refuses() {
         ask("evil.test.", RecordType::A),
         ask("plain.test.", RecordType::MX),
         b"\x00\x01garbage".to_vec(),
+        // Static hosts naming private addresses the operator did not allow:
+        // the gate would refuse a connection, so DNS does not tell.
+        ask("private.test.", RecordType::A),
+        ask("mixed.test.", RecordType::A),
+        // Last, so 127.0.0.1 is known as plain.test again (raw TCP below).
+        ask("plain.test.", RecordType::A),
     ];
     let answers = w.ns.run(move || {
         let s = std::net::UdpSocket::bind("10.200.0.1:0").unwrap();
@@ -770,8 +776,17 @@ async fn dns_answers_and_refuses() {
         (ResponseCode::NoError, 0)
     );
     assert!(answers[3].is_none(), "garbage must be dropped");
+    let private = Message::from_vec(answers[4].as_ref().unwrap()).unwrap();
+    assert_eq!(private.response_code(), ResponseCode::NXDomain);
+    let mixed = Message::from_vec(answers[5].as_ref().unwrap()).unwrap();
+    let ips: Vec<String> = mixed
+        .answers()
+        .iter()
+        .map(|r| r.data().to_string())
+        .collect();
+    assert_eq!(ips, ["127.0.0.1"], "only the allowed address is answered");
     let c = w.counters();
-    assert_eq!((c.dns_queries, c.dns_refused), (3, 1));
+    assert_eq!((c.dns_queries, c.dns_refused), (6, 2));
     // Raw TCP to the address DNS answered is judged by that name.
     w.egress
         .set_policy(SANDBOX, policy(access(None, Some(&["plain.test"]))));
