@@ -239,7 +239,7 @@ pub struct Host {
     /// VM networks and the egress proxy, when enabled.
     network: Option<crate::network::Network>,
     /// Jail uids in use (offsets from `JailSettings::uid_base`).
-    jail_slots: Mutex<std::collections::BTreeSet<u32>>,
+    jail_slots: Mutex<std::collections::BTreeMap<u32, std::fs::File>>,
     /// This agent's hold on its data directory; the last field, so it is
     /// released after everything else is dropped.
     _lock: crate::lock::DataDirLock,
@@ -330,7 +330,7 @@ impl Host {
         };
         let host = Arc::new(Self {
             network,
-            jail_slots: Mutex::new(std::collections::BTreeSet::new()),
+            jail_slots: Mutex::new(std::collections::BTreeMap::new()),
             cfg,
             images,
             vmm,
@@ -693,6 +693,10 @@ impl Host {
     }
 
     /// Gives the VM the lowest free jail uid (kept until its VMM exits).
+    /// A uid is free when no VM of this agent holds it and no other
+    /// process on the machine does: each taken uid holds an exclusive
+    /// `flock` on `JAIL_UID_LOCKS/<uid>` (two Hearth instances on one
+    /// machine gave their VMMs the same uids: issue 16, finding 9b).
     fn take_jail_slot(&self, vm: &Vm) -> Result<(), HostError> {
         let Some(settings) = self.cfg.jail else {
             return Ok(());
@@ -702,14 +706,29 @@ impl Host {
             return Ok(());
         }
         let mut used = self.jail_slots.lock().unwrap_or_else(|p| p.into_inner());
-        let free = (0..settings.slots)
-            .find(|n| !used.contains(n))
-            .ok_or_else(|| {
-                HostError::Invalid(format!("all {} jail uids are in use", settings.slots))
-            })?;
-        used.insert(free);
-        *mine = Some(free);
-        Ok(())
+        for n in 0..settings.slots {
+            if used.contains_key(&n) {
+                continue;
+            }
+            let Some(uid) = settings.uid_base.checked_add(n) else {
+                break;
+            };
+            if let Some(lock) =
+                lock_jail_uid(Path::new(JAIL_UID_LOCKS), uid).map_err(|source| HostError::Io {
+                    id: vm.id,
+                    what: format!("lock jail uid {uid} in {JAIL_UID_LOCKS}"),
+                    source,
+                })?
+            {
+                used.insert(n, lock);
+                *mine = Some(n);
+                return Ok(());
+            }
+        }
+        Err(HostError::Invalid(format!(
+            "all {} jail uids are in use on this machine",
+            settings.slots
+        )))
     }
 
     fn release_jail_slot(&self, vm: &Vm) {
@@ -719,6 +738,7 @@ impl Host {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
+            // Dropping the file releases its lock.
             self.jail_slots
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -1600,4 +1620,51 @@ fn console_tail(path: &Path) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     let start = text.len().saturating_sub(600);
     String::from_utf8_lossy(&text[start..]).replace('\n', " | ")
+}
+
+/// Where jail uids are locked, machine-wide (every host agent on the
+/// machine, whatever its data directory).
+pub const JAIL_UID_LOCKS: &str = "/run/hearth/jail-uids";
+
+/// Takes `<dir>/<uid>`'s exclusive lock without waiting: the file holding
+/// it, or `None` when another process (or another open of it) holds it.
+pub fn lock_jail_uid(dir: &Path, uid: u32) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.join(uid.to_string()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 16, finding 9b: two host agents on one machine gave their
+    /// VMMs the same uids. A uid's lock is held by one holder at a time
+    /// (flock locks belong to an open file, as two agents' would) and is
+    /// free again once its holder goes.
+    #[test]
+    fn jail_uids_are_unique_per_machine() {
+        let dir = std::env::temp_dir().join(format!("hearth-uids-{}", std::process::id()));
+        let first = lock_jail_uid(&dir, 1_600_000_000).unwrap();
+        assert!(first.is_some());
+        assert!(lock_jail_uid(&dir, 1_600_000_000).unwrap().is_none());
+        assert!(lock_jail_uid(&dir, 1_600_000_001).unwrap().is_some());
+        drop(first);
+        assert!(lock_jail_uid(&dir, 1_600_000_000).unwrap().is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
