@@ -46,7 +46,6 @@ use crate::manifest::{self, ChunkRef, Reader};
 use crate::store::{backend, get_bounded, parse_seq, Store};
 
 const MAGIC: &[u8; 4] = b"HJNL";
-const VERSION: u8 = 1;
 const AAD_PREFIX: &[u8] = b"hearth journal v1";
 /// A record naming every chunk of a 1 TiB device at 64 KiB chunks is
 /// 700 MB; a record is only what one flush wrote, so far less.
@@ -113,15 +112,6 @@ pub(crate) fn parse_record_path(p: &ObjPath) -> Option<(VolumeId, u64, u64)> {
         parse_seq(parts[2].as_ref())?,
         parse_seq(parts[3].as_ref())?,
     ))
-}
-
-fn header(scope: &ScopeId) -> Vec<u8> {
-    let mut h = Vec::with_capacity(6 + scope.as_str().len());
-    h.extend_from_slice(MAGIC);
-    h.push(VERSION);
-    h.push(scope.as_str().len() as u8);
-    h.extend_from_slice(scope.as_str().as_bytes());
-    h
 }
 
 fn aad(header: &[u8], volume: &VolumeId, base: u64, n: u64) -> Vec<u8> {
@@ -231,7 +221,7 @@ impl Store {
             }
         })?;
         let keys = self.scope_keys(&record.scope, true).await?;
-        let h = header(&record.scope);
+        let h = manifest::sealed_header(MAGIC, &record.scope);
         let (nonce, ct) = keys.seal_manifest(
             &encode_body(record),
             &aad(&h, volume, record.base, record.n),
@@ -308,23 +298,16 @@ impl Store {
             seq: base,
             reason: format!("journal record {n}: {reason}"),
         };
-        let mut r = Reader::new(&obj);
-        if r.take(4).map_err(corrupt)? != MAGIC {
-            return Err(corrupt("bad magic".into()));
-        }
-        let version = r.u8().map_err(corrupt)?;
-        if version != VERSION {
-            return Err(corrupt(format!("unknown version {version}")));
-        }
-        let scope = ScopeId::new(r.name().map_err(corrupt)?).map_err(|e| corrupt(e.to_string()))?;
-        let header_len = r.pos;
-        let nonce = r.take(crate::crypto::NONCE_LEN).map_err(corrupt)?;
-        let ct = r.rest();
-        let keys = self.scope_keys(&scope, false).await?;
+        let sealed = manifest::split_sealed(MAGIC, &obj).map_err(corrupt)?;
+        let keys = self.scope_keys(&sealed.scope, false).await?;
         let body = keys
-            .open_manifest(nonce, ct, &aad(&obj[..header_len], volume, base, n))
+            .open_manifest(
+                sealed.nonce,
+                sealed.ciphertext,
+                &aad(sealed.header, volume, base, n),
+            )
             .ok_or_else(|| corrupt("does not authenticate".into()))?;
-        let rec = decode_body(&body, &scope).map_err(corrupt)?;
+        let rec = decode_body(&body, &sealed.scope).map_err(corrupt)?;
         if &rec.volume != volume || rec.base != base || rec.n != n {
             return Err(corrupt("names another place".into()));
         }

@@ -127,8 +127,14 @@ pub(crate) fn check_shape(
 
 /// The clear header of a manifest object.
 pub(crate) fn header(scope: &ScopeId) -> Vec<u8> {
+    sealed_header(MAGIC, scope)
+}
+
+/// The clear header of a sealed object (a manifest, a journal record):
+/// `magic | version | scope_len | scope`.
+pub(crate) fn sealed_header(magic: &[u8; 4], scope: &ScopeId) -> Vec<u8> {
     let mut h = Vec::with_capacity(6 + scope.as_str().len());
-    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(magic);
     h.push(VERSION);
     h.push(scope.as_str().len() as u8);
     h.extend_from_slice(scope.as_str().as_bytes());
@@ -155,8 +161,16 @@ pub(crate) struct SealedManifest<'a> {
 
 /// Splits a manifest object into its clear header, nonce and ciphertext.
 pub(crate) fn split_object(obj: &[u8]) -> Result<SealedManifest<'_>, String> {
+    split_sealed(MAGIC, obj)
+}
+
+/// Splits a sealed object with `magic` (see [`sealed_header`]).
+pub(crate) fn split_sealed<'a>(
+    magic: &[u8; 4],
+    obj: &'a [u8],
+) -> Result<SealedManifest<'a>, String> {
     let mut r = Reader::new(obj);
-    if r.take(4)? != MAGIC {
+    if r.take(4)? != magic {
         return Err("bad magic".into());
     }
     let version = r.u8()?;
