@@ -942,7 +942,9 @@ impl Host {
         self.after_exit(vm).await?;
         let store = self.store("saving memory")?;
         let rec = vm.record();
-        let scope = format!("vm-{id}")
+        // Its own scope: the disk's commits sweep the disk's scope, and a
+        // memory chunk deduplicated against a disk chunk there could go.
+        let scope = format!("vm-{id}-mem")
             .parse()
             .map_err(|_| HostError::Invalid("scope".into()))?;
         let volumes = crate::memory::import(
@@ -980,13 +982,10 @@ impl Host {
         let vm = self.get(id)?;
         let rec = vm.record();
         let running = matches!(vm.state(), VmState::Ready | VmState::Paused);
-        // The snapshot will name the disk's chunks: from now on the disk's
-        // own commits leave its garbage to GC (`hearth_store::sweep`).
-        // Marked before the commit below, which waits for any sweep in
-        // progress.
-        gens.store()
-            .mark_shared(&GenerationDisks::scope_of(id))
-            .await?;
+        // The snapshot will name the disk's chunks: the scope they are in
+        // is left to GC from now on, and the disk's later chunks go to a
+        // fresh one (`Volume::share`). Marked before the commit below.
+        gens.share(id).await?;
         let (disk, memory) = if running && include_memory {
             self.capture_running(&vm, &gens, name).await?
         } else if running {

@@ -92,11 +92,6 @@ impl GenerationDisks {
         name(&format!("vm-{vm}"))
     }
 
-    /// The key scope of a VM's disk (and its saved memory).
-    pub fn scope_of(vm: VmId) -> ScopeId {
-        name(&format!("vm-{vm}"))
-    }
-
     /// The image at `base` as a generation, imported on first use. The
     /// volume is named after the file's content identity (name, size and
     /// modification time: `hearth-image` writes each build to a new file).
@@ -224,6 +219,26 @@ impl GenerationDisks {
                 .await?
                 .unwrap_or(head),
         };
+        // New chunks go where the last generation's did, unless a snapshot
+        // shares that scope (or it is not the disk's own): then to a fresh
+        // one, so the disk's commits can delete their own garbage.
+        let own = head.scope == target.scope
+            || head
+                .scope
+                .as_str()
+                .strip_prefix(target.volume.as_str())
+                .is_some_and(|rest| rest.starts_with("-s"));
+        let target = if own && !self.store.is_shared(&head.scope).await? {
+            Target {
+                scope: head.scope.clone(),
+                ..target
+            }
+        } else {
+            Target {
+                scope: volume::fresh_scope(&target.volume, head.seq)?,
+                ..target
+            }
+        };
         Ok((head, Some(target)))
     }
 
@@ -293,6 +308,17 @@ impl GenerationDisks {
         match volume {
             Some(v) => v.commit(BTreeMap::new()).await.map(Some),
             None => Ok(None),
+        }
+    }
+
+    /// Marks the scope a running VM's disk writes to as shared, before a
+    /// snapshot names its chunks (see [`Volume::share`]). A VM without an
+    /// attached disk has nothing to mark: the copy marks what it names.
+    pub async fn share(&self, vm: VmId) -> Result<(), StoreError> {
+        let volume = self.attached().get(&vm).map(|a| a.volume.clone());
+        match volume {
+            Some(v) => v.share().await,
+            None => Ok(()),
         }
     }
 

@@ -91,6 +91,10 @@ pub struct Volume {
 /// [`hearth_store::sweep`]): chunks of the generation it prunes and chunk
 /// versions its flushes uploaded, that neither kept generation names.
 struct Sweep {
+    /// The key scope new chunks go to: the target's, until a snapshot
+    /// shares it; then a fresh one (see [`Volume::sweep`]), so that the
+    /// disk's own garbage stays its own to delete.
+    scope: ScopeId,
     /// The chunk map of generation `Inner::seq` as committed.
     head: BTreeMap<u64, ChunkRef>,
     /// The chunk map of its parent, when known (not after an open).
@@ -152,6 +156,7 @@ impl Volume {
         } else {
             BTreeMap::new()
         };
+        let scope = target.scope.clone();
         Ok(Self {
             store,
             target,
@@ -172,6 +177,7 @@ impl Volume {
                 read_end: u64::MAX,
             }),
             committing: Mutex::new(Sweep {
+                scope,
                 head: head.chunks.clone(),
                 parent: None,
                 uploaded: Vec::new(),
@@ -443,14 +449,14 @@ impl Volume {
         let result = if dirty.is_empty() {
             Ok(Vec::new())
         } else {
-            match self.upload(&dirty, self.size).await {
+            match self.upload(&dirty, self.size, &sweep.scope).await {
                 Ok(placed) => {
                     let mut record = JournalRecord {
                         volume: self.target.volume.clone(),
                         base,
                         n,
                         fence: self.target.fence,
-                        scope: self.target.scope.clone(),
+                        scope: sweep.scope.clone(),
                         size: self.size,
                         chunk_size: self.chunk as u32,
                         entries: placed
@@ -505,7 +511,7 @@ impl Volume {
             let (round, dirty) = self.take_dirty(&mut g)?;
             (round, dirty, g.seq, g.journal_n)
         };
-        let placed = match self.upload(&dirty, self.size).await {
+        let placed = match self.upload(&dirty, self.size, &sweep.scope).await {
             Ok(placed) => placed,
             Err(e) => {
                 self.end_round(&mut *self.inner.lock().await, round, dirty, Err(&e));
@@ -520,7 +526,7 @@ impl Volume {
             };
         }
         let draft = ManifestDraft {
-            scope: self.target.scope.clone(),
+            scope: sweep.scope.clone(),
             parent: Some(parent),
             fence: self.target.fence,
             size: self.size,
@@ -557,12 +563,15 @@ impl Volume {
 
     /// After generation `m` (on `parent`): drops the generations before
     /// `parent`, and deletes the chunks of our scope that the pruned
-    /// generation or our flushes put and neither kept generation names,
-    /// unless the scope is shared (then GC will). Failures are logged:
-    /// garbage left is GC's.
+    /// generation or our flushes put and neither kept generation names.
+    /// When a snapshot shares the scope, its garbage is GC's and new chunks
+    /// go to a fresh scope (`<volume>-s<seq>`), whose garbage is ours again:
+    /// a guest rewriting its disk after a capture still cannot grow the
+    /// store past about two versions of it. Failures are logged: garbage
+    /// left is GC's.
     async fn sweep(&self, sweep: &mut Sweep, parent: u64, m: &Manifest) {
         let volume = &self.target.volume;
-        let scope = &self.target.scope;
+        let scope = sweep.scope.clone();
         let old_parent = sweep.parent.take();
         let kept_parent = std::mem::replace(&mut sweep.head, m.chunks.clone());
         let uploaded = std::mem::take(&mut sweep.uploaded);
@@ -577,29 +586,48 @@ impl Volume {
         let keep: std::collections::HashSet<&[u8; 32]> = kept_parent
             .values()
             .chain(m.chunks.values())
-            .filter(|r| &r.scope == scope)
+            .filter(|r| r.scope == scope)
             .map(|r| &r.hash)
             .collect();
         let candidates: std::collections::BTreeSet<[u8; 32]> = old_parent
             .iter()
             .flat_map(|c| c.values())
             .chain(uploaded.iter())
-            .filter(|r| &r.scope == scope && !keep.contains(&r.hash))
+            .filter(|r| r.scope == scope && !keep.contains(&r.hash))
             .map(|r| r.hash)
             .collect();
         let found = candidates.len();
-        match self.store.delete_unshared_chunks(scope, candidates).await {
+        match self.store.delete_unshared_chunks(&scope, candidates).await {
             Ok(Some(deleted)) => {
                 tracing::debug!(%volume, pruned, deleted, "swept the volume's garbage")
             }
-            Ok(None) => {
-                tracing::debug!(%volume, pruned, left = found, "scope shared: its garbage is GC's")
-            }
+            Ok(None) => match fresh_scope(volume, m.seq) {
+                Ok(fresh) => {
+                    tracing::debug!(%volume, pruned, left = found, %scope, %fresh, "scope shared: its garbage is GC's; new chunks go to a fresh scope");
+                    sweep.scope = fresh;
+                }
+                Err(e) => {
+                    tracing::warn!(%volume, error = %e, "no fresh scope; the shared one's garbage is GC's")
+                }
+            },
             Err(e) => {
                 tracing::warn!(%volume, error = %e, "cannot delete superseded chunks; GC will")
             }
         }
         sweep.parent = Some(kept_parent);
+    }
+
+    /// Marks the scope new chunks go to as shared (a snapshot is about to
+    /// name them): from now on no commit sweeps it, and the next commit
+    /// moves the volume to a fresh scope. Waits for a round in progress.
+    pub async fn share(&self) -> Result<(), StoreError> {
+        let sweep = self.committing.lock().await;
+        self.store.mark_shared(&sweep.scope).await
+    }
+
+    /// The key scope new chunks go to.
+    pub async fn write_scope(&self) -> ScopeId {
+        self.committing.lock().await.scope.clone()
     }
 
     /// Uploads the staged chunks of `dirty`: each one's new place, `None`
@@ -608,6 +636,7 @@ impl Volume {
         &self,
         dirty: &BTreeMap<u64, u64>,
         size: u64,
+        scope: &ScopeId,
     ) -> Result<Vec<(u64, Option<ChunkRef>)>, StoreError> {
         if dirty.is_empty() {
             return Ok(Vec::new());
@@ -631,7 +660,7 @@ impl Volume {
                     if b.iter().all(|&x| x == 0) {
                         return Ok((i, None));
                     }
-                    let r = self.store.put_chunk(&self.target.scope, &b).await?;
+                    let r = self.store.put_chunk(scope, &b).await?;
                     Ok::<_, StoreError>((i, Some(r)))
                 }
             })
@@ -699,4 +728,10 @@ fn punch_hole(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The scope a volume's new chunks go to once its scope is shared, after
+/// generation `seq` (unique: a volume's generation numbers only grow).
+pub fn fresh_scope(volume: &VolumeId, seq: u64) -> Result<ScopeId, StoreError> {
+    ScopeId::new(format!("{volume}-s{seq}"))
 }
