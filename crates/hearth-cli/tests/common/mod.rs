@@ -214,37 +214,10 @@ pub fn show(out: &Output) -> String {
     )
 }
 
-/// The Python that has the SDK: `HEARTH_SDK_PYTHON`, or a virtualenv made
-/// (once per requirements file) under `target/hearth-test/sdk-venv`.
-pub fn sdk_python() -> PathBuf {
-    if let Some(p) = std::env::var_os("HEARTH_SDK_PYTHON").filter(|p| !p.is_empty()) {
-        return p.into();
-    }
-    let requirements =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).unwrap();
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test/sdk-venv");
-    let python = venv.join("bin/python");
-    // Written last: its presence means the install finished.
-    let stamp = venv.join("hearth-requirements.txt");
-    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&*wanted) {
-        return python;
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv));
-    run_ok(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "-r"])
-            .arg(&requirements),
-    );
-    std::fs::write(&stamp, wanted).unwrap();
-    python
-}
-
-fn run_ok(cmd: &mut Command) {
-    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(status.success(), "{cmd:?}: {status}");
-}
+#[path = "../../../../tests/sdk/python.rs"]
+mod python;
+#[allow(unused_imports)] // not every suite drives the SDK
+pub use python::sdk_python;
 
 /// The QEMU processes `ancestor` started, directly or through a jail's
 /// intermediate process: `(pid, vm id)` with the id's 32 hex digits from
