@@ -14,9 +14,10 @@ use crate::nested::{
 
 /// Body of `POST /boxes`. Every field is optional. Integers are read as
 /// `i64` so that out-of-range values get a message naming the rule rather
-/// than a bare type error; a value of the wrong JSON type is still a 422.
-/// Unknown fields are ignored.
+/// than a bare type error; a value of the wrong JSON type is still a 422,
+/// and so is a field Hearth does not know.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Sandbox name, unique in the workspace; generated when omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +114,7 @@ pub struct CreateSandboxRequest {
 
 /// Body of `PATCH /boxes/{name}`. Absent fields stay unchanged.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct UpdateSandboxRequest {
     /// New name; must be unique (409 otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,9 +151,10 @@ pub struct UpdateSandboxRequest {
 }
 
 /// Body of `POST /boxes/{name}/start` and `/stop`. The SDK sends `{}` and
-/// no field is read, but the body must be a JSON object (unknown fields
-/// are ignored) or empty: anything else is a 422, as for every other body.
+/// no field is read, so the body must be an empty JSON object or empty:
+/// anything else is a 422, as for every other body.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct LifecycleRequest {}
 
 /// A sandbox's lifecycle state.
@@ -316,7 +319,8 @@ pub struct ListSandboxesQuery {
 
 impl ListSandboxesQuery {
     /// Builds the query from decoded `key=value` pairs (repeated keys
-    /// allowed). Unknown keys are ignored.
+    /// allowed). An unknown key is a 422, and so is `tag_value_id`:
+    /// Hearth has no governed tags to filter by.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, ApiError> {
@@ -333,16 +337,17 @@ impl ListSandboxesQuery {
                 "label" => q.label.push(v.to_owned()),
                 "name_contains" => q.name_contains = Some(v.to_owned()),
                 "status" => q.status = Some(parse_enum(k, v)?),
-                "tag_value_id" => q.tag_value_id.push(v.to_owned()),
+                "tag_value_id" => return Err(tag_values_unsupported(k)),
                 "sort_by" => q.sort_by = Some(parse_enum(k, v)?),
                 "sort_order" | "sort_direction" => q.sort_order = Some(parse_enum(k, v)?),
                 "page_size" => q.page_size = Some(parse_page_size(k, v)?),
                 "cursor" => q.cursor = Some(v.to_owned()),
                 "limit" => q.limit = Some(parse_page_size(k, v)?),
-                "offset" => q.offset = Some(parse_number(k, v)?),
-                _ => {}
+                "offset" => q.offset = Some(parse_offset(k, v)?),
+                _ => return Err(unknown_query(k)),
             }
         }
+        check_offset_and_cursor(q.offset, q.cursor.as_deref())?;
         for (param, n) in [
             ("label", q.label.len()),
             ("tag_value_id", q.tag_value_id.len()),
@@ -387,7 +392,8 @@ pub struct ListSnapshotsQuery {
 }
 
 impl ListSnapshotsQuery {
-    /// Builds the query from decoded `key=value` pairs.
+    /// Builds the query from decoded `key=value` pairs; an unknown key is a
+    /// 422.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, ApiError> {
@@ -400,12 +406,55 @@ impl ListSnapshotsQuery {
                 "page_size" => q.page_size = Some(parse_page_size(k, v)?),
                 "cursor" => q.cursor = Some(v.to_owned()),
                 "limit" => q.limit = Some(parse_page_size(k, v)?),
-                "offset" => q.offset = Some(parse_number(k, v)?),
-                _ => {}
+                "offset" => q.offset = Some(parse_offset(k, v)?),
+                _ => return Err(unknown_query(k)),
             }
         }
+        check_offset_and_cursor(q.offset, q.cursor.as_deref())?;
         Ok(q)
     }
+}
+
+/// Deepest offset a list accepts: offset pagination walks the pages before
+/// it, so it is bounded; a cursor reaches any depth.
+pub const MAX_LIST_OFFSET: u64 = 10_000;
+
+fn unknown_query(param: &str) -> ApiError {
+    let shown: String = param.chars().take(64).collect();
+    ApiError::invalid_query(
+        &shown,
+        format!("{shown}: unknown query parameter; Hearth does not support it"),
+    )
+}
+
+/// `tag_value_ids`/`tag_value_id`: LangSmith's governed tag values, which
+/// Hearth does not have (nothing could be attached or filtered by them).
+pub fn tag_values_unsupported(field: &str) -> ApiError {
+    ApiError::validation(
+        field,
+        format!("{field}: governed tag values are not supported by Hearth; use labels"),
+    )
+}
+
+fn parse_offset(param: &str, v: &str) -> Result<u64, ApiError> {
+    let n = parse_number(param, v)?;
+    if n > MAX_LIST_OFFSET {
+        return Err(ApiError::invalid_query(
+            param,
+            format!("{param} must be at most {MAX_LIST_OFFSET}; page with the cursor beyond it"),
+        ));
+    }
+    Ok(n)
+}
+
+fn check_offset_and_cursor(offset: Option<u64>, cursor: Option<&str>) -> Result<(), ApiError> {
+    if offset.is_some_and(|o| o > 0) && cursor.is_some() {
+        return Err(ApiError::invalid_query(
+            "offset",
+            "offset and cursor cannot be combined: page with one or the other",
+        ));
+    }
+    Ok(())
 }
 
 /// No query value may hold a NUL byte: none can match anything, and
@@ -471,9 +520,13 @@ mod tests {
 
     #[test]
     fn lifecycle_bodies_are_objects_or_empty() {
-        for ok in [&b""[..], b"  ", b"{}", b"{\"anything\": [1]}"] {
+        for ok in [&b""[..], b"  ", b"{}"] {
             crate::parse_body::<LifecycleRequest>(ok).unwrap();
         }
+        // A field is refused, naming it: nothing would read it.
+        let e = crate::parse_body::<LifecycleRequest>(b"{\"anything\": [1]}").unwrap_err();
+        assert_eq!((e.status, e.field()), (422, Some("anything")));
+        assert!(e.message.contains("unknown field"), "{}", e.message);
         for bad in [&b"[[[["[..], b"[]", b"\"x\"", b"1", b"null", b"{"] {
             let e = crate::parse_body::<LifecycleRequest>(bad).unwrap_err();
             assert_eq!(e.status, 422, "{:?}", String::from_utf8_lossy(bad));

@@ -338,6 +338,12 @@ impl ApiError {
         )
     }
 
+    /// 503: a change that must reach the sandbox's host (a new
+    /// `proxy_config`) did not; nothing was changed. The SDK retries it.
+    pub fn host_did_not_apply(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
     /// 400 on the data plane: the sandbox cannot serve the request in its
     /// current state and will not by retrying (the SDK raises
     /// `SandboxNotReadyError`). Prefer [`ApiError::sandbox_not_ready`] while
@@ -476,9 +482,10 @@ fn parse_field_path(path: &str) -> Vec<LocSegment> {
 /// Parses a JSON request body into `T`, turning every failure into a 422
 /// that names the offending field.
 ///
-/// The body must be a JSON object. Unknown fields are ignored (LangSmith's
-/// servers ignore them too), but a known field of the wrong type is an
-/// error. An empty body reads as `{}`,
+/// The body must be a JSON object. A field Hearth does not know is a 422
+/// naming it (never a silent yes: a field accepted either takes effect or
+/// is refused), and so is a known field of the wrong type. An empty body
+/// reads as `{}`,
 /// so bodiless POSTs (`/start`, `/stop`, a create with every default) work.
 pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let bytes = if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -531,6 +538,24 @@ fn path_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         shown.push_str(missing);
         loc.push(LocSegment::from(missing));
         return ApiError::validation_at(loc, format!("{shown}: field required"));
+    }
+    if let Some(unknown) = text
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(name, _)| name)
+    {
+        // The path usually ends at the unknown key already.
+        if !matches!(loc.last(), Some(LocSegment::Key(k)) if k == unknown) {
+            if !shown.is_empty() {
+                shown.push('.');
+            }
+            shown.push_str(unknown);
+            loc.push(LocSegment::from(unknown));
+        }
+        return ApiError::validation_at(
+            loc,
+            format!("{shown}: unknown field; Hearth does not support it"),
+        );
     }
     let message = if inner.is_syntax() || inner.is_eof() {
         format!("body is not valid JSON: {text}")

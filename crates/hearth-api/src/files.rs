@@ -201,6 +201,7 @@ pub const MAX_LINK_SECONDS: i64 = 365 * 24 * 3600;
 
 /// Body of `POST /boxes/{name}/download-url`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct DownloadUrlRequest {
     /// The file; relative paths resolve from the run user's home when the
     /// link is fetched.
@@ -301,6 +302,7 @@ pub const DEFAULT_SERVICE_SECONDS: i64 = 600;
 
 /// Body of `POST /boxes/{name}/service-url` (token mode).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ServiceUrlRequest {
     /// The TCP port of an HTTP server inside the sandbox.
     pub port: i64,

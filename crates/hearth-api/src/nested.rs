@@ -24,6 +24,7 @@ pub type JsonObject = Map<String, Value>;
 /// at three layers — snapshot, sandbox, command — each over the one below:
 /// `user` and `work_dir` replace, `env_vars` merge key by key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunConfig {
     /// `name`, `uid`, `name:group` or `uid:gid`; none = the image's `USER`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,6 +78,7 @@ impl RunConfig {
 
 /// Lets code inside the sandbox call the LangSmith API as its creator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AccessDelegation {
     pub mode: AccessDelegationMode,
     /// Granted permissions (`EXPLICIT`); a ceiling re-checked per request.
@@ -109,12 +111,16 @@ impl AccessDelegation {
                 ));
             }
         }
-        Ok(())
+        Err(ApiError::validation(
+            "access_delegation",
+            "access_delegation: delegated access is not supported by Hearth yet; nothing in the sandbox could use it",
+        ))
     }
 }
 
 /// Per-sandbox egress proxy configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     /// Header-injection and provider-auth rules; first match wins.
     #[serde(default, deserialize_with = "crate::de::object_vec")]
@@ -142,6 +148,7 @@ pub struct ProxyConfig {
 
 /// One proxy rule.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ProxyRule {
     pub name: String,
     /// Rule kind, e.g. `aws`, `gcp`, `attribution`; free-form.
@@ -176,8 +183,10 @@ pub struct ProxyRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub azure: Option<JsonObject>,
+    /// Refused (relays are not supported); any string, so that the refusal
+    /// says that rather than how an id is spelt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub relay_id: Option<uuid::Uuid>,
+    pub relay_id: Option<String>,
     #[serde(
         default,
         deserialize_with = "crate::de::opt_object",
@@ -188,6 +197,7 @@ pub struct ProxyRule {
 
 /// A header a rule injects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ProxyHeader {
     pub name: String,
     #[serde(rename = "type")]
@@ -213,6 +223,7 @@ pub enum SecretKind {
 
 /// Where a rule re-routes matching requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ProxyRewrite {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
@@ -227,6 +238,7 @@ pub struct ProxyRewrite {
 
 /// A callback that resolves headers for matching hosts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ProxyCallback {
     pub match_hosts: Vec<String>,
     pub url: String,
@@ -245,6 +257,7 @@ pub struct ProxyCallback {
 
 /// Egress host filtering: exact names, `*.globs`, IPs, CIDRs, `~regex`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AccessControl {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_list: Option<Vec<String>>,
@@ -289,8 +302,23 @@ impl ProxyConfig {
                 ));
             }
         }
+        for (i, rule) in self.rules.iter().enumerate() {
+            rule.refuse_unsupported(&format!("proxy_config.rules[{i}]"))?;
+        }
+        if !self.no_proxy.is_empty() {
+            return Err(ApiError::validation(
+                "proxy_config.no_proxy",
+                "proxy_config.no_proxy: a bypass list is not supported by Hearth; every connection goes through the proxy",
+            ));
+        }
         for (i, cb) in self.callbacks.iter().enumerate() {
             let at = format!("proxy_config.callbacks[{i}]");
+            if cb.full_request == Some(true) {
+                return Err(ApiError::validation(
+                    &format!("{at}.full_request"),
+                    format!("{at}.full_request: sending the request to the callback is not supported by Hearth yet"),
+                ));
+            }
             if !(60..=3600).contains(&cb.ttl_seconds) {
                 return Err(ApiError::validation(
                     &format!("{at}.ttl_seconds"),
@@ -345,6 +373,36 @@ impl ProxyConfig {
         out
     }
 
+    /// After a create, or an update applied over the stored config: every
+    /// header has its value. An opaque header sent without a value keeps
+    /// the stored one, so without one (on a create, or a header the sandbox
+    /// did not have) it is refused.
+    pub fn check_values_present(&self) -> Result<(), ApiError> {
+        let rules = self.rules.iter().enumerate().flat_map(|(i, r)| {
+            r.headers
+                .iter()
+                .enumerate()
+                .map(move |(j, h)| (format!("proxy_config.rules[{i}].headers[{j}]"), h))
+        });
+        let callbacks = self.callbacks.iter().enumerate().flat_map(|(i, c)| {
+            c.request_headers.iter().enumerate().map(move |(j, h)| {
+                (
+                    format!("proxy_config.callbacks[{i}].request_headers[{j}]"),
+                    h,
+                )
+            })
+        });
+        for (at, h) in rules.chain(callbacks) {
+            if h.value.is_none() {
+                return Err(ApiError::validation(
+                    &format!("{at}.is_set"),
+                    format!("{at}.is_set: keeping a stored value is not supported here: the sandbox has no stored value for this header; send its value"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Applies an update's config over this (stored) one: the update
     /// replaces the whole config, but an `opaque` header sent without a
     /// value keeps the stored value of the same rule and header name, so
@@ -368,7 +426,72 @@ impl ProxyConfig {
                 }
             }
         }
+        // A callback's opaque request headers likewise, by its URL.
+        for cb in &mut out.callbacks {
+            let Some(old_cb) = self.callbacks.iter().find(|c| c.url == cb.url) else {
+                continue;
+            };
+            for h in &mut cb.request_headers {
+                if h.kind != SecretKind::Opaque || h.value.is_some() {
+                    continue;
+                }
+                if let Some(old) = old_cb
+                    .request_headers
+                    .iter()
+                    .find(|o| o.name == h.name && o.kind == SecretKind::Opaque)
+                {
+                    h.value = old.value.clone();
+                }
+            }
+        }
         out
+    }
+}
+
+impl ProxyRule {
+    /// Refuses what the proxy would not do: provider credentials, relays,
+    /// rewrites, rule types other than header injection, and a header rule
+    /// that names no host (it would match nothing).
+    fn refuse_unsupported(&self, at: &str) -> Result<(), ApiError> {
+        let refuse = |field: &str, why: &str| {
+            Err(ApiError::validation(
+                &format!("{at}.{field}"),
+                format!("{at}.{field}: {why}"),
+            ))
+        };
+        if self.aws.is_some() {
+            return refuse("aws", "AWS credential rules are not supported by Hearth yet; the proxy would sign nothing");
+        }
+        if self.gcp.is_some() {
+            return refuse("gcp", "GCP credential rules are not supported by Hearth yet; the proxy would add no token");
+        }
+        if self.azure.is_some() {
+            return refuse("azure", "Azure credential rules are not supported by Hearth yet; the proxy would add no token");
+        }
+        if self.relay_id.is_some() {
+            return refuse("relay_id", "relays are not supported by Hearth");
+        }
+        if self.rewrite.is_some() {
+            return refuse("rewrite", "rewrite rules are not supported by Hearth yet");
+        }
+        match self.kind.as_deref() {
+            None | Some("") | Some("headers") => {}
+            Some("attribution") => {
+                return refuse("type", "attribution rules are not supported by Hearth yet");
+            }
+            Some(other) => {
+                let why =
+                    format!("{other:?} rules are not supported by Hearth (header rules only)");
+                return refuse("type", &why);
+            }
+        }
+        if self.match_hosts.is_empty() {
+            return refuse(
+                "match_hosts",
+                "a header rule needs at least one host; without one it matches nothing",
+            );
+        }
+        Ok(())
     }
 }
 
@@ -377,6 +500,21 @@ fn check_header(at: &str, h: &ProxyHeader) -> Result<(), ApiError> {
         return Err(ApiError::validation(
             &format!("{at}.name"),
             format!("{at}.name must be non-empty"),
+        ));
+    }
+    // Only an opaque value can be kept from the stored config (`is_set`
+    // without a value, on an update); any other header without a value
+    // would send nothing.
+    if h.is_set.is_some() && h.kind != SecretKind::Opaque {
+        return Err(ApiError::validation(
+            &format!("{at}.is_set"),
+            format!("{at}.is_set is not supported on a header that is not opaque (it keeps a stored opaque value)"),
+        ));
+    }
+    if h.value.is_none() && h.kind != SecretKind::Opaque {
+        return Err(ApiError::validation(
+            &format!("{at}.value"),
+            format!("{at}.value is required (only an opaque header's stored value is kept)"),
         ));
     }
     Ok(())
@@ -412,6 +550,7 @@ fn redact_value(v: &mut Value) {
 
 /// Bucket, git and ContextHub mounts, and the credentials they use.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MountConfig {
     #[serde(
         default,
@@ -425,6 +564,7 @@ pub struct MountConfig {
 
 /// Per-provider credentials for mounts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MountAuth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
@@ -439,6 +579,7 @@ pub struct MountAuth {
 
 /// One mount.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Mount {
     pub id: String,
     #[serde(rename = "type")]
@@ -486,6 +627,7 @@ pub enum MountKind {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MountCache {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_size_bytes: Option<u64>,
@@ -494,6 +636,7 @@ pub struct MountCache {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MountEncryption {
     pub kms_key: String,
 }
@@ -537,13 +680,41 @@ impl MountConfig {
                 ));
             }
         }
-        Ok(())
+        // Well formed, but nothing would be mounted: refused, never a
+        // silent yes.
+        if let Some(m) = self.mounts.first() {
+            let why = match m.kind {
+                MountKind::Contexthub => "contexthub mounts are a LangSmith-hosted service",
+                MountKind::S3 => "s3 mounts are not supported by Hearth yet",
+                MountKind::Gcs => "gcs mounts are not supported by Hearth yet",
+                MountKind::Git => "git mounts are not supported by Hearth yet",
+                MountKind::AzureBlob => "azure_blob mounts are not supported by Hearth yet",
+            };
+            return Err(ApiError::validation(
+                "mount_config.mounts",
+                format!(
+                    "mount_config.mounts: {why}; nothing would appear at {}",
+                    m.mount_path
+                ),
+            ));
+        }
+        if self.auth.is_some() {
+            return Err(ApiError::validation(
+                "mount_config.auth",
+                "mount_config.auth: mount credentials are not supported by Hearth yet",
+            ));
+        }
+        Err(ApiError::validation(
+            "mount_config",
+            "mount_config: mounts are not supported by Hearth yet",
+        ))
     }
 }
 
 /// A volume to attach at create (beta): by `volume` (id or name), or by the
 /// explicit `volume_id` / `volume_name` the responses use.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct VolumeMountRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
@@ -611,6 +782,12 @@ pub fn validate_volumes(volumes: &[VolumeMountRequest]) -> Result<(), ApiError> 
                 format!("{at}.mount_path: '{}' is used twice", v.mount_path),
             ));
         }
+    }
+    if !volumes.is_empty() {
+        return Err(ApiError::validation(
+            "volumes",
+            "volumes: named volumes are not supported by Hearth yet; nothing would be attached",
+        ));
     }
     Ok(())
 }

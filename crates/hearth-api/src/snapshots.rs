@@ -90,6 +90,7 @@ pub struct SnapshotsByNameResponse {
 
 /// Body of `POST /boxes/{name}/snapshot`: capture a snapshot of a sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CaptureSnapshotRequest {
     pub name: String,
     /// Defaults to `latest`.
@@ -118,6 +119,7 @@ pub struct CaptureSnapshotRequest {
 
 /// Body of `POST /snapshots`: build a snapshot from an OCI (Docker) image.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateSnapshotRequest {
     pub name: String,
     /// `registry/repository:tag` or `@sha256:…`; Docker Hub names
@@ -127,8 +129,10 @@ pub struct CreateSnapshotRequest {
     /// Defaults to the image's own tag, else `latest`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// Refused (private registries are not supported yet); any string, so
+    /// that the refusal says that rather than how an id is spelt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub registry_id: Option<Uuid>,
+    pub registry_id: Option<String>,
     /// Overrides the image's `User`, `WorkingDir`; `env_vars` merge over its
     /// `Env`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -230,6 +230,7 @@ pub fn resolve_create(
     }
     if let Some(pc) = &req.proxy_config {
         pc.validate()?;
+        pc.check_values_present()?;
     }
     if let Some(mc) = &req.mount_config {
         mc.validate()?;
@@ -330,6 +331,9 @@ fn check_tag_value_ids(ids: &[String]) -> Result<(), ApiError> {
                 format!("tag_value_ids[{i}] must be non-empty"),
             ));
         }
+    }
+    if !ids.is_empty() {
+        return Err(crate::boxes::tag_values_unsupported("tag_value_ids"));
     }
     Ok(())
 }
@@ -629,10 +633,12 @@ pub fn apply_update(
     }
     if let Some(pc) = &req.proxy_config {
         pc.validate()?;
-        spec.proxy_config = Some(match &current.proxy_config {
+        let merged = match &current.proxy_config {
             Some(old) => old.replaced_by(pc),
             None => pc.clone(),
-        });
+        };
+        merged.check_values_present()?;
+        spec.proxy_config = Some(merged);
     }
     if let Some(rc) = &req.run_config {
         rc.validate("run_config")?;

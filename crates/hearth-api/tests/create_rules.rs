@@ -435,7 +435,7 @@ fn nested_objects() {
         &[
             (
                 json!({"volumes": [vol("/a"), vol("/b"), vol("/c"), vol("/d")]}),
-                Plan(json!({})),
+                Field("volumes"),
             ),
             (
                 json!({"volumes": [vol("/a"), vol("/b"), vol("/c"), vol("/d"), vol("/e")]}),
@@ -455,11 +455,11 @@ fn nested_objects() {
             (json!({"volumes": {"volume": "a"}}), Field("volumes")),
             (
                 json!({"access_delegation": {"mode": "EXPLICIT", "permissions": ["sandboxes:read"]}}),
-                Plan(json!({})),
+                Field("access_delegation"),
             ),
             (
                 json!({"access_delegation": {"mode": "INHERIT"}}),
-                Plan(json!({})),
+                Field("access_delegation"),
             ),
             (
                 json!({"access_delegation": {"mode": "EXPLICIT", "permissions": []}}),
@@ -521,7 +521,7 @@ fn nested_objects() {
             (
                 json!({"mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/mounts/m",
                 "s3": {"bucket": "b", "region": "r", "endpoint_url": "https://s3"}}]}}),
-                Plan(json!({})),
+                Field("mounts"),
             ),
             (
                 json!({"mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/m"}]}}),
@@ -535,7 +535,11 @@ fn nested_objects() {
                 json!({"mount_config": {"mounts": [{"id": "m", "type": "gcs", "mount_path": "mnt", "gcs": {}}]}}),
                 Field("mount_path"),
             ),
-            (json!({"tag_value_ids": ["t1", "t2"]}), Plan(json!({}))),
+            (
+                json!({"tag_value_ids": ["t1", "t2"]}),
+                Field("tag_value_ids"),
+            ),
+            (json!({"tag_value_ids": []}), Plan(json!({}))),
             (json!({"tag_value_ids": "t1"}), Field("tag_value_ids")),
             (json!({"tag_value_ids": [""]}), Field("tag_value_ids")),
         ],

@@ -93,14 +93,25 @@ fn create_body_as_the_sdk_builds_it() {
     round_trip(&req);
     // Serializing gives the SDK's body back (absent stays absent).
     assert_eq!(serde_json::to_value(&req).unwrap(), full);
-    let plan = resolve_create(&req, &facts()).unwrap();
+    // What Hearth cannot act on is refused, each naming its field; the
+    // rest of the body is a plan.
+    let mut body = full;
+    for field in [
+        "tag_value_ids",
+        "access_delegation",
+        "proxy_config",
+        "mount_config",
+    ] {
+        let req: CreateSandboxRequest = parse(body.clone()).unwrap();
+        let e = resolve_create(&req, &facts()).unwrap_err();
+        assert_eq!(e.status, 422);
+        assert!(e.message.starts_with(field), "{field}: {}", e.message);
+        assert!(e.message.contains("not supported"), "{}", e.message);
+        body.as_object_mut().unwrap().remove(field);
+    }
+    let plan = resolve_create(&parse(body).unwrap(), &facts()).unwrap();
     assert_eq!(plan.spec.delete_after_stop, None);
     assert_eq!(plan.wait_for_ready, None);
-    // Provider blocks are kept verbatim.
-    let shown = serde_json::to_value(&plan.spec.proxy_config).unwrap();
-    assert_eq!(shown["rules"][0]["aws"]["session_tags"]["user"], "u");
-    let mounts = serde_json::to_value(&plan.spec.mount_config).unwrap();
-    assert_eq!(mounts["mounts"][0]["git"]["ref"]["name"], "main");
 }
 
 #[test]
@@ -158,26 +169,33 @@ fn create_body_with_every_field_of_the_reference() {
       "tag_value_ids": ["t"],
       "vcpus": 1,
       "volumes": [{"mount_path": "/data", "read_only": true, "volume_id": "v1"}],
-      // Response-only keys in the same example are unknown here: ignored.
-      "created_at": "2026-01-01T00:00:00Z", "status": "ready", "size_class": "x",
     });
     let req: CreateSandboxRequest = parse(body.clone()).unwrap();
     round_trip(&req);
     let back = serde_json::to_value(&req).unwrap();
     for (k, v) in body.as_object().unwrap() {
-        if ["created_at", "status", "size_class"].contains(&k.as_str()) {
-            assert!(back.get(k).is_none(), "{k} is not a create field");
-        } else {
-            assert_eq!(&back[k], v, "field {k} must survive unchanged");
-        }
+        assert_eq!(&back[k], v, "field {k} must survive unchanged");
     }
+    // It parses, but what Hearth cannot act on is refused.
     let mut snap = facts();
     snap.has_memory = true;
-    resolve_create(&req, &snap).unwrap();
+    let e = resolve_create(&req, &snap).unwrap_err();
+    assert!(e.message.contains("not supported"), "{}", e.message);
+    // Response-only keys of the same example are not create fields: each
+    // is a 422 naming it.
+    for (k, v) in [
+        ("created_at", json!("2026-01-01T00:00:00Z")),
+        ("status", json!("ready")),
+        ("size_class", json!("x")),
+    ] {
+        let e = parse::<CreateSandboxRequest>(json!({ k: v })).unwrap_err();
+        assert_eq!((e.status, e.field()), (422, Some(k)));
+        assert!(e.message.contains("unknown field"), "{}", e.message);
+    }
 }
 
 #[test]
-fn wrong_types_are_422_at_the_field_and_unknown_fields_are_ignored() {
+fn wrong_types_and_unknown_fields_are_422_at_the_field() {
     let loc = |v: Value| -> Vec<LocSegment> {
         let e = parse::<CreateSandboxRequest>(v).unwrap_err();
         assert_eq!((e.status, e.error), (422, "ValidationError"));
@@ -238,12 +256,19 @@ fn wrong_types_are_422_at_the_field_and_unknown_fields_are_ignored() {
     let e = parse_body::<CreateSandboxRequest>(b"{} {}").unwrap_err();
     assert_eq!(e.status, 422);
 
-    let req: CreateSandboxRequest = parse(json!({
-        "vcpus": 2, "future_field": {"x": 1}, "proxy_config": {"rules": [], "unknown": true},
-        "run_config": {"user": "u", "shell": "zsh"}
-    }))
-    .unwrap();
-    assert_eq!(req.vcpus, Some(2));
+    // A field Hearth does not know, at any depth, is refused naming it.
+    assert_eq!(
+        loc(json!({"vcpus": 2, "future_field": {"x": 1}})),
+        [k("body"), k("future_field")]
+    );
+    assert_eq!(
+        loc(json!({"proxy_config": {"rules": [], "unknown": true}})),
+        [k("body"), k("proxy_config"), k("unknown")]
+    );
+    assert_eq!(
+        loc(json!({"run_config": {"user": "u", "shell": "zsh"}})),
+        [k("body"), k("run_config"), k("shell")]
+    );
     // An empty body is an empty object: every default.
     assert_eq!(
         parse_body::<CreateSandboxRequest>(b"").unwrap(),
@@ -265,7 +290,8 @@ fn update_body_as_the_sdk_builds_it() {
     // update_sandbox(name, new_name=..., idle_ttl_seconds=..., delete_after_stop_seconds=...,
     // proxy_config=..., run_config=...)
     let body = json!({"name": "renamed", "idle_ttl_seconds": 0, "delete_after_stop_seconds": 120,
-        "proxy_config": {"rules": [{"name": "gh", "headers": [{"name": "authorization", "type": "opaque"}]}]},
+        "proxy_config": {"rules": [{"name": "gh", "match_hosts": ["api.github.com"],
+            "headers": [{"name": "authorization", "type": "opaque"}]}]},
         "run_config": {"env_vars": {"B": "2"}}});
     let req: UpdateSandboxRequest = parse(body.clone()).unwrap();
     round_trip(&req);
@@ -283,7 +309,7 @@ fn update_body_as_the_sdk_builds_it() {
 
     let plan = resolve_create(
         &parse(
-            json!({"proxy_config": {"rules": [{"name": "gh", "headers": [
+            json!({"proxy_config": {"rules": [{"name": "gh", "match_hosts": ["api.github.com"], "headers": [
             {"name": "authorization", "type": "opaque", "value": "tok"}]}]},
             "run_config": {"env_vars": {"A": "1"}}}),
         )
@@ -361,8 +387,8 @@ fn update_rules() {
         Some("name")
     );
     assert_eq!(
-        upd(json!({"tag_value_ids": ["a"]})).unwrap().tag_value_ids,
-        ["a"]
+        upd(json!({"tag_value_ids": ["a"]})).unwrap_err().field(),
+        Some("tag_value_ids")
     );
     assert_eq!(upd(json!({})).unwrap(), spec);
 }
@@ -374,12 +400,19 @@ fn sample_spec() -> SandboxSpec {
         "cpu_millicores": 500,
         "labels": {"team": "infra"},
         "run_config": {"user": "app", "work_dir": "/srv", "env_vars": {"A": "1"}},
-        "access_delegation": {"mode": "EXPLICIT", "permissions": ["sandboxes:read"]},
-        "proxy_config": {"rules": [{"name": "gh", "headers": [{"name": "authorization", "type": "opaque", "value": "tok"}]}]},
+        "proxy_config": {"rules": [{"name": "gh", "match_hosts": ["api.github.com"],
+            "headers": [{"name": "authorization", "type": "opaque", "value": "tok"}]}]},
         "idle_ttl_seconds": 0,
     }))
     .unwrap();
-    resolve_create(&req, &facts()).unwrap().spec
+    let mut spec = resolve_create(&req, &facts()).unwrap().spec;
+    // Refused at create today, but a stored spec may carry it and the
+    // response must then show it as the SDK reads it.
+    spec.access_delegation = Some(
+        serde_json::from_value(json!({"mode": "EXPLICIT", "permissions": ["sandboxes:read"]}))
+            .unwrap(),
+    );
+    spec
 }
 
 fn sample_meta() -> SandboxMeta {
@@ -997,9 +1030,12 @@ fn list_queries() {
         ("sort_direction", "asc"),
         ("page_size", "20"),
         ("created_by", "me"),
-        ("whatever", "x"),
     ])
     .unwrap();
+    let e = ListSandboxesQuery::from_pairs([("whatever", "x")]).unwrap_err();
+    assert_eq!((e.status, e.field()), (422, Some("whatever")));
+    let e = ListSandboxesQuery::from_pairs([("tag_value_id", "t")]).unwrap_err();
+    assert!(e.message.contains("not supported"), "{}", e.message);
     assert_eq!(q.label_filters(), [("team", Some("infra")), ("gpu", None)]);
     assert_eq!(q.status, Some(SandboxStatus::Ready));
     assert_eq!(q.page_size, Some(20));

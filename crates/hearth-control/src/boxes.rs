@@ -108,15 +108,24 @@ pub async fn list_snapshots(
         cursor: q.cursor.clone(),
         ..hearth_db::SnapshotFilter::default()
     };
-    let page =
-        c.db.list_snapshots(who.workspace_id, &filter)
-            .await
-            .map_err(db_error)?;
-    let skip = q.offset.unwrap_or(0) as usize;
+    let page = crate::list::skip_then_page(
+        q.offset.unwrap_or(0),
+        filter.page_size,
+        |cursor, page_size| {
+            let f = hearth_db::SnapshotFilter {
+                cursor: cursor.or_else(|| filter.cursor.clone()),
+                page_size,
+                ..filter.clone()
+            };
+            let db = c.db.clone();
+            async move { db.list_snapshots(who.workspace_id, &f).await }
+        },
+    )
+    .await
+    .map_err(db_error)?;
     let items = page
         .items
         .iter()
-        .skip(skip)
         .map(|s| snapshot_response(s, vec![s.tag.clone()]))
         .collect();
     Ok(Json(hearth_api::ListSnapshotsResponse::new(

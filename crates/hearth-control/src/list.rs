@@ -92,3 +92,38 @@ pub fn snapshot_response(s: &SnapshotRow, tags: Vec<String>) -> SnapshotResponse
         updated_at: Some(s.updated_at.to_rfc3339()),
     }
 }
+
+/// Offset pagination over the database's cursor pages: walks past `offset`
+/// items (in pages of at most the database's largest) and then reads one
+/// page of `page_size`, whose cursor continues right after what it holds.
+/// `offset` is bounded by the query's parser (`MAX_LIST_OFFSET`).
+pub async fn skip_then_page<T, F, Fut>(
+    offset: u64,
+    page_size: u32,
+    mut fetch: F,
+) -> Result<hearth_db::Page<T>, hearth_db::DbError>
+where
+    F: FnMut(Option<String>, u32) -> Fut,
+    Fut: std::future::Future<Output = Result<hearth_db::Page<T>, hearth_db::DbError>>,
+{
+    let mut cursor = None;
+    let mut left = offset;
+    while left > 0 {
+        let n = left.min(u64::from(hearth_db::MAX_PAGE_SIZE)) as u32;
+        let page = fetch(cursor, n).await?;
+        match page.next_cursor {
+            Some(next) if page.items.len() as u64 == u64::from(n) => {
+                cursor = Some(next);
+                left -= u64::from(n);
+            }
+            // Fewer items than the offset: an empty last page.
+            _ => {
+                return Ok(hearth_db::Page {
+                    items: Vec::new(),
+                    next_cursor: None,
+                })
+            }
+        }
+    }
+    fetch(cursor, page_size).await
+}

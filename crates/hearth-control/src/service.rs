@@ -552,11 +552,21 @@ impl Control {
         let q =
             ListSandboxesQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
         let filter = crate::list::sandbox_filter(&q, who)?;
-        let page = self
-            .db
-            .list_sandboxes(who.workspace_id, &filter)
-            .await
-            .map_err(db_error)?;
+        let page = crate::list::skip_then_page(
+            q.offset.unwrap_or(0),
+            filter.page_size,
+            |cursor, page_size| {
+                let f = hearth_db::SandboxFilter {
+                    cursor: cursor.or_else(|| filter.cursor.clone()),
+                    page_size,
+                    ..filter.clone()
+                };
+                let db = self.db.clone();
+                async move { db.list_sandboxes(who.workspace_id, &f).await }
+            },
+        )
+        .await
+        .map_err(db_error)?;
         let items = page
             .items
             .iter()
@@ -581,6 +591,13 @@ impl Control {
             crate::egress::seal_opaque(&self.cfg.master_key, who.workspace_id, pc)?;
         }
         let row = self.find(who.workspace_id, name).await?;
+        if req.proxy_config.is_some() && row.status != SandboxStatus::Ready {
+            return Err(ApiError::invalid_request(format!(
+                "sandbox '{}' is {}: its proxy_config can only change while it is ready; start it first",
+                row.name,
+                row.status.as_str()
+            )));
+        }
         let spec = apply_update(&spec_of(&row)?, &req)?;
         // Resolved before anything is stored: a missing secret is a 422.
         let net = match &req.proxy_config {
@@ -607,6 +624,11 @@ impl Control {
         })
         .unwrap_or_default();
         new.updated_by = who.who();
+        // A new proxy_config reaches the running VM before it is stored:
+        // a 200 means the sandbox's traffic is under it.
+        if let Some(net) = net {
+            self.push_network(&row, net).await?;
+        }
         let saved = self
             .db
             .update_sandbox(&new, row.updated_at)
@@ -616,29 +638,57 @@ impl Control {
                     ApiError::name_conflict("sandbox", &new.name)
                 }
                 other => db_error(other),
-            })?;
-        if let Some(net) = net {
-            self.push_network(&saved, net).await;
-        }
+            });
+        let saved = match saved {
+            Ok(saved) => saved,
+            Err(e) => {
+                if req.proxy_config.is_some() {
+                    self.restore_network(&row).await;
+                }
+                return Err(e);
+            }
+        };
         self.response(&saved)
     }
 
-    /// Gives a sandbox's host its new egress policy and environment, which
-    /// a running VM applies at once (the next connection, request and
-    /// command); a stopped one gets them again at its next start.
-    async fn push_network(&self, row: &SandboxRow, net: SandboxNet) {
-        let Some(host_id) = row.host_id else {
-            return;
+    /// Gives a ready sandbox's host its new egress policy and environment,
+    /// which the VM applies at once (the next connection, request and
+    /// command); a 503 when the host did not take them.
+    async fn push_network(&self, row: &SandboxRow, net: SandboxNet) -> Result<(), ApiError> {
+        let unapplied = |why: String| {
+            ApiError::host_did_not_apply(format!(
+                "the new proxy_config did not reach sandbox '{}' ({why}); nothing was changed",
+                row.name
+            ))
         };
-        let Some(host) = self.host(host_id).await else {
-            return;
-        };
-        match host.set_network(vm_id(row.id), row.generation, net).await {
-            Ok(()) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => {
-                tracing::warn!(sandbox = %row.id, error = %e, "cannot apply the new proxy_config to the running sandbox")
+        let host_id = row
+            .host_id
+            .ok_or_else(|| unapplied("it has no host".into()))?;
+        let host = self
+            .host(host_id)
+            .await
+            .ok_or_else(|| unapplied("its host is not available".into()))?;
+        host.set_network(vm_id(row.id), row.generation, net)
+            .await
+            .map_err(|e| unapplied(e.to_string()))
+    }
+
+    /// After a pushed proxy_config could not be stored: gives the VM back
+    /// the stored one (logged when that fails too: its next start does).
+    async fn restore_network(&self, row: &SandboxRow) {
+        let stored = match spec_of(row) {
+            Ok(spec) => {
+                self.sandbox_net(row.workspace_id, spec.proxy_config.as_ref())
+                    .await
             }
+            Err(e) => Err(e),
+        };
+        let result = match stored {
+            Ok(net) => self.push_network(row, net).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::error!(sandbox = %row.id, error = %e.message, "the sandbox runs a proxy_config that was not stored; its next start applies the stored one");
         }
     }
 

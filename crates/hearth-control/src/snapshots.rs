@@ -84,6 +84,25 @@ impl Control {
             }
             None => base,
         };
+        // A larger disk for the sandboxes made from the snapshot (their
+        // filesystem grows to it at boot); never smaller than the source.
+        let fs_capacity = match req.fs_capacity_bytes {
+            None => row.fs_capacity,
+            Some(b) if u64::try_from(b).is_ok_and(|b| b >= row.fs_capacity.bytes()) => {
+                let want = hearth_types::ByteSize(b as u64);
+                self.check_disk_size(want)?;
+                want
+            }
+            Some(b) => {
+                return Err(ApiError::validation(
+                    "fs_capacity_bytes",
+                    format!(
+                        "fs_capacity_bytes cannot be smaller than the sandbox's disk ({}), got {b}",
+                        row.fs_capacity
+                    ),
+                ))
+            }
+        };
         // The sandbox's own env layer is not part of the snapshot.
         let snap = SnapshotRow {
             labels: req.labels.clone().unwrap_or_else(|| row.labels.clone()),
@@ -92,7 +111,7 @@ impl Control {
             description: req.description.clone(),
             // Saved memory is as large as the guest's RAM.
             memory_reserved: req.include_memory.then_some(row.mem),
-            ..building(who.workspace_id, &reference, &source.image, row.fs_capacity)
+            ..building(who.workspace_id, &reference, &source.image, fs_capacity)
         };
         self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
