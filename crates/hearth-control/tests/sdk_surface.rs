@@ -1,0 +1,454 @@
+//! Never a silent yes, over the SDK's whole parameter surface.
+//!
+//! `tests/sdk/surface.py` walks the request types the langsmith SDK is
+//! generated from (create, update, capture, create-snapshot, the two lists,
+//! service and download URLs, nested proxy rules, callbacks, mounts,
+//! volumes) and gives every field, nested ones included, with a body that
+//! holds it. Here each one must either act or be refused:
+//!
+//! - **acts**: it appears in one of the exercise requests below, which
+//!   succeed, and whose reads report what was sent where the resource has
+//!   it (the effect itself is proved by the suites that use each field:
+//!   `hearth-cli/tests/sdk.rs`, `network.rs`, `hearth-egress/tests/proxy.rs`);
+//! - **refused**: its body is a 422 in LangSmith's envelope whose location
+//!   is the field or the part of it Hearth refuses, saying it is not
+//!   supported (or unknown).
+//!
+//! A field a new SDK adds lands in neither and is refused by the parser (a
+//! field Hearth does not know is a 422): this test then still passes, and
+//! only a field made to act must be added to an exercise. On a simulated
+//! host (`SimHost`), SQLite.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use hearth_control::{Control, ControlConfig, LocalHost};
+use hearth_db::{Db, NewWorkspace, Quotas};
+use hearth_hostapi::SimHost;
+use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+#[path = "../../../tests/sdk/python.rs"]
+mod python;
+
+const GIB: u64 = 1 << 30;
+
+struct Env {
+    app: Router,
+    key: String,
+    _host: Arc<SimHost>,
+    _db: hearth_db::testing::TestUrl,
+}
+
+async fn env() -> Env {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let ws = WorkspaceId::new();
+    db.create_workspace(&NewWorkspace {
+        id: ws,
+        name: "surface".into(),
+        quotas: Quotas::default(),
+    })
+    .await
+    .unwrap();
+    let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
+        .await
+        .unwrap()
+        .1;
+    let host = Arc::new(SimHost::new());
+    let hosts = vec![LocalHost {
+        id: HostId::new(),
+        host: host.clone(),
+        capacity_cpu: MilliCpu::vcpus(64),
+        capacity_mem: ByteSize::gib(256),
+    }];
+    let control = Control::open(db, ControlConfig::default(), hosts)
+        .await
+        .unwrap();
+    Env {
+        app: hearth_control::router(control),
+        key,
+        _host: host,
+        _db: url,
+    }
+}
+
+impl Env {
+    async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("x-api-key", &self.key)
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// Sends `op` with `body` (a JSON body, or for lists the query's
+    /// parameters).
+    async fn send(&self, op: &str, body: &Value) -> (StatusCode, Value) {
+        const BOX: &str = "/api/v2/sandboxes/boxes/surface-box";
+        match op {
+            "create" => {
+                self.call(Method::POST, "/api/v2/sandboxes/boxes", Some(body))
+                    .await
+            }
+            "update" => self.call(Method::PATCH, BOX, Some(body)).await,
+            "capture" => {
+                self.call(Method::POST, &format!("{BOX}/snapshot"), Some(body))
+                    .await
+            }
+            "create_snapshot" => {
+                self.call(Method::POST, "/api/v2/sandboxes/snapshots", Some(body))
+                    .await
+            }
+            "service_url" => {
+                self.call(Method::POST, &format!("{BOX}/service-url"), Some(body))
+                    .await
+            }
+            "download_url" => {
+                self.call(Method::POST, &format!("{BOX}/download-url"), Some(body))
+                    .await
+            }
+            "list_sandboxes" => {
+                self.call(
+                    Method::GET,
+                    &format!("/api/v2/sandboxes/boxes?{}", query(body)),
+                    None,
+                )
+                .await
+            }
+            "list_snapshots" => {
+                self.call(
+                    Method::GET,
+                    &format!("/api/v2/sandboxes/snapshots?{}", query(body)),
+                    None,
+                )
+                .await
+            }
+            other => panic!("unknown operation {other}"),
+        }
+    }
+}
+
+/// A query string from an object (arrays repeat the key).
+fn query(params: &Value) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in params.as_object().expect("query parameters") {
+        let values = match v {
+            Value::Array(a) => a.clone(),
+            v => vec![v.clone()],
+        };
+        for v in values {
+            let s = match v {
+                Value::String(s) => s,
+                v => v.to_string(),
+            };
+            q.append_pair(k, &s);
+        }
+    }
+    q.finish()
+}
+
+/// Every field path in `v` (`a.b[].c`), containers included.
+fn paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, child) in o {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                out.insert(p.clone());
+                paths(child, &p, out);
+            }
+        }
+        Value::Array(a) => {
+            for child in a {
+                paths(child, &format!("{prefix}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A 422's location as a field path (`proxy_config.rules[].aws`), and its
+/// message, from LangSmith's validation envelope.
+fn refusal(v: &Value) -> Option<(String, String)> {
+    let d = v["detail"].get(0)?;
+    let mut path = String::new();
+    for seg in d["loc"].as_array()?.iter().skip(1) {
+        match seg {
+            Value::String(s) => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(s);
+            }
+            Value::Number(_) => path.push_str("[]"),
+            _ => return None,
+        }
+    }
+    Some((path, d["msg"].as_str()?.to_owned()))
+}
+
+fn rule(name: &str) -> Value {
+    json!({
+        "name": name, "type": "headers", "enabled": true, "description": "reach the test API",
+        "match_hosts": ["api.test"], "match_paths": ["/v1/*"],
+        "match_headers": ["x-tenant: blue"],
+        "headers": [
+            {"name": "X-Plain", "type": "plaintext", "value": "p"},
+            {"name": "Authorization", "type": "opaque", "value": "Bearer s"},
+        ],
+        "env_vars": {"API_TOKEN": "dummy"},
+    })
+}
+
+fn proxy_config() -> Value {
+    json!({
+        "description": "what the sandbox may reach",
+        "rules": [rule("api")],
+        "callbacks": [{
+            "match_hosts": ["cb.test"], "url": "https://callback.test/hook", "ttl_seconds": 60,
+            "request_headers": [{"name": "X-Key", "type": "opaque", "value": "k"}],
+        }],
+        "access_control": {"allow_list": ["api.test", "cb.test"]},
+    })
+}
+
+/// Requests that use every field Hearth acts on, per operation, in order.
+fn exercises() -> Vec<(&'static str, Value)> {
+    let run_config = json!({"user": "root", "work_dir": "/tmp", "env_vars": {"A": "1"}});
+    vec![
+        (
+            "create",
+            json!({
+                "name": "surface-box", "snapshot": "busybox", "restore_memory": false,
+                "cpu_millicores": 1000, "mem_bytes": 4 * GIB, "fs_capacity_bytes": 2 * GIB,
+                "idle_ttl_seconds": 600, "delete_after_stop_seconds": 3600,
+                "persistent": true, "preserve_memory_on_stop": true,
+                "env_vars": {"B": "2"}, "labels": {"team": "a"}, "run_config": run_config,
+                "proxy_config": proxy_config(),
+            }),
+        ),
+        (
+            "create",
+            json!({"name": "surface-two", "snapshot_name": "busybox", "vcpus": 1,
+                   "proxy_config": {"access_control": {"deny_list": ["evil.test"]}}}),
+        ),
+        (
+            "create",
+            json!({"name": "surface-three", "snapshot_id": "$BUSYBOX_ID"}),
+        ),
+        (
+            "update",
+            json!({
+                "name": "surface-box", "idle_ttl_seconds": 1200, "delete_after_stop_seconds": 7200,
+                "cpu_millicores": 2000, "mem_bytes": 8 * GIB, "fs_capacity_bytes": 3 * GIB,
+                "run_config": {"user": "root", "work_dir": "/root", "env_vars": {"C": "3"}},
+                "proxy_config": proxy_config(),
+            }),
+        ),
+        (
+            "update",
+            json!({"vcpus": 2, "proxy_config": {"rules": [{
+                "name": "api", "match_hosts": ["api.test"],
+                "headers": [{"name": "Authorization", "type": "opaque", "is_set": true}],
+            }]}}),
+        ),
+        (
+            "update",
+            json!({"proxy_config": {"access_control": {"deny_list": ["evil.test"]}}}),
+        ),
+        (
+            "capture",
+            json!({"name": "surface-snap", "tag": "v1", "include_memory": false,
+                   "fs_capacity_bytes": 4 * GIB, "run_config": run_config,
+                   "labels": {"kind": "captured"}, "description": "captured by the guard"}),
+        ),
+        (
+            "create_snapshot",
+            json!({"name": "surface-oci", "docker_image": "docker.io/library/busybox:latest",
+                   "fs_capacity_bytes": GIB, "tag": "v1", "run_config": run_config,
+                   "labels": {"kind": "oci"}, "description": "built by the guard"}),
+        ),
+        (
+            "service_url",
+            json!({"port": 8080, "expires_in_seconds": 600, "embed_origins": ["https://app.test"]}),
+        ),
+        (
+            "download_url",
+            json!({"path": "/etc/hostname", "expires_in_seconds": 600,
+                   "content_type": "text/plain", "content_disposition": "inline"}),
+        ),
+        (
+            "list_sandboxes",
+            json!({"created_by": "me", "label": "team=a", "name_contains": "surface",
+                   "status": "ready", "sort_by": "name", "sort_order": "asc", "page_size": 10}),
+        ),
+        (
+            "list_sandboxes",
+            json!({"sort_direction": "desc", "limit": 1, "offset": 1}),
+        ),
+        (
+            "list_sandboxes",
+            json!({"page_size": 1, "cursor": "$CURSOR"}),
+        ),
+        (
+            "list_snapshots",
+            json!({"name_contains": "busy", "status": "ready", "page_size": 1, "cursor": "$SNAPSHOT_CURSOR"}),
+        ),
+        ("list_snapshots", json!({"limit": 1, "offset": 1})),
+    ]
+}
+
+/// Fills the placeholders an exercise needs from the server.
+async fn resolve(e: &Env, v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            for child in o.values_mut() {
+                Box::pin(resolve(e, child)).await;
+            }
+        }
+        Value::String(s) if s == "$BUSYBOX_ID" => {
+            let (_, snap) = e
+                .call(Method::GET, "/api/v2/sandboxes/snapshots/busybox", None)
+                .await;
+            *s = snap["id"].as_str().expect("busybox snapshot").to_owned();
+        }
+        Value::String(s) if s == "$CURSOR" => {
+            let (_, page) = e
+                .call(Method::GET, "/api/v2/sandboxes/boxes?page_size=1", None)
+                .await;
+            *s = page["next_cursor"]
+                .as_str()
+                .expect("a second page")
+                .to_owned();
+        }
+        Value::String(s) if s == "$SNAPSHOT_CURSOR" => {
+            let (_, page) = e
+                .call(Method::GET, "/api/v2/sandboxes/snapshots?page_size=1", None)
+                .await;
+            *s = page["next_cursor"]
+                .as_str()
+                .expect("a second page")
+                .to_owned();
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sdk_field_acts_or_is_refused_naming_it() {
+    let out = std::process::Command::new(python::sdk_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/sdk/surface.py"
+        ))
+        .output()
+        .expect("run tests/sdk/surface.py");
+    assert!(
+        out.status.success(),
+        "surface.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let surface: Vec<(String, String, Value)> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["op"].as_str().unwrap().to_owned(),
+                v["path"].as_str().unwrap().to_owned(),
+                v["body"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        surface.len() >= 200,
+        "the SDK's surface shrank to {} fields: is surface.py still finding its types?",
+        surface.len()
+    );
+
+    let e = env().await;
+    // What acts: every exercise succeeds.
+    let mut acting: BTreeSet<(String, String)> = BTreeSet::new();
+    for (op, mut body) in exercises() {
+        resolve(&e, &mut body).await;
+        let (status, v) = e.send(op, &body).await;
+        assert!(status.is_success(), "exercise {op} {body}: {status} {v}");
+        let mut p = BTreeSet::new();
+        paths(&body, "", &mut p);
+        acting.extend(p.into_iter().map(|p| (op.to_owned(), p)));
+        if op == "create" && body["name"] == "surface-box" {
+            // What the sandbox reports is what was asked.
+            let (_, got) = e
+                .call(Method::GET, "/api/v2/sandboxes/boxes/surface-box", None)
+                .await;
+            for k in [
+                "cpu_millicores",
+                "mem_bytes",
+                "fs_capacity_bytes",
+                "idle_ttl_seconds",
+                "delete_after_stop_seconds",
+                "persistent",
+                "preserve_memory_on_stop",
+                "run_config",
+            ] {
+                assert_eq!(got[k], body[k], "create: {k} as read back");
+            }
+            assert_eq!(got["labels"]["team"], "a");
+            assert_eq!(
+                got["proxy_config"]["rules"][0]["match_paths"],
+                json!(["/v1/*"])
+            );
+        }
+    }
+
+    // Everything else is refused, naming it.
+    let (mut acts, mut refused) = (0, 0);
+    let mut wrong = Vec::new();
+    for (op, path, body) in &surface {
+        if acting.contains(&(op.clone(), path.clone())) {
+            acts += 1;
+            continue;
+        }
+        let (status, v) = e.send(op, body).await;
+        let named = refusal(&v).is_some_and(|(at, msg)| {
+            let under = path == &at
+                || path.starts_with(&format!("{at}."))
+                || path.starts_with(&format!("{at}[]"));
+            under && (msg.contains("not supported") || msg.contains("unknown"))
+        });
+        if status == StatusCode::UNPROCESSABLE_ENTITY && named {
+            refused += 1;
+        } else {
+            wrong.push(format!("{op} {path}: {body} -> {status} {v}"));
+        }
+    }
+    println!(
+        "{} SDK fields: {acts} act, {refused} refused with a 422 naming them",
+        surface.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "{} fields neither act nor are refused naming them (a silent yes):\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
