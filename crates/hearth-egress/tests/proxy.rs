@@ -58,7 +58,8 @@ struct Netns {
 }
 
 impl Netns {
-    fn new() -> Netns {
+    /// A namespace with only `lo`, up.
+    fn empty() -> Netns {
         let name = format!(
             "hegress-{}-{}",
             std::process::id(),
@@ -66,8 +67,13 @@ impl Netns {
         );
         sh(&["ip", "netns", "add", &name]);
         let ns = Netns { name };
+        sh(&["ip", "-n", &ns.name, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn new() -> Netns {
+        let ns = Netns::empty();
         let n = ns.name.as_str();
-        sh(&["ip", "-n", n, "link", "set", "lo", "up"]);
         // A veth pair stands in for the TAP (both ends stay in the namespace).
         sh(&[
             "ip", "-n", n, "link", "add", "tap0", "type", "veth", "peer", "name", "tap0p",
@@ -88,14 +94,15 @@ impl Netns {
 
     /// Runs `f` on a thread inside the namespace.
     fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        in_netns(format!("/run/netns/{}", self.name), f)
+    }
+
+    /// [`Netns::run`] without blocking a runtime worker meanwhile.
+    async fn run_async<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = format!("/run/netns/{}", self.name);
-        std::thread::spawn(move || {
-            let fd = std::fs::File::open(path).unwrap();
-            nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
+        tokio::task::spawn_blocking(move || in_netns(path, f))
+            .await
+            .unwrap()
     }
 
     fn sockets(&self) -> SandboxSockets {
@@ -128,6 +135,18 @@ impl Netns {
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
         (code.trim().parse().unwrap_or(0), body.to_owned())
     }
+}
+
+/// Runs `f` on a new thread that enters the namespace at `path` (never on a
+/// pooled thread: it would stay in the namespace).
+fn in_netns<T: Send + 'static>(path: String, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(path).unwrap();
+        nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
 }
 
 impl Drop for Netns {
@@ -1176,4 +1195,1146 @@ async fn finding3_callback_failure_tells_the_guest_nothing() {
         );
     }
     assert_eq!(w.https.len(), 0);
+}
+
+// Security review (issue 16), held items: about 45 attempts from a guest at
+// private, loopback, link-local, metadata and host addresses were all
+// refused. The test below keeps them (and more) refused, through every path
+// a guest has, and proves nothing arrived where they pointed.
+
+/// The sandbox namespace's rules as the host agent writes them (hearth-host,
+/// `network.rs`, `ruleset`): the TAP's TCP is redirected to the transparent
+/// listener except towards the gateway, where only the proxy's two ports and
+/// DNS are accepted; nothing is forwarded.
+const HOST_AGENT_RULES: &str = r#"table inet hearth {
+  chain prerouting {
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "tap0" ip daddr 10.200.0.1 return
+    iifname "tap0" meta l4proto tcp redirect to :15001
+  }
+  chain input {
+    type filter hook input priority filter; policy drop;
+    iifname "lo" accept
+    ct state established,related accept
+    iifname "tap0" ip daddr 10.200.0.1 tcp dport { 15001, 3128 } accept
+    iifname "tap0" ip daddr 10.200.0.1 udp dport 53 accept
+    iifname "tap0" ip daddr 10.200.0.1 icmp type echo-request accept
+  }
+  chain forward {
+    type filter hook forward priority filter; policy drop;
+  }
+}
+"#;
+
+/// A guest as in production: the sandbox namespace holds its end of the
+/// link (a veth standing in for the TAP), the proxy's sockets on the gateway
+/// address and the host agent's rules; the guest is a namespace of its own
+/// (10.200.0.2, default route via the gateway), as the VM is behind its TAP.
+/// The guest also gives itself IPv6 towards the TAP (a ULA, and a static
+/// neighbour for the sandbox's end), as a guest is free to.
+struct GuestNet {
+    sandbox: Netns,
+    guest: Netns,
+}
+
+impl GuestNet {
+    fn new() -> GuestNet {
+        let (sandbox, guest) = (Netns::empty(), Netns::empty());
+        let (s, g) = (sandbox.name.as_str(), guest.name.as_str());
+        let ip = |args: String| {
+            let args: Vec<&str> = std::iter::once("ip").chain(args.split(' ')).collect();
+            sh(&args);
+        };
+        ip(format!(
+            "-n {s} link add tap0 address 02:00:00:00:00:01 type veth peer name eth0 netns {g}"
+        ));
+        ip(format!("-n {s} addr add 10.200.0.1/30 dev tap0"));
+        ip(format!("-n {s} addr add fd99::1/64 dev tap0 nodad"));
+        ip(format!("-n {s} link set tap0 up"));
+        ip(format!("-n {g} addr add 10.200.0.2/30 dev eth0"));
+        ip(format!("-n {g} addr add fd99::2/64 dev eth0 nodad"));
+        ip(format!("-n {g} link set eth0 up"));
+        ip(format!("-n {g} route add default via 10.200.0.1"));
+        ip(format!(
+            "-n {g} neigh add fd99::1 lladdr 02:00:00:00:00:01 dev eth0 nud permanent"
+        ));
+        ip(format!("-6 -n {g} route add default via fd99::1"));
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", s, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        nft.stdin
+            .take()
+            .unwrap()
+            .write_all(HOST_AGENT_RULES.as_bytes())
+            .unwrap();
+        assert!(nft.wait().unwrap().success(), "nft -f (host agent rules)");
+        GuestNet { sandbox, guest }
+    }
+
+    /// The proxy's sockets, on the gateway address as the host agent binds them.
+    fn sockets(&self) -> SandboxSockets {
+        self.sandbox.run(|| SandboxSockets {
+            transparent: std::net::TcpListener::bind("10.200.0.1:15001").unwrap(),
+            explicit: std::net::TcpListener::bind("10.200.0.1:3128").unwrap(),
+            dns: std::net::UdpSocket::bind("10.200.0.1:53").unwrap(),
+        })
+    }
+}
+
+/// Listeners that must hear nothing; each entry says what reached which.
+#[derive(Clone, Default)]
+struct Canary(Arc<Mutex<Vec<String>>>);
+
+impl Canary {
+    fn heard(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+
+    /// Answers every connection with `200 canary`, so anything that gets
+    /// through shows in the attempt's outcome as well.
+    fn tcp(&self, listener: std::net::TcpListener) {
+        use tokio::io::AsyncWriteExt;
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let heard = self.0.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, peer)) = listener.accept().await {
+                let local = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                heard.lock().unwrap().push(format!("tcp {local} <- {peer}"));
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\ncanary",
+                    )
+                    .await;
+            }
+        });
+    }
+
+    fn udp(&self, socket: std::net::UdpSocket) {
+        socket.set_nonblocking(true).unwrap();
+        let socket = tokio::net::UdpSocket::from_std(socket).unwrap();
+        let heard = self.0.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            while let Ok((n, peer)) = socket.recv_from(&mut buf).await {
+                let local = socket
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                heard
+                    .lock()
+                    .unwrap()
+                    .push(format!("udp {local} <- {peer} ({n} bytes)"));
+                let _ = socket.send_to(b"canary", peer).await;
+            }
+        });
+    }
+}
+
+/// The host's own addresses (this namespace's), loopback and link-local aside.
+fn host_addresses() -> Vec<IpAddr> {
+    nix::ifaddrs::getifaddrs()
+        .unwrap()
+        .filter_map(|a| a.address)
+        .filter_map(|s| match (s.as_sockaddr_in(), s.as_sockaddr_in6()) {
+            (Some(v4), _) => Some(IpAddr::V4(v4.ip())),
+            (_, Some(v6)) => Some(IpAddr::V6(v6.ip())),
+            _ => None,
+        })
+        .filter(|ip| match ip {
+            IpAddr::V4(v4) => !v4.is_loopback(),
+            IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
+        })
+        .collect()
+}
+
+/// How an attempt reaches out from inside the guest.
+enum Via {
+    /// These bytes to the explicit proxy, as they are.
+    Explicit(String),
+    /// `CONNECT target`, then, once established, what follows.
+    Connect(String, Option<Inner>),
+    /// A TCP connection to this address carrying these bytes (none: the
+    /// guest waits for the server to speak first).
+    Tcp(SocketAddr, Vec<u8>),
+    /// TLS to this address with this server name, then this request.
+    Tls {
+        to: SocketAddr,
+        sni: String,
+        request: String,
+    },
+    /// A datagram to this address.
+    Udp(SocketAddr, Vec<u8>),
+    /// A query to the sandbox's DNS server.
+    Dns(String, hickory_proto::rr::RecordType),
+}
+
+/// What a guest sends inside an established `CONNECT` tunnel.
+enum Inner {
+    Bytes(String),
+    Tls { sni: String, request: String },
+}
+
+/// What an attempt met.
+#[derive(Debug, Clone, PartialEq)]
+enum Got {
+    /// An HTTP answer: status and body.
+    Http(u16, String),
+    /// Accepted, then reset.
+    Reset,
+    /// Accepted, then closed without a byte.
+    Closed,
+    /// The connection attempt went unanswered.
+    Dropped,
+    /// The connection attempt was refused.
+    Refused,
+    /// Accepted, then nothing within the read timeout.
+    Hung,
+    /// No datagram came back.
+    Silent,
+    /// A DNS answer: its code and addresses.
+    Dns(hickory_proto::op::ResponseCode, Vec<IpAddr>),
+    /// Anything else.
+    Other(String),
+}
+
+impl std::fmt::Display for Got {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Got::Http(status, body) => {
+                let body: String = body.trim().chars().take(110).collect();
+                write!(f, "HTTP {status} {body:?}")
+            }
+            Got::Dns(code, ips) => write!(f, "DNS {code} {ips:?}"),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+/// What the proxy (or the sandbox's rules) does today, per attempt.
+#[derive(Debug)]
+enum Expect {
+    /// This status, with this in the body.
+    Status(u16, String),
+    /// This status and no body: the HTTP parser's own answer (hyper's, or
+    /// the explicit proxy's `CONNECT` head), before any policy is read.
+    Bare(u16),
+    Reset,
+    Dropped,
+    Silent,
+    NxDomain,
+    /// A DNS answer with exactly these addresses.
+    Answers(Vec<IpAddr>),
+}
+
+impl Expect {
+    fn met_by(&self, got: &Got) -> bool {
+        use hickory_proto::op::ResponseCode;
+        match (self, got) {
+            (Expect::Status(s, part), Got::Http(status, body)) => {
+                s == status && body.contains(part)
+            }
+            (Expect::Bare(s), Got::Http(status, body)) => s == status && body.is_empty(),
+            (Expect::Reset, Got::Reset)
+            | (Expect::Dropped, Got::Dropped)
+            | (Expect::Silent, Got::Silent) => true,
+            (Expect::NxDomain, Got::Dns(code, ips)) => {
+                *code == ResponseCode::NXDomain && ips.is_empty()
+            }
+            (Expect::Answers(want), Got::Dns(code, ips)) => {
+                *code == ResponseCode::NoError && ips == want
+            }
+            _ => false,
+        }
+    }
+}
+
+struct Attempt {
+    label: String,
+    via: Via,
+    expect: Expect,
+}
+
+const GUEST_EXPLICIT: &str = "10.200.0.1:3128";
+const GUEST_DNS: &str = "10.200.0.1:53";
+
+fn io_outcome(e: &std::io::Error) -> Got {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => Got::Reset,
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => Got::Hung,
+        _ => Got::Other(e.to_string()),
+    }
+}
+
+fn http_outcome(bytes: &[u8]) -> Got {
+    let text = String::from_utf8_lossy(bytes);
+    let status = text
+        .strip_prefix("HTTP/1.")
+        .and_then(|rest| rest.get(2..5))
+        .and_then(|code| code.parse().ok());
+    match status {
+        Some(status) => {
+            let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+            Got::Http(status, body.to_owned())
+        }
+        None => Got::Other(text.into_owned()),
+    }
+}
+
+fn guest_connect(to: SocketAddr) -> Result<std::net::TcpStream, Got> {
+    use std::io::ErrorKind;
+    match std::net::TcpStream::connect_timeout(&to, Duration::from_millis(1500)) {
+        Ok(s) => {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            Ok(s)
+        }
+        Err(e) if e.kind() == ErrorKind::TimedOut => Err(Got::Dropped),
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Err(Got::Refused),
+        Err(e) => Err(Got::Other(format!("connect: {e}"))),
+    }
+}
+
+/// Sends `bytes` (if any) and reads until the other side closes.
+fn guest_exchange(mut s: std::net::TcpStream, bytes: &[u8]) -> Got {
+    if !bytes.is_empty() {
+        if let Err(e) = s.write_all(bytes) {
+            return io_outcome(&e);
+        }
+    }
+    let mut out = Vec::new();
+    let read = s.read_to_end(&mut out);
+    match read {
+        _ if !out.is_empty() => http_outcome(&out),
+        Ok(_) => Got::Closed,
+        Err(e) => io_outcome(&e),
+    }
+}
+
+/// TLS over `tcp` with `sni`, `request` inside, the answer read to the end.
+fn guest_tls(
+    mut tcp: std::net::TcpStream,
+    sni: &str,
+    request: &str,
+    cfg: &Arc<rustls::ClientConfig>,
+) -> Got {
+    let name = match rustls::pki_types::ServerName::try_from(sni.to_owned()) {
+        Ok(n) => n,
+        Err(e) => return Got::Other(format!("server name {sni:?}: {e}")),
+    };
+    let mut conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    if let Err(e) = tls.write_all(request.as_bytes()) {
+        return Got::Other(format!("TLS: {e}"));
+    }
+    let mut out = Vec::new();
+    let read = tls.read_to_end(&mut out);
+    match read {
+        _ if !out.is_empty() => http_outcome(&out),
+        Ok(_) => Got::Closed,
+        Err(e) => Got::Other(format!("TLS: {e}")),
+    }
+}
+
+fn dns_query(name: &str, t: hickory_proto::rr::RecordType) -> Vec<u8> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::Name;
+    let mut m = Message::new();
+    m.set_id(0x4e1d).set_recursion_desired(true);
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+    m.to_vec().unwrap()
+}
+
+/// Runs one attempt from inside the guest.
+fn attempt(via: &Via, tls: &Arc<rustls::ClientConfig>) -> Got {
+    let result = match via {
+        Via::Explicit(request) => guest_connect(GUEST_EXPLICIT.parse().unwrap())
+            .map(|s| guest_exchange(s, request.as_bytes())),
+        Via::Connect(target, inner) => {
+            guest_connect(GUEST_EXPLICIT.parse().unwrap()).map(|mut s| {
+                let head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+                if let Err(e) = s.write_all(head.as_bytes()) {
+                    return io_outcome(&e);
+                }
+                // The answer's head, byte by byte, so nothing of the tunnel is read.
+                let mut answer = Vec::new();
+                let mut byte = [0u8; 1];
+                while !answer.ends_with(b"\r\n\r\n") {
+                    match s.read(&mut byte) {
+                        Ok(1) => answer.push(byte[0]),
+                        Ok(_) => break,
+                        Err(e) if answer.is_empty() => return io_outcome(&e),
+                        Err(_) => break,
+                    }
+                }
+                let established = matches!(http_outcome(&answer), Got::Http(200, _));
+                match inner {
+                    Some(Inner::Bytes(bytes)) if established => guest_exchange(s, bytes.as_bytes()),
+                    Some(Inner::Tls { sni, request }) if established => {
+                        guest_tls(s, sni, request, tls)
+                    }
+                    _ => {
+                        let _ = s.read_to_end(&mut answer);
+                        if answer.is_empty() {
+                            Got::Closed
+                        } else {
+                            http_outcome(&answer)
+                        }
+                    }
+                }
+            })
+        }
+        Via::Tcp(to, bytes) => guest_connect(*to).map(|s| guest_exchange(s, bytes)),
+        Via::Tls { to, sni, request } => {
+            guest_connect(*to).map(|s| guest_tls(s, sni, request, tls))
+        }
+        Via::Udp(to, bytes) => {
+            let s = std::net::UdpSocket::bind(if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })
+                .unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(400)))
+                .unwrap();
+            Ok(match s.send_to(bytes, to) {
+                Err(e) => Got::Other(format!("send: {e}")),
+                Ok(_) => {
+                    let mut buf = [0u8; 1500];
+                    match s.recv_from(&mut buf) {
+                        Ok((n, from)) => Got::Other(format!("{n} bytes back from {from}")),
+                        Err(e) if matches!(io_outcome(&e), Got::Hung) => Got::Silent,
+                        Err(e) => Got::Other(format!("receive: {e}")),
+                    }
+                }
+            })
+        }
+        Via::Dns(name, t) => {
+            use hickory_proto::rr::RData;
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s.send_to(&dns_query(name, *t), GUEST_DNS).unwrap();
+            let mut buf = [0u8; 1500];
+            Ok(match s.recv(&mut buf) {
+                Err(_) => Got::Silent,
+                Ok(n) => match hickory_proto::op::Message::from_vec(&buf[..n]) {
+                    Err(e) => Got::Other(format!("DNS answer: {e}")),
+                    Ok(m) => Got::Dns(
+                        m.response_code(),
+                        m.answers()
+                            .iter()
+                            .filter_map(|r| match r.data() {
+                                RData::A(a) => Some(IpAddr::V4(a.0)),
+                                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+                                _ => None,
+                            })
+                            .collect(),
+                    ),
+                },
+            })
+        }
+    };
+    result.unwrap_or_else(|got| got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_guest_cannot_reach_private_loopback_link_local_metadata_or_host_addresses() {
+    if !net_available() {
+        return;
+    }
+    use hickory_proto::rr::RecordType;
+    use rustls::pki_types::pem::PemObject;
+    let started = std::time::Instant::now();
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+
+    // The public internet's stand-in: 127.0.0.3, which the operator allows.
+    let dir = std::env::temp_dir().join(format!(
+        "hegress-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (origin_ca, origin_cfg) = origin_tls(&dir);
+    let (public_port, public_http) = upstream_on("127.0.0.3", None, None).await;
+    let (public_tls_port, public_https) = upstream_on("127.0.0.3", Some(origin_cfg), None).await;
+
+    // The canary port: every attempt aims at it. Listening on the wildcard
+    // (IPv6, dual-stack), TCP and UDP, it hears every address of the host's
+    // namespace, where the proxy connects from: 127.0.0.0/8, ::1, the
+    // host's own addresses. The public port is watched on the loopback
+    // addresses too (a name with a public and a private address).
+    let canary = Canary::default();
+    let (tcp, udp) = (0..20)
+        .find_map(|_| {
+            let tcp = std::net::TcpListener::bind("[::]:0").ok()?;
+            let port = tcp.local_addr().ok()?.port();
+            let udp = std::net::UdpSocket::bind(("::", port)).ok()?;
+            Some((tcp, udp))
+        })
+        .expect("a free canary port");
+    let port = tcp.local_addr().unwrap().port();
+    canary.tcp(tcp);
+    canary.udp(udp);
+    canary.tcp(std::net::TcpListener::bind(("127.0.0.1", public_port)).unwrap());
+    canary.tcp(std::net::TcpListener::bind(("::1", public_port)).unwrap());
+
+    let hosts_own = host_addresses();
+    let host_v4 = hosts_own.iter().copied().find(IpAddr::is_ipv4);
+    let host_v6 = hosts_own.iter().copied().find(IpAddr::is_ipv6);
+    eprintln!("held: canary port {port}, host addresses {hosts_own:?}");
+
+    // The test DNS (static hosts): the public names, and names that
+    // resolve to private addresses, as a hostile or careless resolver (or
+    // the operator's hosts) could answer.
+    let mut private_names: Vec<(&str, Vec<IpAddr>)> = vec![
+        ("private.test", vec![ip("127.0.0.2")]),
+        ("loopback.test", vec![ip("127.0.0.1")]),
+        ("v6-loopback.test", vec![ip("::1")]),
+        ("mapped.test", vec![ip("::ffff:127.0.0.1")]),
+        ("metadata.test", vec![ip("169.254.169.254")]),
+        ("rfc1918.test", vec![ip("10.0.0.1"), ip("192.168.1.1")]),
+        ("gateway.test", vec![ip("10.200.0.1")]),
+        // What a cloud host's resolver and systemd-resolved (RFC 6761) answer.
+        ("metadata.google.internal", vec![ip("169.254.169.254")]),
+        ("foo.localhost", vec![ip("127.0.0.1")]),
+    ];
+    if let Some(h) = host_v4 {
+        private_names.push(("host-address.test", vec![h]));
+    }
+    let mut hosts: BTreeMap<String, Vec<IpAddr>> = private_names
+        .iter()
+        .map(|(n, ips)| (n.to_string(), ips.clone()))
+        .collect();
+    hosts.insert("public.test".into(), vec![ip("127.0.0.3")]);
+    hosts.insert("secure.test".into(), vec![ip("127.0.0.3")]);
+    // A private address first, the public one second.
+    hosts.insert(
+        "mixed-public.test".into(),
+        vec![ip("127.0.0.1"), ip("127.0.0.3")],
+    );
+
+    let egress = Egress::new(EgressSettings {
+        ca_dir: dir.join("ca"),
+        origin_ca_files: vec![origin_ca.clone()],
+        allow_private: vec!["127.0.0.3/32".parse().unwrap()],
+        hosts,
+        connect_timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+    let net = GuestNet::new();
+    let _attachment = egress
+        .attach(SANDBOX, Policy::default(), net.sockets())
+        .unwrap();
+
+    // The sandbox namespace's canary: its 127.0.0.1, its gateway address.
+    let (tcp, udp) = net.sandbox.run(move || {
+        (
+            std::net::TcpListener::bind(("::", port)).unwrap(),
+            std::net::UdpSocket::bind(("::", port)).unwrap(),
+        )
+    });
+    canary.tcp(tcp);
+    canary.udp(udp);
+
+    // The canaries hear what reaches them.
+    let mut probes: Vec<SocketAddr> = vec![
+        SocketAddr::new(ip("127.0.0.1"), port),
+        SocketAddr::new(ip("::1"), port),
+        SocketAddr::new(ip("127.0.0.1"), public_port),
+    ];
+    probes.extend(host_v4.map(|h| SocketAddr::new(h, port)));
+    // Those, a datagram, and the sandbox's two connections and datagram.
+    let n_probes = probes.len() + 1 + 3;
+    tokio::task::spawn_blocking(move || {
+        for p in &probes {
+            drop(std::net::TcpStream::connect(p).unwrap());
+        }
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.send_to(b"probe", ("127.0.0.1", port)).unwrap();
+    })
+    .await
+    .unwrap();
+    net.sandbox
+        .run_async(move || {
+            drop(std::net::TcpStream::connect(("10.200.0.1", port)).unwrap());
+            drop(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+            let s = std::net::UdpSocket::bind("10.200.0.1:0").unwrap();
+            s.send_to(b"probe", ("10.200.0.1", port)).unwrap();
+        })
+        .await;
+    for _ in 0..100 {
+        if canary.heard().len() >= n_probes {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(canary.heard().len(), n_probes, "{:?}", canary.heard());
+    canary.clear();
+
+    // The guest trusts the proxy's CA (as guests are set up to) and the
+    // test origin's.
+    let mut roots = rustls::RootCertStore::empty();
+    for pem in [
+        egress.ca_pem().as_bytes().to_vec(),
+        std::fs::read(&origin_ca).unwrap(),
+    ] {
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+    }
+    let guest_tls = Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+
+    let get = |target: &str, host: &str| {
+        format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+    };
+    let row = |label: String, via: Via, expect: Expect| Attempt { label, via, expect };
+    let private = |host: &str, ip: &str| {
+        Expect::Status(403, format!("\"{host}\" is a private address ({ip})\n"))
+    };
+    // Resolved by the system (localhost: 127.0.0.1, ::1, or both).
+    let private_resolved =
+        |host: &str| Expect::Status(403, format!("\"{host}\" is a private address ("));
+    let bad = |reason: &str| Expect::Status(400, reason.to_owned());
+    let to = |addr: &str, port: u16| SocketAddr::new(ip(addr), port);
+    let bracket = |addr: IpAddr| match addr {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    };
+    // An address the guest may connect to (public, so allowed by the
+    // default policy). Requests through it go where their Host header or
+    // server name says: the proxy never connects here in these attempts.
+    let public_addr = ip("1.1.1.1");
+    let at_public = SocketAddr::new(public_addr, port);
+
+    // Controls: every path works for the public names, so a refusal below
+    // is the proxy's decision, not a broken path.
+    let controls = vec![
+        row(
+            "control: explicit proxy to public.test".into(),
+            Via::Explicit(get(
+                &format!("http://public.test:{public_port}/control-explicit"),
+                &format!("public.test:{public_port}"),
+            )),
+            Expect::Status(200, "hello /control-explicit".into()),
+        ),
+        row(
+            "control: CONNECT public.test".into(),
+            Via::Connect(
+                format!("public.test:{public_port}"),
+                Some(Inner::Bytes(get(
+                    "/control-connect",
+                    &format!("public.test:{public_port}"),
+                ))),
+            ),
+            Expect::Status(200, "hello /control-connect".into()),
+        ),
+        row(
+            "control: transparent HTTP, Host public.test".into(),
+            Via::Tcp(
+                SocketAddr::new(public_addr, public_port),
+                get(
+                    "/control-transparent",
+                    &format!("public.test:{public_port}"),
+                )
+                .into_bytes(),
+            ),
+            Expect::Status(200, "hello /control-transparent".into()),
+        ),
+        row(
+            "control: TLS, SNI secure.test (spliced)".into(),
+            Via::Tls {
+                to: SocketAddr::new(public_addr, public_tls_port),
+                sni: "secure.test".into(),
+                request: get("/control-tls", "secure.test"),
+            },
+            Expect::Status(200, "hello /control-tls".into()),
+        ),
+        row(
+            "control: DNS A public.test".into(),
+            Via::Dns("public.test.".into(), RecordType::A),
+            Expect::Answers(vec![ip("127.0.0.3")]),
+        ),
+    ];
+    let n_controls = controls.len();
+
+    let mut rows: Vec<Attempt> = Vec::new();
+
+    // Address literals, as written in a URL, and the address the proxy
+    // finds there (the resolver reads the inet_aton forms).
+    let mut literals: Vec<(String, String)> = [
+        ("127.0.0.1", "127.0.0.1"),
+        ("127.1", "127.0.0.1"),
+        ("2130706433", "127.0.0.1"),
+        ("0x7f000001", "127.0.0.1"),
+        ("0177.0.0.1", "127.0.0.1"),
+        ("0x7f.1", "127.0.0.1"),
+        ("127.0.0.1.", "127.0.0.1"),
+        ("0.0.0.0", "0.0.0.0"),
+        ("0", "0.0.0.0"),
+        ("10.0.0.1", "10.0.0.1"),
+        ("172.16.0.1", "172.16.0.1"),
+        ("192.168.1.1", "192.168.1.1"),
+        ("100.64.0.1", "100.64.0.1"),
+        ("169.254.169.254", "169.254.169.254"),
+        ("169.254.170.2", "169.254.170.2"),
+        ("[::1]", "::1"),
+        ("[::]", "::"),
+        ("[::ffff:127.0.0.1]", "::ffff:127.0.0.1"),
+        ("[::ffff:7f00:1]", "::ffff:127.0.0.1"),
+        ("[::127.0.0.1]", "::127.0.0.1"),
+        ("[64:ff9b::7f00:1]", "64:ff9b::7f00:1"),
+        ("[64:ff9b:1::a00:1]", "64:ff9b:1::a00:1"),
+        ("[fe80::1]", "fe80::1"),
+        ("[fc00::1]", "fc00::1"),
+        ("[fd00:ec2::254]", "fd00:ec2::254"),
+        // The gateway: the proxy's own address in the sandbox namespace.
+        ("10.200.0.1", "10.200.0.1"),
+    ]
+    .iter()
+    .map(|(w, a)| (w.to_string(), ip(a).to_string()))
+    .collect();
+    for h in [host_v4, host_v6].into_iter().flatten() {
+        literals.push((bracket(h), h.to_string()));
+    }
+    for (written, addr) in &literals {
+        let host = written.trim_matches(['[', ']']);
+        rows.push(row(
+            format!("explicit http://{written}/"),
+            Via::Explicit(get(
+                &format!("http://{written}:{port}/held"),
+                &format!("{written}:{port}"),
+            )),
+            private(host, addr),
+        ));
+    }
+    // Names: the system's localhost, the test DNS's private names.
+    let mut names: Vec<(String, Option<String>)> = ["localhost", "localhost.", "LOCALHOST"]
+        .iter()
+        .map(|n| (n.to_string(), None))
+        .collect();
+    for (name, ips) in &private_names {
+        names.push((name.to_string(), Some(ips[0].to_string())));
+    }
+    for (name, addr) in &names {
+        let expect = match addr {
+            Some(a) => private(name, a),
+            None => private_resolved(name),
+        };
+        rows.push(row(
+            format!("explicit http://{name}/"),
+            Via::Explicit(get(
+                &format!("http://{name}:{port}/held"),
+                &format!("{name}:{port}"),
+            )),
+            expect,
+        ));
+    }
+    let public = format!("public.test:{public_port}");
+    let explicit_tricks: Vec<(&str, String, String, Expect)> = vec![
+        (
+            "userinfo http://public.test@127.0.0.1/",
+            format!("http://public.test@127.0.0.1:{port}/held"),
+            format!("127.0.0.1:{port}"),
+            bad("the request target's authority is not a host[:port]"),
+        ),
+        (
+            "URL public.test, Host 127.0.0.1",
+            format!("http://{public}/held"),
+            format!("127.0.0.1:{port}"),
+            bad("disagrees with the request target"),
+        ),
+        (
+            "URL 127.0.0.1, Host public.test",
+            format!("http://127.0.0.1:{port}/held"),
+            public.clone(),
+            bad("disagrees with the request target"),
+        ),
+        (
+            "URL public.test, Host public.test:80@127.0.0.1",
+            format!("http://{public}/held"),
+            "public.test:80@127.0.0.1".into(),
+            bad("the request's Host header is not a host[:port]"),
+        ),
+        (
+            "URL public.test, Host 127.0.0.1. (trailing dot)",
+            format!("http://{public}/held"),
+            "127.0.0.1.".into(),
+            bad("disagrees with the request target"),
+        ),
+        (
+            "percent-encoded http://%31%32%37.0.0.1/",
+            format!("http://%31%32%37.0.0.1:{port}/held"),
+            format!("%31%32%37.0.0.1:{port}"),
+            Expect::Bare(400),
+        ),
+        (
+            "IPv6 zone http://[fe80::1%25lo]/",
+            format!("http://[fe80::1%25lo]:{port}/held"),
+            format!("[fe80::1%25lo]:{port}"),
+            bad("the request's Host header is not a host[:port]"),
+        ),
+        (
+            "full-width digits http://１２７.０.０.１/",
+            format!("http://１２７.０.０.１:{port}/held"),
+            format!("１２７.０.０.１:{port}"),
+            Expect::Bare(400),
+        ),
+        (
+            "https:// absolute form to 127.0.0.1",
+            format!("https://127.0.0.1:{port}/held"),
+            format!("127.0.0.1:{port}"),
+            bad("the request names no http:// target"),
+        ),
+        (
+            "mixed-public.test (private, then public): the public one only",
+            format!("http://mixed-public.test:{public_port}/mixed"),
+            format!("mixed-public.test:{public_port}"),
+            Expect::Status(200, "hello /mixed".into()),
+        ),
+    ];
+    for (label, target, host, expect) in explicit_tricks {
+        rows.push(row(
+            format!("explicit {label}"),
+            Via::Explicit(get(&target, &host)),
+            expect,
+        ));
+    }
+
+    // CONNECT.
+    let mut connect_targets: Vec<(String, Expect)> = [
+        ("127.0.0.1", "127.0.0.1"),
+        ("2130706433", "127.0.0.1"),
+        ("0x7f.1", "127.0.0.1"),
+        ("0", "0.0.0.0"),
+        ("[::1]", "::1"),
+        ("[::ffff:127.0.0.1]", "::ffff:127.0.0.1"),
+        ("[64:ff9b::7f00:1]", "64:ff9b::7f00:1"),
+        ("169.254.169.254", "169.254.169.254"),
+        ("[fd00:ec2::254]", "fd00:ec2::254"),
+        ("10.200.0.1", "10.200.0.1"),
+        ("private.test", "127.0.0.2"),
+        ("v6-loopback.test", "::1"),
+        ("metadata.google.internal", "169.254.169.254"),
+    ]
+    .iter()
+    .map(|(t, a)| {
+        let host = t.trim_matches(['[', ']']);
+        (t.to_string(), private(host, &ip(a).to_string()))
+    })
+    .collect();
+    connect_targets.push(("localhost".into(), private_resolved("localhost")));
+    for h in [host_v4, host_v6].into_iter().flatten() {
+        connect_targets.push((bracket(h), private(&h.to_string(), &h.to_string())));
+    }
+    for (target, expect) in connect_targets {
+        rows.push(row(
+            format!("CONNECT {target}"),
+            Via::Connect(format!("{target}:{port}"), None),
+            expect,
+        ));
+    }
+    rows.push(row(
+        "CONNECT public.test@127.0.0.1 (userinfo)".into(),
+        Via::Connect(format!("public.test@127.0.0.1:{port}"), None),
+        Expect::Status(502, "cannot resolve \"public.test@127.0.0.1\"".into()),
+    ));
+    rows.push(row(
+        "CONNECT %31%32%37.0.0.1 (percent-encoded)".into(),
+        Via::Connect(format!("%31%32%37.0.0.1:{port}"), None),
+        Expect::Status(502, "cannot resolve \"%31%32%37.0.0.1\"".into()),
+    ));
+    rows.push(row(
+        "CONNECT 127.0.0.1 without a port".into(),
+        Via::Connect("127.0.0.1".into(), None),
+        Expect::Bare(400),
+    ));
+    rows.push(row(
+        "CONNECT public.test, then Host 127.0.0.1 inside".into(),
+        Via::Connect(
+            public.clone(),
+            Some(Inner::Bytes(get(
+                "/held",
+                &format!("127.0.0.1:{public_port}"),
+            ))),
+        ),
+        bad("but this connection goes to \"public.test\""),
+    ));
+    rows.push(row(
+        "CONNECT secure.test, then TLS for loopback.test inside".into(),
+        Via::Connect(
+            format!("secure.test:{public_tls_port}"),
+            Some(Inner::Tls {
+                sni: "loopback.test".into(),
+                request: get("/held", "loopback.test"),
+            }),
+        ),
+        bad("disagrees with the CONNECT target"),
+    ));
+
+    // Transparent HTTP to an allowed address, naming a private one.
+    let transparent: Vec<(String, Expect)> = vec![
+        (
+            format!("127.0.0.1:{port}"),
+            private("127.0.0.1", "127.0.0.1"),
+        ),
+        ("127.0.0.1".into(), private("127.0.0.1", "127.0.0.1")),
+        (
+            "127.0.0.1:80".into(),
+            bad(&format!(
+                "the request names \"127.0.0.1\", but this connection goes to \"127.0.0.1\" port {port}"
+            )),
+        ),
+        (
+            "public.test:80@127.0.0.1".into(),
+            bad("the request's Host header is not a host[:port]"),
+        ),
+        (format!("[::1]:{port}"), private("::1", "::1")),
+        ("2130706433".into(), private("2130706433", "127.0.0.1")),
+        ("0x7f.1".into(), private("0x7f.1", "127.0.0.1")),
+        ("localhost.".into(), private_resolved("localhost.")),
+        ("LOCALHOST".into(), private_resolved("LOCALHOST")),
+        (
+            "169.254.169.254".into(),
+            private("169.254.169.254", "169.254.169.254"),
+        ),
+        (
+            "metadata.google.internal".into(),
+            private("metadata.google.internal", "169.254.169.254"),
+        ),
+        ("10.200.0.1".into(), private("10.200.0.1", "10.200.0.1")),
+        ("private.test".into(), private("private.test", "127.0.0.2")),
+        (
+            "%6c%6f%63%61%6c%68%6f%73%74".into(),
+            bad("the request's Host header is not a host[:port]"),
+        ),
+    ];
+    for (host, expect) in transparent {
+        rows.push(row(
+            format!("transparent HTTP, Host {host}"),
+            Via::Tcp(at_public, get("/held", &host).into_bytes()),
+            expect,
+        ));
+    }
+    rows.push(row(
+        "transparent HTTP, absolute form http://169.254.169.254/".into(),
+        Via::Tcp(
+            at_public,
+            get(
+                &format!("http://169.254.169.254:{port}/held"),
+                &format!("169.254.169.254:{port}"),
+            )
+            .into_bytes(),
+        ),
+        private("169.254.169.254", "169.254.169.254"),
+    ));
+    rows.push(row(
+        "transparent HTTP/1.0 without Host to 169.254.169.254".into(),
+        Via::Tcp(
+            to("169.254.169.254", port),
+            b"GET /held HTTP/1.0\r\n\r\n".to_vec(),
+        ),
+        private("169.254.169.254", "169.254.169.254"),
+    ));
+
+    // Intercepted TLS: an allowed address, a private server name. (An
+    // address is no server name: TLS stacks send none for one, rustls reads
+    // one as none, and then the address connected to is judged, as the raw
+    // TCP attempts below show.)
+    let mut tls_names: Vec<(String, Expect)> = ["localhost", "LOCALHOST", "localhost."]
+        .iter()
+        .map(|n| (n.to_string(), private_resolved("localhost")))
+        .collect();
+    for (name, ips) in &private_names {
+        tls_names.push((name.to_string(), private(name, &ips[0].to_string())));
+    }
+    for (sni, expect) in tls_names {
+        rows.push(row(
+            format!("TLS, server name {sni}"),
+            Via::Tls {
+                to: at_public,
+                sni: sni.clone(),
+                request: get("/held", &sni),
+            },
+            expect,
+        ));
+    }
+    rows.push(row(
+        "TLS, server name loopback.test, Host public.test".into(),
+        Via::Tls {
+            to: at_public,
+            sni: "loopback.test".into(),
+            request: get("/held", &format!("public.test:{port}")),
+        },
+        bad("the request names \"public.test\", but this connection goes to \"loopback.test\""),
+    ));
+
+    // Raw TCP and UDP from the guest straight to private addresses.
+    let raw = b"\x00\x01hello\r\n".to_vec();
+    let mut raw_targets: Vec<SocketAddr> = [
+        "10.0.0.1",
+        "172.16.0.1",
+        "192.168.1.1",
+        "100.64.0.1",
+        "169.254.169.254",
+        "169.254.170.2",
+        "::ffff:169.254.169.254",
+    ]
+    .iter()
+    .map(|a| to(a, port))
+    .collect();
+    raw_targets.extend(host_v4.map(|h| SocketAddr::new(h, port)));
+    for target in raw_targets {
+        rows.push(row(
+            format!("raw TCP to {target}"),
+            Via::Tcp(target, raw.clone()),
+            Expect::Reset,
+        ));
+    }
+    rows.push(row(
+        "raw TCP to 169.254.169.254, waiting for the server".into(),
+        Via::Tcp(to("169.254.169.254", port), Vec::new()),
+        Expect::Reset,
+    ));
+    rows.push(row(
+        "raw TCP to the transparent listener itself".into(),
+        Via::Tcp(to("10.200.0.1", 15001), raw.clone()),
+        Expect::Reset,
+    ));
+    for target in [
+        to("10.200.0.1", port),
+        to("10.200.0.1", 53),
+        to("fd00:ec2::254", port),
+        to("fd99::1", port),
+    ] {
+        rows.push(row(
+            format!("raw TCP to {target}"),
+            Via::Tcp(target, raw.clone()),
+            Expect::Dropped,
+        ));
+    }
+    let mut udp_targets: Vec<(SocketAddr, Vec<u8>)> = [
+        ("10.0.0.1", port),
+        ("169.254.169.254", port),
+        ("10.200.0.1", port),
+        ("fd00:ec2::254", port),
+        ("fd99::1", port),
+    ]
+    .iter()
+    .map(|(a, p)| (to(a, *p), raw.clone()))
+    .collect();
+    udp_targets.extend(host_v4.map(|h| (SocketAddr::new(h, port), raw.clone())));
+    // Not DNS, to the DNS port; DNS to another (private) resolver.
+    udp_targets.push((to("10.200.0.1", 53), raw.clone()));
+    udp_targets.push((to("10.0.0.1", 53), dns_query("public.test.", RecordType::A)));
+    for (target, bytes) in udp_targets {
+        rows.push(row(
+            format!("UDP to {target}"),
+            Via::Udp(target, bytes),
+            Expect::Silent,
+        ));
+    }
+
+    // The sandbox's DNS tells nothing private.
+    let mut dns: Vec<(String, RecordType)> = vec![
+        ("localhost.".into(), RecordType::A),
+        ("localhost.".into(), RecordType::AAAA),
+        ("LOCALHOST.".into(), RecordType::A),
+        ("2130706433.".into(), RecordType::A),
+        ("0x7f000001.".into(), RecordType::A),
+    ];
+    for (name, ips) in &private_names {
+        let t = if ips[0].is_ipv4() {
+            RecordType::A
+        } else {
+            RecordType::AAAA
+        };
+        dns.push((format!("{name}."), t));
+    }
+    for (name, t) in dns {
+        rows.push(row(
+            format!("DNS {t} {name}"),
+            Via::Dns(name, t),
+            Expect::NxDomain,
+        ));
+    }
+    rows.push(row(
+        "DNS A mixed-public.test: only the public address".into(),
+        Via::Dns("mixed-public.test.".into(), RecordType::A),
+        Expect::Answers(vec![ip("127.0.0.3")]),
+    ));
+
+    assert!(
+        rows.len() >= 45,
+        "the held table shrank to {} attempts",
+        rows.len()
+    );
+    let n_rows = rows.len();
+    let all: Vec<Attempt> = controls.into_iter().chain(rows).collect();
+    let results = net
+        .guest
+        .run_async(move || {
+            all.into_iter()
+                .map(|a| {
+                    let t = std::time::Instant::now();
+                    let got = attempt(&a.via, &guest_tls);
+                    (a, got, t.elapsed())
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+    let mut failures = Vec::new();
+    for (i, (a, got, took)) in results.iter().enumerate() {
+        let ok = a.expect.met_by(got);
+        eprintln!(
+            "held {:>3} {} {:<62} {got} ({} ms)",
+            i + 1,
+            if ok { "ok  " } else { "FAIL" },
+            a.label,
+            took.as_millis()
+        );
+        if !ok {
+            failures.push(format!("{}: expected {:?}, got {got}", a.label, a.expect));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Nothing arrived anywhere private: the canaries heard nothing, the
+    // public upstream only the controls and the mixed name's public address,
+    // and the proxy opened no other upstream connection.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(canary.heard(), Vec::<String>::new(), "reached a canary");
+    let paths: Vec<String> = public_http.all().into_iter().map(|s| s.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "/control-explicit",
+            "/control-connect",
+            "/control-transparent",
+            "/mixed"
+        ]
+    );
+    let tls_paths: Vec<String> = public_https.all().into_iter().map(|s| s.path).collect();
+    assert_eq!(tls_paths, ["/control-tls"]);
+    let counters = egress
+        .metrics()
+        .into_iter()
+        .find(|(id, _)| id == SANDBOX)
+        .unwrap()
+        .1;
+    assert_eq!(counters.connections_allowed, 5, "{counters:?}");
+    eprintln!(
+        "held: {n_rows} attempts, none reached a private address ({n_controls} controls served) in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
