@@ -537,7 +537,8 @@ impl Host {
                 }
                 // Logged on failure; the boot's own error is what counts.
                 let _ = self.after_exit(&vm).await;
-                vm.transition(VmState::Failed, Some(reason));
+                // A stop that began meanwhile ends it as stopped instead.
+                vm.transition_from(&[VmState::Provisioning], VmState::Failed, Some(reason));
                 Err(e)
             }
         }
@@ -1563,7 +1564,8 @@ async fn watch_vm(host: Arc<Host>, vm: Arc<Vm>, instance: Arc<Instance>, guest: 
         }
         // A persistent disk keeps what reached it (logged on failure).
         let _ = host.after_exit(&vm).await;
-        if vm.transition(VmState::Failed, Some(reason.clone())) {
+        let running = [VmState::Ready, VmState::Paused, VmState::Provisioning];
+        if vm.transition_from(&running, VmState::Failed, Some(reason.clone())) {
             tracing::warn!(vm = %vm.id, %reason, "vm failed");
         }
     }

@@ -109,18 +109,24 @@ impl Vm {
         self.persist();
     }
 
-    /// Moves to `to` unless the VM is already in a terminal state; returns
-    /// whether it moved. `failed` never overwrites `stopping`→`stopped`.
+    /// Moves to `to` if [`legal`] allows it from the current state; returns
+    /// whether it moved.
     pub(crate) fn transition(&self, to: VmState, reason: Option<String>) -> bool {
+        self.transition_from(&ALL_STATES, to, reason)
+    }
+
+    /// Moves to `to` only from one of `from` (and only if [`legal`]):
+    /// how a watcher that saw the VMM die marks it failed without
+    /// overriding a stop that began meanwhile.
+    pub(crate) fn transition_from(
+        &self,
+        from: &[VmState],
+        to: VmState,
+        reason: Option<String>,
+    ) -> bool {
         let mut moved = false;
         self.record.send_if_modified(|r| {
-            let allowed = match (r.state, to) {
-                (VmState::Deleted, _) => false,
-                (_, VmState::Deleted) => true,
-                (s, VmState::Failed) => !s.is_terminal() && s != VmState::Stopping,
-                (s, _) if s.is_terminal() => to == VmState::Provisioning,
-                _ => true,
-            };
+            let allowed = from.contains(&r.state) && legal(r.state, to);
             if allowed {
                 r.state = to;
                 if reason.is_some() {
@@ -162,5 +168,88 @@ impl Vm {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+const ALL_STATES: [VmState; 7] = [
+    VmState::Provisioning,
+    VmState::Ready,
+    VmState::Paused,
+    VmState::Stopping,
+    VmState::Stopped,
+    VmState::Failed,
+    VmState::Deleted,
+];
+
+/// Every legal move of a VM's state, in one table (a state never moves to
+/// itself):
+///
+/// | from         | to                                                  |
+/// |--------------|-----------------------------------------------------|
+/// | provisioning | ready (booted), stopping, failed, deleted           |
+/// | ready        | paused, stopping, failed, deleted                   |
+/// | paused       | ready (resumed), stopping, failed, deleted          |
+/// | stopping     | stopped, provisioning (resumed after a capture), failed (the agent restarted mid-stop), deleted |
+/// | stopped      | provisioning (start), deleted                       |
+/// | failed       | provisioning (start), deleted                       |
+/// | deleted      | nothing                                             |
+pub(crate) fn legal(from: VmState, to: VmState) -> bool {
+    use VmState::*;
+    matches!(
+        (from, to),
+        (Provisioning, Ready | Stopping | Failed | Deleted)
+            | (Ready, Paused | Stopping | Failed | Deleted)
+            | (Paused, Ready | Stopping | Failed | Deleted)
+            | (Stopping, Stopped | Provisioning | Failed | Deleted)
+            | (Stopped | Failed, Provisioning | Deleted)
+    )
+}
+
+#[cfg(test)]
+mod transition_tests {
+    use super::*;
+    use VmState::*;
+
+    #[test]
+    fn the_table_is_what_the_lifecycle_needs_and_nothing_more() {
+        let legal_moves: Vec<(VmState, VmState)> = ALL_STATES
+            .iter()
+            .flat_map(|&a| ALL_STATES.iter().map(move |&b| (a, b)))
+            .filter(|&(a, b)| legal(a, b))
+            .collect();
+        assert_eq!(
+            legal_moves,
+            [
+                (Provisioning, Ready),
+                (Provisioning, Stopping),
+                (Provisioning, Failed),
+                (Provisioning, Deleted),
+                (Ready, Paused),
+                (Ready, Stopping),
+                (Ready, Failed),
+                (Ready, Deleted),
+                (Paused, Ready),
+                (Paused, Stopping),
+                (Paused, Failed),
+                (Paused, Deleted),
+                (Stopping, Provisioning),
+                (Stopping, Stopped),
+                (Stopping, Failed),
+                (Stopping, Deleted),
+                (Stopped, Provisioning),
+                (Stopped, Deleted),
+                (Failed, Provisioning),
+                (Failed, Deleted),
+            ]
+        );
+        // Nothing leaves deleted, nothing stays put, and a VM with no VMM
+        // (stopped, failed) only starts or goes.
+        for s in ALL_STATES {
+            assert!(!legal(Deleted, s));
+            assert!(!legal(s, s));
+        }
+        assert!(!legal(Stopped, Ready) && !legal(Failed, Stopping));
+        // What recovery needs: a VM left stopping by a dead agent fails.
+        assert!(legal(Stopping, Failed));
     }
 }

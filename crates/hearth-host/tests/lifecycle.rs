@@ -220,3 +220,37 @@ async fn a_second_agent_on_the_same_data_directory_is_refused() {
     assert_eq!(host.list().len(), 1);
     host.shutdown().await;
 }
+
+/// A VM an agent left `stopping` (it died mid-stop) is failed by the next
+/// agent's recovery and starts again: the state table used to let nothing
+/// move a stopping VM to failed, so it stayed stopping with no VMM and
+/// refused every start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_left_stopping_by_a_dead_agent_is_failed_and_starts_again() {
+    let cfg = test_config();
+    let start =
+        |cfg| hearth_host::Host::start(cfg, std::sync::Arc::new(hearth_image::QuietProgress));
+    let host = start(cfg.clone()).await.unwrap();
+    let (vm, g) = vm(&host, ImageName::Busybox).await;
+    let id = vm.id;
+    drop(g);
+    host.shutdown().await;
+    drop((vm, host));
+    // What a crash mid-stop leaves on disk.
+    let record = cfg
+        .data_dir
+        .join("vms")
+        .join(id.to_string())
+        .join("vm.json");
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    rec["state"] = serde_json::json!("stopping");
+    std::fs::write(&record, serde_json::to_vec(&rec).unwrap()).unwrap();
+
+    let host = start(cfg).await.unwrap();
+    let found = host.get(id).unwrap();
+    assert_eq!(found.state(), VmState::Failed, "{:?}", found.record());
+    let vm = host.start_vm(id).await.expect("a failed vm starts");
+    assert_eq!(vm.state(), VmState::Ready);
+    host.shutdown().await;
+}
