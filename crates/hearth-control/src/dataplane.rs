@@ -59,7 +59,7 @@ fn keep_active(c: &Arc<Control>, id: hearth_types::SandboxId) -> tokio::task::Jo
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(ACTIVITY_TICK).await;
-            let _ = c.db.touch_activity(id, Timestamp::now()).await;
+            crate::service::touch_logged(&c.db, id, Timestamp::now()).await;
         }
     })
 }
@@ -84,7 +84,7 @@ pub async fn execute_ws(
             crate::dp::exec_session(socket, guest, vm, defaults, Some(shutdown)).await;
             ticker.abort();
             if started.elapsed() > Duration::from_secs(5) {
-                let _ = c2.db.touch_activity(row.id, Timestamp::now()).await;
+                crate::service::touch_logged(&c2.db, row.id, Timestamp::now()).await;
             }
         }))
 }

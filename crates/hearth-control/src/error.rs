@@ -95,3 +95,20 @@ pub fn exec_failure(t: hearth_guest_proto::ExecErrorType, message: String) -> Ap
         _ => ApiError::command_failed(message),
     }
 }
+
+/// Logs a fenced status update's failure: losing the race it is fenced
+/// against (the sandbox moved on, or is gone) is expected and logged at
+/// debug; anything else is a warning with its cause.
+pub(crate) fn log_status_error(
+    sandbox: hearth_types::SandboxId,
+    what: &str,
+    result: Result<hearth_db::SandboxRow, DbError>,
+) {
+    match result {
+        Ok(_) => {}
+        Err(e @ (DbError::Stale { .. } | DbError::NotFound { .. })) => {
+            tracing::debug!(%sandbox, error = %e, "not {what}: it changed meanwhile")
+        }
+        Err(e) => tracing::warn!(%sandbox, error = %e, "cannot record the sandbox as {what}"),
+    }
+}

@@ -94,7 +94,14 @@ impl Control {
         if let Some(h) = self.hosts.get(&id) {
             return Some(h.clone());
         }
-        let row = self.db.get_host(id).await.ok()?;
+        let row = match self.db.get_host(id).await {
+            Ok(row) => row,
+            Err(hearth_db::DbError::NotFound { .. }) => return None,
+            Err(e) => {
+                tracing::warn!(host = %id, error = %e, "cannot read a host's record; treating it as unreachable");
+                return None;
+            }
+        };
         if !is_remote(&row) || row.state == HostState::Down {
             return None;
         }
@@ -108,7 +115,11 @@ impl Control {
         let mut out: Vec<(HostId, Arc<dyn HostApi>)> =
             self.hosts.iter().map(|(id, h)| (*id, h.clone())).collect();
         let now = Timestamp::now();
-        if let Ok(rows) = self.db.list_hosts().await {
+        let rows = self.db.list_hosts().await;
+        if let Err(e) = &rows {
+            tracing::warn!(error = %e, "cannot list hosts; only this process's are live");
+        }
+        if let Ok(rows) = rows {
             // A host past its lease has fenced itself (or is gone): there
             // is nothing to ask it until it registers again.
             for row in rows
@@ -346,8 +357,12 @@ impl Control {
     /// start elsewhere on their next use.
     async fn drain_host(&self, host: HostId) -> Drained {
         let mut out = Drained::default();
-        let Ok(rows) = self.db.sandboxes_on_host(host).await else {
-            return out;
+        let rows = match self.db.sandboxes_on_host(host).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(%host, error = %e, "drain: cannot list the host's sandboxes; the next pass retries");
+                return out;
+            }
         };
         for row in rows.iter().filter(|r| r.status == SandboxStatus::Ready) {
             match self.stop_row(row, Some("the host was drained")).await {

@@ -262,47 +262,67 @@ impl Control {
     /// One reaper pass as if the clock read `now` (tests move time forward).
     pub async fn reap_at(self: &Arc<Self>, now: Timestamp) {
         for id in self.hosts.keys() {
-            let _ = self
+            if let Err(e) = self
                 .db
                 .renew_host_lease(*id, now.plus(self.cfg.lease))
-                .await;
-        }
-        if let Ok(idle) = self.db.sandboxes_idle_since(now).await {
-            for row in idle {
-                tracing::info!(sandbox = %row.id, "stopping idle sandbox");
-                let _ = self
-                    .stop_row(&row, Some("stopped after its idle timeout"))
-                    .await;
-                self.metrics.idle_stopped();
+                .await
+            {
+                tracing::error!(host = %id, error = %e, "cannot renew this process's host lease; its placements may fail over");
             }
         }
-        if let Ok(expired) = self.db.sandboxes_to_delete(now).await {
-            for row in expired {
-                tracing::info!(sandbox = %row.id, "deleting sandbox stopped past delete_after_stop");
-                let _ = self.delete_row(&row).await;
+        match self.db.sandboxes_idle_since(now).await {
+            Ok(idle) => {
+                for row in idle {
+                    tracing::info!(sandbox = %row.id, "stopping idle sandbox");
+                    match self
+                        .stop_row(&row, Some("stopped after its idle timeout"))
+                        .await
+                    {
+                        Ok(_) => self.metrics.idle_stopped(),
+                        Err(e) => {
+                            tracing::warn!(sandbox = %row.id, error = %e.message, "cannot stop an idle sandbox; the next pass retries")
+                        }
+                    }
+                }
             }
+            Err(e) => tracing::warn!(error = %e, "cannot list idle sandboxes"),
         }
-        if let Ok(stuck) = self
+        match self.db.sandboxes_to_delete(now).await {
+            Ok(expired) => {
+                for row in expired {
+                    tracing::info!(sandbox = %row.id, "deleting sandbox stopped past delete_after_stop");
+                    if let Err(e) = self.delete_row(&row).await {
+                        tracing::warn!(sandbox = %row.id, error = %e.message, "cannot delete an expired sandbox; the next pass retries");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list sandboxes to delete"),
+        }
+        match self
             .db
             .stale_provisioning(now.minus(self.cfg.stale_provisioning))
             .await
         {
-            for row in stuck {
-                let extra = hearth_db::StatusExtra {
-                    expect_generation: Some(row.generation),
-                    expect_status: vec![hearth_db::SandboxStatus::Provisioning],
-                    ..Default::default()
-                };
-                let _ = self
-                    .db
-                    .set_status(
-                        row.id,
-                        hearth_db::SandboxStatus::Failed,
-                        Some("boot did not finish in time"),
-                        extra,
-                    )
-                    .await;
+            Ok(stuck) => {
+                for row in stuck {
+                    let extra = hearth_db::StatusExtra {
+                        expect_generation: Some(row.generation),
+                        expect_status: vec![hearth_db::SandboxStatus::Provisioning],
+                        ..Default::default()
+                    };
+                    let failed = self
+                        .db
+                        .set_status(
+                            row.id,
+                            hearth_db::SandboxStatus::Failed,
+                            Some("boot did not finish in time"),
+                            extra,
+                        )
+                        .await;
+                    crate::error::log_status_error(row.id, "failed after a stuck boot", failed);
+                }
             }
+            Err(e) => tracing::warn!(error = %e, "cannot list stuck boots"),
         }
         self.refresh_control_key(now).await;
         self.fail_over(now).await;

@@ -475,10 +475,13 @@ impl Control {
     ) -> Option<(SandboxRow, HostId)> {
         let _placing = self.placement.lock().await;
         let disk = (row.generation <= 1).then_some(row.fs_capacity);
-        let host_id = self
-            .place(row.cpu, row.mem, disk, None, exclude)
-            .await
-            .ok()?;
+        let host_id = match self.place(row.cpu, row.mem, disk, None, exclude).await {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::info!(sandbox = %row.id, error = %e.message, "no other host can take the sandbox");
+                return None;
+            }
+        };
         let extra = StatusExtra {
             host_id: Some(Some(host_id)),
             bump_generation: true,
@@ -489,8 +492,14 @@ impl Control {
         let moved = self
             .db
             .set_status(row.id, SandboxStatus::Provisioning, None, extra)
-            .await
-            .ok()?;
+            .await;
+        let moved = match moved {
+            Ok(moved) => moved,
+            Err(e) => {
+                crate::error::log_status_error(row.id, "placed again", Err(e));
+                return None;
+            }
+        };
         self.bump();
         Some((moved, host_id))
     }
@@ -699,7 +708,7 @@ impl Control {
     }
 
     pub(crate) async fn delete_row(&self, row: &SandboxRow) -> Result<(), ApiError> {
-        let _ = self
+        match self
             .db
             .set_status(
                 row.id,
@@ -707,7 +716,13 @@ impl Control {
                 None,
                 StatusExtra::default(),
             )
-            .await;
+            .await
+        {
+            Ok(_) => {}
+            // Deleted meanwhile: nothing left to do.
+            Err(hearth_db::DbError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(db_error(e)),
+        }
         self.bump();
         let host = match row.host_id {
             Some(id) => self.host(id).await,
@@ -936,7 +951,7 @@ impl Control {
     pub(crate) async fn touch(&self, row: &SandboxRow) {
         let now = Timestamp::now();
         if now.minus(ACTIVITY_GRANULARITY) > row.last_activity_at {
-            let _ = self.db.touch_activity(row.id, now).await;
+            touch_logged(&self.db, row.id, now).await;
         }
     }
 
@@ -944,8 +959,12 @@ impl Control {
     /// stopped and recorded as such (its disk is kept).
     pub async fn stop_all(&self) {
         for host_id in self.hosts.keys() {
-            let Ok(rows) = self.db.sandboxes_on_host(*host_id).await else {
-                continue;
+            let rows = match self.db.sandboxes_on_host(*host_id).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::error!(host = %host_id, error = %e, "cannot list the host's sandboxes to stop them; their VMs stop with the host agent and come back from their last commit");
+                    continue;
+                }
             };
             let stops = rows
                 .iter()
@@ -977,8 +996,12 @@ impl Control {
                     continue;
                 }
             };
-            let Ok(rows) = self.db.sandboxes_on_host(*host_id).await else {
-                continue;
+            let rows = match self.db.sandboxes_on_host(*host_id).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::error!(host = %host_id, error = %e, "cannot list the host's sandboxes to stop them; their VMs stop with the host agent and come back from their last commit");
+                    continue;
+                }
             };
             for row in &rows {
                 let vm = vms.iter().find(|v| v.id == vm_id(row.id));
@@ -1038,10 +1061,11 @@ impl Control {
                             .and_then(|v| v.reason.clone())
                             .map(|r| format!("{msg}: {r}"))
                             .unwrap_or_else(|| msg.to_owned());
-                        let _ = self
+                        let set = self
                             .db
                             .set_status(row.id, status, Some(&reason), extra)
                             .await;
+                        crate::error::log_status_error(row.id, "reconciled with its host", set);
                         self.bump();
                     }
                     SandboxStatus::Provisioning if after_restart => {
@@ -1050,7 +1074,7 @@ impl Control {
                             expect_status: vec![SandboxStatus::Provisioning],
                             ..StatusExtra::default()
                         };
-                        let _ = self
+                        let set = self
                             .db
                             .set_status(
                                 row.id,
@@ -1059,6 +1083,7 @@ impl Control {
                                 extra,
                             )
                             .await;
+                        crate::error::log_status_error(row.id, "failed after a host restart", set);
                         self.bump();
                     }
                     _ => {}
@@ -1128,5 +1153,13 @@ pub(crate) fn memory_volumes(disk: &str, size: ByteSize) -> MemoryVolumes {
         memory: format!("{disk}-mem"),
         state: format!("{disk}-state"),
         memory_size: size,
+    }
+}
+
+/// Records activity on a sandbox (what its idle timeout counts from); a
+/// failure is logged, since the sandbox may then be idle-stopped early.
+pub(crate) async fn touch_logged(db: &hearth_db::Db, id: hearth_types::SandboxId, now: Timestamp) {
+    if let Err(e) = db.touch_activity(id, now).await {
+        tracing::warn!(sandbox = %id, error = %e, "cannot record activity; the idle timeout may stop it early");
     }
 }
