@@ -10,6 +10,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use hearth_types::egress::{
+    AccessSpec, CallbackSpec, EgressSpec, HeaderSpec, RuleSpec, SecretValue,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -351,6 +354,56 @@ impl ProxyConfig {
             }
         }
         Ok(())
+    }
+
+    /// The config as Hearth's own egress spec (call after [`Self::validate`],
+    /// which refuses what has no place in it): the egress proxy never sees
+    /// LangSmith's wire format. `opaque` values stay as stored (sealed);
+    /// `workspace_secret` values become templates.
+    pub fn to_spec(&self) -> EgressSpec {
+        let header = |h: &ProxyHeader| {
+            let v = h.value.clone().unwrap_or_default();
+            HeaderSpec {
+                name: h.name.clone(),
+                value: match h.kind {
+                    SecretKind::Plaintext => SecretValue::Plain(v),
+                    SecretKind::Opaque => SecretValue::Sealed(v),
+                    SecretKind::WorkspaceSecret => SecretValue::Template(v),
+                },
+            }
+        };
+        EgressSpec {
+            access: self.access_control.as_ref().and_then(|ac| {
+                match (&ac.allow_list, &ac.deny_list) {
+                    (Some(list), _) => Some(AccessSpec::AllowList(list.clone())),
+                    (None, Some(list)) => Some(AccessSpec::DenyList(list.clone())),
+                    (None, None) => None,
+                }
+            }),
+            rules: self
+                .rules
+                .iter()
+                .map(|r| RuleSpec {
+                    name: r.name.clone(),
+                    enabled: r.enabled != Some(false),
+                    match_hosts: r.match_hosts.clone(),
+                    match_paths: r.match_paths.clone(),
+                    match_headers: r.match_headers.clone(),
+                    headers: r.headers.iter().map(header).collect(),
+                    env: r.env_vars.clone().unwrap_or_default(),
+                })
+                .collect(),
+            callbacks: self
+                .callbacks
+                .iter()
+                .map(|c| CallbackSpec {
+                    match_hosts: c.match_hosts.clone(),
+                    url: c.url.clone(),
+                    ttl_seconds: c.ttl_seconds,
+                    request_headers: c.request_headers.iter().map(header).collect(),
+                })
+                .collect(),
+        }
     }
 
     /// The config as reads return it: `opaque` values are never sent back,

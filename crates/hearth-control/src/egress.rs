@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use hearth_api::nested::{ProxyConfig, ProxyHeader, SecretKind};
 use hearth_api::ApiError;
 use hearth_hostapi::SandboxNet;
+use hearth_types::egress::SecretValue;
 use hearth_types::WorkspaceId;
 
 use crate::secrets::MasterKey;
@@ -35,8 +36,14 @@ fn opaque_aad(workspace: WorkspaceId) -> String {
 /// Checks a config as it arrives on the API; `allow_private` is the
 /// operator's list of private networks callbacks may reach.
 pub(crate) fn check(cfg: &ProxyConfig, allow_private: &[ipnet::IpNet]) -> Result<(), ApiError> {
-    hearth_egress::validate_config(cfg, allow_private)
-        .map_err(|e| ApiError::validation(&e.field, e.to_string()))
+    cfg.validate()?;
+    hearth_egress::validate_spec(&cfg.to_spec(), allow_private).map_err(policy_error)
+}
+
+/// A spec's error as the API reports it: at `proxy_config.<path>`.
+fn policy_error(e: hearth_egress::PolicyError) -> ApiError {
+    let field = format!("proxy_config.{}", e.field);
+    ApiError::validation(&field, format!("{field}: {}", e.message))
 }
 
 /// Every header of a config (rules' and callbacks').
@@ -114,14 +121,11 @@ impl Control {
         let Some(cfg) = cfg else {
             return Ok(SandboxNet::default());
         };
+        let spec = cfg.to_spec();
         let mut wanted = BTreeSet::new();
-        for rule in &cfg.rules {
-            for h in &rule.headers {
-                if h.kind == SecretKind::WorkspaceSecret {
-                    if let Some(v) = &h.value {
-                        wanted.extend(template_names(v).into_iter().map(str::to_owned));
-                    }
-                }
+        for v in spec.values() {
+            if let SecretValue::Template(t) = v {
+                wanted.extend(template_names(t).into_iter().map(str::to_owned));
             }
         }
         let mut secrets = BTreeMap::new();
@@ -141,26 +145,21 @@ impl Control {
             }
         }
         let key = &self.cfg.master_key;
-        let mut resolve = |h: &ProxyHeader| -> Result<String, String> {
-            let v = h.value.clone().unwrap_or_default();
-            match h.kind {
-                SecretKind::Plaintext => Ok(v),
-                SecretKind::Opaque => key
-                    .open(&opaque_aad(workspace), &v)
+        let mut resolve = |v: &SecretValue| -> Result<String, String> {
+            match v {
+                SecretValue::Plain(v) => Ok(v.clone()),
+                SecretValue::Sealed(v) => key
+                    .open(&opaque_aad(workspace), v)
                     .map_err(|e| e.to_string())
                     .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8".to_owned())),
-                SecretKind::WorkspaceSecret => expand(&v, &secrets),
+                SecretValue::Template(v) => expand(v, &secrets),
             }
         };
-        let policy = hearth_egress::Policy::from_config(cfg, &mut resolve)
-            .map_err(|e| ApiError::validation(&e.field, e.to_string()))?;
-        let mut env = BTreeMap::new();
-        for rule in cfg.rules.iter().filter(|r| r.enabled != Some(false)) {
-            for (k, v) in rule.env_vars.iter().flatten() {
-                env.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
-        Ok(SandboxNet { policy, env })
+        let policy = hearth_egress::Policy::from_spec(&spec, &mut resolve).map_err(policy_error)?;
+        Ok(SandboxNet {
+            policy,
+            env: spec.env(),
+        })
     }
 }
 

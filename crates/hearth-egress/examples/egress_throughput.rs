@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hearth_api::nested::{ProxyConfig, ProxyHeader, ProxyRule, SecretKind};
 use hearth_egress::{Egress, EgressSettings, Policy, SandboxSockets};
+use hearth_types::egress::{EgressSpec, HeaderSpec, RuleSpec, SecretValue};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -229,22 +229,26 @@ async fn main() {
         explicit: std::net::TcpListener::bind("10.200.0.1:3128").unwrap(),
         dns: std::net::UdpSocket::bind("10.200.0.1:53").unwrap(),
     });
-    let cfg = ProxyConfig {
-        rules: vec![ProxyRule {
+    // One header rule, so the intercepted path does the work it does for
+    // a sandbox with rules.
+    let spec = EgressSpec {
+        rules: vec![RuleSpec {
             name: "bench".into(),
+            enabled: true,
             match_hosts: vec!["intercept.bench.test".into()],
-            headers: vec![ProxyHeader {
+            headers: vec![HeaderSpec {
                 name: "x-bench".into(),
-                kind: SecretKind::Plaintext,
-                value: Some("1".into()),
-                is_set: None,
+                value: SecretValue::Plain("1".into()),
             }],
             ..Default::default()
         }],
         ..Default::default()
     };
-    let policy =
-        Policy::from_config(&cfg, &mut |h| Ok(h.value.clone().unwrap_or_default())).unwrap();
+    let policy = Policy::from_spec(&spec, &mut |v| match v {
+        SecretValue::Plain(s) => Ok(s.clone()),
+        _ => Err("the benchmark has no secrets".into()),
+    })
+    .unwrap();
     let _attachment = egress.attach("bench", policy, sockets).unwrap();
 
     let origin = client_config(&ca_pem);

@@ -43,7 +43,7 @@ pub mod tls;
 
 pub use http_proxy::remove_hop_by_hop;
 pub use pattern::HostPattern;
-pub use policy::{validate_config, Access, Callback, HeaderRule, Policy, PolicyError, Refusal};
+pub use policy::{validate_spec, Access, Callback, HeaderRule, Policy, PolicyError, Refusal};
 
 /// Open connections one sandbox may have through the proxy.
 const MAX_CONNECTIONS: usize = 1024;

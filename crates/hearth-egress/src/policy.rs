@@ -1,16 +1,18 @@
-//! A sandbox's resolved egress policy, built from the API's `ProxyConfig`.
+//! A sandbox's resolved egress policy, built from Hearth's own description
+//! of its egress ([`EgressSpec`]), whichever API it came in through.
 
 use std::fmt;
 use std::net::IpAddr;
 
-use hearth_api::nested::{ProxyConfig, ProxyHeader, SecretKind};
+use hearth_types::egress::{AccessSpec, EgressSpec, HeaderSpec, SecretValue};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
 use crate::pattern::{check_path_glob, normalize_name, path_glob_matches, HostPattern};
 
-/// Why a `proxy_config` cannot become a policy; `field` is the JSON path the
-/// API reports in its 422 (`proxy_config.access_control.allow_list[2]`).
+/// Why a spec cannot become a policy; `field` is the path within the spec
+/// (`access_control.allow_list[2]`), which the API prefixes with its own
+/// field (`proxy_config.`) in its 422.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct PolicyError {
@@ -117,37 +119,28 @@ pub enum NameVerdict {
 }
 
 impl Policy {
-    /// Builds the policy from the API config. `resolve` turns a header's stored
-    /// value into the real one (plaintext as is, opaque decrypted,
-    /// workspace_secret templates expanded); its error is reported against
-    /// the header's field. Disabled rules are dropped; `no_proxy` is ignored.
-    pub fn from_config(
-        cfg: &ProxyConfig,
-        resolve: &mut dyn FnMut(&ProxyHeader) -> Result<String, String>,
+    /// Builds the policy from a sandbox's egress spec. `resolve` turns a
+    /// header's stored value into the real one (plaintext as is, sealed
+    /// opened, templates filled from the workspace's secrets); its error is
+    /// reported against the header's field. Disabled rules are dropped.
+    pub fn from_spec(
+        spec: &EgressSpec,
+        resolve: &mut dyn FnMut(&SecretValue) -> Result<String, String>,
     ) -> Result<Policy, PolicyError> {
-        let access = match &cfg.access_control {
+        let access = match &spec.access {
             None => None,
-            Some(ac) => match (&ac.allow_list, &ac.deny_list) {
-                (Some(_), Some(_)) => {
-                    return Err(err(
-                        "proxy_config.access_control",
-                        "takes allow_list or deny_list, not both",
-                    ))
-                }
-                (Some(list), None) => Some(Access::AllowList(patterns(
-                    "proxy_config.access_control.allow_list",
-                    list,
-                )?)),
-                (None, Some(list)) => Some(Access::DenyList(patterns(
-                    "proxy_config.access_control.deny_list",
-                    list,
-                )?)),
-                (None, None) => None,
-            },
+            Some(AccessSpec::AllowList(list)) => Some(Access::AllowList(patterns(
+                "access_control.allow_list",
+                list,
+            )?)),
+            Some(AccessSpec::DenyList(list)) => Some(Access::DenyList(patterns(
+                "access_control.deny_list",
+                list,
+            )?)),
         };
         let mut rules = Vec::new();
-        for (i, rule) in cfg.rules.iter().enumerate() {
-            let at = format!("proxy_config.rules[{i}]");
+        for (i, rule) in spec.rules.iter().enumerate() {
+            let at = format!("rules[{i}]");
             let match_hosts = patterns(&format!("{at}.match_hosts"), &rule.match_hosts)?;
             for (j, g) in rule.match_paths.iter().enumerate() {
                 check_path_glob(g).map_err(|m| err(format!("{at}.match_paths[{j}]"), m))?;
@@ -169,12 +162,12 @@ impl Policy {
                     .headers
                     .iter()
                     .filter(|h| h.name.trim().eq_ignore_ascii_case(name))
-                    .all(|h| h.kind == SecretKind::Plaintext);
+                    .all(|h| h.value.is_plain());
                 if every_plain && !plaintext_headers.contains(name) {
                     plaintext_headers.push(name.clone());
                 }
             }
-            if rule.enabled == Some(false) {
+            if !rule.enabled {
                 continue;
             }
             rules.push(HeaderRule {
@@ -187,8 +180,8 @@ impl Policy {
             });
         }
         let mut callbacks = Vec::new();
-        for (i, cb) in cfg.callbacks.iter().enumerate() {
-            let at = format!("proxy_config.callbacks[{i}]");
+        for (i, cb) in spec.callbacks.iter().enumerate() {
+            let at = format!("callbacks[{i}]");
             let match_hosts = patterns(&format!("{at}.match_hosts"), &cb.match_hosts)?;
             check_callback_url(&format!("{at}.url"), &cb.url)?;
             let ttl_seconds = u64::try_from(cb.ttl_seconds)
@@ -319,14 +312,18 @@ impl HeaderRule {
 /// A callback URL that is private on its face (a special address, or
 /// `localhost`) is refused unless inside `allow_private`, the operator's
 /// exceptions; names are checked again, resolved, when the host connects.
-pub fn validate_config(
-    cfg: &ProxyConfig,
-    allow_private: &[ipnet::IpNet],
-) -> Result<(), PolicyError> {
-    // Stored values are checked as they are (templates and opaque values
-    // are checked again once resolved, by `Policy::from_config`).
-    let mut placeholder = |h: &ProxyHeader| Ok(h.value.clone().unwrap_or_else(|| "x".to_owned()));
-    let policy = Policy::from_config(cfg, &mut placeholder)?;
+pub fn validate_spec(spec: &EgressSpec, allow_private: &[ipnet::IpNet]) -> Result<(), PolicyError> {
+    // Stored values are checked as they are (templates and sealed values
+    // are checked again once resolved, by `Policy::from_spec`).
+    let mut placeholder = |v: &SecretValue| {
+        let (SecretValue::Plain(s) | SecretValue::Sealed(s) | SecretValue::Template(s)) = v;
+        Ok(if s.is_empty() {
+            "x".to_owned()
+        } else {
+            s.clone()
+        })
+    };
+    let policy = Policy::from_spec(spec, &mut placeholder)?;
     for (i, cb) in policy.callbacks.iter().enumerate() {
         let host = cb
             .url
@@ -336,7 +333,7 @@ pub fn validate_config(
             .unwrap_or_default();
         if let Some(ip) = crate::private::refused_on_its_face(&host, allow_private) {
             return Err(err(
-                format!("proxy_config.callbacks[{i}].url"),
+                format!("callbacks[{i}].url"),
                 format!(
                     "names a private address ({ip}); callbacks reach only public addresses \
                      and the networks the operator allows ([network] allow_private)"
@@ -356,18 +353,14 @@ fn patterns(field: &str, list: &[String]) -> Result<Vec<HostPattern>, PolicyErro
 
 fn resolve_headers(
     field: &str,
-    headers: &[ProxyHeader],
-    resolve: &mut dyn FnMut(&ProxyHeader) -> Result<String, String>,
+    headers: &[HeaderSpec],
+    resolve: &mut dyn FnMut(&SecretValue) -> Result<String, String>,
 ) -> Result<Vec<(String, String)>, PolicyError> {
     let mut out = Vec::new();
     for (j, h) in headers.iter().enumerate() {
         let at = format!("{field}[{j}]");
         let name = h.name.trim().to_ascii_lowercase();
-        let value = match h.kind {
-            SecretKind::Plaintext | SecretKind::Opaque | SecretKind::WorkspaceSecret => {
-                resolve(h).map_err(|m| err(format!("{at}.value"), m))?
-            }
-        };
+        let value = resolve(&h.value).map_err(|m| err(format!("{at}.value"), m))?;
         check_header_pair(&at, &name, &value)?;
         out.push((name, value));
     }
@@ -404,7 +397,22 @@ fn check_callback_url(field: &str, url: &str) -> Result<(), PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hearth_api::nested::{AccessControl, ProxyCallback, ProxyRule};
+    use hearth_api::nested::{
+        AccessControl, ProxyCallback, ProxyConfig, ProxyHeader, ProxyRule, SecretKind,
+    };
+
+    /// A stored value as it is (what these tests resolve secrets to).
+    fn raw(v: &SecretValue) -> String {
+        let (SecretValue::Plain(s) | SecretValue::Sealed(s) | SecretValue::Template(s)) = v;
+        s.clone()
+    }
+
+    fn validate_config(
+        cfg: &ProxyConfig,
+        allow_private: &[ipnet::IpNet],
+    ) -> Result<(), PolicyError> {
+        validate_spec(&cfg.to_spec(), allow_private)
+    }
 
     fn plain(name: &str, value: &str) -> ProxyHeader {
         ProxyHeader {
@@ -416,7 +424,7 @@ mod tests {
     }
 
     fn policy(cfg: &ProxyConfig) -> Policy {
-        Policy::from_config(cfg, &mut |h| Ok(h.value.clone().unwrap_or_default())).unwrap()
+        Policy::from_spec(&cfg.to_spec(), &mut |v| Ok(raw(v))).unwrap()
     }
 
     fn allow(list: &[&str]) -> ProxyConfig {
@@ -520,7 +528,7 @@ mod tests {
     #[test]
     fn validation_names_the_field() {
         let e = validate_config(&allow(&["ok.test", "fine.test", "~("]), &[]).unwrap_err();
-        assert_eq!(e.field, "proxy_config.access_control.allow_list[2]");
+        assert_eq!(e.field, "access_control.allow_list[2]");
         let mut bad_rule = rule("r", &["a.test"]);
         bad_rule.headers = vec![plain("bad name", "v")];
         let e = validate_config(
@@ -531,7 +539,7 @@ mod tests {
             &[],
         )
         .unwrap_err();
-        assert_eq!(e.field, "proxy_config.rules[0].headers[0].name");
+        assert_eq!(e.field, "rules[0].headers[0].name");
         let mut bad_value = rule("r", &["a.test"]);
         bad_value.headers = vec![plain("x", "line\nbreak")];
         assert!(validate_config(
@@ -555,7 +563,7 @@ mod tests {
         assert!(validate_config(&cb("https://hooks.example.com/x"), &[]).is_ok());
         for bad in ["ftp://x.test/", "/relative", "not a url"] {
             let e = validate_config(&cb(bad), &[]).unwrap_err();
-            assert_eq!(e.field, "proxy_config.callbacks[0].url", "{bad}");
+            assert_eq!(e.field, "callbacks[0].url", "{bad}");
         }
         let e = validate_config(
             &ProxyConfig {
@@ -568,7 +576,7 @@ mod tests {
             &[],
         )
         .unwrap_err();
-        assert_eq!(e.field, "proxy_config.rules[0].match_headers[0]");
+        assert_eq!(e.field, "rules[0].match_headers[0]");
     }
 
     fn callback_cfg(urls: &[&str]) -> ProxyConfig {
@@ -606,7 +614,7 @@ mod tests {
         ] {
             let e = validate_config(&callback_cfg(&["https://hooks.example.com/", bad]), &[])
                 .unwrap_err();
-            assert_eq!(e.field, "proxy_config.callbacks[1].url", "{bad}");
+            assert_eq!(e.field, "callbacks[1].url", "{bad}");
             assert!(e.to_string().contains("private address"), "{bad}: {e}");
         }
         // Names are judged when the host connects (resolved then).
@@ -677,13 +685,14 @@ mod tests {
             rules: vec![r],
             ..Default::default()
         };
-        let p = Policy::from_config(&cfg, &mut |h| {
-            Ok(h.value.as_deref().unwrap_or("").replace("{KEY}", "s3cret"))
+        let p = Policy::from_spec(&cfg.to_spec(), &mut |v| {
+            Ok(raw(v).replace("{KEY}", "s3cret"))
         })
         .unwrap();
         assert_eq!(p.rules[0].headers, vec![("x-key".into(), "s3cret".into())]);
-        let e = Policy::from_config(&cfg, &mut |_| Err("no secret KEY".into())).unwrap_err();
-        assert_eq!(e.field, "proxy_config.rules[0].headers[0].value");
+        let e =
+            Policy::from_spec(&cfg.to_spec(), &mut |_| Err("no secret KEY".into())).unwrap_err();
+        assert_eq!(e.field, "rules[0].headers[0].value");
         let json = serde_json::to_string(&p).unwrap();
         let back: Policy = serde_json::from_str(&json).unwrap();
         assert_eq!(back, p);

@@ -22,6 +22,7 @@ use hearth_api::nested::{
     AccessControl, ProxyCallback, ProxyConfig, ProxyHeader, ProxyRule, SecretKind,
 };
 use hearth_egress::{Attachment, Egress, EgressSettings, Policy, SandboxSockets};
+use hearth_types::egress::SecretValue;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 
@@ -372,7 +373,12 @@ impl Drop for World {
 }
 
 fn policy(cfg: ProxyConfig) -> Policy {
-    Policy::from_config(&cfg, &mut |h| Ok(h.value.clone().unwrap_or_default())).unwrap()
+    // Stored values as they are: these tests put real values in.
+    Policy::from_spec(&cfg.to_spec(), &mut |v| {
+        let (SecretValue::Plain(s) | SecretValue::Sealed(s) | SecretValue::Template(s)) = v;
+        Ok(s.clone())
+    })
+    .unwrap()
 }
 
 fn access(allow: Option<&[&str]>, deny: Option<&[&str]>) -> ProxyConfig {
@@ -1150,7 +1156,7 @@ async fn finding3_callback_dns_rebinding_is_refused() {
     .await;
     // A name passes validation; it resolves to a private address now.
     let cfg = callback_cfg(format!("http://private.test:{port}/"));
-    hearth_egress::validate_config(&cfg, &[]).unwrap();
+    hearth_egress::validate_spec(&cfg.to_spec(), &[]).unwrap();
     let w = world(policy(cfg)).await;
     assert_eq!(w.get_https("secure.test", "/", &[]).await.0, 502);
     // A name with a private and an allowed address: only the checked one

@@ -5,12 +5,15 @@
 //! - [`MilliCpu`]: CPU in thousandths of a vCPU (LangSmith's `cpu_millicores`).
 //! - [`WorkspaceId`], [`SandboxId`], [`HostId`], [`SnapshotId`], [`ApiKeyId`]:
 //!   control-plane record ids (UUIDs, printed hyphenated), in [`ids`].
+//! - [`egress::EgressSpec`]: a sandbox's egress as Hearth describes it,
+//!   whichever API it came in through.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod egress;
 pub mod ids;
 pub use ids::{ApiKeyId, HostId, SandboxId, SnapshotId, WorkspaceId};
 

@@ -1,0 +1,101 @@
+//! A sandbox's egress as Hearth describes it, whichever API it came in
+//! through: what the sandbox may reach, which headers are added for which
+//! requests (their values still sealed or templated), which callbacks
+//! resolve headers, and the environment the rules give the guest. A front
+//! door (LangSmith's `proxy_config`, later E2B's network options) parses
+//! into this; the egress proxy builds its policy from it, resolving the
+//! secrets only then. Names of fields follow the API's where they mean the
+//! same, so an error's path reads the same at either end.
+
+use std::collections::BTreeMap;
+
+/// Where the sandbox may go, and what the proxy adds on the way.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EgressSpec {
+    pub access: Option<AccessSpec>,
+    /// Header rules in order; the first that matches a request wins.
+    pub rules: Vec<RuleSpec>,
+    pub callbacks: Vec<CallbackSpec>,
+}
+
+/// An allow list or a deny list of host patterns (exact names, `*.globs`,
+/// IPs, CIDRs, `~regex`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AccessSpec {
+    AllowList(Vec<String>),
+    DenyList(Vec<String>),
+}
+
+/// A header-injection rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuleSpec {
+    pub name: String,
+    /// A disabled rule is kept (and reported) but does nothing.
+    pub enabled: bool,
+    pub match_hosts: Vec<String>,
+    /// Any one must match the request's path; empty = every path.
+    pub match_paths: Vec<String>,
+    /// `"name: value"`: every one must be on the request.
+    pub match_headers: Vec<String>,
+    pub headers: Vec<HeaderSpec>,
+    /// Plaintext environment for the guest while the rule is enabled.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A header and where its value comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderSpec {
+    pub name: String,
+    pub value: SecretValue,
+}
+
+/// A header's value as stored: resolved only when a host needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretValue {
+    /// Configuration, not a secret: may also travel over plain HTTP.
+    Plain(String),
+    /// Sealed under the control plane's master key.
+    Sealed(String),
+    /// `{NAME}` references filled from the workspace's secrets.
+    Template(String),
+}
+
+impl SecretValue {
+    /// Whether the value is configuration rather than a secret.
+    pub fn is_plain(&self) -> bool {
+        matches!(self, Self::Plain(_))
+    }
+}
+
+/// A callback that resolves headers for matching hosts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallbackSpec {
+    pub match_hosts: Vec<String>,
+    pub url: String,
+    pub ttl_seconds: i64,
+    /// Sent with the callback's request.
+    pub request_headers: Vec<HeaderSpec>,
+}
+
+impl EgressSpec {
+    /// The guest's environment from the enabled rules (the first rule that
+    /// sets a name wins).
+    pub fn env(&self) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        for rule in self.rules.iter().filter(|r| r.enabled) {
+            for (k, v) in &rule.env {
+                env.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        env
+    }
+
+    /// Every header's value (rules' and callbacks').
+    pub fn values(&self) -> impl Iterator<Item = &SecretValue> {
+        self.rules
+            .iter()
+            .flat_map(|r| r.headers.iter())
+            .chain(self.callbacks.iter().flat_map(|c| c.request_headers.iter()))
+            .map(|h| &h.value)
+    }
+}
