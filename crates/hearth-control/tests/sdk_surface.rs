@@ -452,3 +452,66 @@ async fn every_sdk_field_acts_or_is_refused_naming_it() {
         wrong.join("\n")
     );
 }
+
+/// The sandbox's egress as its host holds it: the allow list's patterns.
+fn host_allow_list(host: &SimHost, id: &str) -> Vec<String> {
+    let vm = hearth_types::VmId::from(id.parse::<uuid::Uuid>().unwrap());
+    let net = host
+        .network(vm)
+        .expect("the host holds the sandbox's network");
+    match net.policy.access {
+        Some(hearth_egress::Access::AllowList(list)) => {
+            list.iter().map(|p| p.as_str().to_owned()).collect()
+        }
+        other => panic!("not an allow list: {other:?}"),
+    }
+}
+
+/// A 200 on a PATCH of proxy_config means the sandbox's host has the new
+/// policy: a stopped sandbox is refused (400 InvalidRequest, which the SDK
+/// raises as SandboxNotReadyError), and a host that does not take it makes
+/// the PATCH a 503 that changed nothing, stored or enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_config_patch_is_a_200_only_once_the_host_has_it() {
+    let e = env().await;
+    let allow = |hosts: &[&str]| json!({"proxy_config": {"access_control": {"allow_list": hosts}}});
+    let mut body = allow(&["a.test"]);
+    body["name"] = json!("patched");
+    let (status, created) = e.send("create", &body).await;
+    assert!(status.is_success(), "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(host_allow_list(&e._host, &id), ["a.test"]);
+    const BOX: &str = "/api/v2/sandboxes/boxes/patched";
+
+    let (status, v) = e.call(Method::PATCH, BOX, Some(&allow(&["b.test"]))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(host_allow_list(&e._host, &id), ["b.test"]);
+
+    // Unreachable host: 503, and neither the stored config nor the host's
+    // changed.
+    e._host.set_unavailable(true);
+    let (status, v) = e.call(Method::PATCH, BOX, Some(&allow(&["c.test"]))).await;
+    e._host.set_unavailable(false);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert!(v.to_string().contains("nothing was changed"), "{v}");
+    let (_, got) = e.call(Method::GET, BOX, None).await;
+    assert_eq!(
+        got["proxy_config"]["access_control"]["allow_list"],
+        json!(["b.test"])
+    );
+    assert_eq!(host_allow_list(&e._host, &id), ["b.test"]);
+
+    // Stopped: refused as not ready, nothing stored.
+    let (status, v) = e
+        .call(Method::POST, &format!("{BOX}/stop"), Some(&json!({})))
+        .await;
+    assert!(status.is_success(), "{v}");
+    let (status, v) = e.call(Method::PATCH, BOX, Some(&allow(&["d.test"]))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["detail"]["error"], "InvalidRequest", "{v}");
+    let (_, got) = e.call(Method::GET, BOX, None).await;
+    assert_eq!(
+        got["proxy_config"]["access_control"]["allow_list"],
+        json!(["b.test"])
+    );
+}

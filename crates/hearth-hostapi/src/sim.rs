@@ -71,6 +71,9 @@ struct State {
     guests: HashMap<VmId, GuestClient>,
     /// Store volumes captures, imports and saved memory named.
     volumes: BTreeSet<String>,
+    /// The egress settings each VM was last given (at create or by
+    /// `set_network`), as a real host's proxy would enforce them.
+    networks: HashMap<VmId, SandboxNet>,
 }
 
 #[derive(Clone, Copy)]
@@ -133,6 +136,11 @@ impl SimHost {
     /// The free disk [`HostApi::status`] reports.
     pub fn set_disk_available(&self, free: ByteSize) {
         self.knobs().disk_available = free;
+    }
+
+    /// The egress settings the VM was last given, read directly.
+    pub fn network(&self, id: VmId) -> Option<SandboxNet> {
+        self.state().networks.get(&id).cloned()
     }
 
     /// The VM's record, read directly (no latency, no fence).
@@ -309,6 +317,8 @@ impl HostApi for SimHost {
                     ..VmRecord::provisioning(id, &req, "sim".into())
                 },
             );
+            st.networks
+                .insert(id, req.network.clone().unwrap_or_default());
         }
         self.boot(id).await
     }
@@ -373,6 +383,7 @@ impl HostApi for SimHost {
             .remove(&id)
             .ok_or_else(|| HostApiError::not_found(id))?;
         drop_guest(&mut st, id, "the vm was deleted");
+        st.networks.remove(&id);
         // Its saved memory goes with it (a forget keeps it in the store).
         if let Some(m) = rec.saved {
             st.volumes.remove(&m.memory);
@@ -389,14 +400,17 @@ impl HostApi for SimHost {
             .remove(&id)
             .ok_or_else(|| HostApiError::not_found(id))?;
         drop_guest(&mut st, id, "the vm was forgotten");
+        st.networks.remove(&id);
         Ok(())
     }
 
-    async fn set_network(&self, id: VmId, fence: u64, _net: SandboxNet) -> HostResult<()> {
+    async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()> {
         self.enter().await?;
         let mut st = self.state();
         check_fence(&mut st, id, fence)?;
-        vm_mut(&mut st, id).map(drop)
+        vm_mut(&mut st, id)?;
+        st.networks.insert(id, net);
+        Ok(())
     }
 
     async fn get_vm(&self, id: VmId, fence: u64) -> HostResult<VmRecord> {
