@@ -54,11 +54,15 @@ async fn default_image_boots_and_stops_gracefully() {
     assert_eq!(out.stdout, b"4\n");
     let out = g
         .run(sh(
-            "echo $BASH_VERSION | cut -c1; git --version | cut -d' ' -f1; whoami",
+            "echo $BASH_VERSION | cut -c1; git --version | cut -d' ' -f1; whoami; \
+             ip -br link show lo | cut -d' ' -f1; ss -ltn | head -1 | cut -d' ' -f1",
         ))
         .await
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "5\ngit\nroot\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "5\ngit\nroot\nlo\nState\n"
+    );
     let t = Instant::now();
     let rec = host.stop(vm.id).await.unwrap();
     assert_eq!(rec.state, VmState::Stopped);

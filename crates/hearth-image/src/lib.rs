@@ -113,7 +113,7 @@ pub enum ImageName {
     /// busybox-static and its applets: tiny, quick to build, for tests.
     Busybox,
     /// Debian minbase with bash, python/python3, pip, venv, git, curl, jq,
-    /// ripgrep, unzip, procps and CA certificates.
+    /// ripgrep, unzip, iproute2, procps and CA certificates.
     Default,
 }
 

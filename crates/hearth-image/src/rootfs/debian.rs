@@ -13,8 +13,8 @@ pub(super) const VARIANT: &str = "minbase";
 /// Packages added to minbase (their dependencies, never their
 /// recommendations): what agents and their commands reach for. `python` is
 /// python-is-python3; `pip install` works without flags (see
-/// [`allow_pip_install`]); `rg` is ripgrep.
-pub(super) const INCLUDE: [&str; 13] = [
+/// [`allow_pip_install`]); `rg` is ripgrep; `ip` and `ss` are iproute2.
+pub(super) const INCLUDE: [&str; 14] = [
     "bash",
     "coreutils",
     "procps",
@@ -28,6 +28,7 @@ pub(super) const INCLUDE: [&str; 13] = [
     "jq",
     "ripgrep",
     "unzip",
+    "iproute2",
 ];
 
 /// Runs debootstrap into `tree` and applies Hearth's changes; returns the
