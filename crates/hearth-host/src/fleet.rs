@@ -211,6 +211,15 @@ pub async fn hold_lease(host: Arc<Host>, client: ControlClient, verifier: Arc<Ve
         // Register (again), with a bounded backoff.
         let mut backoff = Duration::from_millis(200);
         let (lease, sent) = loop {
+            // A host that cannot keep disks in the store takes none: it
+            // registers only once the store proves usable.
+            let who = format!("host-{}", client.settings.host_id);
+            if let Err(e) = host.probe_store(&who).await {
+                tracing::error!(error = %crate::host::error_chain(&e), "the store is not usable; not registering until it is");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
             let sent = Instant::now();
             match client.register(&host).await {
                 Ok(lease) => break (lease, sent),

@@ -351,6 +351,16 @@ impl Host {
         self.generations.as_ref()
     }
 
+    /// Proves the store this host keeps disks in takes a write, gives it
+    /// back and deletes it ([`hearth_store::Store::probe`]); `who` names
+    /// the prober. Nothing to prove without a store.
+    pub async fn probe_store(&self, who: &str) -> Result<(), hearth_store::StoreError> {
+        match &self.generations {
+            Some(g) => g.store().probe(who).await,
+            None => Ok(()),
+        }
+    }
+
     pub fn config(&self) -> &HostConfig {
         &self.cfg
     }

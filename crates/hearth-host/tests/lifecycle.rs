@@ -258,3 +258,19 @@ async fn a_vm_left_stopping_by_a_dead_agent_is_failed_and_starts_again() {
     assert_eq!(vm.state(), VmState::Ready);
     host.shutdown().await;
 }
+
+/// Before a host registers with a control plane (`hold_lease`), it proves
+/// its store takes a write, gives it back and deletes it; a store that
+/// cannot be written is an error naming the step, and the host does not
+/// register until the probe passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_proves_its_store_before_it_takes_disks() {
+    let host = host().await;
+    host.probe_store("host-probe").await.unwrap();
+    let store = host.config().data_dir.join("store");
+    let _ = std::fs::remove_dir_all(store.join("health"));
+    std::fs::write(store.join("health"), b"in the way").unwrap();
+    let e = host.probe_store("host-probe").await.unwrap_err();
+    assert!(e.to_string().contains("write the health probe"), "{e}");
+    host.shutdown().await;
+}

@@ -94,6 +94,9 @@ pub enum StoreError {
     /// the device size, …).
     #[error("invalid generation for volume {volume}: {reason}")]
     InvalidDraft { volume: VolumeId, reason: String },
+    /// The store answered, but does not give back what it was given.
+    #[error("the store is not usable: {reason}")]
+    Unusable { reason: String },
     /// A blocking task panicked or was cancelled.
     #[error("background task failed: {what}")]
     Task { what: &'static str },

@@ -83,6 +83,7 @@ mod id;
 pub mod journal;
 mod kek;
 mod manifest;
+mod probe;
 mod store;
 pub mod sweep;
 

@@ -363,3 +363,25 @@ async fn a_file_with_holes_stores_only_its_data_chunks() {
     store.export_to_file(&m, &out).await.unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&path).unwrap());
 }
+
+/// A host proves the store keeps what it is given before it takes disks:
+/// the probe writes, reads back and deletes `health/<who>`, leaving
+/// nothing; a store that cannot be written is an error naming the step.
+#[tokio::test]
+async fn the_health_probe_proves_a_round_trip_and_names_what_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let store = open(root.to_str().unwrap(), &dir.path().join("cache"), 1).await;
+    store.probe("host-1").await.unwrap();
+    store.probe("host-1").await.unwrap();
+    assert!(
+        files_under(&root.join("health")).is_empty(),
+        "the probe left {:?}",
+        files_under(&root.join("health"))
+    );
+    // `health` as a file: nothing can be written below it.
+    std::fs::remove_dir_all(root.join("health")).ok();
+    std::fs::write(root.join("health"), b"in the way").unwrap();
+    let e = store.probe("host-1").await.unwrap_err();
+    assert!(e.to_string().contains("write the health probe"), "{e}");
+}

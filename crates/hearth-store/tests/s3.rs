@@ -97,6 +97,9 @@ async fn round_trip_and_fencing_on_s3() {
     );
     let dir = tempfile::tempdir().unwrap();
     let store = open(&url, &dir.path().join("cache"), 1).await;
+    // The health probe a host runs before it registers, against real S3
+    // (moto, signatures checked).
+    store.probe("host-s3").await.unwrap();
     round_trip_and_fencing(&store, dir.path()).await;
 
     // A cold instance (empty cache) reads everything back from S3, and a
