@@ -44,10 +44,12 @@ use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
-use hearth_control::{Control, ControlConfig, LocalHost};
+use hearth_control::Control;
 use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_hostapi::{SimHost, VmState};
-use hearth_types::{ApiKeyId, ByteSize, HostId, MilliCpu, VmId, WorkspaceId};
+
+mod harness;
+use hearth_types::{ApiKeyId, VmId, WorkspaceId};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -100,16 +102,7 @@ async fn world(url: &str) -> World {
             .unwrap();
         tenants.push(Tenant { ws, key_id, key });
     }
-    let host = Arc::new(SimHost::new());
-    let hosts = vec![LocalHost {
-        id: HostId::new(),
-        host: host.clone(),
-        capacity_cpu: MilliCpu::vcpus(64),
-        capacity_mem: ByteSize::gib(256),
-    }];
-    let control = Control::open(db, ControlConfig::default(), hosts)
-        .await
-        .unwrap();
+    let (control, host) = harness::sim_control(db).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -25,12 +25,13 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use hearth_control::{Control, ControlConfig, LocalHost};
 use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_hostapi::SimHost;
-use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
+use hearth_types::WorkspaceId;
 use serde_json::{json, Value};
 use tower::ServiceExt;
+
+mod harness;
 
 #[path = "../../../tests/sdk/python.rs"]
 mod python;
@@ -59,16 +60,7 @@ async fn env() -> Env {
         .await
         .unwrap()
         .1;
-    let host = Arc::new(SimHost::new());
-    let hosts = vec![LocalHost {
-        id: HostId::new(),
-        host: host.clone(),
-        capacity_cpu: MilliCpu::vcpus(64),
-        capacity_mem: ByteSize::gib(256),
-    }];
-    let control = Control::open(db, ControlConfig::default(), hosts)
-        .await
-        .unwrap();
+    let (control, host) = harness::sim_control(db).await;
     Env {
         app: hearth_control::router(control),
         key,

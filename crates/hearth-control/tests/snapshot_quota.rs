@@ -15,12 +15,13 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use hearth_control::{Control, ControlConfig, LocalHost};
 use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_hostapi::SimHost;
-use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
+use hearth_types::{ByteSize, WorkspaceId};
 use serde_json::{json, Value};
 use tower::ServiceExt;
+
+mod harness;
 
 const GIB: u64 = 1 << 30;
 
@@ -45,16 +46,7 @@ async fn env(url: &str, quotas: Quotas) -> Env {
         .await
         .unwrap()
         .1;
-    let host = Arc::new(SimHost::new());
-    let hosts = vec![LocalHost {
-        id: HostId::new(),
-        host: host.clone(),
-        capacity_cpu: MilliCpu::vcpus(64),
-        capacity_mem: ByteSize::gib(256),
-    }];
-    let control = Control::open(db, ControlConfig::default(), hosts)
-        .await
-        .unwrap();
+    let (control, host) = harness::sim_control(db).await;
     Env {
         app: hearth_control::router(control),
         key,

@@ -38,6 +38,22 @@ pub async fn host() -> Arc<Host> {
         .unwrap()
 }
 
+/// A control plane over `db` and one simulated host (`SimHost`) with room
+/// for whatever a test asks (64 vCPUs, 256 GiB).
+pub async fn sim_control(db: Db) -> (Arc<Control>, Arc<hearth_hostapi::SimHost>) {
+    let host = Arc::new(hearth_hostapi::SimHost::new());
+    let hosts = vec![LocalHost {
+        id: HostId::new(),
+        host: host.clone(),
+        capacity_cpu: MilliCpu::vcpus(64),
+        capacity_mem: ByteSize::gib(256),
+    }];
+    let control = Control::open(db, ControlConfig::default(), hosts)
+        .await
+        .unwrap();
+    (control, host)
+}
+
 /// A served control plane and the keys of its two workspaces.
 pub struct Server {
     pub addr: SocketAddr,
