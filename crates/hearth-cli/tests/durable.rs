@@ -289,20 +289,9 @@ fn export_head(dir: &Path, scratch: &Path, vm: &str, path: &Path) -> Manifest {
     })
 }
 
-/// `e2fsck` with `args` on `image`: (exit code, output).
-fn e2fsck(args: &[&str], image: &Path) -> (i32, String) {
-    let out = Command::new("e2fsck")
-        .args(args)
-        .arg(image)
-        .output()
-        .expect("e2fsck is installed (e2fsprogs)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
+#[path = "../../../tests/support/e2fsck.rs"]
+mod e2fsck;
+use e2fsck::e2fsck;
 
 /// `cat path` inside an ext4 image, with debugfs (no mount needed).
 fn debugfs_cat(image: &Path, path: &str) -> String {

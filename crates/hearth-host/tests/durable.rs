@@ -532,20 +532,8 @@ async fn on_s3_a_stalled_store_delays_flushes_and_commits_but_loses_nothing() {
     host.shutdown().await;
 }
 
-/// `e2fsck -fn` on `image`: (exit code, report).
-fn e2fsck_readonly(image: &Path) -> (i32, String) {
-    let out = Command::new("e2fsck")
-        .arg("-fn")
-        .arg(image)
-        .output()
-        .expect("e2fsck is installed (e2fsprogs)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
+#[path = "../../../tests/support/e2fsck.rs"]
+mod e2fsck;
 
 /// Held in the second review: a guest that fills its disk to 100 % and is
 /// stopped and started four times keeps every file it synced, boots each
@@ -598,7 +586,7 @@ async fn held_a_full_disk_survives_four_stops_and_starts_and_checks_clean() {
     let head = store.head(&vol).await.unwrap().expect("a committed head");
     let image = host.config().data_dir.join("full-disk.ext4");
     store.export_to_file(&head, &image).await.expect("export");
-    let (rc, report) = e2fsck_readonly(&image);
+    let (rc, report) = e2fsck::e2fsck(&["-fn"], &image);
     assert_eq!(rc, 0, "e2fsck -fn of the full disk's head:\n{report}");
     std::fs::remove_file(&image).unwrap();
     host.delete(id).await.unwrap();
