@@ -35,8 +35,9 @@ fn opaque_aad(workspace: WorkspaceId) -> String {
 
 /// Checks a config as it arrives on the API; `allow_private` is the
 /// operator's list of private networks callbacks may reach.
+/// (The config's own rules are `ProxyConfig::validate`'s, which create and
+/// update run on it.)
 pub(crate) fn check(cfg: &ProxyConfig, allow_private: &[ipnet::IpNet]) -> Result<(), ApiError> {
-    cfg.validate()?;
     hearth_egress::validate_spec(&cfg.to_spec(), allow_private).map_err(policy_error)
 }
 
