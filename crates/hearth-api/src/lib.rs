@@ -51,7 +51,7 @@ pub use snapshots::{
     SnapshotStatus, SnapshotTag, SnapshotsByNameResponse,
 };
 pub use spec::{
-    apply_update, resolve_create, snapshot_selector, CreatePlan, RestoreMemory, SandboxMeta,
-    SandboxSpec, SnapshotFacts, SnapshotSelector,
+    apply_update, read_stored_spec, resolve_create, sandbox_response, snapshot_selector,
+    RestoreMemory, SandboxMeta, SnapshotFacts, SnapshotSelector,
 };
 pub use validate::SnapshotRef;

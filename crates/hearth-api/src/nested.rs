@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use hearth_types::egress::{
     AccessSpec, CallbackSpec, EgressSpec, HeaderSpec, RuleSpec, SecretValue,
 };
+use hearth_types::sandbox::RunSpec;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -38,6 +39,26 @@ pub struct RunConfig {
     /// Environment variables, merged over the layer below.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<BTreeMap<String, String>>,
+}
+
+impl From<RunConfig> for RunSpec {
+    fn from(rc: RunConfig) -> RunSpec {
+        RunSpec {
+            user: rc.user,
+            work_dir: rc.work_dir,
+            env_vars: rc.env_vars,
+        }
+    }
+}
+
+impl From<RunSpec> for RunConfig {
+    fn from(rs: RunSpec) -> RunConfig {
+        RunConfig {
+            user: rs.user,
+            work_dir: rs.work_dir,
+            env_vars: rs.env_vars,
+        }
+    }
 }
 
 impl RunConfig {
@@ -385,6 +406,7 @@ impl ProxyConfig {
                 .iter()
                 .map(|r| RuleSpec {
                     name: r.name.clone(),
+                    description: r.description.clone(),
                     enabled: r.enabled != Some(false),
                     match_hosts: r.match_hosts.clone(),
                     match_paths: r.match_paths.clone(),
@@ -403,6 +425,67 @@ impl ProxyConfig {
                     request_headers: c.request_headers.iter().map(header).collect(),
                 })
                 .collect(),
+            description: self.description.clone(),
+        }
+    }
+
+    /// A stored spec in LangSmith's terms, as stored (sealed `opaque`
+    /// values in `value`; [`Self::redacted`] before showing it). The
+    /// inverse of [`Self::to_spec`] up to spelling: an omitted `enabled`
+    /// comes back `true`, empty `env_vars` omitted.
+    pub fn from_spec(spec: &EgressSpec) -> ProxyConfig {
+        let header = |h: &HeaderSpec| {
+            let (kind, value) = match &h.value {
+                SecretValue::Plain(v) => (SecretKind::Plaintext, v),
+                SecretValue::Sealed(v) => (SecretKind::Opaque, v),
+                SecretValue::Template(v) => (SecretKind::WorkspaceSecret, v),
+            };
+            ProxyHeader {
+                name: h.name.clone(),
+                kind,
+                value: Some(value.clone()),
+                is_set: None,
+            }
+        };
+        ProxyConfig {
+            rules: spec
+                .rules
+                .iter()
+                .map(|r| ProxyRule {
+                    name: r.name.clone(),
+                    enabled: Some(r.enabled),
+                    description: r.description.clone(),
+                    match_hosts: r.match_hosts.clone(),
+                    match_paths: r.match_paths.clone(),
+                    match_headers: r.match_headers.clone(),
+                    headers: r.headers.iter().map(header).collect(),
+                    env_vars: (!r.env.is_empty()).then(|| r.env.clone()),
+                    ..ProxyRule::default()
+                })
+                .collect(),
+            callbacks: spec
+                .callbacks
+                .iter()
+                .map(|c| ProxyCallback {
+                    match_hosts: c.match_hosts.clone(),
+                    url: c.url.clone(),
+                    ttl_seconds: c.ttl_seconds,
+                    full_request: None,
+                    request_headers: c.request_headers.iter().map(header).collect(),
+                })
+                .collect(),
+            access_control: spec.access.as_ref().map(|a| match a {
+                AccessSpec::AllowList(l) => AccessControl {
+                    allow_list: Some(l.clone()),
+                    deny_list: None,
+                },
+                AccessSpec::DenyList(l) => AccessControl {
+                    allow_list: None,
+                    deny_list: Some(l.clone()),
+                },
+            }),
+            no_proxy: Vec::new(),
+            description: spec.description.clone(),
         }
     }
 

@@ -4,7 +4,7 @@ use hearth_types::{ByteSize, MilliCpu};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, QuotaKind};
-use crate::spec::SandboxSpec;
+use hearth_types::sandbox::SandboxSpec;
 
 /// Per-workspace limits. Defaults are LangSmith's self-hosted ones (Helm
 /// `sandboxes.quotas`: 1000 sandboxes, 16 cores, 64 GB).

@@ -4,7 +4,7 @@
 //! Creating is two steps because the snapshot lives in the database:
 //! [`snapshot_selector`] says which snapshot the body asks for, the control
 //! plane looks it up, and [`resolve_create`] checks the body against the
-//! snapshot's [`SnapshotFacts`] and returns a [`CreatePlan`].
+//! snapshot's [`SnapshotFacts`] and returns a [`SandboxPlan`].
 //!
 //! Sizing rules (LangSmith's "Create a sandbox" reference):
 //! - CPU: `cpu_millicores` takes precedence over `vcpus` (a `vcpus` sent
@@ -37,16 +37,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use hearth_types::sandbox::{RunSpec, SandboxPlan, SandboxSpec};
 use hearth_types::{ByteSize, MilliCpu};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::boxes::{CreateSandboxRequest, SandboxResponse, SandboxStatus, UpdateSandboxRequest};
 use crate::error::ApiError;
-use crate::nested::{
-    validate_volumes, AccessDelegation, MountConfig, ProxyConfig, RunConfig, VolumeAttachment,
-    VolumeMountRequest,
-};
+use crate::nested::{validate_volumes, ProxyConfig, RunConfig, VolumeAttachment};
 use crate::validate::{check_env_vars, check_labels, check_sandbox_name, check_ttl, SnapshotRef};
 
 const GIB: u64 = ByteSize::GIB;
@@ -135,66 +133,13 @@ pub struct SnapshotFacts {
     pub supports_non_persistent: bool,
 }
 
-/// How a create treats the snapshot's memory (this request only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RestoreMemory {
-    /// Resume from memory when the snapshot has it, else cold boot.
-    #[default]
-    IfPresent,
-    /// Resume from memory; the create was rejected if there is none.
-    Always,
-    /// Always cold boot.
-    Never,
-}
-
-/// A sandbox's resolved, persistent configuration: what the control plane
-/// stores and the host is asked to run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SandboxSpec {
-    /// The requested name; `None` = the control plane picks one.
-    pub name: Option<String>,
-    pub snapshot_id: Uuid,
-    pub cpu: MilliCpu,
-    pub mem: ByteSize,
-    pub fs_capacity: ByteSize,
-    pub persistent: bool,
-    pub preserve_memory_on_stop: bool,
-    /// `None` = never idle-stopped.
-    #[serde(with = "opt_secs")]
-    pub idle_ttl: Option<Duration>,
-    /// `None` = never deleted after stop.
-    #[serde(with = "opt_secs")]
-    pub delete_after_stop: Option<Duration>,
-    /// The snapshot's run config with the sandbox's overrides applied.
-    pub run_config: RunConfig,
-    /// The sandbox's own env layer, above `run_config.env_vars`.
-    pub env_vars: BTreeMap<String, String>,
-    /// The snapshot's labels overridden by the request's.
-    pub labels: BTreeMap<String, String>,
-    pub tag_value_ids: Vec<String>,
-    pub access_delegation: Option<AccessDelegation>,
-    /// As sent (secrets included); redact with [`ProxyConfig::redacted`]
-    /// before showing it.
-    pub proxy_config: Option<ProxyConfig>,
-    pub mount_config: Option<MountConfig>,
-    pub volumes: Vec<VolumeMountRequest>,
-}
-
-/// A validated create: the spec plus the settings of this request only.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CreatePlan {
-    pub spec: SandboxSpec,
-    pub restore_memory: RestoreMemory,
-    /// Block until ready for at most this long; `None` = answer at once
-    /// with status `provisioning`.
-    pub wait_for_ready: Option<Duration>,
-}
+pub use hearth_types::sandbox::RestoreMemory;
 
 /// Validates a create body against its snapshot and resolves every default.
 pub fn resolve_create(
     req: &CreateSandboxRequest,
     snapshot: &SnapshotFacts,
-) -> Result<CreatePlan, ApiError> {
+) -> Result<SandboxPlan, ApiError> {
     if let Some(name) = &req.name {
         check_sandbox_name("name", name)?;
     }
@@ -221,10 +166,9 @@ pub fn resolve_create(
         }
         None => base_run_config,
     };
-    let tag_value_ids = req.tag_value_ids.clone().unwrap_or_default();
-    check_tag_value_ids(&tag_value_ids)?;
-    let volumes = req.volumes.clone().unwrap_or_default();
-    validate_volumes(&volumes)?;
+    // Refused when set (422 naming them), so none reaches the spec.
+    check_tag_value_ids(req.tag_value_ids.as_deref().unwrap_or_default())?;
+    validate_volumes(req.volumes.as_deref().unwrap_or_default())?;
     if let Some(ad) = &req.access_delegation {
         ad.validate()?;
     }
@@ -292,10 +236,10 @@ pub fn resolve_create(
         None
     };
 
-    Ok(CreatePlan {
+    Ok(SandboxPlan {
         spec: SandboxSpec {
             name: req.name.clone(),
-            snapshot_id: snapshot.id,
+            snapshot_id: snapshot.id.into(),
             cpu: sizing.cpu,
             mem: sizing.mem,
             fs_capacity: sizing.fs_capacity,
@@ -303,14 +247,10 @@ pub fn resolve_create(
             preserve_memory_on_stop,
             idle_ttl,
             delete_after_stop,
-            run_config,
+            run: run_config.into(),
             env_vars,
             labels,
-            tag_value_ids,
-            access_delegation: req.access_delegation.clone(),
-            proxy_config: req.proxy_config.clone(),
-            mount_config: req.mount_config.clone(),
-            volumes,
+            egress: req.proxy_config.as_ref().map(ProxyConfig::to_spec),
         },
         restore_memory,
         wait_for_ready,
@@ -633,20 +573,21 @@ pub fn apply_update(
     }
     if let Some(pc) = &req.proxy_config {
         pc.validate()?;
-        let merged = match &current.proxy_config {
-            Some(old) => old.replaced_by(pc),
+        let merged = match &current.egress {
+            Some(old) => ProxyConfig::from_spec(old).replaced_by(pc),
             None => pc.clone(),
         };
         merged.check_values_present()?;
-        spec.proxy_config = Some(merged);
+        spec.egress = Some(merged.to_spec());
     }
     if let Some(rc) = &req.run_config {
         rc.validate("run_config")?;
-        spec.run_config = rc.merged_over(&current.run_config);
+        let current = RunConfig::from(current.run.clone());
+        spec.run = RunSpec::from(rc.merged_over(&current));
     }
     if let Some(ids) = &req.tag_value_ids {
+        // Refused when set (422 naming it).
         check_tag_value_ids(ids)?;
-        spec.tag_value_ids = ids.clone();
     }
     Ok(spec)
 }
@@ -668,38 +609,40 @@ pub struct SandboxMeta {
     pub volumes: Option<Vec<VolumeAttachment>>,
 }
 
-impl SandboxSpec {
-    /// The sandbox resource as the API returns it: CPU in both units, TTLs
-    /// with 0 for "disabled", opaque proxy secrets redacted.
-    pub fn to_response(&self, meta: SandboxMeta) -> SandboxResponse {
-        SandboxResponse {
-            id: meta.id,
-            name: meta.name,
-            status: meta.status,
-            status_message: meta.status_message,
-            dataplane_url: meta.dataplane_url,
-            snapshot_id: Some(self.snapshot_id),
-            vcpus: self.cpu.whole_vcpus(),
-            cpu_millicores: self.cpu.0,
-            mem_bytes: self.mem.bytes(),
-            fs_capacity_bytes: self.fs_capacity.bytes(),
-            size_class: size_class(self.cpu, self.mem),
-            idle_ttl_seconds: self.idle_ttl.map_or(0, |d| d.as_secs()),
-            delete_after_stop_seconds: self.delete_after_stop.map_or(0, |d| d.as_secs()),
-            stopped_at: meta.stopped_at,
-            persistent: self.persistent,
-            preserve_memory_on_stop: self.preserve_memory_on_stop,
-            labels: self.labels.clone(),
-            run_config: self.run_config.clone(),
-            mount_config: self.mount_config.clone(),
-            proxy_config: self.proxy_config.as_ref().map(ProxyConfig::redacted),
-            access_delegation: self.access_delegation.clone(),
-            volumes: meta.volumes,
-            created_at: meta.created_at,
-            created_by: meta.created_by,
-            updated_at: meta.updated_at,
-            updated_by: meta.updated_by,
-        }
+/// The sandbox resource as the API returns it: CPU in both units, TTLs
+/// with 0 for "disabled", opaque proxy secrets redacted.
+pub fn sandbox_response(spec: &SandboxSpec, meta: SandboxMeta) -> SandboxResponse {
+    SandboxResponse {
+        id: meta.id,
+        name: meta.name,
+        status: meta.status,
+        status_message: meta.status_message,
+        dataplane_url: meta.dataplane_url,
+        snapshot_id: Some(*spec.snapshot_id.as_uuid()),
+        vcpus: spec.cpu.whole_vcpus(),
+        cpu_millicores: spec.cpu.0,
+        mem_bytes: spec.mem.bytes(),
+        fs_capacity_bytes: spec.fs_capacity.bytes(),
+        size_class: size_class(spec.cpu, spec.mem),
+        idle_ttl_seconds: spec.idle_ttl.map_or(0, |d| d.as_secs()),
+        delete_after_stop_seconds: spec.delete_after_stop.map_or(0, |d| d.as_secs()),
+        stopped_at: meta.stopped_at,
+        persistent: spec.persistent,
+        preserve_memory_on_stop: spec.preserve_memory_on_stop,
+        labels: spec.labels.clone(),
+        run_config: spec.run.clone().into(),
+        // Refused at create (422), so there is never one to show.
+        mount_config: None,
+        proxy_config: spec
+            .egress
+            .as_ref()
+            .map(|e| ProxyConfig::from_spec(e).redacted()),
+        access_delegation: None,
+        volumes: meta.volumes,
+        created_at: meta.created_at,
+        created_by: meta.created_by,
+        updated_at: meta.updated_at,
+        updated_by: meta.updated_by,
     }
 }
 
@@ -715,19 +658,59 @@ pub fn size_class(cpu: MilliCpu, mem: ByteSize) -> String {
     format!("{cpu}vcpu-{mem}")
 }
 
-/// Serde for `Option<Duration>` as whole seconds, 0 = `None`.
-mod opt_secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(v.map_or(0, |d| d.as_secs()))
+/// Reads a sandbox's stored spec: Hearth's own form, or the form rows had
+/// before it (LangSmith's create body resolved, with `proxy_config`),
+/// which is converted. Fields of the old form that were never acted on
+/// (`tag_value_ids`, `access_delegation`, `mount_config`, `volumes`) are
+/// dropped: since they were refused they are empty in any row worth
+/// reading.
+pub fn read_stored_spec(value: &serde_json::Value) -> Result<SandboxSpec, serde_json::Error> {
+    match SandboxSpec::deserialize(value) {
+        Ok(spec) => Ok(spec),
+        Err(e) => match StoredSpecV1::deserialize(value) {
+            Ok(old) => Ok(old.into_spec()),
+            // The current form's error says more.
+            Err(_) => Err(e),
+        },
     }
+}
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let secs = u64::deserialize(d)?;
-        Ok((secs > 0).then(|| Duration::from_secs(secs)))
+/// The stored spec before Hearth had its own (kept to read older rows).
+#[derive(Deserialize)]
+struct StoredSpecV1 {
+    name: Option<String>,
+    snapshot_id: Uuid,
+    cpu: MilliCpu,
+    mem: ByteSize,
+    fs_capacity: ByteSize,
+    persistent: bool,
+    preserve_memory_on_stop: bool,
+    idle_ttl: u64,
+    delete_after_stop: u64,
+    run_config: RunConfig,
+    env_vars: BTreeMap<String, String>,
+    labels: BTreeMap<String, String>,
+    proxy_config: Option<ProxyConfig>,
+}
+
+impl StoredSpecV1 {
+    fn into_spec(self) -> SandboxSpec {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        SandboxSpec {
+            name: self.name,
+            snapshot_id: self.snapshot_id.into(),
+            cpu: self.cpu,
+            mem: self.mem,
+            fs_capacity: self.fs_capacity,
+            persistent: self.persistent,
+            preserve_memory_on_stop: self.preserve_memory_on_stop,
+            idle_ttl: secs(self.idle_ttl),
+            delete_after_stop: secs(self.delete_after_stop),
+            run: self.run_config.into(),
+            env_vars: self.env_vars,
+            labels: self.labels,
+            egress: self.proxy_config.as_ref().map(ProxyConfig::to_spec),
+        }
     }
 }
 
@@ -754,5 +737,43 @@ mod tests {
             "0.5vcpu-1536mib"
         );
         assert_eq!(show_cpu(1250), "1.25 vCPU");
+    }
+
+    #[test]
+    fn rows_stored_before_hearth_had_its_own_spec_still_read() {
+        let snapshot = Uuid::now_v7();
+        let old = serde_json::json!({
+            "name": "old", "snapshot_id": snapshot, "cpu": 1000, "mem": 4 * GIB,
+            "fs_capacity": 8 * GIB, "persistent": true, "preserve_memory_on_stop": false,
+            "idle_ttl": 600, "delete_after_stop": 0,
+            "run_config": {"user": "root", "env_vars": {"A": "1"}},
+            "env_vars": {"B": "2"}, "labels": {"team": "x"},
+            "tag_value_ids": [], "access_delegation": null, "mount_config": null, "volumes": [],
+            "proxy_config": {"rules": [{"name": "r", "match_hosts": ["api.test"],
+                "headers": [{"name": "x-key", "type": "opaque", "value": "sealed:abc"}]}],
+                "access_control": {"allow_list": ["api.test"]}},
+        });
+        let spec = read_stored_spec(&old).unwrap();
+        assert_eq!(spec.snapshot_id, snapshot.into());
+        assert_eq!(spec.idle_ttl, Some(Duration::from_secs(600)));
+        assert_eq!(spec.delete_after_stop, None);
+        assert_eq!(spec.run.user.as_deref(), Some("root"));
+        assert_eq!(spec.command_env().len(), 2);
+        let egress = spec.egress.clone().unwrap();
+        assert_eq!(
+            egress.rules[0].headers[0].value,
+            hearth_types::egress::SecretValue::Sealed("sealed:abc".into())
+        );
+        assert!(matches!(
+            egress.access,
+            Some(hearth_types::egress::AccessSpec::AllowList(_))
+        ));
+        // Written back, it is in the current form, which reads as itself.
+        let now = serde_json::to_value(&spec).unwrap();
+        assert!(now.get("proxy_config").is_none());
+        assert_eq!(read_stored_spec(&now).unwrap(), spec);
+        // Neither form: the current form's error.
+        let err = read_stored_spec(&serde_json::json!({"cpu": "x"})).unwrap_err();
+        assert!(!err.to_string().is_empty());
     }
 }

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hearth_api::spec::SnapshotFacts;
-use hearth_api::{parse_body, resolve_create, snapshot_selector, CreatePlan, CreateSandboxRequest};
+use hearth_api::{parse_body, resolve_create, snapshot_selector, CreateSandboxRequest};
 use hearth_api::{RestoreMemory, RunConfig, SnapshotRef, SnapshotSelector};
+use hearth_types::sandbox::SandboxPlan as CreatePlan;
 use hearth_types::ByteSize;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -50,7 +51,7 @@ fn summary(p: &CreatePlan) -> Value {
         "restore_memory": format!("{:?}", p.restore_memory),
         "wait": p.wait_for_ready.map(|d| d.as_secs_f64()),
         "labels": s.labels,
-        "run_config": s.run_config,
+        "run_config": s.run,
         "env_vars": s.env_vars,
         "name": s.name,
     })
@@ -612,7 +613,7 @@ fn snapshot_facts_gate_the_create() {
     snap.has_memory = true;
     let plan = resolve_create(&req, &snap).unwrap();
     assert_eq!(plan.restore_memory, RestoreMemory::Always);
-    assert_eq!(plan.spec.snapshot_id, snap.id);
+    assert_eq!(plan.spec.snapshot_id, snap.id.into());
     snap.supports_non_persistent = false;
     assert_eq!(
         resolve_create(&req, &snap).unwrap_err().field(),
@@ -622,6 +623,6 @@ fn snapshot_facts_gate_the_create() {
     snap.run_config = None;
     snap.supports_non_persistent = true;
     let plan = resolve_create(&req, &snap).unwrap();
-    assert_eq!(plan.spec.run_config, RunConfig::default());
+    assert_eq!(plan.spec.run, Default::default());
     assert_eq!(plan.wait_for_ready, None::<Duration>);
 }

@@ -322,10 +322,13 @@ fn update_body_as_the_sdk_builds_it() {
     assert_eq!(updated.idle_ttl, None);
     assert_eq!(updated.delete_after_stop, Some(Duration::from_secs(120)));
     // The opaque value omitted by the update carries over.
-    let pc = updated.proxy_config.as_ref().unwrap();
-    assert_eq!(pc.rules[0].headers[0].value.as_deref(), Some("tok"));
+    let egress = updated.egress.as_ref().unwrap();
     assert_eq!(
-        updated.run_config.env_vars,
+        egress.rules[0].headers[0].value,
+        hearth_types::egress::SecretValue::Sealed("tok".into())
+    );
+    assert_eq!(
+        updated.run.env_vars,
         Some(BTreeMap::from([
             ("A".into(), "1".into()),
             ("B".into(), "2".into())
@@ -395,7 +398,7 @@ fn update_rules() {
 
 // --------------------------------------------------------------- responses
 
-fn sample_spec() -> SandboxSpec {
+fn sample_spec() -> hearth_types::sandbox::SandboxSpec {
     let req: CreateSandboxRequest = parse(json!({
         "cpu_millicores": 500,
         "labels": {"team": "infra"},
@@ -405,14 +408,7 @@ fn sample_spec() -> SandboxSpec {
         "idle_ttl_seconds": 0,
     }))
     .unwrap();
-    let mut spec = resolve_create(&req, &facts()).unwrap().spec;
-    // Refused at create today, but a stored spec may carry it and the
-    // response must then show it as the SDK reads it.
-    spec.access_delegation = Some(
-        serde_json::from_value(json!({"mode": "EXPLICIT", "permissions": ["sandboxes:read"]}))
-            .unwrap(),
-    );
-    spec
+    resolve_create(&req, &facts()).unwrap().spec
 }
 
 fn sample_meta() -> SandboxMeta {
@@ -484,10 +480,12 @@ const REFERENCE_RESPONSE_KEYS: &[&str] = &[
 
 #[test]
 fn sandbox_response_has_every_key_the_sdk_reads() {
-    let resp = sample_spec().to_response(sample_meta());
+    let resp = sandbox_response(&sample_spec(), sample_meta());
     round_trip(&resp);
     let v = serde_json::to_value(&resp).unwrap();
-    for key in SDK_SANDBOX_KEYS.iter().chain(REFERENCE_RESPONSE_KEYS) {
+    // `access_delegation` is read with .get and absent when there is none.
+    let keys = SDK_SANDBOX_KEYS.iter().chain(REFERENCE_RESPONSE_KEYS);
+    for key in keys.filter(|k| **k != "access_delegation") {
         assert!(v.get(*key).is_some(), "missing {key} in {v}");
     }
     assert_eq!(v["status"], "ready");
@@ -511,11 +509,9 @@ fn sandbox_response_has_every_key_the_sdk_reads() {
         v["run_config"],
         json!({"user": "app", "work_dir": "/srv", "env_vars": {"A": "1"}})
     );
-    // access_delegation as `_access_delegation_from_dict` accepts it.
-    assert_eq!(
-        v["access_delegation"],
-        json!({"mode": "EXPLICIT", "permissions": ["sandboxes:read"]})
-    );
+    // Delegation is refused at create, so the key is absent (LangSmith
+    // documents it so; the SDK reads it with .get).
+    assert!(v.get("access_delegation").is_none());
     // Opaque secrets are never returned.
     assert_eq!(
         v["proxy_config"]["rules"][0]["headers"][0],
@@ -526,10 +522,8 @@ fn sandbox_response_has_every_key_the_sdk_reads() {
     assert_eq!(v["stopped_at"], Value::Null);
     assert!(v.get("volumes").is_none());
 
-    // Without delegation the key is absent (LangSmith documents it so; the
-    // SDK reads it with .get); with volumes enabled they appear in order.
-    let mut spec = sample_spec();
-    spec.access_delegation = None;
+    // With volumes enabled they appear in order.
+    let spec = sample_spec();
     let mut meta = sample_meta();
     meta.volumes = Some(vec![VolumeAttachment {
         volume_id: Uuid::from_u128(9),
@@ -537,14 +531,13 @@ fn sandbox_response_has_every_key_the_sdk_reads() {
         mount_path: "/data".into(),
         read_only: false,
     }]);
-    let v = serde_json::to_value(spec.to_response(meta)).unwrap();
-    assert!(v.get("access_delegation").is_none());
+    let v = serde_json::to_value(sandbox_response(&spec, meta)).unwrap();
     assert_eq!(v["volumes"][0]["volume_name"], "data");
 }
 
 #[test]
 fn list_and_status_responses() {
-    let resp = sample_spec().to_response(sample_meta());
+    let resp = sandbox_response(&sample_spec(), sample_meta());
     let list = ListSandboxesResponse::new(vec![resp.clone()], Some("c2".into()));
     round_trip(&list);
     let v = serde_json::to_value(&list).unwrap();
@@ -1071,7 +1064,7 @@ fn spec_persists_as_json() {
     assert_eq!(text["idle_ttl"], 0);
     assert_eq!(text["delete_after_stop"], 1_209_600);
     assert_eq!(text["cpu"], 500);
-    let back: SandboxSpec = serde_json::from_value(text).unwrap();
+    let back: hearth_types::sandbox::SandboxSpec = serde_json::from_value(text).unwrap();
     assert_eq!(back, spec);
 }
 
@@ -1087,7 +1080,7 @@ fn dump_sdk_fixtures() {
     let Ok(path) = std::env::var("HEARTH_SDK_FIXTURES") else {
         panic!("set HEARTH_SDK_FIXTURES to the output file");
     };
-    let resp = sample_spec().to_response(sample_meta());
+    let resp = sandbox_response(&sample_spec(), sample_meta());
     let snap: SnapshotResponse = serde_json::from_value(json!({
         "id": Uuid::from_u128(5), "name": "python", "tags": ["latest"], "status": "ready",
         "status_message": null, "docker_image": "python:3.12-slim", "image_digest": null,

@@ -38,13 +38,22 @@ async fn run(label: &str, url: &str) {
         .await
         .unwrap();
     let snapshot = SnapshotId::from_uuid(hearth_control::builtin_snapshot_id("busybox"));
-    let spec = serde_json::json!({
-        "name": null, "snapshot_id": snapshot.to_string(), "cpu": 1000, "mem": 4294967296u64,
-        "fs_capacity": 67108864u64, "persistent": true, "preserve_memory_on_stop": false,
-        "idle_ttl": 600, "delete_after_stop": 1209600, "run_config": {}, "env_vars": {},
-        "labels": {}, "tag_value_ids": [], "access_delegation": null, "proxy_config": null,
-        "mount_config": null, "volumes": []
-    });
+    let spec = serde_json::to_value(hearth_types::sandbox::SandboxSpec {
+        name: None,
+        snapshot_id: snapshot,
+        cpu: MilliCpu(1000),
+        mem: ByteSize::gib(4),
+        fs_capacity: ByteSize::mib(64),
+        persistent: true,
+        preserve_memory_on_stop: false,
+        idle_ttl: Some(Duration::from_secs(600)),
+        delete_after_stop: Some(Duration::from_secs(1_209_600)),
+        run: Default::default(),
+        env_vars: Default::default(),
+        labels: Default::default(),
+        egress: None,
+    })
+    .unwrap();
     let t = Instant::now();
     for i in 0..SANDBOXES {
         let now = Timestamp::now();

@@ -4,7 +4,6 @@
 //! authenticated and authorized here, wakes a stopped sandbox, and counts as
 //! activity for its idle timer.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,12 +43,10 @@ fn run_defaults(row: &hearth_db::SandboxRow) -> HostRunConfig {
     let Ok(spec) = spec_of(row) else {
         return HostRunConfig::default();
     };
-    let mut env: BTreeMap<String, String> = spec.run_config.env_vars.clone().unwrap_or_default();
-    env.extend(spec.env_vars.clone());
     HostRunConfig {
-        user: spec.run_config.user.clone(),
-        work_dir: spec.run_config.work_dir.clone(),
-        env_vars: Some(env),
+        user: spec.run.user.clone(),
+        work_dir: spec.run.work_dir.clone(),
+        env_vars: Some(spec.command_env()),
     }
 }
 

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use hearth_api::nested::{ProxyConfig, ProxyHeader, SecretKind};
 use hearth_api::ApiError;
 use hearth_hostapi::SandboxNet;
-use hearth_types::egress::SecretValue;
+use hearth_types::egress::{EgressSpec, SecretValue};
 use hearth_types::WorkspaceId;
 
 use crate::secrets::MasterKey;
@@ -112,17 +112,16 @@ fn expand(value: &str, secrets: &BTreeMap<String, String>) -> Result<String, Str
 }
 
 impl Control {
-    /// The resolved network settings of a sandbox whose stored config is
-    /// `cfg` (sealed `opaque` values), for its host.
+    /// The resolved network settings of a sandbox whose stored egress is
+    /// `spec` (sealed `opaque` values), for its host.
     pub(crate) async fn sandbox_net(
         &self,
         workspace: WorkspaceId,
-        cfg: Option<&ProxyConfig>,
+        spec: Option<&EgressSpec>,
     ) -> Result<SandboxNet, ApiError> {
-        let Some(cfg) = cfg else {
+        let Some(spec) = spec else {
             return Ok(SandboxNet::default());
         };
-        let spec = cfg.to_spec();
         let mut wanted = BTreeSet::new();
         for v in spec.values() {
             if let SecretValue::Template(t) = v {
@@ -156,7 +155,7 @@ impl Control {
                 SecretValue::Template(v) => expand(v, &secrets),
             }
         };
-        let policy = hearth_egress::Policy::from_spec(&spec, &mut resolve).map_err(policy_error)?;
+        let policy = hearth_egress::Policy::from_spec(spec, &mut resolve).map_err(policy_error)?;
         Ok(SandboxNet {
             policy,
             env: spec.env(),

@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use hearth_api::nested::ProxyConfig;
 use hearth_api::{
-    apply_update, resolve_create, snapshot_selector, ApiError, CreateSandboxRequest,
-    CreationFailure, ListSandboxesQuery, SandboxMeta, SandboxResponse, SandboxSpec, SnapshotFacts,
-    SnapshotSelector, StatusResponse, UpdateSandboxRequest,
+    apply_update, read_stored_spec, resolve_create, sandbox_response, snapshot_selector, ApiError,
+    CreateSandboxRequest, CreationFailure, ListSandboxesQuery, SandboxMeta, SandboxResponse,
+    SnapshotFacts, SnapshotSelector, StatusResponse, UpdateSandboxRequest,
 };
 use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
 use hearth_hostapi::{
@@ -17,6 +18,7 @@ use hearth_hostapi::{
     StopVm, VmState,
 };
 use hearth_image::ImageName;
+use hearth_types::sandbox::{SandboxPlan, SandboxSpec};
 use hearth_types::{ByteSize, HostId, SandboxId, VmId, WorkspaceId};
 
 use crate::auth::Principal;
@@ -51,10 +53,20 @@ fn api_status(s: SandboxStatus) -> hearth_api::SandboxStatus {
     }
 }
 
-/// The resolved spec stored with a sandbox.
+/// The resolved spec stored with a sandbox (Hearth's own, whichever API
+/// created it).
 pub(crate) fn spec_of(row: &SandboxRow) -> Result<SandboxSpec, ApiError> {
-    serde_json::from_value(row.spec.clone()).map_err(|e| {
+    read_stored_spec(&row.spec).map_err(|e| {
         tracing::error!(sandbox = %row.id, error = %e, "stored sandbox spec does not parse");
+        ApiError::internal()
+    })
+}
+
+/// A value in its stored JSON form (a failure is a bug, reported as a 500
+/// rather than stored as `null`).
+fn stored<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, ApiError> {
+    serde_json::to_value(value).map_err(|e| {
+        tracing::error!(error = %e, "cannot serialize a sandbox spec");
         ApiError::internal()
     })
 }
@@ -86,19 +98,22 @@ impl Control {
 
     pub fn response(&self, row: &SandboxRow) -> Result<SandboxResponse, ApiError> {
         let spec = spec_of(row)?;
-        Ok(spec.to_response(SandboxMeta {
-            id: *row.id.as_uuid(),
-            name: row.name.clone(),
-            status: api_status(row.status),
-            status_message: row.status_message.clone(),
-            dataplane_url: Some(self.dataplane_url(row.id)),
-            stopped_at: row.stopped_at.map(Timestamp::to_rfc3339),
-            created_at: row.created_at.to_rfc3339(),
-            created_by: Some(row.created_by.clone()),
-            updated_at: row.updated_at.to_rfc3339(),
-            updated_by: Some(row.updated_by.clone()),
-            volumes: None,
-        }))
+        Ok(sandbox_response(
+            &spec,
+            SandboxMeta {
+                id: *row.id.as_uuid(),
+                name: row.name.clone(),
+                status: api_status(row.status),
+                status_message: row.status_message.clone(),
+                dataplane_url: Some(self.dataplane_url(row.id)),
+                stopped_at: row.stopped_at.map(Timestamp::to_rfc3339),
+                created_at: row.created_at.to_rfc3339(),
+                created_by: Some(row.created_by.clone()),
+                updated_at: row.updated_at.to_rfc3339(),
+                updated_by: Some(row.updated_by.clone()),
+                volumes: None,
+            },
+        ))
     }
 
     async fn resolve_snapshot(
@@ -202,13 +217,16 @@ impl Control {
         })
     }
 
+    /// LangSmith's create: the body parsed and resolved against its
+    /// snapshot at the door, then [`Self::create_sandbox`].
     pub async fn create(
         self: &Arc<Self>,
         who: &Principal,
         body: &[u8],
     ) -> Result<SandboxResponse, ApiError> {
         who.require("sandboxes:create")?;
-        let req: CreateSandboxRequest = hearth_api::parse_body(body)?;
+        let mut req: CreateSandboxRequest = hearth_api::parse_body(body)?;
+        self.seal_proxy_config(who.workspace_id, req.proxy_config.as_mut())?;
         let sel = snapshot_selector(&req)?;
         let snap = self.resolve_snapshot(who.workspace_id, &sel).await?;
         let facts = SnapshotFacts {
@@ -222,16 +240,40 @@ impl Control {
             has_memory: snap.memory_bytes.is_some(),
             supports_non_persistent: true,
         };
-        let mut plan = resolve_create(&req, &facts)?;
-        if let Some(pc) = plan.spec.proxy_config.as_mut() {
-            crate::egress::check(pc, &self.cfg.allow_private)?;
-            crate::egress::seal_opaque(&self.cfg.master_key, who.workspace_id, pc)?;
-        }
+        let plan = resolve_create(&req, &facts)?;
+        let row = self.create_sandbox(who, &snap, plan).await?;
+        self.response(&row)
+    }
+
+    /// Checks a `proxy_config` as it arrives (its own rules, then the
+    /// proxy's: patterns, callback URLs) and seals its `opaque` values, so
+    /// that what is resolved and stored holds them sealed.
+    fn seal_proxy_config(
+        &self,
+        ws: WorkspaceId,
+        pc: Option<&mut ProxyConfig>,
+    ) -> Result<(), ApiError> {
+        let Some(pc) = pc else { return Ok(()) };
+        pc.validate()?;
+        crate::egress::check(pc, &self.cfg.allow_private)?;
+        crate::egress::seal_opaque(&self.cfg.master_key, ws, pc)
+    }
+
+    /// Creates a sandbox from a plan any front door resolved against
+    /// `snap`: places it, stores it within the workspace's quota and boots
+    /// it, waiting for it when the plan says so. The stored row answers.
+    pub async fn create_sandbox(
+        self: &Arc<Self>,
+        who: &Principal,
+        snap: &SnapshotRow,
+        mut plan: SandboxPlan,
+    ) -> Result<SandboxRow, ApiError> {
+        who.require("sandboxes:create")?;
         let net = self
-            .sandbox_net(who.workspace_id, plan.spec.proxy_config.as_ref())
+            .sandbox_net(who.workspace_id, plan.spec.egress.as_ref())
             .await?;
-        let image = snapshot_image(&snap)?;
-        let from = boot_from(&snap, plan.restore_memory);
+        let image = snapshot_image(snap)?;
+        let from = boot_from(snap, plan.restore_memory);
         if let Some(m) = from.as_ref().and_then(|f| f.memory.as_ref()) {
             // A resumed VM has the memory it was saved with.
             plan.spec.mem = m.memory_size;
@@ -277,12 +319,11 @@ impl Control {
             persistent: plan.spec.persistent,
             preserve_memory_on_stop: plan.spec.preserve_memory_on_stop,
             labels: plan.spec.labels.clone(),
-            run_config: serde_json::to_value(&plan.spec.run_config).unwrap_or_default(),
-            spec: serde_json::to_value(SandboxSpec {
+            run_config: stored(&plan.spec.run)?,
+            spec: stored(&SandboxSpec {
                 name: Some(name.clone()),
                 ..plan.spec.clone()
-            })
-            .unwrap_or_default(),
+            })?,
             host_id: Some(host_id),
             generation: 1,
             created_at: now,
@@ -303,11 +344,11 @@ impl Control {
         self.metrics.created();
         self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create);
         let Some(wait) = plan.wait_for_ready else {
-            return self.response(&row);
+            return Ok(row);
         };
         let row = self.wait_while_provisioning(id, wait).await?;
         match row.status {
-            SandboxStatus::Ready => self.response(&row),
+            SandboxStatus::Ready => Ok(row),
             SandboxStatus::Provisioning => Err(ApiError::create_timeout(
                 &name,
                 wait.as_secs_f64(),
@@ -595,10 +636,7 @@ impl Control {
     ) -> Result<SandboxResponse, ApiError> {
         who.require("sandboxes:update")?;
         let mut req: UpdateSandboxRequest = hearth_api::parse_body(body)?;
-        if let Some(pc) = req.proxy_config.as_mut() {
-            crate::egress::check(pc, &self.cfg.allow_private)?;
-            crate::egress::seal_opaque(&self.cfg.master_key, who.workspace_id, pc)?;
-        }
+        self.seal_proxy_config(who.workspace_id, req.proxy_config.as_mut())?;
         let row = self.find(who.workspace_id, name).await?;
         if req.proxy_config.is_some() && row.status != SandboxStatus::Ready {
             return Err(ApiError::invalid_request(format!(
@@ -611,7 +649,7 @@ impl Control {
         // Resolved before anything is stored: a missing secret is a 422.
         let net = match &req.proxy_config {
             Some(_) => Some(
-                self.sandbox_net(who.workspace_id, spec.proxy_config.as_ref())
+                self.sandbox_net(who.workspace_id, spec.egress.as_ref())
                     .await?,
             ),
             None => None,
@@ -626,12 +664,11 @@ impl Control {
         new.fs_capacity = spec.fs_capacity;
         new.idle_ttl = spec.idle_ttl.unwrap_or_default();
         new.delete_after_stop = spec.delete_after_stop.unwrap_or_default();
-        new.run_config = serde_json::to_value(&spec.run_config).unwrap_or_default();
-        new.spec = serde_json::to_value(SandboxSpec {
+        new.run_config = stored(&spec.run)?;
+        new.spec = stored(&SandboxSpec {
             name: Some(new.name.clone()),
             ..spec
-        })
-        .unwrap_or_default();
+        })?;
         new.updated_by = who.who();
         // A new proxy_config reaches the running VM before it is stored:
         // a 200 means the sandbox's traffic is under it.
@@ -687,7 +724,7 @@ impl Control {
     async fn restore_network(&self, row: &SandboxRow) {
         let stored = match spec_of(row) {
             Ok(spec) => {
-                self.sandbox_net(row.workspace_id, spec.proxy_config.as_ref())
+                self.sandbox_net(row.workspace_id, spec.egress.as_ref())
                     .await
             }
             Err(e) => Err(e),
@@ -873,9 +910,9 @@ impl Control {
         let image = snapshot_image(&snap)?;
         // The snapshot's disk for a disk that is not kept; never its
         // memory (only a create resumes a snapshot's memory).
-        let from = boot_from(&snap, hearth_api::RestoreMemory::Never);
+        let from = boot_from(&snap, hearth_types::sandbox::RestoreMemory::Never);
         let net = self
-            .sandbox_net(row.workspace_id, spec_of(row)?.proxy_config.as_ref())
+            .sandbox_net(row.workspace_id, spec_of(row)?.egress.as_ref())
             .await;
         let net = match net {
             Ok(net) => net,
@@ -1132,9 +1169,9 @@ pub(crate) fn snapshot_image(snap: &SnapshotRow) -> Result<ImageName, ApiError> 
 /// when it has some and `restore` allows.
 pub(crate) fn boot_from(
     snap: &SnapshotRow,
-    restore: hearth_api::RestoreMemory,
+    restore: hearth_types::sandbox::RestoreMemory,
 ) -> Option<BootFrom> {
-    use hearth_api::RestoreMemory;
+    use hearth_types::sandbox::RestoreMemory;
     let disk = snap.volume.clone()?;
     let memory = match (restore, snap.memory_bytes) {
         (RestoreMemory::Never, _) | (_, None) => None,

@@ -9,27 +9,36 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 /// Where the sandbox may go, and what the proxy adds on the way.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EgressSpec {
     pub access: Option<AccessSpec>,
     /// Header rules in order; the first that matches a request wins.
     pub rules: Vec<RuleSpec>,
     pub callbacks: Vec<CallbackSpec>,
+    /// The owner's note, kept and shown, never acted on.
+    pub description: Option<String>,
 }
 
 /// An allow list or a deny list of host patterns (exact names, `*.globs`,
 /// IPs, CIDRs, `~regex`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AccessSpec {
     AllowList(Vec<String>),
     DenyList(Vec<String>),
 }
 
 /// A header-injection rule.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RuleSpec {
     pub name: String,
+    /// The owner's note, kept and shown, never acted on.
+    pub description: Option<String>,
     /// A disabled rule is kept (and reported) but does nothing.
     pub enabled: bool,
     pub match_hosts: Vec<String>,
@@ -43,14 +52,16 @@ pub struct RuleSpec {
 }
 
 /// A header and where its value comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HeaderSpec {
     pub name: String,
     pub value: SecretValue,
 }
 
 /// A header's value as stored: resolved only when a host needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SecretValue {
     /// Configuration, not a secret: may also travel over plain HTTP.
     Plain(String),
@@ -68,7 +79,8 @@ impl SecretValue {
 }
 
 /// A callback that resolves headers for matching hosts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CallbackSpec {
     pub match_hosts: Vec<String>,
     pub url: String,

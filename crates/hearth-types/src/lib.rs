@@ -7,6 +7,8 @@
 //!   control-plane record ids (UUIDs, printed hyphenated), in [`ids`].
 //! - [`egress::EgressSpec`]: a sandbox's egress as Hearth describes it,
 //!   whichever API it came in through.
+//! - [`sandbox::SandboxSpec`]: a sandbox's resolved configuration, as
+//!   stored, whichever API created it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod egress;
 pub mod ids;
+pub mod sandbox;
 pub use ids::{ApiKeyId, HostId, SandboxId, SnapshotId, WorkspaceId};
 
 /// Identity of one VM on a host. Printed as a UUID without dashes so it is

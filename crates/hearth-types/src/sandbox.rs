@@ -1,0 +1,183 @@
+//! A sandbox as Hearth describes it, whichever API created it: the
+//! resolved, persistent configuration the control plane stores and the
+//! host is asked to run. A front door (LangSmith's `POST /boxes`, later
+//! E2B's `POST /sandboxes`) parses and validates its own request, resolves
+//! its own defaults against the snapshot, and hands the control plane a
+//! [`SandboxPlan`]; answers are built back from the stored
+//! [`SandboxSpec`] by the door that is asked.
+//!
+//! This is also the stored form (JSON in the `sandboxes.spec` column), so
+//! its fields are named as they are stored and unknown fields are refused:
+//! a row that does not parse as this is a row of an older format (see
+//! `hearth_api::legacy`), never silently half-read.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::egress::EgressSpec;
+use crate::{ByteSize, MilliCpu, SnapshotId};
+
+/// A sandbox's resolved configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// The requested name; `None` = the control plane picks one.
+    pub name: Option<String>,
+    pub snapshot_id: SnapshotId,
+    pub cpu: MilliCpu,
+    pub mem: ByteSize,
+    pub fs_capacity: ByteSize,
+    /// The disk outlives a stop (else every start begins from the snapshot).
+    pub persistent: bool,
+    /// A stop saves the guest's memory, and the next start resumes it.
+    pub preserve_memory_on_stop: bool,
+    /// `None` = never idle-stopped.
+    #[serde(with = "opt_secs")]
+    pub idle_ttl: Option<Duration>,
+    /// `None` = never deleted after stop.
+    #[serde(with = "opt_secs")]
+    pub delete_after_stop: Option<Duration>,
+    /// How commands run: the snapshot's settings with the sandbox's own
+    /// applied over them.
+    pub run: RunSpec,
+    /// The sandbox's own environment, above `run.env_vars`.
+    pub env_vars: BTreeMap<String, String>,
+    /// The snapshot's labels overridden by the sandbox's.
+    pub labels: BTreeMap<String, String>,
+    /// Where the sandbox may go and what the proxy adds; `None` = the
+    /// default policy (the internet, no private addresses).
+    #[serde(default)]
+    pub egress: Option<EgressSpec>,
+}
+
+/// How commands run in a sandbox when a request does not say.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// `name`, `uid`, `name:group` or `uid:gid`; none = the image's `USER`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Absolute working directory; none = the image's `WORKDIR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_dir: Option<String>,
+    /// Environment; `None` (not set) and empty are told apart because the
+    /// API answers with what was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_vars: Option<BTreeMap<String, String>>,
+}
+
+impl SandboxSpec {
+    /// A command's environment by default: the run settings' with the
+    /// sandbox's own over them.
+    pub fn command_env(&self) -> BTreeMap<String, String> {
+        let mut env = self.run.env_vars.clone().unwrap_or_default();
+        env.extend(self.env_vars.clone());
+        env
+    }
+}
+
+/// How a create treats the snapshot's memory (that request only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestoreMemory {
+    /// Resume from memory when the snapshot has it, else cold boot.
+    #[default]
+    IfPresent,
+    /// Resume from memory; the door refused the create if there is none.
+    Always,
+    /// Always cold boot.
+    Never,
+}
+
+/// A validated create, ready for the control plane: the spec plus the
+/// settings of this request only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxPlan {
+    pub spec: SandboxSpec,
+    pub restore_memory: RestoreMemory,
+    /// Block until ready for at most this long; `None` = answer at once
+    /// while the sandbox provisions.
+    pub wait_for_ready: Option<Duration>,
+}
+
+/// Serde for `Option<Duration>` as whole seconds, 0 = `None`.
+mod opt_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(v.map_or(0, |d| d.as_secs()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let secs = u64::deserialize(d)?;
+        Ok((secs > 0).then(|| Duration::from_secs(secs)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egress::{AccessSpec, HeaderSpec, RuleSpec, SecretValue};
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            name: Some("box".into()),
+            snapshot_id: SnapshotId::new(),
+            cpu: MilliCpu(500),
+            mem: ByteSize::gib(2),
+            fs_capacity: ByteSize::gib(4),
+            persistent: true,
+            preserve_memory_on_stop: false,
+            idle_ttl: Some(Duration::from_secs(600)),
+            delete_after_stop: None,
+            run: RunSpec {
+                user: Some("root".into()),
+                work_dir: None,
+                env_vars: Some(BTreeMap::from([("A".into(), "1".into())])),
+            },
+            env_vars: BTreeMap::from([("A".into(), "2".into()), ("B".into(), "3".into())]),
+            labels: BTreeMap::new(),
+            egress: Some(EgressSpec {
+                access: Some(AccessSpec::AllowList(vec!["*.example".into()])),
+                rules: vec![RuleSpec {
+                    name: "r".into(),
+                    enabled: true,
+                    match_hosts: vec!["api.example".into()],
+                    headers: vec![HeaderSpec {
+                        name: "authorization".into(),
+                        value: SecretValue::Sealed("v1:abc".into()),
+                    }],
+                    ..RuleSpec::default()
+                }],
+                callbacks: vec![],
+                description: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_stored_form_round_trips_and_refuses_what_it_does_not_know() {
+        let s = spec();
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["idle_ttl"], 600);
+        assert_eq!(json["delete_after_stop"], 0);
+        assert_eq!(
+            serde_json::from_value::<SandboxSpec>(json.clone()).unwrap(),
+            s
+        );
+        let mut older = json;
+        older["proxy_config"] = serde_json::Value::Null;
+        let err = serde_json::from_value::<SandboxSpec>(older).unwrap_err();
+        assert!(err.to_string().contains("proxy_config"), "{err}");
+    }
+
+    #[test]
+    fn the_sandbox_environment_is_over_the_run_settings() {
+        let env = spec().command_env();
+        assert_eq!(env["A"], "2");
+        assert_eq!(env["B"], "3");
+    }
+}
