@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hearth_types::egress::{
-    AccessSpec, CallbackSpec, EgressSpec, HeaderSpec, RuleSpec, SecretValue,
+    AccessSpec, AwsSpec, CallbackSpec, EgressSpec, HeaderSpec, RuleSpec, SecretValue,
 };
 use hearth_types::sandbox::RunSpec;
 use serde::{Deserialize, Serialize};
@@ -198,9 +198,14 @@ pub struct ProxyRule {
     /// Plaintext env set in the sandbox while the rule is enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub aws: Option<JsonObject>,
+    /// SigV4 signing with static keys: the proxy re-signs the guest's
+    /// AWS requests (signed with any dummy key) with these.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub aws: Option<ProxyAws>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub gcp: Option<JsonObject>,
@@ -231,6 +236,155 @@ pub struct ProxyHeader {
     pub value: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_set: Option<bool>,
+}
+
+/// A rule's AWS credentials (`aws_auth` in the SDK). Static keys only:
+/// `role_arn` (and its `session_tags`, `subject_scope`) is refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyAws {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<ProxySecret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<ProxySecret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_arn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub session_tags: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_scope: Option<String>,
+}
+
+/// A credential's value: `opaque` (sealed, never returned) or
+/// `workspace_secret` (a `{NAME}` template); never `plaintext`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProxySecret {
+    #[serde(rename = "type")]
+    pub kind: SecretKind,
+    /// Write-only for `opaque` (reads show `is_set` instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_set: Option<bool>,
+}
+
+impl ProxySecret {
+    fn to_value(&self) -> SecretValue {
+        let v = self.value.clone().unwrap_or_default();
+        match self.kind {
+            SecretKind::Plaintext => SecretValue::Plain(v),
+            SecretKind::Opaque => SecretValue::Sealed(v),
+            SecretKind::WorkspaceSecret => SecretValue::Template(v),
+        }
+    }
+
+    fn from_value(v: &SecretValue) -> ProxySecret {
+        let (kind, value) = match v {
+            SecretValue::Plain(v) => (SecretKind::Plaintext, v),
+            SecretValue::Sealed(v) => (SecretKind::Opaque, v),
+            SecretValue::Template(v) => (SecretKind::WorkspaceSecret, v),
+        };
+        ProxySecret {
+            kind,
+            value: Some(value.clone()),
+            is_set: None,
+        }
+    }
+
+    fn redact(&mut self) {
+        if self.kind == SecretKind::Opaque {
+            self.is_set = Some(self.value.is_some() || self.is_set == Some(true));
+            self.value = None;
+        }
+    }
+
+    fn check(&self, at: &str) -> Result<(), ApiError> {
+        if self.is_set.is_some() && self.kind != SecretKind::Opaque {
+            return Err(ApiError::validation(
+                &format!("{at}.is_set"),
+                format!("{at}.is_set is not supported on a value that is not opaque (it keeps a stored opaque value)"),
+            ));
+        }
+        if self.kind == SecretKind::Plaintext {
+            return Err(ApiError::validation(
+                &format!("{at}.type"),
+                format!("{at}.type: a credential must be opaque or workspace_secret, not plaintext"),
+            ));
+        }
+        if self.value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            return Err(ApiError::validation(
+                &format!("{at}.value"),
+                format!("{at}.value must be non-empty"),
+            ));
+        }
+        if self.value.is_none() && self.kind != SecretKind::Opaque {
+            return Err(ApiError::validation(
+                &format!("{at}.value"),
+                format!("{at}.value is required"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ProxyAws {
+    /// The two keys, by field name.
+    pub fn secrets_mut(&mut self) -> impl Iterator<Item = (&'static str, &mut ProxySecret)> {
+        [
+            ("access_key_id", self.access_key_id.as_mut()),
+            ("secret_access_key", self.secret_access_key.as_mut()),
+        ]
+        .into_iter()
+        .filter_map(|(n, s)| s.map(|s| (n, s)))
+    }
+
+    fn secrets(&self) -> impl Iterator<Item = (&'static str, &ProxySecret)> {
+        [
+            ("access_key_id", self.access_key_id.as_ref()),
+            ("secret_access_key", self.secret_access_key.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(n, s)| s.map(|s| (n, s)))
+    }
+
+    fn check(&self, at: &str) -> Result<(), ApiError> {
+        let refuse = |field: &str, why: &str| {
+            Err(ApiError::validation(
+                &format!("{at}.{field}"),
+                format!("{at}.{field}: {why}"),
+            ))
+        };
+        if self.session_tags.is_some() {
+            return refuse("session_tags", "session tags are not supported by Hearth yet (they need role_arn)");
+        }
+        if self.subject_scope.is_some() {
+            return refuse("subject_scope", "workload identity is not supported by Hearth");
+        }
+        if self.role_arn.as_deref().is_some_and(|r| !r.is_empty()) {
+            return refuse("role_arn", "IAM roles are not supported by Hearth yet (the proxy cannot assume a role); give access_key_id and secret_access_key");
+        }
+        for field in ["access_key_id", "secret_access_key"] {
+            let present = match field {
+                "access_key_id" => self.access_key_id.is_some(),
+                _ => self.secret_access_key.is_some(),
+            };
+            if !present {
+                return refuse(field, "is required (static credentials: access_key_id and secret_access_key)");
+            }
+        }
+        // `is_set` misused anywhere is named before any other fault.
+        for (name, secret) in self.secrets() {
+            if secret.is_set.is_some() {
+                secret.check(&format!("{at}.{name}"))?;
+            }
+        }
+        for (name, secret) in self.secrets() {
+            secret.check(&format!("{at}.{name}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// How a header value is stored.
@@ -413,6 +567,18 @@ impl ProxyConfig {
                     match_headers: r.match_headers.clone(),
                     headers: r.headers.iter().map(header).collect(),
                     env: r.env_vars.clone().unwrap_or_default(),
+                    aws: r.aws.as_ref().map(|a| AwsSpec {
+                        access_key_id: a
+                            .access_key_id
+                            .as_ref()
+                            .map(ProxySecret::to_value)
+                            .unwrap_or(SecretValue::Sealed(String::new())),
+                        secret_access_key: a
+                            .secret_access_key
+                            .as_ref()
+                            .map(ProxySecret::to_value)
+                            .unwrap_or(SecretValue::Sealed(String::new())),
+                    }),
                 })
                 .collect(),
             callbacks: self
@@ -460,6 +626,12 @@ impl ProxyConfig {
                     match_headers: r.match_headers.clone(),
                     headers: r.headers.iter().map(header).collect(),
                     env_vars: (!r.env.is_empty()).then(|| r.env.clone()),
+                    kind: r.aws.as_ref().map(|_| "aws".to_owned()),
+                    aws: r.aws.as_ref().map(|a| ProxyAws {
+                        access_key_id: Some(ProxySecret::from_value(&a.access_key_id)),
+                        secret_access_key: Some(ProxySecret::from_value(&a.secret_access_key)),
+                        ..ProxyAws::default()
+                    }),
                     ..ProxyRule::default()
                 })
                 .collect(),
@@ -496,7 +668,10 @@ impl ProxyConfig {
         let mut out = self.clone();
         for rule in &mut out.rules {
             rule.headers.iter_mut().for_each(redact_header);
-            for block in [&mut rule.aws, &mut rule.gcp, &mut rule.azure]
+            if let Some(aws) = &mut rule.aws {
+                aws.secrets_mut().for_each(|(_, s)| s.redact());
+            }
+            for block in [&mut rule.gcp, &mut rule.azure]
                 .into_iter()
                 .flatten()
             {
@@ -536,6 +711,17 @@ impl ProxyConfig {
                 ));
             }
         }
+        for (i, rule) in self.rules.iter().enumerate() {
+            for (name, secret) in rule.aws.iter().flat_map(ProxyAws::secrets) {
+                if secret.value.is_none() {
+                    let at = format!("proxy_config.rules[{i}].aws.{name}");
+                    return Err(ApiError::validation(
+                        &format!("{at}.is_set"),
+                        format!("{at}.is_set: the sandbox has no stored value for this credential; send its value"),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -549,6 +735,19 @@ impl ProxyConfig {
             let Some(old_rule) = self.rules.iter().find(|r| r.name == rule.name) else {
                 continue;
             };
+            if let (Some(aws), Some(old_aws)) = (&mut rule.aws, &old_rule.aws) {
+                for (name, secret) in aws.secrets_mut() {
+                    if secret.kind != SecretKind::Opaque || secret.value.is_some() {
+                        continue;
+                    }
+                    if let Some((_, old)) = old_aws
+                        .secrets()
+                        .find(|(n, o)| *n == name && o.kind == SecretKind::Opaque)
+                    {
+                        secret.value = old.value.clone();
+                    }
+                }
+            }
             for h in &mut rule.headers {
                 if h.kind != SecretKind::Opaque || h.value.is_some() {
                     continue;
@@ -595,8 +794,17 @@ impl ProxyRule {
                 format!("{at}.{field}: {why}"),
             ))
         };
-        if self.aws.is_some() {
-            return refuse("aws", "AWS credential rules are not supported by Hearth yet; the proxy would sign nothing");
+        if let Some(aws) = &self.aws {
+            aws.check(&format!("{at}.aws"))?;
+            if !matches!(self.kind.as_deref(), None | Some("aws")) {
+                return refuse("type", "a rule with aws credentials is of type aws");
+            }
+            if !self.headers.is_empty() {
+                return refuse("headers", "an aws rule signs requests; put headers in a rule of their own");
+            }
+            // Its hosts default to AWS's own (`*.amazonaws.com`); any
+            // given (an S3-compatible endpoint) replace them.
+            return Ok(());
         }
         if self.gcp.is_some() {
             return refuse("gcp", "GCP credential rules are not supported by Hearth yet; the proxy would add no token");
@@ -612,6 +820,7 @@ impl ProxyRule {
         }
         match self.kind.as_deref() {
             None | Some("") | Some("headers") => {}
+            Some("aws") => return refuse("aws", "a rule of type aws needs its aws credentials"),
             Some("attribution") => {
                 return refuse("type", "attribution rules are not supported by Hearth yet");
             }

@@ -1134,3 +1134,58 @@ fn dump_sdk_fixtures() {
     });
     std::fs::write(path, serde_json::to_string_pretty(&fixtures).unwrap()).unwrap();
 }
+
+/// Issue 17: an `aws` rule (the SDK's `aws_auth`) becomes Hearth's own
+/// signing rule; its keys are never shown back, are kept by an update
+/// that sends `is_set`, and role-based or plaintext keys are refused.
+#[test]
+fn aws_rules_resolve_redact_and_carry_their_keys() {
+    let aws = |key: Value| {
+        json!({"proxy_config": {"rules": [{"name": "aws", "type": "aws", "enabled": true,
+            "aws": {"access_key_id": key.clone(), "secret_access_key": key}}]}})
+    };
+    let req: CreateSandboxRequest =
+        parse(aws(json!({"type": "opaque", "value": "AKIAREAL"}))).unwrap();
+    let plan = resolve_create(&req, &facts()).unwrap();
+    let egress = plan.spec.egress.clone().unwrap();
+    let keys = egress.rules[0].aws.clone().unwrap();
+    assert_eq!(
+        keys.access_key_id,
+        hearth_types::egress::SecretValue::Sealed("AKIAREAL".into())
+    );
+    let v = serde_json::to_value(sandbox_response(&plan.spec, sample_meta())).unwrap();
+    assert_eq!(v["proxy_config"]["rules"][0]["type"], "aws");
+    assert_eq!(
+        v["proxy_config"]["rules"][0]["aws"]["access_key_id"],
+        json!({"type": "opaque", "is_set": true})
+    );
+    assert!(!v.to_string().contains("AKIAREAL"));
+
+    let keep: UpdateSandboxRequest =
+        parse(aws(json!({"type": "opaque", "is_set": true}))).unwrap();
+    let kept = apply_update(&plan.spec, &keep).unwrap();
+    assert_eq!(kept.egress, plan.spec.egress);
+    // Nothing stored to keep: refused.
+    let fresh = resolve_create(&CreateSandboxRequest::default(), &facts())
+        .unwrap()
+        .spec;
+    let e = apply_update(&fresh, &keep).unwrap_err();
+    assert!(e.field().unwrap().ends_with("is_set"), "{e:?}");
+
+    for (body, field) in [
+        (aws(json!({"type": "plaintext", "value": "k"})), "type"),
+        (
+            json!({"proxy_config": {"rules": [{"name": "r", "aws": {"role_arn": "arn:aws:iam::1:role/x"}}]}}),
+            "role_arn",
+        ),
+        (
+            json!({"proxy_config": {"rules": [{"name": "r", "aws": {"access_key_id": {"type": "opaque", "value": "k"}}}]}}),
+            "secret_access_key",
+        ),
+    ] {
+        let req: CreateSandboxRequest = parse(body.clone()).unwrap();
+        let e = resolve_create(&req, &facts()).unwrap_err();
+        assert_eq!(e.status, 422);
+        assert!(e.field().unwrap().ends_with(field), "{body}: {e:?}");
+    }
+}

@@ -66,18 +66,28 @@ pub(crate) fn seal_opaque(
     workspace: WorkspaceId,
     cfg: &mut ProxyConfig,
 ) -> Result<(), ApiError> {
-    for h in headers_mut(cfg) {
-        if h.kind != SecretKind::Opaque {
-            continue;
-        }
-        if let Some(v) = &h.value {
+    let seal = |v: &mut Option<String>| -> Result<(), ApiError> {
+        if let Some(plain) = v {
             let sealed = key
-                .seal(&opaque_aad(workspace), v.as_bytes())
+                .seal(&opaque_aad(workspace), plain.as_bytes())
                 .map_err(|e| {
-                    tracing::error!(error = %e, "cannot seal an opaque proxy header");
+                    tracing::error!(error = %e, "cannot seal an opaque proxy value");
                     ApiError::internal()
                 })?;
-            h.value = Some(sealed);
+            *v = Some(sealed);
+        }
+        Ok(())
+    };
+    for rule in &mut cfg.rules {
+        for (_, secret) in rule.aws.iter_mut().flat_map(|a| a.secrets_mut()) {
+            if secret.kind == SecretKind::Opaque {
+                seal(&mut secret.value)?;
+            }
+        }
+    }
+    for h in headers_mut(cfg) {
+        if h.kind == SecretKind::Opaque {
+            seal(&mut h.value)?;
         }
     }
     Ok(())

@@ -211,10 +211,21 @@ fn rule(name: &str) -> Value {
     })
 }
 
+/// An `aws` rule (the SDK's `aws_auth`): the proxy re-signs with its keys.
+fn aws_rule() -> Value {
+    json!({
+        "name": "aws", "type": "aws", "enabled": true,
+        "aws": {
+            "access_key_id": {"type": "opaque", "value": "AKIASURFACE"},
+            "secret_access_key": {"type": "opaque", "value": "surface-secret"},
+        },
+    })
+}
+
 fn proxy_config() -> Value {
     json!({
         "description": "what the sandbox may reach",
-        "rules": [rule("api")],
+        "rules": [rule("api"), aws_rule()],
         "callbacks": [{
             "match_hosts": ["cb.test"], "url": "https://callback.test/hook", "ttl_seconds": 60,
             "request_headers": [{"name": "X-Key", "type": "opaque", "value": "k"}],
@@ -261,6 +272,10 @@ fn exercises() -> Vec<(&'static str, Value)> {
             json!({"vcpus": 2, "proxy_config": {"rules": [{
                 "name": "api", "match_hosts": ["api.test"],
                 "headers": [{"name": "Authorization", "type": "opaque", "is_set": true}],
+            }, {
+                "name": "aws", "type": "aws",
+                "aws": {"access_key_id": {"type": "opaque", "is_set": true},
+                        "secret_access_key": {"type": "opaque", "is_set": true}},
             }]}}),
         ),
         (
@@ -469,6 +484,8 @@ async fn a_proxy_config_patch_is_a_200_only_once_the_host_has_it() {
     let allow = |hosts: &[&str]| json!({"proxy_config": {"access_control": {"allow_list": hosts}}});
     let mut body = allow(&["a.test"]);
     body["name"] = json!("patched");
+    // The host has the VM (and its network) once the create answers.
+    body["wait_for_ready"] = json!(true);
     let (status, created) = e.send("create", &body).await;
     assert!(status.is_success(), "{created}");
     let id = created["id"].as_str().unwrap().to_owned();

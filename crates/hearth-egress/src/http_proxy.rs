@@ -111,7 +111,7 @@ struct Target {
 struct Conn {
     sb: Arc<Sandbox>,
     mode: Mode,
-    upstream: Mutex<Option<(UpstreamKey, SendRequest<Incoming>)>>,
+    upstream: Mutex<Option<(UpstreamKey, SendRequest<Body>)>>,
 }
 
 pub async fn serve_http<I>(sb: Arc<Sandbox>, io: I, mode: Mode)
@@ -242,7 +242,18 @@ impl Conn {
                 );
             }
         };
-        let req = prepare(req, &inject, host.as_deref());
+        // An `aws` rule re-signs, and only inside TLS like every secret.
+        let aws = policy
+            .rule_for(&name, req.uri().path(), req.headers())
+            .and_then(|r| r.aws.clone())
+            .filter(|_| tls);
+        let mut req = prepare(req, &inject, host.as_deref()).map(BodyExt::boxed);
+        if let Some(keys) = aws {
+            req = match resign_aws(req, &keys).await {
+                Ok(r) => r,
+                Err(resp) => return resp,
+            };
+        }
         match self.send(req, (name.clone(), port, tls), &addrs).await {
             Ok(resp) => resp.map(|b| b.boxed()),
             Err(e) => text(
@@ -336,7 +347,7 @@ impl Conn {
 
     async fn send(
         &self,
-        req: Request<Incoming>,
+        req: Request<Body>,
         key: UpstreamKey,
         addrs: &[SocketAddr],
     ) -> Result<Response<Incoming>, String> {
@@ -362,7 +373,7 @@ impl Conn {
         &self,
         (name, _, tls): &UpstreamKey,
         addrs: &[SocketAddr],
-    ) -> Result<SendRequest<Incoming>, String> {
+    ) -> Result<SendRequest<Body>, String> {
         let tcp = self
             .sb
             .shared
@@ -384,7 +395,7 @@ impl Conn {
     }
 }
 
-async fn handshake<I>(io: I) -> Result<SendRequest<Incoming>, String>
+async fn handshake<I>(io: I) -> Result<SendRequest<Body>, String>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -397,6 +408,81 @@ where
         }
     });
     Ok(sender)
+}
+
+/// Most of a body the proxy reads to hash it for an AWS signature (when
+/// the guest did not send `x-amz-content-sha256`; AWS's JSON and query
+/// APIs take small bodies, S3 always sends the header).
+const MAX_SIGNED_BODY: usize = 8 << 20;
+
+/// Signs an AWS request again with a rule's keys (see [`sigv4`]). A
+/// request not signed with SigV4 goes as it is (AWS answers it); one
+/// that cannot be re-signed is answered here, never sent half-signed.
+async fn resign_aws(
+    req: Request<Body>,
+    keys: &crate::policy::AwsKeys,
+) -> Result<Request<Body>, Response<Body>> {
+    use crate::sigv4;
+    let refuse =
+        |status: StatusCode, why: &str| text(status, format!("Hearth egress proxy: {why}\n"));
+    let guest = match req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(sigv4::parse_authorization)
+    {
+        Some(g) => g,
+        None => return Ok(req),
+    };
+    let (mut parts, body) = req.into_parts();
+    let (hash, body) = match parts
+        .headers
+        .get(sigv4::CONTENT_SHA256)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(h) if sigv4::usable_payload_hash(h) => (h.to_owned(), body),
+        Some(_) => {
+            return Err(refuse(
+                StatusCode::NOT_IMPLEMENTED,
+                "a payload signed chunk by chunk (STREAMING-AWS4-HMAC-SHA256-PAYLOAD) cannot be re-signed; send UNSIGNED-PAYLOAD or the body's SHA-256",
+            ))
+        }
+        None => {
+            let bytes = match http_body_util::Limited::new(body, MAX_SIGNED_BODY)
+                .collect()
+                .await
+            {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return Err(refuse(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "the body of an AWS request without x-amz-content-sha256 is too large to sign (over 8 MiB)",
+                    ))
+                }
+            };
+            let hash = sigv4::payload_hash(&bytes);
+            (hash, Full::new(bytes).map_err(|n| match n {}).boxed())
+        }
+    };
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    if let Err(why) = sigv4::resign(
+        parts.method.as_str(),
+        &pq,
+        &mut parts.headers,
+        &guest,
+        &hash,
+        keys,
+    ) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            &format!("cannot sign this AWS request: {why}"),
+        ));
+    }
+    Ok(Request::from_parts(parts, body))
 }
 
 /// `Host` for a request to `name:port` (the port only when not the default).

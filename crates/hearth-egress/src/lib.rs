@@ -39,6 +39,7 @@ pub mod pattern;
 pub mod policy;
 pub mod private;
 mod proxy;
+pub mod sigv4;
 pub mod tls;
 
 pub use http_proxy::remove_hop_by_hop;

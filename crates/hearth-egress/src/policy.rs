@@ -71,7 +71,29 @@ pub struct HeaderRule {
     /// (a policy from an older control plane): nothing goes over plain HTTP.
     #[serde(default)]
     pub plaintext_headers: Vec<String>,
+    /// Re-sign matching requests (AWS SigV4) with these keys; only over
+    /// TLS, like every secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsKeys>,
 }
+
+/// An AWS rule's static keys, resolved.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct AwsKeys {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl fmt::Debug for AwsKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AwsKeys")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hosts an AWS rule matches when it names none: AWS's own.
+pub const AWS_HOSTS: &[&str] = &["*.amazonaws.com", "amazonaws.com"];
 
 /// One header callback.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -141,7 +163,27 @@ impl Policy {
         let mut rules = Vec::new();
         for (i, rule) in spec.rules.iter().enumerate() {
             let at = format!("rules[{i}]");
-            let match_hosts = patterns(&format!("{at}.match_hosts"), &rule.match_hosts)?;
+            let mut match_hosts = patterns(&format!("{at}.match_hosts"), &rule.match_hosts)?;
+            let aws = match &rule.aws {
+                None => None,
+                Some(a) => {
+                    if match_hosts.is_empty() {
+                        let own: Vec<String> = AWS_HOSTS.iter().map(|h| (*h).to_owned()).collect();
+                        match_hosts = patterns(&format!("{at}.match_hosts"), &own)?;
+                    }
+                    let mut key = |field: &str, v: &SecretValue| {
+                        let value = resolve(v).map_err(|m| err(format!("{at}.aws.{field}"), m))?;
+                        if value.is_empty() || value.chars().any(|c| c.is_control() || c == ' ') {
+                            return Err(err(format!("{at}.aws.{field}"), "is not a valid AWS key"));
+                        }
+                        Ok(value)
+                    };
+                    Some(AwsKeys {
+                        access_key_id: key("access_key_id", &a.access_key_id)?,
+                        secret_access_key: key("secret_access_key", &a.secret_access_key)?,
+                    })
+                }
+            };
             for (j, g) in rule.match_paths.iter().enumerate() {
                 check_path_glob(g).map_err(|m| err(format!("{at}.match_paths[{j}]"), m))?;
             }
@@ -177,6 +219,7 @@ impl Policy {
                 match_headers,
                 headers,
                 plaintext_headers,
+                aws,
             });
         }
         let mut callbacks = Vec::new();

@@ -251,6 +251,9 @@ fn origin_tls(dir: &std::path::Path) -> (PathBuf, Arc<rustls::ServerConfig>) {
         .unwrap();
     let ca_path = dir.join("origin-ca.pem");
     std::fs::write(&ca_path, ca_cert.pem()).unwrap();
+    // The leaf as files too, for servers that are not in this process.
+    std::fs::write(dir.join("secure.test.pem"), leaf.pem()).unwrap();
+    std::fs::write(dir.join("secure.test.key"), key.serialize_pem()).unwrap();
     let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
     ))
@@ -2343,4 +2346,214 @@ async fn held_guest_cannot_reach_private_loopback_link_local_metadata_or_host_ad
         started.elapsed().as_secs_f64()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// moto (real S3, IAM and STS with signature checks) over TLS as
+/// `secure.test` (to S3 there, virtual-hosted bucket `secure`), with an
+/// IAM user whose keys it returns; `None` (skip)
+/// when moto is not installed and HEARTH_REQUIRE_S3 is not set.
+struct Moto {
+    child: std::process::Child,
+    port: u16,
+    key_id: String,
+    secret: String,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        if let Err(e) = self.child.kill() {
+            eprintln!("cannot stop moto_server: {e}");
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn start_moto(dir: &std::path::Path) -> Option<Moto> {
+    let Some(moto) = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("moto_server"))
+            .find(|p| p.is_file())
+    }) else {
+        assert!(
+            std::env::var_os("HEARTH_REQUIRE_S3").is_none(),
+            "HEARTH_REQUIRE_S3 is set but moto_server is not installed"
+        );
+        eprintln!("SKIP: moto_server not found");
+        return None;
+    };
+    // The Python that runs moto has boto3 (a dependency of moto).
+    let script = std::fs::read_to_string(&moto).unwrap();
+    let python = script
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("#!"))
+        .map(|p| p.trim().to_owned())
+        .filter(|p| !p.contains("env") && !p.contains("bash") && !p.contains(" "))
+        .unwrap_or_else(|| "python3".into());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(&moto)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-s"])
+        .arg("-c")
+        .arg(dir.join("secure.test.pem"))
+        .arg("-k")
+        .arg(dir.join("secure.test.key"))
+        // Exactly the set-up's five requests go unsigned; every later one
+        // must carry a valid signature from a real key.
+        .env("INITIAL_NO_AUTH_ACTION_COUNT", "5")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut m = Moto {
+        child,
+        port,
+        key_id: String::new(),
+        secret: String::new(),
+    };
+    // Ready when it accepts (an HTTP probe would use up an unsigned request).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "moto never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let setup = r#"
+import json, sys, boto3, urllib3
+urllib3.disable_warnings()
+kw = dict(endpoint_url=sys.argv[1], region_name="us-east-1", aws_access_key_id="setup",
+          aws_secret_access_key="setup", verify=False)
+iam = boto3.client("iam", **kw)
+iam.create_user(UserName="sandbox")
+iam.put_user_policy(UserName="sandbox", PolicyName="all", PolicyDocument=json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+k = iam.create_access_key(UserName="sandbox")["AccessKey"]
+s3 = boto3.client("s3", **kw)
+s3.create_bucket(Bucket="secure")
+s3.put_object(Bucket="secure", Key="hello.txt", Body=b"hi from moto")
+print(k["AccessKeyId"], k["SecretAccessKey"])
+"#;
+    let out = Command::new(&python)
+        .args(["-c", setup, &format!("https://127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "moto set-up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = String::from_utf8(out.stdout).unwrap();
+    let mut keys = out.split_whitespace();
+    m.key_id = keys.next().unwrap().to_owned();
+    m.secret = keys.next().unwrap().to_owned();
+    Some(m)
+}
+
+fn aws_rule(hosts: &[&str], key_id: &str, secret: &str) -> ProxyRule {
+    let opaque = |v: &str| hearth_api::nested::ProxySecret {
+        kind: SecretKind::Opaque,
+        value: Some(v.into()),
+        is_set: None,
+    };
+    ProxyRule {
+        name: "aws".into(),
+        kind: Some("aws".into()),
+        match_hosts: hosts.iter().map(|s| s.to_string()).collect(),
+        aws: Some(hearth_api::nested::ProxyAws {
+            access_key_id: Some(opaque(key_id)),
+            secret_access_key: Some(opaque(secret)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Issue 17: the guest signs AWS requests with a dummy key; an `aws` rule
+/// makes the proxy sign them again with the real one, which moto checks
+/// (S3 GET and a listing with a query, and STS over a form body the proxy
+/// hashes). Without the rule the same requests are refused by moto.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_requests_are_re_signed_with_the_rules_keys() {
+    if !net_available() {
+        return;
+    }
+    let w = world(Policy::default()).await;
+    let Some(moto) = start_moto(&w.dir) else {
+        return;
+    };
+    let resolve = format!("secure.test:{}:192.0.2.10", moto.port);
+    // Spliced TLS shows moto's own certificate, intercepted TLS the
+    // proxy's: the guest trusts both CAs.
+    let both = w.dir.join("both-ca.pem");
+    let pem = |p: &PathBuf| std::fs::read_to_string(p).unwrap();
+    std::fs::write(&both, pem(&w.proxy_ca) + &pem(&w.origin_ca)).unwrap();
+    let ca = both.to_str().unwrap().to_owned();
+    let url = |path: &str| format!("https://secure.test:{}{path}", moto.port);
+    let s3 = |path: &str| {
+        vec![
+            "--resolve".to_owned(),
+            resolve.clone(),
+            "--cacert".to_owned(),
+            ca.clone(),
+            "--aws-sigv4".to_owned(),
+            "aws:amz:us-east-1:s3".to_owned(),
+            "--user".to_owned(),
+            "DUMMYKEY:dummysecret".to_owned(),
+            // As the SDKs send it over TLS (S3 insists on the header).
+            "-H".to_owned(),
+            "x-amz-content-sha256: UNSIGNED-PAYLOAD".to_owned(),
+            url(path),
+        ]
+    };
+    let sts = {
+        let mut a = s3("/");
+        a[5] = "aws:amz:us-east-1:sts".into();
+        a.drain(8..10);
+        a.extend([
+            "--data".into(),
+            "Action=GetCallerIdentity&Version=2011-06-15".into(),
+        ]);
+        a
+    };
+    let run = |args: Vec<String>| {
+        let ns = &w.ns;
+        async move {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            ns.curl(&refs).await
+        }
+    };
+    // No rule: TLS to secure.test is spliced and moto sees the dummy key.
+    let (status, body) = run(s3("/hello.txt")).await;
+    assert_eq!(status, 403, "{body}");
+
+    assert!(w.egress.set_policy(
+        SANDBOX,
+        policy(ProxyConfig {
+            rules: vec![aws_rule(&["secure.test"], &moto.key_id, &moto.secret)],
+            ..Default::default()
+        }),
+    ));
+    let (status, body) = run(s3("/hello.txt")).await;
+    assert_eq!((status, body.as_str()), (200, "hi from moto"));
+    let (status, body) = run(s3("/?list-type=2&prefix=hel")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("<Key>hello.txt</Key>"), "{body}");
+    let (status, body) = run(sts.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("user/sandbox"), "{body}");
+
+    // A disabled rule signs nothing again.
+    let mut off = aws_rule(&["secure.test"], &moto.key_id, &moto.secret);
+    off.enabled = Some(false);
+    assert!(w.egress.set_policy(
+        SANDBOX,
+        policy(ProxyConfig {
+            rules: vec![off],
+            ..Default::default()
+        }),
+    ));
+    let (status, body) = run(sts).await;
+    assert_eq!(status, 403, "{body}");
 }

@@ -49,6 +49,18 @@ pub struct RuleSpec {
     pub headers: Vec<HeaderSpec>,
     /// Plaintext environment for the guest while the rule is enabled.
     pub env: BTreeMap<String, String>,
+    /// Sign matching requests with these AWS keys (SigV4) instead of
+    /// adding headers; `match_hosts` empty = AWS's own hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsSpec>,
+}
+
+/// Static AWS credentials a rule signs with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AwsSpec {
+    pub access_key_id: SecretValue,
+    pub secret_access_key: SecretValue,
 }
 
 /// A header and where its value comes from.
@@ -102,12 +114,18 @@ impl EgressSpec {
         env
     }
 
-    /// Every header's value (rules' and callbacks').
+    /// Every secret's value (rules' headers and keys, callbacks' headers).
     pub fn values(&self) -> impl Iterator<Item = &SecretValue> {
         self.rules
             .iter()
             .flat_map(|r| r.headers.iter())
             .chain(self.callbacks.iter().flat_map(|c| c.request_headers.iter()))
             .map(|h| &h.value)
+            .chain(
+                self.rules
+                    .iter()
+                    .filter_map(|r| r.aws.as_ref())
+                    .flat_map(|a| [&a.access_key_id, &a.secret_access_key]),
+            )
     }
 }
