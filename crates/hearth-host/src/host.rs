@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use hearth_image::{GuestArtifacts, ImageConfig, ImageName, Progress};
 use hearth_types::{ByteSize, MilliCpu, VmId};
-use hearth_vmm::{Accel, VmInstance, VmSpec, Vmm};
+use hearth_vmm::{Accel, DynInstance, DynVmm, VmSpec};
 
-/// The VMM backend this host drives. The host speaks only the
-/// [`Vmm`]/[`VmInstance`] traits; this alias and [`Host::start`]'s
-/// construction of it are the one place a backend is chosen.
-pub type Backend = hearth_vmm::Qemu;
-/// A running VM of the [`Backend`].
-pub type Instance = <Backend as Vmm>::Instance;
+/// A running VM of whichever backend the host drives. The host speaks
+/// only the [`hearth_vmm::Vmm`]/[`hearth_vmm::VmInstance`] operations,
+/// through their object-safe forms ([`DynVmm`], [`DynInstance`]): the
+/// backend is chosen once, when the host starts ([`Host::start`]: QEMU;
+/// [`Host::start_with`]: any other, such as the fake of its tests).
+pub(crate) type Instance = dyn DynInstance;
 
 use crate::block::GenerationDisks;
 use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
@@ -31,12 +31,14 @@ pub struct HostConfig {
     pub data_dir: PathBuf,
     /// Runtime state on tmpfs: sockets, logs, guest memory files.
     pub run_root: PathBuf,
+    /// The QEMU binary ([`Host::start`]; unused by [`Host::start_with`]).
     pub qemu_binary: PathBuf,
     /// How long a boot may take until the guest agent answers.
     pub boot_timeout: Duration,
     /// How long a stop waits for the guest to power off before killing it.
     pub stop_grace: Duration,
-    /// Where the KVM-or-TCG probe caches its answer.
+    /// Where the KVM-or-TCG probe caches its answer ([`Host::start`]'s
+    /// QEMU only).
     pub accel_cache: PathBuf,
     /// Raw virtio-serial ports every VM gets besides the agent's (see
     /// [`hearth_vmm::VmSpec::raw_ports`]); `hearth bench substrate` uses one
@@ -64,6 +66,21 @@ pub struct HostConfig {
     /// How long a starting agent waits for the data directory's lock (see
     /// [`crate::lock`]): a previous agent may still be shutting down.
     pub lock_wait: Duration,
+    /// Where the guest's kernel, initramfs and root images come from.
+    pub images: GuestImages,
+}
+
+/// Where a host gets the artifacts its VMs boot ([`GuestArtifacts`]).
+#[derive(Clone, Debug, Default)]
+pub enum GuestImages {
+    /// Built on first use and cached under `<data>/artifacts`
+    /// ([`hearth_image::ensure_all`]): what a real guest boots.
+    #[default]
+    Build,
+    /// These, for every image, never built: for a backend that boots no
+    /// kernel (the fake VMM), which needs only a root image for the disk
+    /// provider to base disks on.
+    Fixed(Arc<GuestArtifacts>),
 }
 
 /// Settings of jailed VMMs.
@@ -176,6 +193,7 @@ impl HostConfig {
             network: None,
             jail: None,
             lock_wait: Duration::from_secs(5),
+            images: GuestImages::Build,
         }
     }
 }
@@ -227,7 +245,7 @@ pub enum HostError {
 pub struct Host {
     cfg: HostConfig,
     images: ImageConfig,
-    vmm: Backend,
+    vmm: Arc<dyn DynVmm>,
     accel: Accel,
     artifacts: tokio::sync::Mutex<HashMap<ImageName, Arc<GuestArtifacts>>>,
     vms: Mutex<HashMap<VmId, Arc<Vm>>>,
@@ -246,11 +264,38 @@ pub struct Host {
 }
 
 impl Host {
-    /// Prepares the kernel and initramfs (building them on first use),
-    /// decides KVM or TCG, and reconciles VMs left by a previous run.
+    /// A host whose VMs run under QEMU ([`hearth_vmm::Qemu`]): prepares
+    /// the kernel and initramfs (building them on first use), decides KVM
+    /// or TCG with them ([`hearth_vmm::probe_accel`], cached in
+    /// [`HostConfig::accel_cache`]), and reconciles VMs left by a previous
+    /// run.
     pub async fn start(
         cfg: HostConfig,
         progress: Arc<dyn Progress>,
+    ) -> Result<Arc<Self>, HostError> {
+        Self::start_on(cfg, progress, None).await
+    }
+
+    /// A host whose VMs run under `vmm` (its guests run under
+    /// `vmm.accel()`; [`HostConfig::qemu_binary`] and
+    /// [`HostConfig::accel_cache`] are QEMU's and unused). Everything
+    /// else is [`Host::start`]'s: the data directory's lock, the disk
+    /// provider, the network and jails as configured, and the
+    /// reconciliation of VMs a previous run left, whose VMMs `vmm` reaps
+    /// ([`hearth_vmm::Vmm::reap_stale`]).
+    pub async fn start_with(
+        cfg: HostConfig,
+        progress: Arc<dyn Progress>,
+        vmm: impl hearth_vmm::Vmm,
+    ) -> Result<Arc<Self>, HostError> {
+        Self::start_on(cfg, progress, Some(Arc::new(vmm))).await
+    }
+
+    /// [`Host::start`] (`vmm` absent: QEMU) and [`Host::start_with`].
+    async fn start_on(
+        cfg: HostConfig,
+        progress: Arc<dyn Progress>,
+        vmm: Option<Arc<dyn DynVmm>>,
     ) -> Result<Arc<Self>, HostError> {
         let io = |what: &str, e| HostError::Io {
             id: VmId::new(),
@@ -271,30 +316,41 @@ impl Host {
             std::fs::canonicalize(&cfg.run_root).map_err(|e| io("resolve the run dir", e))?;
         let images = ImageConfig::new(&cfg.data_dir);
         // The busybox image is tiny; the kernel + initramfs are what the probe needs.
-        let base = {
-            let (images, p) = (images.clone(), progress.clone());
-            tokio::task::spawn_blocking(move || {
-                hearth_image::ensure_all(&images, ImageName::Busybox, p.as_ref())
-            })
-            .await
-            .map_err(|e| HostError::Invalid(format!("artifact task: {e}")))??
+        let base = match &cfg.images {
+            GuestImages::Build => {
+                let (images, p) = (images.clone(), progress.clone());
+                Arc::new(
+                    tokio::task::spawn_blocking(move || {
+                        hearth_image::ensure_all(&images, ImageName::Busybox, p.as_ref())
+                    })
+                    .await
+                    .map_err(|e| HostError::Invalid(format!("artifact task: {e}")))??,
+                )
+            }
+            GuestImages::Fixed(a) => a.clone(),
         };
-        let accel = hearth_vmm::probe_accel(
-            &cfg.qemu_binary,
-            &base.kernel.vmlinuz,
-            &base.initramfs.path,
-            &cfg.accel_cache,
-            hearth_vmm::accel::DEFAULT_PROBE_DEADLINE,
-        )
-        .await;
+        let vmm: Arc<dyn DynVmm> = match vmm {
+            Some(vmm) => vmm,
+            None => {
+                let accel = hearth_vmm::probe_accel(
+                    &cfg.qemu_binary,
+                    &base.kernel.vmlinuz,
+                    &base.initramfs.path,
+                    &cfg.accel_cache,
+                    hearth_vmm::accel::DEFAULT_PROBE_DEADLINE,
+                )
+                .await;
+                Arc::new(hearth_vmm::Qemu::new(hearth_vmm::QemuConfig {
+                    binary: cfg.qemu_binary.clone(),
+                    accel,
+                    ..hearth_vmm::QemuConfig::default()
+                }))
+            }
+        };
+        let accel = vmm.accel();
         tracing::info!(%accel, "guests will run under {accel}");
-        let vmm = Backend::new(hearth_vmm::QemuConfig {
-            binary: cfg.qemu_binary.clone(),
-            accel,
-            ..hearth_vmm::QemuConfig::default()
-        });
         let mut artifacts = HashMap::new();
-        artifacts.insert(ImageName::Busybox, Arc::new(base));
+        artifacts.insert(ImageName::Busybox, base);
         let (disks, generations): (Arc<dyn DiskProvider>, _) = match &cfg.storage {
             Storage::Store(s) => {
                 ensure_master_key(&s.master_key_file).map_err(|source| HostError::Io {
@@ -401,6 +457,9 @@ impl Host {
         image: ImageName,
         progress: Arc<dyn Progress>,
     ) -> Result<Arc<GuestArtifacts>, HostError> {
+        if let GuestImages::Fixed(a) = &self.cfg.images {
+            return Ok(a.clone());
+        }
         let mut cache = self.artifacts.lock().await;
         if let Some(a) = cache.get(&image) {
             return Ok(a.clone());
@@ -635,7 +694,7 @@ impl Host {
                 }
             }
         };
-        self.attach(vm, Arc::new(instance)).await?;
+        self.attach(vm, instance).await?;
         let boot_ms = started.elapsed().as_millis() as u64;
         let resumed = rec.saved.is_some();
         vm.update(|r| {
@@ -776,7 +835,7 @@ impl Host {
         let connect = GuestClient::connect(instance.channel_path(), self.cfg.boot_timeout);
         let guest = tokio::select! {
             g = connect => g.map_err(|e| HostError::Boot { id, reason: format!("{e}; console: {}", console_tail(instance.console_log())) })?,
-            exit = instance.wait_exit() => return Err(HostError::Boot { id, reason: format!("qemu exited during boot ({exit}); console: {}", console_tail(instance.console_log())) }),
+            exit = instance.wait_exit() => return Err(HostError::Boot { id, reason: format!("the vmm exited during boot ({exit}); console: {}", console_tail(instance.console_log())) }),
         };
         // Before the guest runs anything for the sandbox (a failure is
         // logged; the periodic sync tries again).
@@ -858,7 +917,7 @@ impl Host {
         spec: &VmSpec,
         volumes: &MemoryVolumes,
         shared: bool,
-    ) -> Result<Instance, HostError> {
+    ) -> Result<Arc<Instance>, HostError> {
         let store = self.store("resuming from memory")?;
         let dir = if shared {
             self.cfg.data_dir.join("snapshots").join(&volumes.memory)
@@ -903,7 +962,7 @@ impl Host {
         let started = Instant::now();
         // Should the resume fail, the cold boot finds the guest's writes.
         guest_sync(&vm).await;
-        let saved = match self.save_memory(&vm, &inst, &saved_dir).await {
+        let saved = match self.save_memory(&vm, &*inst, &saved_dir).await {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(vm = %id, error = %error_chain(&e), "cannot save memory; stopping without it");
@@ -1101,7 +1160,7 @@ impl Host {
                 private: false,
             };
             let inst = self.vmm.restore(&spec, &from).await?;
-            self.attach(vm, Arc::new(inst)).await
+            self.attach(vm, inst).await
         }
         .await;
         match resumed {
@@ -1364,7 +1423,9 @@ impl Host {
 
     /// After a restart: every VM a previous run left is accounted for. A
     /// VMM that is still alive (it should have died with its parent) is
-    /// killed by PID after checking its command line names the VM.
+    /// killed, and what else it left removed, by the backend
+    /// ([`hearth_vmm::Vmm::reap_stale`]: QEMU's is killed by PID after
+    /// checking its command line names the VM).
     async fn recover(&self) {
         let Ok(dir) = std::fs::read_dir(self.cfg.data_dir.join("vms")) else {
             return;
@@ -1374,24 +1435,24 @@ impl Host {
                 continue;
             };
             let rec = vm.record();
-            if !rec.state.is_terminal() {
-                if let Some(pid) = rec.pid {
-                    if kill_if_ours(pid, rec.id).await {
-                        tracing::warn!(vm = %rec.id, pid, "killed a VMM left by a previous host agent");
-                    }
+            let running = !rec.state.is_terminal();
+            let pid = rec.pid.filter(|_| running);
+            match self.vmm.reap_stale(rec.id, pid).await {
+                Ok(true) => {
+                    tracing::warn!(vm = %rec.id, pid, "killed a VMM left by a previous host agent")
                 }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(vm = %rec.id, error = %error_chain(&e), "cannot clean up after a VMM of a previous host agent")
+                }
+            }
+            if running {
                 vm.transition(
                     VmState::Failed,
                     Some("host agent restarted while the vm was running".into()),
                 );
             }
-            let _ = std::fs::remove_dir_all(&vm.run_dir);
-            if self.cfg.jail.is_some() {
-                let root = Path::new(hearth_vmm::qemu::cgroup::CGROUP_ROOT);
-                if let Err(e) = hearth_vmm::qemu::cgroup::remove_stale(root, rec.id).await {
-                    tracing::warn!(vm = %rec.id, error = %e, "cannot remove cgroups left by a previous host agent");
-                }
-            }
+            remove_dir_logged(&vm.run_dir);
             if self.network.is_some() {
                 if let Err(e) = crate::network::Network::remove_stale(rec.id).await {
                     tracing::warn!(vm = %rec.id, error = %e, "cannot remove a namespace left by a previous host agent");
@@ -1523,33 +1584,6 @@ fn check_resources(memory: ByteSize, cpu: MilliCpu) -> Result<(), HostError> {
         )));
     }
     Ok(())
-}
-
-/// SIGKILLs `pid` if it is the VMM of `id`; waits until it is gone.
-async fn kill_if_ours(pid: u32, id: VmId) -> bool {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let needle = format!("hearth-vm-{id}");
-    if !String::from_utf8_lossy(&cmdline).contains(&needle) {
-        return false;
-    }
-    // SAFETY: kill has no memory-safety preconditions; the pid was checked above.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGKILL);
-    }
-    for _ in 0..100 {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            break;
-        }
-        // A zombie still has /proc/<pid>; its cmdline is empty.
-        if std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|c| c.is_empty())
-            .unwrap_or(true)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
 }
 
 /// Marks the VM failed the moment its VMM exits or its guest channel breaks

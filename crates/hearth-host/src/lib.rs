@@ -1,7 +1,8 @@
 //! The Hearth host agent: the only privileged process on a node.
 //!
-//! - [`host::Host`]: boots VMs from Hearth's guest artifacts through the
-//!   [`hearth_vmm`] backend, drives the VM state machine ([`vm::VmState`]),
+//! - [`host::Host`]: boots VMs from Hearth's guest artifacts through a
+//!   [`hearth_vmm`] backend (QEMU; any [`hearth_vmm::Vmm`] through
+//!   [`Host::start_with`]), drives the VM state machine ([`vm::VmState`]),
 //!   notices dead VMMs and broken guest channels at once, and after a restart
 //!   accounts for (and cleans up) every VM a previous run started.
 //! - [`guest::GuestClient`]: the typed client of one guest agent over its
@@ -39,7 +40,8 @@ pub use hearth_hostapi::{
     BootFrom, Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
 };
 pub use host::{
-    error_chain, Host, HostConfig, HostError, JailSettings, Liveness, Storage, StoreSettings,
+    error_chain, GuestImages, Host, HostConfig, HostError, JailSettings, Liveness, Storage,
+    StoreSettings,
 };
 pub use local::InProcessHost;
 pub use network::Network;

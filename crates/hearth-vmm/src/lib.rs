@@ -22,6 +22,10 @@
 //! jail ([`JailSpec`]: an unprivileged user, namespaces, a minimal root and
 //! cgroup [`Limits`]; see [`qemu::jail`]).
 //!
+//! A caller that chooses its backend at run time (the host agent: QEMU,
+//! or a fake in its tests) holds it as a [`DynVmm`] ([`dynamic`]): every
+//! [`Vmm`] is one, its VMs [`DynInstance`]s.
+//!
 //! Host facts live beside the backends: [`accel::probe_accel`] decides once per
 //! host (and caches) whether KVM can boot a real guest, and [`host`] reads
 //! the host TSC frequency that TCG guests need on their kernel command line.
@@ -42,10 +46,12 @@ use hearth_types::{ByteSize, MilliCpu, VmId};
 use serde::{Deserialize, Serialize};
 
 pub mod accel;
+pub mod dynamic;
 pub mod host;
 pub mod qemu;
 
 pub use accel::{probe_accel, ProbeOutcome};
+pub use dynamic::{DynInstance, DynVmm};
 pub use qemu::qmp::{QmpClient, QmpError};
 pub use qemu::{Qemu, QemuConfig, QemuInstance, QemuStatus};
 
@@ -299,6 +305,21 @@ pub trait Vmm: Send + Sync + 'static {
         spec: &VmSpec,
         from: &RestoreFrom,
     ) -> impl Future<Output = Result<Self::Instance, VmmError>> + Send;
+
+    /// How this backend's guests execute.
+    fn accel(&self) -> Accel;
+
+    /// After its caller restarted: ends what a VMM of `id` started by an
+    /// earlier caller may have left. That is the process `pid` (as
+    /// [`VmInstance::vmm_pid`] gave it) if it is still the VMM of `id` (a
+    /// PID may have been reused: nothing else is signalled), and the
+    /// backend's own per-VM leftovers (QEMU: a jail's cgroups). Returns
+    /// whether a VMM was still running; it is gone when this returns.
+    fn reap_stale(
+        &self,
+        id: VmId,
+        pid: Option<u32>,
+    ) -> impl Future<Output = Result<bool, VmmError>> + Send;
 }
 
 /// A running VM. Dropping the handle does not stop the VM.
@@ -306,6 +327,12 @@ pub trait VmInstance: Send + Sync + 'static {
     fn id(&self) -> VmId;
     /// PID of the VMM process.
     fn pid(&self) -> u32;
+    /// The PID a caller records to find the VMM again after a restart
+    /// ([`Vmm::reap_stale`]); [`VmInstance::pid`] unless the backend's
+    /// spawned process is not the VMM itself (QEMU under a jail).
+    fn vmm_pid(&self) -> u32 {
+        self.pid()
+    }
     fn accel(&self) -> Accel;
     /// Unix socket of the guest agent's port; the VMM listens, the host agent
     /// connects (once, for the VM's whole life).

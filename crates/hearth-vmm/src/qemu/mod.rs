@@ -437,6 +437,50 @@ impl Vmm for Qemu {
     async fn restore(&self, spec: &VmSpec, from: &RestoreFrom) -> Result<QemuInstance, VmmError> {
         self.restore_qemu(spec, from).await
     }
+
+    fn accel(&self) -> Accel {
+        self.cfg.accel
+    }
+
+    async fn reap_stale(&self, id: VmId, pid: Option<u32>) -> Result<bool, VmmError> {
+        let killed = match pid {
+            Some(pid) => kill_if_ours(pid, id).await,
+            None => false,
+        };
+        // A jailed VMM's groups (empty now that it is gone); none without a jail.
+        cgroup::remove_stale(Path::new(cgroup::CGROUP_ROOT), id)
+            .await
+            .map_err(|e| VmmError::backend(id, "remove stale cgroups", e))?;
+        Ok(killed)
+    }
+}
+
+/// SIGKILLs `pid` if it is the QEMU of `id` (its command line names the
+/// VM: a reused PID is left alone); waits until it is gone.
+async fn kill_if_ours(pid: u32, id: VmId) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let needle = format!("hearth-vm-{id}");
+    if !String::from_utf8_lossy(&cmdline).contains(&needle) {
+        return false;
+    }
+    // SAFETY: kill has no memory-safety preconditions; the pid was checked above.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    }
+    for _ in 0..100 {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        // A zombie still has /proc/<pid>; its cmdline is empty.
+        if std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.is_empty())
+            .unwrap_or(true)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
 }
 
 async fn wait_ready(
@@ -826,6 +870,10 @@ impl VmInstance for QemuInstance {
 
     fn pid(&self) -> u32 {
         self.process.pid
+    }
+
+    fn vmm_pid(&self) -> u32 {
+        self.vmm_pid
     }
 
     fn accel(&self) -> Accel {
