@@ -12,6 +12,8 @@
 //! - [`clock`]: each guest's wall clock kept on the host's.
 //! - [`network`]: each VM's network namespace and TAP, and the egress
 //!   proxy ([`hearth_egress`]) that is its only way out.
+//! - `fake` (feature `fake`): a fake VMM whose guest is a task speaking the
+//!   guest protocol, so that host logic is tested without QEMU.
 //! - [`api`]: the host's private HTTP + WebSocket API, which a remote
 //!   control plane drives with signed commands; a standalone host serves
 //!   it on loopback to holders of its token. No caller is unauthenticated.
@@ -20,6 +22,8 @@ pub mod api;
 pub mod block;
 pub mod clock;
 pub mod disks;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod fleet;
 /// The guest client lives in `hearth-hostapi` (the control plane uses it
 /// too); re-exported under its old path.
