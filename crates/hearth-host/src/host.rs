@@ -1382,9 +1382,12 @@ impl Host {
         Ok(vm)
     }
 
-    /// After the VM's VMM has exited: its disk is released (a persistent
-    /// one committed) and its runtime directory removed.
+    /// After the VM's VMM has exited: it is no longer the VM's, its disk
+    /// is released (a persistent one committed) and its runtime directory
+    /// removed.
     async fn after_exit(&self, vm: &Vm) -> Result<(), HostError> {
+        // Its watcher, should it wake later, then knows it is stale.
+        vm.instance.lock().unwrap_or_else(|p| p.into_inner()).take();
         let released = self.disks.release(vm.id).await;
         self.release_network(vm).await;
         self.release_jail_slot(vm);
@@ -1595,6 +1598,16 @@ async fn watch_vm(host: Arc<Host>, vm: Arc<Vm>, instance: Arc<Instance>, guest: 
         why = watch_liveness(&vm, &guest, host.cfg.liveness) => why,
         never = crate::clock::keep(&vm, &guest, host.cfg.clock_interval) => match never {},
     };
+    // The VMM watched here is no longer the VM's (it was stopped or saved,
+    // and the VM may be starting or running on another already): the
+    // state is not this watcher's to change, nor the disk and run
+    // directory, which are the new VMM's.
+    if !vm
+        .instance()
+        .is_some_and(|current| Arc::ptr_eq(&current, &instance))
+    {
+        return;
+    }
     let state = vm.state();
     if matches!(
         state,
