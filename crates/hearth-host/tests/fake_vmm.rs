@@ -1,0 +1,323 @@
+//! Host logic on the fake VMM (`hearth_host::fake`): the lifecycle, a
+//! VMM's death, boot failures, saved memory and recovery after a restart,
+//! in milliseconds, with no QEMU, no kernel and no root.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hearth_host::fake::{guest_images, BootFault, FakeVmm};
+use hearth_host::{CreateVm, Host, HostConfig, HostError, Vm, VmState};
+use hearth_types::ByteSize;
+
+/// A host's settings on the fake VMM: everything under a fresh temporary
+/// directory (unix socket paths must stay short), no network, no jail.
+fn fake_config(dir: &tempfile::TempDir) -> HostConfig {
+    let data = dir.path().join("data");
+    let mut cfg = HostConfig::new(&data);
+    cfg.run_root = dir.path().join("run");
+    cfg.images = guest_images(&dir.path().join("images")).expect("fake images");
+    cfg.boot_timeout = Duration::from_secs(1);
+    cfg.stop_grace = Duration::from_millis(200);
+    cfg
+}
+
+async fn start(cfg: HostConfig, fake: &FakeVmm) -> Arc<Host> {
+    Host::start_with(cfg, Arc::new(hearth_image::QuietProgress), fake.clone())
+        .await
+        .expect("host starts on the fake vmm")
+}
+
+fn small() -> CreateVm {
+    CreateVm {
+        memory: ByteSize::mib(64),
+        ..CreateVm::default()
+    }
+}
+
+/// Waits (at most 2 s) until the VM is in `state`.
+async fn wait_for(vm: &Vm, state: VmState) {
+    let mut rx = vm.subscribe();
+    tokio::time::timeout(Duration::from_secs(2), rx.wait_for(|r| r.state == state))
+        .await
+        .unwrap_or_else(|_| panic!("vm {} is {:?}, not {state:?}", vm.id, vm.state()))
+        .expect("the vm's record lives");
+}
+
+fn echo(text: &str) -> hearth_guest_proto::ExecRequest {
+    hearth_guest_proto::ExecRequest {
+        command: format!("echo {text}"),
+        ..Default::default()
+    }
+}
+
+/// Runs `f` on a runtime of its own, which is then dropped with every task
+/// it still runs: what a killed host agent leaves.
+fn on_runtime<T>(f: impl Future<Output = T>) -> T {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let out = rt.block_on(f);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_ready_pause_stop_start_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let t = Instant::now();
+    let host = start(fake_config(&dir), &fake).await;
+
+    let vm = host.create_vm(small()).await.expect("vm boots");
+    assert_eq!(vm.state(), VmState::Ready);
+    assert!(fake.is_running(vm.id));
+    let rec = vm.record();
+    assert_eq!(rec.accel.as_deref(), Some("tcg"));
+    assert!(rec.pid.is_some() && rec.boot_ms.is_some());
+    let g = host.guest(vm.id).unwrap();
+    let out = g.run(echo("hello")).await.unwrap();
+    assert_eq!(
+        (out.exit_code, out.stdout.as_slice()),
+        (Some(0), &b"hello\n"[..])
+    );
+
+    assert_eq!(host.pause(vm.id).await.unwrap().state, VmState::Paused);
+    assert!(fake.is_paused(vm.id));
+    assert!(
+        host.guest(vm.id).is_err(),
+        "a paused vm has no guest to use"
+    );
+    assert_eq!(host.resume(vm.id).await.unwrap().state, VmState::Ready);
+    assert!(!fake.is_paused(vm.id));
+
+    // A graceful stop: the guest is told to power off, and does.
+    assert_eq!(host.stop(vm.id).await.unwrap().state, VmState::Stopped);
+    assert!(!fake.is_running(vm.id));
+    assert!(host.guest(vm.id).is_err());
+    assert!(!vm.run_dir.exists(), "a stopped vm leaves no runtime files");
+
+    let vm = host.start_vm(vm.id).await.expect("starts again");
+    assert_eq!(vm.state(), VmState::Ready);
+    assert_eq!(fake.boots(), 2);
+    let out = vm.guest().unwrap().run(echo("again")).await.unwrap();
+    assert_eq!(out.stdout, b"again\n");
+
+    host.delete(vm.id).await.unwrap();
+    assert!(host.get(vm.id).is_err());
+    assert!(!fake.is_running(vm.id));
+    assert!(host.list().is_empty());
+    host.shutdown().await;
+    eprintln!("fake lifecycle took {:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmm_that_dies_is_marked_failed_and_starts_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let vm = host.create_vm(small()).await.unwrap();
+
+    let t = Instant::now();
+    assert!(fake.crash(vm.id));
+    wait_for(&vm, VmState::Failed).await;
+    eprintln!("failure noticed in {:?}", t.elapsed());
+    let reason = vm.record().reason.unwrap_or_default();
+    assert!(
+        reason.contains("vmm exited") || reason.contains("channel lost"),
+        "{reason}"
+    );
+    assert!(host.guest(vm.id).is_err());
+
+    let vm = host
+        .start_vm(vm.id)
+        .await
+        .expect("a failed vm starts again");
+    assert_eq!(vm.state(), VmState::Ready);
+    let reason = vm.record().reason.unwrap_or_default();
+    assert!(!reason.contains("vmm exited"), "{reason}");
+    assert_eq!(fake.boots(), 2);
+    host.shutdown().await;
+    assert!(!fake.is_running(vm.id), "shutdown stops every vm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_failures_are_reported_and_the_vm_starts_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let mut cfg = fake_config(&dir);
+    cfg.boot_timeout = Duration::from_millis(200);
+    let host = start(cfg, &fake).await;
+
+    // The VMM does not start.
+    fake.fail_next_boot(BootFault::VmmFails);
+    let err = host.create_vm(small()).await.err().expect("boot fails");
+    assert!(matches!(err, HostError::Vmm(_)), "{err:?}");
+    let failed = host.list();
+    assert_eq!(failed.len(), 1);
+    let rec = &failed[0];
+    assert_eq!(rec.state, VmState::Failed);
+    assert!(
+        rec.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("injected"),
+        "{:?}",
+        rec.reason
+    );
+    assert!(!fake.is_running(rec.id));
+    let vm = host
+        .start_vm(rec.id)
+        .await
+        .expect("starts once the vmm does");
+    assert_eq!(vm.state(), VmState::Ready);
+
+    // The VMM dies during boot. The host sees its exit, or the failed
+    // connection to its socket, whichever comes first.
+    fake.fail_next_boot(BootFault::VmmDies);
+    let err = host.create_vm(small()).await.err().expect("boot fails");
+    let HostError::Boot { id, reason } = err else {
+        panic!("not a boot error: {err:?}")
+    };
+    assert!(
+        reason.contains("vmm exited during boot") || reason.contains("handshake"),
+        "{reason}"
+    );
+    assert_eq!(host.get(id).unwrap().state(), VmState::Failed);
+
+    // The guest never answers: the boot timeout ends it, and its VMM.
+    fake.fail_next_boot(BootFault::GuestSilent);
+    let t = Instant::now();
+    let err = host.create_vm(small()).await.err().expect("boot fails");
+    assert!(
+        t.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    let HostError::Boot { id, reason } = err else {
+        panic!("not a boot error: {err:?}")
+    };
+    assert!(reason.contains("handshake"), "{reason}");
+    assert_eq!(host.get(id).unwrap().state(), VmState::Failed);
+    assert!(!fake.is_running(id), "the silent guest's vmm was killed");
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_is_saved_at_stop_and_resumed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let vm = host.create_vm(small()).await.unwrap();
+
+    let rec = host.stop_saving_memory(vm.id).await.unwrap();
+    assert_eq!(rec.state, VmState::Stopped);
+    assert!(rec.saved.is_some(), "{rec:?}");
+    assert!(vm.dir.join("saved/state").is_file());
+    assert!(!fake.is_running(vm.id));
+
+    let vm = host.start_vm(vm.id).await.unwrap();
+    assert_eq!(vm.state(), VmState::Ready);
+    assert_eq!(
+        (fake.boots(), fake.restores()),
+        (1, 1),
+        "resumed, not booted"
+    );
+    assert_eq!(vm.record().saved, None);
+
+    // A save that fails stops the vm without its memory.
+    fake.fail_saves(true);
+    let rec = host.stop_saving_memory(vm.id).await.unwrap();
+    assert_eq!(rec.state, VmState::Stopped);
+    assert_eq!(rec.saved, None);
+    assert_eq!(rec.reason.as_deref(), Some("memory was not saved"));
+    let vm = host.start_vm(vm.id).await.unwrap();
+    assert_eq!((fake.boots(), fake.restores()), (2, 1), "booted cold");
+    assert_eq!(vm.state(), VmState::Ready);
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let vm = host.create_vm(small()).await.unwrap();
+
+    // Saved, and restored at once from its own RAM.
+    let captured = host.capture(vm.id, "snap-fake", true).await.unwrap();
+    assert!(captured.memory.is_some(), "{captured:?}");
+    assert_eq!(vm.state(), VmState::Ready);
+    assert_eq!((fake.boots(), fake.restores()), (1, 1));
+    let out = vm.guest().unwrap().run(echo("still")).await.unwrap();
+    assert_eq!(out.stdout, b"still\n");
+
+    let child = host
+        .create_vm(CreateVm {
+            from: Some(hearth_host::BootFrom {
+                disk: captured.disk.clone(),
+                memory: captured.memory.clone(),
+                require_memory: true,
+            }),
+            ..small()
+        })
+        .await
+        .expect("a vm resumes from the snapshot");
+    assert_eq!(child.state(), VmState::Ready);
+    assert_eq!(
+        (fake.boots(), fake.restores()),
+        (1, 2),
+        "resumed, not booted"
+    );
+
+    // A hard stop, and a stop of a paused vm.
+    assert_eq!(host.kill(vm.id).await.unwrap().state, VmState::Stopped);
+    assert!(!fake.is_running(vm.id));
+    host.pause(child.id).await.unwrap();
+    assert_eq!(host.stop(child.id).await.unwrap().state, VmState::Stopped);
+    assert!(!fake.is_running(child.id));
+    host.delete_snapshot_data(&captured).await.unwrap();
+    host.shutdown().await;
+}
+
+/// Issue 18: a host agent that dies in the middle of a stop leaves the
+/// VM's record `stopping` and its VMM running. The next agent reaps the
+/// VMM through the backend, marks the VM failed, and it starts again.
+#[test]
+fn a_vm_left_stopping_by_a_dead_agent_is_failed_and_starts_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    // Guests ignore the shutdown and the VMM the quit: a stop takes the
+    // grace periods, and the agent dies within them.
+    fake.ignore_quit(true);
+    let id = on_runtime(async {
+        let host = start(fake_config(&dir), &fake).await;
+        let vm = host.create_vm(small()).await.unwrap();
+        let stopping = tokio::spawn({
+            let (host, id) = (host.clone(), vm.id);
+            async move { host.stop(id).await }
+        });
+        wait_for(&vm, VmState::Stopping).await;
+        assert!(!stopping.is_finished());
+        vm.id
+    });
+    assert!(fake.is_running(id), "the vmm outlived its agent");
+    fake.ignore_quit(false);
+
+    on_runtime(async {
+        let host = start(fake_config(&dir), &fake).await;
+        let vm = host.get(id).expect("the vm is recovered");
+        assert_eq!(vm.state(), VmState::Failed);
+        assert_eq!(
+            vm.record().reason.as_deref(),
+            Some("host agent restarted while the vm was running")
+        );
+        assert_eq!(fake.reaped(), [id]);
+        assert!(!fake.is_running(id));
+        let vm = host.start_vm(id).await.expect("starts again");
+        assert_eq!(vm.state(), VmState::Ready);
+        host.shutdown().await;
+    });
+}
