@@ -282,6 +282,31 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     host.shutdown().await;
 }
 
+/// The seam the control plane drives hosts through (`HostApi`, here in
+/// process) runs on the fake as it does on QEMU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_api_runs_on_the_fake() {
+    use hearth_hostapi::{HostApi, StopVm};
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let api: Arc<dyn HostApi> = Arc::new(hearth_host::InProcessHost::new(host.clone()));
+
+    let rec = api.create_vm(small()).await.unwrap();
+    assert_eq!(rec.state, VmState::Ready);
+    let g = api.guest(rec.id, 0).await.unwrap();
+    assert_eq!(g.run(echo("via api")).await.unwrap().stdout, b"via api\n");
+    let how = StopVm { save_memory: true };
+    let stopped = api.stop_vm(rec.id, 0, how).await.unwrap();
+    assert!(stopped.saved.is_some());
+    let started = api.start_vm(rec.id, 1, Default::default()).await.unwrap();
+    assert_eq!((started.state, started.fence), (VmState::Ready, 1));
+    assert_eq!(fake.restores(), 1);
+    api.delete_vm(rec.id, 1).await.unwrap();
+    assert!(api.list_vms().await.unwrap().is_empty());
+    host.shutdown().await;
+}
+
 /// Issue 18: a host agent that dies in the middle of a stop leaves the
 /// VM's record `stopping` and its VMM running. The next agent reaps the
 /// VMM through the backend, marks the VM failed, and it starts again.
