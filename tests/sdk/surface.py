@@ -4,7 +4,7 @@ Walks the request TypedDicts the SDK is generated from (`langsmith.types`)
 and prints one JSON object per line for each field, nested fields
 included: the operation, the field's path (`proxy_config.rules[].aws`) and
 a body (or query) holding just that field, with the required fields
-around it filled in. `crates/hearth-control/tests/sdk_surface.rs` sends
+around it filled in. `crates/hearth-control/tests/control/sdk_surface.rs` sends
 each one and checks that Hearth acts on it or refuses it with a 422 naming
 it: never a silent yes.
 """

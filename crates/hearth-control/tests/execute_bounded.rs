@@ -4,6 +4,7 @@
 //! stays flat. The control plane (and the in-process host) run in this
 //! test's process, so its resident set is what is measured.
 
+#[path = "control/harness/mod.rs"]
 mod harness;
 
 use std::sync::Arc;

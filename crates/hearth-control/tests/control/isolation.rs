@@ -48,7 +48,7 @@ use hearth_control::Control;
 use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_hostapi::{SimHost, VmState};
 
-mod harness;
+use crate::harness;
 use hearth_types::{ApiKeyId, VmId, WorkspaceId};
 use serde_json::{json, Value};
 use tower::ServiceExt;

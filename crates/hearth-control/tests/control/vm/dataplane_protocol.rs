@@ -27,14 +27,12 @@
 //! a WebSocket route is 400 `InvalidRequest`; an unknown sandbox is 404
 //! `NotFound` on every route.
 
-mod harness;
-
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use crate::harness::{envelope_problem, send, RawRequest, Resp, Rng, Server};
 use bytes::Bytes;
 use futures_util::{AsyncReadExt as _, AsyncWriteExt as _, SinkExt, StreamExt};
-use harness::{envelope_problem, send, RawRequest, Resp, Rng, Server};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -15,9 +15,7 @@ use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-mod harness;
-
-use harness::{host, shared_dir};
+use crate::harness::{host, shared_dir};
 
 struct Env {
     app: Router,
@@ -81,6 +79,16 @@ async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
         reader,
         other: keys[1].1.clone(),
         small: keys[2].1.clone(),
+    }
+}
+
+/// A simulated host, with the same room as [`local`]'s.
+fn simulated(host: Arc<hearth_hostapi::SimHost>) -> LocalHost {
+    LocalHost {
+        id: HostId::new(),
+        host,
+        capacity_cpu: MilliCpu(64_000),
+        capacity_mem: ByteSize::gib(256),
     }
 }
 
@@ -1201,19 +1209,6 @@ async fn lifecycle(e: &Env) {
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn public_api_on_sqlite_and_postgres() {
-    let host = host().await;
-    for url in hearth_db::testing::backend_urls().await {
-        eprintln!("backend: {}", url.url.split(':').next().unwrap_or(""));
-        let e = env(&url.url, vec![local(host.clone())]).await;
-        validation_and_errors(&e).await;
-        lifecycle(&e).await;
-        // Nothing left running on the host for this database.
-        e.control.reap_once().await;
-    }
-}
-
 #[tokio::test]
 async fn no_ready_host_is_503_and_writes_nothing() {
     let url = hearth_db::testing::sqlite_url();
@@ -1295,70 +1290,17 @@ async fn finding3_callback_to_private_address_is_422_at_create_and_patch() {
     );
 }
 
-/// A server shutting down closes exec WebSockets with 1001, so the SDK
-/// reconnects instead of reporting a failure.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_closes_exec_sockets_with_1001() {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-    use tokio_tungstenite::tungstenite::Message;
-
-    let url = hearth_db::testing::sqlite_url();
-    let e = env(&url.url, vec![local(host().await)]).await;
-    let (s, sb) = e
-        .create(&e.admin, json!({"snapshot": "busybox", "mem_bytes": 2u64 << 30, "wait_for_ready": true, "timeout": 120}))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{sb}");
-    let id = sb["id"].as_str().unwrap().to_owned();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(hearth_control::serve(e.control.clone(), listener, async {
-        let _ = stop_rx.await;
-    }));
-    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-        format!("ws://{addr}/dataplane/{id}/execute/ws"),
-    )
-    .unwrap();
-    req.headers_mut()
-        .insert("x-api-key", e.admin.parse().unwrap());
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
-    let frame =
-        json!({"type": "execute", "command": "echo up; sleep 30", "command_id": "f".repeat(32)});
-    ws.send(Message::Text(frame.to_string().into()))
-        .await
-        .unwrap();
-    // started, then the first output.
-    let mut seen_output = false;
-    while !seen_output {
-        if let Some(Ok(Message::Text(t))) = ws.next().await {
-            seen_output = t.contains("\"stdout\"");
-        }
-    }
-    stop_tx.send(()).unwrap();
-    let close = loop {
-        match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next())
-            .await
-            .unwrap()
-        {
-            Some(Ok(Message::Close(frame))) => break frame,
-            Some(Ok(_)) => continue,
-            other => panic!("expected a close frame, got {other:?}"),
-        }
-    };
-    assert_eq!(close.map(|f| f.code), Some(CloseCode::Away));
-    let _ = server.await;
-    e.control.stop_all().await;
-}
-
 /// `idle_ttl_seconds` stops an idle sandbox (activity resets the clock) and
 /// `delete_after_stop_seconds` deletes a stopped one. The reaper is run with
-/// the clock moved forward instead of waiting minutes.
+/// the clock moved forward instead of waiting minutes. Reaping is the
+/// control plane's decision: the host is simulated (`SimHost`), and its VM
+/// is checked stopped, then gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reapers_stop_idle_and_delete_long_stopped_sandboxes() {
     use std::time::Duration;
     let url = hearth_db::testing::sqlite_url();
-    let e = env(&url.url, vec![local(host().await)]).await;
+    let sim = Arc::new(hearth_hostapi::SimHost::new());
+    let e = env(&url.url, vec![simulated(sim.clone())]).await;
     let (s, sb) = e
         .create(
             &e.admin,
@@ -1415,6 +1357,12 @@ async fn reapers_stop_idle_and_delete_long_stopped_sandboxes() {
         )
         .await;
     assert_eq!(status(&v), "stopped", "{v}");
+    let vm = hearth_types::VmId::from(id.parse::<uuid::Uuid>().unwrap());
+    assert_eq!(
+        sim.vm(vm).map(|r| r.state),
+        Some(hearth_hostapi::VmState::Stopped),
+        "the host stopped the VM"
+    );
     // Past delete_after_stop: gone.
     e.control
         .reap_at(hearth_db::Timestamp::now().plus(Duration::from_secs(601)))
@@ -1428,128 +1376,7 @@ async fn reapers_stop_idle_and_delete_long_stopped_sandboxes() {
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-}
-
-/// Host loss: the host agent dies with its VMs; a new one starts on the same
-/// data directory. Running sandboxes become `stopped` and the next
-/// data-plane request cold boots them from their persisted disks.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
-    let shared = shared_dir();
-    let data = shared
-        .join("hosts")
-        .join(uuid::Uuid::now_v7().simple().to_string());
-    std::fs::create_dir_all(&data).unwrap();
-    std::os::unix::fs::symlink(shared.join("artifacts"), data.join("artifacts")).unwrap();
-    let mut hcfg = HostConfig::new(&data);
-    hcfg.accel_cache = shared.join("accel.json");
-    let host_id = HostId::new();
-    let host1 = Host::start(hcfg.clone(), Arc::new(hearth_image::QuietProgress))
-        .await
-        .unwrap();
-    let url = hearth_db::testing::sqlite_url();
-    let mk = |host: Arc<Host>| LocalHost {
-        id: host_id,
-        host: Arc::new(hearth_host::InProcessHost::new(host)),
-        capacity_cpu: MilliCpu(64_000),
-        capacity_mem: ByteSize::gib(256),
-    };
-    let e = env(&url.url, vec![mk(host1.clone())]).await;
-    let (s, sb) = e
-        .create(&e.admin, json!({"name": "survivor", "snapshot": "busybox", "mem_bytes": 2u64 << 30, "wait_for_ready": true, "timeout": 120}))
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{sb}");
-    let id = sb["id"].as_str().unwrap().to_owned();
-    let (s, _) = e
-        .call(
-            Method::POST,
-            &format!("/dataplane/{id}/execute"),
-            Some(&e.admin),
-            Some(json!({"command": "echo persisted > /root/p; sync"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK);
-
-    // The host dies: its VMM is killed outright (no graceful stop).
-    let vm = host1
-        .get(hearth_types::VmId::from(id.parse::<uuid::Uuid>().unwrap()))
-        .unwrap();
-    let pid = vm.record().pid.unwrap();
-    // SAFETY: signalling the QEMU process this test's host started.
-    unsafe {
-        libc::kill(pid as i32, libc::SIGKILL);
-    }
-    // In this process the dead host's tasks outlive it: its VM watcher
-    // still releases the disk and removes the run directory it sees die.
-    // A real host agent dies with its tasks, so the new one must not start
-    // on the same directory until that reaction is over (else the old
-    // watcher removes the new VMM's run directory and races its disk).
-    let gone = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !vm.state().is_terminal() {
-        assert!(
-            tokio::time::Instant::now() < gone,
-            "the killed vm was never seen dead: {:?}",
-            vm.record()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    drop(vm);
-    // The restarted control plane has the same master key (it seals the
-    // link key in the database; another key would fail closed).
-    let master_key = e.control.cfg.master_key.clone();
-    drop(e);
-    drop(host1);
-
-    // A new host agent and control plane on the same data and database.
-    let host2 = Host::start(hcfg, Arc::new(hearth_image::QuietProgress))
-        .await
-        .unwrap();
-    let db = Db::connect(&url.url).await.unwrap();
-    let cfg = ControlConfig {
-        master_key,
-        ..ControlConfig::default()
-    };
-    let control = Control::open(db, cfg, vec![mk(host2)]).await.unwrap();
-    let row = control
-        .db
-        .get_sandbox_by_id(id.parse().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(
-        row.status,
-        hearth_db::SandboxStatus::Stopped,
-        "{:?}",
-        row.status_message
-    );
-    // The next request wakes it from its disk.
-    let app = hearth_control::router(control.clone());
-    let key = {
-        let ws = row.workspace_id;
-        key(&control.db, ws, &["*"]).await
-    };
-    let req = Request::builder()
-        .method(Method::POST)
-        .uri(format!("/dataplane/{id}/execute"))
-        .header("x-api-key", &key)
-        .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    if status != StatusCode::OK {
-        let row = control
-            .db
-            .get_sandbox_by_id(id.parse().unwrap())
-            .await
-            .unwrap();
-        eprintln!("sandbox {:?}: {:?}", row.status, row.status_message);
-    }
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(v["stdout"], "persisted\n", "{v}");
-    control.stop_all().await;
+    assert!(sim.vm(vm).is_none(), "the host forgot the VM");
 }
 
 /// Finding 1: the link key sat in the database in the clear, so a copy of
@@ -1592,4 +1419,210 @@ async fn finding1_link_key_is_sealed_and_a_wrong_master_key_fails_closed() {
     );
     db.close().await;
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The tests here boot real microVMs (`scripts/test-fast` skips `vm::`).
+mod vm {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn public_api_on_sqlite() {
+        public_api(hearth_db::testing::sqlite_url()).await;
+    }
+
+    /// The same on PostgreSQL (skipped, loudly, without a server unless
+    /// `HEARTH_REQUIRE_POSTGRES=1`); a test of its own so the two run side
+    /// by side.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn public_api_on_postgres() {
+        if let Some(url) = hearth_db::testing::postgres_url().await {
+            public_api(url).await;
+        }
+    }
+
+    async fn public_api(url: hearth_db::testing::TestUrl) {
+        let e = env(&url.url, vec![local(host().await)]).await;
+        validation_and_errors(&e).await;
+        lifecycle(&e).await;
+        // Nothing left running on the host for this database.
+        e.control.reap_once().await;
+    }
+
+    /// A server shutting down closes exec WebSockets with 1001, so the SDK
+    /// reconnects instead of reporting a failure.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_closes_exec_sockets_with_1001() {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+        use tokio_tungstenite::tungstenite::Message;
+
+        let url = hearth_db::testing::sqlite_url();
+        let e = env(&url.url, vec![local(host().await)]).await;
+        let (s, sb) = e
+            .create(&e.admin, json!({"snapshot": "busybox", "mem_bytes": 2u64 << 30, "wait_for_ready": true, "timeout": 120}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{sb}");
+        let id = sb["id"].as_str().unwrap().to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(hearth_control::serve(e.control.clone(), listener, async {
+            let _ = stop_rx.await;
+        }));
+        let mut req =
+            tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+                format!("ws://{addr}/dataplane/{id}/execute/ws"),
+            )
+            .unwrap();
+        req.headers_mut()
+            .insert("x-api-key", e.admin.parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        let frame = json!({"type": "execute", "command": "echo up; sleep 30", "command_id": "f".repeat(32)});
+        ws.send(Message::Text(frame.to_string().into()))
+            .await
+            .unwrap();
+        // started, then the first output.
+        let mut seen_output = false;
+        while !seen_output {
+            if let Some(Ok(Message::Text(t))) = ws.next().await {
+                seen_output = t.contains("\"stdout\"");
+            }
+        }
+        stop_tx.send(()).unwrap();
+        let close = loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next())
+                .await
+                .unwrap()
+            {
+                Some(Ok(Message::Close(frame))) => break frame,
+                Some(Ok(_)) => continue,
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        };
+        assert_eq!(close.map(|f| f.code), Some(CloseCode::Away));
+        let _ = server.await;
+        e.control.stop_all().await;
+    }
+
+    /// Host loss: the host agent dies with its VMs; a new one starts on the same
+    /// data directory. Running sandboxes become `stopped` and the next
+    /// data-plane request cold boots them from their persisted disks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_host_loss_sandboxes_cold_boot_from_their_disks() {
+        let shared = shared_dir();
+        let data = shared
+            .join("hosts")
+            .join(uuid::Uuid::now_v7().simple().to_string());
+        std::fs::create_dir_all(&data).unwrap();
+        std::os::unix::fs::symlink(shared.join("artifacts"), data.join("artifacts")).unwrap();
+        let mut hcfg = HostConfig::new(&data);
+        hcfg.accel_cache = shared.join("accel.json");
+        let host_id = HostId::new();
+        let host1 = Host::start(hcfg.clone(), Arc::new(hearth_image::QuietProgress))
+            .await
+            .unwrap();
+        let url = hearth_db::testing::sqlite_url();
+        let mk = |host: Arc<Host>| LocalHost {
+            id: host_id,
+            host: Arc::new(hearth_host::InProcessHost::new(host)),
+            capacity_cpu: MilliCpu(64_000),
+            capacity_mem: ByteSize::gib(256),
+        };
+        let e = env(&url.url, vec![mk(host1.clone())]).await;
+        let (s, sb) = e
+            .create(&e.admin, json!({"name": "survivor", "snapshot": "busybox", "mem_bytes": 2u64 << 30, "wait_for_ready": true, "timeout": 120}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{sb}");
+        let id = sb["id"].as_str().unwrap().to_owned();
+        let (s, _) = e
+            .call(
+                Method::POST,
+                &format!("/dataplane/{id}/execute"),
+                Some(&e.admin),
+                Some(json!({"command": "echo persisted > /root/p; sync"})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK);
+
+        // The host dies: its VMM is killed outright (no graceful stop).
+        let vm = host1
+            .get(hearth_types::VmId::from(id.parse::<uuid::Uuid>().unwrap()))
+            .unwrap();
+        let pid = vm.record().pid.unwrap();
+        // SAFETY: signalling the QEMU process this test's host started.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+        // In this process the dead host's tasks outlive it: its VM watcher
+        // still releases the disk and removes the run directory it sees die.
+        // A real host agent dies with its tasks, so the new one must not start
+        // on the same directory until that reaction is over (else the old
+        // watcher removes the new VMM's run directory and races its disk).
+        let gone = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !vm.state().is_terminal() {
+            assert!(
+                tokio::time::Instant::now() < gone,
+                "the killed vm was never seen dead: {:?}",
+                vm.record()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        drop(vm);
+        // The restarted control plane has the same master key (it seals the
+        // link key in the database; another key would fail closed).
+        let master_key = e.control.cfg.master_key.clone();
+        drop(e);
+        drop(host1);
+
+        // A new host agent and control plane on the same data and database.
+        let host2 = Host::start(hcfg, Arc::new(hearth_image::QuietProgress))
+            .await
+            .unwrap();
+        let db = Db::connect(&url.url).await.unwrap();
+        let cfg = ControlConfig {
+            master_key,
+            ..ControlConfig::default()
+        };
+        let control = Control::open(db, cfg, vec![mk(host2)]).await.unwrap();
+        let row = control
+            .db
+            .get_sandbox_by_id(id.parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            row.status,
+            hearth_db::SandboxStatus::Stopped,
+            "{:?}",
+            row.status_message
+        );
+        // The next request wakes it from its disk.
+        let app = hearth_control::router(control.clone());
+        let key = {
+            let ws = row.workspace_id;
+            key(&control.db, ws, &["*"]).await
+        };
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("/dataplane/{id}/execute"))
+            .header("x-api-key", &key)
+            .body(Body::from(json!({"command": "cat /root/p"}).to_string()))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        if status != StatusCode::OK {
+            let row = control
+                .db
+                .get_sandbox_by_id(id.parse().unwrap())
+                .await
+                .unwrap();
+            eprintln!("sandbox {:?}: {:?}", row.status, row.status_message);
+        }
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["stdout"], "persisted\n", "{v}");
+        control.stop_all().await;
+    }
 }

@@ -23,11 +23,9 @@
 //! before Hearth sees them, with an empty body; for them only "no 5xx" is
 //! asserted.
 
-mod harness;
-
 use std::collections::BTreeSet;
 
-use harness::{envelope_problem, send, RawRequest, Resp, Rng, Server};
+use crate::harness::{envelope_problem, send, RawRequest, Resp, Rng, Server};
 use serde_json::{json, Value};
 
 /// Seed of the generator behind the random cases (change it to explore).

@@ -3,9 +3,9 @@
 //! validation, permissions and limits, isolation between workspaces, and
 //! what the database holds (sealed values bound to workspace and name).
 
-mod harness;
+use crate::harness;
 
-use harness::{envelope_problem, Resp, Server};
+use crate::harness::{envelope_problem, Resp, Server};
 use hearth_types::WorkspaceId;
 use serde_json::{json, Value};
 

@@ -21,7 +21,7 @@ use hearth_types::{ByteSize, WorkspaceId};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-mod harness;
+use crate::harness;
 
 const GIB: u64 = 1 << 30;
 

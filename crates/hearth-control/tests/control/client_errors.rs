@@ -4,9 +4,7 @@
 //! (`hearth_control::serve`) over loopback; one test boots a busybox
 //! microVM for the mistakes only the guest can see.
 
-mod harness;
-
-use harness::{envelope_problem, send, RawRequest, Resp, Server};
+use crate::harness::{envelope_problem, send, RawRequest, Resp, Server};
 use serde_json::{json, Value};
 
 fn headers(key: &str, content_type: &str) -> Vec<(String, String)> {
@@ -328,164 +326,169 @@ async fn finding9_unknown_routes_and_wrong_methods_are_enveloped() {
     s.stop().await;
 }
 
-/// The mistakes only the guest can see: a working directory, shell or
-/// path that does not exist there. One busybox sandbox serves them all.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finding7_exec_and_upload_mistakes_are_4xx() {
-    let s = Server::start(true).await;
-    let sb = s.sandbox("mistakes").await;
-    let id = sb["id"].as_str().unwrap().to_owned();
-    let dp = format!("/dataplane/{id}");
-    let exec = |body: Value| {
-        let s = &s;
-        let path = format!("{dp}/execute");
-        async move { s.json("POST", &path, Some(&s.admin), &body).await }
-    };
-    let r = exec(json!({"command": "echo ok"})).await;
-    assert_eq!(
-        (r.status, r.json().unwrap()["stdout"].as_str()),
-        (200, Some("ok\n"))
-    );
+/// Boots a real microVM (`scripts/test-fast` skips `vm::`).
+mod vm {
+    use super::*;
 
-    // Refused by the guest: 400 CommandError (the SDK's SandboxOperationError).
-    for body in [
-        json!({"command": "true", "cwd": "/no/such/dir"}),
-        json!({"command": "true", "cwd": "/etc/hostname"}),
-        json!({"command": "true", "shell": "/bin/no-such-shell"}),
-        json!({"command": "true", "shell": "/etc"}),
-    ] {
-        let r = exec(body.clone()).await;
+    /// The mistakes only the guest can see: a working directory, shell or
+    /// path that does not exist there. One busybox sandbox serves them all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn finding7_exec_and_upload_mistakes_are_4xx() {
+        let s = Server::start(true).await;
+        let sb = s.sandbox("mistakes").await;
+        let id = sb["id"].as_str().unwrap().to_owned();
+        let dp = format!("/dataplane/{id}");
+        let exec = |body: Value| {
+            let s = &s;
+            let path = format!("{dp}/execute");
+            async move { s.json("POST", &path, Some(&s.admin), &body).await }
+        };
+        let r = exec(json!({"command": "echo ok"})).await;
         assert_eq!(
-            (r.status, r.error().as_str()),
-            (400, "CommandError"),
-            "{body}: {}",
-            r.text()
+            (r.status, r.json().unwrap()["stdout"].as_str()),
+            (200, Some("ok\n"))
         );
-    }
-    // Refused up front: 422 naming the field.
-    for (body, field) in [
-        (json!({"command": "echo a\u{0}b"}), "command"),
-        (json!({"command": "true", "cwd": "/tmp\u{0}"}), "cwd"),
-        (json!({"command": "true", "shell": "/bin/sh\u{0}"}), "shell"),
-        (json!({"command": "true", "env": {"A=B": "x"}}), "A=B"),
-        (json!({"command": "true", "env": {"": "x"}}), "env"),
-        (json!({"command": "true", "env": {"A": "x\u{0}"}}), "A"),
-    ] {
-        let r = exec(body.clone()).await;
-        assert_eq!(r.status, 422, "{body}: {}", r.text());
-        assert_eq!(r.field(), field, "{body}: {}", r.text());
-    }
 
-    // The SSE transport: the same refusals are a 400 before any event.
-    for body in [
-        json!({"command": "true", "cwd": "/no/such/dir"}),
-        json!({"command": "true", "shell": "/bin/no-such-shell"}),
-        json!({"command": "echo a\u{0}b"}),
-        json!({"command": "true", "env": {"A=B": "x"}}),
-        json!({"command": "true", "env": {"": "x"}}),
-        json!({"command": "true", "run_config": {"user": "nobody-here"}}),
-    ] {
+        // Refused by the guest: 400 CommandError (the SDK's SandboxOperationError).
+        for body in [
+            json!({"command": "true", "cwd": "/no/such/dir"}),
+            json!({"command": "true", "cwd": "/etc/hostname"}),
+            json!({"command": "true", "shell": "/bin/no-such-shell"}),
+            json!({"command": "true", "shell": "/etc"}),
+        ] {
+            let r = exec(body.clone()).await;
+            assert_eq!(
+                (r.status, r.error().as_str()),
+                (400, "CommandError"),
+                "{body}: {}",
+                r.text()
+            );
+        }
+        // Refused up front: 422 naming the field.
+        for (body, field) in [
+            (json!({"command": "echo a\u{0}b"}), "command"),
+            (json!({"command": "true", "cwd": "/tmp\u{0}"}), "cwd"),
+            (json!({"command": "true", "shell": "/bin/sh\u{0}"}), "shell"),
+            (json!({"command": "true", "env": {"A=B": "x"}}), "A=B"),
+            (json!({"command": "true", "env": {"": "x"}}), "env"),
+            (json!({"command": "true", "env": {"A": "x\u{0}"}}), "A"),
+        ] {
+            let r = exec(body.clone()).await;
+            assert_eq!(r.status, 422, "{body}: {}", r.text());
+            assert_eq!(r.field(), field, "{body}: {}", r.text());
+        }
+
+        // The SSE transport: the same refusals are a 400 before any event.
+        for body in [
+            json!({"command": "true", "cwd": "/no/such/dir"}),
+            json!({"command": "true", "shell": "/bin/no-such-shell"}),
+            json!({"command": "echo a\u{0}b"}),
+            json!({"command": "true", "env": {"A=B": "x"}}),
+            json!({"command": "true", "env": {"": "x"}}),
+            json!({"command": "true", "run_config": {"user": "nobody-here"}}),
+        ] {
+            let r = s
+                .json(
+                    "POST",
+                    &format!("{dp}/execute/stream/start"),
+                    Some(&s.admin),
+                    &body,
+                )
+                .await;
+            assert_eq!(
+                (r.status, r.error().as_str()),
+                (400, "CommandError"),
+                "{body}: {}",
+                r.text()
+            );
+        }
         let r = s
             .json(
                 "POST",
                 &format!("{dp}/execute/stream/start"),
                 Some(&s.admin),
-                &body,
+                &json!({"command": "echo sse"}),
             )
             .await;
-        assert_eq!(
-            (r.status, r.error().as_str()),
-            (400, "CommandError"),
-            "{body}: {}",
-            r.text()
-        );
-    }
-    let r = s
-        .json(
-            "POST",
-            &format!("{dp}/execute/stream/start"),
-            Some(&s.admin),
-            &json!({"command": "echo sse"}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "a good command still streams");
+        assert_eq!(r.status, 200, "a good command still streams");
 
-    // The WebSocket has no status to give once upgraded: the refusal is an
-    // `error` frame of LangSmith's type CommandError, then a clean close.
-    for frame in [
-        json!({"type": "execute", "command": "true", "cwd": "/no/such/dir"}),
-        json!({"type": "execute", "command": "true", "env": {"A=B": "x"}}),
-    ] {
-        let error = ws_error(&s, &id, &frame).await;
-        assert_eq!(error["error_type"], "CommandError", "{frame}: {error}");
-    }
+        // The WebSocket has no status to give once upgraded: the refusal is an
+        // `error` frame of LangSmith's type CommandError, then a clean close.
+        for frame in [
+            json!({"type": "execute", "command": "true", "cwd": "/no/such/dir"}),
+            json!({"type": "execute", "command": "true", "env": {"A=B": "x"}}),
+        ] {
+            let error = ws_error(&s, &id, &frame).await;
+            assert_eq!(error["error_type"], "CommandError", "{frame}: {error}");
+        }
 
-    // Uploads over a directory are the caller's mistake too.
-    let (ct, body) = multipart(b"data");
-    let req = RawRequest::new(
-        "POST",
-        &format!("{dp}/upload?path=/tmp/afile"),
-        &headers(&s.admin, &ct),
-        body.clone(),
-    );
-    assert_eq!(send(s.addr, &req.bytes()).await.status, 200);
-    // A device (or FIFO) is not a file to replace either.
-    for path in ["/etc", "/", "/tmp/afile/x", "/dev/null"] {
+        // Uploads over a directory are the caller's mistake too.
+        let (ct, body) = multipart(b"data");
         let req = RawRequest::new(
             "POST",
-            &format!("{dp}/upload?path={path}"),
+            &format!("{dp}/upload?path=/tmp/afile"),
             &headers(&s.admin, &ct),
             body.clone(),
         );
-        let r = send(s.addr, &req.bytes()).await;
-        assert!(
-            r.status == 400 && r.error() == "WriteError",
-            "upload to {path}: {} {}",
-            r.status,
-            r.text()
-        );
+        assert_eq!(send(s.addr, &req.bytes()).await.status, 200);
+        // A device (or FIFO) is not a file to replace either.
+        for path in ["/etc", "/", "/tmp/afile/x", "/dev/null"] {
+            let req = RawRequest::new(
+                "POST",
+                &format!("{dp}/upload?path={path}"),
+                &headers(&s.admin, &ct),
+                body.clone(),
+            );
+            let r = send(s.addr, &req.bytes()).await;
+            assert!(
+                r.status == 400 && r.error() == "WriteError",
+                "upload to {path}: {} {}",
+                r.status,
+                r.text()
+            );
+        }
+        let r = s
+            .json(
+                "DELETE",
+                "/api/v2/sandboxes/boxes/mistakes",
+                Some(&s.admin),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(r.status, 204, "{}", r.text());
+        s.stop().await;
     }
-    let r = s
-        .json(
-            "DELETE",
-            "/api/v2/sandboxes/boxes/mistakes",
-            Some(&s.admin),
-            &json!({}),
-        )
-        .await;
-    assert_eq!(r.status, 204, "{}", r.text());
-    s.stop().await;
-}
 
-/// Runs one execute frame over the exec WebSocket; its `error` frame.
-async fn ws_error(s: &Server, id: &str, frame: &Value) -> Value {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    use tokio_tungstenite::tungstenite::Message;
+    /// Runs one execute frame over the exec WebSocket; its `error` frame.
+    async fn ws_error(s: &Server, id: &str, frame: &Value) -> Value {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::Message;
 
-    let mut req = format!("ws://{}/dataplane/{id}/execute/ws", s.addr)
-        .into_client_request()
-        .unwrap();
-    req.headers_mut()
-        .insert("x-api-key", s.admin.parse().unwrap());
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
-    ws.send(Message::Text(frame.to_string().into()))
-        .await
-        .unwrap();
-    loop {
-        let msg = tokio::time::timeout(std::time::Duration::from_secs(30), ws.next())
+        let mut req = format!("ws://{}/dataplane/{id}/execute/ws", s.addr)
+            .into_client_request()
+            .unwrap();
+        req.headers_mut()
+            .insert("x-api-key", s.admin.parse().unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        ws.send(Message::Text(frame.to_string().into()))
             .await
-            .expect("an answer frame");
-        match msg {
-            Some(Ok(Message::Text(t))) => {
-                let v: Value = serde_json::from_str(t.as_str()).unwrap();
-                if v["type"] == "error" {
-                    return v;
+            .unwrap();
+        loop {
+            let msg = tokio::time::timeout(std::time::Duration::from_secs(30), ws.next())
+                .await
+                .expect("an answer frame");
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                    if v["type"] == "error" {
+                        return v;
+                    }
+                    assert_ne!(v["type"], "exit", "{frame} ran: {v}");
                 }
-                assert_ne!(v["type"], "exit", "{frame} ran: {v}");
+                Some(Ok(_)) => {}
+                other => panic!("{frame}: the socket ended without an error frame: {other:?}"),
             }
-            Some(Ok(_)) => {}
-            other => panic!("{frame}: the socket ended without an error frame: {other:?}"),
         }
     }
 }

@@ -31,9 +31,9 @@ use hearth_types::WorkspaceId;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-mod harness;
+use crate::harness;
 
-#[path = "../../../tests/sdk/python.rs"]
+#[path = "../../../../tests/sdk/python.rs"]
 mod python;
 
 const GIB: u64 = 1 << 30;
@@ -484,7 +484,9 @@ async fn a_proxy_config_patch_is_a_200_only_once_the_host_has_it() {
     let allow = |hosts: &[&str]| json!({"proxy_config": {"access_control": {"allow_list": hosts}}});
     let mut body = allow(&["a.test"]);
     body["name"] = json!("patched");
-    // The host has the VM (and its network) once the create answers.
+    // Ready before the host is read: without it the create may answer
+    // while its boot is still on the way to the host (seen with other
+    // tests running alongside).
     body["wait_for_ready"] = json!(true);
     let (status, created) = e.send("create", &body).await;
     assert!(status.is_success(), "{created}");

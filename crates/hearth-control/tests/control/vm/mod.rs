@@ -1,0 +1,4 @@
+//! Suites that boot real busybox microVMs through an in-process host agent.
+
+mod dataplane_protocol;
+mod fuzz_routes;
