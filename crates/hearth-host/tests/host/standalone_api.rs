@@ -4,14 +4,12 @@
 //! issue 16, finding 4: before, any local user reaching the loopback port
 //! was root over the sandboxes).
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{every_route, host, request, router_routes, template, Resp, UPGRADE};
+use crate::common::{every_route, host, request, router_routes, template, Resp, UPGRADE};
 use hearth_host::api::{Access, ApiToken};
 
 /// Starts the API over `host` with `access`; the sender stops it.

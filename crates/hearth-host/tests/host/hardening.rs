@@ -3,11 +3,9 @@
 //! (finding 6), idle guests give memory back (finding 4), and a guest's
 //! clock is the host's (issue 16, finding 8).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use hearth_host::{CreateVm, Host, Liveness, VmState};
 use hearth_image::ImageName;
 use hearth_types::ByteSize;

@@ -2,8 +2,6 @@
 //! store (a local directory and a real S3-compatible server, moto), served
 //! over NBD; saved memory; snapshots with and without memory.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -11,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{sh, test_config};
+use crate::common::{sh, test_config};
 use hearth_host::{BootFrom, CreateVm, GuestClient, Host, HostConfig, Storage, VmState};
 use hearth_image::ImageName;
 use hearth_types::{ByteSize, VmId};
@@ -532,7 +530,7 @@ async fn on_s3_a_stalled_store_delays_flushes_and_commits_but_loses_nothing() {
     host.shutdown().await;
 }
 
-#[path = "../../../tests/support/e2fsck.rs"]
+#[path = "../../../../tests/support/e2fsck.rs"]
 mod e2fsck;
 
 /// Held in the second review: a guest that fills its disk to 100 % and is

@@ -1,11 +1,9 @@
 //! VM lifecycle on real microVMs: failure detection, pause/resume, stop,
 //! and the default (Debian) image.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use hearth_host::VmState;
 use hearth_image::ImageName;
 

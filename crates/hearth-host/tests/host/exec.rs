@@ -1,11 +1,9 @@
 //! Exec against real microVMs (TCG here): semantics of LangSmith's exec.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use hearth_guest_proto::{ExecErrorType, ExecRequest, OutputChannel, PtySize};
 use hearth_host::ExecUpdate;
 use hearth_image::ImageName;

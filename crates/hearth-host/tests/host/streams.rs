@@ -1,12 +1,10 @@
 //! Bulk data over the held stream of a real microVM: big outputs, big files,
 //! concurrency under a bulk transfer, and reconnect with replay.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use hearth_guest_proto::{OpErrorKind, OutputChannel};
 use hearth_host::{CreateVm, ExecUpdate};
 use hearth_image::ImageName;

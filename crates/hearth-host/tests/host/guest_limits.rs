@@ -2,12 +2,10 @@
 //! security review (issue 6): large commands and environments (finding 8)
 //! and the file API's edge cases (finding 10).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use hearth_guest_proto::{ExecRequest, MuxError, OpErrorKind, OutputChannel, MAX_REQUEST};
 use hearth_host::{ExecUpdate, GuestClient, GuestError};
 use hearth_image::ImageName;

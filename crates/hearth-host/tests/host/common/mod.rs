@@ -186,7 +186,7 @@ pub fn every_route(vm: &str) -> Vec<(&'static str, String, Vec<u8>)> {
 /// its source, so a route added there and not to [`every_route`] fails the
 /// tests that walk every route.
 pub fn router_routes() -> std::collections::BTreeSet<(String, String)> {
-    let src = include_str!("../../src/api/mod.rs");
+    let src = include_str!("../../../src/api/mod.rs");
     let start = src.find("pub fn router(").expect("the router function");
     let end = start
         + src[start..]

@@ -4,14 +4,12 @@
 //! does not verify), each with its own reason, and the VM the good commands
 //! drive is untouched by the bad ones.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{every_route, host, request, router_routes, template, Resp, UPGRADE};
+use crate::common::{self, every_route, host, request, router_routes, template, Resp, UPGRADE};
 use hearth_fence::{KeyPair, KeyRing, Signer, Verifier, VerifierConfig};
 use hearth_host::api::Access;
 use serde_json::json;
