@@ -1,6 +1,8 @@
 //! Behaviour tests of `hearth-db`, each run against SQLite (a temporary
-//! file) and PostgreSQL (see `hearth_db::testing`).
+//! file) and PostgreSQL (see `hearth_db::testing`). One binary: the files
+//! link once and run side by side.
 
+mod fleet;
 mod hosts_snapshots;
 mod lists;
 mod sandboxes;
