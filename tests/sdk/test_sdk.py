@@ -3,7 +3,7 @@
 (`langsmith.sandbox.SandboxClient`, pinned in requirements.txt) against a
 live `hearth up`.
 
-Driven by `crates/hearth-cli/tests/sdk.rs`, which starts the server, makes a
+Driven by `crates/hearth-cli/tests/cli/vm/sdk.rs`, which starts the server, makes a
 second workspace and key, and runs this script. To run it by hand against a
 server you started yourself:
 

@@ -9,7 +9,7 @@
 //! - **acts**: it appears in one of the exercise requests below, which
 //!   succeed, and whose reads report what was sent where the resource has
 //!   it (the effect itself is proved by the suites that use each field:
-//!   `hearth-cli/tests/sdk.rs`, `network.rs`, `hearth-egress/tests/proxy.rs`);
+//!   `hearth-cli/tests/cli/vm/sdk.rs`, `network.rs`, `hearth-egress/tests/proxy.rs`);
 //! - **refused**: its body is a 422 in LangSmith's envelope whose location
 //!   is the field or the part of it Hearth refuses, saying it is not
 //!   supported (or unknown).

@@ -6,7 +6,7 @@
 //! thrown away, exactly what a restarted agent sees; the client is QEMU's
 //! own NBD client (`qemu-io`, the code `-blockdev driver=nbd` runs). The
 //! same guarantee with a real guest and `kill -9` of `hearth up` is in
-//! `hearth-cli/tests/durable.rs`.
+//! `hearth-cli/tests/cli/vm/durable.rs`.
 
 use std::collections::BTreeMap;
 use std::path::Path;

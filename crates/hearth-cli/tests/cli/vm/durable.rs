@@ -289,7 +289,7 @@ fn export_head(dir: &Path, scratch: &Path, vm: &str, path: &Path) -> Manifest {
     })
 }
 
-#[path = "../../../tests/support/e2fsck.rs"]
+#[path = "../../../../../tests/support/e2fsck.rs"]
 mod e2fsck;
 use e2fsck::e2fsck;
 

@@ -5,12 +5,10 @@
 //! bomb and a memory hog in one sandbox leave a neighbour's exec latency
 //! within twice its idle value.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn usable() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -23,7 +23,7 @@
 //! virtualenv made once under `target/hearth-test/sdk-venv` with
 //! `pip install -r tests/sdk/requirements.txt` (needs PyPI the first time).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
