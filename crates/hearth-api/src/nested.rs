@@ -310,7 +310,9 @@ impl ProxySecret {
         if self.kind == SecretKind::Plaintext {
             return Err(ApiError::validation(
                 &format!("{at}.type"),
-                format!("{at}.type: a credential must be opaque or workspace_secret, not plaintext"),
+                format!(
+                    "{at}.type: a credential must be opaque or workspace_secret, not plaintext"
+                ),
             ));
         }
         if self.value.as_deref().is_some_and(|v| v.trim().is_empty()) {
@@ -357,10 +359,16 @@ impl ProxyAws {
             ))
         };
         if self.session_tags.is_some() {
-            return refuse("session_tags", "session tags are not supported by Hearth yet (they need role_arn)");
+            return refuse(
+                "session_tags",
+                "session tags are not supported by Hearth yet (they need role_arn)",
+            );
         }
         if self.subject_scope.is_some() {
-            return refuse("subject_scope", "workload identity is not supported by Hearth");
+            return refuse(
+                "subject_scope",
+                "workload identity is not supported by Hearth",
+            );
         }
         if self.role_arn.as_deref().is_some_and(|r| !r.is_empty()) {
             return refuse("role_arn", "IAM roles are not supported by Hearth yet (the proxy cannot assume a role); give access_key_id and secret_access_key");
@@ -371,7 +379,10 @@ impl ProxyAws {
                 _ => self.secret_access_key.is_some(),
             };
             if !present {
-                return refuse(field, "is required (static credentials: access_key_id and secret_access_key)");
+                return refuse(
+                    field,
+                    "is required (static credentials: access_key_id and secret_access_key)",
+                );
             }
         }
         // `is_set` misused anywhere is named before any other fault.
@@ -671,10 +682,7 @@ impl ProxyConfig {
             if let Some(aws) = &mut rule.aws {
                 aws.secrets_mut().for_each(|(_, s)| s.redact());
             }
-            for block in [&mut rule.gcp, &mut rule.azure]
-                .into_iter()
-                .flatten()
-            {
+            for block in [&mut rule.gcp, &mut rule.azure].into_iter().flatten() {
                 redact_object(block);
             }
         }
@@ -800,7 +808,10 @@ impl ProxyRule {
                 return refuse("type", "a rule with aws credentials is of type aws");
             }
             if !self.headers.is_empty() {
-                return refuse("headers", "an aws rule signs requests; put headers in a rule of their own");
+                return refuse(
+                    "headers",
+                    "an aws rule signs requests; put headers in a rule of their own",
+                );
             }
             // Its hosts default to AWS's own (`*.amazonaws.com`); any
             // given (an S3-compatible endpoint) replace them.

@@ -1161,8 +1161,7 @@ fn aws_rules_resolve_redact_and_carry_their_keys() {
     );
     assert!(!v.to_string().contains("AKIAREAL"));
 
-    let keep: UpdateSandboxRequest =
-        parse(aws(json!({"type": "opaque", "is_set": true}))).unwrap();
+    let keep: UpdateSandboxRequest = parse(aws(json!({"type": "opaque", "is_set": true}))).unwrap();
     let kept = apply_update(&plan.spec, &keep).unwrap();
     assert_eq!(kept.egress, plan.spec.egress);
     // Nothing stored to keep: refused.
