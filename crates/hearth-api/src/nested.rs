@@ -272,32 +272,20 @@ pub struct ProxySecret {
 
 impl ProxySecret {
     fn to_value(&self) -> SecretValue {
-        let v = self.value.clone().unwrap_or_default();
-        match self.kind {
-            SecretKind::Plaintext => SecretValue::Plain(v),
-            SecretKind::Opaque => SecretValue::Sealed(v),
-            SecretKind::WorkspaceSecret => SecretValue::Template(v),
-        }
+        stored_value(self.kind, &self.value)
     }
 
     fn from_value(v: &SecretValue) -> ProxySecret {
-        let (kind, value) = match v {
-            SecretValue::Plain(v) => (SecretKind::Plaintext, v),
-            SecretValue::Sealed(v) => (SecretKind::Opaque, v),
-            SecretValue::Template(v) => (SecretKind::WorkspaceSecret, v),
-        };
+        let (kind, value) = wire_value(v);
         ProxySecret {
             kind,
-            value: Some(value.clone()),
+            value: Some(value),
             is_set: None,
         }
     }
 
     fn redact(&mut self) {
-        if self.kind == SecretKind::Opaque {
-            self.is_set = Some(self.value.is_some() || self.is_set == Some(true));
-            self.value = None;
-        }
+        redact_secret(self.kind, &mut self.value, &mut self.is_set);
     }
 
     fn check(&self, at: &str) -> Result<(), ApiError> {
@@ -395,6 +383,33 @@ impl ProxyAws {
             secret.check(&format!("{at}.{name}"))?;
         }
         Ok(())
+    }
+}
+
+/// A value as sent (`opaque` ones sealed by then) as Hearth stores it.
+fn stored_value(kind: SecretKind, value: &Option<String>) -> SecretValue {
+    let v = value.clone().unwrap_or_default();
+    match kind {
+        SecretKind::Plaintext => SecretValue::Plain(v),
+        SecretKind::Opaque => SecretValue::Sealed(v),
+        SecretKind::WorkspaceSecret => SecretValue::Template(v),
+    }
+}
+
+/// A stored value in the API's terms: its type and (stored) value.
+fn wire_value(v: &SecretValue) -> (SecretKind, String) {
+    match v {
+        SecretValue::Plain(v) => (SecretKind::Plaintext, v.clone()),
+        SecretValue::Sealed(v) => (SecretKind::Opaque, v.clone()),
+        SecretValue::Template(v) => (SecretKind::WorkspaceSecret, v.clone()),
+    }
+}
+
+/// An `opaque` value as reads show it: `is_set`, never the value.
+fn redact_secret(kind: SecretKind, value: &mut Option<String>, is_set: &mut Option<bool>) {
+    if kind == SecretKind::Opaque {
+        *is_set = Some(value.is_some() || *is_set == Some(true));
+        *value = None;
     }
 }
 
@@ -547,16 +562,9 @@ impl ProxyConfig {
     /// LangSmith's wire format. `opaque` values stay as stored (sealed);
     /// `workspace_secret` values become templates.
     pub fn to_spec(&self) -> EgressSpec {
-        let header = |h: &ProxyHeader| {
-            let v = h.value.clone().unwrap_or_default();
-            HeaderSpec {
-                name: h.name.clone(),
-                value: match h.kind {
-                    SecretKind::Plaintext => SecretValue::Plain(v),
-                    SecretKind::Opaque => SecretValue::Sealed(v),
-                    SecretKind::WorkspaceSecret => SecretValue::Template(v),
-                },
-            }
+        let header = |h: &ProxyHeader| HeaderSpec {
+            name: h.name.clone(),
+            value: stored_value(h.kind, &h.value),
         };
         EgressSpec {
             access: self.access_control.as_ref().and_then(|ac| {
@@ -612,15 +620,11 @@ impl ProxyConfig {
     /// comes back `true`, empty `env_vars` omitted.
     pub fn from_spec(spec: &EgressSpec) -> ProxyConfig {
         let header = |h: &HeaderSpec| {
-            let (kind, value) = match &h.value {
-                SecretValue::Plain(v) => (SecretKind::Plaintext, v),
-                SecretValue::Sealed(v) => (SecretKind::Opaque, v),
-                SecretValue::Template(v) => (SecretKind::WorkspaceSecret, v),
-            };
+            let (kind, value) = wire_value(&h.value);
             ProxyHeader {
                 name: h.name.clone(),
                 kind,
-                value: Some(value.clone()),
+                value: Some(value),
                 is_set: None,
             }
         };
@@ -877,10 +881,7 @@ fn check_header(at: &str, h: &ProxyHeader) -> Result<(), ApiError> {
 }
 
 fn redact_header(h: &mut ProxyHeader) {
-    if h.kind == SecretKind::Opaque {
-        h.is_set = Some(h.value.is_some() || h.is_set == Some(true));
-        h.value = None;
-    }
+    redact_secret(h.kind, &mut h.value, &mut h.is_set);
 }
 
 fn redact_object(obj: &mut JsonObject) {
