@@ -1,5 +1,6 @@
 //! The one error type of this crate, shaped for the API layer to map:
 //! `NotFound` → 404, `Conflict`/`Stale`/`TooMany` → 409, `Quota` → 429,
+//! `NoRoom` → 503 (no host),
 //! `InvalidCursor` → 400, `Schema`/`Backend` → 500.
 
 /// Which quota a rejected insert would have exceeded.
@@ -54,6 +55,13 @@ pub enum DbError {
         used: u64,
         requested: u64,
     },
+
+    /// The host chosen for a sandbox has no room left for it: another
+    /// placement (perhaps by another control-plane replica) took it since
+    /// the host's load was read. Placing again, on fresher numbers, may
+    /// succeed.
+    #[error("host {host} has no room left for the sandbox")]
+    NoRoom { host: hearth_types::HostId },
 
     /// A fixed per-workspace limit on a count of records (not a quota an
     /// operator sets): e.g. at most 1,000 workspace secrets.

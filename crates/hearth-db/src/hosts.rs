@@ -3,8 +3,9 @@
 use hearth_types::{ByteSize, HostId};
 
 use crate::error::DbError;
+use crate::model::Backend;
 use crate::model::{HostLoad, HostRow, HostState};
-use crate::sql::{int, RowExt, Sql};
+use crate::sql::{int, RowExt, Sql, Tx};
 use crate::time::Timestamp;
 use crate::Db;
 
@@ -220,20 +221,74 @@ impl Db {
     }
 
     /// What each registered host has committed: CPU, memory and count of
-    /// its `provisioning` and `ready` sandboxes (stopped ones hold nothing).
+    /// its `provisioning` and `ready` sandboxes (stopped ones hold nothing),
+    /// read from the counters the database keeps with every sandbox write
+    /// (migration 11), not summed over the sandboxes.
     pub async fn host_load(&self) -> Result<Vec<HostLoad>, DbError> {
         let sql = Sql::new(
-            "SELECT h.id AS host_id, \
-               CAST(COALESCE(SUM(s.cpu_millicores), 0) AS BIGINT) AS cpu, \
-               CAST(COALESCE(SUM(s.mem_bytes), 0) AS BIGINT) AS mem, \
-               COUNT(s.id) AS n \
-             FROM hosts h LEFT JOIN sandboxes s \
-               ON s.host_id = h.id AND s.status IN ('provisioning', 'ready') \
-             GROUP BY h.id ORDER BY h.id",
+            "SELECT h.id AS host_id, COALESCE(u.cpu_millicores, 0) AS cpu, \
+               COALESCE(u.mem_bytes, 0) AS mem, COALESCE(u.sandboxes, 0) AS n \
+             FROM hosts h LEFT JOIN host_usage u ON u.host_id = h.id ORDER BY h.id",
         );
         self.pool
             .fetch_all(&sql, decode_load)
             .await
             .map_err(DbError::backend("compute host load"))
+    }
+}
+
+/// Checks, inside a write transaction, that `host` has room for `cpu` and
+/// `mem` more (an exact fit is room), holding the host's counter row until
+/// the transaction ends (PostgreSQL `FOR UPDATE`; SQLite's `BEGIN
+/// IMMEDIATE` already serializes writers), so two control-plane replicas
+/// that chose the same host from an older reading cannot both fill its
+/// last room. `NoRoom` when it has none now; `NotFound` when no such host
+/// is registered. Call it after the workspace's quota lock (the order every
+/// writer takes: workspaces, workspace_usage, host_usage).
+pub(crate) async fn check_host_room(
+    tx: &mut Tx,
+    op: &'static str,
+    host: HostId,
+    cpu: hearth_types::MilliCpu,
+    mem: ByteSize,
+) -> Result<(), DbError> {
+    let id = host.to_string();
+    tx.execute(
+        &Sql::new("INSERT INTO host_usage (host_id) VALUES ($1) ON CONFLICT DO NOTHING")
+            .arg(id.as_str()),
+    )
+    .await
+    .map_err(DbError::backend(op))?;
+    let lock = match tx.backend() {
+        Backend::Sqlite => "",
+        Backend::Postgres => " FOR UPDATE OF u",
+    };
+    let row = tx
+        .fetch_optional(
+            &Sql::new(&format!(
+                "SELECT h.capacity_millicores, h.capacity_mem_bytes, \
+                   u.cpu_millicores, u.mem_bytes \
+                 FROM hosts h JOIN host_usage u ON u.host_id = h.id WHERE h.id = $1{lock}"
+            ))
+            .arg(id.as_str()),
+            |r| {
+                Ok((
+                    r.unsigned("capacity_millicores")?,
+                    r.unsigned("capacity_mem_bytes")?,
+                    r.unsigned("cpu_millicores")?,
+                    r.unsigned("mem_bytes")?,
+                ))
+            },
+        )
+        .await
+        .map_err(DbError::backend(op))?
+        .ok_or(DbError::NotFound { what: "host" })?;
+    let (cap_cpu, cap_mem, used_cpu, used_mem) = row;
+    let fits = used_cpu.saturating_add(u64::from(cpu.0)) <= cap_cpu
+        && used_mem.saturating_add(mem.bytes()) <= cap_mem;
+    if fits {
+        Ok(())
+    } else {
+        Err(DbError::NoRoom { host })
     }
 }

@@ -80,6 +80,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0010_snapshot_quota.sql"),
         postgres: include_str!("../migrations/postgres/0010_snapshot_quota.sql"),
     },
+    Migration {
+        version: 11,
+        name: "usage_counters",
+        sqlite: include_str!("../migrations/sqlite/0011_usage_counters.sql"),
+        postgres: include_str!("../migrations/postgres/0011_usage_counters.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

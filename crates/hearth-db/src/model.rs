@@ -203,6 +203,23 @@ pub struct HostLoad {
     pub sandboxes: u64,
 }
 
+/// What a workspace holds, as its quotas count it (see `quota.rs`), from
+/// the counters the database keeps with every write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkspaceUsage {
+    /// Sandboxes not `deleting`.
+    pub sandboxes: u64,
+    /// CPU of `provisioning` and `ready` sandboxes.
+    pub cpu: MilliCpu,
+    /// Memory of `provisioning` and `ready` sandboxes.
+    pub mem: ByteSize,
+    /// Disks of sandboxes not `deleting`.
+    pub disk: ByteSize,
+    pub snapshots: u64,
+    /// Snapshots' disks and saved (or reserved) memory.
+    pub snapshot_bytes: ByteSize,
+}
+
 /// A snapshot record. `workspace_id == None` marks a built-in snapshot,
 /// visible to every workspace.
 #[derive(Clone, Debug, PartialEq)]
@@ -293,6 +310,11 @@ pub struct StatusExtra {
     /// fit its workspace's quotas beside the other live sandboxes; else
     /// `Quota`. Serialized with quota-checked inserts.
     pub within_quota: bool,
+    /// The sandbox lands on a host (a start, or a boot placed again): apply
+    /// only if the host it ends on (`host_id`, or the one it has) has room
+    /// for its CPU and memory now; else `NoRoom`. Serialized with every
+    /// other write to that host's load.
+    pub host_room: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

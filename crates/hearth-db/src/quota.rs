@@ -1,8 +1,9 @@
 //! Workspace quotas, checked inside the write transaction that would
 //! exceed them. [`quota_and_usage`] locks the workspace's row (PostgreSQL
 //! `FOR UPDATE`; SQLite's `BEGIN IMMEDIATE` already serializes writers)
-//! and sums its rows, so every quota-checked write of one workspace
-//! (sandbox inserts and starts, snapshot inserts) sees the others'.
+//! and reads its usage counters (kept by triggers, migration 11), so every
+//! quota-checked write of one workspace (sandbox inserts and starts,
+//! snapshot inserts) sees the others'.
 //!
 //! Storage is one budget for everything the workspace keeps in the store:
 //! the disks of its sandboxes not being deleted and its snapshots' logical
@@ -11,10 +12,10 @@
 //! insert, in any status, until it is deleted: even a failed capture may
 //! have written a manifest that pins chunks, and deleting it removes that.
 
-use hearth_types::{ByteSize, MilliCpu, SandboxId, WorkspaceId};
+use hearth_types::{ByteSize, MilliCpu, WorkspaceId};
 
 use crate::error::{DbError, QuotaKind};
-use crate::model::{Backend, Quotas};
+use crate::model::{Backend, Quotas, SandboxRow, SandboxStatus};
 use crate::sql::{RowExt, Sql, Tx};
 use crate::workspaces::decode_quotas;
 
@@ -32,17 +33,16 @@ pub(crate) struct Usage {
     pub snapshots: u64,
 }
 
-fn decode_sandbox_usage(r: &dyn RowExt) -> Result<(u64, u64, u64, u64), sqlx::Error> {
-    Ok((
-        r.unsigned("n")?,
-        r.unsigned("cpu")?,
-        r.unsigned("mem")?,
-        r.unsigned("storage")?,
-    ))
-}
-
-fn decode_snapshot_usage(r: &dyn RowExt) -> Result<(u64, u64), sqlx::Error> {
-    Ok((r.unsigned("n")?, r.unsigned("storage")?))
+fn decode_usage(r: &dyn RowExt) -> Result<Usage, sqlx::Error> {
+    Ok(Usage {
+        sandboxes: r.unsigned("sandboxes")?,
+        cpu: r.unsigned("cpu_millicores")?,
+        mem: r.unsigned("mem_bytes")?,
+        storage: r
+            .unsigned("disk_bytes")?
+            .saturating_add(r.unsigned("snapshot_bytes")?),
+        snapshots: r.unsigned("snapshots")?,
+    })
 }
 
 /// Fails with `Quota` if `requested` more does not fit in `limit`.
@@ -65,13 +65,15 @@ pub(crate) fn check(
 
 /// A workspace's quotas and current usage, inside a write transaction,
 /// holding the workspace's lock (see the module doc). Sandboxes: those not
-/// `deleting`, CPU and memory of live ones, leaving out `except`.
-/// Snapshots: all of the workspace's.
+/// `deleting`, CPU and memory of live ones, leaving out `except` (a
+/// sandbox whose own use the caller is about to check again).
+/// Snapshots: all of the workspace's. Usage comes from the counters the
+/// database keeps with every write (migration 11): one row, not a sum.
 pub(crate) async fn quota_and_usage(
     tx: &mut Tx,
     op: &'static str,
     workspace: WorkspaceId,
-    except: Option<SandboxId>,
+    except: Option<&SandboxRow>,
 ) -> Result<(Quotas, Usage), DbError> {
     let lock = match tx.backend() {
         Backend::Sqlite => "",
@@ -90,46 +92,37 @@ pub(crate) async fn quota_and_usage(
         .await
         .map_err(DbError::backend(op))?
         .ok_or(DbError::NotFound { what: "workspace" })?;
-    let except = except.map(|id| id.to_string()).unwrap_or_default();
-    let (sandboxes, cpu, mem, disks) = tx
+    // Locked too: a trigger of a write that did not take the workspace's
+    // lock (a stop, a delete) may hold it; its count is then read once it
+    // commits.
+    let mut usage = tx
         .fetch_optional(
-            &Sql::new(
-                "SELECT COUNT(*) AS n, \
-                   CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
-                     THEN cpu_millicores ELSE 0 END), 0) AS BIGINT) AS cpu, \
-                   CAST(COALESCE(SUM(CASE WHEN status IN ('provisioning', 'ready') \
-                     THEN mem_bytes ELSE 0 END), 0) AS BIGINT) AS mem, \
-                   CAST(COALESCE(SUM(fs_capacity_bytes), 0) AS BIGINT) AS storage \
-                 FROM sandboxes WHERE workspace_id = $1 AND status <> 'deleting' AND id <> $2",
-            )
-            .arg(ws.as_str())
-            .arg(except.as_str()),
-            decode_sandbox_usage,
-        )
-        .await
-        .map_err(DbError::backend(op))?
-        .unwrap_or((0, 0, 0, 0));
-    let (snapshots, kept) = tx
-        .fetch_optional(
-            &Sql::new(
-                "SELECT COUNT(*) AS n, \
-                   CAST(COALESCE(SUM(fs_capacity_bytes \
-                     + COALESCE(memory_bytes, memory_reserved_bytes, 0)), 0) AS BIGINT) AS storage \
-                 FROM snapshots WHERE workspace_id = $1",
-            )
+            &Sql::new(&format!(
+                "SELECT sandboxes, cpu_millicores, mem_bytes, disk_bytes, snapshots, \
+                 snapshot_bytes FROM workspace_usage WHERE workspace_id = $1{lock}"
+            ))
             .arg(ws.as_str()),
-            decode_snapshot_usage,
+            decode_usage,
         )
         .await
         .map_err(DbError::backend(op))?
-        .unwrap_or((0, 0));
-    let usage = Usage {
-        sandboxes,
-        cpu,
-        mem,
-        storage: disks.saturating_add(kept),
-        snapshots,
-    };
+        .unwrap_or(Usage {
+            sandboxes: 0,
+            cpu: 0,
+            mem: 0,
+            storage: 0,
+            snapshots: 0,
+        });
+    if let Some(s) = except {
+        if s.status != SandboxStatus::Deleting {
+            usage.sandboxes = usage.sandboxes.saturating_sub(1);
+            usage.storage = usage.storage.saturating_sub(s.fs_capacity.bytes());
+        }
+        if s.status.is_live() {
+            usage.cpu = usage.cpu.saturating_sub(u64::from(s.cpu.0));
+            usage.mem = usage.mem.saturating_sub(s.mem.bytes());
+        }
+    }
     Ok((quotas, usage))
 }
 
@@ -167,4 +160,34 @@ pub(crate) fn check_snapshot(
         1,
     )?;
     check_storage(quotas, usage, size)
+}
+
+impl crate::Db {
+    /// What the workspace holds now, as its quotas count it (zero for a
+    /// workspace that never held anything).
+    pub async fn workspace_usage(
+        &self,
+        workspace: WorkspaceId,
+    ) -> Result<crate::model::WorkspaceUsage, DbError> {
+        let sql = Sql::new(
+            "SELECT sandboxes, cpu_millicores, mem_bytes, disk_bytes, snapshots, snapshot_bytes \
+             FROM workspace_usage WHERE workspace_id = $1",
+        )
+        .arg(workspace.to_string());
+        let got = self
+            .pool
+            .fetch_optional(&sql, |r| {
+                Ok(crate::model::WorkspaceUsage {
+                    sandboxes: r.unsigned("sandboxes")?,
+                    cpu: MilliCpu(r.u32("cpu_millicores")?),
+                    mem: ByteSize(r.unsigned("mem_bytes")?),
+                    disk: ByteSize(r.unsigned("disk_bytes")?),
+                    snapshots: r.unsigned("snapshots")?,
+                    snapshot_bytes: ByteSize(r.unsigned("snapshot_bytes")?),
+                })
+            })
+            .await
+            .map_err(DbError::backend("read workspace usage"))?;
+        Ok(got.unwrap_or_default())
+    }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, WorkspaceId};
 
 use crate::error::{DbError, QuotaKind};
+use crate::hosts::check_host_room;
 use crate::model::{
     Backend, Page, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, StatusExtra,
 };
@@ -152,13 +153,16 @@ impl Db {
         Ok(())
     }
 
-    /// Inserts a sandbox only if the workspace stays within its quotas,
-    /// atomically with respect to other quota-checked inserts: the count of
-    /// sandboxes not `deleting`, storage (their disks and the workspace's
-    /// snapshots, one budget), and (for a live new sandbox) the CPU and
-    /// memory of `provisioning`/`ready` ones. Inserts into one workspace are
-    /// serialized by its row lock (PostgreSQL `FOR UPDATE`) or the database
-    /// write lock (SQLite `BEGIN IMMEDIATE`).
+    /// Inserts a sandbox only if the workspace stays within its quotas and,
+    /// for a live sandbox placed on a host, the host has room for it,
+    /// atomically with respect to other quota-checked inserts and to every
+    /// write to that host's load: the count of sandboxes not `deleting`,
+    /// storage (their disks and the workspace's snapshots, one budget), and
+    /// (for a live new sandbox) the CPU and memory of `provisioning`/`ready`
+    /// ones. Inserts into one workspace are serialized by its row lock
+    /// (PostgreSQL `FOR UPDATE`) or the database write lock (SQLite `BEGIN
+    /// IMMEDIATE`); placements on one host by its `host_usage` row.
+    /// `NoRoom` when the host filled since its load was read.
     pub async fn insert_sandbox_within_quota(&self, s: &SandboxRow) -> Result<(), DbError> {
         let op = "insert sandbox within quota";
         let insert = insert_sql(op, s)?;
@@ -179,6 +183,9 @@ impl Db {
         }
         if s.status.is_live() {
             check_live(&quotas, &usage, s.cpu, s.mem)?;
+            if let Some(host) = s.host_id {
+                check_host_room(&mut tx, op, host, s.cpu, s.mem).await?;
+            }
         }
         tx.execute(&insert).await.map_err(insert_error(op, s))?;
         tx.commit().await.map_err(DbError::backend(op))
@@ -341,7 +348,7 @@ impl Db {
     ) -> Result<SandboxRow, DbError> {
         let op = "set sandbox status";
         let sql = status_update(id, status, message, &extra, op)?;
-        if !extra.within_quota {
+        if !extra.within_quota && !extra.host_room {
             let row = self
                 .pool
                 .fetch_optional(&sql, decode_sandbox)
@@ -352,9 +359,10 @@ impl Db {
                 None => Err(self.stale_or_missing(id).await?),
             };
         }
-        // The sandbox becomes live again: check CPU and memory against its
-        // workspace's quotas and update in one transaction, serialized with
-        // quota-checked inserts.
+        // The sandbox becomes live again or lands on a host: check its
+        // workspace's quotas and the host's room and update in one
+        // transaction, serialized with quota-checked inserts and with
+        // every other placement on that host.
         let mut tx = self
             .pool
             .begin_write()
@@ -371,10 +379,26 @@ impl Db {
             .await
             .map_err(DbError::backend(op))?
             .ok_or(DbError::NotFound { what: "sandbox" })?;
-        let (quotas, usage) = quota_and_usage(&mut tx, op, current.workspace_id, Some(id)).await?;
-        check_live(&quotas, &usage, current.cpu, current.mem)?;
-        // A start applies a disk PATCHed meanwhile: it must fit too.
-        check_storage(&quotas, &usage, current.fs_capacity)?;
+        // The workspace's lock first, always (the order every writer takes).
+        let (quotas, usage) =
+            quota_and_usage(&mut tx, op, current.workspace_id, Some(&current)).await?;
+        if extra.within_quota {
+            check_live(&quotas, &usage, current.cpu, current.mem)?;
+            // A start applies a disk PATCHed meanwhile: it must fit too.
+            check_storage(&quotas, &usage, current.fs_capacity)?;
+        }
+        let host = match extra.host_id {
+            Some(host) => host,
+            None => current.host_id,
+        };
+        if let (true, true, Some(host)) = (extra.host_room, status.is_live(), host) {
+            // What it holds there already (a live sandbox staying put) is
+            // not asked for twice.
+            let held = current.status.is_live() && current.host_id == Some(host);
+            if !held {
+                check_host_room(&mut tx, op, host, current.cpu, current.mem).await?;
+            }
+        }
         let row = tx
             .fetch_optional(&sql, decode_sandbox)
             .await

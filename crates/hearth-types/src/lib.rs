@@ -157,7 +157,9 @@ impl FromStr for ByteSize {
 }
 
 /// CPU in thousandths of a vCPU.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Debug)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Debug, Default,
+)]
 #[serde(transparent)]
 pub struct MilliCpu(pub u32);
 

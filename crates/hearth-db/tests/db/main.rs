@@ -5,6 +5,7 @@
 mod fleet;
 mod hosts_snapshots;
 mod lists;
+mod placement;
 mod sandboxes;
 mod snapshot_quota;
 mod workspace_secrets;
