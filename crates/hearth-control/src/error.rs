@@ -54,6 +54,9 @@ pub fn db_error(e: DbError) -> ApiError {
             // request granted, as `ApiError::quota` expects.
             ApiError::quota(kind, limit, used.saturating_add(requested))
         }
+        // Placement retries on fresher numbers; when it still finds none,
+        // no host has room: the SDK retries the 503.
+        DbError::NoRoom { .. } => ApiError::no_hosts(),
         DbError::InvalidCursor => ApiError::invalid_query("cursor", "malformed or foreign cursor"),
         other => {
             tracing::error!(error = %hearth_types::error_chain(&other), "database failure");

@@ -10,9 +10,12 @@
 //!   host lease renewal, reconciliation.
 //!
 //! The control plane keeps no sandbox state in memory: the database
-//! (`hearth-db`) is the truth. Host agents are in-process here (`hearth
-//! up` runs one); placement already goes through the host registry, its
-//! leases and committed CPU, as it will with many hosts.
+//! (`hearth-db`) is the truth. Hosts are in-process (`hearth up` runs one)
+//! or remote (`fleet.rs`). Placement holds no lock in the process: it picks
+//! a host from the registry, its leases and the load counters the database
+//! keeps, and the transaction that commits the sandbox checks that host's
+//! room and the workspace's quota again, so replicas on one database place
+//! at once without overcommitting (`service.rs`, `PLACEMENT_ATTEMPTS`).
 
 pub mod auth;
 mod autoscale;
@@ -135,8 +138,6 @@ pub struct Control {
     changed: watch::Sender<u64>,
     /// Flips to true when the server shuts down (exec sockets close 1001).
     shutting_down: watch::Sender<bool>,
-    /// Serializes placement with the write that commits it.
-    placement: tokio::sync::Mutex<()>,
     /// Signs and checks download links.
     links: links::LinkKey,
     pub metrics: Metrics,
@@ -217,7 +218,6 @@ impl Control {
             hosts: hosts.into_iter().map(|h| (h.id, h.host)).collect(),
             changed,
             shutting_down,
-            placement: tokio::sync::Mutex::new(()),
             links,
             metrics: Metrics::default(),
             remotes: fleet::Remotes::default(),

@@ -18,6 +18,7 @@ pub struct Metrics {
     boot_failed: AtomicU64,
     idle_stopped: AtomicU64,
     hosts_lost: AtomicU64,
+    placement_retried: AtomicU64,
     /// The public listener's connections held and refused (`serve`).
     pub connections: Arc<hearth_listen::Counters>,
 }
@@ -31,6 +32,11 @@ impl Metrics {
     }
     pub fn idle_stopped(&self) {
         self.idle_stopped.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A placement lost its host's last room to a concurrent one (perhaps
+    /// another replica's) and placed again.
+    pub fn placement_retried(&self) {
+        self.placement_retried.fetch_add(1, Ordering::Relaxed);
     }
     pub fn host_lost(&self) {
         self.hosts_lost.fetch_add(1, Ordering::Relaxed);
@@ -86,6 +92,11 @@ pub async fn render(
             "hearth_hosts_lost_total",
             "Hosts whose lease expired (their sandboxes failed over).",
             &m.hosts_lost,
+        ),
+        (
+            "hearth_placements_retried_total",
+            "Placements that lost a host's last room to a concurrent one and placed again.",
+            &m.placement_retried,
         ),
     ] {
         let _ = writeln!(

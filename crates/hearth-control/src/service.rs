@@ -78,6 +78,11 @@ const RECONCILE_LIST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many other hosts a boot tries when its host cannot be reached.
 const MAX_BOOT_REPLACEMENTS: usize = 2;
 
+/// How many times a create, start or boot placed again picks a host when
+/// the one it picked filled meanwhile (concurrent placements, perhaps by
+/// other replicas); then the answer is "no host" (a 503 the SDK retries).
+const PLACEMENT_ATTEMPTS: u32 = 4;
+
 #[derive(Clone)]
 enum Boot {
     /// A new sandbox: a fresh VM with a fresh disk.
@@ -280,19 +285,10 @@ impl Control {
         }
         self.check_disk_size(plan.spec.fs_capacity)?;
         // Nothing is written before placement succeeds: the SDK replays a
-        // POST answered 503. Placement and the insert that commits the
-        // capacity happen under one lock, so concurrent creates cannot
-        // overcommit a host (one control plane per database, for now).
-        let placing = self.placement.lock().await;
-        let host_id = self
-            .place(
-                plan.spec.cpu,
-                plan.spec.mem,
-                Some(plan.spec.fs_capacity),
-                None,
-                &[],
-            )
-            .await?;
+        // POST answered 503. The insert checks the chosen host's room (and
+        // the workspace's quota) again in its transaction, so replicas
+        // placing at once cannot overcommit a host; one that lost the race
+        // places again on fresher numbers.
         let id = SandboxId::new();
         let name = plan
             .spec
@@ -303,44 +299,59 @@ impl Control {
                 let hex = id.as_uuid().simple().to_string();
                 format!("sandbox-{}", &hex[hex.len() - 12..])
             });
-        let now = Timestamp::now();
-        let row = SandboxRow {
-            id,
-            workspace_id: who.workspace_id,
-            name: name.clone(),
-            status: SandboxStatus::Provisioning,
-            status_message: None,
-            snapshot_id: snap.id,
-            cpu: plan.spec.cpu,
-            mem: plan.spec.mem,
-            fs_capacity: plan.spec.fs_capacity,
-            idle_ttl: plan.spec.idle_ttl.unwrap_or_default(),
-            delete_after_stop: plan.spec.delete_after_stop.unwrap_or_default(),
-            persistent: plan.spec.persistent,
-            preserve_memory_on_stop: plan.spec.preserve_memory_on_stop,
-            labels: plan.spec.labels.clone(),
-            run_config: stored(&plan.spec.run)?,
-            spec: stored(&SandboxSpec {
-                name: Some(name.clone()),
-                ..plan.spec.clone()
-            })?,
-            host_id: Some(host_id),
-            generation: 1,
-            created_at: now,
-            created_by: who.who(),
-            updated_at: now,
-            updated_by: who.who(),
-            stopped_at: None,
-            last_activity_at: now,
+        let mut attempt = 0;
+        let (row, host_id) = loop {
+            attempt += 1;
+            let host_id = self
+                .place(
+                    plan.spec.cpu,
+                    plan.spec.mem,
+                    Some(plan.spec.fs_capacity),
+                    None,
+                    &[],
+                )
+                .await?;
+            let now = Timestamp::now();
+            let row = SandboxRow {
+                id,
+                workspace_id: who.workspace_id,
+                name: name.clone(),
+                status: SandboxStatus::Provisioning,
+                status_message: None,
+                snapshot_id: snap.id,
+                cpu: plan.spec.cpu,
+                mem: plan.spec.mem,
+                fs_capacity: plan.spec.fs_capacity,
+                idle_ttl: plan.spec.idle_ttl.unwrap_or_default(),
+                delete_after_stop: plan.spec.delete_after_stop.unwrap_or_default(),
+                persistent: plan.spec.persistent,
+                preserve_memory_on_stop: plan.spec.preserve_memory_on_stop,
+                labels: plan.spec.labels.clone(),
+                run_config: stored(&plan.spec.run)?,
+                spec: stored(&SandboxSpec {
+                    name: Some(name.clone()),
+                    ..plan.spec.clone()
+                })?,
+                host_id: Some(host_id),
+                generation: 1,
+                created_at: now,
+                created_by: who.who(),
+                updated_at: now,
+                updated_by: who.who(),
+                stopped_at: None,
+                last_activity_at: now,
+            };
+            match self.db.insert_sandbox_within_quota(&row).await {
+                Ok(()) => break (row, host_id),
+                Err(hearth_db::DbError::NoRoom { .. }) if attempt < PLACEMENT_ATTEMPTS => {
+                    self.metrics.placement_retried();
+                }
+                Err(hearth_db::DbError::Conflict { .. }) => {
+                    return Err(ApiError::name_conflict("sandbox", &name))
+                }
+                Err(other) => return Err(db_error(other)),
+            }
         };
-        self.db
-            .insert_sandbox_within_quota(&row)
-            .await
-            .map_err(|e| match e {
-                hearth_db::DbError::Conflict { .. } => ApiError::name_conflict("sandbox", &name),
-                other => db_error(other),
-            })?;
-        drop(placing);
         self.metrics.created();
         self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create);
         let Some(wait) = plan.wait_for_ready else {
@@ -514,31 +525,38 @@ impl Control {
         row: &SandboxRow,
         exclude: &[HostId],
     ) -> Option<(SandboxRow, HostId)> {
-        let _placing = self.placement.lock().await;
         let disk = (row.generation <= 1).then_some(row.fs_capacity);
-        let host_id = match self.place(row.cpu, row.mem, disk, None, exclude).await {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::info!(sandbox = %row.id, error = %e.message, "no other host can take the sandbox");
-                return None;
-            }
-        };
-        let extra = StatusExtra {
-            host_id: Some(Some(host_id)),
-            bump_generation: true,
-            expect_generation: Some(row.generation),
-            expect_status: vec![SandboxStatus::Provisioning],
-            ..StatusExtra::default()
-        };
-        let moved = self
-            .db
-            .set_status(row.id, SandboxStatus::Provisioning, None, extra)
-            .await;
-        let moved = match moved {
-            Ok(moved) => moved,
-            Err(e) => {
-                crate::error::log_status_error(row.id, "placed again", Err(e));
-                return None;
+        let mut attempt = 0;
+        let (moved, host_id) = loop {
+            attempt += 1;
+            let host_id = match self.place(row.cpu, row.mem, disk, None, exclude).await {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::info!(sandbox = %row.id, error = %e.message, "no other host can take the sandbox");
+                    return None;
+                }
+            };
+            let extra = StatusExtra {
+                host_id: Some(Some(host_id)),
+                bump_generation: true,
+                expect_generation: Some(row.generation),
+                expect_status: vec![SandboxStatus::Provisioning],
+                host_room: true,
+                ..StatusExtra::default()
+            };
+            let moved = self
+                .db
+                .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+                .await;
+            match moved {
+                Ok(moved) => break (moved, host_id),
+                Err(hearth_db::DbError::NoRoom { .. }) if attempt < PLACEMENT_ATTEMPTS => {
+                    self.metrics.placement_retried();
+                }
+                Err(e) => {
+                    crate::error::log_status_error(row.id, "placed again", Err(e));
+                    return None;
+                }
             }
         };
         self.bump();
@@ -870,24 +888,34 @@ impl Control {
                 )))
             }
         }
-        let placing = self.placement.lock().await;
-        // The disk exists already; a host checks any growth when it boots.
-        let host_id = self.place(row.cpu, row.mem, None, row.host_id, &[]).await?;
-        let extra = StatusExtra {
-            host_id: Some(Some(host_id)),
-            bump_generation: true,
-            stopped_at: Some(None),
-            expect_status: vec![SandboxStatus::Stopped, SandboxStatus::Failed],
-            // Live again: its CPU and memory count against the quotas.
-            within_quota: true,
-            ..StatusExtra::default()
+        let mut attempt = 0;
+        let (placed, host_id) = loop {
+            attempt += 1;
+            // The disk exists already; a host checks any growth when it boots.
+            let host_id = self.place(row.cpu, row.mem, None, row.host_id, &[]).await?;
+            let extra = StatusExtra {
+                host_id: Some(Some(host_id)),
+                bump_generation: true,
+                stopped_at: Some(None),
+                expect_status: vec![SandboxStatus::Stopped, SandboxStatus::Failed],
+                // Live again: its CPU and memory count against the quotas,
+                // and the host's room is checked where it is committed.
+                within_quota: true,
+                host_room: true,
+                ..StatusExtra::default()
+            };
+            match self
+                .db
+                .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+                .await
+            {
+                Ok(placed) => break (placed, host_id),
+                Err(hearth_db::DbError::NoRoom { .. }) if attempt < PLACEMENT_ATTEMPTS => {
+                    self.metrics.placement_retried();
+                }
+                Err(e) => return Err(db_error(e)),
+            }
         };
-        let placed = self
-            .db
-            .set_status(row.id, SandboxStatus::Provisioning, None, extra)
-            .await
-            .map_err(db_error)?;
-        drop(placing);
         self.bump();
         if row.host_id.is_some() && row.host_id != Some(host_id) {
             // A different host: the old one's copy is stale; it forgets
