@@ -2,7 +2,7 @@
 //!
 //! cargo bench -p hearth-control --bench fleet
 //!
-//! 20 `SimHost`s (64 vCPU / 256 GiB each) are the control plane's hosts;
+//! 20 `SimHost`s (256 vCPU / 1 TiB each) are the control plane's hosts;
 //! they answer at once unless `HEARTH_BENCH_HOST_LATENCY_MS` (every host
 //! command) or `HEARTH_BENCH_BOOT_MS` (creates and starts) say otherwise.
 //! The real router is served by `hearth_control::serve` on 127.0.0.1 with
@@ -16,8 +16,10 @@
 //!   down as sandboxes accumulate, see below, so levels are compared at
 //!   the same size): sandboxes/s, p50/p99 latency, on each database, and
 //!   the ratio PostgreSQL/SQLite.
-//! - **Creates as the database fills**: batches at concurrency 8 on one
-//!   PostgreSQL database, up to 3,000 sandboxes.
+//! - **Creates as the database fills**: by 1 and by 3 control-plane
+//!   replicas (each its own connection pool and listener, requests
+//!   round-robin over them) on one PostgreSQL database: 600 creates at
+//!   concurrency 24 with 0, 3,000 and 10,000 sandboxes already live.
 //! - **Reads**, on that database: an open loop at 1,000 requests/s for
 //!   10 s (start times fixed in advance, so a slow answer does not slow the
 //!   schedule, and latency counts from the scheduled start) of
@@ -41,11 +43,20 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
 const HOSTS: usize = 20;
+/// Each simulated host's size: 20 of them hold 20,000 of the benchmark's
+/// sandboxes (0.25 vCPU / 1 GiB).
+const HOST_VCPUS: u32 = 256;
+const HOST_GIB: u64 = 1024;
 /// (concurrent clients, creates), each on a fresh database.
 const CREATE_RUNS: [(usize, usize); 3] = [(1, 300), (8, 400), (32, 400)];
-/// Batches of creates at concurrency 8 on one database.
-const FILL_BATCHES: usize = 6;
-const FILL_BATCH: usize = 500;
+/// Control-plane replicas compared as the database fills.
+const REPLICAS: [usize; 2] = [1, 3];
+/// Live sandboxes at which creates are measured, each level filled up to
+/// (through the API) before its measured batch.
+const FILL_LEVELS: [usize; 3] = [0, 3_000, 10_000];
+/// Creates measured at each level, and their concurrency.
+const FILL_BATCH: usize = 600;
+const FILL_CONCURRENCY: usize = 24;
 const READ_RATE: u64 = 1_000;
 const READ_SECONDS: u64 = 10;
 
@@ -106,22 +117,25 @@ impl Client {
     }
 }
 
-/// A served control plane on one database with its simulated hosts;
-/// dropping it stops the server and the reapers.
+/// Control-plane replicas served on one database over the same simulated
+/// hosts, a client for each; dropping it stops the servers and reapers.
 struct Served {
-    client: Arc<Client>,
+    /// One per replica; requests go round-robin over them.
+    clients: Vec<Arc<Client>>,
     /// Names of the sandboxes created through it.
     names: Arc<Mutex<Vec<String>>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    reapers: tokio::task::JoinHandle<()>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    reapers: Vec<tokio::task::JoinHandle<()>>,
     _hosts: Vec<Arc<SimHost>>,
     _db: TestUrl,
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
-        self.reapers.abort();
-        if let Some(stop) = self.stop.take() {
+        for r in &self.reapers {
+            r.abort();
+        }
+        for stop in self.stops.drain(..) {
             let _ = stop.send(());
         }
     }
@@ -134,7 +148,10 @@ fn env_ms(name: &str) -> Duration {
         .map_or(Duration::ZERO, Duration::from_millis)
 }
 
-async fn serve(db_url: TestUrl) -> Served {
+/// `replicas` control planes (each its own connection pool and listener,
+/// as separate processes would be) over one database and [`HOSTS`]
+/// simulated hosts, all with the same configuration.
+async fn serve(db_url: TestUrl, replicas: usize) -> Served {
     let db = Db::connect(&db_url.url).await.expect("connect");
     let ws = WorkspaceId::new();
     db.create_workspace(&NewWorkspace {
@@ -151,49 +168,61 @@ async fn serve(db_url: TestUrl) -> Served {
         env_ms("HEARTH_BENCH_HOST_LATENCY_MS"),
         env_ms("HEARTH_BENCH_BOOT_MS"),
     );
-    let hosts: Vec<Arc<SimHost>> = (0..HOSTS)
+    let hosts: Vec<(HostId, Arc<SimHost>)> = (0..HOSTS)
         .map(|_| {
             let h = SimHost::new();
             h.set_latency(latency);
             h.set_boot_time(boot);
-            Arc::new(h)
+            (HostId::new(), Arc::new(h))
         })
         .collect();
-    let local = hosts
-        .iter()
-        .map(|h| LocalHost {
-            id: HostId::new(),
-            host: h.clone(),
-            capacity_cpu: MilliCpu::vcpus(64),
-            capacity_mem: ByteSize::gib(256),
-        })
-        .collect();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let cfg = ControlConfig {
-        public_url: format!("http://{addr}"),
-        ..ControlConfig::default()
-    };
-    let control = Control::open(db, cfg, local).await.expect("open");
-    let reapers = tokio::spawn(control.clone().run_reapers());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(hearth_control::serve(control, listener, async {
-        let _ = stopped.await;
-    }));
-    Served {
-        client: Arc::new(Client {
-            addr,
-            key,
-            idle: Mutex::new(Vec::new()),
-        }),
+    let cfg = ControlConfig::default();
+    let mut served = Served {
+        clients: Vec::new(),
         names: Arc::new(Mutex::new(Vec::new())),
-        stop: Some(stop),
-        reapers,
-        _hosts: hosts,
+        stops: Vec::new(),
+        reapers: Vec::new(),
+        _hosts: hosts.iter().map(|(_, h)| h.clone()).collect(),
         _db: db_url,
+    };
+    for r in 0..replicas {
+        let db = match r {
+            0 => db.clone(),
+            _ => Db::connect(&served._db.url).await.expect("connect"),
+        };
+        let local = hosts
+            .iter()
+            .map(|(id, h)| LocalHost {
+                id: *id,
+                host: h.clone(),
+                capacity_cpu: MilliCpu::vcpus(HOST_VCPUS),
+                capacity_mem: ByteSize::gib(HOST_GIB),
+            })
+            .collect();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let cfg = ControlConfig {
+            public_url: format!("http://{addr}"),
+            ..cfg.clone()
+        };
+        let control = Control::open(db, cfg, local).await.expect("open");
+        served
+            .reapers
+            .push(tokio::spawn(control.clone().run_reapers()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(hearth_control::serve(control, listener, async {
+            let _ = stopped.await;
+        }));
+        served.stops.push(stop);
+        served.clients.push(Arc::new(Client {
+            addr,
+            key: key.clone(),
+            idle: Mutex::new(Vec::new()),
+        }));
     }
+    served
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -236,7 +265,7 @@ async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (client, next, names) = (served.client.clone(), next.clone(), served.names.clone());
+            let (clients, next, names) = (served.clients.clone(), next.clone(), served.names.clone());
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut errors = Vec::new();
@@ -250,6 +279,7 @@ async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
                         "name": name, "snapshot": "busybox", "cpu_millicores": 250,
                         "mem_bytes": 1u64 << 30, "wait_for_ready": true, "timeout": 60,
                     });
+                    let client = &clients[i % clients.len()];
                     let t = Instant::now();
                     let sent = client
                         .send("POST", "/v2/sandboxes/boxes", Some(body.to_string()))
@@ -296,7 +326,7 @@ async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
 async fn create_levels(label: &str, url: impl AsyncFn() -> TestUrl) -> Vec<CreateRun> {
     let mut runs = Vec::new();
     for (concurrency, n) in CREATE_RUNS {
-        let served = serve(url().await).await;
+        let served = serve(url().await, 1).await;
         let warm = creates(&served, 4, 10).await;
         if warm.errors > 0 {
             eprintln!("[{label}] warm-up failed: {:?}", warm.first_error);
@@ -331,7 +361,7 @@ struct ReadRun {
 
 /// The open loop: request `i` starts at `start + i / READ_RATE` whatever
 /// happened to the ones before it; its latency counts from then.
-async fn reads(client: &Arc<Client>, names: &[String]) -> ReadRun {
+async fn reads(clients: &[Arc<Client>], names: &[String]) -> ReadRun {
     let total = (READ_RATE * READ_SECONDS) as usize;
     let period = Duration::from_nanos(1_000_000_000 / READ_RATE);
     let names: Arc<[String]> = names.into();
@@ -351,7 +381,7 @@ async fn reads(client: &Arc<Client>, names: &[String]) -> ReadRun {
         } else {
             (Read::List, "/v2/sandboxes/boxes?page_size=20".to_owned())
         };
-        let client = client.clone();
+        let client = clients[i % clients.len()].clone();
         tasks.push(tokio::spawn(async move {
             let result = client.send("GET", &path, None).await;
             let took = due.elapsed();
@@ -412,24 +442,46 @@ async fn main() {
     let pg_runs = create_levels("postgres", postgres).await;
     let sqlite_runs = create_levels("sqlite", sqlite).await;
 
-    let filled = serve(postgres().await).await;
-    let mut fill = Vec::new();
-    for _ in 0..FILL_BATCHES {
-        let run = creates(&filled, 8, FILL_BATCH).await;
-        eprintln!(
-            "[postgres] {} → {} sandboxes: {:.0} sandboxes/s",
-            run.before,
-            run.before + run.done,
-            run.per_sec
-        );
-        fill.push(run);
+    // Creates as the database fills, by 1 and by 3 replicas; the reads run
+    // on the last (3 replicas, fullest).
+    let mut fill: Vec<(usize, CreateRun)> = Vec::new();
+    let mut last = None;
+    for replicas in REPLICAS {
+        let served = serve(postgres().await, replicas).await;
+        let warm = creates(&served, 4, 10).await;
+        if warm.errors > 0 {
+            eprintln!("[postgres] warm-up failed: {:?}", warm.first_error);
+        }
+        for level in FILL_LEVELS {
+            let have = served.names.lock().map_or(0, |n| n.len());
+            if level > have {
+                let filled = creates(&served, 32, level - have).await;
+                if filled.errors > 0 {
+                    eprintln!("[postgres] fill failed: {:?}", filled.first_error);
+                }
+            }
+            let run = creates(&served, FILL_CONCURRENCY, FILL_BATCH).await;
+            eprintln!(
+                "[postgres] {replicas} replica(s), {} sandboxes: {:.0} creates/s, p50 {:.1} ms, \
+                 p99 {:.1} ms, {} errors",
+                run.before,
+                run.per_sec,
+                ms(run.p50),
+                ms(run.p99),
+                run.errors
+            );
+            fill.push((replicas, run));
+        }
+        last = Some(served);
     }
+    let filled = last.expect("a replica count");
     let names = filled.names.lock().map(|n| n.clone()).unwrap_or_default();
     eprintln!(
         "[postgres] open loop: {READ_RATE} requests/s for {READ_SECONDS} s over {} sandboxes",
         names.len()
     );
-    let read = reads(&filled.client, &names).await;
+    let read = reads(&filled.clients, &names).await;
+    let read_replicas = filled.clients.len();
     drop(filled);
 
     let (latency, boot) = (
@@ -438,8 +490,8 @@ async fn main() {
     );
     println!();
     println!(
-        "{HOSTS} simulated hosts (64 vCPU / 256 GiB each; host command latency {latency:?}, \
-         boot {boot:?}); the real router over HTTP on 127.0.0.1, reapers running"
+        "{HOSTS} simulated hosts ({HOST_VCPUS} vCPU / {HOST_GIB} GiB each; host command latency \
+         {latency:?}, boot {boot:?}); the real router over HTTP on 127.0.0.1, reapers running"
     );
     println!();
     println!(
@@ -479,25 +531,35 @@ async fn main() {
         );
     }
     println!();
-    println!("Creates as the database fills (PostgreSQL, concurrency 8, batches of {FILL_BATCH})");
     println!(
-        "{:<18} {:>12} {:>8} {:>8} {:>7}",
-        "sandboxes", "sandboxes/s", "p50 ms", "p99 ms", "errors"
+        "Creates as the database fills (PostgreSQL, {FILL_BATCH} creates at concurrency \
+         {FILL_CONCURRENCY}, requests round-robin over the replicas)"
     );
-    for r in &fill {
+    println!(
+        "{:<9} {:>10} {:>12} {:>8} {:>8} {:>7} {:>11}",
+        "replicas", "sandboxes", "creates/s", "p50 ms", "p99 ms", "errors", "vs empty"
+    );
+    for (replicas, r) in &fill {
+        let empty = fill
+            .iter()
+            .find(|(n, e)| n == replicas && e.before <= FILL_LEVELS[0] + 10)
+            .map_or(r.per_sec, |(_, e)| e.per_sec);
         println!(
-            "{:<18} {:>12.0} {:>8.1} {:>8.1} {:>7}",
-            format!("{} → {}", r.before, r.before + r.done),
+            "{:<9} {:>10} {:>12.0} {:>8.1} {:>8.1} {:>7} {:>10.2}x",
+            replicas,
+            r.before,
             r.per_sec,
             ms(r.p50),
             ms(r.p99),
-            r.errors
+            r.errors,
+            r.per_sec / empty
         );
     }
     println!();
     println!(
-        "Reads on PostgreSQL ({} sandboxes), open loop at {READ_RATE}/s for {READ_SECONDS} s \
-         (GET box by name and GET list page_size=20, alternating)",
+        "Reads on PostgreSQL ({} sandboxes, {read_replicas} replicas), open loop at \
+         {READ_RATE}/s for {READ_SECONDS} s (GET box by name and GET list page_size=20, \
+         alternating)",
         names.len()
     );
     println!(
@@ -528,7 +590,7 @@ async fn main() {
         .iter()
         .map(|r| ("postgres create", r))
         .chain(sqlite_runs.iter().map(|r| ("sqlite create", r)))
-        .chain(fill.iter().map(|r| ("postgres fill", r)))
+        .chain(fill.iter().map(|(_, r)| ("postgres fill", r)))
         .filter_map(|(what, r)| Some((what, r.concurrency, r.first_error.as_deref()?)));
     for (what, c, e) in errors {
         println!("  {what} c={c}, first error: {e}");
