@@ -75,6 +75,7 @@ pub async fn serve(
         key,
         margin: Duration::from_secs(1),
         lease_file: data_dir.join("lease.json"),
+        store_check: Default::default(),
     };
     let mut cfg = VerifierConfig::new(host_id.to_string());
     cfg.epoch = hearth_host::fleet::FENCED_EPOCH;
@@ -123,6 +124,7 @@ pub async fn drain(data_dir: &Path, control: String) -> anyhow::Result<u8> {
         key,
         margin: Duration::from_secs(1),
         lease_file: data_dir.join("lease.json"),
+        store_check: Default::default(),
     };
     let client = ControlClient::new(settings).map_err(|e| anyhow::anyhow!(e))?;
     let drained = client

@@ -233,9 +233,10 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         cfg.reaper_interval = std::time::Duration::from_secs(s.max(1));
     }
     fleet_settings(&data_dir, &mut cfg).await?;
+    let local_host_id = host_id(&data_dir)?;
     let local = match &host {
         Some(host) => vec![LocalHost {
-            id: host_id(&data_dir)?,
+            id: local_host_id,
             host: std::sync::Arc::new(hearth_host::InProcessHost::new(host.clone())),
             capacity_cpu: cpu,
             capacity_mem: mem,
@@ -245,6 +246,9 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let control = Control::open(db.clone(), cfg, local)
         .await
         .context("start the control plane")?;
+    if let Some(host) = &host {
+        check_local_store(host, local_host_id, control.clone());
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
@@ -303,6 +307,24 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
 
 /// Runs the store's garbage collection every hour (the first an hour
 /// after start), logging what it freed.
+/// The in-process host checks its store as a fleet host does
+/// (`hearth_host::store_check`), and each change is recorded on its row, so
+/// placement skips it while its store fails and resumes when it answers.
+fn check_local_store(
+    host: &std::sync::Arc<hearth_host::Host>,
+    id: HostId,
+    control: std::sync::Arc<Control>,
+) {
+    let mut health = host.watch_store_health();
+    hearth_host::store_check::spawn_checks(host, format!("host-{id}"), Default::default());
+    tokio::spawn(async move {
+        while health.changed().await.is_ok() {
+            let now = health.borrow_and_update().clone();
+            control.record_store_health(id, &now).await;
+        }
+    });
+}
+
 async fn collect_garbage(host: std::sync::Arc<hearth_host::Host>) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + GC_INTERVAL, GC_INTERVAL);
     loop {

@@ -7,6 +7,10 @@
 //! - **Leases** (`POST /internal/v1/hosts/{id}/lease`): signed by the host,
 //!   at its epoch; renewed only while the lease is still held (a lost
 //!   lease is a 409: the host has fenced itself and must register again).
+//!   Each renewal records the host's free disk and its last store check
+//!   (`hosts.store_error`): placement skips a host whose store fails until
+//!   a renewal says it answers again. This process's own hosts report
+//!   theirs through [`Control::record_store_health`].
 //! - **Drain** (`POST /internal/v1/hosts/{id}/drain`): the host takes no
 //!   new sandbox; those it runs are stopped (memory saved where asked) and
 //!   start elsewhere on their next use.
@@ -36,7 +40,9 @@ use hearth_db::{
     HostRow, HostState, KeyOwnerKind, NewSigningKey, SandboxStatus, StatusExtra, Timestamp,
 };
 use hearth_fence::{KeyRing, PublicKey};
-use hearth_hostapi::fleet::{Drained, Lease, RegisterHost, RenewLease, CONTROL_AUDIENCE};
+use hearth_hostapi::fleet::{
+    Drained, Lease, RegisterHost, RenewLease, StoreHealth, CONTROL_AUDIENCE,
+};
 use hearth_hostapi::{HostApi, HostCredentials, RemoteHost};
 use hearth_types::HostId;
 
@@ -239,6 +245,15 @@ impl Control {
             ttl_ms: self.cfg.lease.as_millis() as u64,
             control_keys: keys,
         }
+    }
+
+    /// Records a store check of one of this process's hosts (the
+    /// in-process host of `hearth up`), as a remote host's renewal does.
+    pub async fn record_store_health(&self, id: HostId, health: &StoreHealth) {
+        if let Err(e) = self.db.set_host_store_error(id, health.error()).await {
+            tracing::warn!(host = %id, error = %e, "cannot record a host's store check");
+        }
+        self.bump();
     }
 
     /// Marks hosts whose lease expired more than the failover grace ago
@@ -468,6 +483,7 @@ pub(crate) async fn register(
             version: req.version.clone(),
             store_url: req.store_url.clone(),
             disk_free: req.disk_free,
+            store_error: None,
         })
         .await
         .map_err(db_error)?;
@@ -492,9 +508,16 @@ pub(crate) async fn renew(
     let now = Timestamp::now();
     let expires = now.plus(c.cfg.lease);
     let renewed =
-        c.db.renew_lease_at_epoch(id, req.epoch, now, expires, req.disk_free)
-            .await
-            .map_err(db_error)?;
+        c.db.renew_lease_at_epoch(
+            id,
+            req.epoch,
+            now,
+            expires,
+            req.disk_free,
+            req.store.error(),
+        )
+        .await
+        .map_err(db_error)?;
     if !renewed {
         return Err(ApiError::conflict(format!(
             "host {id} no longer holds the lease of epoch {}: fence and register again",

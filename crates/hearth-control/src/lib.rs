@@ -179,6 +179,7 @@ impl Control {
                 version: env!("CARGO_PKG_VERSION").into(),
                 store_url: String::new(),
                 disk_free: ByteSize(0),
+                store_error: None,
             })
             .await?;
         }

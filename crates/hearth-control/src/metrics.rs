@@ -106,6 +106,15 @@ pub async fn render(
         );
     }
     if let (Ok(hosts), Ok(loads)) = (c.db.list_hosts().await, c.db.host_load().await) {
+        out.push_str("# HELP hearth_host_store_ok Whether the host's last store check (reported with its lease) succeeded; placement skips a host at 0.\n# TYPE hearth_host_store_ok gauge\n");
+        for h in &hosts {
+            let _ = writeln!(
+                out,
+                "hearth_host_store_ok{{host=\"{}\"}} {}",
+                h.id,
+                u8::from(h.store_error.is_none())
+            );
+        }
         out.push_str("# HELP hearth_host_committed_cpu_millicores CPU committed to live sandboxes.\n# TYPE hearth_host_committed_cpu_millicores gauge\n");
         for h in &hosts {
             let load = loads.iter().find(|l| l.host_id == h.id);

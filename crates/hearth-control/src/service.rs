@@ -206,6 +206,7 @@ impl Control {
                 ready: h.state == hearth_db::HostState::Ready,
                 lease_live: h.lease_expires_at > now,
                 draining: h.state == hearth_db::HostState::Draining,
+                store_ok: h.store_error.is_none(),
                 capacity_cpu: h.capacity_cpu,
                 committed_cpu: load.map_or(hearth_types::MilliCpu(0), |l| l.cpu),
                 capacity_mem: h.capacity_mem,

@@ -11,7 +11,7 @@ use crate::Db;
 
 const HOST_COLS: &str = "id, address, state, capacity_millicores, capacity_mem_bytes, \
                          lease_expires_at, registered_at, updated_at, epoch, version, \
-                         store_url, disk_free_bytes";
+                         store_url, disk_free_bytes, store_error";
 
 fn decode_host(r: &dyn RowExt) -> Result<HostRow, sqlx::Error> {
     Ok(HostRow {
@@ -27,6 +27,7 @@ fn decode_host(r: &dyn RowExt) -> Result<HostRow, sqlx::Error> {
         version: r.text("version")?,
         store_url: r.text("store_url")?,
         disk_free: ByteSize(r.unsigned("disk_free_bytes")?),
+        store_error: r.opt_text("store_error")?,
     })
 }
 
@@ -46,13 +47,13 @@ impl Db {
         let op = "upsert host";
         let sql = Sql::new(&format!(
             "INSERT INTO hosts ({HOST_COLS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, state = excluded.state, \
              capacity_millicores = excluded.capacity_millicores, \
              capacity_mem_bytes = excluded.capacity_mem_bytes, \
              lease_expires_at = excluded.lease_expires_at, updated_at = excluded.updated_at, \
              epoch = excluded.epoch, version = excluded.version, store_url = excluded.store_url, \
-             disk_free_bytes = excluded.disk_free_bytes"
+             disk_free_bytes = excluded.disk_free_bytes, store_error = excluded.store_error"
         ))
         .arg(h.id.to_string())
         .arg(h.address.as_str())
@@ -65,7 +66,8 @@ impl Db {
         .arg(int(h.epoch, op, "epoch")?)
         .arg(h.version.as_str())
         .arg(h.store_url.as_str())
-        .arg(int(h.disk_free.bytes(), op, "disk_free_bytes")?);
+        .arg(int(h.disk_free.bytes(), op, "disk_free_bytes")?)
+        .arg(h.store_error.clone());
         self.pool
             .execute(&sql)
             .await
@@ -76,18 +78,20 @@ impl Db {
     /// A host agent (re)registers: its record is written with state
     /// `ready` and a lease until `h.lease_expires_at`, in a new lease
     /// epoch (one more than any before, so commands minted for an earlier
-    /// registration are refused). Returns the epoch.
+    /// registration are refused), its store answering (a host registers
+    /// only once it does). Returns the epoch.
     pub async fn register_host(&self, h: &HostRow) -> Result<u64, DbError> {
         let op = "register host";
         let sql = Sql::new(&format!(
             "INSERT INTO hosts ({HOST_COLS}) \
-             VALUES ($1, $2, 'ready', $3, $4, $5, $6, $6, 1, $7, $8, $9) \
+             VALUES ($1, $2, 'ready', $3, $4, $5, $6, $6, 1, $7, $8, $9, NULL) \
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, state = 'ready', \
              capacity_millicores = excluded.capacity_millicores, \
              capacity_mem_bytes = excluded.capacity_mem_bytes, \
              lease_expires_at = excluded.lease_expires_at, updated_at = excluded.updated_at, \
              epoch = hosts.epoch + 1, version = excluded.version, \
-             store_url = excluded.store_url, disk_free_bytes = excluded.disk_free_bytes \
+             store_url = excluded.store_url, disk_free_bytes = excluded.disk_free_bytes, \
+             store_error = NULL \
              RETURNING epoch"
         ))
         .arg(h.id.to_string())
@@ -109,8 +113,10 @@ impl Db {
     }
 
     /// Extends the lease of a host still holding it: the same epoch, not
-    /// expired at `now`, not down. False: the lease is lost (the host must
-    /// fence itself and register again).
+    /// expired at `now`, not down; records what the host reported with it
+    /// (free disk, and why its store check failed, `None` if it did not).
+    /// False: the lease is lost (the host must fence itself and register
+    /// again).
     pub async fn renew_lease_at_epoch(
         &self,
         id: HostId,
@@ -118,17 +124,20 @@ impl Db {
         now: Timestamp,
         until: Timestamp,
         disk_free: ByteSize,
+        store_error: Option<&str>,
     ) -> Result<bool, DbError> {
         let op = "renew host lease";
         let sql = Sql::new(
-            "UPDATE hosts SET lease_expires_at = $4, updated_at = $3, disk_free_bytes = $5 \
+            "UPDATE hosts SET lease_expires_at = $4, updated_at = $3, disk_free_bytes = $5, \
+             store_error = $6 \
              WHERE id = $1 AND epoch = $2 AND lease_expires_at > $3 AND state <> 'down'",
         )
         .arg(id.to_string())
         .arg(int(epoch, op, "epoch")?)
         .arg(now)
         .arg(until)
-        .arg(int(disk_free.bytes(), op, "disk_free_bytes")?);
+        .arg(int(disk_free.bytes(), op, "disk_free_bytes")?)
+        .arg(store_error.map(str::to_owned));
         let n = self
             .pool
             .execute(&sql)
@@ -198,6 +207,29 @@ impl Db {
             .execute(&sql)
             .await
             .map_err(DbError::backend("renew host lease"))?;
+        if n == 0 {
+            return Err(DbError::NotFound { what: "host" });
+        }
+        Ok(())
+    }
+
+    /// Records the result of a store check of a host whose lease this
+    /// process renews itself (the in-process host of `hearth up`); remote
+    /// hosts report theirs with [`Db::renew_lease_at_epoch`].
+    pub async fn set_host_store_error(
+        &self,
+        id: HostId,
+        store_error: Option<&str>,
+    ) -> Result<(), DbError> {
+        let sql = Sql::new("UPDATE hosts SET store_error = $2, updated_at = $3 WHERE id = $1")
+            .arg(id.to_string())
+            .arg(store_error.map(str::to_owned))
+            .arg(Timestamp::now());
+        let n = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend("record a host's store check"))?;
         if n == 0 {
             return Err(DbError::NotFound { what: "host" });
         }

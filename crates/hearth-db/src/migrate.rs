@@ -86,6 +86,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0011_usage_counters.sql"),
         postgres: include_str!("../migrations/postgres/0011_usage_counters.sql"),
     },
+    Migration {
+        version: 12,
+        name: "host_store_health",
+        sqlite: include_str!("../migrations/sqlite/0012_host_store_health.sql"),
+        postgres: include_str!("../migrations/postgres/0012_host_store_health.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

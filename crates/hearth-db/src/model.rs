@@ -191,6 +191,10 @@ pub struct HostRow {
     pub store_url: String,
     /// Free space for new disks, as last reported.
     pub disk_free: ByteSize,
+    /// Why the host's last check of its object store failed, as it
+    /// reported with its lease; `None` while the store answers. Placement
+    /// gives such a host nothing new.
+    pub store_error: Option<String>,
 }
 
 /// What a host has committed: the sum over its `provisioning` and `ready`

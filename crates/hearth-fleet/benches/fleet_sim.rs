@@ -35,6 +35,7 @@ fn scan_worst_case() {
             ready: true,
             lease_live: true,
             draining: false,
+            store_ok: true,
             capacity_cpu: MilliCpu::vcpus(64),
             committed_cpu: MilliCpu(rng.below(128) as u32 * 500),
             capacity_mem: ByteSize::gib(256),

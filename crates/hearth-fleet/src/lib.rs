@@ -5,7 +5,8 @@
 //!
 //! - [`placement`]: [`place`] chooses a host for a sandbox from a snapshot
 //!   of the fleet ([`HostView`]). Eligible hosts are ready, hold a live
-//!   lease and are not draining; among those with room for the committed
+//!   lease, are not draining and reported with their lease that their
+//!   object store answers; among those with room for the committed
 //!   CPU and memory (and the disk, when hosts report free space) the least
 //!   committed CPU wins, ties by host id. A restart keeps its previous host
 //!   when that host is within [`PREFER_PREVIOUS_WITHIN`] (one vCPU) of the

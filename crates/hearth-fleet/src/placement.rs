@@ -6,7 +6,8 @@
 //! control plane runs.
 //!
 //! The rule, LangSmith's (reference d.6): among hosts that accept placements
-//! (ready, with a live lease, not draining) and have room for the request's
+//! (ready, with a live lease, not draining, and whose object store answered
+//! the host's last check) and have room for the request's
 //! committed CPU and memory, take the one with the least committed CPU; ties
 //! go to the lowest host id, so the answer never depends on the order of the
 //! input. A restart prefers its previous host when that host is eligible and
@@ -32,6 +33,11 @@ pub struct HostView {
     pub lease_live: bool,
     /// Draining hosts finish (save and stop) what they run and take nothing new.
     pub draining: bool,
+    /// The host's last check of its object store (reported with its lease)
+    /// succeeded. A host that cannot write the store cannot commit or
+    /// flush a disk, nor fetch an image's chunks: it takes nothing new
+    /// until a check succeeds again.
+    pub store_ok: bool,
     pub capacity_cpu: MilliCpu,
     /// CPU of the sandboxes placed on it that hold resources (provisioning
     /// and ready; stopped ones hold nothing).
@@ -46,9 +52,9 @@ pub struct HostView {
 }
 
 impl HostView {
-    /// Ready, leased and not draining.
+    /// Ready, leased, not draining, and its store answers.
     pub fn accepts_placements(&self) -> bool {
-        self.ready && self.lease_live && !self.draining
+        self.ready && self.lease_live && !self.draining && self.store_ok
     }
 
     /// Room for the request's CPU and memory on top of what is committed
@@ -157,6 +163,7 @@ mod tests {
             ready: true,
             lease_live: true,
             draining: false,
+            store_ok: true,
             capacity_cpu: MilliCpu::vcpus(16),
             committed_cpu: MilliCpu(committed),
             capacity_mem: ByteSize::gib(64),
@@ -270,6 +277,48 @@ mod tests {
                 req: req(1000, 1),
                 previous: None,
                 want: Ok(2),
+            },
+            Case {
+                name: "a host whose store fails gets nothing",
+                hosts: vec![
+                    HostView {
+                        store_ok: false,
+                        ..host(1, 0)
+                    },
+                    host(2, 8000),
+                ],
+                req: req(1000, 1),
+                previous: None,
+                want: Ok(2),
+            },
+            Case {
+                name: "a previous host whose store fails is not kept",
+                hosts: vec![
+                    host(1, 2000),
+                    HostView {
+                        store_ok: false,
+                        ..host(2, 2000)
+                    },
+                ],
+                req: req(500, 1),
+                previous: Some(2),
+                want: Ok(1),
+            },
+            Case {
+                name: "every store failing is no hosts, not a disk error",
+                hosts: vec![
+                    HostView {
+                        store_ok: false,
+                        ..with_disk(host(1, 0), 5)
+                    },
+                    HostView {
+                        store_ok: false,
+                        ..host(2, 0)
+                    },
+                ],
+                req: disk(10),
+                previous: Some(1),
+                want: Err(PlacementError::NoHosts),
             },
             Case {
                 name: "no eligible host at all",
@@ -504,6 +553,7 @@ mod tests {
                     ready: rng.below(10) > 0,
                     lease_live: rng.below(10) > 0,
                     draining: rng.below(10) == 0,
+                    store_ok: rng.below(10) > 0,
                     committed_cpu: MilliCpu(rng.below(33) as u32 * 500),
                     committed_mem: ByteSize::gib(rng.below(65)),
                     disk_free: (rng.below(3) > 0).then(|| ByteSize::gib(rng.below(40))),

@@ -299,6 +299,7 @@ impl World {
                 ready: false,
                 lease_live: true,
                 draining: false,
+                store_ok: true,
                 capacity_cpu: cfg.host_cpu,
                 committed_cpu: MilliCpu(0),
                 capacity_mem: cfg.host_mem,

@@ -9,16 +9,24 @@
 //! renewal was *sent*: the control plane starts the new term when it
 //! receives it, later, so the host always fences before the control plane
 //! considers the lease expired and fails its sandboxes over.
+//!
+//! The host checks its store while it holds the lease (`store_check.rs`)
+//! and says with every renewal whether the store answers; a change of
+//! that answer brings the next renewal forward, so placement stops (and
+//! resumes) within one check and one round trip.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hearth_fence::{KeyPair, KeyRing, PublicKey, Verifier};
-use hearth_hostapi::fleet::{Drained, Lease, RegisterHost, RenewLease, CONTROL_AUDIENCE};
+use hearth_hostapi::fleet::{
+    Drained, Lease, RegisterHost, RenewLease, StoreHealth, CONTROL_AUDIENCE,
+};
 use hearth_types::{ByteSize, HostId, MilliCpu};
 
 use crate::host::Host;
+use crate::store_check::StoreCheck;
 
 /// An epoch no command carries: the fenced host refuses everything.
 pub const FENCED_EPOCH: u64 = u64::MAX;
@@ -41,6 +49,8 @@ pub struct FleetSettings {
     pub margin: Duration,
     /// Where the current epoch is written (`hearth host drain` reads it).
     pub lease_file: PathBuf,
+    /// How often the store is checked, and within what time.
+    pub store_check: StoreCheck,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -163,6 +173,7 @@ impl ControlClient {
         let req = RenewLease {
             epoch,
             disk_free: disk_free(host),
+            store: host.store_health(),
         };
         self.post(&path, Some(&id), epoch, &req, timeout).await
     }
@@ -207,15 +218,18 @@ fn ring(keys: &[String]) -> KeyRing {
 /// fences and registers again. `verifier` is the host API's.
 pub async fn hold_lease(host: Arc<Host>, client: ControlClient, verifier: Arc<Verifier>) {
     verifier.set_epoch(FENCED_EPOCH);
+    let who = format!("host-{}", client.settings.host_id);
+    let check = client.settings.store_check;
+    crate::store_check::spawn_checks(&host, who.clone(), check);
+    let mut health = host.watch_store_health();
     loop {
         // Register (again), with a bounded backoff.
         let mut backoff = Duration::from_millis(200);
         let (lease, sent) = loop {
             // A host that cannot keep disks in the store takes none: it
             // registers only once the store proves usable.
-            let who = format!("host-{}", client.settings.host_id);
-            if let Err(e) = host.probe_store(&who).await {
-                tracing::error!(error = %crate::host::error_chain(&e), "the store is not usable; not registering until it is");
+            if let StoreHealth::Failing { error } = host.check_store(&who, check.timeout).await {
+                tracing::error!(%error, "the store is not usable; not registering until it is");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
@@ -259,7 +273,15 @@ pub async fn hold_lease(host: Arc<Host>, client: ControlClient, verifier: Arc<Ve
                 );
                 break;
             }
-            tokio::time::sleep_until(next.min(deadline).into()).await;
+            // Sleep until the next renewal is due, or until the store's
+            // health changes: placement should know at once.
+            tokio::select! {
+                () = tokio::time::sleep_until(next.min(deadline).into()) => {}
+                Ok(()) = health.changed() => {
+                    tracing::debug!("the store's health changed: renewing now");
+                }
+            }
+            health.borrow_and_update();
             if Instant::now() >= deadline {
                 tracing::error!(
                     epoch = lease.epoch,

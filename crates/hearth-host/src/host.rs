@@ -258,6 +258,8 @@ pub struct Host {
     network: Option<crate::network::Network>,
     /// Jail uids in use (offsets from `JailSettings::uid_base`).
     jail_slots: Mutex<std::collections::BTreeMap<u32, std::fs::File>>,
+    /// The last check of the store (`store_check.rs`).
+    pub(crate) store_health: crate::store_check::HealthCell,
     /// This agent's hold on its data directory; the last field, so it is
     /// released after everything else is dropped.
     _lock: crate::lock::DataDirLock,
@@ -395,6 +397,7 @@ impl Host {
             vms: Mutex::new(HashMap::new()),
             disks,
             generations,
+            store_health: crate::store_check::HealthCell::new(),
             _lock: lock,
         });
         host.recover().await;

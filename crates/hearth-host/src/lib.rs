@@ -14,6 +14,9 @@
 //!   proxy ([`hearth_egress`]) that is its only way out.
 //! - `fake` (feature `fake`): a fake VMM whose guest is a task speaking the
 //!   guest protocol, so that host logic is tested without QEMU.
+//! - [`store_check`]: the periodic, bounded check of the object store,
+//!   whose result ([`Host::store_health`]) a host in a fleet reports with
+//!   its lease so that placement skips it while the store fails.
 //! - [`api`]: the host's private HTTP + WebSocket API, which a remote
 //!   control plane drives with signed commands; a standalone host serves
 //!   it on loopback to holders of its token. No caller is unauthenticated.
@@ -35,6 +38,7 @@ mod local;
 pub mod lock;
 pub mod memory;
 pub mod network;
+pub mod store_check;
 pub mod vm;
 
 pub use guest::{

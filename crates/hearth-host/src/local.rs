@@ -137,6 +137,7 @@ impl HostApi for InProcessHost {
         Ok(HostStatus {
             disk_available: ByteSize(free),
             egress: self.0.egress_metrics(),
+            store: self.0.store_health(),
         })
     }
 

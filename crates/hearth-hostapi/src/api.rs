@@ -139,6 +139,10 @@ pub struct HostStatus {
     pub disk_available: ByteSize,
     /// Each VM's egress counters, by VM id.
     pub egress: Vec<(String, hearth_egress::EgressCounters)>,
+    /// The host's last check of its object store (absent from an older
+    /// host: healthy).
+    #[serde(default)]
+    pub store: crate::fleet::StoreHealth,
 }
 
 /// The host agent's commands, as the control plane sees them.

@@ -516,6 +516,7 @@ impl HostApi for SimHost {
         Ok(HostStatus {
             disk_available: self.knobs().disk_available,
             egress: Vec::new(),
+            store: Default::default(),
         })
     }
 

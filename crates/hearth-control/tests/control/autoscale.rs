@@ -107,6 +107,7 @@ async fn decisions_follow_the_formula_and_the_stabilization_window() {
             version: "test".into(),
             store_url: String::new(),
             disk_free: ByteSize::gib(100),
+            store_error: None,
         };
         db.upsert_host(&h).await.unwrap();
         hosts.push(h.id);

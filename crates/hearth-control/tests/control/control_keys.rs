@@ -206,6 +206,7 @@ async fn hosts_trust_only_live_unretired_control_keys() {
     let renew = RenewLease {
         epoch,
         disk_free: ByteSize::gib(100),
+        store: Default::default(),
     };
     let renew_lease = async || {
         host_post(

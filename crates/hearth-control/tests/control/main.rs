@@ -23,6 +23,7 @@ mod isolation;
 mod replicas;
 mod sdk_surface;
 mod snapshot_quota;
+mod store_health;
 mod workspace_secrets;
 
 /// Suites that boot real microVMs.

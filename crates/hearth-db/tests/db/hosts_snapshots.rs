@@ -22,6 +22,7 @@ fn host(lease_ms: i64) -> HostRow {
         version: "test".into(),
         store_url: "file:///store".into(),
         disk_free: ByteSize::gib(100),
+        store_error: None,
     }
 }
 
@@ -33,7 +34,7 @@ async fn registrations_start_new_epochs_and_a_lost_lease_is_not_renewed() {
         let at = |ms| Timestamp::from_unix_ms(ms);
         // Renewal at the current epoch, before expiry.
         assert!(db
-            .renew_lease_at_epoch(h.id, 1, at(5_000), at(15_000), ByteSize::gib(9))
+            .renew_lease_at_epoch(h.id, 1, at(5_000), at(15_000), ByteSize::gib(9), None)
             .await
             .unwrap());
         let row = db.get_host(h.id).await.unwrap();
@@ -43,11 +44,11 @@ async fn registrations_start_new_epochs_and_a_lost_lease_is_not_renewed() {
         );
         // Another epoch, or after expiry: refused.
         assert!(!db
-            .renew_lease_at_epoch(h.id, 2, at(6_000), at(16_000), ByteSize::gib(9))
+            .renew_lease_at_epoch(h.id, 2, at(6_000), at(16_000), ByteSize::gib(9), None)
             .await
             .unwrap());
         assert!(!db
-            .renew_lease_at_epoch(h.id, 1, at(15_001), at(25_000), ByteSize::gib(9))
+            .renew_lease_at_epoch(h.id, 1, at(15_001), at(25_000), ByteSize::gib(9), None)
             .await
             .unwrap());
         // Expired and marked down at its epoch; down is never renewed.
@@ -62,6 +63,64 @@ async fn registrations_start_new_epochs_and_a_lost_lease_is_not_renewed() {
         assert_eq!(db.register_host(&again).await.unwrap(), 2);
         let row = db.get_host(h.id).await.unwrap();
         assert_eq!((row.epoch, row.state), (2, HostState::Ready));
+    });
+}
+
+#[tokio::test]
+async fn a_store_failure_reported_with_a_renewal_is_recorded_until_the_next_says_otherwise() {
+    each_backend!(|db| {
+        let h = host(10_000);
+        assert_eq!(db.register_host(&h).await.unwrap(), 1);
+        let at = |ms| Timestamp::from_unix_ms(ms);
+        let renew = |store_error: Option<&'static str>, now: i64| {
+            let db = db.clone();
+            async move {
+                db.renew_lease_at_epoch(
+                    h.id,
+                    1,
+                    at(now),
+                    at(now + 10_000),
+                    ByteSize::gib(9),
+                    store_error,
+                )
+                .await
+                .unwrap()
+            }
+        };
+        assert_eq!(db.get_host(h.id).await.unwrap().store_error, None);
+        assert!(renew(Some("write the health probe: connection refused"), 2_000).await);
+        assert_eq!(
+            db.get_host(h.id).await.unwrap().store_error.as_deref(),
+            Some("write the health probe: connection refused")
+        );
+        // A refused renewal (another epoch) records nothing.
+        assert!(!db
+            .renew_lease_at_epoch(h.id, 2, at(3_000), at(13_000), ByteSize::gib(9), None)
+            .await
+            .unwrap());
+        assert!(db.list_hosts().await.unwrap()[0].store_error.is_some());
+        // The store answers again: the next renewal clears it.
+        assert!(renew(None, 4_000).await);
+        assert_eq!(db.get_host(h.id).await.unwrap().store_error, None);
+        // A registration clears it too (a host registers only once its
+        // store answers).
+        assert!(renew(Some("timed out"), 5_000).await);
+        assert_eq!(db.register_host(&h).await.unwrap(), 2);
+        assert_eq!(db.get_host(h.id).await.unwrap().store_error, None);
+        // The in-process host's check is recorded without a lease.
+        db.set_host_store_error(h.id, Some("timed out"))
+            .await
+            .unwrap();
+        assert_eq!(
+            db.get_host(h.id).await.unwrap().store_error.as_deref(),
+            Some("timed out")
+        );
+        db.set_host_store_error(h.id, None).await.unwrap();
+        assert_eq!(db.get_host(h.id).await.unwrap().store_error, None);
+        assert!(matches!(
+            db.set_host_store_error(HostId::new(), None).await,
+            Err(DbError::NotFound { what: "host" })
+        ));
     });
 }
 
