@@ -16,8 +16,10 @@ Needs Python 3 and PyYAML (Debian: python3-yaml); no helm, no cluster.
    Deployment, only with autoscaling) and none for hosts, the enrollment
    token and master key Secrets feeding both, `--control` of `host serve`
    and of the preStop drain naming the control Service and port, writable
-   data dirs, the host pool's scheduling and rollout. `required` values
-   must fail the render when unset.
+   data dirs, the host pool's scheduling and rollout, the control plane's
+   replicas (3 by default), their PodDisruptionBudget, anti-affinity and
+   rollout. `required` values must fail the render when unset, and more
+   than one control replica without an external PostgreSQL must `fail` it.
 3. code: with the repository's crates next to this script, the names the
    chart relies on (environment variables, flags, the autoscaler's lists,
    the Kubernetes backend's calls) are checked against the sources.
@@ -144,6 +146,10 @@ class TemplateError(Exception):
 
 class RequiredError(TemplateError):
     pass
+
+
+class FailError(TemplateError):
+    """A template's `fail`: the render is refused with this message."""
 
 
 WS = " \t\r\n"
@@ -516,6 +522,25 @@ def helm_trunc(n, s):
     return s
 
 
+def go_gt(where, a, b):
+    """text/template's `gt`: numbers of one kind, or strings; an int
+    against a float (as values are) is an error, as in Go."""
+    kinds = {type(a), type(b)}
+    if bool in kinds or not (kinds <= {int} or kinds <= {float} or kinds <= {str}):
+        raise TemplateError(f"{where}: gt: incompatible types {a!r} and {b!r} (use int)")
+    return a > b
+
+
+def go_has_prefix(where, prefix, s):
+    if not isinstance(prefix, str) or not isinstance(s, str):
+        raise TemplateError(f"{where}: hasPrefix of a non-string")
+    return s.startswith(prefix)
+
+
+def go_fail(where, msg):
+    raise FailError(msg)
+
+
 def index_fn(m, *keys):
     for k in keys:
         if m is None:
@@ -541,6 +566,9 @@ class Renderer:
             "quote": lambda w, *a: " ".join(go_quote(go_str(x, w)) for x in a if x is not None),
             "default": lambda w, d, *g: d if not g or not truth(g[0]) else g[0],
             "required": self.required,
+            "fail": go_fail,
+            "gt": go_gt,
+            "hasPrefix": go_has_prefix,
             "printf": lambda w, f, *a: go_printf(f, *a, where=w),
             "trunc": lambda w, n, s: helm_trunc(n, s),
             "trimSuffix": lambda w, suf, s: s[: -len(suf)] if suf and s.endswith(suf) else s,
@@ -1138,6 +1166,9 @@ def check_objects(objs, values, c, scenario):
         vol = [v for v in cspec.get("volumes") or [] if v["name"] == dm["name"]]
         c.ok(not dm.get("readOnly") and vol and ("emptyDir" in vol[0] or "persistentVolumeClaim" in vol[0]),
              f"{cw}: data dir {cdd} is not on a writable emptyDir or PersistentVolumeClaim")
+        # A claim (ReadWriteOnce) would be one volume for every replica.
+        c.ok(values["control"]["replicas"] == 1 or (vol and "persistentVolumeClaim" not in vol[0]),
+             f"{cw}: several replicas cannot share the data dir's PersistentVolumeClaim (each has its own key)")
         c.ok(dm.get("mountPath") != "/etc/hearth/master-key", f"{cw}: data dir is the master key's mount")
 
     services = find(objs, "Service", lambda o: component(o) == "control")
@@ -1251,8 +1282,8 @@ def check_objects(objs, values, c, scenario):
         c.ok(not roles and not bindings, f"{w} Role/RoleBinding rendered although autoscaling is off")
     c.ok(not find(objs, "ClusterRole") and not find(objs, "ClusterRoleBinding"), f"{w} no cluster-wide RBAC expected")
 
-    # ---- PodDisruptionBudget
-    pdbs = find(objs, "PodDisruptionBudget")
+    # ---- PodDisruptionBudgets: the hosts' and the control plane's
+    pdbs = find(objs, "PodDisruptionBudget", lambda o: component(o) == "host")
     if sh["pdb"]["enabled"]:
         if c.ok(len(pdbs) == 1, f"{w} pdb.enabled but no PodDisruptionBudget"):
             p = pdbs[0]
@@ -1260,9 +1291,53 @@ def check_objects(objs, values, c, scenario):
             c.ok(p["spec"]["selector"]["matchLabels"] == host["spec"]["selector"]["matchLabels"], f"{w} PDB does not select the host pods")
     else:
         c.ok(not pdbs, f"{w} PodDisruptionBudget rendered although sandboxHost.pdb.enabled is false")
+    c.ok(len(find(objs, "PodDisruptionBudget")) == len(pdbs) + len(find(objs, "PodDisruptionBudget", lambda o: component(o) == "control")),
+         f"{w} a PodDisruptionBudget of neither the hosts nor the control plane")
+    check_control_replicas(control, find(objs, "PodDisruptionBudget", lambda o: component(o) == "control"),
+                           host_pod_labels, values, c, w)
 
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objs)
     return kinds
+
+
+def check_control_replicas(control, pdbs, host_pod_labels, values, c, w):
+    """Several control-plane replicas, kept serving: the Deployment's
+    replicas, a rollout that never goes below them, anti-affinity spreading
+    them over nodes, and a PodDisruptionBudget letting drains take one."""
+    cw = f"{w} control Deployment"
+    cv = values["control"]
+    spec = control["spec"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    c.ok(spec.get("replicas") == cv["replicas"], f"{cw}: replicas {spec.get('replicas')} is not control.replicas {cv['replicas']}")
+    strat = spec.get("strategy") or {}
+    ru = strat.get("rollingUpdate") or {}
+    c.ok(strat.get("type") == "RollingUpdate" and ru.get("maxUnavailable") == 0 and ru.get("maxSurge") == 1,
+         f"{cw}: strategy must be RollingUpdate maxSurge 1 maxUnavailable 0 (never below the replicas asked for), is {strat}")
+    aff = ((spec["template"]["spec"].get("affinity") or {}).get("podAntiAffinity") or {})
+    c.ok(not aff.get("requiredDuringSchedulingIgnoredDuringExecution"),
+         f"{cw}: required anti-affinity would leave replicas Pending on a small cluster")
+    terms = [t.get("podAffinityTerm") or {} for t in aff.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+    own = [t for t in terms
+           if t.get("topologyKey") == "kubernetes.io/hostname"
+           and subset((t.get("labelSelector") or {}).get("matchLabels"), pod_labels)
+           and (t.get("labelSelector") or {}).get("matchLabels")]
+    c.ok(own, f"{cw}: no preferred podAntiAffinity on kubernetes.io/hostname keyed on its own pod labels")
+    for t in own:
+        ml = t["labelSelector"]["matchLabels"]
+        c.ok(ml == spec["selector"]["matchLabels"], f"{cw}: anti-affinity labels differ from the selector")
+        c.ok(not subset(ml, host_pod_labels), f"{cw}: anti-affinity would also match host pods")
+    if cv["pdb"]["enabled"]:
+        if c.ok(len(pdbs) == 1, f"{w} control.pdb.enabled but no control PodDisruptionBudget"):
+            p = pdbs[0]["spec"]
+            c.ok(p.get("maxUnavailable") == cv["pdb"]["maxUnavailable"] and "minAvailable" not in p,
+                 f"{w} control PDB is {p}, want maxUnavailable {cv['pdb']['maxUnavailable']} only")
+            c.ok(p["selector"]["matchLabels"] == spec["selector"]["matchLabels"], f"{w} control PDB does not select the control pods")
+            c.ok(not subset(p["selector"]["matchLabels"], host_pod_labels), f"{w} control PDB would also select host pods")
+            # Serving through a drain: at least one replica left.
+            c.ok(cv["replicas"] - p.get("maxUnavailable", 0) >= 1 or cv["replicas"] == 1,
+                 f"{w} control PDB lets a drain take every replica")
+    else:
+        c.ok(not pdbs, f"{w} control PodDisruptionBudget rendered although control.pdb.enabled is false")
 
 
 SCENARIOS = {
@@ -1282,6 +1357,8 @@ SCENARIOS = {
         }
     },
     "pdb": {"sandboxHost": {"pdb": {"enabled": True}}},
+    # One control-plane pod, no control PDB (the branches the defaults skip).
+    "single-replica": {"control": {"replicas": 1, "pdb": {"enabled": False}}},
     # Every other branch of the templates: inline database URL, existing
     # secrets, public URL, pull secrets, annotations, placement knobs, an
     # explicit host CPU capacity (past 1e6), the control plane's lease
@@ -1345,6 +1422,41 @@ def check_renders(chart, c):
         c.ok((tok.get("data") or {}).get("token") == token, "[upgrade] the installed host token is not reused")
     except TemplateError as e:
         c.ok(False, f"[upgrade] render failed: {e}")
+
+    c.section("the defaults run 3 control replicas with a PodDisruptionBudget")
+    defaults = results.get("defaults")
+    if c.ok(defaults, "[defaults] did not render"):
+        kinds = defaults[1]
+        c.ok(chart.values["control"]["replicas"] == 3, f"values.yaml: control.replicas is {chart.values['control']['replicas']}, want 3")
+        c.ok(f"PodDisruptionBudget/{RELEASE}-hearth-control" in kinds, f"[defaults] no control PodDisruptionBudget in {kinds}")
+
+    c.section("control.replicas > 1 without an external PostgreSQL fails the render (fail), one replica does not")
+    no_db = {"database": {"url": "", "existingSecret": ""}}
+    sqlite = {"database": {"url": "sqlite:///var/lib/hearth/hearth.db"}}
+    for name, over, refused, says in (
+        ("3 replicas, no database", no_db, True, "database.existingSecret"),
+        ("2 replicas, no database", deep_merge(no_db, {"control": {"replicas": 2}}), True, "database.existingSecret"),
+        ("3 replicas, SQLite url", sqlite, True, "postgres://"),
+        ("3 replicas, postgresql:// url", {"database": {"url": "postgresql://h:pw@db/hearth"}}, False, None),
+        ("3 replicas, existing Secret", {"database": {"url": "", "existingSecret": "pg"}}, False, None),
+        ("1 replica, SQLite url", deep_merge(sqlite, {"control": {"replicas": 1}}), False, None),
+    ):
+        try:
+            chart.render(deep_merge(REQUIRED_VALUES, over))
+            c.ok(not refused, f"[{name}] rendered, but must fail: several replicas need PostgreSQL")
+        except FailError as e:
+            c.ok(refused, f"[{name}] refused, but must render: {e}")
+            c.ok(says in str(e) and "control.replicas" in str(e) and "PostgreSQL" in str(e),
+                 f"[{name}] the refusal does not say what to do: {e}")
+        except TemplateError as e:
+            c.ok(False, f"[{name}] failed, but not through fail: {e}")
+    try:
+        chart.render(deep_merge(REQUIRED_VALUES, deep_merge(no_db, {"control": {"replicas": 1}})))
+        c.ok(False, "[1 replica, no database] rendered without a database URL")
+    except RequiredError as e:
+        c.ok("database.existingSecret" in str(e), f"[1 replica, no database] required error does not name it: {e}")
+    except TemplateError as e:
+        c.ok(False, f"[1 replica, no database] failed, but not through required: {e}")
 
     c.section("required values fail the render: images.hearth.tag, store.url")
     for path, over in (
@@ -1448,6 +1560,10 @@ def check_helm(results, c):
         vf.write_text(yaml.safe_dump({"store": REQUIRED_VALUES["store"]}))
         tpl = subprocess.run([helm, "template", RELEASE, str(CHART), "-f", str(vf)], capture_output=True, text=True)
         c.ok(tpl.returncode != 0 and "images.hearth.tag" in tpl.stderr, "helm template without images.hearth.tag did not fail on it")
+        vf = Path(tmp) / "replicas-no-postgres.yaml"
+        vf.write_text(yaml.safe_dump(deep_merge(REQUIRED_VALUES, {"database": {"url": "sqlite:///x.db"}})))
+        tpl = subprocess.run([helm, "template", RELEASE, str(CHART), "-f", str(vf)], capture_output=True, text=True)
+        c.ok(tpl.returncode != 0 and "PostgreSQL" in tpl.stderr, "helm template with 3 replicas on SQLite did not fail on it")
     return True
 
 

@@ -4,9 +4,9 @@ Helpers of the Hearth chart.
 The templates keep to a small subset of Helm's template language so that
 deploy/helm/test_chart.py can render them without helm: `define`, `include`,
 `if`/`else if`/`else`/`end`, variables (`$x := ...`), and the functions
-toYaml, nindent, indent, quote, default, required, printf, trunc,
-trimSuffix, replace, not, and, or, eq, ne, empty, index, lookup,
-randAlphaNum, b64enc, int and mul. No `with`, no `range`, no `tpl`.
+toYaml, nindent, indent, quote, default, required, fail, printf, trunc,
+trimSuffix, hasPrefix, replace, not, and, or, eq, ne, gt, empty, index,
+lookup, randAlphaNum, b64enc, int and mul. No `with`, no `range`, no `tpl`.
 Values are numbers as Helm reads them (float64): print an integer that may
 reach 1e6 through `int` or `mul`, or it prints as 1e+06.
 */}}
@@ -89,8 +89,29 @@ app.kubernetes.io/component: host
 {{- printf "%s:%v" .Values.images.hearth.repository (required "images.hearth.tag is required (e.g. --set images.hearth.tag=0.1.0)" .Values.images.hearth.tag) -}}
 {{- end }}
 
+{{/*
+Several control-plane replicas share their state through one PostgreSQL
+database (placement, leases, signing keys, the autoscaler's lease): a
+SQLite file would be one per pod. Refuse control.replicas > 1 unless the
+database is external: database.existingSecret (which must hold a
+postgres:// URL), or an inline postgres:// database.url. Checked wherever
+the database is named, so every template that reads it fails the same way.
+*/}}
+{{- define "hearth.checkReplicasDatabase" -}}
+{{- if gt (int .Values.control.replicas) 1 -}}
+{{- if .Values.database.url -}}
+{{- if not (or (hasPrefix "postgres://" .Values.database.url) (hasPrefix "postgresql://" .Values.database.url)) -}}
+{{- fail "control.replicas > 1 needs PostgreSQL: database.url must be a postgres:// URL (replicas cannot share a SQLite file). Point it at PostgreSQL, or set control.replicas=1." -}}
+{{- end -}}
+{{- else if not .Values.database.existingSecret -}}
+{{- fail "control.replicas > 1 needs an external PostgreSQL database: set database.existingSecret (a Secret holding a postgres:// URL) or database.url, or set control.replicas=1." -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
 {{/* The Secret and key holding the database URL. */}}
 {{- define "hearth.databaseSecretName" -}}
+{{- include "hearth.checkReplicasDatabase" . -}}
 {{- if .Values.database.url -}}
 {{- printf "%s-database" (include "hearth.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
