@@ -246,6 +246,9 @@ pub async fn hold_lease(host: Arc<Host>, client: ControlClient, verifier: Arc<Ve
         };
         verifier.set_keys(ring(&lease.control_keys));
         verifier.set_epoch(lease.epoch);
+        // The registration said the store answers: a change seen before
+        // it needs no renewal of its own.
+        health.borrow_and_update();
         write_lease_file(&client.settings.lease_file, lease.epoch);
         eprintln!(
             "hearth host {} registered with {} (lease epoch {}, {} ms)",

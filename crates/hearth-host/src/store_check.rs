@@ -71,7 +71,13 @@ impl Host {
                 error: format!("the store did not answer a check within {timeout:?}"),
             },
         };
-        let before = self.store_health.0.send_replace(now.clone());
+        // Watchers wake only when the answer flips (a new reason for the
+        // same failure is kept, and reported with the next renewal).
+        let mut before = StoreHealth::Ok;
+        self.store_health.0.send_if_modified(|h| {
+            before = std::mem::replace(h, now.clone());
+            before.is_ok() != now.is_ok()
+        });
         match (&before, &now) {
             (StoreHealth::Ok, StoreHealth::Failing { error }) => tracing::error!(
                 %error,
@@ -93,7 +99,7 @@ impl Host {
         self.store_health.0.borrow().clone()
     }
 
-    /// Wakes on every change of [`Host::store_health`].
+    /// Wakes when [`Host::store_health`] flips between ok and failing.
     pub fn watch_store_health(&self) -> watch::Receiver<StoreHealth> {
         self.store_health.0.subscribe()
     }

@@ -346,3 +346,44 @@ fn a_vm_left_stopping_by_a_dead_agent_is_failed_and_starts_again() {
         host.shutdown().await;
     });
 }
+
+/// A store check records its answer, bounded in time, and wakes watchers
+/// (the lease loop, which then renews at once) only when the answer flips,
+/// not at every check: a store that keeps failing does not double the
+/// renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_checks_wake_watchers_only_when_the_answer_flips() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let mut cfg = fake_config(&dir);
+    // Nothing listens on port 1: every request is refused (and retried by
+    // the object store until the check's deadline).
+    if let hearth_host::Storage::Store(s) = &mut cfg.storage {
+        s.url = "s3://hearth/x?endpoint=http://127.0.0.1:1&region=us-east-1\
+                 &allow_http=true&access_key_id=k&secret_access_key=s"
+            .into();
+    }
+    let host = start(cfg, &fake).await;
+    let mut watch = host.watch_store_health();
+    assert!(host.store_health().is_ok(), "no check yet");
+
+    let limit = Duration::from_millis(300);
+    let t = Instant::now();
+    let first = host.check_store("host-test", limit).await;
+    assert!(
+        t.elapsed() < limit + Duration::from_secs(1),
+        "the check is bounded"
+    );
+    assert!(!first.is_ok(), "{first:?}");
+    assert_eq!(host.store_health(), first);
+    assert!(watch.has_changed().unwrap(), "ok -> failing wakes watchers");
+    watch.borrow_and_update();
+
+    let again = host.check_store("host-test", limit).await;
+    assert!(!again.is_ok());
+    assert!(
+        !watch.has_changed().unwrap(),
+        "failing -> failing must not wake watchers"
+    );
+    host.shutdown().await;
+}
