@@ -11,6 +11,9 @@
 //! control plane's row and `/metrics` say why, and once a check of A's
 //! store succeeds the next create lands on A again. Skipped loudly
 //! without `moto_server`, unless `HEARTH_REQUIRE_S3` is set.
+//!
+//! The in-process host of `hearth up` follows the same rule through
+//! `Control::record_store_health` (on `SimHost`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -337,4 +340,66 @@ async fn a_host_whose_store_fails_gets_no_sandboxes_until_its_store_answers_agai
     host_a.shutdown().await;
     host_b.shutdown().await;
     drop(moto);
+}
+
+/// The in-process host of `hearth up` follows the same rule: a failed
+/// check recorded on its row (`Control::record_store_health`, which `hearth
+/// up` calls on every flip of its host's checks) keeps creates off it, a
+/// 503 with no other host, and the next success lets them in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_process_host_whose_store_fails_takes_no_sandboxes_until_it_answers() {
+    use hearth_hostapi::fleet::StoreHealth;
+    use tower::ServiceExt;
+
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let ws = WorkspaceId::new();
+    db.create_workspace(&NewWorkspace {
+        id: ws,
+        name: "ws".into(),
+        quotas: Quotas::default(),
+    })
+    .await
+    .unwrap();
+    let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
+        .await
+        .unwrap()
+        .1;
+    let (control, _sim) = crate::harness::sim_control(db.clone()).await;
+    let id = db.list_hosts().await.unwrap()[0].id;
+    let app = hearth_control::router(control.clone());
+    let create = async |name: &str| {
+        let body = serde_json::json!({
+            "name": name, "snapshot": "busybox", "mem_bytes": 2u64 << 30,
+            "wait_for_ready": true, "timeout": 30,
+        });
+        let req = axum::http::Request::post("/api/v2/sandboxes/boxes")
+            .header("x-api-key", &key)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    };
+
+    assert_eq!(create("before").await.0, 201);
+    control
+        .record_store_health(
+            id,
+            &StoreHealth::Failing {
+                error: "the store did not answer a check within 5s".into(),
+            },
+        )
+        .await;
+    assert!(store_error(&db, id).await.is_some());
+    let (status, body) = create("during").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("NoSandboxHostsAvailable"), "{body}");
+    control.record_store_health(id, &StoreHealth::Ok).await;
+    assert_eq!(store_error(&db, id).await, None);
+    assert_eq!(create("after").await.0, 201);
 }
