@@ -233,10 +233,13 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         cfg.reaper_interval = std::time::Duration::from_secs(s.max(1));
     }
     fleet_settings(&data_dir, &mut cfg).await?;
-    let local_host_id = host_id(&data_dir)?;
-    let local = match &host {
-        Some(host) => vec![LocalHost {
-            id: local_host_id,
+    let local_host = match &host {
+        Some(host) => Some((host.clone(), host_id(&data_dir)?)),
+        None => None,
+    };
+    let local = match &local_host {
+        Some((host, id)) => vec![LocalHost {
+            id: *id,
             host: std::sync::Arc::new(hearth_host::InProcessHost::new(host.clone())),
             capacity_cpu: cpu,
             capacity_mem: mem,
@@ -246,8 +249,8 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let control = Control::open(db.clone(), cfg, local)
         .await
         .context("start the control plane")?;
-    if let Some(host) = &host {
-        check_local_store(host, local_host_id, control.clone());
+    if let Some((host, id)) = &local_host {
+        check_local_store(host, *id, control.clone());
     }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -305,8 +308,6 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// Runs the store's garbage collection every hour (the first an hour
-/// after start), logging what it freed.
 /// The in-process host checks its store as a fleet host does
 /// (`hearth_host::store_check`), and each change is recorded on its row, so
 /// placement skips it while its store fails and resumes when it answers.
@@ -325,6 +326,8 @@ fn check_local_store(
     });
 }
 
+/// Runs the store's garbage collection every hour (the first an hour
+/// after start), logging what it freed.
 async fn collect_garbage(host: std::sync::Arc<hearth_host::Host>) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + GC_INTERVAL, GC_INTERVAL);
     loop {
