@@ -26,6 +26,7 @@ fn host(cpu: u32, gib: u64) -> HostRow {
         version: "test".into(),
         store_url: "file:///store".into(),
         disk_free: ByteSize::gib(100),
+        store_error: None,
     }
 }
 
