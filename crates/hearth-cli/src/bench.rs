@@ -167,7 +167,10 @@ pub async fn substrate(
     let down = t.elapsed();
     anyhow::ensure!(got == size, "download returned {got} of {size} bytes");
     let t = Instant::now();
-    let out = g.run(sh("cat /tmp/bench")).await?;
+    // All of it: `run` keeps at most OUTPUT_CAP (16 MiB) of a command's
+    // output, and this measures the channel, not the cap.
+    let cap = usize::try_from(size)?;
+    let out = g.run_capped(sh("cat /tmp/bench"), cap).await?;
     let cat = t.elapsed();
     anyhow::ensure!(
         out.stdout.len() as u64 == size,
