@@ -265,7 +265,8 @@ async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (clients, next, names) = (served.clients.clone(), next.clone(), served.names.clone());
+            let (clients, next, names) =
+                (served.clients.clone(), next.clone(), served.names.clone());
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut errors = Vec::new();
