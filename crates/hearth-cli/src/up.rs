@@ -301,6 +301,8 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .context("serve")?;
     eprintln!("[hearth] stopping sandboxes…");
     control.stop_all().await;
+    // Another replica takes the fleet's reapers at its next pass.
+    control.resign().await;
     if let Some(host) = host {
         host.shutdown().await;
     }

@@ -36,8 +36,6 @@ impl std::fmt::Debug for AutoscaleSetup {
 /// The leader's state: the rule's memory, and the last decision (for
 /// `/metrics`).
 pub(crate) struct AutoscaleState {
-    /// This replica's id in the leader lease.
-    holder: String,
     scaler: Mutex<Option<Autoscaler>>,
     pub(crate) last: std::sync::Mutex<Option<hearth_fleet::Decision>>,
 }
@@ -45,7 +43,6 @@ pub(crate) struct AutoscaleState {
 impl AutoscaleState {
     pub(crate) fn new() -> Self {
         Self {
-            holder: uuid::Uuid::now_v7().to_string(),
             scaler: Mutex::new(None),
             last: std::sync::Mutex::new(None),
         }
@@ -60,11 +57,11 @@ impl Control {
         let Some(setup) = &self.cfg.autoscale else {
             return;
         };
-        let ttl = (self.cfg.reaper_interval * 3).max(Duration::from_secs(5));
+        let ttl = crate::reap::leader_ttl(self.cfg.reaper_interval);
         let state = &self.autoscale_state;
         let leader = match self
             .db
-            .acquire_leadership(LEASE, &state.holder, ttl, now)
+            .acquire_leadership(LEASE, &self.replica, ttl, now)
             .await
         {
             Ok(l) => l,
@@ -86,7 +83,14 @@ impl Control {
                 return;
             }
         };
-        let loads = self.db.host_load().await.unwrap_or_default();
+        // Without the load the rule would see an empty fleet and scale down.
+        let loads = match self.db.host_load().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "autoscaler: cannot read the hosts' committed load");
+                return;
+            }
+        };
         let live: Vec<_> = hosts
             .iter()
             .filter(|h| h.state == HostState::Ready && h.lease_expires_at > now)

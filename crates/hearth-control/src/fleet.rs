@@ -64,7 +64,7 @@ impl Remotes {
         row: &HostRow,
         signer: Option<Arc<hearth_fence::Signer>>,
     ) -> Option<Arc<RemoteHost>> {
-        let mut map = self.0.lock().ok()?;
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((epoch, address, client)) = map.get(&row.id) {
             if *epoch == row.epoch && *address == row.address {
                 return Some(client.clone());
@@ -117,27 +117,35 @@ impl Control {
 
     /// Every host that may run something now: this process's, and remote
     /// ones not marked down.
+    /// A database error leaves out the remote hosts, and says so.
     pub(crate) async fn live_hosts(&self) -> Vec<(HostId, Arc<dyn HostApi>)> {
         let mut out: Vec<(HostId, Arc<dyn HostApi>)> =
             self.hosts.iter().map(|(id, h)| (*id, h.clone())).collect();
-        let now = Timestamp::now();
-        let rows = self.db.list_hosts().await;
-        if let Err(e) = &rows {
-            tracing::warn!(error = %e, "cannot list hosts; only this process's are live");
-        }
-        if let Ok(rows) = rows {
-            // A host past its lease has fenced itself (or is gone): there
-            // is nothing to ask it until it registers again.
-            for row in rows
-                .iter()
-                .filter(|r| is_remote(r) && r.state != HostState::Down && r.lease_expires_at > now)
-            {
-                if let Some(c) = self.remotes.client(row, self.cfg.signer.clone()) {
-                    out.push((row.id, c));
-                }
+        match self.remote_hosts().await {
+            Ok(remote) => out.extend(remote),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list hosts; only this process's are reached this time")
             }
         }
         out
+    }
+
+    /// Remote hosts not marked down whose lease is live.
+    pub(crate) async fn remote_hosts(
+        &self,
+    ) -> Result<Vec<(HostId, Arc<dyn HostApi>)>, hearth_db::DbError> {
+        let now = Timestamp::now();
+        let rows = self.db.list_hosts().await?;
+        // A host past its lease has fenced itself (or is gone): there is
+        // nothing to ask it until it registers again.
+        Ok(rows
+            .iter()
+            .filter(|r| is_remote(r) && r.state != HostState::Down && r.lease_expires_at > now)
+            .filter_map(|row| {
+                let c: Arc<dyn HostApi> = self.remotes.client(row, self.cfg.signer.clone())?;
+                Some((row.id, c))
+            })
+            .collect())
     }
 
     /// The control plane's public keys, as hosts receive them: not
@@ -271,6 +279,15 @@ impl Control {
             }
         };
         for host in expired.iter().filter(|h| is_remote(h)) {
+            // Decided before the host is marked down: a later pass does
+            // not see it again.
+            let shared = match self.store_is_shared(host).await {
+                Ok(shared) => shared,
+                Err(e) => {
+                    tracing::warn!(host = %host.id, error = %e, "cannot tell whether a lost host's store is shared; failover waits for the next pass");
+                    continue;
+                }
+            };
             match self.db.mark_host_down(host.id, host.epoch).await {
                 Ok(true) => {}
                 Ok(false) => continue,
@@ -281,7 +298,6 @@ impl Control {
             }
             tracing::warn!(host = %host.id, epoch = host.epoch, "host lease expired: failing its sandboxes over");
             self.metrics.host_lost();
-            let shared = self.store_is_shared(host).await;
             let rows = match self.db.sandboxes_on_host(host.id).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -300,20 +316,20 @@ impl Control {
 
     /// Whether another live host uses the lost host's store (so its disks
     /// can come back there).
-    async fn store_is_shared(&self, lost: &HostRow) -> bool {
+    async fn store_is_shared(&self, lost: &HostRow) -> Result<bool, hearth_db::DbError> {
         if lost.store_url.is_empty() {
-            return false;
+            return Ok(false);
         }
         if !lost.store_url.starts_with("file:") {
-            return true;
+            return Ok(true);
         }
         let now = Timestamp::now();
-        match self.db.list_hosts().await {
-            Ok(hosts) => hosts.iter().any(|h| {
-                h.id != lost.id && h.store_url == lost.store_url && h.lease_expires_at > now
-            }),
-            Err(_) => false,
-        }
+        Ok(self
+            .db
+            .list_hosts()
+            .await?
+            .iter()
+            .any(|h| h.id != lost.id && h.store_url == lost.store_url && h.lease_expires_at > now))
     }
 
     async fn fail_over_sandbox(

@@ -6,8 +6,11 @@
 //! - Public API handlers (`boxes.rs`) under `/api/v2/sandboxes` and
 //!   `/v2/sandboxes`; the data plane (`dataplane.rs`, `tunnel.rs`) under
 //!   `/dataplane/{sandbox_id}`; `/healthz`, `/readyz`, `/metrics`.
-//! - Reapers ([`Control::run_reapers`]): idle TTL stops, delete-after-stop,
-//!   host lease renewal, reconciliation.
+//! - Reapers ([`Control::run_reapers`], `reap.rs`): this process's duties
+//!   (its in-process hosts' leases and reconciliation, its control key)
+//!   in every replica; the fleet's (idle TTL stops, delete-after-stop,
+//!   stuck and abandoned work, failover, remote hosts' reconciliation)
+//!   only in the replica holding the `reaper` leader lease.
 //!
 //! The control plane keeps no sandbox state in memory: the database
 //! (`hearth-db`) is the truth. Hosts are in-process (`hearth up` runs one)
@@ -30,6 +33,7 @@ mod guard;
 mod links;
 mod list;
 mod metrics;
+mod reap;
 pub mod secrets;
 mod service;
 mod services;
@@ -53,6 +57,7 @@ use tokio::sync::watch;
 pub use autoscale::AutoscaleSetup;
 pub use fleet::CONTROL_KEY_WINDOW;
 pub use metrics::Metrics;
+pub use reap::ReapReport;
 
 /// Settings of the control plane.
 #[derive(Clone, Debug)]
@@ -67,6 +72,10 @@ pub struct ControlConfig {
     pub lease: Duration,
     /// A sandbox stuck in `provisioning` this long is marked failed.
     pub stale_provisioning: Duration,
+    /// In-flight work whose replica went away: a sandbox left `deleting`
+    /// this long is deleted again, a snapshot build whose heartbeat stopped
+    /// this long is failed (see `reap.rs`).
+    pub orphan_after: Duration,
     /// JSON bodies larger than this are refused with 413.
     pub json_limit: usize,
     /// `POST {dp}/execute` keeps at most this much of each of stdout and
@@ -112,6 +121,7 @@ impl Default for ControlConfig {
             reaper_interval: Duration::from_secs(2),
             lease: Duration::from_secs(30),
             stale_provisioning: Duration::from_secs(600),
+            orphan_after: Duration::from_secs(120),
             json_limit: 1 << 20,
             exec_output_cap: hearth_hostapi::guest::OUTPUT_CAP,
             master_key: secrets::MasterKey::ephemeral(),
@@ -146,6 +156,9 @@ pub struct Control {
     /// Checks the commands hosts sign (nonces, epochs).
     host_verifier: hearth_fence::Verifier,
     pub(crate) autoscale_state: autoscale::AutoscaleState,
+    /// This replica's name in leader leases: unique per process
+    /// incarnation (a restarted replica is a new holder).
+    pub(crate) replica: String,
 }
 
 /// A host agent the control plane can drive, with the capacity it offers.
@@ -227,6 +240,7 @@ impl Control {
                 hearth_fence::KeyRing::new(),
             ),
             autoscale_state: autoscale::AutoscaleState::new(),
+            replica: uuid::Uuid::now_v7().to_string(),
         });
         control.register_control_key().await?;
         control.reconcile(true).await;
@@ -246,91 +260,6 @@ impl Control {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    /// Renews leases, stops idle sandboxes, deletes long-stopped ones,
-    /// fails stuck boots and reconciles with the hosts, every interval.
-    pub async fn run_reapers(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(self.cfg.reaper_interval);
-        loop {
-            tick.tick().await;
-            self.reap_once().await;
-        }
-    }
-
-    pub async fn reap_once(self: &Arc<Self>) {
-        self.reap_at(Timestamp::now()).await
-    }
-
-    /// One reaper pass as if the clock read `now` (tests move time forward).
-    pub async fn reap_at(self: &Arc<Self>, now: Timestamp) {
-        for id in self.hosts.keys() {
-            if let Err(e) = self
-                .db
-                .renew_host_lease(*id, now.plus(self.cfg.lease))
-                .await
-            {
-                tracing::error!(host = %id, error = %e, "cannot renew this process's host lease; its placements may fail over");
-            }
-        }
-        match self.db.sandboxes_idle_since(now).await {
-            Ok(idle) => {
-                for row in idle {
-                    tracing::info!(sandbox = %row.id, "stopping idle sandbox");
-                    match self
-                        .stop_row(&row, Some("stopped after its idle timeout"))
-                        .await
-                    {
-                        Ok(_) => self.metrics.idle_stopped(),
-                        Err(e) => {
-                            tracing::warn!(sandbox = %row.id, error = %e.message, "cannot stop an idle sandbox; the next pass retries")
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot list idle sandboxes"),
-        }
-        match self.db.sandboxes_to_delete(now).await {
-            Ok(expired) => {
-                for row in expired {
-                    tracing::info!(sandbox = %row.id, "deleting sandbox stopped past delete_after_stop");
-                    if let Err(e) = self.delete_row(&row).await {
-                        tracing::warn!(sandbox = %row.id, error = %e.message, "cannot delete an expired sandbox; the next pass retries");
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot list sandboxes to delete"),
-        }
-        match self
-            .db
-            .stale_provisioning(now.minus(self.cfg.stale_provisioning))
-            .await
-        {
-            Ok(stuck) => {
-                for row in stuck {
-                    let extra = hearth_db::StatusExtra {
-                        expect_generation: Some(row.generation),
-                        expect_status: vec![hearth_db::SandboxStatus::Provisioning],
-                        ..Default::default()
-                    };
-                    let failed = self
-                        .db
-                        .set_status(
-                            row.id,
-                            hearth_db::SandboxStatus::Failed,
-                            Some("boot did not finish in time"),
-                            extra,
-                        )
-                        .await;
-                    crate::error::log_status_error(row.id, "failed after a stuck boot", failed);
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot list stuck boots"),
-        }
-        self.refresh_control_key(now).await;
-        self.fail_over(now).await;
-        self.autoscale(now).await;
-        self.reconcile(false).await;
-    }
-
     /// Whether the server can take work: the database answers and a host is
     /// ready.
     pub async fn ready(&self) -> bool {
@@ -339,7 +268,10 @@ impl Control {
             Ok(hosts) => hosts
                 .iter()
                 .any(|h| h.state == HostState::Ready && h.lease_expires_at > now),
-            Err(_) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "readiness: cannot read the host registry");
+                false
+            }
         }
     }
 }

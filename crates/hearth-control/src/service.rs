@@ -862,6 +862,43 @@ impl Control {
         Ok(saved)
     }
 
+    /// Records a stop its host finished but no replica recorded (the one
+    /// that asked died first), with the memory it saved.
+    async fn finish_stop(&self, row: &SandboxRow, saved: Option<&MemoryVolumes>) {
+        if let Some(saved) = saved.filter(|_| row.preserve_memory_on_stop) {
+            match serde_json::to_string(saved) {
+                Ok(json) => {
+                    if let Err(e) = self.db.put_saved_memory(row.id, &json).await {
+                        tracing::warn!(sandbox = %row.id, error = %e, "cannot record where memory was saved; the next start boots cold");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(sandbox = %row.id, error = %e, "cannot encode where memory was saved")
+                }
+            }
+        }
+        let extra = StatusExtra {
+            stopped_at: Some(Some(Timestamp::now())),
+            expect_generation: Some(row.generation),
+            expect_status: vec![SandboxStatus::Ready],
+            ..StatusExtra::default()
+        };
+        let set = self
+            .db
+            .set_status(
+                row.id,
+                SandboxStatus::Stopped,
+                Some("stopped (recorded after the replica that stopped it went away)"),
+                extra,
+            )
+            .await;
+        if set.is_ok() {
+            tracing::info!(sandbox = %row.id, "recorded a stop its replica did not");
+            self.bump();
+        }
+        crate::error::log_status_error(row.id, "stopped", set);
+    }
+
     pub async fn start(
         self: &Arc<Self>,
         who: &Principal,
@@ -1040,11 +1077,34 @@ impl Control {
         }
     }
 
-    /// Brings the database in line with what the hosts run: a sandbox
-    /// recorded as running whose VM is gone is marked, and a VM with no
-    /// sandbox is removed.
+    /// Brings the database in line with what this process's in-process
+    /// hosts run (`after_restart`: this process just started them). Every
+    /// replica does this for its own hosts; remote hosts are the reaper
+    /// leader's ([`Self::reconcile_remote`]).
     pub async fn reconcile(&self, after_restart: bool) {
-        for (host_id, host) in &self.live_hosts().await {
+        let own: Vec<(HostId, Arc<dyn HostApi>)> =
+            self.hosts.iter().map(|(id, h)| (*id, h.clone())).collect();
+        self.reconcile_hosts(&own, after_restart).await;
+    }
+
+    /// Reconciles the remote hosts with a live lease (the reaper leader's
+    /// duty: one replica is enough, and a restart of one replica says
+    /// nothing about them).
+    pub(crate) async fn reconcile_remote(&self) {
+        match self.remote_hosts().await {
+            Ok(remote) => self.reconcile_hosts(&remote, false).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list remote hosts to reconcile them; the next pass retries")
+            }
+        }
+    }
+
+    /// Brings the database in line with what `hosts` run: a sandbox
+    /// recorded as running whose VM is gone is marked, one whose stop the
+    /// host finished is recorded stopped, and a VM with no sandbox is
+    /// removed.
+    async fn reconcile_hosts(&self, hosts: &[(HostId, Arc<dyn HostApi>)], after_restart: bool) {
+        for (host_id, host) in hosts {
             // VMs first, then rows: a VM is only ever created after its row,
             // so a VM missing from the later row query really has no sandbox.
             let vms = match tokio::time::timeout(RECONCILE_LIST_TIMEOUT, host.list_vms()).await {
@@ -1102,6 +1162,16 @@ impl Control {
                                 tracing::debug!(sandbox = %row.id, error = %e, "health not recorded");
                             }
                         }
+                    }
+                    // A stop the host finished (or is finishing) whose
+                    // replica did not record it: recorded here.
+                    SandboxStatus::Ready
+                        if matches!(vm.map(|v| v.state), Some(VmState::Stopping)) => {}
+                    SandboxStatus::Ready
+                        if matches!(vm.map(|v| v.state), Some(VmState::Stopped)) =>
+                    {
+                        self.finish_stop(row, vm.and_then(|v| v.saved.as_ref()))
+                            .await;
                     }
                     SandboxStatus::Ready if !running => {
                         // Host loss: memory is gone, the disk is kept; the

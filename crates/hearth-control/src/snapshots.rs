@@ -14,11 +14,17 @@
 //! memory, the guest's RAM it may save (the row's `memory_reserved`, until
 //! the build records `memory_bytes`). Deleting a snapshot frees its share.
 //!
+//! A build refreshes its row's `updated_at` every [`BUILD_HEARTBEAT`]
+//! while it runs; the fleet's reaper fails a `building` snapshot whose
+//! heartbeat stopped for `orphan_after` (its replica died), so no
+//! snapshot stays `building` forever (see `reap.rs`).
+//!
 //! Deleting a snapshot is refused (409) while a sandbox not being deleted
 //! was booted from it, as LangSmith does. Its chunks would be safe either
 //! way: a sandbox's own generations reference them, and the store's GC
 //! keeps every chunk some manifest references.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use hearth_api::{
@@ -31,6 +37,7 @@ use hearth_types::{HostId, SnapshotId, WorkspaceId};
 use crate::auth::Principal;
 use crate::error::db_error;
 use crate::list::snapshot_response;
+use crate::reap::BUILD_HEARTBEAT;
 use crate::service::{memory_volumes, vm_id};
 use crate::Control;
 
@@ -118,15 +125,18 @@ impl Control {
         let include_memory = req.include_memory;
         let (vm, building, generation) = (vm_id(row.id), snap.clone(), row.generation);
         tokio::spawn(async move {
-            let result = match control.host(host_id).await {
-                Some(host) => {
-                    let volume = building.volume.clone().unwrap_or_default();
-                    host.capture(vm, generation, &volume, include_memory)
-                        .await
-                        .map_err(|e| e.message)
+            let capture = async {
+                match control.host(host_id).await {
+                    Some(host) => {
+                        let volume = building.volume.clone().unwrap_or_default();
+                        host.capture(vm, generation, &volume, include_memory)
+                            .await
+                            .map_err(|e| e.message)
+                    }
+                    None => Err(format!("host {host_id} is not reachable")),
                 }
-                None => Err(format!("host {host_id} is not reachable")),
             };
+            let result = control.with_heartbeat(building.id, capture).await;
             control.finish_snapshot(building, result).await;
         });
         Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
@@ -180,7 +190,10 @@ impl Control {
                 capacity,
                 volume: building.volume.clone().unwrap_or_default(),
             };
-            let result = match host.import_image(import).await {
+            let imported = control
+                .with_heartbeat(building.id, host.import_image(import))
+                .await;
+            let result = match imported {
                 Ok(image) => {
                     // The image's configuration, under the request's.
                     let base = RunConfig {
@@ -201,6 +214,29 @@ impl Control {
             control.finish_snapshot(building, result).await;
         });
         Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
+    }
+
+    /// Runs a build, refreshing its `building` row every
+    /// [`BUILD_HEARTBEAT`] meanwhile: the fleet's reaper fails a build
+    /// whose heartbeat stopped (its replica died) after `orphan_after`.
+    async fn with_heartbeat<T>(&self, id: SnapshotId, build: impl Future<Output = T>) -> T {
+        let mut build = std::pin::pin!(build);
+        let mut tick = tokio::time::interval(BUILD_HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is now; the insert just stamped the row.
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                out = &mut build => return out,
+                _ = tick.tick() => {
+                    match self.db.touch_building_snapshot(id, Timestamp::now()).await {
+                        Ok(true) => {}
+                        Ok(false) => tracing::info!(snapshot = %id, "the snapshot is no longer building (deleted, or failed by the reaper); finishing the build anyway"),
+                        Err(e) => tracing::warn!(snapshot = %id, error = %e, "cannot refresh a building snapshot; the reaper may fail it"),
+                    }
+                }
+            }
+        }
     }
 
     /// Stores a new snapshot row (status `building`) under its `name:tag`

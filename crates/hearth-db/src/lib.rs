@@ -28,6 +28,7 @@ mod migrate;
 mod model;
 mod page;
 mod quota;
+mod reap;
 mod sandboxes;
 mod snapshots;
 mod sql;

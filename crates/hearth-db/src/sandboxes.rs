@@ -16,7 +16,8 @@ use crate::sql::{int, RowExt, Sql};
 use crate::time::Timestamp;
 use crate::Db;
 
-const SANDBOX_COLS: &str = "id, workspace_id, name, status, status_message, snapshot_id, \
+pub(crate) const SANDBOX_COLS: &str =
+    "id, workspace_id, name, status, status_message, snapshot_id, \
      cpu_millicores, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, \
      persistent, preserve_memory_on_stop, labels, run_config, spec, host_id, generation, \
      created_at, created_by, updated_at, updated_by, stopped_at, last_activity_at";
@@ -28,7 +29,7 @@ fn bump_updated_at(now: &str) -> String {
     format!("updated_at = CASE WHEN {now} > updated_at THEN {now} ELSE updated_at + 1 END")
 }
 
-fn decode_sandbox(r: &dyn RowExt) -> Result<SandboxRow, sqlx::Error> {
+pub(crate) fn decode_sandbox(r: &dyn RowExt) -> Result<SandboxRow, sqlx::Error> {
     Ok(SandboxRow {
         id: r.parse("id")?,
         workspace_id: r.parse("workspace_id")?,

@@ -11,7 +11,7 @@ use crate::sql::{int, RowExt, Sql, Tx};
 use crate::time::Timestamp;
 use crate::Db;
 
-const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message, image, \
+pub(crate) const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message, image, \
                              fs_capacity_bytes, labels, run_config, docker_image, created_at, updated_at, \
                              volume, memory_bytes, source_sandbox_id, image_digest, description, \
                              memory_reserved_bytes";
@@ -20,7 +20,7 @@ const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message
 /// workspace id.
 const VISIBLE: &str = "(workspace_id = $1 OR workspace_id IS NULL)";
 
-fn decode_snapshot(r: &dyn RowExt) -> Result<SnapshotRow, sqlx::Error> {
+pub(crate) fn decode_snapshot(r: &dyn RowExt) -> Result<SnapshotRow, sqlx::Error> {
     Ok(SnapshotRow {
         id: r.parse("id")?,
         workspace_id: r.opt_parse("workspace_id")?,

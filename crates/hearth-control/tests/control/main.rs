@@ -20,6 +20,7 @@ mod client_errors;
 mod control_keys;
 mod dependency_graph;
 mod isolation;
+mod reapers;
 mod replicas;
 mod sdk_surface;
 mod snapshot_quota;

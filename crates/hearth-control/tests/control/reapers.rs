@@ -1,0 +1,245 @@
+//! The reapers with several replicas on one database: two `Control`s
+//! share a database and a simulated host (as replicas share remote hosts),
+//! and passes run at chosen times. The fleet's duties run only in the
+//! replica holding the `reaper` lease; when it dies, the other takes over
+//! after the lease's TTL and finishes what it left in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hearth_control::{Control, ControlConfig, LocalHost};
+use hearth_db::{
+    NewWorkspace, Quotas, SandboxRow, SandboxStatus, SnapshotRow, SnapshotStatus, Timestamp,
+};
+use hearth_hostapi::{CreateVm, HostApi, SimHost, StopVm, VmState};
+use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, SnapshotId, VmId, WorkspaceId};
+
+/// A pass every 60 s: the reaper lease lasts 180 s.
+const INTERVAL: Duration = Duration::from_secs(60);
+const LEASE_TTL: Duration = Duration::from_secs(180);
+
+fn vm(id: SandboxId) -> VmId {
+    VmId::from(*id.as_uuid())
+}
+
+fn row(ws: WorkspaceId, host: HostId, name: &str, status: SandboxStatus) -> SandboxRow {
+    let now = Timestamp::now();
+    SandboxRow {
+        id: SandboxId::new(),
+        workspace_id: ws,
+        name: name.into(),
+        status,
+        status_message: None,
+        snapshot_id: SnapshotId::from_uuid(hearth_control::builtin_snapshot_id("busybox")),
+        cpu: MilliCpu(1000),
+        mem: ByteSize::gib(1),
+        fs_capacity: ByteSize::mib(64),
+        idle_ttl: Duration::ZERO,
+        delete_after_stop: Duration::ZERO,
+        persistent: true,
+        preserve_memory_on_stop: false,
+        labels: Default::default(),
+        run_config: serde_json::json!({}),
+        spec: serde_json::json!({}),
+        host_id: Some(host),
+        generation: 1,
+        created_at: now,
+        created_by: "test".into(),
+        updated_at: now,
+        updated_by: "test".into(),
+        stopped_at: None,
+        last_activity_at: now,
+    }
+}
+
+/// Two replicas over `db` and one simulated host both can command.
+async fn two_replicas(db: &hearth_db::Db) -> (Arc<Control>, Arc<Control>, Arc<SimHost>, HostId) {
+    let sim = Arc::new(SimHost::new());
+    let host = HostId::new();
+    let cfg = ControlConfig {
+        reaper_interval: INTERVAL,
+        // Nobody renews the host's lease between the passes' far-apart
+        // clocks; it must not fail over.
+        lease: Duration::from_secs(24 * 3600),
+        ..ControlConfig::default()
+    };
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let hosts = vec![LocalHost {
+            id: host,
+            host: sim.clone(),
+            capacity_cpu: MilliCpu::vcpus(64),
+            capacity_mem: ByteSize::gib(256),
+        }];
+        replicas.push(Control::open(db.clone(), cfg.clone(), hosts).await.unwrap());
+    }
+    let b = replicas.pop().unwrap();
+    let a = replicas.pop().unwrap();
+    (a, b, sim, host)
+}
+
+async fn workspace(db: &hearth_db::Db) -> WorkspaceId {
+    let ws = WorkspaceId::new();
+    db.create_workspace(&NewWorkspace {
+        id: ws,
+        name: format!("ws-{ws}"),
+        quotas: Quotas::default(),
+    })
+    .await
+    .unwrap();
+    ws
+}
+
+/// A sandbox row and, when it runs, its VM on the host.
+async fn sandbox(db: &hearth_db::Db, sim: &SimHost, r: SandboxRow) -> SandboxRow {
+    db.insert_sandbox(&r).await.unwrap();
+    sim.create_vm(CreateVm {
+        id: Some(vm(r.id)),
+        fence: r.generation,
+        memory: r.mem,
+        ..CreateVm::default()
+    })
+    .await
+    .unwrap();
+    r
+}
+
+async fn replicas_share_the_fleet_duties(url: hearth_db::testing::TestUrl) {
+    let db = Db::connect(&url.url).await.unwrap();
+    let (a, b, sim, host) = two_replicas(&db).await;
+    let ws = workspace(&db).await;
+    let t0 = Timestamp::now();
+
+    let idle = sandbox(
+        &db,
+        &sim,
+        SandboxRow {
+            idle_ttl: Duration::from_secs(60),
+            ..row(ws, host, "idle", SandboxStatus::Ready)
+        },
+    )
+    .await;
+
+    // A leads from its first pass; nothing is idle yet.
+    let first = a.reap_at(t0.plus(Duration::from_secs(10))).await;
+    assert!(first.leader);
+    assert_eq!(first.idle_stopped, 0);
+
+    // Past the idle TTL, B's pass leaves the fleet's duties to A.
+    let t1 = t0.plus(Duration::from_secs(70));
+    let by_b = b.reap_at(t1).await;
+    assert!(!by_b.leader, "{by_b:?}");
+    assert_eq!(by_b.idle_stopped, 0);
+    assert_eq!(
+        db.get_sandbox_by_id(idle.id).await.unwrap().status,
+        SandboxStatus::Ready
+    );
+    assert_eq!(sim.vm(vm(idle.id)).unwrap().state, VmState::Ready);
+
+    // A stops it, once.
+    let by_a = a.reap_at(t1).await;
+    assert_eq!(by_a.idle_stopped, 1, "{by_a:?}");
+    assert_eq!(
+        db.get_sandbox_by_id(idle.id).await.unwrap().status,
+        SandboxStatus::Stopped
+    );
+    assert_eq!(sim.vm(vm(idle.id)).unwrap().state, VmState::Stopped);
+    assert_eq!(b.reap_at(t1).await, Default::default());
+
+    // A dies with work in flight: a delete it marked and never finished, a
+    // stop the host finished that it never recorded, a snapshot build
+    // whose heartbeat stopped.
+    let deleting = sandbox(
+        &db,
+        &sim,
+        row(ws, host, "left-deleting", SandboxStatus::Deleting),
+    )
+    .await;
+    let mut stopping = row(ws, host, "left-stopping", SandboxStatus::Ready);
+    stopping.preserve_memory_on_stop = true;
+    let stopping = sandbox(&db, &sim, stopping).await;
+    let saved = sim
+        .stop_vm(vm(stopping.id), 1, StopVm { save_memory: true })
+        .await
+        .unwrap()
+        .saved
+        .expect("the host saved memory");
+    let building = building_snapshot(ws);
+    db.insert_snapshot(ws, &building).await.unwrap();
+    let a_lease_ends = t1.plus(LEASE_TTL);
+    drop(a);
+
+    // Before A's lease runs out, B still does nothing of the fleet's:
+    // the stop is recorded by B's own host reconciliation (both replicas
+    // run this host in process here), the rest waits.
+    let early = b.reap_at(a_lease_ends.minus(Duration::from_secs(1))).await;
+    assert!(!early.leader);
+    assert_eq!(
+        db.get_sandbox_by_id(deleting.id).await.unwrap().status,
+        SandboxStatus::Deleting
+    );
+
+    // Then B takes over and finishes A's work.
+    let took_over = b.reap_at(a_lease_ends.plus(Duration::from_secs(1))).await;
+    assert!(took_over.leader, "{took_over:?}");
+    assert_eq!(took_over.deletes_finished, 1, "{took_over:?}");
+    assert_eq!(took_over.builds_failed, 1, "{took_over:?}");
+    assert!(matches!(
+        db.get_sandbox_by_id(deleting.id).await,
+        Err(hearth_db::DbError::NotFound { .. })
+    ));
+    assert!(sim.vm(vm(deleting.id)).is_none(), "the host deleted its VM");
+    let stopped = db.get_sandbox_by_id(stopping.id).await.unwrap();
+    assert_eq!(stopped.status, SandboxStatus::Stopped, "{stopped:?}");
+    let recorded = db.take_saved_memory(stopping.id).await.unwrap().unwrap();
+    assert!(recorded.contains(&saved.memory), "{recorded}");
+    let failed = db.get_snapshot(ws, building.id).await.unwrap();
+    assert_eq!(failed.status, SnapshotStatus::Failed);
+    assert_eq!(failed.memory_reserved, None);
+    assert!(failed.status_message.unwrap().contains("went away"));
+
+    // Nothing is done twice.
+    let again = b.reap_at(a_lease_ends.plus(Duration::from_secs(2))).await;
+    assert_eq!(again.deletes_finished + again.builds_failed, 0);
+    db.close().await;
+}
+
+fn building_snapshot(ws: WorkspaceId) -> SnapshotRow {
+    let now = Timestamp::now();
+    let id = SnapshotId::new();
+    SnapshotRow {
+        id,
+        workspace_id: Some(ws),
+        name: "left-building".into(),
+        tag: "latest".into(),
+        status: SnapshotStatus::Building,
+        status_message: None,
+        image: "busybox".into(),
+        fs_capacity: ByteSize::mib(64),
+        labels: Default::default(),
+        run_config: None,
+        docker_image: None,
+        created_at: now,
+        updated_at: now,
+        volume: Some(format!("snap-{id}")),
+        memory_bytes: None,
+        source_sandbox_id: None,
+        image_digest: None,
+        description: None,
+        memory_reserved: Some(ByteSize::gib(1)),
+    }
+}
+
+use hearth_db::Db;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_fleet_duties_on_sqlite() {
+    replicas_share_the_fleet_duties(hearth_db::testing::sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_fleet_duties_on_postgres() {
+    if let Some(url) = hearth_db::testing::postgres_url().await {
+        replicas_share_the_fleet_duties(url).await;
+    }
+}
