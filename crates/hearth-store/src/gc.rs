@@ -46,8 +46,10 @@ pub struct GcReport {
 
 impl Store {
     /// Prunes old generations, then deletes chunks that no remaining
-    /// manifest references and that are older than `grace`. See the crate
-    /// documentation for why this is safe against concurrent commits.
+    /// manifest or journal record references and that are older than
+    /// `grace`. Safe against concurrent commits and flushes from any
+    /// number of hosts, and against another GC run: see the crate
+    /// documentation for the argument and what it assumes.
     pub async fn gc(&self, opts: GcOptions) -> Result<GcReport, StoreError> {
         let mut report = GcReport::default();
         let keep = opts.keep_generations.max(1);
@@ -62,15 +64,24 @@ impl Store {
         }
 
         // 1b. Drop journal records a newer generation superseded (folded, or
-        //     appended by a fenced writer) and those of deleted volumes.
+        //     appended by a fenced writer) and, once older than grace,
+        //     those of volumes without generations (deleted ones). A volume
+        //     with no generation in the listing above may also be one
+        //     created since, whose first flush is already in the journal
+        //     listed below: its records are young, and kept.
         let heads: HashMap<VolumeId, u64> = self
             .all_generations()
             .await?
             .into_iter()
             .filter_map(|(v, s)| s.last().map(|&h| (v, h)))
             .collect();
-        for (volume, base, n) in self.journal_records().await? {
-            if heads.get(&volume).is_none_or(|&head| base < head) {
+        let now = SystemTime::now();
+        for (volume, base, n, meta) in self.journal_records().await? {
+            let superseded = match heads.get(&volume) {
+                Some(&head) => base < head,
+                None => older_than(now, &meta, opts.grace),
+            };
+            if superseded {
                 self.delete_record(&volume, base, n).await?;
                 report.journal_records_deleted += 1;
             }
@@ -91,7 +102,7 @@ impl Store {
         //    here, and one folded before is a generation listed below. A
         //    record appended after step 2 names chunks put just before it,
         //    so young (the writer's puts refresh old ones, as for commits).
-        for (volume, base, n) in self.journal_records().await? {
+        for (volume, base, n, _) in self.journal_records().await? {
             // Gone meanwhile: folded into a generation listed below.
             if let Some(r) = self.journal_record(&volume, base, n).await? {
                 referenced.extend(r.entries.values().flatten().map(|hash| ChunkRef {
@@ -154,6 +165,9 @@ impl Store {
             }
             match self.inner.os.delete(&meta.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    // A writer sharing this instance must upload it again
+                    // rather than trust its memory of having put it.
+                    self.forget_put(&r);
                     report.chunks_deleted += 1;
                     report.bytes_deleted += meta.size;
                 }
@@ -178,13 +192,15 @@ impl Store {
             .map_err(backend(op))
     }
 
-    /// Every journal record: volume, base, position.
-    async fn journal_records(&self) -> Result<Vec<(VolumeId, u64, u64)>, StoreError> {
+    /// Every journal record: volume, base, position, and its object.
+    async fn journal_records(&self) -> Result<Vec<(VolumeId, u64, u64, ObjectMeta)>, StoreError> {
         Ok(self
             .list(ObjPath::from("journal"), "list journals")
             .await?
-            .iter()
-            .filter_map(|m| crate::journal::parse_record_path(&m.location))
+            .into_iter()
+            .filter_map(|m| {
+                crate::journal::parse_record_path(&m.location).map(|(v, b, n)| (v, b, n, m))
+            })
             .collect())
     }
 
@@ -212,6 +228,14 @@ impl Store {
             })
             .collect())
     }
+}
+
+/// Whether the object was last written more than `grace` before `now`
+/// (our clock; skew with the object store's eats into the grace).
+fn older_than(now: SystemTime, meta: &ObjectMeta, grace: Duration) -> bool {
+    now.duration_since(SystemTime::from(meta.last_modified))
+        .unwrap_or(Duration::ZERO)
+        > grace
 }
 
 /// `chunks/<scope>/<xx>/<hex>` → the chunk; anything else is not ours to

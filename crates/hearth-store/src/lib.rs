@@ -62,11 +62,41 @@
 //!   step 2, the re-check of C's age just before its deletion sees the
 //!   fresh PUT and keeps it.
 //!
-//! The remaining window is a re-PUT landing between GC's re-check and its
+//! **Flush journals** follow the same rule: a record is created after the
+//! chunks it names are put, and GC reads every record (step 3) before the
+//! manifests, so a record folded into a generation meanwhile is found in
+//! one or the other, and one appended after step 2 names young chunks.
+//! GC deletes a record only when a newer generation of its volume
+//! superseded it (its base is older than the head it listed), or — for a
+//! volume with no generation in its listing — once the record is older
+//! than grace: that volume may have been created after the listing, with
+//! its first flush already in the journal (deleting it lost that flush).
+//!
+//! **Many writers, one store (a fleet).** Nothing above depends on who
+//! writes: each volume has one writer at a time (fenced manifests), and
+//! GC reasons only about objects and their ages, so hosts committing
+//! concurrently to one store are as safe as one host. Other writers'
+//! operations keep the same order: `copy_volume` marks scopes shared and
+//! creates its manifest from one it read (naming chunks a kept generation
+//! names); the per-writer sweep (`sweep.rs`) deletes only chunks of an
+//! unshared scope of its own volume. Two GC runs at once are safe too
+//! (each deletion is of an unreferenced chunk older than grace, and a
+//! manifest another run pruned is skipped), only wasteful, so a fleet runs
+//! one at a time under the `gc` leader lease (see `hearth-control`'s
+//! `gc.rs`). A chunk GC deletes is forgotten as recently put by its own
+//! instance, so a writer sharing that instance uploads it again.
+//!
+//! What the argument assumes: a writer commits (or flushes) within grace/2
+//! of putting a chunk it names (an upload that takes longer than that
+//! needs a longer grace); clocks of GC's host and the object store agree
+//! to well within grace (ages are measured against GC's clock); and the
+//! remaining window is a re-PUT landing between GC's re-check and its
 //! DELETE of that same chunk (one round trip), of a chunk that was already
-//! unreferenced and older than grace. Writers must also not sit on
-//! uploaded chunks for longer than grace/2 before committing. GC aborts on
-//! any manifest it cannot read rather than guess.
+//! unreferenced and older than grace. GC aborts on any manifest it cannot
+//! read rather than guess. `tests/local.rs` races three writers (commits,
+//! flushes, new volumes, snapshot copies, content reused from garbage)
+//! against GC run again and again with a 2 s grace, then reads back every
+//! generation GC kept, chunk by chunk.
 //!
 //! # Cache
 //!

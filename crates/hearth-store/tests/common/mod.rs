@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub mod gc_race;
+
 use hearth_store::{KeyFileKek, ScopeId, Store, StoreConfig, StoreError, VolumeId};
 
 pub fn scope(s: &str) -> ScopeId {
