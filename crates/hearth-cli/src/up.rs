@@ -227,6 +227,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
             .unwrap_or(!listen.ip().is_loopback()),
         allow_private: file.network.allow_private()?,
         listener: listener_limits,
+        gc_interval: Some(hearth_control::GC_INTERVAL),
         ..ControlConfig::default()
     };
     if let Some(s) = file.idle_reaper_seconds {
@@ -255,15 +256,10 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
+    // The reapers also collect the store's garbage, hourly, once per
+    // fleet: through this process's host, or a remote one per store
+    // (`hearth-control`'s `gc.rs`); safe beside every host's commits.
     tokio::spawn(control.clone().run_reapers());
-    // The one host of `hearth up` is the store's only writer: it collects
-    // its garbage, hourly. (With remote hosts sharing a store, collection
-    // would race their uploads: not run.)
-    if let Some(host) = &host {
-        if control.cfg.host_token.is_none() {
-            tokio::spawn(collect_garbage(host.clone()));
-        }
-    }
 
     eprintln!();
     match &host {
@@ -327,29 +323,6 @@ fn check_local_store(
         }
     });
 }
-
-/// Runs the store's garbage collection every hour (the first an hour
-/// after start), logging what it freed.
-async fn collect_garbage(host: std::sync::Arc<hearth_host::Host>) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + GC_INTERVAL, GC_INTERVAL);
-    loop {
-        tick.tick().await;
-        match host.collect_garbage().await {
-            Ok(r) => tracing::info!(
-                manifests = r.manifests_deleted,
-                chunks = r.chunks_deleted,
-                bytes = r.bytes_deleted,
-                "store garbage collected"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %hearth_host::error_chain(&e), "store garbage collection failed")
-            }
-        }
-    }
-}
-
-/// How often `hearth up` collects the store's garbage.
-const GC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 #[cfg(test)]
 mod tests {

@@ -29,6 +29,7 @@ mod egress;
 pub mod error;
 mod extract;
 mod fleet;
+mod gc;
 mod guard;
 mod links;
 mod list;
@@ -56,6 +57,7 @@ use tokio::sync::watch;
 
 pub use autoscale::AutoscaleSetup;
 pub use fleet::CONTROL_KEY_WINDOW;
+pub use gc::GC_INTERVAL;
 pub use metrics::Metrics;
 pub use reap::ReapReport;
 
@@ -104,6 +106,10 @@ pub struct ControlConfig {
     pub signer: Option<Arc<hearth_fence::Signer>>,
     /// The host autoscaler (run by the replica holding its lease).
     pub autoscale: Option<AutoscaleSetup>,
+    /// How often the fleet's store garbage is collected (by one host per
+    /// store, asked by the replica holding the `gc` lease; see `gc.rs`);
+    /// `None`: never.
+    pub gc_interval: Option<Duration>,
     /// The operator's `[network] allow_private`: the private networks a
     /// `proxy_config` callback URL may name at create and PATCH. Each host
     /// checks every callback again, with its own list, when it connects.
@@ -133,6 +139,7 @@ impl Default for ControlConfig {
             failover_grace: Duration::from_secs(10),
             signer: None,
             autoscale: None,
+            gc_interval: None,
             allow_private: Vec::new(),
             listener: hearth_listen::Limits::for_this_process(),
         }

@@ -16,6 +16,7 @@
 //! | fail over hosts whose lease expired | fleet | |
 //! | reconcile remote hosts | fleet | every replica reaches them; one is enough |
 //! | the host autoscaler | fleet | its own lease, `autoscaler` (it keeps state while it leads) |
+//! | the store's garbage collection | fleet | its own lease, `gc`, one run per interval (see `gc.rs`) |
 //!
 //! Fleet duties run only in the replica holding the `reaper` row of
 //! `leader_leases` ([`hearth_db::Db::acquire_leadership`], the one
@@ -138,6 +139,7 @@ impl Control {
             self.fleet_duties(now, &leading, &mut report).await;
         }
         self.autoscale(now).await;
+        self.collect_garbage(now).await;
         report
     }
 
@@ -163,13 +165,16 @@ impl Control {
         }
     }
 
-    /// Gives up this replica's leader leases (a clean shutdown), so another
-    /// replica takes over at its next pass rather than after the TTL.
+    /// Gives up the `reaper` lease (a clean shutdown), so another replica
+    /// takes over at its next pass rather than after the TTL. (The `gc`
+    /// lease is an interval's run, not a leader's: it is kept.)
     pub async fn resign(&self) {
-        for name in [REAPER_LEASE] {
-            if let Err(e) = self.db.release_leadership(name, &self.replica).await {
-                tracing::warn!(lease = name, error = %e, "cannot release a leader lease; another replica takes it when it expires");
-            }
+        if let Err(e) = self
+            .db
+            .release_leadership(REAPER_LEASE, &self.replica)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot release the reaper lease; another replica takes it when it expires");
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use hearth_hostapi::{
     Captured, CreateVm, ErrorKind, GuestClient, HostApi, HostApiError, HostResult, HostStatus,
-    ImportImage, ImportedImage, Resize, SandboxNet, StopVm, VmRecord,
+    ImportImage, ImportedImage, Resize, SandboxNet, StopVm, StoreGc, VmRecord,
 };
 use hearth_types::{ByteSize, VmId};
 
@@ -127,6 +127,17 @@ impl HostApi for InProcessHost {
             .delete_snapshot_data(captured)
             .await
             .map_err(|e| self.error(e))
+    }
+
+    async fn collect_garbage(&self) -> HostResult<StoreGc> {
+        let r = self.0.collect_garbage().await.map_err(|e| self.error(e))?;
+        Ok(StoreGc {
+            manifests_deleted: r.manifests_deleted,
+            journal_records_deleted: r.journal_records_deleted,
+            chunks_deleted: r.chunks_deleted,
+            bytes_deleted: r.bytes_deleted,
+            chunks_kept: r.chunks_kept,
+        })
     }
 
     async fn status(&self) -> HostResult<HostStatus> {

@@ -132,6 +132,17 @@ pub struct ImportedImage {
     pub env: Vec<(String, String)>,
 }
 
+/// What one garbage collection of a host's store freed
+/// ([`HostApi::collect_garbage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreGc {
+    pub manifests_deleted: u64,
+    pub journal_records_deleted: u64,
+    pub chunks_deleted: u64,
+    pub bytes_deleted: u64,
+    pub chunks_kept: u64,
+}
+
 /// A host's own figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostStatus {
@@ -180,6 +191,11 @@ pub trait HostApi: Send + Sync {
     /// Removes a deleted snapshot's data.
     async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()>;
     async fn status(&self) -> HostResult<HostStatus>;
+    /// Collects the garbage of this host's store (`hearth_store::Store::gc`,
+    /// safe beside every other host's commits). The control plane asks one
+    /// host per store, under its `gc` leader lease: hosts hold the store's
+    /// credentials, the control plane the schedule.
+    async fn collect_garbage(&self) -> HostResult<StoreGc>;
     /// The VM's guest agent: typed operations over guest streams (exec,
     /// files, search, TCP). Hosts expose guest streams, not LangSmith's
     /// protocol, which the control plane speaks.

@@ -29,6 +29,7 @@ pub mod types;
 
 pub use api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
+    StoreGc,
 };
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,

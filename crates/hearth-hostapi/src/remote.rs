@@ -23,6 +23,7 @@ use crate::pipe::{Inbound, MAX_MESSAGE};
 
 use crate::api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
+    StoreGc,
 };
 use crate::guest::GuestClient;
 use crate::types::{Captured, CreateVm, Resize, SandboxNet, VmRecord};
@@ -409,6 +410,13 @@ impl HostApi for RemoteHost {
         )
         .await
         .map(drop)
+    }
+
+    async fn collect_garbage(&self) -> HostResult<StoreGc> {
+        // A run longer than the command timeout goes on at the host (its
+        // handler is detached); this answer is then `Unavailable`.
+        self.json::<_, ()>(Method::POST, "/v1/store/gc", None, 0, None)
+            .await
     }
 
     async fn status(&self) -> HostResult<HostStatus> {

@@ -243,3 +243,60 @@ async fn replicas_share_the_fleet_duties_on_postgres() {
         replicas_share_the_fleet_duties(url).await;
     }
 }
+
+/// The store's garbage is collected once per interval across replicas,
+/// through a host (the control plane holds no store), whichever replica
+/// takes the `gc` lease first; a restarted or second replica does not run
+/// it again within the interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_gc_runs_once_per_interval_across_replicas() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let sim = Arc::new(SimHost::new());
+    let host = HostId::new();
+    let interval = Duration::from_secs(3600);
+    let cfg = ControlConfig {
+        reaper_interval: INTERVAL,
+        lease: Duration::from_secs(24 * 3600),
+        gc_interval: Some(interval),
+        ..ControlConfig::default()
+    };
+    let open = || async {
+        let hosts = vec![LocalHost {
+            id: host,
+            host: sim.clone(),
+            capacity_cpu: MilliCpu::vcpus(64),
+            capacity_mem: ByteSize::gib(256),
+        }];
+        Control::open(db.clone(), cfg.clone(), hosts).await.unwrap()
+    };
+    let (a, b) = (open().await, open().await);
+    let runs = |want: u32| {
+        let sim = sim.clone();
+        async move {
+            // The run is started in the background.
+            for _ in 0..100 {
+                if sim.gc_runs() >= want {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            sim.gc_runs()
+        }
+    };
+    let t0 = Timestamp::now();
+    a.reap_at(t0).await;
+    assert_eq!(runs(1).await, 1);
+    b.reap_at(t0.plus(Duration::from_secs(10))).await;
+    a.reap_at(t0.plus(Duration::from_secs(20))).await;
+    // A replica restarted within the interval does not run it again.
+    let c = open().await;
+    c.reap_at(t0.plus(Duration::from_secs(30))).await;
+    assert_eq!(runs(2).await, 1, "one run per interval");
+    b.reap_at(t0.plus(interval + Duration::from_secs(1))).await;
+    assert_eq!(runs(2).await, 2);
+    a.reap_at(t0.plus(interval + Duration::from_secs(2))).await;
+    assert_eq!(runs(3).await, 2);
+    db.close().await;
+}

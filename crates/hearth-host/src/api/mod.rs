@@ -25,6 +25,7 @@
 //! | `GET /v1/vms/{id}/guest`                 | WebSocket: the guest streams (`guest_relay.rs`) |
 //! | `POST /v1/images/import` (`ImportImage`) | `ImportedImage`                      |
 //! | `POST /v1/snapshots/delete` (`Captured`) | 204                                  |
+//! | `POST /v1/store/gc`                      | `StoreGc` (one GC of the store)      |
 
 mod access;
 mod fence;
@@ -77,6 +78,7 @@ pub fn router(host: Arc<Host>, access: Access) -> Router {
         .route("/v1/vms/{id}/guest", get(vms::guest))
         .route("/v1/images/import", post(vms::import))
         .route("/v1/snapshots/delete", post(vms::delete_snapshot))
+        .route("/v1/store/gc", post(vms::collect_garbage))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(host)

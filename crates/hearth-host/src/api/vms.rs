@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hearth_hostapi::{
     Captured, CreateVm, ErrorKind, HostApi, HostApiError, HostStatus, ImportImage, ImportedImage,
-    Resize, SandboxNet, StopVm, VmRecord,
+    Resize, SandboxNet, StopVm, StoreGc, VmRecord,
 };
 use serde::Deserialize;
 
@@ -171,6 +171,16 @@ pub(super) async fn delete_snapshot(
 ) -> Result<Response, ApiError> {
     api(host).delete_snapshot_data(&captured).await?;
     Ok(no_content())
+}
+
+/// `POST /v1/store/gc`: one garbage collection of the store, detached
+/// from the request (a caller that gives up does not stop it halfway).
+pub(super) async fn collect_garbage(
+    State(host): State<Arc<Host>>,
+) -> Result<Json<StoreGc>, ApiError> {
+    Ok(Json(
+        detached(async move { api(host).collect_garbage().await }).await?,
+    ))
 }
 
 /// `GET /v1/vms/{id}/guest`: the VM's guest streams over a WebSocket (see
