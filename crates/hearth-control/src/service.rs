@@ -579,11 +579,21 @@ impl Control {
             expect_status: vec![SandboxStatus::Provisioning],
             ..StatusExtra::default()
         };
-        let ok = self
-            .db
-            .set_status(row.id, status, message, extra)
-            .await
-            .is_ok();
+        let ok = match self.db.set_status(row.id, status, message, extra).await {
+            Ok(_) => true,
+            // A reconciler recorded this very boot meanwhile (its host
+            // reported the VM ready at this generation): not a newer
+            // decision, so the VM stays.
+            Err(hearth_db::DbError::Stale { .. }) if status == SandboxStatus::Ready => {
+                self.db.get_sandbox_by_id(row.id).await.is_ok_and(|now| {
+                    now.generation == row.generation && now.status == SandboxStatus::Ready
+                })
+            }
+            Err(e) => {
+                crate::error::log_status_error(row.id, status.as_str(), Err(e));
+                false
+            }
+        };
         self.bump();
         ok
     }
@@ -1221,6 +1231,28 @@ impl Control {
                             .await;
                         crate::error::log_status_error(row.id, "failed after a host restart", set);
                         self.bump();
+                    }
+                    // A boot the host finished long ago that no replica
+                    // recorded (the one that booted it died): recorded.
+                    SandboxStatus::Provisioning
+                        if running
+                            && vm.is_some_and(|v| v.fence == row.generation)
+                            && row.updated_at < Timestamp::now().minus(self.cfg.orphan_after) =>
+                    {
+                        let extra = StatusExtra {
+                            expect_generation: Some(row.generation),
+                            expect_status: vec![SandboxStatus::Provisioning],
+                            ..StatusExtra::default()
+                        };
+                        let set = self
+                            .db
+                            .set_status(row.id, SandboxStatus::Ready, None, extra)
+                            .await;
+                        if set.is_ok() {
+                            tracing::info!(sandbox = %row.id, "recorded a boot its replica did not");
+                            self.bump();
+                        }
+                        crate::error::log_status_error(row.id, "ready", set);
                     }
                     _ => {}
                 }

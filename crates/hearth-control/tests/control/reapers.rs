@@ -300,3 +300,51 @@ async fn store_gc_runs_once_per_interval_across_replicas() {
     assert_eq!(runs(3).await, 2);
     db.close().await;
 }
+
+/// A boot the host finished whose replica died before recording it is
+/// recorded `ready` by reconciliation (not failed ten minutes later);
+/// one whose VM is not running is left alone (`stale_provisioning` fails
+/// it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let sim = Arc::new(SimHost::new());
+    let host = HostId::new();
+    let cfg = ControlConfig {
+        orphan_after: Duration::ZERO,
+        ..ControlConfig::default()
+    };
+    let hosts = vec![LocalHost {
+        id: host,
+        host: sim.clone(),
+        capacity_cpu: MilliCpu::vcpus(64),
+        capacity_mem: ByteSize::gib(256),
+    }];
+    let control = Control::open(db.clone(), cfg, hosts).await.unwrap();
+    let ws = workspace(&db).await;
+    let booted = sandbox(
+        &db,
+        &sim,
+        row(ws, host, "booted", SandboxStatus::Provisioning),
+    )
+    .await;
+    let crashed = sandbox(
+        &db,
+        &sim,
+        row(ws, host, "crashed", SandboxStatus::Provisioning),
+    )
+    .await;
+    assert!(sim.crash(vm(crashed.id), "test"));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    control.reap_once().await;
+    assert_eq!(
+        db.get_sandbox_by_id(booted.id).await.unwrap().status,
+        SandboxStatus::Ready
+    );
+    assert_eq!(
+        db.get_sandbox_by_id(crashed.id).await.unwrap().status,
+        SandboxStatus::Provisioning
+    );
+    db.close().await;
+}
