@@ -846,9 +846,15 @@ impl Control {
                     // Where the memory went, so the next start resumes it
                     // on whichever host it lands.
                     if let Some(saved) = rec.saved.as_ref().filter(|_| how.save_memory) {
-                        let json = serde_json::to_string(saved).unwrap_or_default();
-                        if let Err(e) = self.db.put_saved_memory(row.id, &json).await {
-                            tracing::warn!(sandbox = %row.id, error = %e, "cannot record where memory was saved");
+                        match serde_json::to_string(saved) {
+                            Ok(json) => {
+                                if let Err(e) = self.db.put_saved_memory(row.id, &json).await {
+                                    tracing::warn!(sandbox = %row.id, error = %e, "cannot record where memory was saved");
+                                }
+                            }
+                            Err(e) => {
+                                tracing::error!(sandbox = %row.id, error = %e, "cannot encode where memory was saved")
+                            }
                         }
                     }
                 }
