@@ -35,7 +35,7 @@
 //!
 //! | left in | noticed when | the reaper |
 //! |---|---|---|
-//! | `provisioning` (a boot) the host finished | the host reports the VM ready at the row's generation, the row not updated for `orphan_after` (reconcile) | marks it `ready` (the booting replica, if alive after all, sees its own outcome recorded and keeps the VM) |
+//! | `provisioning` (a boot) the host ended | the host reports the VM ready or failed at the row's generation (reconcile) | marks it `ready`, or `failed` with the host's reason (the booting replica, if alive after all, sees its own outcome recorded and keeps the VM) |
 //! | `provisioning` (a boot) otherwise | not updated for `stale_provisioning` | marks it `failed`; its next start boots it again |
 //! | `ready` with the VM `stopped` (a stop) | the host's VM list, in reconcile | marks it `stopped` and records saved memory the VM reports |
 //! | `deleting` (a delete) | not updated for `orphan_after` | deletes its VM again (a VM already gone is fine) and removes the row |

@@ -1220,6 +1220,38 @@ impl Control {
                         crate::error::log_status_error(row.id, "reconciled with its host", set);
                         self.bump();
                     }
+                    // The boot ended on its host but nobody recorded it:
+                    // the replica that drove it died (or is about to record
+                    // it; `finish_boot` takes this as its own outcome). Any
+                    // replica records it, so it is never left provisioning.
+                    SandboxStatus::Provisioning
+                        if vm.is_some_and(|v| {
+                            v.fence == row.generation
+                                && matches!(v.state, VmState::Ready | VmState::Failed)
+                        }) =>
+                    {
+                        let (status, reason) = match vm {
+                            Some(v) if v.state == VmState::Failed => (
+                                SandboxStatus::Failed,
+                                Some(v.reason.clone().unwrap_or_else(|| "the boot failed".into())),
+                            ),
+                            _ => (SandboxStatus::Ready, None),
+                        };
+                        let extra = StatusExtra {
+                            expect_generation: Some(row.generation),
+                            expect_status: vec![SandboxStatus::Provisioning],
+                            ..StatusExtra::default()
+                        };
+                        let set = self
+                            .db
+                            .set_status(row.id, status, reason.as_deref(), extra)
+                            .await;
+                        if set.is_ok() {
+                            tracing::info!(sandbox = %row.id, host = %host_id, status = status.as_str(), "recorded a boot its host ended (the replica that drove it did not)");
+                        }
+                        crate::error::log_status_error(row.id, "recorded from its host", set);
+                        self.bump();
+                    }
                     SandboxStatus::Provisioning if after_restart => {
                         let extra = StatusExtra {
                             expect_generation: Some(row.generation),
@@ -1237,28 +1269,6 @@ impl Control {
                             .await;
                         crate::error::log_status_error(row.id, "failed after a host restart", set);
                         self.bump();
-                    }
-                    // A boot the host finished long ago that no replica
-                    // recorded (the one that booted it died): recorded.
-                    SandboxStatus::Provisioning
-                        if running
-                            && vm.is_some_and(|v| v.fence == row.generation)
-                            && row.updated_at < Timestamp::now().minus(self.cfg.orphan_after) =>
-                    {
-                        let extra = StatusExtra {
-                            expect_generation: Some(row.generation),
-                            expect_status: vec![SandboxStatus::Provisioning],
-                            ..StatusExtra::default()
-                        };
-                        let set = self
-                            .db
-                            .set_status(row.id, SandboxStatus::Ready, None, extra)
-                            .await;
-                        if set.is_ok() {
-                            tracing::info!(sandbox = %row.id, "recorded a boot its replica did not");
-                            self.bump();
-                        }
-                        crate::error::log_status_error(row.id, "ready", set);
                     }
                     _ => {}
                 }

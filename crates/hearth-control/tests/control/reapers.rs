@@ -303,8 +303,8 @@ async fn store_gc_runs_once_per_interval_across_replicas() {
 
 /// A boot the host finished whose replica died before recording it is
 /// recorded `ready` by reconciliation (not failed ten minutes later);
-/// one whose VM is not running is left alone (`stale_provisioning` fails
-/// it).
+/// one whose VM failed on its host is recorded `failed` with the host's
+/// reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
     let url = hearth_db::testing::sqlite_url();
@@ -342,9 +342,11 @@ async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
         db.get_sandbox_by_id(booted.id).await.unwrap().status,
         SandboxStatus::Ready
     );
+    // A boot that ended in a failure on its host is recorded failed at
+    // once, with the host's reason, not left for the stuck-boot reaper.
     assert_eq!(
         db.get_sandbox_by_id(crashed.id).await.unwrap().status,
-        SandboxStatus::Provisioning
+        SandboxStatus::Failed
     );
     db.close().await;
 }
