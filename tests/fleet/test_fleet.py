@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fleet end to end, the SDK's side: the unmodified `langsmith` SDK against
-a control plane whose sandboxes run on three host agents.
+a control plane (one or more replicas) whose sandboxes run on host agents.
 
 Driven by `crates/hearth-cli/tests/fleet.rs`, one step at a time: the Rust
 driver builds the fleet, kills, partitions and drains hosts, and looks at
@@ -22,6 +22,18 @@ this script does one SDK step and prints `RESULT <json>` as its last line.
                                             and the process's cmdline
     test_fleet.py start NAME                start_sandbox, waiting for ready
     test_fleet.py status NAME...            RESULT: {name: status}
+    test_fleet.py burst --endpoints URL,URL... NAME...
+        create every NAME at once, NAME number i through endpoint i modulo
+        their count (round robin over the control plane's replicas); a
+        failed create is an outcome, not a failure of the step. RESULT:
+        per name its endpoint, outcome ("ready"; "connection": no
+        connection, after the SDK's retries; "disconnected": the server
+        went away with the request in flight, which the SDK does not retry,
+        a create not being idempotent; "http_<status>" for an error answer;
+        "other"), id and seconds
+    test_fleet.py exec-via NAME@URL...
+        per sandbox: read it and run a command in it through the replica at
+        URL; RESULT: {name: {stdout, dataplane_url}}
 
 Environment: LANGSMITH_ENDPOINT, LANGSMITH_API_KEY. Exits non-zero (with a
 traceback) when a step fails.
@@ -37,7 +49,7 @@ import traceback
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from langsmith.sandbox import SandboxClient
+from langsmith.sandbox import SandboxClient, SandboxConnectionError
 
 GIB = 1024**3
 # Guests boot under emulation on a 2-core machine, several at once.
@@ -45,6 +57,11 @@ CREATE_TIMEOUT = 240
 BG_PIDFILE = "/tmp/fleet-bg.pid"
 
 client = SandboxClient()
+
+
+def client_at(endpoint):
+    """A client of one replica, as a user configures one."""
+    return SandboxClient(api_endpoint=f"{endpoint.rstrip('/')}/api/v2/sandboxes")
 
 
 def log(msg):
@@ -99,6 +116,59 @@ def cmd_create(args):
 
     with ThreadPoolExecutor(max(1, args.parallel)) as pool:
         return list(pool.map(one, args.names))
+
+
+def http_status(e):
+    """The status of the answer behind an SDK error, if there was one."""
+    while e is not None:
+        response = getattr(e, "response", None)
+        if response is not None and hasattr(response, "status_code"):
+            return response.status_code
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def cmd_burst(args):
+    endpoints = args.endpoints.split(",")
+    clients = [client_at(e) for e in endpoints]
+
+    def one(item):
+        i, name = item
+        via = i % len(endpoints)
+        t = time.monotonic()
+        entry = {"name": name, "via": via}
+        try:
+            sb = clients[via].create_sandbox(
+                name=name, timeout=CREATE_TIMEOUT, mem_bytes=2 * GIB, idle_ttl_seconds=0
+            )
+            entry.update(outcome="ready" if sb.status == "ready" else f"status_{sb.status}", id=str(sb.id))
+        except SandboxConnectionError as e:
+            entry.update(outcome="connection", error=f"{type(e).__name__}: {e}")
+        except Exception as e:  # every other error is an outcome too
+            status = http_status(e)
+            # The HTTP client's own transport errors (the SDK's httpx).
+            dropped = any(c.__name__ == "TransportError" for c in type(e).__mro__)
+            entry.update(
+                outcome="disconnected" if dropped else f"http_{status}" if status else "other",
+                error=f"{type(e).__name__}: {e}",
+            )
+        entry["seconds"] = round(time.monotonic() - t, 2)
+        log(f"{name} via replica {via + 1}: {entry['outcome']} in {entry['seconds']}s {entry.get('error', '')[:160]}")
+        return entry
+
+    with ThreadPoolExecutor(len(args.names)) as pool:
+        return list(pool.map(one, enumerate(args.names)))
+
+
+def cmd_exec_via(args):
+    out = {}
+    for pair in args.pairs:
+        name, endpoint = pair.split("@", 1)
+        sb = client_at(endpoint).get_sandbox(name)
+        r = run(sb, f"echo via {endpoint} in {name}")
+        check(r.exit_code == 0, f"{name} through {endpoint}: {r}")
+        out[name] = {"stdout": r.stdout, "dataplane_url": sb.dataplane_url}
+    return out
 
 
 def cmd_exercise(args):
@@ -238,6 +308,13 @@ def main(argv):
     c = sub.add_parser("start")
     c.add_argument("name")
     c.set_defaults(fn=cmd_start)
+    c = sub.add_parser("burst")
+    c.add_argument("--endpoints", required=True)
+    c.add_argument("names", nargs="+")
+    c.set_defaults(fn=cmd_burst)
+    c = sub.add_parser("exec-via")
+    c.add_argument("pairs", nargs="+")
+    c.set_defaults(fn=cmd_exec_via)
     c = sub.add_parser("status")
     c.add_argument("names", nargs="+")
     c.set_defaults(fn=cmd_status)

@@ -1,15 +1,31 @@
-//! The fleet end to end: one control plane (`hearth up --no-local-host`
-//! on PostgreSQL) and three host agents (`hearth host serve --control`),
-//! each in a network namespace of its own, driven by the unmodified
-//! `langsmith` SDK (`tests/fleet/test_fleet.py`, one step per run) and
-//! watched from outside: the control plane's database (leases, placement,
-//! generations), `/metrics`, and `/proc` (which QEMU runs under which host
-//! agent). The fixture is `common/fleet.rs`; each test builds its own
-//! fleet, and they run one at a time (two cores, guests under TCG).
+//! The fleet end to end: control-plane replicas (`hearth up
+//! --no-local-host`, all on one PostgreSQL) and three host agents (`hearth
+//! host serve --control`), each in a network namespace of its own, driven
+//! by the unmodified `langsmith` SDK (`tests/fleet/test_fleet.py`, one step
+//! per run) and watched from outside: the control plane's database (leases,
+//! placement, generations, the usage counters), `/metrics`, and `/proc`
+//! (which QEMU runs under which host agent). The fixture is
+//! `common/fleet.rs`; each test builds its own fleet, and they run one at a
+//! time (two cores, guests under TCG).
 //!
-//! - **Spread**: six sandboxes land on at least two hosts (ideally three),
-//!   and on each host a sandbox runs a command, moves a file both ways and
-//!   carries a tunnel.
+//! - **Three replicas** (the hosts register with replica 1: `--control`
+//!   takes one URL), two places per host: 30 SDK creates at once,
+//!   round-robin over the replicas, and a kill -9 of replica 2 or 3 (one
+//!   the hosts do not register with) while a boot it accepted runs. Every
+//!   create is ready or got an error the SDK retries (no connection to the
+//!   dead replica, 503 once the hosts are full), or was in flight at the
+//!   dead replica (dropped, not retried: a create is not idempotent) and
+//!   its sandbox is ready all the same; nothing stays provisioning (the
+//!   replicas left record the boots the dead one drove); the hosts hold
+//!   exactly their six places, and
+//!   the database's counters equal the sums over the rows, within the
+//!   hosts' capacities and the workspace's quota; each sandbox runs a
+//!   command through another replica than its creator's; /metrics, the
+//!   database and QEMU agree; on each host a sandbox runs a command, moves a
+//!   file both ways and carries a tunnel.
+//!
+//! The other tests run one replica:
+//!
 //! - **kill -9 of a host**: a create right after still lands on a live host;
 //!   after the lease TTL plus the failover grace the dead host's sandboxes
 //!   are ready on other hosts with every write their guests had flushed (no commit awaited).
@@ -37,8 +53,10 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fleet::{poll, Created, Fleet, FAILOVER_GRACE, LEASE_TTL};
+use fleet::{poll, Created, Fleet, Shape, FAILOVER_GRACE, LEASE_TTL};
+use hearth_db::SandboxStatus;
 use hearth_fence::action;
+use hearth_types::WorkspaceId;
 use serde_json::{json, Value};
 
 /// Beyond TTL + grace, how long a failed-over sandbox may take to boot
@@ -76,23 +94,250 @@ fn note_failover(name: &str, after_expiry_ms: i64) {
     }
 }
 
+/// `hearth up`'s default workspace (`hearth-cli`'s `keys::default_workspace`),
+/// the one the fleet's API key belongs to.
+fn default_workspace() -> WorkspaceId {
+    WorkspaceId::from_uuid(uuid::Uuid::from_u128(
+        0x6865_6172_7468_0000_0000_0000_0000_0001,
+    ))
+}
+
+/// The burst of the replicas test: the issue's 30 creates, at once.
+const BURST: usize = 30;
+/// Each host offers two 1-vCPU sandboxes, so the burst fills the fleet's
+/// six places (as many guests as TCG on two cores boots within the time
+/// the old six-sandbox spread test took) and the rest are refused.
+const BURST_HOST_VCPUS: u32 = 2;
+
 #[test]
-fn sdk_sandboxes_spread_over_the_hosts_and_each_host_serves_exec_files_and_tunnels() {
+fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_survive_a_replica_kill_9_and_each_host_serves_exec_files_and_tunnels(
+) {
     let _one = one_at_a_time();
-    let Some(fleet) = Fleet::start("spread", 3) else {
+    let Some(fleet) = Fleet::start_with(
+        "replicas",
+        Shape {
+            replicas: 3,
+            hosts: 3,
+            host_vcpus: BURST_HOST_VCPUS,
+        },
+    ) else {
         return;
     };
+    let ws = default_workspace();
+    let endpoints: Vec<String> = fleet.replicas.iter().map(|r| r.endpoint.clone()).collect();
+    let all = names("burst", BURST);
+    // Name i goes through replica i mod 3 (as `test_fleet.py burst` sends it).
+    let creator = |name: &str| {
+        all.iter()
+            .position(|n| n == name)
+            .map(|i| i % endpoints.len())
+    };
+
     let t = Instant::now();
-    // Three at a time, a burst as SDK users make one (the other tests
-    // create one at a time, so each shows only its own behaviour).
-    let created = fleet.create(&names("spread", 6), false, 3);
+    let (outcomes, killed_at, victim) = std::thread::scope(|s| {
+        let burst = s.spawn(|| {
+            let list = endpoints.join(",");
+            let mut args = vec!["burst", "--endpoints", list.as_str()];
+            args.extend(all.iter().map(String::as_str));
+            fleet.sdk(&args)
+        });
+        // kill -9 of replica 2 or 3 (the hosts register with replica 1),
+        // the first with a boot it accepted under way on a host (a QEMU
+        // runs for it, its row is still provisioning).
+        let in_flight = poll(
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            "a boot accepted by replica 2 or 3 runs on a host",
+            || {
+                if burst.is_finished() {
+                    return Some(None);
+                }
+                let rows = fleet.sandbox_rows(ws);
+                rows.iter()
+                    .find(|r| {
+                        creator(&r.name).is_some_and(|c| c > 0)
+                            && r.status == SandboxStatus::Provisioning
+                            && fleet.qemu_anywhere(&r.id.to_string().replace('-', "")) > 0
+                    })
+                    .map(|r| Some(r.name.clone()))
+            },
+        );
+        let Some(in_flight) = in_flight else {
+            let result = burst.join().unwrap();
+            panic!("the burst ended before replica 2 or 3 had a boot under way: {result}");
+        };
+        let victim = creator(&in_flight).unwrap();
+        fleet.kill9_replica(victim);
+        let killed_at = t.elapsed();
+        println!(
+            "SIGKILL to replica {} at +{} while it boots {in_flight}",
+            victim + 1,
+            secs(killed_at)
+        );
+        (burst.join().unwrap(), killed_at, victim)
+    });
+    // The replica left besides replica 1.
+    let other = 3 - victim;
+    let burst_took = t.elapsed();
+    let outcomes = outcomes.as_array().unwrap().clone();
+    let mut tally: BTreeMap<String, usize> = BTreeMap::new();
+    for o in &outcomes {
+        let outcome = o["outcome"].as_str().unwrap().to_owned();
+        let via = o["via"].as_u64().unwrap() as usize;
+        *tally
+            .entry(format!("{outcome} via replica {}", via + 1))
+            .or_default() += 1;
+        // What the SDK retries (its RetryTransport: no connection, 502, 503
+        // and 504): no connection to the dead replica, and 503 "no host has
+        // room" from any once the hosts are full. A create in flight at the
+        // kill is dropped with its connection: the SDK raises that one
+        // (httpx's transport error) without a retry, a create not being
+        // idempotent; its sandbox is looked at below.
+        let retried = match outcome.as_str() {
+            "ready" => true,
+            "connection" | "disconnected" => via == victim,
+            other => ["http_502", "http_503", "http_504"].contains(&other),
+        };
+        assert!(
+            retried,
+            "an outcome the SDK does not retry, not from the dead replica: {o}"
+        );
+    }
     println!(
-        "6 sandboxes created through the SDK in {}",
+        "{BURST} creates through 3 replicas in {}: {tally:?}",
+        secs(burst_took)
+    );
+
+    // Nothing stays provisioning: a boot the dead replica accepted and its host
+    // finished is recorded by the replicas left.
+    let settled = poll(
+        REBOOT_LIMIT,
+        Duration::from_millis(200),
+        "no sandbox left provisioning after the kill",
+        || {
+            let rows = fleet.sandbox_rows(ws);
+            (!rows.iter().any(|r| r.status == SandboxStatus::Provisioning)).then(|| t.elapsed())
+        },
+    );
+    let rows = fleet.sandbox_rows(ws);
+    let ready: Vec<Created> = rows
+        .iter()
+        .filter(|r| r.status == SandboxStatus::Ready)
+        .map(|r| Created {
+            name: r.name.clone(),
+            id: r.id.to_string(),
+        })
+        .collect();
+    let statuses: BTreeMap<&str, &str> = rows
+        .iter()
+        .map(|r| (r.name.as_str(), r.status.as_str()))
+        .collect();
+    println!(
+        "settled at +{} (kill at +{}): {} rows, {} ready: {statuses:?}",
+        secs(settled),
+        secs(killed_at),
+        rows.len(),
+        ready.len()
+    );
+    for o in &outcomes {
+        if o["outcome"] == "ready" {
+            let name = o["name"].as_str().unwrap();
+            assert_eq!(
+                statuses.get(name),
+                Some(&"ready"),
+                "{name} was created: {o}"
+            );
+        }
+    }
+    let orphans: Vec<&str> = rows
+        .iter()
+        .filter(|r| {
+            outcomes
+                .iter()
+                .any(|o| o["name"] == r.name.as_str() && o["outcome"] != "ready")
+        })
+        .map(|r| r.name.as_str())
+        .collect();
+    println!(
+        "rows of creates the SDK saw fail (replica {}'s boots in flight): {orphans:?}",
+        victim + 1
+    );
+    // Those of the creates in flight at the kill too: their replica died,
+    // their hosts finished the boots, the replicas left recorded them.
+    for r in &rows {
+        assert_eq!(
+            r.status,
+            SandboxStatus::Ready,
+            "{} (a create the SDK saw {}): {:?}",
+            r.name,
+            if orphans.contains(&r.name.as_str()) {
+                "fail"
+            } else {
+                "succeed"
+            },
+            r.status_message
+        );
+    }
+    // Capacity and quota, in the database: the counters, the sums over
+    // the rows, the hosts' capacities and the workspace's quota.
+    println!("books: {}", fleet.check_books(ws));
+    let places = BURST_HOST_VCPUS as usize * fleet.hosts.len();
+    assert_eq!(
+        ready.len(),
+        places,
+        "the burst fills every place on the hosts, no more: {statuses:?}"
+    );
+
+    // Every one usable through a replica other than the one that made it.
+    let by_name: BTreeMap<&str, usize> = outcomes
+        .iter()
+        .map(|o| {
+            (
+                o["name"].as_str().unwrap(),
+                o["via"].as_u64().unwrap() as usize,
+            )
+        })
+        .collect();
+    let pairs: Vec<String> = ready
+        .iter()
+        .enumerate()
+        .map(|(k, sb)| {
+            let via = match by_name[sb.name.as_str()] {
+                0 => other,
+                c if c == victim => [0, other][k % 2],
+                _ => 0,
+            };
+            format!("{}@{}", sb.name, endpoints[via])
+        })
+        .collect();
+    let mut args = vec!["exec-via"];
+    args.extend(pairs.iter().map(String::as_str));
+    let t = Instant::now();
+    let used = fleet.sdk_at(&endpoints[other], &args);
+    for (sb, pair) in ready.iter().zip(&pairs) {
+        let endpoint = pair.split_once('@').unwrap().1;
+        assert_eq!(
+            used[&sb.name]["stdout"].as_str(),
+            Some(format!("via {endpoint} in {}\n", sb.name).as_str()),
+            "{}: {used}",
+            sb.name
+        );
+        assert!(
+            used[&sb.name]["dataplane_url"]
+                .as_str()
+                .is_some_and(|u| u.starts_with(endpoint)),
+            "{}'s data plane is the replica asked: {used}",
+            sb.name
+        );
+    }
+    println!(
+        "exec in each of the {} through another replica than its creator's in {}",
+        ready.len(),
         secs(t.elapsed())
     );
-    let by_host = fleet.show_placement(&created);
 
     // /metrics, the database and QEMU agree on where each sandbox runs.
+    let by_host = fleet.show_placement(&ready);
     let metrics = fleet.metrics_sandboxes();
     for (i, h) in fleet.hosts.iter().enumerate() {
         let ours: Vec<String> = by_host
@@ -127,12 +372,14 @@ fn sdk_sandboxes_spread_over_the_hosts_and_each_host_serves_exec_files_and_tunne
         println!("NOTE: placement left a host empty");
     }
 
-    // On each host, one sandbox does the whole round through the SDK.
+    // On each host, one sandbox does the whole round through the SDK,
+    // through the replica left besides replica 1 (whose leases the hosts
+    // hold).
     let one_each: Vec<&str> = by_host.values().map(|v| v[0].name.as_str()).collect();
     let mut args = vec!["exercise"];
     args.extend(&one_each);
     let t = Instant::now();
-    let result = fleet.sdk(&args);
+    let result = fleet.sdk_at(&endpoints[other], &args);
     for name in &one_each {
         assert!(
             result[*name]["seconds"].is_number(),

@@ -1,6 +1,9 @@
 //! The fleet of `tests/fleet.rs`: a throwaway PostgreSQL (`hearth-db`'s
-//! test harness), a control plane (`hearth up --no-local-host`) in the root
-//! network namespace, and host agents (`hearth host serve --control …`),
+//! test harness), one or more control-plane replicas (`hearth up
+//! --no-local-host`, each on its own port, all on that database with one
+//! master key file and one host token) in the root network namespace, and
+//! host agents (`hearth host serve --control …`, registered with replica 1:
+//! `--control` takes one URL),
 //! each in a network namespace of its own reached over a veth pair (root
 //! side 10.97.N.1/24, host side 10.97.N.2/24). Everything is torn down on
 //! drop, after a panic too: the processes this fixture started, by PID,
@@ -43,8 +46,8 @@ pub const FAILOVER_GRACE: Duration = Duration::from_secs(2);
 /// rarely, so that what survives a host's loss is what the guest flushed,
 /// not what a commit happened to take.
 pub const COMMIT_INTERVAL: Duration = Duration::from_secs(600);
-/// Each host's CPU offered to placement: four 1-vCPU sandboxes.
-const HOST_CPU_MILLICORES: &str = "4000";
+/// Each host's CPU offered to placement by default: four 1-vCPU sandboxes.
+const HOST_VCPUS: u32 = 4;
 const HOST_PORT: u16 = 19190;
 /// Longest wait for a process to print what it prints when it is up.
 const START_LIMIT: Duration = Duration::from_secs(300);
@@ -112,12 +115,33 @@ impl Created {
     }
 }
 
-/// The control plane, three hosts, and what the test observes them with.
+/// One control-plane replica. Replica 1 (index 0) made the API key, and
+/// the hosts register with it.
+pub struct Replica {
+    pub proc: Proc,
+    pub port: u16,
+    /// Its public URL (`http://127.0.0.1:<port>`), the SDK's endpoint.
+    pub endpoint: String,
+    pub dir: PathBuf,
+}
+
+/// How many of each a fleet has.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub replicas: usize,
+    pub hosts: usize,
+    /// The CPU each host offers to placement, in 1-vCPU sandboxes.
+    pub host_vcpus: u32,
+}
+
+/// The control plane's replicas, the hosts, and what the test observes
+/// them with.
 pub struct Fleet {
     pub hosts: Vec<HostAgent>,
-    pub control: Proc,
-    /// For `/metrics` and the `hearth` API client commands.
+    pub replicas: Vec<Replica>,
+    /// Replica 1's, for `/metrics` and the `hearth` API client commands.
     pub api: common::Server,
+    /// Replica 1's port.
     pub port: u16,
     pub dir: PathBuf,
     token: String,
@@ -127,9 +151,22 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// The fleet, or `None` (after saying why) when this machine cannot
-    /// run it.
+    /// The fleet of one control plane and `hosts` hosts, or `None` (after
+    /// saying why) when this machine cannot run it.
     pub fn start(tag: &str, hosts: usize) -> Option<Self> {
+        Self::start_with(
+            tag,
+            Shape {
+                replicas: 1,
+                hosts,
+                host_vcpus: HOST_VCPUS,
+            },
+        )
+    }
+
+    /// The fleet of `shape`, or `None` (after saying why) when this machine
+    /// cannot run it.
+    pub fn start_with(tag: &str, shape: Shape) -> Option<Self> {
         if !usable() {
             return None;
         }
@@ -155,47 +192,40 @@ impl Fleet {
 
         // The namespaces first: hosts need them, and a failure here
         // leaves nothing running.
-        let nets: Vec<Netns> = net::free_octets(hosts)
+        let nets: Vec<Netns> = net::free_octets(shape.hosts)
             .into_iter()
             .enumerate()
             .map(|(i, o)| Netns::create(i + 1, o))
             .collect();
 
-        let port = common::free_port();
-        let control_dir = sub_data_dir(&dir, "control");
-        let mut cmd = Command::new(common::BIN);
-        cmd.arg("--data-dir")
-            .arg(&control_dir)
-            .args(["up", "--no-local-host", "--no-default-image"])
-            .args(["--listen", &format!("0.0.0.0:{port}")])
-            .args(["--public-url", &format!("http://127.0.0.1:{port}")])
-            .args(["--database-url", &pg.url])
-            .env_remove("HEARTH_DATA_DIR")
-            .env("HEARTH_HOST_TOKEN", &token)
-            .env(
-                "HEARTH_HOST_LEASE_TTL_SECONDS",
-                LEASE_TTL.as_secs().to_string(),
-            )
-            .env(
-                "HEARTH_FAILOVER_GRACE_SECONDS",
-                FAILOVER_GRACE.as_secs().to_string(),
-            )
-            .env("HEARTH_LOG", "info")
-            .env("NO_COLOR", "1");
-        let mut control = Proc::spawn("control plane", cmd, dir.join("control.log"));
-        let exported = control.wait_for_line("export LANGSMITH_API_KEY=", 0, START_LIMIT);
+        // Replica 1 first: it migrates the database and makes the default
+        // workspace and its API key; then the others, together.
+        let mut replicas = vec![spawn_replica(1, &dir, &pg.url, &token, &master_key)];
+        let exported = replicas[0]
+            .proc
+            .wait_for_line("export LANGSMITH_API_KEY=", 0, START_LIMIT);
         let key = exported
             .split_once("export LANGSMITH_API_KEY=")
             .unwrap()
             .1
             .trim()
             .to_owned();
-        poll(
-            Duration::from_secs(60),
-            Duration::from_millis(100),
-            "the control plane listens",
-            || TcpStream::connect(("127.0.0.1", port)).ok(),
-        );
+        for n in 2..=shape.replicas {
+            replicas.push(spawn_replica(n, &dir, &pg.url, &token, &master_key));
+        }
+        for r in &mut replicas {
+            r.proc
+                .wait_for_line("export LANGSMITH_ENDPOINT=", 0, START_LIMIT);
+            let port = r.port;
+            poll(
+                Duration::from_secs(60),
+                Duration::from_millis(100),
+                &format!("{} listens", r.proc.name),
+                || TcpStream::connect(("127.0.0.1", port)).ok(),
+            );
+        }
+        let port = replicas[0].port;
+        let control_dir = replicas[0].dir.clone();
         // After the control plane has migrated it.
         let db = rt
             .block_on(Db::connect(&pg.url))
@@ -225,7 +255,10 @@ impl Fleet {
                     "HEARTH_COMMIT_INTERVAL_SECONDS",
                     COMMIT_INTERVAL.as_secs().to_string(),
                 )
-                .env("HEARTH_HOST_CPU_MILLICORES", HOST_CPU_MILLICORES)
+                .env(
+                    "HEARTH_HOST_CPU_MILLICORES",
+                    (shape.host_vcpus * 1000).to_string(),
+                )
                 .env("HEARTH_LOG", "info")
                 .env("NO_COLOR", "1");
             if let Ok(accel) = std::env::var("HEARTH_ACCEL") {
@@ -256,7 +289,7 @@ impl Fleet {
         }
         let mut fleet = Self {
             hosts: agents,
-            control,
+            replicas,
             api: common::Server {
                 child: None,
                 endpoint: format!("http://127.0.0.1:{port}"),
@@ -294,8 +327,14 @@ impl Fleet {
             },
         );
         println!(
-            "fleet up in {:.1}s: control plane :{port}, hosts {}",
+            "fleet up in {:.1}s: control plane {}, hosts {}",
             t.elapsed().as_secs_f64(),
+            fleet
+                .replicas
+                .iter()
+                .map(|r| format!(":{}", r.port))
+                .collect::<Vec<_>>()
+                .join(" "),
             fleet
                 .hosts
                 .iter()
@@ -440,14 +479,21 @@ impl Fleet {
             .count()
     }
 
-    /// Runs one step of `tests/fleet/test_fleet.py`; its `RESULT`.
+    /// Runs one step of `tests/fleet/test_fleet.py` against replica 1; its
+    /// `RESULT`.
     pub fn sdk(&self, args: &[&str]) -> Value {
+        self.sdk_at(&self.api.endpoint, args)
+    }
+
+    /// Runs one step of `tests/fleet/test_fleet.py` with `endpoint` as
+    /// `LANGSMITH_ENDPOINT`; its `RESULT`.
+    pub fn sdk_at(&self, endpoint: &str, args: &[&str]) -> Value {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fleet/test_fleet.py");
         let t = Instant::now();
         let child = Command::new(common::sdk_python())
             .arg(&script)
             .args(args)
-            .env("LANGSMITH_ENDPOINT", &self.api.endpoint)
+            .env("LANGSMITH_ENDPOINT", endpoint)
             .env("LANGSMITH_API_KEY", &self.api.key)
             .env("NO_PROXY", "*")
             .stdin(Stdio::null())
@@ -500,6 +546,137 @@ impl Fleet {
                 id: c["id"].as_str().unwrap().to_owned(),
             })
             .collect()
+    }
+
+    /// SIGKILL to replica `i` (0-based), by its PID; its process is reaped
+    /// with the fleet.
+    pub fn kill9_replica(&self, i: usize) {
+        // SAFETY: signalling a child this fixture started and has not reaped
+        // (its PID cannot have been reused).
+        unsafe {
+            libc::kill(self.replicas[i].proc.pid as i32, libc::SIGKILL);
+        }
+    }
+
+    /// Every sandbox of `workspace`, in any status.
+    pub fn sandbox_rows(&self, workspace: hearth_types::WorkspaceId) -> Vec<SandboxRow> {
+        let mut rows = Vec::new();
+        let mut cursor = None;
+        loop {
+            let filter = hearth_db::SandboxFilter {
+                page_size: hearth_db::MAX_PAGE_SIZE,
+                cursor,
+                ..Default::default()
+            };
+            let page = self
+                .rt
+                .block_on(self.db().list_sandboxes(workspace, &filter))
+                .unwrap_or_else(|e| panic!("list sandboxes: {e}"));
+            rows.extend(page.items);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return rows,
+            }
+        }
+    }
+
+    /// Checks the books in the database: each host's load counters
+    /// (`host_usage`, migration 11) equal the sums over its live sandboxes'
+    /// rows and stay within the capacity it registered; `workspace`'s
+    /// counters (`workspace_usage`) equal the sums over its rows and stay
+    /// within its quotas. Returns a summary line.
+    pub fn check_books(&self, workspace: hearth_types::WorkspaceId) -> String {
+        let rows = self.sandbox_rows(workspace);
+        let live = |r: &&SandboxRow| r.status.is_live();
+        let loads = self
+            .rt
+            .block_on(self.db().host_load())
+            .unwrap_or_else(|e| panic!("host load: {e}"));
+        let mut summary = Vec::new();
+        for host in self.host_rows() {
+            let on: Vec<&SandboxRow> = rows
+                .iter()
+                .filter(live)
+                .filter(|r| r.host_id == Some(host.id))
+                .collect();
+            let sums = (
+                on.iter().map(|r| u64::from(r.cpu.0)).sum::<u64>(),
+                on.iter().map(|r| r.mem.0).sum::<u64>(),
+                on.len() as u64,
+            );
+            let load = loads
+                .iter()
+                .find(|l| l.host_id == host.id)
+                .map_or((0, 0, 0), |l| (u64::from(l.cpu.0), l.mem.0, l.sandboxes));
+            assert_eq!(
+                load, sums,
+                "host {}: host_usage (cpu, mem, sandboxes) against the sums over its live rows",
+                host.id
+            );
+            assert!(
+                load.0 <= u64::from(host.capacity_cpu.0) && load.1 <= host.capacity_mem.0,
+                "host {} is committed past its capacity: {load:?} of {:?} / {:?}",
+                host.id,
+                host.capacity_cpu,
+                host.capacity_mem
+            );
+            summary.push(format!(
+                "host {}: {} live, {} of {} mCPU",
+                host.id, load.2, load.0, host.capacity_cpu.0
+            ));
+        }
+        let usage = self
+            .rt
+            .block_on(self.db().workspace_usage(workspace))
+            .unwrap_or_else(|e| panic!("workspace usage: {e}"));
+        let kept: Vec<&SandboxRow> = rows
+            .iter()
+            .filter(|r| r.status != hearth_db::SandboxStatus::Deleting)
+            .collect();
+        let live_rows: Vec<&SandboxRow> = rows.iter().filter(live).collect();
+        assert_eq!(
+            (
+                usage.sandboxes,
+                u64::from(usage.cpu.0),
+                usage.mem.0,
+                usage.disk.0
+            ),
+            (
+                kept.len() as u64,
+                live_rows.iter().map(|r| u64::from(r.cpu.0)).sum::<u64>(),
+                live_rows.iter().map(|r| r.mem.0).sum::<u64>(),
+                kept.iter().map(|r| r.fs_capacity.0).sum::<u64>(),
+            ),
+            "workspace_usage (sandboxes, cpu, mem, disk) against the sums over the rows"
+        );
+        let quotas = self
+            .rt
+            .block_on(self.db().get_workspace(workspace))
+            .unwrap_or_else(|e| panic!("workspace: {e}"))
+            .quotas;
+        let within = |used: u64, max: Option<u64>| max.is_none_or(|m| used <= m);
+        assert!(
+            within(usage.sandboxes, quotas.max_sandboxes)
+                && within(
+                    u64::from(usage.cpu.0),
+                    quotas.max_cpu.map(|c| u64::from(c.0))
+                )
+                && within(usage.mem.0, quotas.max_mem.map(|m| m.0))
+                && within(
+                    usage.disk.0 + usage.snapshot_bytes.0,
+                    quotas.max_storage.map(|m| m.0)
+                ),
+            "the workspace is past its quota: {usage:?} against {quotas:?}"
+        );
+        summary.push(format!(
+            "workspace: {} sandboxes, {} live mCPU of {:?}, {} GiB live memory of {:?}",
+            usage.sandboxes,
+            usage.cpu.0,
+            quotas.max_cpu.map(|c| c.0),
+            usage.mem.0 >> 30,
+            quotas.max_mem.map(|m| m.0 >> 30)
+        ));
+        summary.join("; ")
     }
 
     /// The control plane's signing key (`<data>/control.key`).
@@ -609,11 +786,14 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         let failed = std::thread::panicking();
         if failed {
-            eprintln!(
-                "--- control plane log (tail; whole: {})",
-                self.control.log.display()
-            );
-            eprintln!("{}", self.control.tail(60));
+            for r in &self.replicas {
+                eprintln!(
+                    "--- {} log (tail; whole: {})",
+                    r.proc.name,
+                    r.proc.log.display()
+                );
+                eprintln!("{}", r.proc.tail(60));
+            }
             for h in &self.hosts {
                 eprintln!(
                     "--- {} log (tail; whole: {})",
@@ -624,7 +804,7 @@ impl Drop for Fleet {
             }
         }
         // Hosts first (each kills its VMs), all at once, then the control
-        // plane; the namespaces go with the hosts.
+        // plane's replicas; the namespaces go with the hosts.
         for h in &self.hosts {
             h.net.set_link_quietly_up();
             h.proc.interrupt();
@@ -634,8 +814,13 @@ impl Drop for Fleet {
             h.proc.reap(deadline);
         }
         self.hosts.clear();
-        self.control.interrupt();
-        self.control.reap(Instant::now() + Duration::from_secs(30));
+        for r in &self.replicas {
+            r.proc.interrupt();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for r in &mut self.replicas {
+            r.proc.reap(deadline);
+        }
         if let Some(db) = self.db.take() {
             self.rt.block_on(db.close());
         }
@@ -651,6 +836,47 @@ impl Drop for Fleet {
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Starts control-plane replica `n` (1-based) on a free port of its own.
+/// Replica 1 keeps the names of a one-replica fleet (`control/`,
+/// `control.log`).
+fn spawn_replica(n: usize, dir: &Path, db_url: &str, token: &str, master_key: &Path) -> Replica {
+    let suffix = if n == 1 { String::new() } else { n.to_string() };
+    let port = common::free_port();
+    let data = sub_data_dir(dir, &format!("control{suffix}"));
+    let mut cmd = Command::new(common::BIN);
+    cmd.arg("--data-dir")
+        .arg(&data)
+        .args(["up", "--no-local-host", "--no-default-image"])
+        .args(["--listen", &format!("0.0.0.0:{port}")])
+        .args(["--public-url", &format!("http://127.0.0.1:{port}")])
+        .args(["--database-url", db_url])
+        .env_remove("HEARTH_DATA_DIR")
+        .env("HEARTH_MASTER_KEY_FILE", master_key)
+        .env("HEARTH_HOST_TOKEN", token)
+        .env(
+            "HEARTH_HOST_LEASE_TTL_SECONDS",
+            LEASE_TTL.as_secs().to_string(),
+        )
+        .env(
+            "HEARTH_FAILOVER_GRACE_SECONDS",
+            FAILOVER_GRACE.as_secs().to_string(),
+        )
+        .env("HEARTH_LOG", "info")
+        .env("NO_COLOR", "1");
+    let name = if n == 1 {
+        "control plane".to_owned()
+    } else {
+        format!("control plane replica {n}")
+    };
+    let proc = Proc::spawn(&name, cmd, dir.join(format!("control{suffix}.log")));
+    Replica {
+        proc,
+        port,
+        endpoint: format!("http://127.0.0.1:{port}"),
+        dir: data,
     }
 }
 
