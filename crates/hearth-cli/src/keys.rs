@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use hearth_db::{Db, NewWorkspace, Quotas};
+use hearth_db::{Db, DbError, NewWorkspace, Quotas};
 use hearth_types::{ApiKeyId, ByteSize, MilliCpu, WorkspaceId};
 
 #[derive(Args, Debug, Clone)]
@@ -106,19 +106,25 @@ pub async fn create_key(
         .context("store the key")
 }
 
-/// Makes sure the default workspace exists; true when it was just created.
+/// Makes sure the default workspace exists; true when this call created it
+/// (exactly one of several replicas starting at once on a new database:
+/// the others find it made meanwhile).
 pub async fn ensure_default_workspace(db: &Db) -> anyhow::Result<bool> {
     if db.get_workspace(default_workspace()).await.is_ok() {
         return Ok(false);
     }
-    db.create_workspace(&NewWorkspace {
-        id: default_workspace(),
-        name: "default".into(),
-        quotas: default_quotas(),
-    })
-    .await
-    .context("create the default workspace")?;
-    Ok(true)
+    let made = db
+        .create_workspace(&NewWorkspace {
+            id: default_workspace(),
+            name: "default".into(),
+            quotas: default_quotas(),
+        })
+        .await;
+    match made {
+        Ok(_) => Ok(true),
+        Err(DbError::Conflict { .. }) => Ok(false),
+        Err(e) => Err(e).context("create the default workspace"),
+    }
 }
 
 pub async fn run(data_dir: &Path, args: DbArgs, cmd: KeysCommand) -> anyhow::Result<u8> {
@@ -216,4 +222,38 @@ async fn signing(db: &Db, cmd: SigningCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replicas starting together on a new database (a Deployment of
+    /// three): each one's check finds no default workspace and each
+    /// inserts it; the losers of the insert failed to start.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_starting_at_once_make_the_default_workspace_once_and_all_start() {
+        let dir = std::env::temp_dir().join(format!("hearth-keys-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for round in 0..20 {
+            let url = format!("sqlite://{}/{round}.db?mode=rwc", dir.display());
+            // Migrated one after another (migrations take a lock); then the
+            // three start at once.
+            let mut dbs = Vec::new();
+            for _ in 0..3 {
+                dbs.push(Db::connect(&url).await.unwrap());
+            }
+            let made = futures_util::future::join_all(dbs.iter().map(ensure_default_workspace))
+                .await
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|e| panic!("round {round}: {e:#}")))
+                .filter(|&m| m)
+                .count();
+            assert_eq!(made, 1, "round {round}: one start made it");
+            for db in dbs {
+                db.close().await;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
