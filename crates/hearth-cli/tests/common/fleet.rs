@@ -1,7 +1,8 @@
 //! The fleet of `tests/fleet.rs`: a throwaway PostgreSQL (`hearth-db`'s
 //! test harness), one or more control-plane replicas (`hearth up
 //! --no-local-host`, each on its own port, all on that database with one
-//! master key file and one host token) in the root network namespace, and
+//! master key file and one host token, started at once as a Deployment
+//! starts them) in the root network namespace, and
 //! host agents (`hearth host serve --control …`, registered with replica 1:
 //! `--control` takes one URL),
 //! each in a network namespace of its own reached over a veth pair (root
@@ -115,8 +116,7 @@ impl Created {
     }
 }
 
-/// One control-plane replica. Replica 1 (index 0) made the API key, and
-/// the hosts register with it.
+/// One control-plane replica. The hosts register with replica 1 (index 0).
 pub struct Replica {
     pub proc: Proc,
     pub port: u16,
@@ -198,21 +198,12 @@ impl Fleet {
             .map(|(i, o)| Netns::create(i + 1, o))
             .collect();
 
-        // Replica 1 first: it migrates the database and makes the default
-        // workspace and its API key; then the others, together.
-        let mut replicas = vec![spawn_replica(1, &dir, &pg.url, &token, &master_key)];
-        let exported = replicas[0]
-            .proc
-            .wait_for_line("export LANGSMITH_API_KEY=", 0, START_LIMIT);
-        let key = exported
-            .split_once("export LANGSMITH_API_KEY=")
-            .unwrap()
-            .1
-            .trim()
-            .to_owned();
-        for n in 2..=shape.replicas {
-            replicas.push(spawn_replica(n, &dir, &pg.url, &token, &master_key));
-        }
+        // All at once, as a Deployment starts them: one migrates the
+        // database (the others wait on its lock) and one makes the default
+        // workspace and prints its API key.
+        let mut replicas: Vec<Replica> = (1..=shape.replicas)
+            .map(|n| spawn_replica(n, &dir, &pg.url, &token, &master_key))
+            .collect();
         for r in &mut replicas {
             r.proc
                 .wait_for_line("export LANGSMITH_ENDPOINT=", 0, START_LIMIT);
@@ -224,6 +215,19 @@ impl Fleet {
                 || TcpStream::connect(("127.0.0.1", port)).ok(),
             );
         }
+        let key = poll(
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            "a replica prints the API key it made",
+            || {
+                replicas.iter().find_map(|r| {
+                    r.proc.lines().iter().find_map(|l| {
+                        l.split_once("export LANGSMITH_API_KEY=")
+                            .map(|(_, k)| k.trim().to_owned())
+                    })
+                })
+            },
+        );
         let port = replicas[0].port;
         let control_dir = replicas[0].dir.clone();
         // After the control plane has migrated it.
