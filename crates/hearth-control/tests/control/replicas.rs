@@ -15,10 +15,10 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use hearth_control::{Control, ControlConfig, LocalHost};
-use hearth_db::{Db, NewWorkspace, Quotas, SandboxStatus, StatusExtra};
+use hearth_db::{Db, Quotas, SandboxStatus, StatusExtra};
 use hearth_hostapi::SimHost;
 use hearth_hostapi::VmState;
-use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, VmId, WorkspaceId};
+use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, VmId};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -50,18 +50,7 @@ async fn two_replicas_placing_on_a_nearly_full_host_never_overcommit_it() {
     for url in hearth_db::testing::backend_urls().await {
         eprintln!("-- {}", url.url.split(':').next().unwrap_or_default());
         let db = Db::connect(&url.url).await.unwrap();
-        let ws = WorkspaceId::new();
-        db.create_workspace(&NewWorkspace {
-            id: ws,
-            name: "replicas".into(),
-            quotas: Quotas::default(),
-        })
-        .await
-        .unwrap();
-        let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
-            .await
-            .unwrap()
-            .1;
+        let (_, key) = crate::harness::workspace_key(&db, "replicas", Quotas::default()).await;
         // One host, 4 vCPUs and 16 GiB: four of these sandboxes.
         let sim = Arc::new(SimHost::new());
         let host_id = HostId::new();
@@ -118,18 +107,7 @@ async fn two_replicas(sim: &Arc<SimHost>) -> (Db, Arc<Control>, Arc<Control>, St
         SandboxId::new()
     );
     let db = Db::connect(&url).await.unwrap();
-    let ws = WorkspaceId::new();
-    db.create_workspace(&NewWorkspace {
-        id: ws,
-        name: "replicas".into(),
-        quotas: Quotas::default(),
-    })
-    .await
-    .unwrap();
-    let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
-        .await
-        .unwrap()
-        .1;
+    let (_, key) = crate::harness::workspace_key(&db, "replicas", Quotas::default()).await;
     let host_id = HostId::new();
     // Replicas share their configuration (the master key above all).
     let cfg = ControlConfig::default();

@@ -25,9 +25,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use hearth_db::{Db, NewWorkspace, Quotas};
+use hearth_db::{Db, Quotas};
 use hearth_hostapi::SimHost;
-use hearth_types::WorkspaceId;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -48,18 +47,7 @@ struct Env {
 async fn env() -> Env {
     let url = hearth_db::testing::sqlite_url();
     let db = Db::connect(&url.url).await.unwrap();
-    let ws = WorkspaceId::new();
-    db.create_workspace(&NewWorkspace {
-        id: ws,
-        name: "surface".into(),
-        quotas: Quotas::default(),
-    })
-    .await
-    .unwrap();
-    let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
-        .await
-        .unwrap()
-        .1;
+    let (_, key) = crate::harness::workspace_key(&db, "surface", Quotas::default()).await;
     let (control, host) = harness::sim_control(db).await;
     Env {
         app: hearth_control::router(control),

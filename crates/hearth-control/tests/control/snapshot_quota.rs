@@ -15,9 +15,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
-use hearth_db::{Db, NewWorkspace, Quotas};
+use hearth_db::{Db, Quotas};
 use hearth_hostapi::SimHost;
-use hearth_types::{ByteSize, WorkspaceId};
+use hearth_types::ByteSize;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -34,18 +34,7 @@ struct Env {
 /// A control plane over one simulated host and a workspace with `quotas`.
 async fn env(url: &str, quotas: Quotas) -> Env {
     let db = Db::connect(url).await.unwrap();
-    let ws = WorkspaceId::new();
-    db.create_workspace(&NewWorkspace {
-        id: ws,
-        name: "quota".into(),
-        quotas,
-    })
-    .await
-    .unwrap();
-    let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
-        .await
-        .unwrap()
-        .1;
+    let (_, key) = crate::harness::workspace_key(&db, "quota", quotas).await;
     let (control, host) = harness::sim_control(db).await;
     Env {
         app: hearth_control::router(control),

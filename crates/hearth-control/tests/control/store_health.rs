@@ -22,13 +22,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hearth_control::{Control, ControlConfig};
-use hearth_db::{Db, NewWorkspace, Quotas};
+use hearth_db::{Db, Quotas};
 use hearth_fence::{KeyPair, KeyRing, Signer, Verifier, VerifierConfig};
 use hearth_host::fake::{guest_images, FakeVmm};
 use hearth_host::fleet::{ControlClient, FleetSettings, FENCED_EPOCH};
 use hearth_host::store_check::StoreCheck;
 use hearth_host::{Host, HostConfig, Storage};
-use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
+use hearth_types::{ByteSize, HostId, MilliCpu};
 
 use crate::harness::{send, RawRequest};
 
@@ -224,18 +224,7 @@ async fn a_host_whose_store_fails_gets_no_sandboxes_until_its_store_answers_agai
     // The control plane.
     let url = hearth_db::testing::sqlite_url();
     let db = Db::connect(&url.url).await.unwrap();
-    let ws = WorkspaceId::new();
-    db.create_workspace(&NewWorkspace {
-        id: ws,
-        name: "ws".into(),
-        quotas: Quotas::default(),
-    })
-    .await
-    .unwrap();
-    let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
-        .await
-        .unwrap()
-        .1;
+    let (_, key) = crate::harness::workspace_key(&db, "ws", Quotas::default()).await;
     let cfg = ControlConfig {
         host_token: Some(TOKEN.into()),
         signer: Some(Arc::new(Signer::new(
@@ -353,18 +342,7 @@ async fn an_in_process_host_whose_store_fails_takes_no_sandboxes_until_it_answer
 
     let url = hearth_db::testing::sqlite_url();
     let db = Db::connect(&url.url).await.unwrap();
-    let ws = WorkspaceId::new();
-    db.create_workspace(&NewWorkspace {
-        id: ws,
-        name: "ws".into(),
-        quotas: Quotas::default(),
-    })
-    .await
-    .unwrap();
-    let key = hearth_control::auth::create_key(&db, ws, &["*"], "")
-        .await
-        .unwrap()
-        .1;
+    let (_, key) = crate::harness::workspace_key(&db, "ws", Quotas::default()).await;
     let (control, _sim) = crate::harness::sim_control(db.clone()).await;
     let id = db.list_hosts().await.unwrap()[0].id;
     let app = hearth_control::router(control.clone());

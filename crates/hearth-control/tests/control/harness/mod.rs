@@ -38,6 +38,24 @@ pub async fn host() -> Arc<Host> {
         .unwrap()
 }
 
+/// A new workspace named `name` with `quotas`, and an API key with every
+/// permission in it.
+pub async fn workspace_key(db: &Db, name: &str, quotas: Quotas) -> (WorkspaceId, String) {
+    let ws = WorkspaceId::new();
+    db.create_workspace(&NewWorkspace {
+        id: ws,
+        name: name.into(),
+        quotas,
+    })
+    .await
+    .unwrap();
+    let key = hearth_control::auth::create_key(db, ws, &["*"], "")
+        .await
+        .unwrap()
+        .1;
+    (ws, key)
+}
+
 /// A control plane over `db` and one simulated host (`SimHost`) with room
 /// for whatever a test asks (64 vCPUs, 256 GiB).
 pub async fn sim_control(db: Db) -> (Arc<Control>, Arc<hearth_hostapi::SimHost>) {
