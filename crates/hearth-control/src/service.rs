@@ -223,6 +223,38 @@ impl Control {
         })
     }
 
+    /// Places and commits: picks a host ([`Self::place`]), then `commit`
+    /// writes the placement, which checks the host's room again in its
+    /// transaction. When another placement (perhaps another replica's)
+    /// took that room meanwhile (`NoRoom`), it picks again on fresher
+    /// numbers, up to [`PLACEMENT_ATTEMPTS`] times. The outer error is
+    /// placement's (no host: a 503, or a disk that fits nowhere); the inner
+    /// one the commit's.
+    async fn place_committed<T, F>(
+        &self,
+        cpu: hearth_types::MilliCpu,
+        mem: hearth_types::ByteSize,
+        disk: Option<hearth_types::ByteSize>,
+        previous: Option<HostId>,
+        exclude: &[HostId],
+        mut commit: impl FnMut(HostId) -> F,
+    ) -> Result<Result<(T, HostId), hearth_db::DbError>, ApiError>
+    where
+        F: std::future::Future<Output = Result<T, hearth_db::DbError>>,
+    {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let host_id = self.place(cpu, mem, disk, previous, exclude).await?;
+            match commit(host_id).await {
+                Err(hearth_db::DbError::NoRoom { .. }) if attempt < PLACEMENT_ATTEMPTS => {
+                    self.metrics.placement_retried();
+                }
+                done => return Ok(done.map(|t| (t, host_id))),
+            }
+        }
+    }
+
     /// LangSmith's create: the body parsed and resolved against its
     /// snapshot at the door, then [`Self::create_sandbox`].
     pub async fn create(
@@ -300,58 +332,53 @@ impl Control {
                 let hex = id.as_uuid().simple().to_string();
                 format!("sandbox-{}", &hex[hex.len() - 12..])
             });
-        let mut attempt = 0;
-        let (row, host_id) = loop {
-            attempt += 1;
-            let host_id = self
-                .place(
-                    plan.spec.cpu,
-                    plan.spec.mem,
-                    Some(plan.spec.fs_capacity),
-                    None,
-                    &[],
-                )
-                .await?;
-            let now = Timestamp::now();
-            let row = SandboxRow {
-                id,
-                workspace_id: who.workspace_id,
-                name: name.clone(),
-                status: SandboxStatus::Provisioning,
-                status_message: None,
-                snapshot_id: snap.id,
-                cpu: plan.spec.cpu,
-                mem: plan.spec.mem,
-                fs_capacity: plan.spec.fs_capacity,
-                idle_ttl: plan.spec.idle_ttl.unwrap_or_default(),
-                delete_after_stop: plan.spec.delete_after_stop.unwrap_or_default(),
-                persistent: plan.spec.persistent,
-                preserve_memory_on_stop: plan.spec.preserve_memory_on_stop,
-                labels: plan.spec.labels.clone(),
-                run_config: stored(&plan.spec.run)?,
-                spec: stored(&SandboxSpec {
-                    name: Some(name.clone()),
-                    ..plan.spec.clone()
-                })?,
-                host_id: Some(host_id),
-                generation: 1,
-                created_at: now,
-                created_by: who.who(),
-                updated_at: now,
-                updated_by: who.who(),
-                stopped_at: None,
-                last_activity_at: now,
-            };
-            match self.db.insert_sandbox_within_quota(&row).await {
-                Ok(()) => break (row, host_id),
-                Err(hearth_db::DbError::NoRoom { .. }) if attempt < PLACEMENT_ATTEMPTS => {
-                    self.metrics.placement_retried();
-                }
-                Err(hearth_db::DbError::Conflict { .. }) => {
-                    return Err(ApiError::name_conflict("sandbox", &name))
-                }
-                Err(other) => return Err(db_error(other)),
+        let now = Timestamp::now();
+        let row = SandboxRow {
+            id,
+            workspace_id: who.workspace_id,
+            name: name.clone(),
+            status: SandboxStatus::Provisioning,
+            status_message: None,
+            snapshot_id: snap.id,
+            cpu: plan.spec.cpu,
+            mem: plan.spec.mem,
+            fs_capacity: plan.spec.fs_capacity,
+            idle_ttl: plan.spec.idle_ttl.unwrap_or_default(),
+            delete_after_stop: plan.spec.delete_after_stop.unwrap_or_default(),
+            persistent: plan.spec.persistent,
+            preserve_memory_on_stop: plan.spec.preserve_memory_on_stop,
+            labels: plan.spec.labels.clone(),
+            run_config: stored(&plan.spec.run)?,
+            spec: stored(&SandboxSpec {
+                name: Some(name.clone()),
+                ..plan.spec.clone()
+            })?,
+            host_id: None,
+            generation: 1,
+            created_at: now,
+            created_by: who.who(),
+            updated_at: now,
+            updated_by: who.who(),
+            stopped_at: None,
+            last_activity_at: now,
+        };
+        let disk = Some(plan.spec.fs_capacity);
+        let db = &self.db;
+        let placed = self
+            .place_committed(row.cpu, row.mem, disk, None, &[], |host_id| {
+                let row = SandboxRow {
+                    host_id: Some(host_id),
+                    ..row.clone()
+                };
+                async move { db.insert_sandbox_within_quota(&row).await.map(|()| row) }
+            })
+            .await?;
+        let (row, host_id) = match placed {
+            Ok(placed) => placed,
+            Err(hearth_db::DbError::Conflict { .. }) => {
+                return Err(ApiError::name_conflict("sandbox", &name))
             }
+            Err(other) => return Err(db_error(other)),
         };
         self.metrics.created();
         self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create);
@@ -527,37 +554,29 @@ impl Control {
         exclude: &[HostId],
     ) -> Option<(SandboxRow, HostId)> {
         let disk = (row.generation <= 1).then_some(row.fs_capacity);
-        let mut attempt = 0;
-        let (moved, host_id) = loop {
-            attempt += 1;
-            let host_id = match self.place(row.cpu, row.mem, disk, None, exclude).await {
-                Ok(id) => id,
-                Err(e) => {
-                    tracing::info!(sandbox = %row.id, error = %e.message, "no other host can take the sandbox");
-                    return None;
-                }
-            };
-            let extra = StatusExtra {
-                host_id: Some(Some(host_id)),
-                bump_generation: true,
-                expect_generation: Some(row.generation),
-                expect_status: vec![SandboxStatus::Provisioning],
-                host_room: true,
-                ..StatusExtra::default()
-            };
-            let moved = self
-                .db
-                .set_status(row.id, SandboxStatus::Provisioning, None, extra)
-                .await;
-            match moved {
-                Ok(moved) => break (moved, host_id),
-                Err(hearth_db::DbError::NoRoom { .. }) if attempt < PLACEMENT_ATTEMPTS => {
-                    self.metrics.placement_retried();
-                }
-                Err(e) => {
-                    crate::error::log_status_error(row.id, "placed again", Err(e));
-                    return None;
-                }
+        let placed = self
+            .place_committed(row.cpu, row.mem, disk, None, exclude, |host_id| {
+                let extra = StatusExtra {
+                    host_id: Some(Some(host_id)),
+                    bump_generation: true,
+                    expect_generation: Some(row.generation),
+                    expect_status: vec![SandboxStatus::Provisioning],
+                    host_room: true,
+                    ..StatusExtra::default()
+                };
+                self.db
+                    .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+            })
+            .await;
+        let (moved, host_id) = match placed {
+            Ok(Ok(moved)) => moved,
+            Ok(Err(e)) => {
+                crate::error::log_status_error(row.id, "placed again", Err(e));
+                return None;
+            }
+            Err(e) => {
+                tracing::info!(sandbox = %row.id, error = %e.message, "no other host can take the sandbox");
+                return None;
             }
         };
         self.bump();
@@ -942,34 +961,26 @@ impl Control {
                 )))
             }
         }
-        let mut attempt = 0;
-        let (placed, host_id) = loop {
-            attempt += 1;
-            // The disk exists already; a host checks any growth when it boots.
-            let host_id = self.place(row.cpu, row.mem, None, row.host_id, &[]).await?;
-            let extra = StatusExtra {
-                host_id: Some(Some(host_id)),
-                bump_generation: true,
-                stopped_at: Some(None),
-                expect_status: vec![SandboxStatus::Stopped, SandboxStatus::Failed],
-                // Live again: its CPU and memory count against the quotas,
-                // and the host's room is checked where it is committed.
-                within_quota: true,
-                host_room: true,
-                ..StatusExtra::default()
-            };
-            match self
-                .db
-                .set_status(row.id, SandboxStatus::Provisioning, None, extra)
-                .await
-            {
-                Ok(placed) => break (placed, host_id),
-                Err(hearth_db::DbError::NoRoom { .. }) if attempt < PLACEMENT_ATTEMPTS => {
-                    self.metrics.placement_retried();
-                }
-                Err(e) => return Err(db_error(e)),
-            }
-        };
+        // The disk exists already; a host checks any growth when it boots.
+        let (placed, host_id) = self
+            .place_committed(row.cpu, row.mem, None, row.host_id, &[], |host_id| {
+                let extra = StatusExtra {
+                    host_id: Some(Some(host_id)),
+                    bump_generation: true,
+                    stopped_at: Some(None),
+                    expect_status: vec![SandboxStatus::Stopped, SandboxStatus::Failed],
+                    // Live again: its CPU and memory count against the
+                    // quotas, and the host's room is checked where it is
+                    // committed.
+                    within_quota: true,
+                    host_room: true,
+                    ..StatusExtra::default()
+                };
+                self.db
+                    .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+            })
+            .await?
+            .map_err(db_error)?;
         self.bump();
         if row.host_id.is_some() && row.host_id != Some(host_id) {
             // A different host: the old one's copy is stale; it forgets
