@@ -3,7 +3,7 @@
 
 use hearth_types::{ByteSize, SnapshotId, WorkspaceId};
 
-use crate::error::DbError;
+use crate::error::{is_unique_violation, DbError};
 use crate::model::{Page, SnapshotFilter, SnapshotRow, SnapshotSort, SnapshotStatus};
 use crate::page::{push_name_and_status, Key, KeyKind, Keyset, SortSpec};
 use crate::quota::{check_snapshot, quota_and_usage};
@@ -176,11 +176,17 @@ impl Db {
             s,
             None,
         )?;
-        let n = self
-            .pool
-            .execute(&sql)
-            .await
-            .map_err(DbError::unique(op, what))?;
+        // Two control-plane replicas starting together on a new database
+        // insert the same built-in at once. PostgreSQL's ON CONFLICT
+        // arbitrates only on `id`: the loser can trip the (name, tag)
+        // index instead, and it reports that only after the winner
+        // committed. Once again then finds the row by `id` and updates it;
+        // a different snapshot holding the name conflicts again.
+        let mut n = self.pool.execute(&sql).await;
+        if matches!(&n, Err(e) if is_unique_violation(e)) {
+            n = self.pool.execute(&sql).await;
+        }
+        let n = n.map_err(DbError::unique(op, what))?;
         if n == 0 {
             // The id belongs to a workspace's snapshot.
             return Err(DbError::Conflict { what: what() });

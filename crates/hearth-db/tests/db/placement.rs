@@ -247,3 +247,30 @@ async fn two_replicas_never_overcommit_a_host() {
         b.close().await;
     }
 }
+
+/// Replicas starting together on a new database each seed the built-in
+/// snapshots: three connection pools upserting one built-in at the same
+/// moment, 30 times (a fresh name each round), all succeed and leave one
+/// row (the fleet test once saw "snapshot busybox:latest already exists").
+#[tokio::test]
+async fn replicas_seeding_one_builtin_at_once_all_succeed() {
+    for t in testing::backends().await {
+        eprintln!("-- backend {:?}", t.backend());
+        let a: &Db = &t;
+        let b = Db::connect(&t.url).await.unwrap();
+        let c = Db::connect(&t.url).await.unwrap();
+        let ws = workspace(a, Quotas::default()).await.id;
+        for round in 0..30 {
+            let s = snapshot(&format!("seed{round}"), "latest");
+            let (ra, rb, rc) = tokio::join!(
+                a.upsert_builtin_snapshot(&s),
+                b.upsert_builtin_snapshot(&s),
+                c.upsert_builtin_snapshot(&s)
+            );
+            for r in [ra, rb, rc] {
+                r.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            }
+            assert_eq!(a.get_snapshot(ws, s.id).await.unwrap().id, s.id);
+        }
+    }
+}
