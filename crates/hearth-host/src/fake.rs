@@ -23,7 +23,8 @@
 //!
 //! Faults are injected on the [`FakeVmm`] handle (it is a cheap clone of
 //! the one the host holds): boots that fail ([`BootFault`]), a VMM that
-//! dies ([`FakeVmm::crash`]), saves that fail, VMMs that ignore a quit.
+//! dies ([`FakeVmm::crash`]), a guest agent that stops ([`FakeVmm::wedge`]),
+//! saves that fail, VMMs that ignore a quit.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -144,6 +145,19 @@ impl FakeVmm {
         }
     }
 
+    /// The guest agent of `id` stops for good, as one stopped under
+    /// ptrace: it reads nothing more from its connection, so it answers no
+    /// ping and no request, while its VMM runs on and the connection stays
+    /// open; only the VMM's end (a stop's kill, a crash) ends it. False if
+    /// the VM is not running.
+    pub fn wedge(&self, id: VmId) -> bool {
+        let Some(m) = self.state().running.get(&id).cloned() else {
+            return false;
+        };
+        m.wedged.send_replace(true);
+        true
+    }
+
     /// Whether the VMM of `id` is running (paused counts).
     pub fn is_running(&self, id: VmId) -> bool {
         self.state().running.contains_key(&id)
@@ -218,11 +232,13 @@ impl FakeVmm {
         let ignore_quit = self.state().ignore_quit;
         let (exit, _) = watch::channel(None);
         let (paused, _) = watch::channel(false);
+        let (wedged, _) = watch::channel(false);
         let machine = Arc::new(Machine {
             id: spec.id,
             pid: self.shared.next_pid.fetch_add(1, Ordering::Relaxed),
             exit,
             paused,
+            wedged,
             ignore_quit,
             vmm: Arc::downgrade(&self.shared),
         });
@@ -343,6 +359,8 @@ struct Machine {
     /// `Some` once it has ended.
     exit: watch::Sender<Option<ExitInfo>>,
     paused: watch::Sender<bool>,
+    /// Set by [`FakeVmm::wedge`]; never cleared.
+    wedged: watch::Sender<bool>,
     ignore_quit: bool,
     vmm: Weak<Shared>,
 }
@@ -534,6 +552,10 @@ async fn serve_guest(listener: UnixListener, m: Arc<Machine>, silent: bool) {
         return;
     }
     let (r, w) = conn.into_split();
+    let r = Wedgeable {
+        inner: r,
+        wedged: m.wedged.subscribe(),
+    };
     let mut reader = FramedRead::new(r, FrameCodec);
     let mut writer = FramedWrite::new(w, FrameCodec);
     let hello = tokio::select! {
@@ -563,6 +585,28 @@ async fn serve_guest(listener: UnixListener, m: Arc<Machine>, silent: bool) {
         }
     }
     mux.shutdown("the fake vmm ended");
+}
+
+/// The guest's end of its connection, read until the agent is wedged
+/// ([`FakeVmm::wedge`]); from then on, never again: what the host sends
+/// stays unread, as with an agent stopped under ptrace.
+struct Wedgeable<R> {
+    inner: R,
+    wedged: watch::Receiver<bool>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Wedgeable<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if *self.wedged.borrow() {
+            // Pending for good: a stopped agent is never woken.
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
 }
 
 /// Answers one request as the guest agent would (see the module's list).

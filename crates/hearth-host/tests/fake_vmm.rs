@@ -143,6 +143,81 @@ async fn a_vmm_that_dies_is_marked_failed_and_starts_again() {
     assert!(!fake.is_running(vm.id), "shutdown stops every vm");
 }
 
+/// Security review of issue 6, finding 6: with the guest agent stopped
+/// (under ptrace, in the finding) an exec with a 5 s timeout hung for
+/// minutes and the VM stayed ready. Now the exec returns within its
+/// timeout plus the grace, the VM is marked unhealthy and then failed with
+/// the reason, and a start recovers it. (The cli's
+/// `finding6_wedged_sandbox_fails_with_a_reason_and_recovers` wedges a real
+/// guest under ptrace, end to end through the control plane.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_guest_is_detected_and_never_hangs_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let mut cfg = fake_config(&dir);
+    let exec_timeout = Duration::from_millis(500);
+    let deadline = exec_timeout + hearth_host::guest::DEADLINE_GRACE;
+    cfg.liveness = hearth_host::Liveness {
+        interval: Duration::from_millis(100),
+        unhealthy_after: Duration::from_millis(300),
+        // Past the exec's deadline, so both are seen.
+        fail_after: deadline + Duration::from_secs(2),
+    };
+    let host = start(cfg, &fake).await;
+    let vm = host.create_vm(small()).await.unwrap();
+    let g = host.guest(vm.id).unwrap();
+    assert_eq!(g.run(echo("before")).await.unwrap().stdout, b"before\n");
+    assert!(fake.wedge(vm.id));
+
+    let mut req = echo("never");
+    req.timeout_ms = exec_timeout.as_millis() as u64;
+    let t = Instant::now();
+    let r = tokio::time::timeout(deadline * 3, g.run(req))
+        .await
+        .expect("the exec returns instead of hanging");
+    let took = t.elapsed();
+    eprintln!("wedged exec returned after {took:?}: {r:?}");
+    assert!(
+        matches!(r, Err(hearth_host::GuestError::Deadline(_))),
+        "{r:?}"
+    );
+    assert!(
+        took >= exec_timeout && took < deadline + Duration::from_secs(1),
+        "{took:?}"
+    );
+
+    // Unhealthy first (it was already while the exec waited), then
+    // failed, with the reason.
+    let t = Instant::now();
+    let mut saw_unhealthy = false;
+    while vm.state() == VmState::Ready {
+        saw_unhealthy |= vm
+            .record()
+            .reason
+            .is_some_and(|r| r.starts_with("unhealthy"));
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", vm.record());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rec = vm.record();
+    assert_eq!(rec.state, VmState::Failed, "{rec:?}");
+    assert!(saw_unhealthy, "{rec:?}");
+    let reason = rec.reason.unwrap_or_default();
+    assert!(reason.contains("stopped answering"), "{reason}");
+    assert!(
+        !fake.is_running(vm.id),
+        "a failed wedged guest's VMM is ended"
+    );
+
+    // A start recovers it, as after a crash.
+    let vm = host
+        .start_vm(vm.id)
+        .await
+        .expect("a failed vm starts again");
+    let out = host.guest(vm.id).unwrap().run(echo("back")).await.unwrap();
+    assert_eq!(out.stdout, b"back\n");
+    host.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_failures_are_reported_and_the_vm_starts_later() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,9 +8,11 @@
 //! PostgreSQL when present and the simulated host (`SimHost`), in seconds.
 //! `scripts/test-fast` runs this binary with `--skip vm::`.
 //!
-//! Two suites stay binaries of their own because they measure the whole
-//! process: `execute_bounded.rs` (its peak resident set) and
-//! `slow_clients.rs` (its descriptors, and its RLIMIT_NOFILE raised).
+//! `slow_clients.rs` stays a binary of its own because it measures the
+//! whole process (its descriptors, and its RLIMIT_NOFILE raised). A bounded
+//! `POST /execute` and the server's flat memory are the cli's
+//! `finding2_execute_output_is_capped_and_server_memory_stays_flat`, on
+//! `hearth up`'s own process.
 
 mod harness;
 

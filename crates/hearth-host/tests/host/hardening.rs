@@ -1,7 +1,8 @@
 //! Security-review findings that live in the host agent, each on real
-//! microVMs: a wedged guest is detected and never hangs a request
-//! (finding 6), idle guests give memory back (finding 4), and a guest's
-//! clock is the host's (issue 16, finding 8).
+//! microVMs: a paused guest is not failed by liveness (finding 6; a wedged
+//! guest is tested on the fake VMM, `tests/fake_vmm.rs`, and end to end in
+//! the cli's tests), idle guests give memory back (finding 4), and a
+//! guest's clock is the host's (issue 16, finding 8).
 
 use std::time::{Duration, Instant};
 
@@ -14,95 +15,6 @@ use hearth_types::ByteSize;
 fn mem_file_bytes(vm: &hearth_host::Vm) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(vm.run_dir.join("guest.mem")).map_or(0, |m| m.blocks() * 512)
-}
-
-/// Stops the guest agent (PID 1) from inside the guest the way a hostile
-/// or broken workload can: a ptrace attach leaves it stopped for good.
-/// Returns once the command that arranges it has finished.
-async fn wedge_agent(g: &hearth_host::GuestClient) {
-    let out = g
-        .run(sh("(sleep 1; exec python3 -c 'import ctypes, time; \
-              l = ctypes.CDLL(None); l.ptrace(16, 1, 0, 0); time.sleep(3600)') \
-             </dev/null >/dev/null 2>&1 & echo armed"))
-        .await
-        .unwrap();
-    assert_eq!(out.stdout, b"armed\n", "{out:?}");
-}
-
-/// Finding 6: with the agent stopped under ptrace an exec with a 5 s
-/// timeout hung for minutes and the VM stayed ready. Now the exec returns
-/// within its timeout plus the grace, the VM is marked unhealthy and then
-/// failed with the reason, and a start recovers it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finding6_wedged_guest_is_detected_and_never_hangs_a_request() {
-    let mut cfg = test_config();
-    cfg.liveness = Liveness {
-        interval: Duration::from_secs(1),
-        unhealthy_after: Duration::from_secs(3),
-        // Past the exec's deadline (5 s + grace), so both are seen.
-        fail_after: Duration::from_secs(16),
-    };
-    let host = Host::start(cfg, std::sync::Arc::new(hearth_image::QuietProgress))
-        .await
-        .unwrap();
-    let (vm, g) = vm(&host, ImageName::Default).await;
-    wedge_agent(&g).await;
-    // Wait until the agent stops answering (python starts slowly under a
-    // loaded TCG host).
-    let t = Instant::now();
-    while tokio::time::timeout(Duration::from_secs(2), g.ping())
-        .await
-        .is_ok()
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "the agent never stopped"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-
-    let mut req = sh("echo never");
-    req.timeout_ms = 5_000;
-    let t = Instant::now();
-    let r = tokio::time::timeout(Duration::from_secs(30), g.run(req))
-        .await
-        .expect("the exec returns instead of hanging");
-    let took = t.elapsed();
-    eprintln!("wedged exec returned after {took:?}: {r:?}");
-    assert!(
-        matches!(r, Err(hearth_host::GuestError::Deadline(_))),
-        "{r:?}"
-    );
-    assert!(
-        took < Duration::from_secs(5) + hearth_host::guest::DEADLINE_GRACE + Duration::from_secs(3),
-        "{took:?}"
-    );
-
-    // Unhealthy first, then failed, with the reason.
-    let t = Instant::now();
-    let mut saw_unhealthy = false;
-    while vm.state() == VmState::Ready {
-        saw_unhealthy |= vm
-            .record()
-            .reason
-            .is_some_and(|r| r.starts_with("unhealthy"));
-        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", vm.record());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let rec = vm.record();
-    assert_eq!(rec.state, VmState::Failed, "{rec:?}");
-    assert!(saw_unhealthy, "{rec:?}");
-    let reason = rec.reason.unwrap_or_default();
-    assert!(reason.contains("stopped answering"), "{reason}");
-
-    // A start recovers it, as after a crash.
-    let vm = match host.start_vm(vm.id).await {
-        Ok(vm) => vm,
-        Err(e) => panic!("{}", hearth_host::error_chain(&e)),
-    };
-    let out = vm.guest().unwrap().run(sh("echo back")).await.unwrap();
-    assert_eq!(out.stdout, b"back\n");
-    host.delete(vm.id).await.unwrap();
 }
 
 /// A paused VM does not answer pings and must not be declared failed.

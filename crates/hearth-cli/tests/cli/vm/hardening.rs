@@ -200,8 +200,9 @@ fn finding1_other_users_can_read_nothing_of_the_server() {
 
 /// Finding 2: `POST /execute` kept all of a command's output in memory
 /// (2 GiB of output took the server from 88 MB to 6.4 GB). Now each channel
-/// is cut at the cap, the answer says `truncated`, and the server's memory
-/// stays flat.
+/// is cut at the cap (its first bytes kept), the answer says `truncated`,
+/// and the server's memory stays flat; a command that prints forever is
+/// answered at its timeout.
 ///
 /// The command prints 512 MiB: 32 times the cap and 8 times the growth
 /// allowed, so a server that kept the output would still fail. The 2 GiB of
@@ -276,6 +277,33 @@ fn finding2_execute_output_is_capped_and_server_memory_stays_flat() {
         grew >> 20
     );
     assert!(grew < 64 << 20, "server RSS grew by {} MiB", grew >> 20);
+    let kept = v["stdout"].as_str().unwrap_or_default();
+    assert!(
+        kept.as_bytes().chunks(2).all(|c| c == b"y\n"),
+        "the first {cap} bytes printed are the ones kept"
+    );
+
+    // A command with a timeout that prints forever is answered at its
+    // deadline: the guest's 408, not the host's 504 after the grace.
+    let t = Instant::now();
+    let (code, body) = curl(
+        "POST",
+        &format!("{dp}/execute"),
+        Some(&srv.key),
+        Some(&json!({"command": "yes", "timeout": 3}).to_string()),
+    );
+    let took = t.elapsed();
+    eprintln!("`yes` with timeout 3: {code} after {took:?}");
+    assert_eq!(
+        (code, json_of(&body)["detail"]["error"].as_str()),
+        (408, Some("CommandTimeout")),
+        "{body:.300}"
+    );
+    assert!(
+        took >= Duration::from_secs(3)
+            && took < Duration::from_secs(3) + hearth_host::guest::DEADLINE_GRACE,
+        "{took:?}"
+    );
 }
 
 /// Finding 3: any `fs_capacity_bytes` was accepted, and the failure of an

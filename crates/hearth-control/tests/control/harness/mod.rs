@@ -1,4 +1,4 @@
-//! Shared by the suites of `tests/control/` and `execute_bounded.rs`: a control plane
+//! Shared by the suites of `tests/control/`: a control plane
 //! served on a loopback port by `hearth_control::serve` (the real server,
 //! so hyper's own parsing is part of what is tested), optionally with a
 //! real host agent booting busybox microVMs, and a raw HTTP/1.1 client
