@@ -44,12 +44,12 @@ fn capacity() -> anyhow::Result<(MilliCpu, ByteSize)> {
 }
 
 /// Serves the host API with signed commands, holding a lease from the
-/// control plane at `control`.
+/// control plane at `control` (its URLs: one, or each replica's).
 pub async fn serve(
     data_dir: &Path,
     host: Arc<hearth_host::Host>,
     listen: SocketAddr,
-    control: String,
+    control: Vec<String>,
     advertise: Option<String>,
     limits: hearth_listen::Limits,
 ) -> anyhow::Result<()> {
@@ -64,7 +64,7 @@ pub async fn serve(
     } else {
         format!("http://{advertise}")
     };
-    let control_url = control.clone();
+    let control_url = control.join(", ");
     let settings = FleetSettings {
         control,
         token,
@@ -108,7 +108,7 @@ pub async fn serve(
 
 /// Asks the control plane to drain this host (no new sandboxes; those it
 /// runs are saved or stopped, to start elsewhere on their next use).
-pub async fn drain(data_dir: &Path, control: String) -> anyhow::Result<u8> {
+pub async fn drain(data_dir: &Path, control: Vec<String>) -> anyhow::Result<u8> {
     let token = env(TOKEN_ENV).unwrap_or_default();
     let host_id = crate::up::host_id(data_dir)?;
     let key = Arc::new(signing_key(data_dir, "host")?);

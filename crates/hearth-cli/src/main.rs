@@ -108,9 +108,11 @@ enum HostCommand {
     Serve {
         #[arg(long, default_value = "127.0.0.1:19190")]
         listen: std::net::SocketAddr,
-        /// The control plane's URL.
-        #[arg(long, env = "HEARTH_CONTROL_URL")]
-        control: Option<String>,
+        /// The control plane's URL: its load balancer's, or its replicas',
+        /// comma-separated (the host uses one and moves to the next when
+        /// it cannot reach it).
+        #[arg(long, env = "HEARTH_CONTROL_URL", value_delimiter = ',')]
+        control: Vec<String>,
         /// This host's API as the control plane reaches it (default: the
         /// listen address).
         #[arg(long, env = "HEARTH_ADVERTISE")]
@@ -120,8 +122,14 @@ enum HostCommand {
     /// and those it runs are saved (`preserve_memory_on_stop`) or stopped,
     /// to start on another host when next used. Returns when done.
     Drain {
-        #[arg(long, env = "HEARTH_CONTROL_URL")]
-        control: String,
+        /// As for `serve`: one URL, or the replicas', comma-separated.
+        #[arg(
+            long,
+            env = "HEARTH_CONTROL_URL",
+            value_delimiter = ',',
+            required = true
+        )]
+        control: Vec<String>,
     },
 }
 
@@ -434,10 +442,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             command:
                 HostCommand::Serve {
                     listen,
-                    control: Some(control),
+                    control,
                     advertise,
                 },
-        } => {
+        } if !control.is_empty() => {
             // The environment's listener settings; the descriptor limit is
             // raised before the host agent opens anything.
             let limits = listener::ListenerFileConfig::default().limits()?;

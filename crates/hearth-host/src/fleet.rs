@@ -34,8 +34,10 @@ pub const FENCED_EPOCH: u64 = u64::MAX;
 /// How a host joins a fleet.
 #[derive(Clone)]
 pub struct FleetSettings {
-    /// The control plane's base URL.
-    pub control: String,
+    /// The control plane's base URLs: one (a load balancer's, or the only
+    /// replica's), or each replica's. A request goes to the one that last
+    /// answered and moves on to the next when it cannot reach it.
+    pub control: Vec<String>,
     /// The enrollment token.
     pub token: String,
     /// This host's API as the control plane reaches it (`http://ip:port`).
@@ -68,10 +70,15 @@ pub struct ControlClient {
     settings: FleetSettings,
     http: reqwest::Client,
     signer: hearth_fence::Signer,
+    /// Index in `settings.control` of the URL that last answered.
+    current: std::sync::atomic::AtomicUsize,
 }
 
 impl ControlClient {
     pub fn new(settings: FleetSettings) -> Result<Self, FleetError> {
+        if settings.control.is_empty() {
+            return Err(FleetError::Other("no control-plane URL".into()));
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(600))
@@ -82,9 +89,22 @@ impl ControlClient {
             settings,
             http,
             signer,
+            current: Default::default(),
         })
     }
 
+    /// The control plane's URLs, as given.
+    pub fn control_urls(&self) -> String {
+        self.settings.control.join(", ")
+    }
+
+    /// POSTs to the control plane within `timeout`: to the URL that last
+    /// answered, then, while none answers, to each of the others in turn,
+    /// each given an equal share of what is left of `timeout` (a replica
+    /// that hangs does not use up the time of those after it). Every
+    /// request here may be sent again (a registration makes a new epoch, a
+    /// renewal renews the same lease, a drain is asked again), so one whose
+    /// answer was lost with its replica is retried at the next.
     async fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
@@ -93,7 +113,44 @@ impl ControlClient {
         body: &B,
         timeout: Duration,
     ) -> Result<T, FleetError> {
+        use std::sync::atomic::Ordering;
         let body = serde_json::to_vec(body).map_err(|e| FleetError::Other(e.to_string()))?;
+        let urls = &self.settings.control;
+        let first = self.current.load(Ordering::Relaxed);
+        let end = Instant::now() + timeout;
+        let mut unreachable = Vec::new();
+        for i in 0..urls.len() {
+            let at = (first + i) % urls.len();
+            let left = end.saturating_duration_since(Instant::now());
+            let share = (left / (urls.len() - i) as u32).max(Duration::from_millis(100));
+            match self
+                .post_to(&urls[at], path, subject, generation, &body, share)
+                .await
+            {
+                Err(FleetError::Unreachable(e)) => {
+                    if urls.len() > 1 {
+                        tracing::warn!(control = %urls[at], error = %e, "control-plane URL unreachable; trying the next");
+                    }
+                    unreachable.push(format!("{}: {e}", urls[at]));
+                }
+                answered => {
+                    self.current.store(at, Ordering::Relaxed);
+                    return answered;
+                }
+            }
+        }
+        Err(FleetError::Unreachable(unreachable.join("; ")))
+    }
+
+    async fn post_to<T: serde::de::DeserializeOwned>(
+        &self,
+        base: &str,
+        path: &str,
+        subject: Option<&str>,
+        generation: u64,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<T, FleetError> {
         let token = self
             .signer
             .sign(
@@ -102,15 +159,12 @@ impl ControlClient {
                 subject,
                 generation,
                 &hearth_fence::action("POST", path),
-                &body,
+                body,
             )
             .map_err(|e| FleetError::Other(format!("sign: {e}")))?;
         let resp = self
             .http
-            .post(format!(
-                "{}{path}",
-                self.settings.control.trim_end_matches('/')
-            ))
+            .post(format!("{}{path}", base.trim_end_matches('/')))
             .header("content-type", "application/json")
             .header(
                 hearth_hostapi::fleet::ENROLLMENT_HEADER,
@@ -118,7 +172,7 @@ impl ControlClient {
             )
             .header(hearth_fence::HEADER_NAME, token)
             .timeout(timeout)
-            .body(body)
+            .body(body.to_vec())
             .send()
             .await
             .map_err(|e| FleetError::Unreachable(e.to_string()))?;
@@ -252,7 +306,10 @@ pub async fn hold_lease(host: Arc<Host>, client: ControlClient, verifier: Arc<Ve
         write_lease_file(&client.settings.lease_file, lease.epoch);
         eprintln!(
             "hearth host {} registered with {} (lease epoch {}, {} ms)",
-            client.settings.host_id, client.settings.control, lease.epoch, lease.ttl_ms
+            client.settings.host_id,
+            client.control_urls(),
+            lease.epoch,
+            lease.ttl_ms
         );
         tracing::info!(
             epoch = lease.epoch,

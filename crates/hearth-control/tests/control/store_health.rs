@@ -14,6 +14,9 @@
 //!
 //! The in-process host of `hearth up` follows the same rule through
 //! `Control::record_store_health` (on `SimHost`).
+//!
+//! On the same scaffolding: a host given every replica's URL keeps its
+//! lease when the replica it renews through dies.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -103,12 +106,13 @@ fn free_port() -> u16 {
 }
 
 /// A host agent on the fake VMM, in the fleet of the control plane at
-/// `control`: its API served with signed commands, its lease held.
+/// `controls` (its URLs: one, or each replica's): its API served with
+/// signed commands, its lease held.
 async fn fleet_host(
     dir: &std::path::Path,
     name: &str,
     store_url: Option<String>,
-    control: &str,
+    controls: &[String],
 ) -> (HostId, Arc<Host>) {
     let data = dir.join(name);
     let mut cfg = HostConfig::new(&data);
@@ -129,7 +133,7 @@ async fn fleet_host(
     vcfg.epoch = FENCED_EPOCH;
     let verifier = Arc::new(Verifier::new(vcfg, KeyRing::new()));
     let client = ControlClient::new(FleetSettings {
-        control: control.to_owned(),
+        control: controls.to_vec(),
         token: TOKEN.into(),
         advertise: format!("http://{addr}"),
         host_id: id,
@@ -249,8 +253,9 @@ async fn a_host_whose_store_fails_gets_no_sandboxes_until_its_store_answers_agai
         "s3://hearth/disks?endpoint=http://127.0.0.1:{port}&region=us-east-1\
          &allow_http=true&access_key_id=test&secret_access_key=test"
     );
-    let (a, host_a) = fleet_host(dir.path(), "a", Some(s3), &control_url).await;
-    let (b, host_b) = fleet_host(dir.path(), "b", None, &control_url).await;
+    let controls = [control_url];
+    let (a, host_a) = fleet_host(dir.path(), "a", Some(s3), &controls).await;
+    let (b, host_b) = fleet_host(dir.path(), "b", None, &controls).await;
     until(
         "both hosts registered",
         Duration::from_secs(20),
@@ -380,4 +385,76 @@ async fn an_in_process_host_whose_store_fails_takes_no_sandboxes_until_it_answer
     control.record_store_health(id, &StoreHealth::Ok).await;
     assert_eq!(store_error(&db, id).await, None);
     assert_eq!(create("after").await.0, 201);
+}
+
+/// Two control-plane replicas (each its own signing key) on one database,
+/// and a host given both URLs (`hearth host serve --control A,B`). It holds
+/// its lease through A; A stops serving; the host renews through B, never
+/// fences (its epoch stays, its lease never lapses), and a create through
+/// B lands on it. With A's URL alone the lease would lapse within one TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_renews_through_the_next_replica_when_its_replica_dies() {
+    let dir = tempfile::Builder::new()
+        .prefix("hf")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let (_, key) = crate::harness::workspace_key(&db, "ws", Quotas::default()).await;
+    // One master key (it seals what the replicas share), a signing key
+    // each.
+    let shared = ControlConfig {
+        host_token: Some(TOKEN.into()),
+        lease: LEASE,
+        ..ControlConfig::default()
+    };
+    let replica = async |db: Db| {
+        let cfg = ControlConfig {
+            signer: Some(Arc::new(Signer::new(
+                KeyPair::generate().unwrap(),
+                Duration::from_secs(60),
+            ))),
+            ..shared.clone()
+        };
+        let control = Control::open(db, cfg, Vec::new()).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(hearth_control::serve(control, listener, async move {
+            if stopped.await.is_err() {
+                tracing::debug!("the test dropped the stop signal");
+            }
+        }));
+        (addr, stop, server)
+    };
+    let (a_addr, stop_a, server_a) = replica(db.clone()).await;
+    let (b_addr, _stop_b, _server_b) = replica(Db::connect(&url.url).await.unwrap()).await;
+    let controls = [format!("http://{a_addr}"), format!("http://{b_addr}")];
+    let (id, host) = fleet_host(dir.path(), "h", None, &controls).await;
+    until("the host registered", Duration::from_secs(20), async || {
+        db.get_host(id).await.is_ok_and(|h| h.epoch >= 1)
+    })
+    .await;
+    let epoch = db.get_host(id).await.unwrap().epoch;
+
+    // A stops serving (its listener closes: connections are refused).
+    stop_a.send(()).unwrap();
+    server_a.await.unwrap().unwrap();
+    let stopped = Instant::now();
+    // Three lease terms later the host still holds the same lease: renewed
+    // through B all along, never fenced.
+    while stopped.elapsed() < LEASE * 3 {
+        let row = db.get_host(id).await.unwrap();
+        assert_eq!(row.epoch, epoch, "the host fenced and registered again");
+        assert!(
+            row.lease_expires_at > hearth_db::Timestamp::now(),
+            "the lease lapsed {:?} after A stopped",
+            stopped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And it takes sandboxes through B.
+    assert_eq!(create(b_addr, &key, &db, "after-a").await, id);
+    assert_eq!(host.list().len(), 1);
+    host.shutdown().await;
 }
