@@ -8,10 +8,11 @@
 //! `common/fleet.rs`; each test builds its own fleet, and they run one at a
 //! time (two cores, guests under TCG).
 //!
-//! - **Three replicas** (the hosts register with replica 1: `--control`
-//!   takes one URL), two places per host: 30 SDK creates at once,
-//!   round-robin over the replicas, and a kill -9 of replica 2 or 3 (one
-//!   the hosts do not register with) while a boot it accepted runs. Every
+//! - **Three replicas** (the hosts are given every replica's URL and hold
+//!   their leases through replica 1 first), two places per host: 30 SDK
+//!   creates at once, round-robin over the replicas, and a kill -9 of
+//!   replica 1 while a boot it accepted runs: the hosts renew through the
+//!   next replica and keep their leases (no failover). Every
 //!   create is ready or got an error the SDK retries (no connection to the
 //!   dead replica, 503 once the hosts are full), or was in flight at the
 //!   dead replica (dropped, not retried: a create is not idempotent) and
@@ -113,7 +114,7 @@ const BURST_HOST_VCPUS: u32 = 2;
 fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_survive_a_replica_kill_9_and_each_host_serves_exec_files_and_tunnels(
 ) {
     let _one = one_at_a_time();
-    let Some(fleet) = Fleet::start_with(
+    let Some(mut fleet) = Fleet::start_with(
         "replicas",
         Shape {
             replicas: 3,
@@ -141,13 +142,14 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
             args.extend(all.iter().map(String::as_str));
             fleet.sdk(&args)
         });
-        // kill -9 of replica 2 or 3 (the hosts register with replica 1),
-        // the first with a boot it accepted under way on a host (a QEMU
-        // runs for it, its row is still provisioning).
+        // kill -9 of replica 1, through which the hosts hold their leases
+        // (they move to the next replica), with a boot it accepted under
+        // way on a host (a QEMU runs for it, its row is still
+        // provisioning).
         let in_flight = poll(
             Duration::from_secs(120),
             Duration::from_millis(100),
-            "a boot accepted by replica 2 or 3 runs on a host",
+            "a boot accepted by replica 1 runs on a host",
             || {
                 if burst.is_finished() {
                     return Some(None);
@@ -155,7 +157,7 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
                 let rows = fleet.sandbox_rows(ws);
                 rows.iter()
                     .find(|r| {
-                        creator(&r.name).is_some_and(|c| c > 0)
+                        creator(&r.name) == Some(0)
                             && r.status == SandboxStatus::Provisioning
                             && fleet.qemu_anywhere(&r.id.to_string().replace('-', "")) > 0
                     })
@@ -164,7 +166,7 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
         );
         let Some(in_flight) = in_flight else {
             let result = burst.join().unwrap();
-            panic!("the burst ended before replica 2 or 3 had a boot under way: {result}");
+            panic!("the burst ended before replica 1 had a boot under way: {result}");
         };
         let victim = creator(&in_flight).unwrap();
         fleet.kill9_replica(victim);
@@ -176,8 +178,9 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
         );
         (burst.join().unwrap(), killed_at, victim)
     });
-    // The replica left besides replica 1.
-    let other = 3 - victim;
+    // The replicas left; the first serves the fleet's own requests.
+    let survivors: Vec<usize> = (0..endpoints.len()).filter(|&i| i != victim).collect();
+    fleet.serve_through(survivors[0]);
     let burst_took = t.elapsed();
     let outcomes = outcomes.as_array().unwrap().clone();
     let mut tally: BTreeMap<String, usize> = BTreeMap::new();
@@ -303,9 +306,8 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
         .enumerate()
         .map(|(k, sb)| {
             let via = match by_name[sb.name.as_str()] {
-                0 => other,
-                c if c == victim => [0, other][k % 2],
-                _ => 0,
+                c if c == victim => survivors[k % survivors.len()],
+                c => *survivors.iter().find(|&&s| s != c).unwrap(),
             };
             format!("{}@{}", sb.name, endpoints[via])
         })
@@ -313,7 +315,7 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
     let mut args = vec!["exec-via"];
     args.extend(pairs.iter().map(String::as_str));
     let t = Instant::now();
-    let used = fleet.sdk_at(&endpoints[other], &args);
+    let used = fleet.sdk_at(&endpoints[survivors[0]], &args);
     for (sb, pair) in ready.iter().zip(&pairs) {
         let endpoint = pair.split_once('@').unwrap().1;
         assert_eq!(
@@ -373,13 +375,13 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
     }
 
     // On each host, one sandbox does the whole round through the SDK,
-    // through the replica left besides replica 1 (whose leases the hosts
-    // hold).
+    // through a replica left (the hosts now hold their leases through one
+    // of them).
     let one_each: Vec<&str> = by_host.values().map(|v| v[0].name.as_str()).collect();
     let mut args = vec!["exercise"];
     args.extend(&one_each);
     let t = Instant::now();
-    let result = fleet.sdk_at(&endpoints[other], &args);
+    let result = fleet.sdk_at(&endpoints[survivors[0]], &args);
     for name in &one_each {
         assert!(
             result[*name]["seconds"].is_number(),

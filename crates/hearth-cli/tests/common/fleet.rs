@@ -3,8 +3,9 @@
 //! --no-local-host`, each on its own port, all on that database with one
 //! master key file and one host token, started at once as a Deployment
 //! starts them) in the root network namespace, and
-//! host agents (`hearth host serve --control …`, registered with replica 1:
-//! `--control` takes one URL),
+//! host agents (`hearth host serve --control URL,URL,…`: every replica's
+//! URL, replica 1's first, so that the hosts hold their leases through
+//! replica 1 until it dies and then through the next),
 //! each in a network namespace of its own reached over a veth pair (root
 //! side 10.97.N.1/24, host side 10.97.N.2/24). Everything is torn down on
 //! drop, after a panic too: the processes this fixture started, by PID,
@@ -237,13 +238,18 @@ impl Fleet {
 
         let mut agents = Vec::new();
         for (i, net) in nets.into_iter().enumerate() {
+            let controls = replicas
+                .iter()
+                .map(|r| format!("http://{}:{}", net.root_ip, r.port))
+                .collect::<Vec<_>>()
+                .join(",");
             let host_dir = sub_data_dir(&dir, &format!("host{}", i + 1));
             let listen = format!("{}:{HOST_PORT}", net.ip);
             let mut cmd = Command::new(common::BIN);
             cmd.arg("--data-dir")
                 .arg(&host_dir)
                 .args(["host", "serve", "--listen", &listen, "--advertise", &listen])
-                .args(["--control", &format!("http://{}:{port}", net.root_ip)])
+                .args(["--control", &controls])
                 .env_remove("HEARTH_DATA_DIR")
                 .env("HEARTH_HOST_TOKEN", &token)
                 .env(
@@ -434,6 +440,14 @@ impl Fleet {
                 done.iter().copied().collect::<Option<Vec<_>>>()
             },
         )
+    }
+
+    /// From now on, [`Fleet::api`] (and `/metrics`, and the SDK steps that
+    /// name no endpoint) is replica `i`: when the first has been killed.
+    pub fn serve_through(&mut self, i: usize) {
+        self.port = self.replicas[i].port;
+        self.api.endpoint = format!("http://127.0.0.1:{}", self.port);
+        self.api.dir = self.replicas[i].dir.clone();
     }
 
     /// `hearth_host_sandboxes{host=…}` from `/metrics`, by host id.
