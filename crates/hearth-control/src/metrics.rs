@@ -105,7 +105,14 @@ pub async fn render(
             v.load(Ordering::Relaxed)
         );
     }
-    if let (Ok(hosts), Ok(loads)) = (c.db.list_hosts().await, c.db.host_load().await) {
+    let hosts = match (c.db.list_hosts().await, c.db.host_load().await) {
+        (Ok(hosts), Ok(loads)) => Some((hosts, loads)),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(error = %e, "/metrics: the hosts' gauges are left out: the database did not answer");
+            None
+        }
+    };
+    if let Some((hosts, loads)) = hosts {
         out.push_str("# HELP hearth_host_store_ok Whether the host's last store check (reported with its lease) succeeded; placement skips a host at 0.\n# TYPE hearth_host_store_ok gauge\n");
         for h in &hosts {
             let _ = writeln!(

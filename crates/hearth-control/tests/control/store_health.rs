@@ -41,7 +41,11 @@ const TOKEN: &str = "enroll-me";
 const LEASE: Duration = Duration::from_secs(3);
 const CHECK: StoreCheck = StoreCheck {
     every: Duration::from_millis(300),
-    timeout: Duration::from_secs(1),
+    // moto is a Python server: on a loaded CI machine a PUT once took more
+    // than a second and the store was reported failing while it was up. A
+    // stopped moto refuses at once, so this bounds nothing the test waits
+    // for.
+    timeout: Duration::from_secs(5),
 };
 
 /// moto_server, killed (by its PID, through the handle) when dropped.
