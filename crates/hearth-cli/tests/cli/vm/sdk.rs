@@ -2,11 +2,14 @@
 //! (`langsmith.sandbox.SandboxClient`, version pinned in
 //! `tests/sdk/requirements.txt`) against a live `hearth up`.
 //!
-//! This test starts `hearth up` on a fresh data directory (its images come
-//! from the shared `target/hearth-test/artifacts`, so the default Debian
-//! image is built once per machine), makes a second workspace and key with
-//! `hearth keys`, and runs `tests/sdk/test_sdk.py`, which prints PASS/FAIL
-//! per test. When the script's burst of creates has settled it pauses at a
+//! The suite runs in two halves side by side (two tests, [`FIRST_HALF`] and
+//! [`SECOND_HALF`], which together name every test of the script: a test
+//! added to one and not the other fails here). Each starts `hearth up` on a
+//! fresh data directory (its images come from the shared
+//! `target/hearth-test/artifacts`, so the default Debian image is built
+//! once per machine), makes a second workspace and key with `hearth keys`,
+//! and runs its half of `tests/sdk/test_sdk.py`, which prints PASS/FAIL per
+//! test. When the script's burst of creates has settled it pauses at a
 //! checkpoint, and this test checks from outside the SDK, over raw HTTP and
 //! `/proc`, that the database and the host agree: the API lists exactly the
 //! ready sandboxes and exactly those have a QEMU process, and `/metrics`
@@ -36,6 +39,38 @@ use std::time::{Duration, Instant};
 /// The whole SDK suite; it takes about a minute with warm images, a few on
 /// a slow machine.
 const SUITE_LIMIT: Duration = Duration::from_secs(20 * 60);
+
+/// The script's tests that share its main sandbox (created by the first),
+/// and two that stand alone: about half of the suite's time.
+const FIRST_HALF: &[&str] = &[
+    "test_create_default_sandbox",
+    "test_run_returns_stdout_and_exit_code",
+    "test_streaming_callbacks_arrive_in_order_with_stderr_separate",
+    "test_command_handle_streams_offsets_and_kill_ends_command",
+    "test_sse_transport_runs_streams_and_resumes",
+    "test_write_read_10mib_binary_byte_exact",
+    "test_stat_ranges_search_and_download_links",
+    "test_stop_start_keeps_filesystem",
+    "test_tunnel_and_service_url_reach_servers_in_sandbox",
+    "test_delete_then_get_is_not_found",
+    "test_error_missing_file_is_resource_not_found",
+    "test_error_bad_sizing_is_validation_error",
+    "test_error_wrong_api_key_is_authentication_error",
+    "test_error_other_workspace_sandbox_is_not_found",
+    "test_snapshot_capture_boots_a_copy_and_delete_is_refused_while_in_use",
+    "test_preserve_memory_on_stop_resumes_processes_on_start",
+];
+
+/// The rest, each standing alone: snapshots with memory, an OCI image, and
+/// the burst (last: it empties the workspace first).
+const SECOND_HALF: &[&str] = &[
+    "test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not",
+    "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env",
+    BURST_TEST,
+];
+
+const BURST_TEST: &str = "test_burst_of_creates_ends_ready_or_with_clear_errors";
+const OCI_TEST: &str = "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env";
 /// The first start on a machine builds the default Debian image.
 const START_LIMIT: Duration = Duration::from_secs(30 * 60);
 
@@ -48,12 +83,12 @@ fn shared() -> PathBuf {
 }
 
 /// A fresh data directory whose `artifacts` is the shared image cache.
-fn data_dir() -> PathBuf {
+fn data_dir(part: &str) -> PathBuf {
     let shared = shared();
     std::fs::create_dir_all(shared.join("artifacts")).unwrap();
     let dir = shared
         .join("hosts")
-        .join(format!("sdk-{}", std::process::id()));
+        .join(format!("sdk-{part}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::os::unix::fs::symlink(shared.join("artifacts"), dir.join("artifacts")).unwrap();
@@ -523,13 +558,53 @@ fn check_after_burst(server: &Server, checkpoint_json: &Path) -> Result<String, 
     ))
 }
 
+/// The names in the script's `TESTS = [...]` list, in order.
+fn script_tests() -> Vec<String> {
+    let script = std::fs::read_to_string(repo().join("tests/sdk/test_sdk.py")).unwrap();
+    let list = script
+        .split_once("\nTESTS = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .expect("a TESTS = [...] list in tests/sdk/test_sdk.py")
+        .0;
+    list.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
-fn langsmith_sdk_against_hearth_up() {
+fn the_two_halves_of_the_sdk_suite_are_the_whole_suite() {
+    let halves: Vec<String> = FIRST_HALF
+        .iter()
+        .chain(SECOND_HALF)
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(halves, script_tests(), "FIRST_HALF then SECOND_HALF");
+}
+
+#[test]
+fn langsmith_sdk_against_hearth_up_sandboxes_exec_files_errors_and_captures() {
+    suite("a", FIRST_HALF);
+}
+
+#[test]
+fn langsmith_sdk_against_hearth_up_memory_snapshots_oci_images_and_a_burst() {
+    suite("b", SECOND_HALF);
+}
+
+/// Runs `tests` of the script against a `hearth up` of their own.
+fn suite(part: &str, tests: &[&str]) {
     let started = Instant::now();
     let python = common::sdk_python();
     println!("python: {}", python.display());
-    let dir = data_dir();
-    let registry = OciRegistry::start(&dir);
+    let dir = data_dir(part);
+    let registry = if tests.contains(&OCI_TEST) {
+        OciRegistry::start(&dir)
+    } else {
+        None
+    };
+    let burst = tests.contains(&BURST_TEST);
     let mut server = Server::start(&dir);
 
     // A second workspace with its own key: its view must not include the
@@ -541,7 +616,7 @@ fn langsmith_sdk_against_hearth_up() {
     let checkpoint_json = PathBuf::from(format!("{}.json", checkpoint.display()));
     let checkpoint_done = PathBuf::from(format!("{}.done", checkpoint.display()));
     let mut cmd = Command::new(&python);
-    cmd.arg(repo().join("tests/sdk/test_sdk.py"));
+    cmd.arg(repo().join("tests/sdk/test_sdk.py")).args(tests);
     // Only what this test sets reaches the SDK (no tracing, no SSE flag, no
     // other endpoint).
     for (k, _) in std::env::vars_os() {
@@ -584,7 +659,7 @@ fn langsmith_sdk_against_hearth_up() {
         if let Some(status) = py.try_wait().unwrap() {
             break Some(status);
         }
-        if outside.is_none() && checkpoint_json.exists() {
+        if burst && outside.is_none() && checkpoint_json.exists() {
             let result = check_after_burst(&server, &checkpoint_json);
             println!("outside check after the burst: {result:?}");
             std::fs::write(&checkpoint_done, format!("{result:?}")).unwrap();
@@ -614,9 +689,9 @@ fn langsmith_sdk_against_hearth_up() {
         }
     }
     match outside {
-        None => failures.push("the SDK suite did not reach the burst's checkpoint".into()),
+        None if burst => failures.push("the SDK suite did not reach the burst's checkpoint".into()),
         Some(Err(e)) => failures.push(format!("after the burst: {e}")),
-        Some(Ok(_)) => {}
+        None | Some(Ok(_)) => {}
     }
 
     // The suite deleted everything it made: nothing listed, no VM running.
