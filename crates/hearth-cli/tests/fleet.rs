@@ -135,6 +135,14 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
     };
 
     let t = Instant::now();
+    let epochs = |fleet: &Fleet| -> BTreeMap<String, u64> {
+        fleet
+            .host_rows()
+            .into_iter()
+            .map(|h| (h.id.to_string(), h.epoch))
+            .collect()
+    };
+    let epochs_before = epochs(&fleet);
     let (outcomes, killed_at, victim) = std::thread::scope(|s| {
         let burst = s.spawn(|| {
             let list = endpoints.join(",");
@@ -392,6 +400,13 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
         "exec, a 256 KiB file each way and a tunnel through one sandbox on each of {} hosts in {}",
         one_each.len(),
         secs(t.elapsed())
+    );
+    // The hosts renewed through the replicas left: none fenced itself and
+    // registered again (a new epoch), none lost its lease.
+    assert_eq!(
+        epochs(&fleet),
+        epochs_before,
+        "a host's lease epoch changed after replica 1 died"
     );
 }
 
