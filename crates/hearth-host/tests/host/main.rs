@@ -11,6 +11,7 @@
 
 mod common;
 
+mod bulk;
 mod durable;
 mod exec;
 mod flush;
@@ -20,4 +21,3 @@ mod lifecycle;
 mod nbd;
 mod signed_api;
 mod standalone_api;
-mod streams;

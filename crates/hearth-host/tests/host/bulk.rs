@@ -1,5 +1,7 @@
 //! Bulk data over the held stream of a real microVM: big outputs, big files,
-//! concurrency under a bulk transfer, and reconnect with replay.
+//! concurrency under a bulk transfer, and reconnect with replay. Three
+//! tests, each with a VM of its own, so they run side by side (this module
+//! sorts first, so they start first).
 
 use std::time::{Duration, Instant};
 
@@ -22,8 +24,12 @@ fn pseudo_random(len: usize, mut seed: u64) -> Vec<u8> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn big_output_files_concurrency_and_replay() {
+/// A host with one busybox VM of 1 GiB.
+async fn busybox() -> (
+    std::sync::Arc<hearth_host::Host>,
+    hearth_types::VmId,
+    hearth_host::GuestClient,
+) {
     let host = host().await;
     let vm = host
         .create_vm(CreateVm {
@@ -34,7 +40,12 @@ async fn big_output_files_concurrency_and_replay() {
         .await
         .unwrap();
     let g = vm.guest().unwrap();
+    (host, vm.id, g)
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_stdout_arrives_complete_and_in_order() {
+    let (host, id, g) = busybox().await;
     // 100 MiB of stdout from one command arrives complete and in order.
     let n = 13_000_000u64; // ~101 MB: past the default cap, so collected with a larger one
     let t = Instant::now();
@@ -60,7 +71,12 @@ async fn big_output_files_concurrency_and_replay() {
         "100 MiB stdout differs from seq's output"
     );
     eprintln!("seq: {} MiB in {elapsed:?}", out.stdout.len() >> 20);
+    host.delete(id).await.unwrap();
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_files_round_trip_and_execs_never_stall_behind_a_download() {
+    let (host, id, g) = busybox().await;
     // Upload then download 256 MiB; checksums match.
     let data = pseudo_random(256 << 20, 7);
     let sum = blake3::hash(&data);
@@ -130,7 +146,12 @@ async fn big_output_files_concurrency_and_replay() {
         *worst < Duration::from_secs(30),
         "an exec stalled behind the download"
     );
+    host.delete(id).await.unwrap();
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_exec_reattaches_with_offsets_and_gets_exactly_the_missing_bytes() {
+    let (host, id, g) = busybox().await;
     // Reconnect: drop the client mid-stream, re-attach with offsets, and
     // receive exactly the missing bytes.
     let mut req = sh("for i in $(seq 1 40); do echo line$i; echo err$i >&2; sleep 0.05; done");
@@ -212,5 +233,5 @@ async fn big_output_files_concurrency_and_replay() {
         }
         other => panic!("{other:?}"),
     }
-    host.delete(vm.id).await.unwrap();
+    host.delete(id).await.unwrap();
 }
