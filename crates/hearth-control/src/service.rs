@@ -516,6 +516,7 @@ impl Control {
             existing: false,
             network: Some(net.clone()),
             saved: None,
+            pooled: false,
         };
         // A start applies what a PATCH changed since the last boot.
         let resize = Resize {

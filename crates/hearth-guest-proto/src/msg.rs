@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 /// Protocol versions this build speaks, newest last. Version 2 adds
 /// requests larger than one frame (`OpenLarge`, up to
 /// [`crate::mux::MAX_REQUEST`]); version 1 peers get single-frame requests.
-/// Version 3 adds [`Request::Clock`].
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3];
+/// Version 3 adds [`Request::Clock`], version 4 [`Request::Identity`].
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -19,6 +19,9 @@ pub const LARGE_REQUEST_VERSION: u16 = 2;
 /// the guest's clock over the stream and steps it after every handshake,
 /// and such a guest ignores [`Hello::time_ms`].
 pub const CLOCK_VERSION: u16 = 3;
+
+/// The first protocol version with [`Request::Identity`].
+pub const IDENTITY_VERSION: u16 = 4;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -140,6 +143,72 @@ pub enum Request {
     /// handshake (a boot or a resume from saved memory) and whenever they
     /// change; idempotent. Answered `Ok`, or `Error` naming what failed.
     Configure(GuestConfig),
+    /// Make this guest a machine of its own: a VM restored from memory
+    /// other VMs share (a pool member claimed by a sandbox) would otherwise
+    /// carry their CRNG state, ids and name. Answered `Ok` once all of it
+    /// is applied, or `Error` naming what failed (protocol version
+    /// [`IDENTITY_VERSION`]; only the host agent may send it).
+    Identity(GuestIdentity),
+}
+
+/// What [`Request::Identity`] sets, in this order, before the guest runs
+/// anything else for its sandbox.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GuestIdentity {
+    /// Host entropy mixed into the kernel's pool (`RNDADDENTROPY`), after
+    /// which the CRNG is reseeded at once (`RNDRESEEDCRNG`): what the
+    /// guest reads from `/dev/urandom` or `getrandom` from then on differs
+    /// from every other guest restored from the same memory. At least
+    /// [`MIN_IDENTITY_ENTROPY`] bytes.
+    pub entropy: Vec<u8>,
+    /// The kernel's host name (`sethostname`) and `/etc/hostname`.
+    pub hostname: String,
+    /// `/etc/machine-id`: 32 lowercase hex digits.
+    pub machine_id: String,
+    /// What `/proc/sys/kernel/random/boot_id` reads from now on (a UUID,
+    /// lowercase, hyphenated).
+    pub boot_id: String,
+}
+
+/// Fewest entropy bytes a [`GuestIdentity`] carries (the CRNG's key size
+/// is 32; twice that).
+pub const MIN_IDENTITY_ENTROPY: usize = 64;
+
+impl GuestIdentity {
+    /// Checks the shape of each field (a guest applies nothing it would
+    /// refuse halfway).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.entropy.len() < MIN_IDENTITY_ENTROPY || self.entropy.len() > 4096 {
+            return Err(format!(
+                "entropy: {} bytes, wanted {MIN_IDENTITY_ENTROPY} to 4096",
+                self.entropy.len()
+            ));
+        }
+        let h = &self.hostname;
+        if h.is_empty()
+            || h.len() > 63
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        {
+            return Err(format!("hostname {h:?}: 1 to 63 of [A-Za-z0-9.-]"));
+        }
+        let m = &self.machine_id;
+        if m.len() != 32 || !m.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(format!("machine_id {m:?}: 32 lowercase hex digits"));
+        }
+        let b = &self.boot_id;
+        let shape = b.len() == 36
+            && b.bytes().enumerate().all(|(i, c)| match i {
+                8 | 13 | 18 | 23 => c == b'-',
+                _ => matches!(c, b'0'..=b'9' | b'a'..=b'f'),
+            });
+        if !shape {
+            return Err(format!("boot_id {b:?}: a lowercase hyphenated UUID"));
+        }
+        Ok(())
+    }
 }
 
 /// What [`Request::Configure`] sets.
@@ -504,6 +573,41 @@ pub struct GuestInfo {
 mod tests {
     use super::*;
 
+    fn identity() -> GuestIdentity {
+        GuestIdentity {
+            entropy: vec![7; 64],
+            hostname: "sandbox-0123abcd".into(),
+            machine_id: "0123456789abcdef0123456789abcdef".into(),
+            boot_id: "01234567-89ab-cdef-0123-456789abcdef".into(),
+        }
+    }
+
+    #[test]
+    fn an_identity_is_checked_field_by_field() {
+        identity().validate().unwrap();
+        type Spoil = fn(&mut GuestIdentity);
+        let bad: [(&str, Spoil); 6] = [
+            ("entropy", |i| i.entropy.truncate(63)),
+            ("hostname", |i| i.hostname = "a b".into()),
+            ("hostname", |i| i.hostname = "x".repeat(64)),
+            ("machine_id", |i| {
+                i.machine_id = "0123456789ABCDEF0123456789ABCDEF".into()
+            }),
+            ("boot_id", |i| {
+                i.boot_id = "0123456789abcdef0123456789abcdef".into()
+            }),
+            ("boot_id", |i| {
+                i.boot_id = "01234567-89ab-cdef-0123_456789abcdef".into()
+            }),
+        ];
+        for (field, spoil) in bad {
+            let mut i = identity();
+            spoil(&mut i);
+            let e = i.validate().unwrap_err();
+            assert!(e.starts_with(field), "{field}: {e}");
+        }
+    }
+
     #[test]
     fn requests_are_tagged_json() {
         let r = Request::Exec(ExecRequest {
@@ -555,7 +659,8 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3, 4]), Some(3));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5]), Some(4));
+        assert_eq!(negotiate(&[1, 2, 3]), Some(3));
         assert_eq!(negotiate(&[1, 2]), Some(2));
         assert_eq!(negotiate(&[1]), Some(1));
         assert_eq!(negotiate(&[7]), None);

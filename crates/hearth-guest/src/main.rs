@@ -9,6 +9,7 @@
 mod clock;
 mod exec;
 mod files;
+mod identity;
 mod init;
 mod net;
 mod netconf;
@@ -198,6 +199,23 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
                 )),
             };
             let _ = stream.send_ctl(&reply).await;
+        }
+        Request::Identity(id) => {
+            let done = tokio::task::spawn_blocking(move || identity::apply(&id)).await;
+            let reply = match done {
+                Ok(Ok(())) => Reply::Ok,
+                Ok(Err(msg)) => Reply::Error(hearth_guest_proto::OpError::new(
+                    hearth_guest_proto::OpErrorKind::Io,
+                    msg,
+                )),
+                Err(e) => Reply::Error(hearth_guest_proto::OpError::new(
+                    hearth_guest_proto::OpErrorKind::Io,
+                    format!("identity: {e}"),
+                )),
+            };
+            if let Err(e) = stream.send_ctl(&reply).await {
+                eprintln!("hearth-guest: cannot answer an identity request: {e}");
+            }
         }
         Request::Shutdown => {
             sys::sync();

@@ -532,6 +532,42 @@ pub fn grow_root_fs(device: &str) -> io::Result<u64> {
     Ok(blocks * block)
 }
 
+/// `RNDADDENTROPY`: `_IOW('R', 0x03, int[2])`.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+/// `RNDRESEEDCRNG`: `_IO('R', 0x07)` (Linux 4.17).
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// Mixes `bytes` into the kernel's entropy pool, credited in full, then
+/// reseeds the CRNG from it at once, through `/dev/urandom` (CAP_SYS_ADMIN).
+pub fn add_entropy_and_reseed(bytes: &[u8]) -> io::Result<()> {
+    let dev = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")?;
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    // as u32 words: the buffer is 4-byte aligned as the kernel reads it.
+    let words = bytes.len().div_ceil(4);
+    let mut info = vec![0u32; 2 + words];
+    let len = i32::try_from(bytes.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too much entropy"))?;
+    info[0] = (len * 8) as u32;
+    info[1] = len as u32;
+    for (i, chunk) in bytes.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        info[2 + i] = u32::from_ne_bytes(w);
+    }
+    // SAFETY: `info` is a valid rand_pool_info of `len` buffer bytes that
+    // outlives the call; the kernel only reads it.
+    check(unsafe { libc::ioctl(dev.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) })?;
+    // SAFETY: an ioctl without argument on an open descriptor.
+    check(unsafe { libc::ioctl(dev.as_raw_fd(), RNDRESEEDCRNG as _) }).map(drop)
+}
+
+/// Bind-mounts the file `src` over the file `target`.
+pub fn bind_file(src: &str, target: &str) -> io::Result<()> {
+    mount(src, target, "", libc::MS_BIND, "")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,6 +158,14 @@ impl FakeVmm {
         true
     }
 
+    /// The identity the host last gave the running VM `id`
+    /// (`Request::Identity`), if any.
+    pub fn identity(&self, id: VmId) -> Option<hearth_guest_proto::GuestIdentity> {
+        let m = self.state().running.get(&id).cloned()?;
+        let identity = m.identity.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        identity
+    }
+
     /// Whether the VMM of `id` is running (paused counts).
     pub fn is_running(&self, id: VmId) -> bool {
         self.state().running.contains_key(&id)
@@ -239,6 +247,7 @@ impl FakeVmm {
             exit,
             paused,
             wedged,
+            identity: Mutex::new(None),
             ignore_quit,
             vmm: Arc::downgrade(&self.shared),
         });
@@ -361,6 +370,8 @@ struct Machine {
     paused: watch::Sender<bool>,
     /// Set by [`FakeVmm::wedge`]; never cleared.
     wedged: watch::Sender<bool>,
+    /// The last identity the host gave it (see [`FakeVmm::identity`]).
+    identity: Mutex<Option<hearth_guest_proto::GuestIdentity>>,
     ignore_quit: bool,
     vmm: Weak<Shared>,
 }
@@ -638,12 +649,27 @@ async fn handle(stream: Stream, payload: bytes::Bytes, m: Arc<Machine>, version:
             reply(&stream, &m, Reply::Clock { realtime_ns }).await;
         }
         Request::Configure(_) => reply(&stream, &m, Reply::Ok).await,
+        Request::Identity(id) => {
+            let answer = match id.validate() {
+                Ok(()) => {
+                    *m.identity.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+                    Reply::Ok
+                }
+                Err(e) => Reply::Error(OpError::new(OpErrorKind::BadRequest, e)),
+            };
+            reply(&stream, &m, answer).await;
+        }
         Request::Info => {
             let info = GuestInfo {
                 agent_version: "fake".into(),
                 protocol_version: version,
                 kernel_release: "fake".into(),
-                hostname: "fake".into(),
+                hostname: m
+                    .identity
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map_or_else(|| "fake".into(), |i| i.hostname.clone()),
                 uptime_ms: 0,
                 mem_total_bytes: 0,
                 mem_available_bytes: 0,

@@ -530,7 +530,91 @@ impl Host {
         ));
         *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = req.network.clone();
         self.vms().insert(id, vm.clone());
-        self.boot_or_fail(vm, &artifacts, !req.existing).await
+        let vm = self.boot_or_fail(vm, &artifacts, !req.existing).await?;
+        if req.pooled {
+            // Nothing runs in a member until its claim; a pause that fails
+            // leaves no half-made member behind.
+            if let Err(e) = self.pause(id).await {
+                if let Err(k) = self.kill(id).await {
+                    tracing::warn!(vm = %id, error = %error_chain(&k), "cannot kill a pool member that did not pause");
+                }
+                return Err(e);
+            }
+        }
+        Ok(vm)
+    }
+
+    /// Binds the paused pool member `id` to its sandbox (see
+    /// [`hearth_hostapi::HostApi::claim_vm`]): the sandbox's egress policy
+    /// first (the proxy enforces it from the guest's first packet), then
+    /// the VM runs again, its clock is set and its guest takes a fresh
+    /// identity and the sandbox's environment, before the claim answers.
+    /// A member whose guest cannot take its identity is killed: it must
+    /// not serve a sandbox with another VM's CRNG state.
+    pub async fn claim(
+        self: &Arc<Self>,
+        id: VmId,
+        fence: u64,
+        net: hearth_hostapi::SandboxNet,
+    ) -> Result<VmRecord, HostError> {
+        let vm = self.get(id)?;
+        let inst = self.running_instance(&vm, VmState::Paused, "an unclaimed pool member")?;
+        // One claim wins.
+        let mut won = false;
+        vm.update(|r| {
+            if r.pooled {
+                r.pooled = false;
+                r.fence = r.fence.max(fence);
+                won = true;
+            }
+        });
+        if !won {
+            return Err(HostError::WrongState {
+                id,
+                state: vm.state(),
+                wanted: "an unclaimed pool member",
+            });
+        }
+        let policy = net.policy.clone();
+        *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+        if let Some(network) = &self.network {
+            network.set_policy(id, policy);
+        }
+        let bound = async {
+            inst.resume().await?;
+            vm.transition_from(&[VmState::Paused], VmState::Ready, None);
+            let guest = vm.guest().ok_or(HostError::WrongState {
+                id,
+                state: vm.state(),
+                wanted: "ready",
+            })?;
+            crate::clock::sync(&vm, &guest, "claim").await;
+            guest.set_identity(&fresh_identity(id)?).await?;
+            if let Some(cfg) = self.guest_config(&vm) {
+                guest.configure(&cfg).await?;
+            }
+            Ok::<_, HostError>(())
+        };
+        // A guest that does not answer fails the claim like a boot's.
+        let bound = match tokio::time::timeout(self.cfg.boot_timeout, bound).await {
+            Ok(r) => r,
+            Err(_) => Err(HostError::Boot {
+                id,
+                reason: format!(
+                    "the claimed guest did not take its identity within {:?}",
+                    self.cfg.boot_timeout
+                ),
+            }),
+        };
+        if let Err(e) = bound {
+            tracing::warn!(vm = %id, error = %error_chain(&e), "claim failed; killing the member");
+            if let Err(k) = self.kill(id).await {
+                tracing::warn!(vm = %id, error = %error_chain(&k), "cannot kill a member whose claim failed");
+            }
+            return Err(e);
+        }
+        tracing::info!(vm = %id, "pool member claimed");
+        Ok(vm.record())
     }
 
     /// Boots a stopped (or failed) VM again from its disk; a non-persistent
@@ -1689,6 +1773,29 @@ pub const JAIL_UID_LOCKS: &str = "/run/hearth/jail-uids";
 
 /// Takes `<dir>/<uid>`'s exclusive lock without waiting: the file holding
 /// it, or `None` when another process (or another open of it) holds it.
+/// A fresh identity for the guest of `id` (see
+/// [`hearth_guest_proto::GuestIdentity`]): host entropy, new machine and
+/// boot ids, and a host name of the VM's own (`sandbox-` and the random
+/// tail of its id, as the control plane names sandboxes by default).
+pub fn fresh_identity(id: VmId) -> Result<hearth_guest_proto::GuestIdentity, HostError> {
+    let mut entropy = vec![0u8; hearth_guest_proto::MIN_IDENTITY_ENTROPY];
+    let mut machine = [0u8; 16];
+    getrandom::fill(&mut entropy)
+        .and_then(|()| getrandom::fill(&mut machine))
+        .map_err(|e| HostError::Io {
+            id,
+            what: "draw entropy for a fresh identity".into(),
+            source: std::io::Error::other(e),
+        })?;
+    let hex = id.as_uuid().simple().to_string();
+    Ok(hearth_guest_proto::GuestIdentity {
+        entropy,
+        hostname: format!("sandbox-{}", &hex[hex.len() - 12..]),
+        machine_id: uuid::Uuid::from_bytes(machine).simple().to_string(),
+        boot_id: uuid::Uuid::new_v4().hyphenated().to_string(),
+    })
+}
+
 pub fn lock_jail_uid(dir: &Path, uid: u32) -> std::io::Result<Option<std::fs::File>> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     std::fs::DirBuilder::new()

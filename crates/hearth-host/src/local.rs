@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use hearth_hostapi::{
-    Captured, CreateVm, ErrorKind, GuestClient, HostApi, HostApiError, HostResult, HostStatus,
-    ImportImage, ImportedImage, Resize, SandboxNet, StopVm, StoreGc, VmRecord,
+    Captured, ClaimVm, CreateVm, ErrorKind, GuestClient, HostApi, HostApiError, HostResult,
+    HostStatus, ImportImage, ImportedImage, Resize, SandboxNet, StopVm, StoreGc, VmRecord,
 };
 use hearth_types::{ByteSize, VmId};
 
@@ -72,6 +72,13 @@ impl HostApi for InProcessHost {
 
     async fn forget_vm(&self, id: VmId, _fence: u64) -> HostResult<()> {
         self.0.forget(id).await.map_err(|e| self.error(e))
+    }
+
+    async fn claim_vm(&self, id: VmId, fence: u64, claim: ClaimVm) -> HostResult<VmRecord> {
+        self.0
+            .claim(id, fence, claim.network)
+            .await
+            .map_err(|e| self.error(e))
     }
 
     async fn set_network(&self, id: VmId, _fence: u64, net: SandboxNet) -> HostResult<()> {

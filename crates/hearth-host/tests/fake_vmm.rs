@@ -462,3 +462,91 @@ async fn store_checks_wake_watchers_only_when_the_answer_flips() {
     );
     host.shutdown().await;
 }
+
+/// Issue 18: a pool member boots, waits paused, and a claim binds it:
+/// it runs again with a fresh identity of its own, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_members_wait_paused_and_a_claim_gives_each_its_own_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let pooled = || CreateVm {
+        pooled: true,
+        fence: 3,
+        ..small()
+    };
+    let a = host.create_vm(pooled()).await.expect("member a boots");
+    let b = host.create_vm(pooled()).await.expect("member b boots");
+    for m in [&a, &b] {
+        assert_eq!(m.state(), VmState::Paused);
+        assert!(m.record().pooled);
+        assert!(fake.is_paused(m.id), "a member waits paused");
+        assert!(fake.identity(m.id).is_none());
+    }
+
+    let rec = host
+        .claim(a.id, 3, hearth_host::SandboxNet::default())
+        .await
+        .expect("claim");
+    assert_eq!(
+        (rec.state, rec.pooled, rec.fence),
+        (VmState::Ready, false, 3)
+    );
+    assert!(!fake.is_paused(a.id));
+    let out = host.guest(a.id).unwrap().run(echo("mine")).await.unwrap();
+    assert_eq!(out.stdout, b"mine\n");
+    let info = host.guest(a.id).unwrap().info().await.unwrap();
+    let tail = a.id.as_uuid().simple().to_string();
+    assert_eq!(
+        info.hostname,
+        format!("sandbox-{}", &tail[tail.len() - 12..])
+    );
+
+    // A member is claimed once; a VM that is no member cannot be.
+    let again = host.claim(a.id, 3, Default::default()).await;
+    assert!(
+        matches!(again, Err(HostError::WrongState { .. })),
+        "{again:?}"
+    );
+    let plain = host.create_vm(small()).await.unwrap();
+    let not_member = host.claim(plain.id, 0, Default::default()).await;
+    assert!(
+        matches!(not_member, Err(HostError::WrongState { .. })),
+        "{not_member:?}"
+    );
+
+    host.claim(b.id, 4, Default::default())
+        .await
+        .expect("claim b");
+    assert_eq!(b.record().fence, 4, "the claim's generation is held");
+    let (ia, ib) = (fake.identity(a.id).unwrap(), fake.identity(b.id).unwrap());
+    assert_ne!(ia.entropy, ib.entropy);
+    assert_ne!(ia.machine_id, ib.machine_id);
+    assert_ne!(ia.boot_id, ib.boot_id);
+    assert_ne!(ia.hostname, ib.hostname);
+    host.shutdown().await;
+}
+
+/// A member whose guest does not answer its claim is killed within the
+/// boot timeout: no sandbox gets a VM that kept another's identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_cannot_take_its_identity_fails_its_claim_and_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let m = host
+        .create_vm(CreateVm {
+            pooled: true,
+            ..small()
+        })
+        .await
+        .unwrap();
+    assert!(fake.wedge(m.id));
+    let t = Instant::now();
+    let claimed = host.claim(m.id, 0, Default::default()).await;
+    assert!(claimed.is_err(), "{claimed:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(!fake.is_running(m.id), "the member was killed");
+    wait_for(&m, VmState::Stopped).await;
+    host.shutdown().await;
+}

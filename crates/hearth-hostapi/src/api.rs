@@ -11,7 +11,7 @@ use hearth_types::{ByteSize, VmId};
 use serde::{Deserialize, Serialize};
 
 use crate::guest::GuestClient;
-use crate::types::{Captured, CreateVm, Resize, SandboxNet, VmRecord};
+use crate::types::{Captured, ClaimVm, CreateVm, Resize, SandboxNet, VmRecord};
 
 /// What kind of failure a host reported; the control plane maps it to an
 /// answer (404, 409, 503, …) without parsing messages.
@@ -174,6 +174,12 @@ pub trait HostApi: Send + Sync {
     async fn delete_vm(&self, id: VmId, fence: u64) -> HostResult<()>;
     /// Drops this host's copy (the VM moved; its stored disk stays).
     async fn forget_vm(&self, id: VmId, fence: u64) -> HostResult<()>;
+    /// Binds the paused pool member `id` (created with
+    /// [`CreateVm::pooled`]) to its sandbox at generation `fence`: applies
+    /// `claim`'s network, resumes it and gives its guest a fresh identity
+    /// before anything else runs. Answers once it is ready; a VM that is
+    /// no unclaimed member is a `WrongState`.
+    async fn claim_vm(&self, id: VmId, fence: u64, claim: ClaimVm) -> HostResult<VmRecord>;
     /// A new egress policy and environment, applied at once.
     async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()>;
     async fn get_vm(&self, id: VmId, fence: u64) -> HostResult<VmRecord>;

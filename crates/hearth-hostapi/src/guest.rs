@@ -138,6 +138,27 @@ impl GuestClient {
         self.call(&Request::Configure(cfg.clone())).await.map(drop)
     }
 
+    /// Gives the guest a fresh identity (see
+    /// [`hearth_guest_proto::GuestIdentity`]); an error when the guest is
+    /// older than [`hearth_guest_proto::IDENTITY_VERSION`], which cannot
+    /// take one.
+    pub async fn set_identity(
+        &self,
+        id: &hearth_guest_proto::GuestIdentity,
+    ) -> Result<(), GuestError> {
+        if self.protocol_version < hearth_guest_proto::IDENTITY_VERSION {
+            return Err(GuestError::Op(hearth_guest_proto::OpError::new(
+                hearth_guest_proto::OpErrorKind::BadRequest,
+                format!(
+                    "the guest agent speaks protocol {}; a fresh identity needs {}",
+                    self.protocol_version,
+                    hearth_guest_proto::IDENTITY_VERSION
+                ),
+            )));
+        }
+        self.call(&Request::Identity(id.clone())).await.map(drop)
+    }
+
     /// Sets the guest's wall clock to the host's: reads it
     /// ([`GuestClient::read_clock`]) and steps it when it is off (see
     /// [`crate::clock`]). `None` when the guest is older than

@@ -37,5 +37,5 @@ pub use guest::{
 pub use remote::{HostCredentials, RemoteHost};
 pub use sim::SimHost;
 pub use types::{
-    BootFrom, Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
+    BootFrom, Captured, ClaimVm, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
 };

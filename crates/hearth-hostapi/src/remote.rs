@@ -26,7 +26,7 @@ use crate::api::{
     StoreGc,
 };
 use crate::guest::GuestClient;
-use crate::types::{Captured, CreateVm, Resize, SandboxNet, VmRecord};
+use crate::types::{Captured, ClaimVm, CreateVm, Resize, SandboxNet, VmRecord};
 
 /// How long one command may take (a create boots a VM; an import pulls an
 /// image).
@@ -356,6 +356,12 @@ impl HostApi for RemoteHost {
         self.call::<()>(Method::POST, &path, Some(id), fence, None)
             .await
             .map(drop)
+    }
+
+    async fn claim_vm(&self, id: VmId, fence: u64, claim: ClaimVm) -> HostResult<VmRecord> {
+        let path = format!("/v1/vms/{id}/claim");
+        self.json(Method::POST, &path, Some(id), fence, Some(&claim))
+            .await
     }
 
     async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()> {

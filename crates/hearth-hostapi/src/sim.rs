@@ -50,7 +50,9 @@ use crate::api::{
     StoreGc,
 };
 use crate::guest::GuestClient;
-use crate::types::{Captured, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState};
+use crate::types::{
+    Captured, ClaimVm, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
+};
 
 /// A host agent in memory. Share it as `Arc<SimHost>`: the knobs and the
 /// inspection methods take `&self`, so a test keeps a handle on the host
@@ -233,7 +235,12 @@ impl SimHost {
                 format!("vm {id} is {:?}: its boot was interrupted", rec.state),
             ));
         }
-        rec.state = VmState::Ready;
+        // A pool member waits paused for its claim.
+        rec.state = if rec.pooled {
+            VmState::Paused
+        } else {
+            VmState::Ready
+        };
         rec.reason = None;
         rec.pid = Some(self.next_pid.fetch_add(1, Ordering::Relaxed));
         rec.boot_ms = Some(started.elapsed().as_millis() as u64);
@@ -412,6 +419,22 @@ impl HostApi for SimHost {
         drop_guest(&mut st, id, "the vm was forgotten");
         st.networks.remove(&id);
         Ok(())
+    }
+
+    async fn claim_vm(&self, id: VmId, fence: u64, claim: ClaimVm) -> HostResult<VmRecord> {
+        self.enter().await?;
+        let mut st = self.state();
+        check_fence(&mut st, id, fence)?;
+        let rec = vm_mut(&mut st, id)?;
+        if !rec.pooled || rec.state != VmState::Paused {
+            return Err(wrong_state(id, rec.state, "an unclaimed pool member"));
+        }
+        rec.pooled = false;
+        rec.state = VmState::Ready;
+        rec.fence = rec.fence.max(fence);
+        let rec = rec.clone();
+        st.networks.insert(id, claim.network);
+        Ok(rec)
     }
 
     async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()> {

@@ -63,6 +63,9 @@ pub struct VmRecord {
     /// start.
     #[serde(default)]
     pub saved: Option<MemoryVolumes>,
+    /// A pool member no sandbox has claimed yet (see [`CreateVm::pooled`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pooled: bool,
 }
 
 impl VmRecord {
@@ -88,6 +91,7 @@ impl VmRecord {
             fence: req.fence,
             from: req.from.clone(),
             saved: req.saved.clone(),
+            pooled: req.pooled,
         }
     }
 }
@@ -160,6 +164,22 @@ pub struct CreateVm {
     /// resumes from it (a cold boot when it cannot).
     #[serde(default)]
     pub saved: Option<MemoryVolumes>,
+    /// A warm pool's member: booted like any VM (its id is the one the
+    /// sandbox that claims it will have), then paused once its guest
+    /// answers, with its disk, network namespace and jail in place. Only
+    /// [`crate::HostApi::claim_vm`] runs it again; `network` should be
+    /// absent (a claim brings the sandbox's).
+    #[serde(default)]
+    pub pooled: bool,
+}
+
+/// What a claim binds to a pool member: the sandbox's egress policy and
+/// environment. The member's id, resources, disk and fence stay.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimVm {
+    #[serde(default)]
+    pub network: SandboxNet,
 }
 
 fn default_true() -> bool {
@@ -189,6 +209,7 @@ impl Default for CreateVm {
             existing: false,
             network: None,
             saved: None,
+            pooled: false,
         }
     }
 }

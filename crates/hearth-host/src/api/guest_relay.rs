@@ -98,12 +98,13 @@ async fn relay_stream(guest: GuestClient, downstream: Stream, request: Bytes) {
     };
     if matches!(
         req,
-        Request::Shutdown | Request::Configure(_) | Request::Clock { .. }
+        Request::Shutdown | Request::Configure(_) | Request::Clock { .. } | Request::Identity(_)
     ) {
         return refuse(
             &downstream,
             OpErrorKind::BadRequest,
-            "only the host configures, sets the clock of or shuts down its guest".into(),
+            "only the host configures, sets the clock or identity of, or shuts down its guest"
+                .into(),
         );
     }
     let upstream = match guest.mux().open(&req).await {

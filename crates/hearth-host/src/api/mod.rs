@@ -20,6 +20,7 @@
 //! | `POST /v1/vms/{id}/start` (`Resize`)     | `VmRecord`                           |
 //! | `POST /v1/vms/{id}/stop` (`StopVm`)      | `VmRecord`                           |
 //! | `POST /v1/vms/{id}/forget`               | 204                                  |
+//! | `POST /v1/vms/{id}/claim` (`ClaimVm`)    | `VmRecord` once the member is ready  |
 //! | `PUT /v1/vms/{id}/network` (`SandboxNet`) | 204                                 |
 //! | `POST /v1/vms/{id}/capture`              | `Captured`                           |
 //! | `GET /v1/vms/{id}/guest`                 | WebSocket: the guest streams (`guest_relay.rs`) |
@@ -73,6 +74,7 @@ pub fn router(host: Arc<Host>, access: Access) -> Router {
         .route("/v1/vms/{id}/start", post(vms::start))
         .route("/v1/vms/{id}/stop", post(vms::stop))
         .route("/v1/vms/{id}/forget", post(vms::forget))
+        .route("/v1/vms/{id}/claim", post(vms::claim))
         .route("/v1/vms/{id}/network", put(vms::network))
         .route("/v1/vms/{id}/capture", post(vms::capture))
         .route("/v1/vms/{id}/guest", get(vms::guest))

@@ -12,8 +12,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hearth_hostapi::{
-    Captured, CreateVm, ErrorKind, HostApi, HostApiError, HostStatus, ImportImage, ImportedImage,
-    Resize, SandboxNet, StopVm, StoreGc, VmRecord,
+    Captured, ClaimVm, CreateVm, ErrorKind, HostApi, HostApiError, HostStatus, ImportImage,
+    ImportedImage, Resize, SandboxNet, StopVm, StoreGc, VmRecord,
 };
 use serde::Deserialize;
 
@@ -123,6 +123,17 @@ pub(super) async fn forget(
 ) -> Result<Response, ApiError> {
     detached(async move { api(host).forget_vm(id, 0).await }).await?;
     Ok(no_content())
+}
+
+/// `POST /v1/vms/{id}/claim`: binds a pool member to its sandbox.
+pub(super) async fn claim(
+    State(host): State<Arc<Host>>,
+    VmPath(id): VmPath,
+    JsonBody(claim): JsonBody<ClaimVm>,
+) -> Result<Json<VmRecord>, ApiError> {
+    Ok(Json(
+        detached(async move { api(host).claim_vm(id, 0, claim).await }).await?,
+    ))
 }
 
 pub(super) async fn network(

@@ -4,8 +4,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use hearth_host::VmState;
+use hearth_host::{CreateVm, VmState};
 use hearth_image::ImageName;
+use hearth_types::ByteSize;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_vmm_is_reported_failed_within_two_seconds() {
@@ -271,4 +272,67 @@ async fn a_host_proves_its_store_before_it_takes_disks() {
     let e = host.probe_store("host-probe").await.unwrap_err();
     assert!(e.to_string().contains("write the health probe"), "{e}");
     host.shutdown().await;
+}
+
+/// Issue 18: two pool members of one image, claimed, are machines of their
+/// own: host name, machine id, boot id and what `/dev/urandom` gives all
+/// differ, and each clock is the host's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claimed_pool_members_each_have_their_own_identity() {
+    let host = host().await;
+    let member = || CreateVm {
+        image: ImageName::Busybox,
+        memory: ByteSize::mib(256),
+        pooled: true,
+        ..CreateVm::default()
+    };
+    let (a, b) = tokio::join!(host.create_vm(member()), host.create_vm(member()));
+    let (a, b) = (a.expect("member a boots"), b.expect("member b boots"));
+    let mut seen = Vec::new();
+    for m in [&a, &b] {
+        assert_eq!(m.state(), VmState::Paused);
+        let rec = host
+            .claim(m.id, 1, Default::default())
+            .await
+            .expect("claim");
+        assert_eq!(rec.state, VmState::Ready);
+        let g = m.guest().unwrap();
+        let out = g
+            .run(sh(
+                "hostname; cat /etc/machine-id /proc/sys/kernel/random/boot_id; \
+                     head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s",
+            ))
+            .await
+            .unwrap();
+        let host_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        let tail = m.id.as_uuid().simple().to_string();
+        assert_eq!(lines[0], format!("sandbox-{}", &tail[tail.len() - 12..]));
+        assert_eq!(lines[1].len(), 32, "{text}");
+        assert_eq!(lines[3].len(), 128, "{text}");
+        // Busybox's date has whole seconds: read just before the host's.
+        let guest_s: i64 = lines[4].parse().unwrap();
+        assert!(
+            (0..=1).contains(&(host_s - guest_s)),
+            "the guest's clock reads {guest_s}, the host's {host_s}"
+        );
+        seen.push(lines[..4].iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    }
+    for (i, what) in ["host name", "machine id", "boot id", "urandom"]
+        .iter()
+        .enumerate()
+    {
+        assert_ne!(
+            seen[0][i], seen[1][i],
+            "two claimed members share their {what}"
+        );
+    }
+    for m in [a, b] {
+        host.delete(m.id).await.unwrap();
+    }
 }

@@ -122,6 +122,7 @@ async fn standalone_host_api_refuses_unauthenticated_callers() {
                 assert!(r.message().contains("127.0.0.1:1"), "{what}: {}", r.body);
                 continue;
             }
+            ("POST", "/v1/vms/{id}/claim") => 409,
             // The VM is deleted by then.
             ("POST", "/v1/vms/{id}/forget") => 404,
             _ => 200,

@@ -167,6 +167,8 @@ pub fn every_route(vm: &str) -> Vec<(&'static str, String, Vec<u8>)> {
         ("GET", "/v1/vms".into(), vec![]),
         ("GET", p.clone(), vec![]),
         ("PUT", format!("{p}/network"), b"{}".to_vec()),
+        // The VM is no pool member: 409.
+        ("POST", format!("{p}/claim"), b"{}".to_vec()),
         ("GET", format!("{p}/guest"), vec![]),
         (
             "POST",
