@@ -27,6 +27,7 @@ mod hosts;
 mod migrate;
 mod model;
 mod page;
+mod pools;
 mod quota;
 mod reap;
 mod sandboxes;
@@ -48,6 +49,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 pub use error::{DbError, QuotaKind};
 pub use fleet::{KeyOwnerKind, LeaderLease, Leadership, NewSigningKey, SigningKeyRow};
 pub use model::*;
+pub use pools::{MemberRow, MemberStatus, PoolRow, MAX_POOL_SIZE};
 pub use snapshots::{dangling_tag, is_published_tag, snapshot_size};
 pub use time::Timestamp;
 pub use workspace_secrets::{WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};

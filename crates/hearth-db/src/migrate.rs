@@ -92,6 +92,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0012_host_store_health.sql"),
         postgres: include_str!("../migrations/postgres/0012_host_store_health.sql"),
     },
+    Migration {
+        version: 13,
+        name: "pools",
+        sqlite: include_str!("../migrations/sqlite/0013_pools.sql"),
+        postgres: include_str!("../migrations/postgres/0013_pools.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -65,7 +65,7 @@ fn json(op: &'static str, v: &impl serde::Serialize) -> Result<String, DbError> 
     })
 }
 
-fn insert_sql(op: &'static str, s: &SandboxRow) -> Result<Sql, DbError> {
+pub(crate) fn insert_sql(op: &'static str, s: &SandboxRow) -> Result<Sql, DbError> {
     Ok(Sql::new(&format!(
         "INSERT INTO sandboxes ({SANDBOX_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
          $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)"
@@ -100,7 +100,7 @@ fn insert_sql(op: &'static str, s: &SandboxRow) -> Result<Sql, DbError> {
     .arg(s.last_activity_at))
 }
 
-fn insert_error<'a>(
+pub(crate) fn insert_error<'a>(
     op: &'static str,
     s: &'a SandboxRow,
 ) -> impl FnOnce(sqlx::Error) -> DbError + 'a {

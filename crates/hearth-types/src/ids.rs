@@ -89,6 +89,10 @@ uuid_id!(
     /// An API key record (never the secret itself).
     ApiKeyId
 );
+uuid_id!(
+    /// A warm pool of paused VMs for one snapshot and size.
+    PoolId
+);
 
 #[cfg(test)]
 mod tests {

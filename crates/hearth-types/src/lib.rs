@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 pub mod egress;
 pub mod ids;
 pub mod sandbox;
-pub use ids::{ApiKeyId, HostId, SandboxId, SnapshotId, WorkspaceId};
+pub use ids::{ApiKeyId, HostId, PoolId, SandboxId, SnapshotId, WorkspaceId};
 
 /// Identity of one VM on a host. Printed as a UUID without dashes so it is
 /// safe in paths, QEMU ids and process command lines.

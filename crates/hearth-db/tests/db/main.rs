@@ -6,6 +6,7 @@ mod fleet;
 mod hosts_snapshots;
 mod lists;
 mod placement;
+mod pools;
 mod sandboxes;
 mod snapshot_quota;
 mod workspace_secrets;

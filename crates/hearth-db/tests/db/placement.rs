@@ -12,7 +12,7 @@ use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
 use crate::hosts_snapshots::snapshot;
 use crate::{each_backend, sandbox, workspace};
 
-fn host(cpu: u32, gib: u64) -> HostRow {
+pub fn host(cpu: u32, gib: u64) -> HostRow {
     HostRow {
         id: HostId::new(),
         address: "http://10.0.0.1:7070".into(),
