@@ -28,6 +28,7 @@ pub mod exec;
 pub mod files;
 pub mod nested;
 mod openapi;
+pub mod pools;
 pub mod quota;
 pub mod snapshots;
 pub mod spec;

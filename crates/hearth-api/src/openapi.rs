@@ -21,6 +21,7 @@ use crate::files::{
     DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
     ServiceUrlRequest, ServiceUrlResponse,
 };
+use crate::pools::{CreatePoolRequest, PoolResponse, UpdatePoolRequest};
 use crate::snapshots::{
     CaptureSnapshotRequest, CreateSnapshotRequest, ListSnapshotsResponse, SnapshotResponse,
     SnapshotsByNameResponse,
@@ -83,6 +84,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         download_url, fetch_download, service_url, service_proxy,
         list_snapshots, get_snapshot, snapshots_by_name, create_snapshot, capture_snapshot,
         delete_snapshot,
+        create_pool, list_pools, get_pool, update_pool, delete_pool,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
@@ -93,6 +95,9 @@ const DATAPLANE_PATHS: &[&str] = &[
     tags(
         (name = "boxes", description = "Sandboxes: create, read, update, delete, start, stop"),
         (name = "snapshots", description = "Snapshots sandboxes boot from: built from OCI images, captured from sandboxes (disk, optionally memory)"),
+        (name = "pools", description = "Warm pools (a Hearth extension): paused VMs of one \
+            snapshot and size kept ready, so that a create of that snapshot and size (the \
+            unmodified SDK's included) is a claim instead of a boot"),
         (name = "dataplane", description = "Per-sandbox runtime: commands, files, TCP tunnels"),
         (name = "secrets", description = "Workspace secrets: named values sandbox egress rules \
             use (proxy_config header rules of type workspace_secret) without the value entering \
@@ -414,11 +419,88 @@ fn capture_snapshot() {}
         (status = 204, description = "Deleted"),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 404, description = "No such snapshot", body = ErrorBody),
-        (status = 409, description = "A sandbox booted from it still exists, or it is built in", body = ErrorBody),
+        (status = 409, description = "A sandbox booted from it, or a warm pool of it, still exists, or it is built in", body = ErrorBody),
     ),
 )]
 #[allow(dead_code)]
 fn delete_snapshot() {}
+
+/// Create a warm pool.
+///
+/// Its VMs boot in the background, up to `size`, and wait paused. A
+/// create whose snapshot and resolved size (CPU, memory, disk; persistent)
+/// match the pool's takes a ready one: the sandbox gets that VM, resumed
+/// with a fresh identity (CRNG reseeded, host name, machine id, boot id,
+/// clock), instead of a boot. No ready VM: the create boots as usual.
+/// VMs of a pool count against their host's capacity, not the
+/// workspace's quota; a claimed one counts as the sandbox it became.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/pools", tag = "pools",
+    request_body = CreatePoolRequest,
+    responses(
+        (status = 201, description = "Created; its VMs warm in the background", body = PoolResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key lacks sandboxes:create", body = ErrorBody),
+        (status = 404, description = "No such snapshot", body = ErrorBody),
+        (status = 409, description = "The workspace has a pool of that name", body = ErrorBody),
+        (status = 422, description = "Invalid body (a bad name, size, resource, or an unknown field)", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn create_pool() {}
+
+/// List the workspace's pools.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/pools", tag = "pools",
+    responses(
+        (status = 200, description = "The pools, by name", body = [PoolResponse]),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_pools() {}
+
+/// Get a pool: its size and what it holds now.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/pools/{name}", tag = "pools",
+    params(("name" = String, Path, description = "Pool name")),
+    responses(
+        (status = 200, description = "The pool", body = PoolResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pool in this workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn get_pool() {}
+
+/// Resize a pool (0 empties it; its ready VMs are removed).
+#[utoipa::path(
+    patch, path = "/api/v2/sandboxes/pools/{name}", tag = "pools",
+    params(("name" = String, Path, description = "Pool name")),
+    request_body = UpdatePoolRequest,
+    responses(
+        (status = 200, description = "The pool with its new size, reached in the background", body = PoolResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pool in this workspace", body = ErrorBody),
+        (status = 422, description = "Invalid body", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn update_pool() {}
+
+/// Delete a pool; its VMs are removed from their hosts in the background
+/// (sandboxes claimed from it stay).
+#[utoipa::path(
+    delete, path = "/api/v2/sandboxes/pools/{name}", tag = "pools",
+    params(("name" = String, Path, description = "Pool name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such pool in this workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn delete_pool() {}
 
 /// Run a command and wait for it (fallback for clients without WebSocket).
 #[utoipa::path(

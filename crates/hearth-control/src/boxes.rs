@@ -195,3 +195,42 @@ pub async fn snapshots_by_name(
         .collect();
     Ok(Json(SnapshotsByNameResponse { name, tags }).into_response())
 }
+
+pub async fn create_pool(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    let p = c.create_pool(&who, &body).await?;
+    Ok((StatusCode::CREATED, Json(p)).into_response())
+}
+
+pub async fn list_pools(State(c): State<Arc<Control>>, who: Principal) -> HttpResult<Response> {
+    Ok(Json(c.list_pools(&who).await?).into_response())
+}
+
+pub async fn get_pool(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    Ok(Json(c.get_pool(&who, &name).await?).into_response())
+}
+
+pub async fn resize_pool(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    Ok(Json(c.resize_pool(&who, &name, &body).await?).into_response())
+}
+
+pub async fn delete_pool(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<StatusCode> {
+    c.delete_pool(&who, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

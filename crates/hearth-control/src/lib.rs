@@ -34,6 +34,7 @@ mod guard;
 mod links;
 mod list;
 mod metrics;
+mod pools;
 mod reap;
 pub mod secrets;
 mod service;
@@ -163,6 +164,8 @@ pub struct Control {
     /// Checks the commands hosts sign (nonces, epochs).
     host_verifier: hearth_fence::Verifier,
     pub(crate) autoscale_state: autoscale::AutoscaleState,
+    /// Woken when pools need tending before the next reaper pass.
+    pub(crate) pools_changed: tokio::sync::Notify,
     /// This replica's name in leader leases: unique per process
     /// incarnation (a restarted replica is a new holder).
     pub(crate) replica: String,
@@ -247,6 +250,7 @@ impl Control {
                 hearth_fence::KeyRing::new(),
             ),
             autoscale_state: autoscale::AutoscaleState::new(),
+            pools_changed: tokio::sync::Notify::new(),
             replica: uuid::Uuid::now_v7().to_string(),
         });
         control.register_control_key().await?;
@@ -313,6 +317,13 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         )
         .route("/boxes/{name}/snapshot", post(boxes::capture_snapshot))
         .route("/snapshots-by-name/{name}", get(boxes::snapshots_by_name))
+        .route("/pools", post(boxes::create_pool).get(boxes::list_pools))
+        .route(
+            "/pools/{name}",
+            get(boxes::get_pool)
+                .patch(boxes::resize_pool)
+                .delete(boxes::delete_pool),
+        )
 }
 
 /// The whole HTTP surface.

@@ -19,6 +19,8 @@ pub struct Metrics {
     idle_stopped: AtomicU64,
     hosts_lost: AtomicU64,
     placement_retried: AtomicU64,
+    pool_claims: AtomicU64,
+    pool_misses: AtomicU64,
     /// The public listener's connections held and refused (`serve`).
     pub connections: Arc<hearth_listen::Counters>,
 }
@@ -37,6 +39,14 @@ impl Metrics {
     /// another replica's) and placed again.
     pub fn placement_retried(&self) {
         self.placement_retried.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A create took a ready pool member.
+    pub fn pool_claimed(&self) {
+        self.pool_claims.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A create of a pool's shape found no ready member and booted cold.
+    pub fn pool_missed(&self) {
+        self.pool_misses.fetch_add(1, Ordering::Relaxed);
     }
     pub fn host_lost(&self) {
         self.hosts_lost.fetch_add(1, Ordering::Relaxed);
@@ -97,6 +107,16 @@ pub async fn render(
             "hearth_placements_retried_total",
             "Placements that lost a host's last room to a concurrent one and placed again.",
             &m.placement_retried,
+        ),
+        (
+            "hearth_pool_claims_total",
+            "Creates that took a ready warm-pool member instead of booting.",
+            &m.pool_claims,
+        ),
+        (
+            "hearth_pool_misses_total",
+            "Creates of a warm pool's snapshot and size that found no ready member and booted cold.",
+            &m.pool_misses,
         ),
     ] {
         let _ = writeln!(

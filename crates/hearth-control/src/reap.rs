@@ -13,6 +13,7 @@
 //! | fail stuck boots (`provisioning` past `stale_provisioning`) | fleet | |
 //! | finish deletes left `deleting` (past `orphan_after`) | fleet | the replica that began them died |
 //! | fail snapshot builds whose builder stopped its heartbeat | fleet | |
+//! | tend warm pools: remove members that must go, boot new ones up to each pool's size (`pools.rs`) | fleet | two replicas would both fill a pool |
 //! | fail over hosts whose lease expired | fleet | |
 //! | reconcile remote hosts | fleet | every replica reaches them; one is enough |
 //! | the host autoscaler | fleet | its own lease, `autoscaler` (it keeps state while it leads) |
@@ -109,8 +110,30 @@ impl Control {
     pub async fn run_reapers(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.cfg.reaper_interval);
         loop {
-            tick.tick().await;
-            self.reap_once().await;
+            tokio::select! {
+                _ = tick.tick() => {
+                    self.reap_once().await;
+                }
+                // A pool changed (created, resized, claimed from): its
+                // members need not wait for the next pass.
+                () = self.pools_changed.notified() => {
+                    self.tend_pools_now().await;
+                }
+            }
+        }
+    }
+
+    /// Tends the pools now if this replica leads (see `pools.rs`).
+    pub async fn tend_pools_now(self: &Arc<Self>) {
+        let now = Timestamp::now();
+        if self.lead(now).await.is_none() {
+            return;
+        }
+        match self.foreign_hosts().await {
+            Ok(foreign) => self.tend_pools(now, &foreign).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "pools: cannot read the host registry; the next pass retries")
+            }
         }
     }
 
@@ -318,6 +341,10 @@ impl Control {
             Err(e) => tracing::warn!(error = %e, "cannot list abandoned snapshot builds"),
         }
 
+        if !leading.holds() {
+            return;
+        }
+        self.tend_pools(now, &foreign).await;
         if !leading.holds() {
             return;
         }

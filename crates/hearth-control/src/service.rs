@@ -18,7 +18,7 @@ use hearth_hostapi::{
     StopVm, VmState,
 };
 use hearth_image::ImageName;
-use hearth_types::sandbox::{SandboxPlan, SandboxSpec};
+use hearth_types::sandbox::{RestoreMemory, SandboxPlan, SandboxSpec};
 use hearth_types::{ByteSize, HostId, SandboxId, VmId, WorkspaceId};
 
 use crate::auth::Principal;
@@ -34,7 +34,7 @@ pub const WAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Guest RAM for a sandbox's memory: whole MiB (rounded up), at least the
 /// 64 MiB a guest kernel needs. (A PATCH may set any size; LangSmith checks
 /// only the maximum on resize.)
-fn vm_memory(mem: ByteSize) -> ByteSize {
+pub(crate) fn vm_memory(mem: ByteSize) -> ByteSize {
     ByteSize(mem.bytes().div_ceil(ByteSize::MIB).max(64) * ByteSize::MIB)
 }
 
@@ -91,6 +91,10 @@ enum Boot {
     /// not persistent, or if the host has no trace of it), resuming the
     /// memory its last stop `saved` when it moves to another host.
     Start { saved: Option<MemoryVolumes> },
+    /// A new sandbox that took a warm pool's member (`pools.rs`): claim
+    /// the paused VM; a claim that fails for another reason than an
+    /// unreachable host deletes the member and boots cold instead.
+    Claim,
 }
 
 impl Control {
@@ -121,7 +125,7 @@ impl Control {
         ))
     }
 
-    async fn resolve_snapshot(
+    pub(crate) async fn resolve_snapshot(
         &self,
         ws: WorkspaceId,
         sel: &SnapshotSelector,
@@ -230,7 +234,7 @@ impl Control {
     /// numbers, up to [`PLACEMENT_ATTEMPTS`] times. The outer error is
     /// placement's (no host: a 503, or a disk that fits nowhere); the inner
     /// one the commit's.
-    async fn place_committed<T, F>(
+    pub(crate) async fn place_committed<T, F>(
         &self,
         cpu: hearth_types::MilliCpu,
         mem: hearth_types::ByteSize,
@@ -364,24 +368,42 @@ impl Control {
         };
         let disk = Some(plan.spec.fs_capacity);
         let db = &self.db;
-        let placed = self
-            .place_committed(row.cpu, row.mem, disk, None, &[], |host_id| {
-                let row = SandboxRow {
-                    host_id: Some(host_id),
-                    ..row.clone()
-                };
-                async move { db.insert_sandbox_within_quota(&row).await.map(|()| row) }
-            })
-            .await?;
-        let (row, host_id) = match placed {
+        // A warm pool of this snapshot and shape gives a paused VM instead
+        // of a boot (not when the create refuses the snapshot's memory,
+        // which the members resumed).
+        let poolable = !(plan.restore_memory == RestoreMemory::Never && from_memory(snap));
+        let claimed = if poolable {
+            self.claim_from_pool(&row).await
+        } else {
+            Ok(None)
+        };
+        let placed = match claimed {
+            Ok(Some(row)) => match row.host_id {
+                Some(host_id) => Ok((row, host_id, Boot::Claim)),
+                None => return Err(ApiError::internal()),
+            },
+            Ok(None) => self
+                .place_committed(row.cpu, row.mem, disk, None, &[], |host_id| {
+                    let row = SandboxRow {
+                        host_id: Some(host_id),
+                        ..row.clone()
+                    };
+                    async move { db.insert_sandbox_within_quota(&row).await.map(|()| row) }
+                })
+                .await?
+                .map(|(row, host_id)| (row, host_id, Boot::Create)),
+            Err(e) => Err(e),
+        };
+        let (row, host_id, how) = match placed {
             Ok(placed) => placed,
             Err(hearth_db::DbError::Conflict { .. }) => {
                 return Err(ApiError::name_conflict("sandbox", &name))
             }
             Err(other) => return Err(db_error(other)),
         };
+        let id = row.id;
         self.metrics.created();
-        self.spawn_boot(row.clone(), host_id, image, from, net, Boot::Create);
+        self.spawn_boot(row.clone(), host_id, image, from, net, how);
         let Some(wait) = plan.wait_for_ready else {
             return Ok(row);
         };
@@ -528,6 +550,24 @@ impl Control {
         };
         match how {
             Boot::Create => host.create_vm(create).await.map(drop),
+            Boot::Claim => {
+                let claim = hearth_hostapi::ClaimVm {
+                    network: resize.network.clone().unwrap_or_default(),
+                };
+                match host.claim_vm(vm, row.generation, claim).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.kind == hearth_hostapi::ErrorKind::Unavailable => Err(e),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %row.id, error = %e, "claiming the pool member failed; booting cold");
+                        match host.delete_vm(vm, row.generation).await {
+                            Ok(()) => {}
+                            Err(d) if d.is_not_found() => {}
+                            Err(d) => return Err(d),
+                        }
+                        host.create_vm(create).await.map(drop)
+                    }
+                }
+            }
             Boot::Start { saved } => match host.get_vm(vm, row.generation).await {
                 Ok(_) => host.start_vm(vm, row.generation, resize).await.map(drop),
                 // This host has no record of it (another host ran it, or
@@ -1289,9 +1329,22 @@ impl Control {
             // VM whose sandbox now runs on another host (it failed over,
             // or moved at a start) is only forgotten here: its disk in the
             // store is the other host's now.
+            // Warm pools' members have no sandbox yet (read after the
+            // VMs too: a member's row is made before its VM).
+            let members: std::collections::HashSet<VmId> = match self.db.list_members().await {
+                Ok(m) => m
+                    .iter()
+                    .filter(|m| m.host_id == *host_id)
+                    .map(|m| vm_id(m.id))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(host = %host_id, error = %e, "cannot list pool members; leaving the host's unknown VMs for the next pass");
+                    continue;
+                }
+            };
             for rec in vms {
                 let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
-                if known {
+                if known || members.contains(&rec.id) {
                     continue;
                 }
                 let elsewhere = self
@@ -1341,6 +1394,11 @@ pub(crate) fn boot_from(
         memory,
         require_memory: restore == RestoreMemory::Always,
     })
+}
+
+/// Whether a boot from `snap` may resume its memory.
+fn from_memory(snap: &SnapshotRow) -> bool {
+    snap.volume.is_some() && snap.memory_bytes.is_some()
 }
 
 /// The store volumes of a snapshot's memory, named after its disk's.

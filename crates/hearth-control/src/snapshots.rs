@@ -285,6 +285,9 @@ impl Control {
             .delete_snapshot(ws, snap.id)
             .await
             .map_err(|e| match e {
+                hearth_db::DbError::Conflict { what } if what.contains("warm pools") => {
+                    ApiError::conflict(what)
+                }
                 hearth_db::DbError::Conflict { what } => {
                     ApiError::conflict(format!("{what}: delete those sandboxes first"))
                 }

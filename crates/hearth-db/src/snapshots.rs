@@ -341,9 +341,22 @@ impl Db {
                 what: format!("built-in snapshot {}:{}", snap.name, snap.tag),
             });
         }
+        let pools = self.snapshot_has_pools(id).await?;
+        if !pools.is_empty() {
+            return Err(DbError::Conflict {
+                what: format!(
+                    "snapshot {}:{} (warm pools keep VMs of it: {}; delete them first)",
+                    snap.name,
+                    snap.tag,
+                    pools.join(", ")
+                ),
+            });
+        }
+        // One statement checks both, so a pool made meanwhile holds it too.
         let sql = Sql::new(
             "DELETE FROM snapshots WHERE id = $1 AND workspace_id = $2 AND NOT EXISTS \
-             (SELECT 1 FROM sandboxes WHERE snapshot_id = $1 AND status <> 'deleting')",
+             (SELECT 1 FROM sandboxes WHERE snapshot_id = $1 AND status <> 'deleting') \
+             AND NOT EXISTS (SELECT 1 FROM sandbox_pools WHERE snapshot_id = $1)",
         )
         .arg(id.to_string())
         .arg(workspace_id.to_string());
@@ -355,7 +368,7 @@ impl Db {
         if n == 0 {
             return Err(DbError::Conflict {
                 what: format!(
-                    "snapshot {}:{} (sandboxes booted from it still exist)",
+                    "snapshot {}:{} (sandboxes booted from it, or warm pools of it, still exist)",
                     snap.name, snap.tag
                 ),
             });

@@ -63,6 +63,8 @@ const SECRET_VALUE: &str = "alpha-secret-value-7f3c";
 const GHOST_BOX: &str = "ghost-box";
 const GHOST_SNAP: &str = "ghost-snap";
 const GHOST_SECRET: &str = "GHOST_TOKEN";
+const POOL: &str = "alpha-pool";
+const GHOST_POOL: &str = "ghost-pool";
 const BOUNDARY: &str = "isolation-boundary";
 
 /// One workspace and its key.
@@ -310,6 +312,15 @@ async fn populate_a(w: &World) -> Alpha {
         Some(json!([{"key": SECRET, "value": SECRET_VALUE}])),
     )
     .await;
+    // Empty: its reads stay the same while the attempts run.
+    call(
+        w,
+        k,
+        Method::POST,
+        "/api/v2/sandboxes/pools",
+        Some(json!({"name": POOL, "snapshot": "busybox", "size": 0})),
+    )
+    .await;
     Alpha {
         sandbox_id,
         snapshot_ids: [latest, v1],
@@ -333,6 +344,8 @@ async fn fingerprint(w: &World, a: &Alpha) -> Value {
         format!("/api/v2/sandboxes/snapshots/{SNAP}:v1"),
         format!("/api/v2/sandboxes/snapshots/{SNAP}"),
         "/api/v1/workspaces/current/secrets".to_owned(),
+        "/api/v2/sandboxes/pools".to_owned(),
+        format!("/api/v2/sandboxes/pools/{POOL}"),
     ];
     paths.extend(
         a.snapshot_ids
@@ -489,6 +502,7 @@ fn body_for(method: &str, path: &str, content_type: &str) -> Payload {
             json!({"command_id": "f".repeat(32), "stdout_offset": 0, "stderr_offset": 0})
         }
         ("post", "/glob") => json!({"path": "/", "pattern": "**"}),
+        ("patch", "/api/v2/sandboxes/pools/{name}") => json!({"size": 3}),
         ("post", "/grep") => json!({"path": "/", "pattern": "root"}),
         _ => panic!("{method} {path} takes a body: add one to body_for"),
     };
@@ -572,6 +586,9 @@ fn attempts(a: &Alpha, b_download: &str, b_service: &str, a_ws: &str) -> Vec<Att
                         vec![("name".into(), SNAP.into(), GHOST_SNAP.into())]
                     }
                     ("snapshot_id", _) => snapshot_refs(a),
+                    ("name", x) if x.starts_with("/api/v2/sandboxes/pools/") => {
+                        vec![("name".into(), POOL.into(), GHOST_POOL.into())]
+                    }
                     ("key", x) if x.starts_with("/api/v1/workspaces/current/secrets/") => {
                         vec![("name".into(), SECRET.into(), GHOST_SECRET.into())]
                     }

@@ -22,6 +22,7 @@ mod client_errors;
 mod control_keys;
 mod dependency_graph;
 mod isolation;
+mod pools;
 mod reapers;
 mod replicas;
 mod sdk_surface;

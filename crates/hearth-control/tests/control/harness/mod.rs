@@ -89,6 +89,33 @@ pub struct Server {
 impl Server {
     /// Starts the server; with `with_host`, a host agent too.
     pub async fn start(with_host: bool) -> Server {
+        let hosts = if with_host {
+            vec![LocalHost {
+                id: HostId::new(),
+                host: Arc::new(hearth_host::InProcessHost::new(host().await)),
+                capacity_cpu: MilliCpu(64_000),
+                capacity_mem: ByteSize::gib(256),
+            }]
+        } else {
+            Vec::new()
+        };
+        Self::start_with(hosts).await
+    }
+
+    /// Starts the server over one simulated host (`SimHost`, 64 vCPUs and
+    /// 256 GiB), which it returns too.
+    pub async fn on_sim() -> (Server, Arc<hearth_hostapi::SimHost>) {
+        let sim = Arc::new(hearth_hostapi::SimHost::new());
+        let hosts = vec![LocalHost {
+            id: HostId::new(),
+            host: sim.clone(),
+            capacity_cpu: MilliCpu(64_000),
+            capacity_mem: ByteSize::gib(256),
+        }];
+        (Self::start_with(hosts).await, sim)
+    }
+
+    async fn start_with(hosts: Vec<LocalHost>) -> Server {
         let url = hearth_db::testing::sqlite_url();
         let db = Db::connect(&url.url).await.unwrap();
         let mut keys = Vec::new();
@@ -110,16 +137,6 @@ impl Server {
                 .1;
             keys.push(key);
         }
-        let hosts = if with_host {
-            vec![LocalHost {
-                id: HostId::new(),
-                host: Arc::new(hearth_host::InProcessHost::new(host().await)),
-                capacity_cpu: MilliCpu(64_000),
-                capacity_mem: ByteSize::gib(256),
-            }]
-        } else {
-            Vec::new()
-        };
         let cfg = ControlConfig {
             default_snapshot: ("busybox".into(), "latest".into()),
             ..ControlConfig::default()

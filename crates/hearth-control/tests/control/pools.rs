@@ -1,0 +1,267 @@
+//! Warm pools on the simulated host (issue 18): the API, members warmed to
+//! the pool's size by the reaper leader, a create of the pool's snapshot
+//! and size claiming one (the sandbox takes the member's id and its VM is
+//! resumed, not booted), a miss booting cold, refill, shrink, delete, and
+//! the snapshot kept while a pool needs it.
+
+use std::time::Duration;
+
+use hearth_hostapi::{HostApi, VmState};
+use serde_json::{json, Value};
+
+use crate::harness::Server;
+
+const POOLS: &str = "/api/v2/sandboxes/pools";
+
+async fn pool(s: &Server, name: &str) -> Value {
+    let r = s
+        .json(
+            "GET",
+            &format!("{POOLS}/{name}"),
+            Some(&s.other),
+            &Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json().unwrap()
+}
+
+/// Tends the pools until `ready` members are ready (the members boot in
+/// tasks of their own).
+async fn until_ready(s: &Server, name: &str, ready: u64) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        s.control.tend_pools_now().await;
+        let p = pool(s, name).await;
+        if p["status"]["ready"].as_u64() == Some(ready) && p["status"]["warming"] == 0 {
+            return p;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pool never had {ready} ready: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_claims_a_pool_member_and_the_pool_refills() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let body = json!({"name": "py", "snapshot": "busybox", "size": 2, "mem_bytes": 2u64 << 30});
+    let r = s.json("POST", POOLS, Some(&key), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let created: Value = r.json().unwrap();
+    assert_eq!(created["size"], 2);
+    assert_eq!(created["mem_bytes"], 2u64 << 30);
+    let dup = s.json("POST", POOLS, Some(&key), &body).await;
+    assert_eq!(dup.status, 409, "{}", dup.text());
+
+    let p = until_ready(&s, "py", 2).await;
+    assert_eq!(p["status"]["claims"], 0);
+    let members: Vec<_> = sim.list_vms().await.unwrap();
+    assert_eq!(members.len(), 2);
+    assert!(
+        members
+            .iter()
+            .all(|v| v.pooled && v.state == VmState::Paused),
+        "{members:?}"
+    );
+
+    // The unmodified SDK's create of that snapshot and size: a member.
+    let create = json!({"name": "mine", "snapshot_name": "busybox", "mem_bytes": 2u64 << 30,
+                        "wait_for_ready": true, "timeout": 30});
+    let r = s
+        .json("POST", "/api/v2/sandboxes/boxes", Some(&key), &create)
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sb: Value = r.json().unwrap();
+    assert_eq!(sb["status"], "ready");
+    let id: hearth_types::VmId = sb["id"].as_str().unwrap().parse().unwrap();
+    let vm = members
+        .iter()
+        .find(|v| v.id == id)
+        .expect("the sandbox is a member's VM");
+    let now = sim.get_vm(vm.id, 1).await.unwrap();
+    assert_eq!(
+        (now.state, now.pooled),
+        (VmState::Ready, false),
+        "claimed, not booted"
+    );
+    assert_eq!(now.boot_ms, vm.boot_ms, "no second boot");
+
+    // The pool refills to its size; a claim and no miss were counted.
+    let p = until_ready(&s, "py", 2).await;
+    assert_eq!(
+        (
+            p["status"]["claims"].as_u64(),
+            p["status"]["misses"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    assert_eq!(sim.list_vms().await.unwrap().len(), 3);
+
+    // Another size is no claim; nor is a pool-less snapshot's create.
+    let other = json!({"name": "big", "snapshot_name": "busybox", "mem_bytes": 4u64 << 30,
+                       "wait_for_ready": true, "timeout": 30});
+    let r = s
+        .json("POST", "/api/v2/sandboxes/boxes", Some(&key), &other)
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(pool(&s, "py").await["status"]["ready"], 2);
+
+    // Empty pool: a miss boots cold and works.
+    let r = s
+        .json(
+            "PATCH",
+            &format!("{POOLS}/py"),
+            Some(&key),
+            &json!({"size": 0}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p = until_ready(&s, "py", 0).await;
+    assert_eq!(p["size"], 0);
+    let cold = json!({"name": "cold", "snapshot_name": "busybox", "mem_bytes": 2u64 << 30,
+                      "wait_for_ready": true, "timeout": 30});
+    let r = s
+        .json("POST", "/api/v2/sandboxes/boxes", Some(&key), &cold)
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(pool(&s, "py").await["status"]["misses"], 1);
+    let vms = sim.list_vms().await.unwrap();
+    assert_eq!(vms.len(), 3, "mine, big and cold; no members: {vms:?}");
+    assert!(vms.iter().all(|v| !v.pooled));
+
+    let listed = s.json("GET", POOLS, Some(&key), &Value::Null).await;
+    assert_eq!(listed.json().unwrap().as_array().unwrap().len(), 1);
+    // Another workspace sees none of it.
+    let theirs = s.json("GET", POOLS, Some(&s.admin), &Value::Null).await;
+    assert_eq!(theirs.json().unwrap(), json!([]));
+    let r = s
+        .json("GET", &format!("{POOLS}/py"), Some(&s.admin), &Value::Null)
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_refuse_bad_input_and_keep_their_snapshot() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    for (body, field) in [
+        (json!({"name": "Bad Name", "size": 1}), "name"),
+        (json!({"name": "p", "size": 65}), "size"),
+        (json!({"name": "p", "size": -1}), "size"),
+        (json!({"name": "p", "size": 1, "warm": true}), "warm"),
+        (json!({"name": "p", "size": 1, "mem_bytes": 1}), "mem_bytes"),
+    ] {
+        let r = s.json("POST", POOLS, Some(&key), &body).await;
+        assert_eq!(r.status, 422, "{body}: {}", r.text());
+        assert!(r.text().contains(field), "{body}: {}", r.text());
+    }
+    let r = s
+        .json(
+            "POST",
+            POOLS,
+            Some(&key),
+            &json!({"name": "p", "snapshot": "nope:1", "size": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = s
+        .json(
+            "PATCH",
+            &format!("{POOLS}/none"),
+            Some(&key),
+            &json!({"size": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    // A snapshot of the workspace's own, pooled: its delete is refused
+    // while the pool exists.
+    let src = json!({"name": "src", "snapshot": "busybox", "mem_bytes": 2u64 << 30,
+                     "wait_for_ready": true, "timeout": 30});
+    let r = s
+        .json("POST", "/api/v2/sandboxes/boxes", Some(&key), &src)
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = s
+        .json(
+            "POST",
+            "/api/v2/sandboxes/boxes/src/snapshot",
+            Some(&key),
+            &json!({"name": "snap1"}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = s
+            .json(
+                "GET",
+                "/api/v2/sandboxes/snapshots/snap1:latest",
+                Some(&key),
+                &Value::Null,
+            )
+            .await;
+        if r.json().unwrap()["status"] == "ready" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = s
+        .json(
+            "POST",
+            POOLS,
+            Some(&key),
+            &json!({"name": "p", "snapshot": "snap1", "size": 1, "mem_bytes": 2u64 << 30}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    until_ready(&s, "p", 1).await;
+    let delete_snapshot = || {
+        s.json(
+            "DELETE",
+            "/api/v2/sandboxes/snapshots/snap1:latest",
+            Some(&key),
+            &Value::Null,
+        )
+    };
+    let r = delete_snapshot().await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.text().contains("warm pools keep VMs of it: p"),
+        "{}",
+        r.text()
+    );
+    let r = s
+        .json("DELETE", &format!("{POOLS}/p"), Some(&key), &Value::Null)
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    // Its member goes from the host at the next pass.
+    s.control.tend_pools_now().await;
+    let vms = sim.list_vms().await.unwrap();
+    assert!(vms.iter().all(|v| !v.pooled), "{vms:?}");
+    let r = s
+        .json(
+            "DELETE",
+            "/api/v2/sandboxes/boxes/src",
+            Some(&key),
+            &Value::Null,
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = delete_snapshot().await;
+        if r.status == 204 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.stop().await;
+}
