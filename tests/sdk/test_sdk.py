@@ -887,6 +887,84 @@ def test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env():
 # 11: a burst of creates
 
 
+def metric(name):
+    """A counter of the server's /metrics (0 when absent)."""
+    url = os.environ["LANGSMITH_ENDPOINT"].rstrip("/") + "/metrics"
+    req = urllib.request.Request(url)
+    req.add_header("X-Api-Key", os.environ["LANGSMITH_API_KEY"])
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def wait_pool(name, ready, seconds):
+    """Waits until the pool has `ready` members ready and none warming;
+    returns the seconds it took."""
+    t = time.monotonic()
+    while True:
+        status, p = raw("GET", f"/pools/{name}")
+        check(status == 200, f"GET pool: {status} {p}")
+        if p["status"]["ready"] == ready and p["status"]["warming"] == 0:
+            return time.monotonic() - t
+        check(time.monotonic() - t < seconds, f"pool never had {ready} ready in {seconds}s: {p}")
+        time.sleep(0.5)
+
+
+IDENTITY = (
+    "hostname; cat /etc/machine-id /proc/sys/kernel/random/boot_id; "
+    "head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s"
+)
+
+
+def test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own():
+    pool = unique("pool")
+    status, p = raw(
+        "POST", "/pools", {"name": pool, "snapshot": "busybox", "size": 3, "mem_bytes": 2 * GIB}
+    )
+    check(status == 201, f"create pool: {status} {p}")
+    try:
+        log(f"pool of 3 ready in {wait_pool(pool, 3, 300):.1f}s")
+        claims0 = metric("hearth_pool_claims_total")
+        boxes, took = [], []
+        for _ in range(3):
+            t = time.monotonic()
+            boxes.append(create(snapshot_name="busybox", mem_bytes=2 * GIB, timeout=CREATE_TIMEOUT))
+            took.append(time.monotonic() - t)
+        # The pool is empty now: the next create boots cold, and works.
+        t = time.monotonic()
+        cold = create(snapshot_name="busybox", mem_bytes=2 * GIB, timeout=CREATE_TIMEOUT)
+        cold_took = time.monotonic() - t
+        log(f"pooled creates {', '.join(f'{x:.2f}s' for x in took)}; cold {cold_took:.2f}s")
+        check(cold.run("echo cold").stdout == "cold\n", "the cold sandbox runs")
+        status, p = raw("GET", f"/pools/{pool}")
+        check(p["status"]["claims"] == 3, f"three claims: {p}")
+        check(p["status"]["misses"] == 1, f"one miss: {p}")
+        check(metric("hearth_pool_claims_total") - claims0 == 3, "the metric counts 3 claims")
+        seen = []
+        for sb in boxes:
+            out = sb.run(IDENTITY)
+            host_s = time.time()
+            lines = out.stdout.split("\n")
+            check(out.exit_code == 0 and len(lines) >= 5, f"identity: {out.stdout!r} {out.stderr!r}")
+            skew = host_s - int(lines[4])
+            check(-1 <= skew <= 2, f"the guest's clock is {skew:.1f}s off the host's")
+            check(lines[0] == "sandbox-" + sb.id.replace("-", "")[-12:], f"host name {lines[0]}")
+            seen.append(lines[:4])
+        for i, what in enumerate(["host name", "machine id", "boot id", "urandom"]):
+            values = [s[i] for s in seen]
+            check(len(set(values)) == 3, f"claimed sandboxes share a {what}: {values}")
+        # Refilled to its size in the background.
+        log(f"refilled to 3 in {wait_pool(pool, 3, 300):.1f}s")
+        for sb in boxes + [cold]:
+            delete(sb.name)
+    finally:
+        status, body = raw("DELETE", f"/pools/{pool}")
+        check(status == 204, f"delete pool: {status} {body}")
+
+
 def test_burst_of_creates_ends_ready_or_with_clear_errors():
     # Start from an empty workspace (as far as this script is concerned).
     for name in sorted(created):
@@ -1022,6 +1100,7 @@ TESTS = [
     test_preserve_memory_on_stop_resumes_processes_on_start,
     test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not,
     test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env,
+    test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own,
     test_burst_of_creates_ends_ready_or_with_clear_errors,
 ]
 

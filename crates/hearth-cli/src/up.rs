@@ -72,6 +72,10 @@ struct FileConfig {
     /// (`[listener]`).
     #[serde(default)]
     listener: crate::listener::ListenerFileConfig,
+    /// Warm pools of the default workspace (`[[pools]]`, the fields of
+    /// `POST /api/v2/sandboxes/pools`), made or resized at every start.
+    #[serde(default)]
+    pools: Vec<hearth_api::pools::CreatePoolRequest>,
 }
 
 /// Memory kept for the host itself (the control plane, QEMU's own
@@ -256,6 +260,13 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
+    for p in &file.pools {
+        control
+            .ensure_pool(keys::default_workspace(), p)
+            .await
+            .map_err(|e| anyhow::anyhow!("pool {:?} of the config: {}", p.name, e.message))?;
+        eprintln!("[hearth] pool {} keeps {} VMs ready", p.name, p.size);
+    }
     // The reapers also collect the store's garbage, hourly, once per
     // fleet: through this process's host, or a remote one per store
     // (`hearth-control`'s `gc.rs`); safe beside every host's commits.
@@ -363,5 +374,19 @@ mod tests {
             };
             assert!(host_capacity(&cfg).is_err(), "{bad}");
         }
+    }
+
+    /// `[[pools]]` takes the API's fields, and only those.
+    #[test]
+    fn pools_in_the_config_take_the_api_fields() {
+        let cfg: FileConfig = toml::from_str(
+            "[[pools]]\nname = \"py\"\nsnapshot = \"python:3.12\"\nsize = 3\nmem_bytes = 2147483648\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.pools.len(), 1);
+        assert_eq!((cfg.pools[0].name.as_str(), cfg.pools[0].size), ("py", 3));
+        let bad = toml::from_str::<FileConfig>("[[pools]]\nname = \"py\"\nsize = 3\nwarm = true\n");
+        let e = bad.unwrap_err().to_string();
+        assert!(e.contains("warm"), "{e}");
     }
 }

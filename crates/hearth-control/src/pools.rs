@@ -51,15 +51,59 @@ impl Control {
     ) -> Result<PoolResponse, ApiError> {
         who.require("sandboxes:create")?;
         let req: CreatePoolRequest = hearth_api::parse_body(body)?;
+        let pool = self.create_pool_in(who.workspace_id, &req).await?;
+        Ok(pool_response(&pool, &[]))
+    }
+
+    /// Makes the pool `req` describes in `ws`, or, when `ws` has one of
+    /// that name and shape, sets its size (a pool of `hearth.toml`, applied
+    /// at every start); a pool of that name and another shape is a 409.
+    pub async fn ensure_pool(
+        self: &Arc<Self>,
+        ws: hearth_types::WorkspaceId,
+        req: &CreatePoolRequest,
+    ) -> Result<PoolResponse, ApiError> {
+        let made = match self.create_pool_in(ws, req).await {
+            Ok(p) => p,
+            Err(e) if e.status == 409 => {
+                let (size, sel) = req.validate()?;
+                let snap = self.resolve_snapshot(ws, &sel).await?;
+                let sizing = req.sizing(snap.fs_capacity)?;
+                let shape = pool_shape(&snap, sizing.cpu, sizing.mem, sizing.fs_capacity);
+                let have = self.db.get_pool(ws, &req.name).await.map_err(db_error)?;
+                if (have.snapshot_id, have.cpu, have.mem, have.fs_capacity)
+                    != (snap.id, shape.cpu, shape.mem, shape.fs_capacity)
+                {
+                    return Err(ApiError::conflict(format!(
+                        "pool {:?} exists with another snapshot or size; delete it to change them",
+                        req.name
+                    )));
+                }
+                self.db
+                    .resize_pool(ws, &req.name, size)
+                    .await
+                    .map_err(db_error)?
+            }
+            Err(e) => return Err(e),
+        };
+        self.wake_pools();
+        Ok(pool_response(&made, &[]))
+    }
+
+    async fn create_pool_in(
+        self: &Arc<Self>,
+        ws: hearth_types::WorkspaceId,
+        req: &CreatePoolRequest,
+    ) -> Result<PoolRow, ApiError> {
         let (size, sel) = req.validate()?;
-        let snap = self.resolve_snapshot(who.workspace_id, &sel).await?;
+        let snap = self.resolve_snapshot(ws, &sel).await?;
         let sizing = req.sizing(snap.fs_capacity)?;
         self.check_disk_size(sizing.fs_capacity)?;
         let shape = pool_shape(&snap, sizing.cpu, sizing.mem, sizing.fs_capacity);
         let now = Timestamp::now();
         let pool = PoolRow {
             id: PoolId::new(),
-            workspace_id: who.workspace_id,
+            workspace_id: ws,
             name: req.name.clone(),
             snapshot_id: snap.id,
             size,
@@ -76,7 +120,7 @@ impl Control {
             e => db_error(e),
         })?;
         self.wake_pools();
-        Ok(pool_response(&pool, &[]))
+        Ok(pool)
     }
 
     /// `GET /pools`.

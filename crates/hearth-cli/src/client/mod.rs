@@ -47,6 +47,7 @@ mod boxes;
 mod exec;
 mod files;
 mod http;
+mod pools;
 mod secrets;
 mod term;
 mod tunnel;
@@ -137,6 +138,11 @@ pub enum ClientCommand {
         #[arg(long, value_name = "SECS")]
         expires: Option<u64>,
     },
+    /// Warm pools: paused VMs of a snapshot kept ready for creates.
+    Pool {
+        #[command(subcommand)]
+        command: pools::PoolCommand,
+    },
     /// The workspace's secrets, which sandbox egress rules can use.
     Secrets {
         #[command(subcommand)]
@@ -168,6 +174,7 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
             port,
             expires,
         } => boxes::service(&api, &name, port, expires, json).await,
+        ClientCommand::Pool { command } => pools::run(&api, command, json).await,
         ClientCommand::Secrets { command } => secrets::run(&api, command, json).await,
     };
     result.map_err(|e| http::hint(e, &api))
