@@ -401,7 +401,7 @@ impl Control {
     /// it). A VM its host cannot be asked to delete (the host is gone) is
     /// left to that host's own reconcile; the row goes regardless when the
     /// host is not ready, else the next pass tries again.
-    async fn remove_member(&self, m: &MemberRow, why: &str) {
+    pub(crate) async fn remove_member(&self, m: &MemberRow, why: &str) {
         tracing::info!(member = %m.id, host = %m.host_id, why, "removing a pool member");
         let deleted = match self.host(m.host_id).await {
             Some(h) => match h.delete_vm(vm_id(m.id), m.generation).await {

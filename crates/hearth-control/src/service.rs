@@ -1331,17 +1331,27 @@ impl Control {
             // store is the other host's now.
             // Warm pools' members have no sandbox yet (read after the
             // VMs too: a member's row is made before its VM).
-            let members: std::collections::HashSet<VmId> = match self.db.list_members().await {
-                Ok(m) => m
-                    .iter()
-                    .filter(|m| m.host_id == *host_id)
-                    .map(|m| vm_id(m.id))
-                    .collect(),
+            let members: Vec<hearth_db::MemberRow> = match self.db.list_members().await {
+                Ok(m) => m.into_iter().filter(|m| m.host_id == *host_id).collect(),
                 Err(e) => {
                     tracing::warn!(host = %host_id, error = %e, "cannot list pool members; leaving the host's unknown VMs for the next pass");
                     continue;
                 }
             };
+            // A ready member whose VM died (or vanished) is replaced: the
+            // next tend of its pool boots another.
+            for m in members
+                .iter()
+                .filter(|m| m.status == hearth_db::MemberStatus::Ready)
+            {
+                let vm = vms.iter().find(|v| v.id == vm_id(m.id));
+                if !vm.is_some_and(|v| v.pooled && v.state == VmState::Paused) {
+                    self.remove_member(m, "its VM is no longer a paused member")
+                        .await;
+                }
+            }
+            let members: std::collections::HashSet<VmId> =
+                members.iter().map(|m| vm_id(m.id)).collect();
             for rec in vms {
                 let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
                 if known || members.contains(&rec.id) {

@@ -265,3 +265,43 @@ async fn pools_refuse_bad_input_and_keep_their_snapshot() {
     }
     s.stop().await;
 }
+
+/// A member whose VM dies is replaced, and a pool leaves a host that is
+/// drained (its members go; new ones warm where there is room).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_replaced_and_a_drained_host_loses_its_members() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let body = json!({"name": "py", "snapshot": "busybox", "size": 2, "mem_bytes": 2u64 << 30});
+    let r = s.json("POST", POOLS, Some(&key), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    until_ready(&s, "py", 2).await;
+    let before = sim.list_vms().await.unwrap();
+    assert!(sim.crash(before[0].id, "killed"));
+    s.control.reconcile(false).await;
+    let p = until_ready(&s, "py", 2).await;
+    let after: Vec<_> = sim
+        .list_vms()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.id)
+        .collect();
+    assert!(
+        !after.contains(&before[0].id),
+        "the dead member is gone: {after:?}"
+    );
+    assert!(after.contains(&before[1].id));
+    assert_eq!(after.len(), 2, "{p}");
+
+    // The only host drains: its members go, and none warm anywhere.
+    let host = s.control.db.list_hosts().await.unwrap()[0].id;
+    s.control
+        .db
+        .set_host_state(host, hearth_db::HostState::Draining)
+        .await
+        .unwrap();
+    let p = until_ready(&s, "py", 0).await;
+    assert!(sim.list_vms().await.unwrap().is_empty(), "{p}");
+    s.stop().await;
+}
