@@ -768,11 +768,16 @@ impl Host {
             }
         }
         let spec = self.spec(vm, &rec, artifacts, root);
+        // Whether the guest resumed memory other VMs may resume too.
+        let mut shared_memory = false;
         let instance = match resume {
             None => self.vmm.boot(&spec).await?,
             Some((volumes, shared, required)) => {
                 match self.resume_from_memory(vm, &spec, &volumes, shared).await {
-                    Ok(i) => i,
+                    Ok(i) => {
+                        shared_memory = shared;
+                        i
+                    }
                     Err(e) if !required => {
                         tracing::warn!(vm = %id, error = %error_chain(&e), "cannot resume from saved memory; booting cold");
                         self.vmm.boot(&spec).await?
@@ -782,6 +787,9 @@ impl Host {
             }
         };
         self.attach(vm, instance).await?;
+        if shared_memory {
+            self.refresh_identity(vm).await?;
+        }
         let boot_ms = started.elapsed().as_millis() as u64;
         let resumed = rec.saved.is_some();
         vm.update(|r| {
@@ -936,6 +944,31 @@ impl Host {
         *vm.guest.lock().unwrap_or_else(|p| p.into_inner()) = Some(guest.clone());
         tokio::spawn(watch_vm(self.clone(), vm.clone(), instance, guest));
         Ok(())
+    }
+
+    /// Gives a guest that resumed a snapshot's memory (which every VM
+    /// created from that snapshot resumes) an identity of its own; a guest
+    /// agent too old to take one (memory captured before protocol 4) is
+    /// logged, and runs on with the snapshot's.
+    async fn refresh_identity(&self, vm: &Vm) -> Result<(), HostError> {
+        let id = vm.id;
+        let Some(guest) = vm.guest() else {
+            return Err(HostError::Boot {
+                id,
+                reason: "no guest channel after the resume".into(),
+            });
+        };
+        if guest.protocol_version < hearth_guest_proto::IDENTITY_VERSION {
+            tracing::warn!(vm = %id, protocol = guest.protocol_version, "the snapshot's guest agent cannot take a fresh identity; the VM keeps the snapshot's CRNG state, machine id and boot id");
+            return Ok(());
+        }
+        guest
+            .set_identity(&fresh_identity(id)?)
+            .await
+            .map_err(|e| HostError::Boot {
+                id,
+                reason: format!("a fresh identity after resuming a snapshot's memory: {e}"),
+            })
     }
 
     /// What the guest is told at each handshake when the VM has a network.

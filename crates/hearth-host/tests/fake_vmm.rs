@@ -346,6 +346,27 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
         (1, 2),
         "resumed, not booted"
     );
+    // Every VM resumed from the snapshot's memory would carry the same
+    // CRNG state and ids: each gets its own; the original keeps its own.
+    let fresh = fake.identity(child.id).expect("the child took an identity");
+    assert!(fake.identity(vm.id).is_none());
+    let second = host
+        .create_vm(CreateVm {
+            from: Some(hearth_host::BootFrom {
+                disk: captured.disk.clone(),
+                memory: captured.memory.clone(),
+                require_memory: true,
+            }),
+            ..small()
+        })
+        .await
+        .unwrap();
+    let other = fake.identity(second.id).unwrap();
+    assert_ne!(
+        (fresh.entropy, fresh.machine_id),
+        (other.entropy, other.machine_id)
+    );
+    host.delete(second.id).await.unwrap();
 
     // A hard stop, and a stop of a paused vm.
     assert_eq!(host.kill(vm.id).await.unwrap().state, VmState::Stopped);
