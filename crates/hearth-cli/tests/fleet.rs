@@ -920,6 +920,16 @@ fn a_drained_host_takes_no_more_sandboxes_and_its_sandboxes_resume_or_restart_el
         written.insert(sb.name.clone(), text);
     }
 
+    // A warm pool across the hosts (issue 18): its members on the drained
+    // host go with the drain, and it refills on the others.
+    let (status, p) = fleet.api_json(
+        "POST",
+        "/api/v2/sandboxes/pools",
+        &serde_json::json!({"name": "drain-pool", "size": 3, "mem_bytes": 2u64 << 30}),
+    );
+    assert_eq!(status, 201, "create a pool: {p}");
+    fleet.wait_pool("drain-pool", 3, Duration::from_secs(300));
+
     let t = Instant::now();
     let out = fleet.drain(target, Duration::from_secs(300));
     let drained_in = t.elapsed();
@@ -956,8 +966,12 @@ fn a_drained_host_takes_no_more_sandboxes_and_its_sandboxes_resume_or_restart_el
         fleet.host_row(target).state.as_str()
     );
 
-    // Nothing new is placed there.
+    // Nothing new is placed there, from the pool (refilled on the other
+    // hosts) or not.
+    fleet.wait_pool("drain-pool", 3, Duration::from_secs(300));
     let more = fleet.create(&names("after", 2), false, 1);
+    let (_, p) = fleet.api_json("GET", "/api/v2/sandboxes/pools/drain-pool", &Value::Null);
+    assert_eq!(p["status"]["claims"], 2, "both creates were claims: {p}");
     for sb in &more {
         let at = fleet.host_of(sb);
         println!(

@@ -405,6 +405,19 @@ impl Control {
                 }
             }
         }
+        // Warm pools' members go too (the pools warm new ones elsewhere):
+        // a drained host runs nothing.
+        match self.db.list_members().await {
+            Ok(members) => {
+                for m in members.iter().filter(|m| m.host_id == host) {
+                    self.remove_member(m, "its host is draining").await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(%host, error = %e, "drain: cannot list pool members; the pools' next tend removes them")
+            }
+        }
+        self.pools_changed.notify_one();
         out
     }
 }

@@ -378,10 +378,11 @@ impl Control {
                     Ok(true) => {
                         tracing::info!(pool = %name, member = %member.id, host = %member.host_id, "pool member ready");
                     }
-                    // Removed while it booted (its pool shrank or went).
+                    // Removed while it booted (its pool shrank or went):
+                    // its row is gone already.
                     Ok(false) => {
                         control
-                            .remove_member(&member, "it was removed while it booted")
+                            .delete_member_vm(&member, "it was removed while it booted")
                             .await
                     }
                     Err(e) => {
@@ -397,28 +398,35 @@ impl Control {
         true
     }
 
-    /// Deletes a member's VM, then its row (its host's counters drop with
-    /// it). A VM its host cannot be asked to delete (the host is gone) is
-    /// left to that host's own reconcile; the row goes regardless when the
-    /// host is not ready, else the next pass tries again.
+    /// Removes a member: its row first, which a claim takes under the
+    /// same lock (a member a create claimed meanwhile is that sandbox's
+    /// now and is left alone), then its VM.
     pub(crate) async fn remove_member(&self, m: &MemberRow, why: &str) {
-        tracing::info!(member = %m.id, host = %m.host_id, why, "removing a pool member");
-        let deleted = match self.host(m.host_id).await {
-            Some(h) => match h.delete_vm(vm_id(m.id), m.generation).await {
-                Ok(()) => true,
-                Err(e) if e.is_not_found() => true,
-                Err(e) => {
-                    tracing::warn!(member = %m.id, error = %e, "cannot delete a pool member's VM");
-                    false
-                }
-            },
-            None => true,
-        };
-        if !deleted && why != "its host is not ready" {
-            return;
+        match self.db.delete_member(m.id).await {
+            Ok(true) => self.delete_member_vm(m, why).await,
+            Ok(false) => {
+                tracing::debug!(member = %m.id, "pool member already claimed or removed");
+            }
+            Err(e) => {
+                tracing::warn!(member = %m.id, error = %e, "cannot remove a pool member's row; the next pass retries");
+            }
         }
-        if let Err(e) = self.db.delete_member(m.id).await {
-            tracing::warn!(member = %m.id, error = %e, "cannot remove a pool member's row; the next pass retries");
+    }
+
+    /// Deletes the VM of a member whose row is gone. One its host cannot
+    /// delete now is left to that host's reconcile, which removes a VM
+    /// with neither a sandbox nor a member row.
+    async fn delete_member_vm(&self, m: &MemberRow, why: &str) {
+        tracing::info!(member = %m.id, host = %m.host_id, why, "removing a pool member");
+        let Some(h) = self.host(m.host_id).await else {
+            return;
+        };
+        match h.delete_vm(vm_id(m.id), m.generation).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                tracing::warn!(member = %m.id, error = %e, "cannot delete a pool member's VM; its host's reconcile removes it");
+            }
         }
     }
 }

@@ -471,6 +471,51 @@ impl Fleet {
             .collect()
     }
 
+    /// One JSON request to the public API through the current replica;
+    /// its status and body.
+    pub fn api_json(&self, method: &str, path: &str, body: &Value) -> (u16, Value) {
+        let addr: SocketAddr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+        let body = if body.is_null() {
+            Vec::new()
+        } else {
+            body.to_string().into_bytes()
+        };
+        let (status, text) = http(
+            addr,
+            method,
+            path,
+            &[
+                ("X-Api-Key", &self.api.key),
+                ("Content-Type", "application/json"),
+            ],
+            &body,
+        )
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Waits (at most `limit`) until the pool `name` has `ready` members
+    /// ready and none warming; the pool.
+    pub fn wait_pool(&self, name: &str, ready: u64, limit: Duration) -> Value {
+        let t = Instant::now();
+        loop {
+            let (status, p) = self.api_json(
+                "GET",
+                &format!("/api/v2/sandboxes/pools/{name}"),
+                &Value::Null,
+            );
+            assert_eq!(status, 200, "GET pool {name}: {p}");
+            if p["status"]["ready"] == ready && p["status"]["warming"] == 0 {
+                return p;
+            }
+            assert!(
+                t.elapsed() < limit,
+                "pool {name} never had {ready} ready: {p}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     /// The VM ids QEMU runs for host `i` (by `-name`, under its process).
     pub fn qemu_vms(&self, i: usize) -> Vec<String> {
         common::qemu_processes(self.hosts[i].proc.pid)

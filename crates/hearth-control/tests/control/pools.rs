@@ -305,3 +305,70 @@ async fn a_dead_member_is_replaced_and_a_drained_host_loses_its_members() {
     assert!(sim.list_vms().await.unwrap().is_empty(), "{p}");
     s.stop().await;
 }
+
+/// A pool shrinking while creates claim from it never removes a member a
+/// create has claimed: the member's row decides (the bench found claimed
+/// sandboxes whose VMs a concurrent shrink deleted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shrinking_pool_never_removes_a_claimed_member() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let r = s
+        .json(
+            "POST",
+            POOLS,
+            Some(&key),
+            &json!({"name": "py", "snapshot": "busybox", "size": 4, "mem_bytes": 2u64 << 30}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    for round in 0..3 {
+        until_ready(&s, "py", 4).await;
+        // Every host command takes a while: the shrink's removals and the
+        // creates' claims overlap.
+        sim.set_latency(Duration::from_millis(30));
+        let r = s
+            .json(
+                "PATCH",
+                &format!("{POOLS}/py"),
+                Some(&key),
+                &json!({"size": 0}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let creates = (0..4).map(|i| {
+            let body = json!({"name": format!("r{round}-{i}"), "snapshot_name": "busybox",
+                              "mem_bytes": 2u64 << 30, "wait_for_ready": true, "timeout": 30});
+            let s = &s;
+            let key = key.clone();
+            async move {
+                s.json("POST", "/api/v2/sandboxes/boxes", Some(&key), &body)
+                    .await
+            }
+        });
+        let (answers, ()) = tokio::join!(
+            futures_util::future::join_all(creates),
+            s.control.tend_pools_now()
+        );
+        sim.set_latency(Duration::ZERO);
+        for r in answers {
+            assert_eq!(r.status, 201, "{}", r.text());
+            let sb: Value = r.json().unwrap();
+            let id: hearth_types::VmId = sb["id"].as_str().unwrap().parse().unwrap();
+            let vm = sim
+                .vm(id)
+                .unwrap_or_else(|| panic!("round {round}: {} has no VM", sb["name"]));
+            assert_eq!(vm.state, VmState::Ready, "round {round}: {vm:?}");
+        }
+        let r = s
+            .json(
+                "PATCH",
+                &format!("{POOLS}/py"),
+                Some(&key),
+                &json!({"size": 4}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    s.stop().await;
+}
