@@ -914,7 +914,8 @@ def wait_pool(name, ready, seconds):
 
 
 IDENTITY = (
-    "hostname; cat /etc/machine-id /proc/sys/kernel/random/boot_id; "
+    'echo "$(cat /proc/sys/kernel/hostname)"; echo "$(cat /etc/machine-id 2>/dev/null)"; '
+    'echo "$(cat /proc/sys/kernel/random/boot_id)"; '
     "head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s"
 )
 
@@ -963,6 +964,67 @@ def test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own():
     finally:
         status, body = raw("DELETE", f"/pools/{pool}")
         check(status == 204, f"delete pool: {status} {body}")
+
+
+def exec_latency(sb, n=5):
+    """Median seconds of `true` through the SDK."""
+    times = []
+    for _ in range(n):
+        t = time.monotonic()
+        check(sb.run("true").exit_code == 0, "true failed")
+        times.append(time.monotonic() - t)
+    return sorted(times)[n // 2]
+
+
+def test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own():
+    parent = create(mem_bytes=2 * GIB, timeout=CREATE_TIMEOUT)
+    pid = start_detached(parent, COUNTER, "/tmp/counter.pid")
+    wait_count_above(parent, 3)
+    token = unique("before-fork")
+    check(parent.run(f"echo {token} > /root/before && sync").exit_code == 0, "write /root/before")
+    before = exec_latency(parent)
+    at_fork = read_count(parent)
+    t = time.monotonic()
+    status, out = raw("POST", f"/boxes/{parent.name}/fork", {"count": 2})
+    check(status == 201, f"fork: {status} {out}")
+    kids = [client.get_sandbox(k["name"]) for k in out["sandboxes"]]
+    for k in kids:
+        created.add(k.name)
+    log(f"forked 2 children in {time.monotonic() - t:.1f}s; the parent paused {out['parent_pause_ms']} ms")
+    for k in kids:
+        check(k.status == "ready", f"child {k.name} is {k.status}")
+        # The counting shell goes on from where the parent was.
+        check(process_alive(k, pid), f"the counter {pid} does not run in {k.name}")
+        n = read_count(k)
+        check(n is not None and n >= at_fork, f"{k.name} counts from {n}, the parent was at {at_fork}")
+        wait_count_above(k, n + 2)
+        got = k.run("cat /root/before").stdout.strip()
+        check(got == token, f"{k.name}: /root/before is {got!r}")
+    # Writes after the fork are their writer's alone.
+    check(parent.run("echo parent > /root/after").exit_code == 0, "parent write")
+    check(kids[0].run("echo first > /root/after").exit_code == 0, "child write")
+    seen = {sb.name: sb.run("cat /root/after 2>/dev/null || echo none").stdout.strip()
+            for sb in [parent] + kids}
+    check(seen == {parent.name: "parent", kids[0].name: "first", kids[1].name: "none"}, f"{seen}")
+    # Each is a machine of its own.
+    ids = []
+    for sb in [parent] + kids:
+        lines = sb.run(IDENTITY).stdout.split("\n")
+        check(len(lines) >= 5, f"identity of {sb.name}: {lines}")
+        skew = time.time() - int(lines[4])
+        check(-1 <= skew <= 2, f"{sb.name}'s clock is {skew:.1f}s off the host's")
+        ids.append(lines[:4])
+    for i, what in enumerate(["host name", "machine id", "boot id", "urandom"]):
+        values = [x[i] for x in ids]
+        check(len(set(values)) == 3, f"parent and children share a {what}: {values}")
+    # The parent runs on, as fast as before.
+    wait_count_above(parent, at_fork + 2)
+    exec_latency(parent)
+    after = exec_latency(parent)
+    log(f"the parent's exec: {before * 1000:.0f} ms before the fork, {after * 1000:.0f} ms after")
+    check(after <= before * 3 + 0.1, f"the parent's exec took {after:.3f}s after the fork, {before:.3f}s before")
+    for sb in kids + [parent]:
+        delete(sb.name)
 
 
 def test_burst_of_creates_ends_ready_or_with_clear_errors():
@@ -1101,6 +1163,7 @@ TESTS = [
     test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not,
     test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env,
     test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own,
+    test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own,
     test_burst_of_creates_ends_ready_or_with_clear_errors,
 ]
 

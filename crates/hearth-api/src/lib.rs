@@ -26,6 +26,7 @@ mod de;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fork;
 pub mod nested;
 mod openapi;
 pub mod pools;

@@ -21,6 +21,7 @@ use crate::files::{
     DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
     ServiceUrlRequest, ServiceUrlResponse,
 };
+use crate::fork::{ForkRequest, ForkResponse};
 use crate::pools::{CreatePoolRequest, PoolResponse, UpdatePoolRequest};
 use crate::snapshots::{
     CaptureSnapshotRequest, CreateSnapshotRequest, ListSnapshotsResponse, SnapshotResponse,
@@ -84,6 +85,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         download_url, fetch_download, service_url, service_proxy,
         list_snapshots, get_snapshot, snapshots_by_name, create_snapshot, capture_snapshot,
         delete_snapshot,
+        fork_box,
         create_pool, list_pools, get_pool, update_pool, delete_pool,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
@@ -424,6 +426,31 @@ fn capture_snapshot() {}
 )]
 #[allow(dead_code)]
 fn delete_snapshot() {}
+
+/// Fork a running sandbox (a Hearth extension).
+///
+/// Each child resumes the parent's memory and processes as they were at
+/// the fork, with a disk that shares every chunk of the parent's until
+/// written, and an identity of its own (CRNG reseeded, host name, machine
+/// id, boot id, clock). The parent is paused while its state is saved and
+/// its disk committed (`parent_pause_ms`), then runs on. The children are
+/// made on the parent's host, within the workspace's quota; the answer
+/// comes when they are ready (or failed). A stopped parent is a 409.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes/{name}/fork", tag = "boxes",
+    params(("name" = String, Path, description = "The parent: sandbox name or id")),
+    request_body = ForkRequest,
+    responses(
+        (status = 201, description = "The children", body = ForkResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "The parent is not running or not persistent, a child's name is taken, or its host has no room", body = ErrorBody),
+        (status = 422, description = "Invalid body (name, count 1-16, an unknown field)", body = ErrorBody),
+        (status = 429, description = "The children would exceed the workspace's quota", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn fork_box() {}
 
 /// Create a warm pool.
 ///

@@ -234,3 +234,13 @@ pub async fn delete_pool(
     c.delete_pool(&who, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+pub async fn fork(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    let forked = c.fork(&who, &name, &body).await?;
+    Ok((StatusCode::CREATED, Json(forked)).into_response())
+}

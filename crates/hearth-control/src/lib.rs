@@ -29,6 +29,7 @@ mod egress;
 pub mod error;
 mod extract;
 mod fleet;
+mod fork;
 mod gc;
 mod guard;
 mod links;
@@ -316,6 +317,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
             get(boxes::get_snapshot).delete(boxes::delete_snapshot),
         )
         .route("/boxes/{name}/snapshot", post(boxes::capture_snapshot))
+        .route("/boxes/{name}/fork", post(boxes::fork))
         .route("/snapshots-by-name/{name}", get(boxes::snapshots_by_name))
         .route("/pools", post(boxes::create_pool).get(boxes::list_pools))
         .route(

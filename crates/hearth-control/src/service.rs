@@ -625,7 +625,7 @@ impl Control {
     }
 
     /// Records a boot's outcome; false when a newer decision won.
-    async fn finish_boot(&self, row: &SandboxRow, result: Result<(), String>) -> bool {
+    pub(crate) async fn finish_boot(&self, row: &SandboxRow, result: Result<(), String>) -> bool {
         let (status, message) = match &result {
             Ok(()) => (SandboxStatus::Ready, None),
             Err(e) => {

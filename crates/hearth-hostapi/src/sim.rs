@@ -172,6 +172,13 @@ impl SimHost {
 
     /// Whether a capture, import or saved memory named this volume and no
     /// delete removed it.
+    /// Every volume the simulated store holds, sorted.
+    pub fn volumes(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.state().volumes.iter().cloned().collect();
+        v.sort();
+        v
+    }
+
     pub fn has_volume(&self, volume: &str) -> bool {
         self.state().volumes.contains(volume)
     }

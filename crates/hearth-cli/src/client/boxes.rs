@@ -314,3 +314,44 @@ pub async fn service(
     }
     Ok(0)
 }
+
+/// `hearth fork NAME [--count N] [--as CHILD]`: the children, ready.
+pub async fn fork(
+    api: &Api,
+    name: &str,
+    count: u32,
+    child: Option<String>,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let mut body = serde_json::json!({ "count": count });
+    if let Some(c) = child {
+        body["name"] = serde_json::json!(c);
+    }
+    let out = api
+        .json(
+            Method::POST,
+            &api.path(&["boxes", name, "fork"]),
+            Some(&body),
+        )
+        .await
+        .with_context(|| format!("fork {name:?}"))?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(0);
+    }
+    let children = out["sandboxes"].as_array().cloned().unwrap_or_default();
+    let mut failed = 0;
+    for sb in &children {
+        let status = text(sb, "status");
+        if status != "ready" {
+            failed += 1;
+        }
+        outln!("{}  {status}", text(sb, "name"));
+    }
+    eprintln!(
+        "forked {name}: {} children; the parent paused {} ms",
+        children.len(),
+        out["parent_pause_ms"]
+    );
+    Ok(if failed == 0 { 0 } else { 1 })
+}

@@ -138,6 +138,18 @@ pub enum ClientCommand {
         #[arg(long, value_name = "SECS")]
         expires: Option<u64>,
     },
+    /// Fork a running sandbox: children that resume its memory and
+    /// processes, each with its own identity; prints them.
+    Fork {
+        /// The parent sandbox's name.
+        name: String,
+        /// How many children (1 to 16).
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// The child's name (children `NAME-1`, `NAME-2`, … with --count).
+        #[arg(long = "as", value_name = "NAME")]
+        child: Option<String>,
+    },
     /// Warm pools: paused VMs of a snapshot kept ready for creates.
     Pool {
         #[command(subcommand)]
@@ -174,6 +186,9 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
             port,
             expires,
         } => boxes::service(&api, &name, port, expires, json).await,
+        ClientCommand::Fork { name, count, child } => {
+            boxes::fork(&api, &name, count, child, json).await
+        }
         ClientCommand::Pool { command } => pools::run(&api, command, json).await,
         ClientCommand::Secrets { command } => secrets::run(&api, command, json).await,
     };

@@ -491,6 +491,7 @@ fn body_for(method: &str, path: &str, content_type: &str) -> Payload {
         ("post", "/api/v2/sandboxes/boxes/{name}/download-url") => json!({"path": "/etc/hostname"}),
         ("post", "/api/v2/sandboxes/boxes/{name}/service-url") => json!({"port": 8080}),
         ("post", "/api/v2/sandboxes/boxes/{name}/snapshot") => json!({"name": "stolen"}),
+        ("post", "/api/v2/sandboxes/boxes/{name}/fork") => json!({"name": "stolen-child"}),
         (
             "post",
             "/api/v2/sandboxes/boxes/{name}/start" | "/api/v2/sandboxes/boxes/{name}/stop",

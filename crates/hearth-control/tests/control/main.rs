@@ -21,6 +21,7 @@ mod autoscale;
 mod client_errors;
 mod control_keys;
 mod dependency_graph;
+mod fork;
 mod isolation;
 mod pools;
 mod reapers;

@@ -67,6 +67,7 @@ const SECOND_HALF: &[&str] = &[
     "test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not",
     "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env",
     "test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own",
+    "test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own",
     BURST_TEST,
 ];
 

@@ -1,0 +1,222 @@
+//! Fork (issue 18): `POST /boxes/{name}/fork` makes children of a running
+//! sandbox that resume its memory and processes as they were at the fork,
+//! with a disk that shares every chunk of the parent's generation until
+//! written, and an identity of their own. The parent keeps running.
+//!
+//! Built on the host commands a memory snapshot uses, on the parent's host
+//! (where its memory is then cached): the parent's memory and disk are
+//! captured (`HostApi::capture` with memory: the VMM saves its state, the
+//! disk is committed and the VM resumes from its own RAM), each child is a
+//! VM created from that capture with `require_memory` (a resume, never a
+//! cold boot; the host gives a VM resumed from shared memory a fresh
+//! identity), then the capture's volumes are removed (the children's disks
+//! keep the chunks they share). The parent's pause is the capture's save
+//! and commit; it is reported with the children.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hearth_api::fork::{ForkRequest, ForkResponse, MAX_FORK_COUNT};
+use hearth_api::ApiError;
+use hearth_db::{SandboxRow, SandboxStatus, Timestamp};
+use hearth_hostapi::{BootFrom, CreateVm};
+use hearth_types::SandboxId;
+
+use crate::auth::Principal;
+use crate::error::db_error;
+use crate::service::{snapshot_image, spec_of, vm_id, vm_memory};
+use crate::Control;
+
+impl Control {
+    /// `POST /boxes/{name}/fork`.
+    pub async fn fork(
+        self: &Arc<Self>,
+        who: &Principal,
+        parent: &str,
+        body: &[u8],
+    ) -> Result<ForkResponse, ApiError> {
+        who.require("sandboxes:create")?;
+        let req: ForkRequest = hearth_api::parse_body(body)?;
+        let count = req.count.unwrap_or(1);
+        if !(1..=MAX_FORK_COUNT).contains(&count) {
+            return Err(ApiError::validation(
+                "count",
+                format!("count must be between 1 and {MAX_FORK_COUNT}, got {count}"),
+            ));
+        }
+        if let Some(n) = &req.name {
+            hearth_api::validate::check_sandbox_name("name", n)?;
+        }
+        let row = self.find(who.workspace_id, parent).await?;
+        who.require_runtime(&row)?;
+        if row.status != SandboxStatus::Ready {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} is {}: only a running sandbox can be forked (start it first)",
+                row.name,
+                row.status.as_str()
+            )));
+        }
+        if !row.persistent {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} is not persistent: its disk cannot be shared with children",
+                row.name
+            )));
+        }
+        let Some(host_id) = row.host_id else {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} has no host",
+                row.name
+            )));
+        };
+        let snap = self
+            .db
+            .get_snapshot(row.workspace_id, row.snapshot_id)
+            .await
+            .map_err(db_error)?;
+        let image = snapshot_image(&snap)?;
+        let spec = spec_of(&row)?;
+        let net = self
+            .sandbox_net(who.workspace_id, spec.egress.as_ref())
+            .await?;
+
+        // The children's rows first, on the parent's host, each within the
+        // workspace's quota and the host's room; none is left if one fails.
+        let mut children: Vec<SandboxRow> = Vec::new();
+        for i in 0..count {
+            let id = SandboxId::new();
+            let hex = id.as_uuid().simple().to_string();
+            let name = match (&req.name, count) {
+                (Some(n), 1) => n.clone(),
+                (Some(n), _) => format!("{n}-{}", i + 1),
+                (None, _) => format!("{}-fork-{}", trim_name(&row.name), &hex[hex.len() - 8..]),
+            };
+            let now = Timestamp::now();
+            let mut child_spec = spec.clone();
+            child_spec.name = Some(name.clone());
+            let child = SandboxRow {
+                id,
+                name: name.clone(),
+                status: SandboxStatus::Provisioning,
+                status_message: None,
+                spec: serde_json::to_value(&child_spec).map_err(|_| ApiError::internal())?,
+                host_id: Some(host_id),
+                generation: 1,
+                created_at: now,
+                created_by: who.who(),
+                updated_at: now,
+                updated_by: who.who(),
+                stopped_at: None,
+                last_activity_at: now,
+                ..row.clone()
+            };
+            if let Err(e) = self.db.insert_sandbox_within_quota(&child).await {
+                self.drop_rows(&children).await;
+                return Err(match e {
+                    hearth_db::DbError::Conflict { .. } => {
+                        ApiError::name_conflict("sandbox", &name)
+                    }
+                    hearth_db::DbError::NoRoom { .. } => ApiError::conflict(format!(
+                        "the host of {} has no room for {count} more sandboxes of its size",
+                        row.name
+                    )),
+                    e => db_error(e),
+                });
+            }
+            children.push(child);
+        }
+        self.bump();
+
+        let Some(host) = self.host(host_id).await else {
+            self.drop_rows(&children).await;
+            return Err(ApiError::conflict(format!(
+                "the host of sandbox {} is not reachable",
+                row.name
+            )));
+        };
+        let volume = format!("snap-{}", hearth_types::SnapshotId::new());
+        let paused = Instant::now();
+        let captured = match host
+            .capture(vm_id(row.id), row.generation, &volume, true)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                self.drop_rows(&children).await;
+                return Err(ApiError::conflict(format!(
+                    "cannot capture sandbox {} for the fork: {}",
+                    row.name, e.message
+                )));
+            }
+        };
+        let parent_pause_ms = paused.elapsed().as_millis() as u64;
+        tracing::info!(sandbox = %row.id, children = count, parent_pause_ms, "forked: parent captured");
+        let from = BootFrom {
+            disk: captured.disk.clone(),
+            memory: captured.memory.clone(),
+            require_memory: true,
+        };
+        let boots = children.iter().map(|child| {
+            let create = CreateVm {
+                id: Some(vm_id(child.id)),
+                persistent: true,
+                disk: Some(child.fs_capacity),
+                image,
+                memory: vm_memory(child.mem),
+                cpu: child.cpu,
+                fence: child.generation,
+                from: Some(from.clone()),
+                existing: false,
+                network: Some(net.clone()),
+                saved: None,
+                pooled: false,
+            };
+            let host = host.clone();
+            async move {
+                host.create_vm(create)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.message)
+            }
+        });
+        let results = futures_util::future::join_all(boots).await;
+        // The children hold what they need of the capture: its disk's
+        // chunks through their own generations, its memory in their RAM.
+        if let Err(e) = host.delete_snapshot_data(&captured).await {
+            tracing::warn!(sandbox = %row.id, error = %e, "cannot remove a fork's capture; the store's GC collects it");
+        }
+        let mut out = Vec::new();
+        for (child, result) in children.iter().zip(results) {
+            self.finish_boot(child, result).await;
+            let now = self
+                .db
+                .get_sandbox_by_id(child.id)
+                .await
+                .map_err(db_error)?;
+            out.push(self.response(&now)?);
+        }
+        for _ in 0..count {
+            self.metrics.created();
+        }
+        Ok(ForkResponse {
+            sandboxes: out,
+            parent_pause_ms,
+        })
+    }
+
+    /// Removes rows of children that will not be made.
+    async fn drop_rows(&self, rows: &[SandboxRow]) {
+        for r in rows {
+            if let Err(e) = self.db.delete_sandbox(r.id).await {
+                tracing::warn!(sandbox = %r.id, error = %e, "cannot remove the row of a fork child that was not made");
+            }
+        }
+        self.bump();
+    }
+}
+
+/// A parent's name cut so that `-fork-` and 8 characters still fit in 63.
+fn trim_name(name: &str) -> &str {
+    let max = 63 - "-fork-".len() - 8;
+    let cut = name.len().min(max);
+    name[..cut].trim_end_matches('-')
+}
