@@ -972,6 +972,16 @@ fn a_drained_host_takes_no_more_sandboxes_and_its_sandboxes_resume_or_restart_el
     let more = fleet.create(&names("after", 2), false, 1);
     let (_, p) = fleet.api_json("GET", "/api/v2/sandboxes/pools/drain-pool", &Value::Null);
     assert_eq!(p["status"]["claims"], 2, "both creates were claims: {p}");
+    // Its members hold room the restarts below need.
+    let (status, p) = fleet.api_json(
+        "PATCH",
+        "/api/v2/sandboxes/pools/drain-pool",
+        &json!({"size": 0}),
+    );
+    assert_eq!(status, 200, "empty the pool: {p}");
+    fleet.wait_pool("drain-pool", 0, Duration::from_secs(60));
+    let (status, p) = fleet.api_json("DELETE", "/api/v2/sandboxes/pools/drain-pool", &Value::Null);
+    assert_eq!(status, 204, "delete the pool: {p}");
     for sb in &more {
         let at = fleet.host_of(sb);
         println!(
