@@ -532,6 +532,25 @@ impl Host {
         self.vms().insert(id, vm.clone());
         let vm = self.boot_or_fail(vm, &artifacts, !req.existing).await?;
         if req.pooled {
+            // One command first, as a sandbox's first exec would run it:
+            // the shell's pages and (under emulation) its translated code
+            // are then warm, which otherwise is most of a claimed
+            // sandbox's first exec (107 of 157 ms under TCG).
+            if let Some(g) = vm.guest() {
+                let warm = hearth_guest_proto::ExecRequest {
+                    command: "true".into(),
+                    ..Default::default()
+                };
+                match tokio::time::timeout(self.cfg.boot_timeout, g.run(warm)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(vm = %id, error = %e, "a pool member's warm-up exec failed")
+                    }
+                    Err(_) => {
+                        tracing::warn!(vm = %id, "a pool member's warm-up exec did not finish")
+                    }
+                }
+            }
             // Nothing runs in a member until its claim; a pause that fails
             // leaves no half-made member behind.
             if let Err(e) = self.pause(id).await {
@@ -580,19 +599,33 @@ impl Host {
         if let Some(network) = &self.network {
             network.set_policy(id, policy);
         }
+        let started = Instant::now();
+        let mut resumed_ms = 0;
         let bound = async {
+            let identity = fresh_identity(id)?;
             inst.resume().await?;
+            resumed_ms = started.elapsed().as_millis() as u64;
             vm.transition_from(&[VmState::Paused], VmState::Ready, None);
             let guest = vm.guest().ok_or(HostError::WrongState {
                 id,
                 state: vm.state(),
                 wanted: "ready",
             })?;
-            crate::clock::sync(&vm, &guest, "claim").await;
-            guest.set_identity(&fresh_identity(id)?).await?;
-            if let Some(cfg) = self.guest_config(&vm) {
-                guest.configure(&cfg).await?;
-            }
+            // Independent requests on their own streams, so their round
+            // trips overlap; all are answered before the claim is.
+            let cfg = self.guest_config(&vm);
+            let (_, identified, configured) = tokio::join!(
+                crate::clock::sync(&vm, &guest, "claim"),
+                guest.set_identity(&identity),
+                async {
+                    match &cfg {
+                        Some(cfg) => guest.configure(cfg).await,
+                        None => Ok(()),
+                    }
+                }
+            );
+            identified?;
+            configured?;
             Ok::<_, HostError>(())
         };
         // A guest that does not answer fails the claim like a boot's.
@@ -613,7 +646,12 @@ impl Host {
             }
             return Err(e);
         }
-        tracing::info!(vm = %id, "pool member claimed");
+        tracing::info!(
+            vm = %id,
+            resume_ms = resumed_ms,
+            total_ms = started.elapsed().as_millis() as u64,
+            "pool member claimed"
+        );
         Ok(vm.record())
     }
 
