@@ -1048,6 +1048,27 @@ fn a_drained_host_takes_no_more_sandboxes_and_its_sandboxes_resume_or_restart_el
         "pid {pid} is not running after the resume: {bg}"
     );
 
+    // A fork on a remote host (issue 18): the child resumes the parent's
+    // processes, on the parent's host.
+    let (status, out) = fleet.api_json(
+        "POST",
+        &format!("/api/v2/sandboxes/boxes/{}/fork", keep.name),
+        &json!({"name": "drain-child"}),
+    );
+    assert_eq!(status, 201, "fork: {out}");
+    assert_eq!(out["sandboxes"][0]["status"], "ready", "{out}");
+    println!(
+        "forked {} on host{}: the parent paused {} ms",
+        keep.name,
+        at.map_or("?".to_owned(), |i| (i + 1).to_string()),
+        out["parent_pause_ms"]
+    );
+    let bg = fleet.sdk(&["check-bg", "drain-child", &pid.to_string()]);
+    assert!(
+        bg["cmdline"].as_str().unwrap_or("").contains("sleep 1000"),
+        "the child does not run the parent's process {pid}: {bg}"
+    );
+
     // The sandboxes on other hosts were not disturbed.
     for (sb, i) in &elsewhere {
         let p = fleet.placement(sb);

@@ -502,11 +502,16 @@ async fn on_s3_a_stalled_store_delays_flushes_and_commits_but_loses_nothing() {
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(run(&g, "cat /root/two").await, "two");
-    assert_eq!(
-        run(&g, "cat /tmp/synced 2>/dev/null || echo waiting").await,
-        "waiting",
-        "a sync was acknowledged while object storage was stopped"
-    );
+    let synced = run(&g, "cat /tmp/synced 2>/dev/null || echo waiting").await;
+    if synced != "waiting" {
+        // Failed once under load (not reproduced since): did the flush
+        // fail (an I/O error the guest's `sync` hides) or succeed?
+        let log = run(&g, "dmesg | tail -30").await;
+        panic!(
+            "a sync was acknowledged while object storage was stopped ({synced}); \
+             the guest's kernel log ends:\n{log}"
+        );
+    }
     signal(&moto.0, libc::SIGCONT);
     let deadline = Instant::now() + Duration::from_secs(120);
     while run(&g, "cat /tmp/synced 2>/dev/null || echo waiting").await != "flushed" {
