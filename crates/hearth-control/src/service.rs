@@ -1339,10 +1339,12 @@ impl Control {
                 }
             };
             // A ready member whose VM died (or vanished) is replaced: the
-            // next tend of its pool boots another.
+            // next tend of its pool boots another. So is a warming one
+            // after this process restarted its hosts: no boot of it is in
+            // flight any more.
             for m in members
                 .iter()
-                .filter(|m| m.status == hearth_db::MemberStatus::Ready)
+                .filter(|m| after_restart || m.status == hearth_db::MemberStatus::Ready)
             {
                 let vm = vms.iter().find(|v| v.id == vm_id(m.id));
                 if !vm.is_some_and(|v| v.pooled && v.state == VmState::Paused) {
