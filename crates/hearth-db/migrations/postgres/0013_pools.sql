@@ -5,8 +5,8 @@
 -- A member's id is the VM's on its host, and becomes the id of the
 -- sandbox that claims it: the claim deletes the member row and inserts
 -- the sandbox row under that id in one transaction. Members count on
--- their host (host_usage: one VM, its CPU and memory) from their insert
--- to their delete, never in a workspace's quota.
+-- their host (host_usage: their CPU and memory, not in its sandboxes)
+-- from their insert to their delete, never in a workspace's quota.
 
 CREATE TABLE sandbox_pools (
     id                TEXT COLLATE "C" PRIMARY KEY NOT NULL,
@@ -44,13 +44,11 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO host_usage (host_id) VALUES (NEW.host_id) ON CONFLICT DO NOTHING;
         UPDATE host_usage SET
-            sandboxes = sandboxes + 1,
             cpu_millicores = cpu_millicores + NEW.cpu_millicores,
             mem_bytes = mem_bytes + NEW.mem_bytes
         WHERE host_id = NEW.host_id;
     ELSE
         UPDATE host_usage SET
-            sandboxes = sandboxes - 1,
             cpu_millicores = cpu_millicores - OLD.cpu_millicores,
             mem_bytes = mem_bytes - OLD.mem_bytes
         WHERE host_id = OLD.host_id;

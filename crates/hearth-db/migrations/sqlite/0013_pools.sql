@@ -33,7 +33,6 @@ CREATE INDEX pool_members_pool ON pool_members (pool_id, status, created_at);
 CREATE TRIGGER pool_members_usage_in AFTER INSERT ON pool_members BEGIN
     INSERT INTO host_usage (host_id) VALUES (NEW.host_id) ON CONFLICT DO NOTHING;
     UPDATE host_usage SET
-        sandboxes = sandboxes + 1,
         cpu_millicores = cpu_millicores + NEW.cpu_millicores,
         mem_bytes = mem_bytes + NEW.mem_bytes
     WHERE host_id = NEW.host_id;
@@ -41,7 +40,6 @@ END;
 
 CREATE TRIGGER pool_members_usage_out AFTER DELETE ON pool_members BEGIN
     UPDATE host_usage SET
-        sandboxes = sandboxes - 1,
         cpu_millicores = cpu_millicores - OLD.cpu_millicores,
         mem_bytes = mem_bytes - OLD.mem_bytes
     WHERE host_id = OLD.host_id;

@@ -68,7 +68,8 @@ async fn members_count_on_their_host_and_a_claim_becomes_the_sandbox() {
                 (l.sandboxes, l.cpu, l.mem)
             }
         };
-        assert_eq!(load(db).await, (2, MilliCpu(2000), ByteSize::gib(2)));
+        // Their CPU and memory; they are no sandboxes.
+        assert_eq!(load(db).await, (0, MilliCpu(2000), ByteSize::gib(2)));
         assert_eq!(db.workspace_usage(ws).await.unwrap().sandboxes, 0);
 
         // Nothing ready yet: no claim, nothing written.
@@ -108,7 +109,7 @@ async fn members_count_on_their_host_and_a_claim_becomes_the_sandbox() {
             .collect();
         assert_eq!(left, vec![m2.id]);
         // The VM moved from member to sandbox: the host holds the same.
-        assert_eq!(load(db).await, (2, MilliCpu(2000), ByteSize::gib(2)));
+        assert_eq!(load(db).await, (1, MilliCpu(2000), ByteSize::gib(2)));
         assert_eq!(db.workspace_usage(ws).await.unwrap().sandboxes, 1);
         assert_eq!(db.get_pool(ws, "py").await.unwrap().claims, 1);
         db.record_pool_miss(p.id).await.unwrap();

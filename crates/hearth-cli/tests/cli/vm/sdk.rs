@@ -59,14 +59,14 @@ const FIRST_HALF: &[&str] = &[
     "test_error_other_workspace_sandbox_is_not_found",
     "test_snapshot_capture_boots_a_copy_and_delete_is_refused_while_in_use",
     "test_preserve_memory_on_stop_resumes_processes_on_start",
+    "test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own",
 ];
 
-/// The rest, each standing alone: snapshots with memory, an OCI image, and
-/// the burst (last: it empties the workspace first).
+/// The rest, each standing alone: snapshots with memory, an OCI image, a
+/// fork, and the burst (last: it empties the workspace first).
 const SECOND_HALF: &[&str] = &[
     "test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not",
     "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env",
-    "test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own",
     "test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own",
     BURST_TEST,
 ];
