@@ -37,7 +37,8 @@
 //! | left in | noticed when | the reaper |
 //! |---|---|---|
 //! | `provisioning` (a boot) the host ended | the host reports the VM ready or failed at the row's generation (reconcile) | marks it `ready`, or `failed` with the host's reason (the booting replica, if alive after all, sees its own outcome recorded and keeps the VM) |
-//! | `provisioning` (a boot) otherwise | not updated for `stale_provisioning` | marks it `failed`; its next start boots it again |
+//! | `provisioning` (a boot) whose replica died | its boot stopped stamping it ([`BUILD_HEARTBEAT`]) for `orphan_after` | marks it `failed`; its next start boots it again |
+//! | `provisioning` (a boot) never stamped | not updated for `stale_provisioning` | marks it `failed` |
 //! | `ready` with the VM `stopped` (a stop) | the host's VM list, in reconcile | marks it `stopped` and records saved memory the VM reports |
 //! | `deleting` (a delete) | not updated for `orphan_after` | deletes its VM again (a VM already gone is fine) and removes the row |
 //! | snapshot `building` (a capture or import) | its heartbeat ([`BUILD_HEARTBEAT`]) stopped for `orphan_after` | marks it `failed`, releasing its reserved memory |
@@ -296,6 +297,42 @@ impl Control {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot list stuck boots"),
+        }
+
+        match self
+            .db
+            .abandoned_boots(now.minus(self.cfg.orphan_after))
+            .await
+        {
+            Ok(left) => {
+                for row in left.iter().filter(|r| ours(r)) {
+                    let extra = StatusExtra {
+                        expect_generation: Some(row.generation),
+                        expect_status: vec![SandboxStatus::Provisioning],
+                        ..Default::default()
+                    };
+                    let failed = self
+                        .db
+                        .set_status(
+                            row.id,
+                            SandboxStatus::Failed,
+                            Some("its boot was abandoned: the control-plane replica driving it went away; start it again"),
+                            extra,
+                        )
+                        .await;
+                    if failed.is_ok() {
+                        tracing::warn!(sandbox = %row.id, "failed a boot whose replica stopped stamping it");
+                        report.boots_failed += 1;
+                        self.bump();
+                    }
+                    crate::error::log_status_error(
+                        row.id,
+                        "failed after an abandoned boot",
+                        failed,
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list abandoned boots"),
         }
 
         match self

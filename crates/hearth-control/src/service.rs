@@ -469,15 +469,16 @@ impl Control {
                 let host = control.host(host_id).await;
                 let result = match &host {
                     Some(h) => {
+                        let boot = control.boot_on(
+                            h.as_ref(),
+                            &row,
+                            image,
+                            from.clone(),
+                            net.clone(),
+                            how.clone(),
+                        );
                         control
-                            .boot_on(
-                                h.as_ref(),
-                                &row,
-                                image,
-                                from.clone(),
-                                net.clone(),
-                                how.clone(),
-                            )
+                            .with_boot_heartbeat(row.id, row.generation, boot)
                             .await
                     }
                     None => Err(HostApiError::unavailable(format!(
@@ -512,6 +513,31 @@ impl Control {
                 return;
             }
         });
+    }
+
+    /// Runs `boot`, stamping the sandbox's row as booting every
+    /// [`crate::reap::BUILD_HEARTBEAT`] meanwhile (the first stamp at
+    /// once): a boot whose replica dies stops stamping, and the reaper
+    /// fails it after `orphan_after` (`reap.rs`).
+    async fn with_boot_heartbeat<T>(
+        &self,
+        id: SandboxId,
+        generation: u64,
+        boot: impl std::future::Future<Output = T>,
+    ) -> T {
+        let mut boot = std::pin::pin!(boot);
+        let mut tick = tokio::time::interval(crate::reap::BUILD_HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                out = &mut boot => return out,
+                _ = tick.tick() => {
+                    if let Err(e) = self.db.touch_boot(id, generation, Timestamp::now()).await {
+                        tracing::warn!(sandbox = %id, error = %e, "cannot stamp a boot as alive; the reaper may fail it");
+                    }
+                }
+            }
+        }
     }
 
     /// Boots the sandbox's VM on `host` at the row's generation.

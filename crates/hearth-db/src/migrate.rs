@@ -98,6 +98,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0013_pools.sql"),
         postgres: include_str!("../migrations/postgres/0013_pools.sql"),
     },
+    Migration {
+        version: 14,
+        name: "boot_heartbeat",
+        sqlite: include_str!("../migrations/sqlite/0014_boot_heartbeat.sql"),
+        postgres: include_str!("../migrations/postgres/0014_boot_heartbeat.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

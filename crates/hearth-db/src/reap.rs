@@ -6,11 +6,12 @@
 //! is work whose owner is presumed gone: a `deleting` sandbox (its replica
 //! died between marking it and removing it), a `building` snapshot whose
 //! builder stopped refreshing it ([`Db::touch_building_snapshot`], its
-//! heartbeat). Every write here is conditional on the status (and, for
+//! heartbeat), a `provisioning` sandbox whose boot stopped stamping it
+//! ([`Db::touch_boot`]). Every write here is conditional on the status (and, for
 //! snapshots, on the age) the reaper saw, so an owner that is alive after
 //! all, or a second reaper, changes nothing twice.
 
-use hearth_types::SnapshotId;
+use hearth_types::{SandboxId, SnapshotId};
 
 use crate::error::DbError;
 use crate::model::{SandboxRow, SnapshotRow};
@@ -54,6 +55,44 @@ impl Db {
     /// A build's heartbeat: says its builder is still at work at `now`.
     /// False when the snapshot is no longer `building` (finished, failed by
     /// the reaper, or deleted).
+    /// Stamps a sandbox's boot as alive (its driving task still runs):
+    /// only while the row is `provisioning` at `generation`. Whether it
+    /// was.
+    pub async fn touch_boot(
+        &self,
+        id: SandboxId,
+        generation: u64,
+        now: Timestamp,
+    ) -> Result<bool, DbError> {
+        let sql = Sql::new(
+            "UPDATE sandboxes SET boot_heartbeat_at = $3 WHERE id = $1 AND generation = $2 \
+             AND status = 'provisioning'",
+        )
+        .arg(id.to_string())
+        .arg(i64::try_from(generation).unwrap_or(i64::MAX))
+        .arg(now);
+        let n = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend("stamp a boot"))?;
+        Ok(n > 0)
+    }
+
+    /// Sandboxes `provisioning` whose boot stamped its row, last before
+    /// `before`: the task driving it is gone (its replica died).
+    pub async fn abandoned_boots(&self, before: Timestamp) -> Result<Vec<SandboxRow>, DbError> {
+        let sql = Sql::new(&format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes WHERE status = 'provisioning' \
+             AND boot_heartbeat_at IS NOT NULL AND boot_heartbeat_at < $1 ORDER BY id"
+        ))
+        .arg(before);
+        self.pool
+            .fetch_all(&sql, decode_sandbox)
+            .await
+            .map_err(DbError::backend("abandoned boots"))
+    }
+
     pub async fn touch_building_snapshot(
         &self,
         id: SnapshotId,

@@ -350,3 +350,56 @@ async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
     );
     db.close().await;
 }
+
+/// A boot whose replica died (it never reached the host, so no host
+/// reports it) is failed once its stamps stop for `orphan_after`, not
+/// after `stale_provisioning`'s 10 minutes; a boot still stamping, and one
+/// never stamped, are left to run (issue 19).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_whose_replica_died_is_failed_after_orphan_after() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let (a, _b, _sim, host) = two_replicas(&db).await;
+    let ws = workspace(&db).await;
+    let now = Timestamp::now();
+    let mut rows = Vec::new();
+    for name in ["abandoned", "alive", "never-stamped"] {
+        let r = row(ws, host, name, SandboxStatus::Provisioning);
+        db.insert_sandbox(&r).await.unwrap();
+        rows.push(r);
+    }
+    let orphan_after = a.cfg.orphan_after;
+    assert!(db
+        .touch_boot(
+            rows[0].id,
+            1,
+            now.minus(orphan_after + Duration::from_secs(1))
+        )
+        .await
+        .unwrap());
+    assert!(db.touch_boot(rows[1].id, 1, now).await.unwrap());
+    assert!(
+        !db.touch_boot(rows[2].id, 7, now).await.unwrap(),
+        "a stamp at another generation touches nothing"
+    );
+    let report = a.reap_at(now).await;
+    assert!(report.leader);
+    assert_eq!(report.boots_failed, 1, "{report:?}");
+    let got = |i: usize| {
+        let db = db.clone();
+        let id = rows[i].id;
+        async move { db.get_sandbox_by_id(id).await.unwrap() }
+    };
+    let failed = got(0).await;
+    assert_eq!(failed.status, SandboxStatus::Failed);
+    assert!(
+        failed
+            .status_message
+            .as_deref()
+            .unwrap_or("")
+            .contains("abandoned"),
+        "{failed:?}"
+    );
+    assert_eq!(got(1).await.status, SandboxStatus::Provisioning);
+    assert_eq!(got(2).await.status, SandboxStatus::Provisioning);
+}
