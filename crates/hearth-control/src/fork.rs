@@ -171,12 +171,13 @@ impl Control {
                 pooled: false,
             };
             let host = host.clone();
-            async move {
+            let boot = async move {
                 host.create_vm(create)
                     .await
                     .map(drop)
                     .map_err(|e| e.message)
-            }
+            };
+            self.with_boot_heartbeat(child.id, child.generation, boot)
         });
         let results = futures_util::future::join_all(boots).await;
         // The children hold what they need of the capture: its disk's

@@ -34,6 +34,9 @@ pub const WAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Guest RAM for a sandbox's memory: whole MiB (rounded up), at least the
 /// 64 MiB a guest kernel needs. (A PATCH may set any size; LangSmith checks
 /// only the maximum on resize.)
+/// When a boot first stamps its row (see `Control::with_boot_heartbeat`).
+const FIRST_BOOT_STAMP: Duration = Duration::from_secs(2);
+
 pub(crate) fn vm_memory(mem: ByteSize) -> ByteSize {
     ByteSize(mem.bytes().div_ceil(ByteSize::MIB).max(64) * ByteSize::MIB)
 }
@@ -516,17 +519,23 @@ impl Control {
     }
 
     /// Runs `boot`, stamping the sandbox's row as booting every
-    /// [`crate::reap::BUILD_HEARTBEAT`] meanwhile (the first stamp at
-    /// once): a boot whose replica dies stops stamping, and the reaper
+    /// [`crate::reap::BUILD_HEARTBEAT`] meanwhile (the first after
+    /// [`FIRST_BOOT_STAMP`]): a boot whose replica dies stops stamping, and the reaper
     /// fails it after `orphan_after` (`reap.rs`).
-    async fn with_boot_heartbeat<T>(
+    pub(crate) async fn with_boot_heartbeat<T>(
         &self,
         id: SandboxId,
         generation: u64,
         boot: impl std::future::Future<Output = T>,
     ) -> T {
         let mut boot = std::pin::pin!(boot);
-        let mut tick = tokio::time::interval(crate::reap::BUILD_HEARTBEAT);
+        // The first stamp after a short while: most boots end first (the
+        // insert of a new sandbox stamped it already; a start that dies
+        // this early falls back to `stale_provisioning`).
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + FIRST_BOOT_STAMP,
+            crate::reap::BUILD_HEARTBEAT,
+        );
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -67,8 +67,9 @@ fn json(op: &'static str, v: &impl serde::Serialize) -> Result<String, DbError> 
 
 pub(crate) fn insert_sql(op: &'static str, s: &SandboxRow) -> Result<Sql, DbError> {
     Ok(Sql::new(&format!(
-        "INSERT INTO sandboxes ({SANDBOX_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-         $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)"
+        "INSERT INTO sandboxes ({SANDBOX_COLS}, boot_heartbeat_at) VALUES ($1, $2, $3, $4, $5, \
+         $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, \
+         $24, $25)"
     ))
     .arg(s.id.to_string())
     .arg(s.workspace_id.to_string())
@@ -97,7 +98,10 @@ pub(crate) fn insert_sql(op: &'static str, s: &SandboxRow) -> Result<Sql, DbErro
     .arg(s.updated_at)
     .arg(s.updated_by.as_str())
     .arg(s.stopped_at)
-    .arg(s.last_activity_at))
+    .arg(s.last_activity_at)
+    // A new boot is alive from its insert: its task stamps it from then
+    // on (`Db::touch_boot`), so a replica dying at once is noticed too.
+    .arg((s.status == SandboxStatus::Provisioning).then_some(s.updated_at)))
 }
 
 pub(crate) fn insert_error<'a>(
@@ -441,6 +445,12 @@ fn status_update(
     if status == SandboxStatus::Ready {
         sql.push(&format!(", last_activity_at = {now_p}"));
     }
+    // A boot (a start, or a boot placed again) is alive from here, as a
+    // new sandbox's is from its insert; other statuses keep the last stamp
+    // (only `provisioning` rows are judged by it).
+    if status == SandboxStatus::Provisioning {
+        sql.push(&format!(", boot_heartbeat_at = {now_p}"));
+    }
     sql.push(" WHERE id = ");
     sql.push_param(id.to_string());
     if let Some(g) = extra.expect_generation {
@@ -554,7 +564,9 @@ impl Db {
     pub async fn stale_provisioning(&self, before: Timestamp) -> Result<Vec<SandboxRow>, DbError> {
         self.sandboxes_where(
             "stale provisioning sandboxes",
-            "status = 'provisioning' AND updated_at < $1",
+            // A stamped boot is judged by its stamps (`abandoned_boots`):
+            // one still stamping is alive, however long it takes.
+            "status = 'provisioning' AND updated_at < $1 AND boot_heartbeat_at IS NULL",
             before,
         )
         .await

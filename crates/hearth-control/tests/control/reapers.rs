@@ -353,8 +353,9 @@ async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
 
 /// A boot whose replica died (it never reached the host, so no host
 /// reports it) is failed once its stamps stop for `orphan_after`, not
-/// after `stale_provisioning`'s 10 minutes; a boot still stamping, and one
-/// never stamped, are left to run (issue 19).
+/// after `stale_provisioning`'s 10 minutes; a boot still stamping is left
+/// to run, and so is a start of a sandbox stamped long ago (the start
+/// stamps it again) (issue 19).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_boot_whose_replica_died_is_failed_after_orphan_after() {
     let url = hearth_db::testing::sqlite_url();
@@ -362,26 +363,32 @@ async fn a_boot_whose_replica_died_is_failed_after_orphan_after() {
     let (a, _b, _sim, host) = two_replicas(&db).await;
     let ws = workspace(&db).await;
     let now = Timestamp::now();
+    let orphan_after = a.cfg.orphan_after;
+    let long_ago = now.minus(orphan_after * 10);
     let mut rows = Vec::new();
-    for name in ["abandoned", "alive", "never-stamped"] {
-        let r = row(ws, host, name, SandboxStatus::Provisioning);
+    for (name, status) in [
+        ("abandoned", SandboxStatus::Provisioning),
+        ("alive", SandboxStatus::Provisioning),
+        ("restarted", SandboxStatus::Stopped),
+    ] {
+        let mut r = row(ws, host, name, status);
+        (r.created_at, r.updated_at) = (long_ago, long_ago);
         db.insert_sandbox(&r).await.unwrap();
         rows.push(r);
     }
-    let orphan_after = a.cfg.orphan_after;
-    assert!(db
-        .touch_boot(
-            rows[0].id,
-            1,
-            now.minus(orphan_after + Duration::from_secs(1))
-        )
-        .await
-        .unwrap());
     assert!(db.touch_boot(rows[1].id, 1, now).await.unwrap());
     assert!(
-        !db.touch_boot(rows[2].id, 7, now).await.unwrap(),
+        !db.touch_boot(rows[1].id, 7, now).await.unwrap(),
         "a stamp at another generation touches nothing"
     );
+    // A start: stopped → provisioning stamps the boot afresh.
+    let start = hearth_db::StatusExtra {
+        expect_status: vec![SandboxStatus::Stopped],
+        ..Default::default()
+    };
+    db.set_status(rows[2].id, SandboxStatus::Provisioning, None, start)
+        .await
+        .unwrap();
     let report = a.reap_at(now).await;
     assert!(report.leader);
     assert_eq!(report.boots_failed, 1, "{report:?}");
