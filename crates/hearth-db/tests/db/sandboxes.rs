@@ -589,14 +589,20 @@ async fn reaper_queries_find_due_sandboxes() {
             ),
             ["stopped-due", "stopped-recent"]
         );
+        // Its insert stamped the boot: the stamps judge it, not its age.
         assert_eq!(
             names(
-                db.stale_provisioning(t0.plus(Duration::from_secs(50)))
+                db.abandoned_boots(t0.plus(Duration::from_secs(50)))
                     .await
                     .unwrap()
             ),
             ["stuck"]
         );
+        assert!(db
+            .stale_provisioning(t0.plus(Duration::from_secs(50)))
+            .await
+            .unwrap()
+            .is_empty());
         assert_eq!(
             names(db.sandboxes_on_host(host).await.unwrap()),
             ["on-host"]
@@ -608,5 +614,6 @@ async fn reaper_queries_find_due_sandboxes() {
             Err(DbError::NotFound { .. })
         ));
         assert!(db.stale_provisioning(now).await.unwrap().is_empty());
+        assert!(db.abandoned_boots(now).await.unwrap().is_empty());
     });
 }
