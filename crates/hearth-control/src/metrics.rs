@@ -169,6 +169,7 @@ pub async fn render(
         conns.refused_peer(),
         conns.refused_total(),
     ));
+    pool_metrics(&c, &mut out).await;
     egress_metrics(&c, &mut out).await;
     autoscale_metrics(&c, &mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
@@ -252,5 +253,44 @@ fn autoscale_metrics(c: &Control, out: &mut String) {
         ),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+}
+
+/// Each warm pool's size and its members by state (by pool id; the name
+/// is a label too, unique only within its workspace).
+async fn pool_metrics(c: &Control, out: &mut String) {
+    let (pools, members) = match (c.db.list_pools(None).await, c.db.list_members().await) {
+        (Ok(p), Ok(m)) => (p, m),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(error = %e, "/metrics: the pools' gauges are left out: the database did not answer");
+            return;
+        }
+    };
+    if pools.is_empty() {
+        return;
+    }
+    out.push_str("# HELP hearth_pool_size Warm-pool members each pool keeps.\n# TYPE hearth_pool_size gauge\n");
+    for p in &pools {
+        let _ = writeln!(
+            out,
+            "hearth_pool_size{{pool=\"{}\",name=\"{}\"}} {}",
+            p.id, p.name, p.size
+        );
+    }
+    out.push_str("# HELP hearth_pool_members Warm-pool members by state (ready: paused, claimable; warming: booting).\n# TYPE hearth_pool_members gauge\n");
+    for p in &pools {
+        let mine = members.iter().filter(|m| m.pool_id == p.id);
+        let ready = mine
+            .clone()
+            .filter(|m| m.status == hearth_db::MemberStatus::Ready)
+            .count();
+        let warming = mine.count() - ready;
+        for (state, n) in [("ready", ready), ("warming", warming)] {
+            let _ = writeln!(
+                out,
+                "hearth_pool_members{{pool=\"{}\",name=\"{}\",state=\"{state}\"}} {n}",
+                p.id, p.name
+            );
+        }
     }
 }

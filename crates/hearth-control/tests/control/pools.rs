@@ -59,6 +59,21 @@ async fn a_create_claims_a_pool_member_and_the_pool_refills() {
 
     let p = until_ready(&s, "py", 2).await;
     assert_eq!(p["status"]["claims"], 0);
+    let metrics = s
+        .json("GET", "/metrics", Some(&key), &Value::Null)
+        .await
+        .text();
+    let pool_id = p["id"].as_str().unwrap();
+    for line in [
+        format!("hearth_pool_size{{pool=\"{pool_id}\",name=\"py\"}} 2"),
+        format!("hearth_pool_members{{pool=\"{pool_id}\",name=\"py\",state=\"ready\"}} 2"),
+        format!("hearth_pool_members{{pool=\"{pool_id}\",name=\"py\",state=\"warming\"}} 0"),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in /metrics:\n{metrics}"
+        );
+    }
     let members: Vec<_> = sim.list_vms().await.unwrap();
     assert_eq!(members.len(), 2);
     assert!(
