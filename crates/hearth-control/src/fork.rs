@@ -90,6 +90,10 @@ impl Control {
                 (Some(n), _) => format!("{n}-{}", i + 1),
                 (None, _) => format!("{}-fork-{}", trim_name(&row.name), &hex[hex.len() - 8..]),
             };
+            if let Err(e) = hearth_api::validate::check_sandbox_name("name", &name) {
+                self.drop_rows(&children).await;
+                return Err(e);
+            }
             let now = Timestamp::now();
             let mut child_spec = spec.clone();
             child_spec.name = Some(name.clone());

@@ -76,6 +76,8 @@ async fn fork_makes_ready_children_on_the_parents_host_and_refuses_what_it_canno
         (json!({"count": 0}), 422, "count"),
         (json!({"warm": true}), 422, "warm"),
         (json!({"name": "kid-1"}), 409, "kid-1"),
+        // `{name}-16` would be 66 characters.
+        (json!({"name": "k".repeat(63), "count": 16}), 422, "name"),
     ] {
         let r = s
             .json(
