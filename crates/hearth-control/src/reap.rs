@@ -274,27 +274,10 @@ impl Control {
             .await
         {
             Ok(stuck) => {
-                for row in stuck.iter().filter(|r| ours(r)) {
-                    let extra = StatusExtra {
-                        expect_generation: Some(row.generation),
-                        expect_status: vec![SandboxStatus::Provisioning],
-                        ..Default::default()
-                    };
-                    let failed = self
-                        .db
-                        .set_status(
-                            row.id,
-                            SandboxStatus::Failed,
-                            Some("boot did not finish in time"),
-                            extra,
-                        )
-                        .await;
-                    if failed.is_ok() {
-                        report.boots_failed += 1;
-                        self.bump();
-                    }
-                    crate::error::log_status_error(row.id, "failed after a stuck boot", failed);
-                }
+                let stuck: Vec<_> = stuck.into_iter().filter(|r| ours(r)).collect();
+                report.boots_failed += self
+                    .fail_boots(&stuck, "boot did not finish in time", "a stuck boot")
+                    .await;
             }
             Err(e) => tracing::warn!(error = %e, "cannot list stuck boots"),
         }
@@ -305,32 +288,14 @@ impl Control {
             .await
         {
             Ok(left) => {
-                for row in left.iter().filter(|r| ours(r)) {
-                    let extra = StatusExtra {
-                        expect_generation: Some(row.generation),
-                        expect_status: vec![SandboxStatus::Provisioning],
-                        ..Default::default()
-                    };
-                    let failed = self
-                        .db
-                        .set_status(
-                            row.id,
-                            SandboxStatus::Failed,
-                            Some("its boot was abandoned: the control-plane replica driving it went away; start it again"),
-                            extra,
-                        )
-                        .await;
-                    if failed.is_ok() {
-                        tracing::warn!(sandbox = %row.id, "failed a boot whose replica stopped stamping it");
-                        report.boots_failed += 1;
-                        self.bump();
-                    }
-                    crate::error::log_status_error(
-                        row.id,
-                        "failed after an abandoned boot",
-                        failed,
-                    );
-                }
+                let left: Vec<_> = left.into_iter().filter(|r| ours(r)).collect();
+                report.boots_failed += self
+                    .fail_boots(
+                        &left,
+                        "its boot was abandoned: the control-plane replica driving it went away; start it again",
+                        "an abandoned boot",
+                    )
+                    .await;
             }
             Err(e) => tracing::warn!(error = %e, "cannot list abandoned boots"),
         }
@@ -390,6 +355,30 @@ impl Control {
             return;
         }
         self.reconcile_remote().await;
+    }
+
+    /// Fails each of `rows` (boots the reaper judged dead) with `message`,
+    /// fenced on the generation and status it saw; how many it failed.
+    async fn fail_boots(&self, rows: &[hearth_db::SandboxRow], message: &str, what: &str) -> u32 {
+        let mut failed_n = 0;
+        for row in rows {
+            let extra = StatusExtra {
+                expect_generation: Some(row.generation),
+                expect_status: vec![SandboxStatus::Provisioning],
+                ..Default::default()
+            };
+            let failed = self
+                .db
+                .set_status(row.id, SandboxStatus::Failed, Some(message), extra)
+                .await;
+            if failed.is_ok() {
+                tracing::warn!(sandbox = %row.id, "failed {what}");
+                failed_n += 1;
+                self.bump();
+            }
+            crate::error::log_status_error(row.id, &format!("failed after {what}"), failed);
+        }
+        failed_n
     }
 
     /// Hosts registered as in-process by another process (an in-process
