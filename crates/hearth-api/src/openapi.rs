@@ -470,7 +470,7 @@ fn fork_box() {}
         (status = 403, description = "The key lacks sandboxes:create", body = ErrorBody),
         (status = 404, description = "No such snapshot", body = ErrorBody),
         (status = 409, description = "The workspace has a pool of that name", body = ErrorBody),
-        (status = 422, description = "Invalid body (a bad name, size, resource, or an unknown field)", body = ErrorBody),
+        (status = 422, description = "Invalid body (a bad name, size, resource, or an unknown field), or a size past the workspace's 64 pool VMs in all", body = ErrorBody),
     ),
 )]
 #[allow(dead_code)]

@@ -96,6 +96,7 @@ impl Control {
         req: &CreatePoolRequest,
     ) -> Result<PoolRow, ApiError> {
         let (size, sel) = req.validate()?;
+        self.check_pool_total(ws, None, size).await?;
         let snap = self.resolve_snapshot(ws, &sel).await?;
         let sizing = req.sizing(snap.fs_capacity)?;
         self.check_disk_size(sizing.fs_capacity)?;
@@ -154,6 +155,8 @@ impl Control {
         let req: UpdatePoolRequest = hearth_api::parse_body(body)?;
         let size = check_pool_size("size", req.size)?;
         self.pool_named(who, name).await?;
+        self.check_pool_total(who.workspace_id, Some(name), size)
+            .await?;
         let pool = self
             .db
             .resize_pool(who.workspace_id, name, size)
@@ -174,6 +177,36 @@ impl Control {
             .await
             .map_err(|_| ApiError::not_found("pool", name))?;
         self.wake_pools();
+        Ok(())
+    }
+
+    /// Pool members use hosts' room without counting in any quota, so a
+    /// workspace's pools keep at most [`MAX_POOL_SIZE`] of them in all:
+    /// `size` for the pool `name` (a new one when `None`) must fit beside
+    /// its other pools' sizes.
+    async fn check_pool_total(
+        &self,
+        ws: hearth_types::WorkspaceId,
+        name: Option<&str>,
+        size: u32,
+    ) -> Result<(), ApiError> {
+        let pools = self.db.list_pools(Some(ws)).await.map_err(db_error)?;
+        let others: u64 = pools
+            .iter()
+            .filter(|p| Some(p.name.as_str()) != name)
+            .map(|p| u64::from(p.size))
+            .sum();
+        let max = hearth_api::pools::MAX_POOL_SIZE as u64;
+        if others + u64::from(size) > max {
+            return Err(ApiError::validation(
+                "size",
+                format!(
+                    "a workspace's pools keep at most {max} VMs in all; its other pools keep \
+                     {others}, so this one may keep at most {}",
+                    max.saturating_sub(others)
+                ),
+            ));
+        }
         Ok(())
     }
 

@@ -193,6 +193,37 @@ async fn pools_refuse_bad_input_and_keep_their_snapshot() {
         )
         .await;
     assert_eq!(r.status, 404, "{}", r.text());
+    // Members count in no quota: a workspace's pools keep 64 in all.
+    for (name, size) in [("big", 0), ("big2", 64)] {
+        let body = json!({"name": name, "snapshot": "busybox", "size": size});
+        let r = s.json("POST", POOLS, Some(&key), &body).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let r = s
+        .json(
+            "PATCH",
+            &format!("{POOLS}/big"),
+            Some(&key),
+            &json!({"size": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("at most 64 VMs in all"), "{}", r.text());
+    let body = json!({"name": "big3", "snapshot": "busybox", "size": 1});
+    let r = s.json("POST", POOLS, Some(&key), &body).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    for name in ["big", "big2"] {
+        let r = s
+            .json(
+                "DELETE",
+                &format!("{POOLS}/{name}"),
+                Some(&key),
+                &Value::Null,
+            )
+            .await;
+        assert_eq!(r.status, 204, "{}", r.text());
+    }
+    s.control.tend_pools_now().await;
 
     // A snapshot of the workspace's own, pooled: its delete is refused
     // while the pool exists.
