@@ -96,9 +96,13 @@ impl Control {
             .filter(|h| h.state == HostState::Ready && h.lease_expires_at > now)
             .collect();
         let committed: u64 = loads.iter().map(|l| u64::from(l.cpu.0)).sum();
+        // A live host whose store fails takes no placements (see
+        // `place_committed`): it counts as no room.
+        let unplaceable = live.iter().filter(|h| h.store_error.is_some()).count();
         let signal = (!live.is_empty() || committed > 0).then_some(Signal {
             committed_millicpu: committed,
             ready_hosts: live.len() as u32,
+            unplaceable_hosts: unplaceable as u32,
         });
         let current = match setup.backend.replicas().await {
             Ok(n) => n,

@@ -198,7 +198,16 @@ impl AutoscalePolicy {
 
     /// [`AutoscalePolicy::unclamped_target`] clamped to `[min, max]`.
     pub fn target(&self, committed_millicpu: u64) -> u32 {
-        let t = self.unclamped_target(committed_millicpu);
+        self.target_beside(committed_millicpu, 0)
+    }
+
+    /// The target when `unplaceable` hosts hold a lease but take no
+    /// placements: the formula's hosts must all be placeable, so each of
+    /// those adds one before clamping (`max` still bounds the pool).
+    pub fn target_beside(&self, committed_millicpu: u64, unplaceable: u32) -> u32 {
+        let t = self
+            .unclamped_target(committed_millicpu)
+            .saturating_add(u64::from(unplaceable));
         u32::try_from(t)
             .unwrap_or(u32::MAX)
             .clamp(self.min, self.max.max(self.min))
@@ -233,11 +242,15 @@ impl FromStr for Override {
 }
 
 /// What the hosts report: the fleet's committed CPU (sum over every host
-/// of its provisioning and ready sandboxes) and how many hosts are ready.
+/// of its provisioning and ready sandboxes), how many hosts are ready, and
+/// how many of those take no placements although they hold a lease (their
+/// object store fails): such a host adds no room, so the pool is given one
+/// more host for each, on top of the formula, until it recovers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Signal {
     pub committed_millicpu: u64,
     pub ready_hosts: u32,
+    pub unplaceable_hosts: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -316,9 +329,13 @@ impl Autoscaler {
         let window = p.scale_down_stabilization;
         let (target, why) = match signal {
             Some(s) => {
-                let t = p.target(s.committed_millicpu);
+                let t = p.target_beside(s.committed_millicpu, s.unplaceable_hosts);
+                let beside = match s.unplaceable_hosts {
+                    0 => String::new(),
+                    n => format!(" + {n} taking no placements"),
+                };
                 let why = format!(
-                    "committed {}m on {} ready hosts: ceil({}m / ({}m × {}%)) + {} headroom = {}, \
+                    "committed {}m on {} ready hosts: ceil({}m / ({}m × {}%)) + {} headroom{beside} = {}, \
                      clamped to [{}, {}] = {t}",
                     s.committed_millicpu,
                     s.ready_hosts,
@@ -326,7 +343,8 @@ impl Autoscaler {
                     p.host_capacity.0,
                     p.target_utilization_percent,
                     p.headroom_hosts,
-                    p.unclamped_target(s.committed_millicpu),
+                    p.unclamped_target(s.committed_millicpu)
+                        .saturating_add(u64::from(s.unplaceable_hosts)),
                     p.min,
                     p.max,
                 );
@@ -430,7 +448,41 @@ mod tests {
         Some(Signal {
             committed_millicpu,
             ready_hosts: 0,
+            unplaceable_hosts: 0,
         })
+    }
+
+    /// A host whose store fails holds a lease but adds no room: the pool
+    /// gets one more host for it, still within `max`, and gives it back
+    /// (after the window, like any scale-down) once the host recovers.
+    #[test]
+    fn hosts_taking_no_placements_are_replaced_within_max() {
+        let p = policy(16);
+        let mut a = Autoscaler::new(p);
+        let failing = |n| {
+            Some(Signal {
+                committed_millicpu: 60 * 500,
+                ready_hosts: 4,
+                unplaceable_hosts: n,
+            })
+        };
+        let d = a.decide(Duration::ZERO, 4, failing(1));
+        assert_eq!((d.desired, d.action), (5, Action::Up), "{}", d.reason);
+        assert!(
+            d.reason.contains("+ 1 taking no placements"),
+            "{}",
+            d.reason
+        );
+        let d = a.decide(Duration::from_secs(1), 5, failing(1_000));
+        assert_eq!(d.desired, p.max, "{}", d.reason);
+        let later = Duration::from_secs(1) + p.scale_down_stabilization;
+        let d = a.decide(later + Duration::from_secs(1), p.max, failing(0));
+        assert_eq!(
+            (d.desired, d.action),
+            (p.max - 1, Action::Down),
+            "{}",
+            d.reason
+        );
     }
 
     /// LangSmith's worked example: 16-vCPU hosts, 70 %, one headroom host,

@@ -698,6 +698,7 @@ impl<'a> Sim<'a> {
         let signal = Signal {
             committed_millicpu: self.w.committed,
             ready_hosts: ready,
+            unplaceable_hosts: 0,
         };
         let d = self.autoscaler.decide(t, self.replicas, Some(signal));
         match d.action {

@@ -64,8 +64,34 @@ fn sandbox(ws: WorkspaceId, host: HostId, i: usize, cpu: u32) -> SandboxRow {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn decisions_follow_the_formula_and_the_stabilization_window() {
+/// A control plane whose autoscaler scales the hook in a fresh directory
+/// (starting at 1 replica), over two in-database hosts.
+struct Setup {
+    db: hearth_db::testing::TestDb,
+    control: Arc<Control>,
+    dir: std::path::PathBuf,
+    ws: WorkspaceId,
+    hosts: Vec<HostId>,
+    t0: Timestamp,
+}
+
+impl Setup {
+    fn count(&self) -> u32 {
+        std::fs::read_to_string(self.dir.join("count"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn setup() -> Setup {
     let url = hearth_db::testing::sqlite_url();
     let db = url.open().await;
     let dir = std::env::temp_dir().join(format!("hearth-autoscale-{}", uuid::Uuid::now_v7()));
@@ -113,7 +139,20 @@ async fn decisions_follow_the_formula_and_the_stabilization_window() {
         hosts.push(h.id);
     }
     let control = Control::open(db.db.clone(), cfg, Vec::new()).await.unwrap();
+    Setup {
+        db,
+        control,
+        dir,
+        ws,
+        hosts,
+        t0,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_follow_the_formula_and_the_stabilization_window() {
+    let s = setup().await;
+    let (db, control, ws, hosts, t0) = (&s.db, &s.control, s.ws, &s.hosts, s.t0);
     let mut live: Vec<SandboxId> = Vec::new();
     let mut n = 0;
     // (seconds from start, sandboxes of 0.5 vCPU, the replica count then)
@@ -143,21 +182,46 @@ async fn decisions_follow_the_formula_and_the_stabilization_window() {
             db.delete_sandbox(live.pop().unwrap()).await.unwrap();
         }
         control.reap_at(t0.plus(Duration::from_secs(t))).await;
-        let count: u32 = std::fs::read_to_string(dir.join("count"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let count = s.count();
         let committed = want_sandboxes as u64 * 500;
         let formula = (committed.div_ceil(11_200) + 1).clamp(1, 10);
         println!("t={t:>3}s committed {committed:>6}m formula {formula:>2} replicas {count:>2}");
         assert_eq!(count, want, "at t={t}s with {want_sandboxes} sandboxes");
     }
-    let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
+    let calls = std::fs::read_to_string(s.dir.join("calls")).unwrap();
     // Only changes call the hook.
     assert_eq!(
         calls.split_whitespace().collect::<Vec<_>>(),
         ["4", "7", "6", "5", "10", "9"]
     );
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A host whose object store fails holds its lease but takes no
+/// placements: the pool gets a host more for it at once, and gives it
+/// back a window after the store recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_store_fails_is_replaced_until_it_recovers() {
+    let s = setup().await;
+    for i in 0..60 {
+        // 60 × 0.5 vCPU: ceil(30 / 11.2) + 1 = 4.
+        let row = sandbox(s.ws, s.hosts[i % 2], i, 500);
+        s.db.insert_sandbox(&row).await.unwrap();
+    }
+    let at = |secs| s.t0.plus(Duration::from_secs(secs));
+    s.control.reap_at(at(0)).await;
+    assert_eq!(s.count(), 4);
+    s.db.set_host_store_error(s.hosts[0], Some("store: connection refused"))
+        .await
+        .unwrap();
+    s.control.reap_at(at(10)).await;
+    assert_eq!(
+        s.count(),
+        5,
+        "one more host for the one taking no placements"
+    );
+    s.db.set_host_store_error(s.hosts[0], None).await.unwrap();
+    s.control.reap_at(at(20)).await;
+    assert_eq!(s.count(), 5, "the peak is held for the window");
+    s.control.reap_at(at(11 + WINDOW.as_secs())).await;
+    assert_eq!(s.count(), 4, "given back once the window passed");
 }
