@@ -248,6 +248,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
             host: std::sync::Arc::new(hearth_host::InProcessHost::new(host.clone())),
             capacity_cpu: cpu,
             capacity_mem: mem,
+            store_url: host.store_url(),
         }],
         None => Vec::new(),
     };

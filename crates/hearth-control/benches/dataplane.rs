@@ -71,6 +71,7 @@ async fn main() {
         host: Arc::new(hearth_host::InProcessHost::new(host.clone())),
         capacity_cpu: MilliCpu(64_000),
         capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
     };
     let control = Control::open(db, cfg, vec![local]).await.unwrap();
     tokio::spawn(hearth_control::serve(

@@ -197,6 +197,7 @@ async fn serve(db_url: TestUrl, replicas: usize) -> Served {
                 host: h.clone(),
                 capacity_cpu: MilliCpu::vcpus(HOST_VCPUS),
                 capacity_mem: ByteSize::gib(HOST_GIB),
+                store_url: String::new(),
             })
             .collect();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -7,9 +7,11 @@
 //! control plane holds the *schedule* and a host does the work: the
 //! replica that wins the `gc` leader lease asks one live host per store to
 //! collect ([`hearth_hostapi::HostApi::collect_garbage`], a signed
-//! command to a remote host). Hosts share a store by URL (an S3 bucket);
-//! a local-directory store (`file:`) or one an in-process host does not
-//! report is taken to be that host's own, and collected through it.
+//! command to a remote host). Hosts share a store by the URL they report
+//! (an S3 bucket; `hearth up`'s in-process host reports its own as
+//! remote hosts do, so one run covers them all); a local-directory store
+//! (`file:`), or a host that reports none, is taken to be that host's own,
+//! and collected through it.
 //!
 //! **Once per interval, whichever replica.** The `gc` lease is the right
 //! to this interval's run: a replica asks for it under a holder name of

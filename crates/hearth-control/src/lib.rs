@@ -178,6 +178,10 @@ pub struct LocalHost {
     pub host: Arc<dyn HostApi>,
     pub capacity_cpu: MilliCpu,
     pub capacity_mem: ByteSize,
+    /// The object store the host writes (`Host::store_url`; empty: none):
+    /// hosts reporting the same URL share a store, which one GC run per
+    /// interval collects.
+    pub store_url: String,
 }
 
 impl Control {
@@ -201,7 +205,7 @@ impl Control {
                 updated_at: now,
                 epoch: 0,
                 version: env!("CARGO_PKG_VERSION").into(),
-                store_url: String::new(),
+                store_url: h.store_url.clone(),
                 disk_free: ByteSize(0),
                 store_error: None,
             })

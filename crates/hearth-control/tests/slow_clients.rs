@@ -162,6 +162,7 @@ async fn slow_clients_do_not_exhaust_descriptors() {
         host: Arc::new(SimHost::new()),
         capacity_cpu: MilliCpu::vcpus(8),
         capacity_mem: ByteSize::gib(16),
+        store_url: String::new(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -192,10 +192,7 @@ impl ControlClient {
     }
 
     pub async fn register(&self, host: &Host) -> Result<Lease, FleetError> {
-        let store_url = match &host.config().storage {
-            crate::host::Storage::Store(s) => s.url.clone(),
-            crate::host::Storage::QcowOverlays => String::new(),
-        };
+        let store_url = host.store_url();
         let req = RegisterHost {
             id: self.settings.host_id,
             address: self.settings.advertise.clone(),

@@ -424,6 +424,16 @@ impl Host {
         &self.cfg
     }
 
+    /// The object store this host writes, as it reports it to a control
+    /// plane (hosts reporting the same URL share one store; empty without
+    /// a store).
+    pub fn store_url(&self) -> String {
+        match &self.cfg.storage {
+            Storage::Store(s) => s.url.clone(),
+            Storage::QcowOverlays => String::new(),
+        }
+    }
+
     /// `message` with this host's directories replaced by placeholders:
     /// what reaches a sandbox's status and the API never names a host path.
     pub fn redact(&self, message: &str) -> String {

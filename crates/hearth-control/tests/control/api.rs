@@ -89,6 +89,7 @@ fn simulated(host: Arc<hearth_hostapi::SimHost>) -> LocalHost {
         host,
         capacity_cpu: MilliCpu(64_000),
         capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
     }
 }
 
@@ -98,6 +99,7 @@ fn local(host: Arc<Host>) -> LocalHost {
         host: Arc::new(hearth_host::InProcessHost::new(host)),
         capacity_cpu: MilliCpu(64_000),
         capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
     }
 }
 
@@ -1527,6 +1529,7 @@ mod vm {
             host: Arc::new(hearth_host::InProcessHost::new(host)),
             capacity_cpu: MilliCpu(64_000),
             capacity_mem: ByteSize::gib(256),
+            store_url: String::new(),
         };
         let e = env(&url.url, vec![mk(host1.clone())]).await;
         let (s, sb) = e

@@ -70,6 +70,7 @@ async fn two_replicas(db: &hearth_db::Db) -> (Arc<Control>, Arc<Control>, Arc<Si
             host: sim.clone(),
             capacity_cpu: MilliCpu::vcpus(64),
             capacity_mem: ByteSize::gib(256),
+            store_url: String::new(),
         }];
         replicas.push(Control::open(db.clone(), cfg.clone(), hosts).await.unwrap());
     }
@@ -267,6 +268,7 @@ async fn store_gc_runs_once_per_interval_across_replicas() {
             host: sim.clone(),
             capacity_cpu: MilliCpu::vcpus(64),
             capacity_mem: ByteSize::gib(256),
+            store_url: String::new(),
         }];
         Control::open(db.clone(), cfg.clone(), hosts).await.unwrap()
     };
@@ -301,6 +303,54 @@ async fn store_gc_runs_once_per_interval_across_replicas() {
     db.close().await;
 }
 
+/// Hosts reporting one S3 URL share a store, which one of them collects
+/// (`hearth up`'s in-process host reports its URL as a remote host does,
+/// so it and remote hosts on one bucket are collected once per interval);
+/// a local-directory store is its host's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_reporting_one_bucket_are_collected_once_per_interval() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let stores = [
+        "s3://fleet-bucket",
+        "s3://fleet-bucket",
+        "file:///var/lib/hearth/a/store",
+        "file:///var/lib/hearth/b/store",
+    ];
+    let sims: Vec<Arc<SimHost>> = stores.iter().map(|_| Arc::new(SimHost::new())).collect();
+    let hosts = stores
+        .iter()
+        .zip(&sims)
+        .map(|(store, sim)| LocalHost {
+            id: HostId::new(),
+            host: sim.clone(),
+            capacity_cpu: MilliCpu::vcpus(64),
+            capacity_mem: ByteSize::gib(256),
+            store_url: (*store).into(),
+        })
+        .collect();
+    let cfg = ControlConfig {
+        reaper_interval: INTERVAL,
+        lease: Duration::from_secs(24 * 3600),
+        gc_interval: Some(Duration::from_secs(3600)),
+        ..ControlConfig::default()
+    };
+    let control = Control::open(db.clone(), cfg, hosts).await.unwrap();
+    control.reap_at(Timestamp::now()).await;
+    let runs = || sims.iter().map(|s| s.gc_runs()).collect::<Vec<_>>();
+    for _ in 0..100 {
+        if runs().iter().sum::<u32>() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = runs();
+    assert_eq!(r[0] + r[1], 1, "the shared bucket once: {r:?}");
+    assert_eq!((r[2], r[3]), (1, 1), "each local store by its host: {r:?}");
+    db.close().await;
+}
+
 /// A boot the host finished whose replica died before recording it is
 /// recorded `ready` by reconciliation (not failed ten minutes later);
 /// one whose VM failed on its host is recorded `failed` with the host's
@@ -320,6 +370,7 @@ async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
         host: sim.clone(),
         capacity_cpu: MilliCpu::vcpus(64),
         capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
     }];
     let control = Control::open(db.clone(), cfg, hosts).await.unwrap();
     let ws = workspace(&db).await;

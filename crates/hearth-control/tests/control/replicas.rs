@@ -60,6 +60,7 @@ async fn two_replicas_placing_on_a_nearly_full_host_never_overcommit_it() {
                 host: sim.clone(),
                 capacity_cpu: MilliCpu::vcpus(4),
                 capacity_mem: ByteSize::gib(16),
+                store_url: String::new(),
             }]
         };
         // Replicas share their configuration (the master key above all).
@@ -117,6 +118,7 @@ async fn two_replicas(sim: &Arc<SimHost>) -> (Db, Arc<Control>, Arc<Control>, St
             host: sim.clone(),
             capacity_cpu: MilliCpu::vcpus(4),
             capacity_mem: ByteSize::gib(16),
+            store_url: String::new(),
         }];
         Control::open(db, cfg.clone(), local).await.unwrap()
     };

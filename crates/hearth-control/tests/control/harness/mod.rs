@@ -65,6 +65,7 @@ pub async fn sim_control(db: Db) -> (Arc<Control>, Arc<hearth_hostapi::SimHost>)
         host: host.clone(),
         capacity_cpu: MilliCpu::vcpus(64),
         capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
     }];
     let control = Control::open(db, ControlConfig::default(), hosts)
         .await
@@ -95,6 +96,7 @@ impl Server {
                 host: Arc::new(hearth_host::InProcessHost::new(host().await)),
                 capacity_cpu: MilliCpu(64_000),
                 capacity_mem: ByteSize::gib(256),
+                store_url: String::new(),
             }]
         } else {
             Vec::new()
@@ -111,6 +113,7 @@ impl Server {
             host: sim.clone(),
             capacity_cpu: MilliCpu(64_000),
             capacity_mem: ByteSize::gib(256),
+            store_url: String::new(),
         }];
         (Self::start_with(hosts).await, sim)
     }
