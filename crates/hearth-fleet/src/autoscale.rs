@@ -196,6 +196,13 @@ impl AutoscalePolicy {
             .saturating_add(u64::from(self.headroom_hosts))
     }
 
+    /// [`AutoscalePolicy::unclamped_target`] plus one host for each of
+    /// `unplaceable` (see [`AutoscalePolicy::target_beside`]).
+    pub fn unclamped_target_beside(&self, committed_millicpu: u64, unplaceable: u32) -> u64 {
+        self.unclamped_target(committed_millicpu)
+            .saturating_add(u64::from(unplaceable))
+    }
+
     /// [`AutoscalePolicy::unclamped_target`] clamped to `[min, max]`.
     pub fn target(&self, committed_millicpu: u64) -> u32 {
         self.target_beside(committed_millicpu, 0)
@@ -205,9 +212,7 @@ impl AutoscalePolicy {
     /// placements: the formula's hosts must all be placeable, so each of
     /// those adds one before clamping (`max` still bounds the pool).
     pub fn target_beside(&self, committed_millicpu: u64, unplaceable: u32) -> u32 {
-        let t = self
-            .unclamped_target(committed_millicpu)
-            .saturating_add(u64::from(unplaceable));
+        let t = self.unclamped_target_beside(committed_millicpu, unplaceable);
         u32::try_from(t)
             .unwrap_or(u32::MAX)
             .clamp(self.min, self.max.max(self.min))
@@ -343,8 +348,7 @@ impl Autoscaler {
                     p.host_capacity.0,
                     p.target_utilization_percent,
                     p.headroom_hosts,
-                    p.unclamped_target(s.committed_millicpu)
-                        .saturating_add(u64::from(s.unplaceable_hosts)),
+                    p.unclamped_target_beside(s.committed_millicpu, s.unplaceable_hosts),
                     p.min,
                     p.max,
                 );
