@@ -261,7 +261,6 @@ impl Control {
         if let Err(e) = self.db.set_host_store_error(id, health.error()).await {
             tracing::warn!(host = %id, error = %e, "cannot record a host's store check");
         }
-        self.bump();
     }
 
     /// Marks hosts whose lease expired more than the failover grace ago
@@ -356,7 +355,7 @@ impl Control {
             {
                 tracing::warn!(sandbox = %row.id, error = %e, "cannot record a lost sandbox");
             }
-            self.bump();
+            self.bump(row.id);
             return;
         }
         let message = format!(
@@ -374,7 +373,7 @@ impl Control {
                 return;
             }
         };
-        self.bump();
+        self.bump(row.id);
         match self.start_row(&stopped).await {
             Ok(_) => tracing::info!(sandbox = %row.id, lost = %host.id, "sandbox failed over"),
             // Stays stopped, with the message; its next use starts it.
@@ -517,7 +516,6 @@ pub(crate) async fn register(
         .await
         .map_err(db_error)?;
     tracing::info!(host = %req.id, address = %req.address, epoch, "host registered");
-    c.bump();
     let keys = c.control_keys(now).await;
     Ok(Json(c.lease_answer(epoch, expires, keys)).into_response())
 }

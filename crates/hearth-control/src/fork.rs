@@ -126,9 +126,9 @@ impl Control {
                     e => db_error(e),
                 });
             }
+            self.bump(child.id);
             children.push(child);
         }
-        self.bump();
 
         let Some(host) = self.host(host_id).await else {
             self.drop_rows(&children).await;
@@ -214,8 +214,8 @@ impl Control {
             if let Err(e) = self.db.delete_sandbox(r.id).await {
                 tracing::warn!(sandbox = %r.id, error = %e, "cannot remove the row of a fork child that was not made");
             }
+            self.bump(r.id);
         }
-        self.bump();
     }
 }
 

@@ -54,8 +54,8 @@ use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use hearth_db::{Db, HostRow, HostState, SnapshotRow, SnapshotStatus, Timestamp};
 use hearth_hostapi::HostApi;
-use hearth_types::{ByteSize, HostId, MilliCpu, SnapshotId};
-use tokio::sync::watch;
+use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, SnapshotId};
+use tokio::sync::{broadcast, watch};
 
 pub use autoscale::AutoscaleSetup;
 pub use fleet::CONTROL_KEY_WINDOW;
@@ -148,13 +148,22 @@ impl Default for ControlConfig {
     }
 }
 
+/// A sandbox's status changed in this process: its row as the change
+/// left it, when the changer had it.
+#[derive(Clone)]
+pub(crate) struct Changed {
+    id: SandboxId,
+    row: Option<Arc<hearth_db::SandboxRow>>,
+}
+
 /// The control plane.
 pub struct Control {
     pub db: Db,
     pub cfg: ControlConfig,
     hosts: HashMap<HostId, Arc<dyn HostApi>>,
-    /// Bumped on every status change this process makes (waiters re-read).
-    changed: watch::Sender<u64>,
+    /// Every status change this process makes: a create waiting for its
+    /// sandbox acts when its id comes by, not on every other sandbox's.
+    changed: broadcast::Sender<Changed>,
     /// Flips to true when the server shuts down (exec sockets close 1001).
     shutting_down: watch::Sender<bool>,
     /// Signs and checks download links.
@@ -167,6 +176,8 @@ pub struct Control {
     pub(crate) autoscale_state: autoscale::AutoscaleState,
     /// Woken when pools need tending before the next reaper pass.
     pub(crate) pools_changed: tokio::sync::Notify,
+    /// Which workspaces have pools of which snapshots, lately.
+    pub(crate) pool_index: pools::PoolIndex,
     /// This replica's name in leader leases: unique per process
     /// incarnation (a restarted replica is a new holder).
     pub(crate) replica: String,
@@ -239,7 +250,9 @@ impl Control {
             .await?;
         }
         let links = links::LinkKey::load(&db, &cfg.master_key).await?;
-        let (changed, _) = watch::channel(0);
+        // Waiters that fall further behind re-read (a lag), as after a
+        // change of their own.
+        let (changed, _) = broadcast::channel(1024);
         let (shutting_down, _) = watch::channel(false);
         let control = Arc::new(Self {
             db,
@@ -256,6 +269,7 @@ impl Control {
             ),
             autoscale_state: autoscale::AutoscaleState::new(),
             pools_changed: tokio::sync::Notify::new(),
+            pool_index: pools::PoolIndex::default(),
             replica: uuid::Uuid::now_v7().to_string(),
         });
         control.register_control_key().await?;
@@ -272,8 +286,17 @@ impl Control {
         self.shutting_down.subscribe()
     }
 
-    fn bump(&self) {
-        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    /// Tells the waiters of `id` that its status changed.
+    fn bump(&self, id: SandboxId) {
+        // An error only says that nobody waits.
+        self.changed.send(Changed { id, row: None }).ok();
+    }
+
+    /// Tells the waiters of a sandbox what its row is after a change.
+    fn bump_row(&self, row: hearth_db::SandboxRow) {
+        let id = row.id;
+        let row = Some(Arc::new(row));
+        self.changed.send(Changed { id, row }).ok();
     }
 
     /// Whether the server can take work: the database answers and a host is

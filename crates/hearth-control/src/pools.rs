@@ -8,7 +8,7 @@
 //!   (persistent, memory as the snapshot has it), the create takes its
 //!   oldest ready member in the same transaction that inserts the sandbox
 //!   (`hearth_db::Db::claim_member`): the sandbox gets the member's id,
-//!   host and generation, and its boot is a claim on that host
+//!   host and generation (a default name follows the id), and its boot is a claim on that host
 //!   (`HostApi::claim_vm`). No ready member: a miss is counted and the
 //!   create boots cold, as without a pool.
 //! - The reaper leader tends the pools ([`Control::tend_pools`], a fleet
@@ -27,7 +27,7 @@ use hearth_api::pools::{
 use hearth_api::ApiError;
 use hearth_db::{HostState, MemberRow, MemberStatus, PoolRow, SandboxRow, SnapshotRow, Timestamp};
 use hearth_hostapi::CreateVm;
-use hearth_types::{ByteSize, HostId, MilliCpu, PoolId, SandboxId};
+use hearth_types::{ByteSize, HostId, MilliCpu, PoolId, SandboxId, SnapshotId, WorkspaceId};
 
 use crate::auth::Principal;
 use crate::error::db_error;
@@ -40,6 +40,30 @@ pub(crate) struct Shape {
     pub cpu: MilliCpu,
     pub mem: ByteSize,
     pub fs_capacity: ByteSize,
+}
+
+/// How long a replica trusts its index of which workspaces have pools of
+/// which snapshots.
+const POOL_INDEX_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Which (workspace, snapshot) pairs have a pool, as this replica last
+/// read them, and when.
+#[derive(Default)]
+pub(crate) struct PoolIndex {
+    read: tokio::sync::Mutex<Option<(std::time::Instant, PoolKeys)>>,
+}
+
+type PoolKeys = HashSet<(WorkspaceId, SnapshotId)>;
+
+impl PoolIndex {
+    /// The next create reads the index again.
+    fn forget(&self) {
+        // A read under way may predate the change, which is then seen
+        // within POOL_INDEX_TTL, as another replica's change is.
+        if let Ok(mut read) = self.read.try_lock() {
+            *read = None;
+        }
+    }
 }
 
 impl Control {
@@ -221,9 +245,41 @@ impl Control {
     }
 
     /// The next reaper pass tends the pools soon (a create, resize or
-    /// delete of a pool, or a claim, changed what they need).
+    /// delete of a pool, or a claim, changed what they need); a change of
+    /// the pools themselves is seen by this replica's next create.
     fn wake_pools(&self) {
+        self.pool_index.forget();
         self.pools_changed.notify_one();
+    }
+
+    /// Whether `ws` may have a pool of `snapshot`: false only when this
+    /// replica's index of pools, read at most [`POOL_INDEX_TTL`] ago, says
+    /// it has none, so most creates (of snapshots without pools) look for
+    /// no pool in the database. A pool another replica just made is found
+    /// within that time, long before its first member is ready. An index
+    /// that cannot be read says yes: the create looks.
+    async fn may_have_pool(&self, ws: WorkspaceId, snapshot: SnapshotId) -> bool {
+        let mut read = self.pool_index.read.lock().await;
+        let fresh = read
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < POOL_INDEX_TTL);
+        if !fresh {
+            match self.db.list_pools(None).await {
+                Ok(pools) => {
+                    let keys = pools
+                        .iter()
+                        .map(|p| (p.workspace_id, p.snapshot_id))
+                        .collect();
+                    *read = Some((std::time::Instant::now(), keys));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the pools; looking for one");
+                    return true;
+                }
+            }
+        }
+        read.as_ref()
+            .is_some_and(|(_, keys)| keys.contains(&(ws, snapshot)))
     }
 
     /// Takes a ready member of the workspace's pool for this sandbox's
@@ -233,8 +289,9 @@ impl Control {
     pub(crate) async fn claim_from_pool(
         &self,
         row: &SandboxRow,
+        for_id: impl FnOnce(&mut SandboxRow),
     ) -> Result<Option<SandboxRow>, hearth_db::DbError> {
-        if !row.persistent {
+        if !row.persistent || !self.may_have_pool(row.workspace_id, row.snapshot_id).await {
             return Ok(None);
         }
         let Some(pool) = self
@@ -250,7 +307,7 @@ impl Control {
         else {
             return Ok(None);
         };
-        let claimed = self.db.claim_member(pool.id, row).await?;
+        let claimed = self.db.claim_member(pool.id, row, for_id).await?;
         match &claimed {
             Some(c) => {
                 tracing::info!(sandbox = %c.id, pool = %pool.name, host = ?c.host_id, "claimed a pool member");

@@ -374,7 +374,7 @@ impl Control {
             if failed.is_ok() {
                 tracing::warn!(sandbox = %row.id, "failed {what}");
                 failed_n += 1;
-                self.bump();
+                self.bump(row.id);
             }
             crate::error::log_status_error(row.id, &format!("failed after {what}"), failed);
         }

@@ -20,6 +20,8 @@ use hearth_hostapi::{
 use hearth_image::ImageName;
 use hearth_types::sandbox::{RestoreMemory, SandboxPlan, SandboxSpec};
 use hearth_types::{ByteSize, HostId, SandboxId, VmId, WorkspaceId};
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::auth::Principal;
 use crate::error::db_error;
@@ -187,16 +189,14 @@ impl Control {
         exclude: &[HostId],
     ) -> Result<HostId, ApiError> {
         let now = Timestamp::now();
-        let hosts = self.db.list_hosts().await.map_err(db_error)?;
-        let loads = self.db.host_load().await.map_err(db_error)?;
+        let hosts = self.db.hosts_with_load().await.map_err(db_error)?;
         let mut views = Vec::with_capacity(hosts.len());
-        for h in &hosts {
+        for (h, load) in &hosts {
             let local = self.hosts.get(&h.id);
             if exclude.contains(&h.id) || (local.is_none() && !crate::fleet::is_remote(h)) {
                 // An in-process host of another (or an earlier) server.
                 continue;
             }
-            let load = loads.iter().find(|l| l.host_id == h.id);
             // This process's hosts answer at once; remote ones reported
             // their free disk with their lease.
             let disk_free = match (disk, local) {
@@ -215,9 +215,9 @@ impl Control {
                 draining: h.state == hearth_db::HostState::Draining,
                 store_ok: h.store_error.is_none(),
                 capacity_cpu: h.capacity_cpu,
-                committed_cpu: load.map_or(hearth_types::MilliCpu(0), |l| l.cpu),
+                committed_cpu: load.cpu,
                 capacity_mem: h.capacity_mem,
-                committed_mem: load.map_or(ByteSize(0), |l| l.mem),
+                committed_mem: load.mem,
                 disk_free,
             });
         }
@@ -330,15 +330,12 @@ impl Control {
         // placing at once cannot overcommit a host; one that lost the race
         // places again on fresher numbers.
         let id = SandboxId::new();
+        let named = plan.spec.name.is_some();
         let name = plan
             .spec
             .name
             .clone()
-            // The random tail of the UUIDv7 (its head is the millisecond).
-            .unwrap_or_else(|| {
-                let hex = id.as_uuid().simple().to_string();
-                format!("sandbox-{}", &hex[hex.len() - 12..])
-            });
+            .unwrap_or_else(|| hearth_types::machine_name(id.as_uuid()));
         let now = Timestamp::now();
         let row = SandboxRow {
             id,
@@ -375,8 +372,17 @@ impl Control {
         // of a boot (not when the create refuses the snapshot's memory,
         // which the members resumed).
         let poolable = !(plan.restore_memory == RestoreMemory::Never && from_memory(snap));
+        // A claimed sandbox takes its member's id, and a default name
+        // follows the id (it is also the guest's host name).
+        let follow_id = |r: &mut SandboxRow| {
+            if !named {
+                let name = hearth_types::machine_name(r.id.as_uuid());
+                r.spec["name"] = name.clone().into();
+                r.name = name;
+            }
+        };
         let claimed = if poolable {
-            self.claim_from_pool(&row).await
+            self.claim_from_pool(&row, follow_id).await
         } else {
             Ok(None)
         };
@@ -406,11 +412,14 @@ impl Control {
         };
         let id = row.id;
         self.metrics.created();
+        // Subscribed before the boot starts: the row is `provisioning` as
+        // inserted, and its boot's outcome cannot come by unseen.
+        let changed = self.changed.subscribe();
         self.spawn_boot(row.clone(), host_id, image, from, net, how);
         let Some(wait) = plan.wait_for_ready else {
             return Ok(row);
         };
-        let row = self.wait_while_provisioning(id, wait).await?;
+        let row = self.wait_while_provisioning(id, wait, changed).await?;
         match row.status {
             SandboxStatus::Ready => Ok(row),
             SandboxStatus::Provisioning => Err(ApiError::create_timeout(
@@ -427,25 +436,46 @@ impl Control {
     }
 
     /// Waits until the sandbox leaves `provisioning` or `wait` passes.
+    /// `changed` was subscribed before the caller last saw the sandbox
+    /// `provisioning`, so no change since is missed: the row a change here
+    /// left answers without a read; a change elsewhere is read every half
+    /// second.
     async fn wait_while_provisioning(
         &self,
         id: SandboxId,
         wait: Duration,
+        mut changed: broadcast::Receiver<crate::Changed>,
     ) -> Result<SandboxRow, ApiError> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut changed = self.changed.subscribe();
         loop {
-            let row = self.db.get_sandbox_by_id(id).await.map_err(db_error)?;
-            if row.status != SandboxStatus::Provisioning {
-                return Ok(row);
-            }
             let tick = tokio::time::Instant::now() + Duration::from_millis(500);
-            tokio::select! {
-                _ = changed.changed() => {}
-                _ = tokio::time::sleep_until(tick.min(deadline)) => {}
+            let sleep = tokio::time::sleep_until(tick.min(deadline));
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    got = changed.recv() => match got {
+                        Ok(c) if c.id != id => continue,
+                        Ok(crate::Changed { row: Some(row), .. })
+                            if row.status != SandboxStatus::Provisioning =>
+                        {
+                            return Ok(SandboxRow::clone(&row));
+                        }
+                        // Changed without its row at hand, or too many
+                        // changes to follow: read.
+                        Ok(_) | Err(RecvError::Lagged(_)) => break,
+                        // Never while `self` lives; the tick stands in.
+                        Err(RecvError::Closed) => {
+                            (&mut sleep).await;
+                            break;
+                        }
+                    },
+                    () = &mut sleep => break,
+                }
             }
-            if tokio::time::Instant::now() >= deadline {
-                return self.db.get_sandbox_by_id(id).await.map_err(db_error);
+            let row = self.db.get_sandbox_by_id(id).await.map_err(db_error)?;
+            if row.status != SandboxStatus::Provisioning || tokio::time::Instant::now() >= deadline
+            {
+                return Ok(row);
             }
         }
     }
@@ -655,7 +685,7 @@ impl Control {
                 return None;
             }
         };
-        self.bump();
+        self.bump(row.id);
         Some((moved, host_id))
     }
 
@@ -675,7 +705,10 @@ impl Control {
             ..StatusExtra::default()
         };
         let ok = match self.db.set_status(row.id, status, message, extra).await {
-            Ok(_) => true,
+            Ok(now) => {
+                self.bump_row(now);
+                return true;
+            }
             // A reconciler recorded this very boot meanwhile (its host
             // reported the VM ready at this generation): not a newer
             // decision, so the VM stays.
@@ -689,7 +722,7 @@ impl Control {
                 false
             }
         };
-        self.bump();
+        self.bump(row.id);
         ok
     }
 
@@ -884,7 +917,7 @@ impl Control {
             Err(hearth_db::DbError::NotFound { .. }) => return Ok(()),
             Err(e) => return Err(db_error(e)),
         }
-        self.bump();
+        self.bump(row.id);
         let host = match row.host_id {
             Some(id) => self.host(id).await,
             None => None,
@@ -899,7 +932,7 @@ impl Control {
             }
         }
         self.db.delete_sandbox(row.id).await.map_err(db_error)?;
-        self.bump();
+        self.bump(row.id);
         Ok(())
     }
 
@@ -969,7 +1002,7 @@ impl Control {
             .set_status(row.id, SandboxStatus::Stopped, reason, extra)
             .await
             .map_err(db_error)?;
-        self.bump();
+        self.bump(row.id);
         Ok(saved)
     }
 
@@ -1005,7 +1038,7 @@ impl Control {
             .await;
         if set.is_ok() {
             tracing::info!(sandbox = %row.id, "recorded a stop its replica did not");
-            self.bump();
+            self.bump(row.id);
         }
         crate::error::log_status_error(row.id, "stopped", set);
     }
@@ -1057,7 +1090,7 @@ impl Control {
             })
             .await?
             .map_err(db_error)?;
-        self.bump();
+        self.bump(row.id);
         if row.host_id.is_some() && row.host_id != Some(host_id) {
             // A different host: the old one's copy is stale; it forgets
             // it (the store keeps the disk for the new host).
@@ -1134,7 +1167,14 @@ impl Control {
             row = self.start_row(&row).await?;
         }
         if row.status == SandboxStatus::Provisioning {
-            row = self.wait_while_provisioning(row.id, WAKE_TIMEOUT).await?;
+            // Seen `provisioning` before this subscription: read once.
+            let changed = self.changed.subscribe();
+            row = self.db.get_sandbox_by_id(row.id).await.map_err(db_error)?;
+            if row.status == SandboxStatus::Provisioning {
+                row = self
+                    .wait_while_provisioning(row.id, WAKE_TIMEOUT, changed)
+                    .await?;
+            }
         }
         if row.status != SandboxStatus::Ready {
             return Err(ApiError::sandbox_not_ready(&row.name));
@@ -1305,7 +1345,7 @@ impl Control {
                             .set_status(row.id, status, Some(&reason), extra)
                             .await;
                         crate::error::log_status_error(row.id, "reconciled with its host", set);
-                        self.bump();
+                        self.bump(row.id);
                     }
                     // The boot ended on its host but nobody recorded it:
                     // the replica that drove it died (or is about to record
@@ -1337,7 +1377,7 @@ impl Control {
                             tracing::info!(sandbox = %row.id, host = %host_id, status = status.as_str(), "recorded a boot its host ended (the replica that drove it did not)");
                         }
                         crate::error::log_status_error(row.id, "recorded from its host", set);
-                        self.bump();
+                        self.bump(row.id);
                     }
                     SandboxStatus::Provisioning if after_restart => {
                         let extra = StatusExtra {
@@ -1355,7 +1395,7 @@ impl Control {
                             )
                             .await;
                         crate::error::log_status_error(row.id, "failed after a host restart", set);
-                        self.bump();
+                        self.bump(row.id);
                     }
                     _ => {}
                 }

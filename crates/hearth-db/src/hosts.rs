@@ -267,6 +267,20 @@ impl Db {
             .await
             .map_err(DbError::backend("compute host load"))
     }
+
+    /// Every host with its load ([`Db::list_hosts`] and [`Db::host_load`]
+    /// in one read, as placement wants them).
+    pub async fn hosts_with_load(&self) -> Result<Vec<(HostRow, HostLoad)>, DbError> {
+        let sql = Sql::new(&format!(
+            "SELECT {HOST_COLS}, id AS host_id, COALESCE(u.cpu_millicores, 0) AS cpu, \
+               COALESCE(u.mem_bytes, 0) AS mem, COALESCE(u.sandboxes, 0) AS n \
+             FROM hosts h LEFT JOIN host_usage u ON u.host_id = h.id ORDER BY h.id"
+        ));
+        self.pool
+            .fetch_all(&sql, |r| Ok((decode_host(r)?, decode_load(r)?)))
+            .await
+            .map_err(DbError::backend("list hosts with their load"))
+    }
 }
 
 /// Checks, inside a write transaction, that `host` has room for `cpu` and
@@ -316,11 +330,11 @@ pub(crate) async fn check_host_room(
         .map_err(DbError::backend(op))?
         .ok_or(DbError::NotFound { what: "host" })?;
     let (cap_cpu, cap_mem, used_cpu, used_mem) = row;
-    let fits = used_cpu.saturating_add(u64::from(cpu.0)) <= cap_cpu
-        && used_mem.saturating_add(mem.bytes()) <= cap_mem;
-    if fits {
-        Ok(())
-    } else {
-        Err(DbError::NoRoom { host })
+    crate::quota::HostRoom {
+        cap_cpu,
+        cap_mem,
+        used_cpu,
+        used_mem,
     }
+    .check_room_for(host, cpu, mem)
 }

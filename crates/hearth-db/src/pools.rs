@@ -332,12 +332,14 @@ impl Db {
     /// the oldest ready member (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so
     /// replicas claiming at once take different members; SQLite: the write
     /// lock), deletes it, and inserts `s` under the member's id, host and
-    /// generation. `None`: no ready member (nothing was written). The
-    /// sandbox row inserted is returned.
+    /// generation, after `for_id` has made it the member's (a name derived
+    /// from the id follows it). `None`: no ready member (nothing was
+    /// written). The sandbox row inserted is returned.
     pub async fn claim_member(
         &self,
         pool: PoolId,
         s: &SandboxRow,
+        for_id: impl FnOnce(&mut SandboxRow),
     ) -> Result<Option<SandboxRow>, DbError> {
         let op = "claim pool member";
         let mut tx = self
@@ -375,13 +377,14 @@ impl Db {
         tx.execute(&Sql::new("DELETE FROM pool_members WHERE id = $1").arg(member.id.to_string()))
             .await
             .map_err(DbError::backend(op))?;
-        let row = SandboxRow {
+        let mut row = SandboxRow {
             id: member.id,
             host_id: Some(member.host_id),
             generation: member.generation,
             status: SandboxStatus::Provisioning,
             ..s.clone()
         };
+        for_id(&mut row);
         tx.execute(&insert_sql(op, &row)?)
             .await
             .map_err(insert_error(op, &row))?;

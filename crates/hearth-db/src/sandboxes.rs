@@ -11,7 +11,9 @@ use crate::model::{
     Backend, Page, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, StatusExtra,
 };
 use crate::page::{push_name_and_status, Key, KeyKind, Keyset, SortSpec};
-use crate::quota::{check, check_live, check_storage, quota_and_usage};
+use crate::quota::{
+    check, check_live, check_storage, quota_and_usage, quota_usage_and_host, without,
+};
 use crate::sql::{int, RowExt, Sql};
 use crate::time::Timestamp;
 use crate::Db;
@@ -160,14 +162,20 @@ impl Db {
 
     /// Inserts a sandbox only if the workspace stays within its quotas and,
     /// for a live sandbox placed on a host, the host has room for it,
-    /// atomically with respect to other quota-checked inserts and to every
+    /// atomically with respect to other quota-checked writes and to every
     /// write to that host's load: the count of sandboxes not `deleting`,
     /// storage (their disks and the workspace's snapshots, one budget), and
     /// (for a live new sandbox) the CPU and memory of `provisioning`/`ready`
-    /// ones. Inserts into one workspace are serialized by its row lock
-    /// (PostgreSQL `FOR UPDATE`) or the database write lock (SQLite `BEGIN
-    /// IMMEDIATE`); placements on one host by its `host_usage` row.
-    /// `NoRoom` when the host filled since its load was read.
+    /// ones. `NoRoom` when the host filled since its load was read.
+    ///
+    /// The insert comes first and the check after, on the counters it
+    /// moved: its triggers lock the workspace's and the host's usage rows
+    /// (PostgreSQL; SQLite's `BEGIN IMMEDIATE` serializes writers), so a
+    /// concurrent insert of the same workspace or host waits for this one
+    /// to end and then counts it, and a check that fails rolls the insert
+    /// back. The locks are held for the insert, one read and the commit,
+    /// not for every read before the insert as a lock taken first would:
+    /// one workspace's creates queue on its row for that long.
     pub async fn insert_sandbox_within_quota(&self, s: &SandboxRow) -> Result<(), DbError> {
         let op = "insert sandbox within quota";
         let insert = insert_sql(op, s)?;
@@ -176,7 +184,11 @@ impl Db {
             .begin_write()
             .await
             .map_err(DbError::backend(op))?;
-        let (quotas, usage) = quota_and_usage(&mut tx, op, s.workspace_id, None).await?;
+        tx.execute(&insert).await.map_err(insert_error(op, s))?;
+        let host = s.host_id.filter(|_| s.status.is_live());
+        let (quotas, with_it, host_load) =
+            quota_usage_and_host(&mut tx, op, s.workspace_id, host).await?;
+        let usage = without(with_it, s);
         if s.status != SandboxStatus::Deleting {
             check(
                 QuotaKind::Sandboxes,
@@ -188,11 +200,10 @@ impl Db {
         }
         if s.status.is_live() {
             check_live(&quotas, &usage, s.cpu, s.mem)?;
-            if let Some(host) = s.host_id {
-                check_host_room(&mut tx, op, host, s.cpu, s.mem).await?;
+            if let (Some(host), Some(load)) = (host, host_load) {
+                load.without(s).check_room_for(host, s.cpu, s.mem)?;
             }
         }
-        tx.execute(&insert).await.map_err(insert_error(op, s))?;
         tx.commit().await.map_err(DbError::backend(op))
     }
 

@@ -1868,10 +1868,9 @@ pub fn fresh_identity(id: VmId) -> Result<hearth_guest_proto::GuestIdentity, Hos
             what: "draw entropy for a fresh identity".into(),
             source: std::io::Error::other(e),
         })?;
-    let hex = id.as_uuid().simple().to_string();
     Ok(hearth_guest_proto::GuestIdentity {
         entropy,
-        hostname: format!("sandbox-{}", &hex[hex.len() - 12..]),
+        hostname: hearth_types::machine_name(&id.as_uuid()),
         machine_id: uuid::Uuid::from_bytes(machine).simple().to_string(),
         boot_id: uuid::Uuid::new_v4().hyphenated().to_string(),
     })

@@ -63,6 +63,15 @@ impl fmt::Debug for VmId {
     }
 }
 
+/// A sandbox's default name, and the host name its guest is given:
+/// `sandbox-` and the last 12 hex digits of its id (a UUIDv7's random
+/// tail; its head is the millisecond it was made). The VM of a sandbox has
+/// the sandbox's id, so the two agree and both name the id.
+pub fn machine_name(id: &uuid::Uuid) -> String {
+    let hex = id.simple().to_string();
+    format!("sandbox-{}", &hex[hex.len() - 12..])
+}
+
 /// The string was not a valid id.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid id {input:?}")]
@@ -188,6 +197,12 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_machine_name_is_the_ids_random_tail() {
+        let id: uuid::Uuid = "01a238fb-d61c-7359-abac-90f9285b38b4".parse().unwrap();
+        assert_eq!(machine_name(&id), "sandbox-90f9285b38b4");
+    }
 
     #[test]
     fn byte_size_parses_human_forms() {

@@ -116,6 +116,29 @@ async fn a_create_claims_a_pool_member_and_the_pool_refills() {
     );
     assert_eq!(sim.list_vms().await.unwrap().len(), 3);
 
+    // Unnamed, a claimed sandbox's default name follows the member's id
+    // (as the guest's host name does), not the id the create drew first.
+    let unnamed = json!({"snapshot_name": "busybox", "mem_bytes": 2u64 << 30,
+                         "wait_for_ready": true, "timeout": 30});
+    let r = s
+        .json("POST", "/api/v2/sandboxes/boxes", Some(&key), &unnamed)
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sb: Value = r.json().unwrap();
+    let id: uuid::Uuid = sb["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(sb["name"], hearth_types::machine_name(&id));
+    let got = s
+        .json(
+            "GET",
+            &format!("/api/v2/sandboxes/boxes/{}", sb["name"].as_str().unwrap()),
+            Some(&key),
+            &Value::Null,
+        )
+        .await;
+    assert_eq!(got.json().unwrap()["id"], sb["id"]);
+    assert!(!sim.get_vm(id.into(), 1).await.unwrap().pooled);
+    until_ready(&s, "py", 2).await;
+
     // Another size is no claim; nor is a pool-less snapshot's create.
     let other = json!({"name": "big", "snapshot_name": "busybox", "mem_bytes": 4u64 << 30,
                        "wait_for_ready": true, "timeout": 30});
@@ -145,7 +168,11 @@ async fn a_create_claims_a_pool_member_and_the_pool_refills() {
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(pool(&s, "py").await["status"]["misses"], 1);
     let vms = sim.list_vms().await.unwrap();
-    assert_eq!(vms.len(), 3, "mine, big and cold; no members: {vms:?}");
+    assert_eq!(
+        vms.len(),
+        4,
+        "mine, unnamed, big and cold; no members: {vms:?}"
+    );
     assert!(vms.iter().all(|v| !v.pooled));
 
     let listed = s.json("GET", POOLS, Some(&key), &Value::Null).await;

@@ -77,7 +77,7 @@ async fn members_count_on_their_host_and_a_claim_becomes_the_sandbox() {
         s.snapshot_id = snap;
         s.cpu = p.cpu;
         s.mem = p.mem;
-        assert_eq!(db.claim_member(p.id, &s).await.unwrap(), None);
+        assert_eq!(db.claim_member(p.id, &s, |_| {}).await.unwrap(), None);
         assert!(db.get_sandbox_by_id(s.id).await.is_err());
 
         assert!(db.mark_member_ready(m2.id).await.unwrap());
@@ -93,13 +93,20 @@ async fn members_count_on_their_host_and_a_claim_becomes_the_sandbox() {
             .unwrap()
             .is_none());
 
-        // The oldest ready member (m1) becomes the sandbox.
-        let row = db.claim_member(p.id, &s).await.unwrap().expect("a claim");
+        // The oldest ready member (m1) becomes the sandbox, made the
+        // member's by the caller before it is stored.
+        let row = db
+            .claim_member(p.id, &s, |r| r.name = format!("{}-{}", r.name, r.id))
+            .await
+            .unwrap()
+            .expect("a claim");
         assert_eq!(
             (row.id, row.host_id, row.generation, row.status),
             (m1.id, Some(h.id), 5, SandboxStatus::Provisioning)
         );
-        assert_eq!(db.get_sandbox_by_id(m1.id).await.unwrap().name, "mine");
+        let mine = format!("mine-{}", m1.id);
+        assert_eq!(row.name, mine);
+        assert_eq!(db.get_sandbox_by_id(m1.id).await.unwrap().name, mine);
         let left: Vec<SandboxId> = db
             .list_members()
             .await
@@ -125,7 +132,7 @@ async fn members_count_on_their_host_and_a_claim_becomes_the_sandbox() {
         )
         .await
         .id;
-        let over = db.claim_member(p.id, &sandbox(tight, "over")).await;
+        let over = db.claim_member(p.id, &sandbox(tight, "over"), |_| {}).await;
         assert!(matches!(over, Err(DbError::Quota { .. })), "{over:?}");
         assert_eq!(db.list_members().await.unwrap().len(), 1, "nothing claimed");
 
@@ -174,7 +181,10 @@ async fn members_need_room_and_concurrent_claims_take_each_member_once() {
                 sandbox(ws, &format!("a{round}")),
                 sandbox(ws, &format!("b{round}")),
             );
-            let (ra, rb) = tokio::join!(a.claim_member(p.id, &sa), b.claim_member(p.id, &sb));
+            let (ra, rb) = tokio::join!(
+                a.claim_member(p.id, &sa, |_| {}),
+                b.claim_member(p.id, &sb, |_| {})
+            );
             for r in [ra, rb] {
                 if let Some(row) = r.unwrap() {
                     claimed.push(row.id);
