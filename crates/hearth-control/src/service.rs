@@ -1265,15 +1265,18 @@ impl Control {
                     continue;
                 }
             };
-            let rows = match self.db.sandboxes_on_host(*host_id).await {
+            let rows = match self.db.sandbox_briefs_on_host(*host_id).await {
                 Ok(rows) => rows,
                 Err(e) => {
                     tracing::error!(host = %host_id, error = %e, "cannot list the host's sandboxes to stop them; their VMs stop with the host agent and come back from their last commit");
                     continue;
                 }
             };
+            // By id: a host may hold thousands.
+            let by_id: std::collections::HashMap<VmId, &hearth_hostapi::VmRecord> =
+                vms.iter().map(|v| (v.id, v)).collect();
             for row in &rows {
-                let vm = vms.iter().find(|v| v.id == vm_id(row.id));
+                let vm = by_id.get(&vm_id(row.id)).copied();
                 let running = matches!(vm.map(|v| v.state), Some(VmState::Ready | VmState::Paused));
                 match row.status {
                     SandboxStatus::Ready if running => {
@@ -1313,8 +1316,17 @@ impl Control {
                     SandboxStatus::Ready
                         if matches!(vm.map(|v| v.state), Some(VmState::Stopped)) =>
                     {
-                        self.finish_stop(row, vm.and_then(|v| v.saved.as_ref()))
-                            .await;
+                        // The whole row, for the rare sandbox that needs it.
+                        match self.db.get_sandbox_by_id(row.id).await {
+                            Ok(full) if full.generation == row.generation => {
+                                self.finish_stop(&full, vm.and_then(|v| v.saved.as_ref()))
+                                    .await
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::warn!(sandbox = %row.id, error = %e, "cannot read a sandbox whose stop its host finished; the next pass retries")
+                            }
+                        }
                     }
                     SandboxStatus::Ready if !running => {
                         // Host loss: memory is gone, the disk is kept; the
@@ -1421,7 +1433,7 @@ impl Control {
                 .iter()
                 .filter(|m| after_restart || m.status == hearth_db::MemberStatus::Ready)
             {
-                let vm = vms.iter().find(|v| v.id == vm_id(m.id));
+                let vm = by_id.get(&vm_id(m.id)).copied();
                 if !vm.is_some_and(|v| v.pooled && v.state == VmState::Paused) {
                     self.remove_member(m, "its VM is no longer a paused member")
                         .await;
@@ -1429,8 +1441,9 @@ impl Control {
             }
             let members: std::collections::HashSet<VmId> =
                 members.iter().map(|m| vm_id(m.id)).collect();
-            for rec in vms {
-                let known = rows.iter().any(|r| vm_id(r.id) == rec.id);
+            let known: std::collections::HashSet<VmId> = rows.iter().map(|r| vm_id(r.id)).collect();
+            for rec in vms.iter() {
+                let known = known.contains(&rec.id);
                 if known || members.contains(&rec.id) {
                     continue;
                 }

@@ -50,6 +50,7 @@ pub use error::{DbError, QuotaKind};
 pub use fleet::{KeyOwnerKind, LeaderLease, Leadership, NewSigningKey, SigningKeyRow};
 pub use model::*;
 pub use pools::{MemberRow, MemberStatus, PoolRow, MAX_POOL_SIZE};
+pub use sandboxes::SandboxBrief;
 pub use snapshots::{dangling_tag, is_published_tag, snapshot_size};
 pub use time::Timestamp;
 pub use workspace_secrets::{WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};

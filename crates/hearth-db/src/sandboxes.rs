@@ -584,6 +584,30 @@ impl Db {
     }
 
     /// Every sandbox placed on the host, in any status.
+    /// The sandboxes placed on a host, as briefly as reconciling it with
+    /// the host's VMs needs (every few seconds, over every sandbox there).
+    pub async fn sandbox_briefs_on_host(
+        &self,
+        host_id: HostId,
+    ) -> Result<Vec<SandboxBrief>, DbError> {
+        let sql = Sql::new(
+            "SELECT id, status, generation, status_message FROM sandboxes \
+             WHERE host_id = $1 ORDER BY id",
+        )
+        .arg(host_id.to_string());
+        self.pool
+            .fetch_all(&sql, |r| {
+                Ok(SandboxBrief {
+                    id: r.parse("id")?,
+                    status: r.parse("status")?,
+                    generation: r.unsigned("generation")?,
+                    status_message: r.opt_text("status_message")?,
+                })
+            })
+            .await
+            .map_err(DbError::backend("sandboxes on host"))
+    }
+
     pub async fn sandboxes_on_host(&self, host_id: HostId) -> Result<Vec<SandboxRow>, DbError> {
         self.sandboxes_where("sandboxes on host", "host_id = $1", host_id.to_string())
             .await
@@ -621,4 +645,14 @@ impl Db {
             DbError::NotFound { what: "sandbox" }
         })
     }
+}
+
+/// A sandbox's id and status, as a reconciliation reads them
+/// ([`Db::sandbox_briefs_on_host`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxBrief {
+    pub id: SandboxId,
+    pub status: SandboxStatus,
+    pub generation: u64,
+    pub status_message: Option<String>,
 }
