@@ -110,7 +110,7 @@ impl Control {
             }
             Err(e) => return Err(e),
         };
-        self.wake_pools();
+        self.pools_made_or_deleted();
         Ok(pool_response(&made, &[]))
     }
 
@@ -144,7 +144,7 @@ impl Control {
             hearth_db::DbError::Conflict { .. } => ApiError::name_conflict("pool", &req.name),
             e => db_error(e),
         })?;
-        self.wake_pools();
+        self.pools_made_or_deleted();
         Ok(pool)
     }
 
@@ -200,7 +200,7 @@ impl Control {
             .delete_pool(who.workspace_id, name)
             .await
             .map_err(|_| ApiError::not_found("pool", name))?;
-        self.wake_pools();
+        self.pools_made_or_deleted();
         Ok(())
     }
 
@@ -245,11 +245,16 @@ impl Control {
     }
 
     /// The next reaper pass tends the pools soon (a create, resize or
-    /// delete of a pool, or a claim, changed what they need); a change of
-    /// the pools themselves is seen by this replica's next create.
+    /// delete of a pool, or a claim, changed what they need).
     fn wake_pools(&self) {
-        self.pool_index.forget();
         self.pools_changed.notify_one();
+    }
+
+    /// A pool was made or deleted here: this replica's next create reads
+    /// the index of pools again, and the pools are tended soon.
+    fn pools_made_or_deleted(&self) {
+        self.pool_index.forget();
+        self.wake_pools();
     }
 
     /// Whether `ws` may have a pool of `snapshot`: false only when this

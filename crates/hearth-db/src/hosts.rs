@@ -257,15 +257,8 @@ impl Db {
     /// read from the counters the database keeps with every sandbox write
     /// (migration 11), not summed over the sandboxes.
     pub async fn host_load(&self) -> Result<Vec<HostLoad>, DbError> {
-        let sql = Sql::new(
-            "SELECT h.id AS host_id, COALESCE(u.cpu_millicores, 0) AS cpu, \
-               COALESCE(u.mem_bytes, 0) AS mem, COALESCE(u.sandboxes, 0) AS n \
-             FROM hosts h LEFT JOIN host_usage u ON u.host_id = h.id ORDER BY h.id",
-        );
-        self.pool
-            .fetch_all(&sql, decode_load)
-            .await
-            .map_err(DbError::backend("compute host load"))
+        let hosts = self.hosts_with_load().await?;
+        Ok(hosts.into_iter().map(|(_, load)| load).collect())
     }
 
     /// Every host with its load ([`Db::list_hosts`] and [`Db::host_load`]
