@@ -128,7 +128,7 @@ fn rss_mib() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_clients_do_not_exhaust_descriptors() {
+async fn finding7_slow_clients_do_not_exhaust_descriptors() {
     let nofile = hearth_listen::raise_nofile().expect("raise RLIMIT_NOFILE");
     // The default caps for this process's limit. The header timeout is
     // 15 s, not the default 10 s: the flood must be over before the first

@@ -2,7 +2,7 @@
 //! refuse and recover, half-open and idle connections are closed after
 //! the header timeout, and an upgraded connection outlives it while
 //! holding its slot. (The control plane's own regression test,
-//! `slow_clients_do_not_exhaust_descriptors`, floods the real API.)
+//! `finding7_slow_clients_do_not_exhaust_descriptors`, floods the real API.)
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -119,7 +119,7 @@ async fn read(volume: &Volume, offset: u64, len: usize) -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flushed_write_survives_a_crash_of_the_agent() {
+async fn finding1_a_flushed_write_survives_a_crash_of_the_agent() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path()).await;
     first_generation(&store, dir.path()).await;
@@ -299,7 +299,7 @@ fn random(n: usize, seed: u64) -> Vec<u8> {
 /// generations before its parent and deletes the chunk versions nothing
 /// kept names, so the store holds at most about two versions of the data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guest_cannot_grow_the_store_without_bound() {
+async fn finding6_a_guest_cannot_grow_the_store_without_bound() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path()).await;
     first_generation(&store, dir.path()).await;

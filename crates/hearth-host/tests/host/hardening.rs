@@ -181,7 +181,7 @@ async fn assert_clock_is_the_hosts(g: &hearth_host::GuestClient, when: &str) {
 /// start (a cold boot), a stop keeping memory and a start (a resume of
 /// the saved guest, whose clock stood still meanwhile), and a pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_sandboxs_clock_is_the_hosts() {
+async fn finding8_a_new_sandboxs_clock_is_the_hosts() {
     let host = host().await;
     let (vm, g) = vm(&host, ImageName::Busybox).await;
     let id = vm.id;

@@ -50,7 +50,7 @@ fn assert_unauthorized(what: &str, r: &Resp, reason: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standalone_host_api_refuses_unauthenticated_callers() {
+async fn finding4_standalone_host_api_refuses_unauthenticated_callers() {
     let host = host().await;
     let token_file = host.config().data_dir.join(hearth_host::api::TOKEN_FILE);
     let token = Arc::new(ApiToken::load_or_create(&token_file).unwrap());
