@@ -111,6 +111,7 @@
 //! ```
 
 mod header;
+pub mod jwt;
 mod key;
 mod nonce;
 mod refusal;
