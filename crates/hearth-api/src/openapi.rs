@@ -90,6 +90,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
+        jwks,
     ),
     components(schemas(ClientFrame, ServerFrame, ErrorBody)),
     modifiers(&ApiKeyAuth),
@@ -104,6 +105,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         (name = "secrets", description = "Workspace secrets: named values sandbox egress rules \
             use (proxy_config header rules of type workspace_secret) without the value entering \
             the sandbox; sealed at rest, never returned"),
+        (name = "keys", description = "Public keys of the tokens Hearth signs"),
     ),
 )]
 struct ApiDoc;
@@ -337,6 +339,20 @@ fn service_proxy() {}
 )]
 #[allow(dead_code)]
 fn fetch_download() {}
+
+/// The public keys (Ed25519 JWKs, `kid` = key id) that tokens Hearth signs
+/// verify with: proxy callbacks' `X-LangSmith-Signature-JWT`, checked by
+/// LangSmith's `SandboxTokenVerifier`. Every control-plane and host key in
+/// use; a retired key leaves at once, an unused one after an hour.
+#[utoipa::path(
+    get, path = "/.well-known/jwks.json", tag = "keys",
+    security(()),
+    responses(
+        (status = 200, description = "`{\"keys\": [{\"kty\": \"OKP\", \"crv\": \"Ed25519\", \"x\", \"kid\", \"use\": \"sig\", \"alg\": \"EdDSA\"}]}`, cacheable for 5 minutes", content_type = "application/json"),
+    ),
+)]
+#[allow(dead_code)]
+fn jwks() {}
 
 /// List snapshots.
 #[utoipa::path(

@@ -552,8 +552,41 @@ pub(crate) async fn renew(
         ))
         .into());
     }
+    // The key still signs for this host: its callback tokens stay in the
+    // JWKS (see `jwks`).
+    if let Err(e) = c.db.touch_signing_key(verified.key_id.as_str(), now).await {
+        tracing::warn!(host = %id, key = %verified.key_id, error = %e, "cannot refresh the host's signing key");
+    }
     let keys = c.control_keys(now).await;
     Ok(Json(c.lease_answer(req.epoch, expires, keys)).into_response())
+}
+
+/// How long after its signer last used it a key stays in the JWKS: longer
+/// than any token it signed lives (callback tokens: 5 minutes) plus a
+/// verifier's cache of the set (the SDK's: 5 minutes).
+pub(crate) const JWKS_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// `GET /.well-known/jwks.json`: the public keys tokens Hearth signs verify
+/// with (LangSmith's SDK fetches them from the API's origin): every
+/// control-plane and host key not retired and in use within
+/// [`JWKS_WINDOW`]. Public, like any JWKS; verifiers cache it.
+pub(crate) async fn jwks(State(c): State<Arc<Control>>) -> HttpResult<Response> {
+    let since = Timestamp::now().minus(JWKS_WINDOW);
+    let mut set = hearth_fence::jwt::JwkSet::default();
+    for kind in [KeyOwnerKind::Control, KeyOwnerKind::Host] {
+        let rows = c.db.list_signing_keys(kind, None).await.map_err(db_error)?;
+        set.keys.extend(
+            rows.iter()
+                .filter(|k| k.live_since(since))
+                .filter_map(|k| PublicKey::from_bytes(&k.public_key).ok())
+                .map(|k| hearth_fence::jwt::Jwk::of(&k)),
+        );
+    }
+    Ok((
+        [(axum::http::header::CACHE_CONTROL, "public, max-age=300")],
+        Json(set),
+    )
+        .into_response())
 }
 
 pub(crate) async fn drain(

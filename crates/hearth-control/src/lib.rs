@@ -406,6 +406,7 @@ pub fn router(control: Arc<Control>) -> Router {
             get(|| async { Json(serde_json::json!({"status": "ok"})) }),
         )
         .route("/readyz", get(readyz))
+        .route("/.well-known/jwks.json", get(fleet::jwks))
         .route("/metrics", get(metrics::render))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -240,3 +240,79 @@ async fn hosts_trust_only_live_unretired_control_keys() {
     let message = body["detail"]["message"].as_str().unwrap_or_default();
     assert!(message.starts_with("retired_key"), "{body}");
 }
+
+/// `GET /.well-known/jwks.json`, what LangSmith's SDK verifies callback
+/// tokens with: every key in use (this replica's, a registered host's), as
+/// Ed25519 JWKs named by key id; not a key retired or unused for longer
+/// than any token it signed can live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jwks_serves_the_keys_in_use() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = url.open().await;
+    let now = Timestamp::now();
+    let gone = KeyPair::generate().unwrap();
+    let retired = KeyPair::generate().unwrap();
+    register_key(
+        &db,
+        &gone,
+        KeyOwnerKind::Control,
+        "control",
+        now.minus(Duration::from_secs(2 * 3600)),
+    )
+    .await;
+    register_key(&db, &retired, KeyOwnerKind::Host, "h", now).await;
+    db.retire_signing_key(retired.id().as_str(), now)
+        .await
+        .unwrap();
+    let me = KeyPair::generate().unwrap();
+    let cfg = ControlConfig {
+        host_token: Some(TOKEN.into()),
+        signer: Some(Arc::new(Signer::new(me.clone(), Duration::from_secs(60)))),
+        ..ControlConfig::default()
+    };
+    let control = Control::open(db.db.clone(), cfg, Vec::new()).await.unwrap();
+    let app = hearth_control::router(control.clone());
+    let host = KeyPair::generate().unwrap();
+    let reg = RegisterHost {
+        id: HostId::new(),
+        address: "http://10.0.0.9:7070".into(),
+        capacity_cpu: MilliCpu(8_000),
+        capacity_mem: ByteSize::gib(16),
+        version: "test".into(),
+        store_url: String::new(),
+        disk_free: ByteSize::gib(100),
+        public_key: b64(&host),
+    };
+    let body = serde_json::to_vec(&reg).unwrap();
+    let (s, lease) = host_post(&app, &host, "/internal/v1/hosts/register", None, 0, body).await;
+    assert_eq!(s, StatusCode::OK, "{lease}");
+
+    let req = Request::get("/.well-known/jwks.json")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["cache-control"], "public, max-age=300");
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let set: Value = serde_json::from_slice(&bytes).unwrap();
+    let kids: BTreeSet<String> = set["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            assert_eq!(
+                (k["kty"].as_str(), k["crv"].as_str()),
+                (Some("OKP"), Some("Ed25519"))
+            );
+            assert_eq!(k["alg"], "EdDSA");
+            k["kid"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        kids,
+        BTreeSet::from([me.id().to_string(), host.id().to_string()]),
+        "{set}"
+    );
+}
