@@ -446,8 +446,12 @@ pub struct ProxyRewrite {
 pub struct ProxyCallback {
     pub match_hosts: Vec<String>,
     pub url: String,
-    /// How long resolved headers are cached, 60..=3600 s.
+    /// How long resolved headers are cached, 60..=3600 s (with
+    /// `full_request`, per identical request).
     pub ttl_seconds: i64,
+    /// Send the callback the request itself (method, URL, headers, the
+    /// body's first 64 KiB, base64) as `request`, not only `host` and
+    /// `port`; the callback is then asked again for each different request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub full_request: Option<bool>,
     /// Headers sent to the callback; `plaintext` or `opaque` only.
@@ -517,12 +521,6 @@ impl ProxyConfig {
         }
         for (i, cb) in self.callbacks.iter().enumerate() {
             let at = format!("proxy_config.callbacks[{i}]");
-            if cb.full_request == Some(true) {
-                return Err(ApiError::validation(
-                    &format!("{at}.full_request"),
-                    format!("{at}.full_request: sending the request to the callback is not supported by Hearth yet"),
-                ));
-            }
             if !(60..=3600).contains(&cb.ttl_seconds) {
                 return Err(ApiError::validation(
                     &format!("{at}.ttl_seconds"),
@@ -608,6 +606,7 @@ impl ProxyConfig {
                     url: c.url.clone(),
                     ttl_seconds: c.ttl_seconds,
                     request_headers: c.request_headers.iter().map(header).collect(),
+                    full_request: c.full_request == Some(true),
                 })
                 .collect(),
             description: self.description.clone(),
@@ -657,7 +656,7 @@ impl ProxyConfig {
                     match_hosts: c.match_hosts.clone(),
                     url: c.url.clone(),
                     ttl_seconds: c.ttl_seconds,
-                    full_request: None,
+                    full_request: c.full_request.then_some(true),
                     request_headers: c.request_headers.iter().map(header).collect(),
                 })
                 .collect(),

@@ -353,6 +353,7 @@ impl NetworkFileConfig {
             allow_private,
             hosts: self.hosts.clone(),
             connect_timeout: std::time::Duration::from_secs(10),
+            callback_signer: None,
         }))
     }
 }
@@ -450,7 +451,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             // raised before the host agent opens anything.
             let limits = listener::ListenerFileConfig::default().limits()?;
             let store = StoreOverrides::default();
-            let network = NetworkFileConfig::default().settings(&cli.data_dir)?;
+            let mut network = NetworkFileConfig::default().settings(&cli.data_dir)?;
+            if let Some(n) = &mut network {
+                // Callbacks are signed with this host's key, which the
+                // control plane's JWKS publishes while the host holds a lease.
+                n.callback_signer = Some(hearth_egress::CallbackSigner {
+                    key: std::sync::Arc::new(fleet::signing_key(&cli.data_dir, "host")?),
+                    issuer: control[0].clone(),
+                });
+            }
             let host = start_host_with(cli.data_dir.clone(), &store, network).await?;
             fleet::serve(
                 &cli.data_dir,

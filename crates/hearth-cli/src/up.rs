@@ -205,7 +205,15 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let host = if args.no_local_host {
         None
     } else {
-        let network = file.network.settings(&data_dir)?;
+        let mut network = file.network.settings(&data_dir)?;
+        if let Some(n) = &mut network {
+            // Callbacks are signed with this replica's key, which the
+            // control plane's JWKS publishes.
+            n.callback_signer = Some(hearth_egress::CallbackSigner {
+                key: std::sync::Arc::new(crate::fleet::signing_key(&data_dir, "control")?),
+                issuer: public_url.clone(),
+            });
+        }
         let host = crate::start_host_with(data_dir.clone(), &store, network).await?;
         if !args.no_default_image {
             host.artifacts(ImageName::Default, crate::progress::reporter())

@@ -165,7 +165,9 @@ impl Control {
                 SecretValue::Template(v) => expand(v, &secrets),
             }
         };
-        let policy = hearth_egress::Policy::from_spec(spec, &mut resolve).map_err(policy_error)?;
+        let mut policy =
+            hearth_egress::Policy::from_spec(spec, &mut resolve).map_err(policy_error)?;
+        policy.tenant_id = Some(workspace.to_string());
         Ok(SandboxNet {
             policy,
             env: spec.env(),

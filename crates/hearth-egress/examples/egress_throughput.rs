@@ -193,6 +193,7 @@ async fn main() {
         allow_private: vec!["127.0.0.1/32".parse().unwrap()],
         hosts,
         connect_timeout: Duration::from_secs(5),
+        callback_signer: None,
     })
     .unwrap();
     let ns = format!("hegress-bench-{}", std::process::id());

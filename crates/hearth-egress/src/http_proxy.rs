@@ -18,6 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http_body::Body as _;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -230,7 +231,37 @@ impl Conn {
                 );
             }
         };
-        let inject = match self.injected(&policy, &name, port, tls, &req).await {
+        // A `full_request` callback is sent the request as the guest sent it.
+        let full = tls
+            && policy
+                .rule_for(&name, req.uri().path(), req.headers())
+                .is_none()
+            && policy
+                .callback_for(&name)
+                .is_some_and(|(_, cb)| cb.full_request);
+        let (req, snapshot) = if full {
+            match tokio::time::timeout(SNAPSHOT_TIMEOUT, snapshot(req, &name, port)).await {
+                Ok(Ok((req, snap))) => (req, Some(snap)),
+                Ok(Err(e)) => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        format!("Hearth egress proxy: reading the request body failed: {e}\n"),
+                    )
+                }
+                Err(_) => {
+                    return text(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!("Hearth egress proxy: the request body's first {} KiB did not arrive within {SNAPSHOT_TIMEOUT:?}\n", callback::MAX_SNAPSHOT_BODY / 1024),
+                    )
+                }
+            }
+        } else {
+            (req.map(BodyExt::boxed), None)
+        };
+        let inject = match self
+            .injected(&policy, &name, port, tls, &req, snapshot.as_ref())
+            .await
+        {
             Ok(h) => h,
             Err(e) => {
                 // The detail is the operator's: the guest must not learn
@@ -247,7 +278,7 @@ impl Conn {
             .rule_for(&name, req.uri().path(), req.headers())
             .and_then(|r| r.aws.clone())
             .filter(|_| tls);
-        let mut req = prepare(req, &inject, host.as_deref()).map(BodyExt::boxed);
+        let mut req = prepare(req, &inject, host.as_deref());
         if let Some(keys) = aws {
             req = match resign_aws(req, &keys).await {
                 Ok(r) => r,
@@ -325,13 +356,14 @@ impl Conn {
     /// The headers to set: the first matching rule's, else a callback's.
     /// Without TLS upstream only a rule's `plaintext` values: a callback's
     /// headers are credentials, so it is not even called.
-    async fn injected(
+    async fn injected<B>(
         &self,
         policy: &Policy,
         name: &str,
         port: u16,
         tls: bool,
-        req: &Request<Incoming>,
+        req: &Request<B>,
+        snapshot: Option<&callback::RequestSnapshot>,
     ) -> Result<Vec<(String, String)>, callback::CallbackError> {
         if let Some(rule) = policy.rule_for(name, req.uri().path(), req.headers()) {
             return Ok(rule.headers_for(tls));
@@ -340,7 +372,7 @@ impl Conn {
             return Ok(Vec::new());
         }
         match policy.callback_for(name) {
-            Some((_, cb)) => callback::headers(&self.sb, cb, name, port).await,
+            Some((_, cb)) => callback::headers(&self.sb, policy, cb, name, port, snapshot).await,
             None => Ok(Vec::new()),
         }
     }
@@ -408,6 +440,97 @@ where
         }
     });
     Ok(sender)
+}
+
+/// How long the start of a body a `full_request` callback is sent may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads the start of `req`'s body (up to [`callback::MAX_SNAPSHOT_BODY`])
+/// for a `full_request` callback: the request as the guest sent it, and
+/// the request again with its whole body (what was read, then the rest).
+async fn snapshot(
+    req: Request<Incoming>,
+    name: &str,
+    port: u16,
+) -> Result<(Request<Body>, callback::RequestSnapshot), hyper::Error> {
+    use base64::Engine;
+    let (parts, mut body) = req.into_parts();
+    let mut frames = std::collections::VecDeque::new();
+    let mut data = Vec::new();
+    let mut ended = false;
+    while data.len() < callback::MAX_SNAPSHOT_BODY {
+        match body.frame().await.transpose()? {
+            None => {
+                ended = true;
+                break;
+            }
+            Some(frame) => {
+                if let Some(d) = frame.data_ref() {
+                    data.extend_from_slice(d);
+                }
+                frames.push_back(frame);
+            }
+        }
+    }
+    let truncated = data.len() > callback::MAX_SNAPSHOT_BODY || (!ended && !body.is_end_stream());
+    data.truncate(callback::MAX_SNAPSHOT_BODY);
+    let mut headers = std::collections::BTreeMap::<String, Vec<String>>::new();
+    let mut sent = parts.headers.clone();
+    remove_hop_by_hop(&mut sent);
+    for (k, v) in &sent {
+        headers
+            .entry(k.as_str().to_owned())
+            .or_default()
+            .push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+    }
+    let path = parts.uri.path().to_owned();
+    let query = parts.uri.query().map(str::to_owned);
+    let authority = host_value(name, port, true);
+    let snap = callback::RequestSnapshot {
+        method: parts.method.to_string(),
+        url: format!(
+            "https://{authority}{}",
+            parts.uri.path_and_query().map_or("/", |p| p.as_str())
+        ),
+        scheme: "https",
+        host: name.to_owned(),
+        path,
+        query,
+        headers,
+        body_base64: base64::engine::general_purpose::STANDARD.encode(&data),
+        body_truncated: truncated,
+    };
+    let rest = (!ended).then_some(body);
+    let replay = Replay { frames, rest };
+    Ok((Request::from_parts(parts, replay.boxed()), snap))
+}
+
+/// A body read in part: the frames already read, then the rest.
+struct Replay {
+    frames: std::collections::VecDeque<http_body::Frame<Bytes>>,
+    rest: Option<Incoming>,
+}
+
+impl http_body::Body for Replay {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        if let Some(f) = self.frames.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(f)));
+        }
+        match self.rest.as_mut() {
+            Some(rest) => std::pin::Pin::new(rest).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
 }
 
 /// Most of a body the proxy reads to hash it for an AWS signature (when
@@ -501,11 +624,7 @@ fn host_value(name: &str, port: u16, tls: bool) -> String {
 
 /// Origin-form URI, `Host` set when the guest sent none, no hop-by-hop
 /// headers, injected headers replacing the guest's of the same name.
-fn prepare(
-    mut req: Request<Incoming>,
-    inject: &[(String, String)],
-    host: Option<&str>,
-) -> Request<Incoming> {
+fn prepare<B>(mut req: Request<B>, inject: &[(String, String)], host: Option<&str>) -> Request<B> {
     if let Some(v) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
         req.headers_mut().insert(header::HOST, v);
     }

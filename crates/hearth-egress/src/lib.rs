@@ -66,6 +66,19 @@ pub struct EgressSettings {
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
     /// Upstream TCP connect timeout.
     pub connect_timeout: Duration,
+    /// Signs every callback this proxy makes; `None`: callbacks go unsigned
+    /// (a standalone host, whose keys no JWKS publishes).
+    pub callback_signer: Option<CallbackSigner>,
+}
+
+/// The key callbacks are signed with (`X-LangSmith-Signature-JWT`, an
+/// EdDSA JWT LangSmith's `SandboxTokenVerifier` checks against the control
+/// plane's `/.well-known/jwks.json`) and the issuer it names.
+#[derive(Clone, Debug)]
+pub struct CallbackSigner {
+    pub key: Arc<hearth_fence::KeyPair>,
+    /// `iss`: the control plane's public URL.
+    pub issuer: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,8 +159,9 @@ pub(crate) struct Shared {
     sandboxes: Mutex<HashMap<String, Weak<Sandbox>>>,
 }
 
-/// (callback url, host, port).
-pub(crate) type CallbackKey = (String, String, u16);
+/// (callback url, SHA-256 of the body it is sent: host, port, identity
+/// and, for `full_request`, the request).
+pub(crate) type CallbackKey = (String, String);
 /// Headers a callback returned and when they expire.
 pub(crate) type CachedHeaders = (Vec<(String, String)>, Instant);
 
@@ -160,7 +174,7 @@ pub(crate) struct Sandbox {
     pub connections: Arc<Semaphore>,
     pub dns_slots: Arc<Semaphore>,
     dns_names: Mutex<(HashMap<IpAddr, String>, VecDeque<IpAddr>)>,
-    /// (callback url, host, port) → headers and expiry.
+    /// (callback url, body hash) → headers and expiry.
     pub callback_cache: Mutex<HashMap<CallbackKey, CachedHeaders>>,
 }
 

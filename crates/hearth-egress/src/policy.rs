@@ -39,6 +39,10 @@ pub struct Policy {
     pub rules: Vec<HeaderRule>,
     #[serde(default)]
     pub callbacks: Vec<Callback>,
+    /// The workspace the sandbox belongs to, named in the callbacks the
+    /// proxy signs (`identity.tenant_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
 }
 
 /// `access_control`: an allow list or a deny list.
@@ -105,6 +109,9 @@ pub struct Callback {
     /// Sent with the callback POST.
     #[serde(default)]
     pub request_headers: Vec<(String, String)>,
+    /// The request itself goes with the callback's POST (`request`).
+    #[serde(default)]
+    pub full_request: bool,
 }
 
 /// Why a destination is refused; Display is the reason guests read.
@@ -241,12 +248,14 @@ impl Policy {
                 url: cb.url.trim().to_owned(),
                 ttl_seconds,
                 request_headers,
+                full_request: cb.full_request,
             });
         }
         Ok(Policy {
             access,
             rules,
             callbacks,
+            tenant_id: None,
         })
     }
 

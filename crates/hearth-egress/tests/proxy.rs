@@ -163,6 +163,7 @@ impl Drop for Netns {
 struct Seen {
     path: String,
     headers: http::HeaderMap,
+    body: Bytes,
 }
 
 #[derive(Clone, Default)]
@@ -205,12 +206,18 @@ async fn upstream_on(
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                         let (r, reply) = (r.clone(), reply.clone());
                         async move {
+                            let (parts, body) = req.into_parts();
+                            let body = http_body_util::BodyExt::collect(body)
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
                             r.0.lock().unwrap().push(Seen {
-                                path: req.uri().path().to_owned(),
-                                headers: req.headers().clone(),
+                                path: parts.uri.path().to_owned(),
+                                headers: parts.headers.clone(),
+                                body,
                             });
                             let (status, body) =
-                                reply.unwrap_or((200, format!("hello {}", req.uri().path())));
+                                reply.unwrap_or((200, format!("hello {}", parts.uri.path())));
                             let mut resp = http::Response::new(Full::new(Bytes::from(body)));
                             *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
                             Ok::<_, Infallible>(resp)
@@ -319,6 +326,10 @@ async fn world(policy: Policy) -> World {
         allow_private: vec!["127.0.0.1/32".parse().unwrap()],
         hosts,
         connect_timeout: Duration::from_secs(5),
+        callback_signer: Some(hearth_egress::CallbackSigner {
+            key: std::sync::Arc::new(callback_key()),
+            issuer: "http://hearth.test".into(),
+        }),
     })
     .unwrap();
     let proxy_ca = dir.join("proxy-ca.pem");
@@ -665,6 +676,145 @@ async fn callbacks_cached_fail_closed_and_beaten_by_rules() {
     assert_eq!(bad_calls.len(), 1);
     assert_eq!(w.http.len(), 1);
     assert_eq!(w.https.len(), 2);
+}
+
+/// The key the test proxy signs callbacks with.
+fn callback_key() -> hearth_fence::KeyPair {
+    hearth_fence::KeyPair::from_seed(&[9; 32])
+}
+
+/// The claims of a callback's `X-LangSmith-Signature-JWT`, once its
+/// signature verifies with [`callback_key`] and its `kid` names that key.
+fn verified_claims(token: &str) -> serde_json::Value {
+    use base64::Engine;
+    use ed25519_dalek::Verifier;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let parts: Vec<&str> = token.split('.').collect();
+    assert_eq!(parts.len(), 3, "{token}");
+    let header: serde_json::Value = serde_json::from_slice(&b64.decode(parts[0]).unwrap()).unwrap();
+    let key = callback_key();
+    assert_eq!(header["alg"], "EdDSA");
+    assert_eq!(header["kid"], key.id().as_str());
+    let vk = ed25519_dalek::VerifyingKey::from_bytes(&key.public().bytes()).unwrap();
+    let sig = ed25519_dalek::Signature::from_slice(&b64.decode(parts[2]).unwrap()).unwrap();
+    vk.verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &sig)
+        .expect("the signature verifies");
+    serde_json::from_slice(&b64.decode(parts[1]).unwrap()).unwrap()
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b)
+        .as_ref()
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// Each callback is signed (what LangSmith's SDK verifies: EdDSA, `kid`,
+/// `aud` the callback URL, `sub`, `body_sha256` of the exact body, five
+/// minutes) and names the sandbox and workspace; a `full_request`
+/// callback also gets the request as the guest sent it (method, URL,
+/// query, headers, the body's first 64 KiB), is asked again for each
+/// different request, and the upstream still gets the whole body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_are_signed_and_full_request_sends_the_request() {
+    if !net_available() {
+        return;
+    }
+    let (port, calls) = upstream(
+        None,
+        Some((200, r#"{"headers":{"X-Api-Key":"from-callback"}}"#.into())),
+    )
+    .await;
+    let url = format!("http://callback.test:{port}/resolve");
+    let mut cfg = callback_cfg(url.clone());
+    cfg.callbacks[0].full_request = Some(true);
+    let mut p = policy(cfg);
+    p.tenant_id = Some("ws-1".into());
+    let w = world(p).await;
+
+    let big: Vec<u8> = (0..100 * 1024).map(|i| (i % 251) as u8).collect();
+    let file = w.dir.join("big.bin");
+    std::fs::write(&file, &big).unwrap();
+    let data = format!("@{}", file.display());
+    let args = [
+        "-X",
+        "PUT",
+        "-H",
+        "X-Guest: one",
+        "-H",
+        "Content-Type: application/octet-stream",
+        "--data-binary",
+        &data,
+    ];
+    assert_eq!(
+        w.get_https("secure.test", "/up?x=1&y=2", &args).await.0,
+        200
+    );
+    let up = w.https.all();
+    assert_eq!(up.len(), 1);
+    assert_eq!(
+        up[0].body.as_ref(),
+        &big[..],
+        "the upstream gets the whole body"
+    );
+    assert_eq!(up[0].headers["x-api-key"], "from-callback");
+
+    let seen = calls.all();
+    assert_eq!(seen.len(), 1);
+    let claims = verified_claims(
+        seen[0].headers["x-langsmith-signature-jwt"]
+            .to_str()
+            .unwrap(),
+    );
+    assert_eq!(claims["aud"], url.as_str());
+    assert_eq!(claims["iss"], "http://hearth.test");
+    assert_eq!(claims["sub"], "langsmith-sandbox-callback");
+    assert_eq!(claims["body_sha256"], sha256_hex(&seen[0].body).as_str());
+    let (iat, exp) = (
+        claims["iat"].as_u64().unwrap(),
+        claims["exp"].as_u64().unwrap(),
+    );
+    assert_eq!(exp - iat, 300);
+    let body: serde_json::Value = serde_json::from_slice(&seen[0].body).unwrap();
+    assert_eq!(body["host"], "secure.test");
+    assert_eq!(body["port"], w.https_port);
+    assert_eq!(body["identity"]["tenant_id"], "ws-1");
+    assert_eq!(body["identity"]["sandbox_id"], SANDBOX);
+    let r = &body["request"];
+    assert_eq!(r["method"], "PUT");
+    assert_eq!(r["scheme"], "https");
+    assert_eq!(r["host"], "secure.test");
+    assert_eq!(r["path"], "/up");
+    assert_eq!(r["query"], "x=1&y=2");
+    assert_eq!(
+        r["url"],
+        format!("https://secure.test:{}/up?x=1&y=2", w.https_port).as_str()
+    );
+    assert_eq!(r["headers"]["x-guest"], serde_json::json!(["one"]));
+    assert_eq!(r["body_truncated"], true);
+    use base64::Engine;
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(r["body_base64"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(sent, &big[..64 * 1024]);
+
+    // The same request again is answered from the cache; another is asked.
+    assert_eq!(
+        w.get_https("secure.test", "/up?x=1&y=2", &args).await.0,
+        200
+    );
+    assert_eq!(calls.len(), 1);
+    let (status, _) = w.get_https("secure.test", "/small", &["-d", "tiny"]).await;
+    assert_eq!(status, 200);
+    let seen = calls.all();
+    assert_eq!(seen.len(), 2);
+    let body: serde_json::Value = serde_json::from_slice(&seen[1].body).unwrap();
+    assert_eq!(body["request"]["method"], "POST");
+    assert_eq!(body["request"]["body_truncated"], false);
+    assert_eq!(body["request"]["body_base64"], "dGlueQ==");
+    assert!(body["request"].get("query").is_none());
+    assert_eq!(w.https.all()[2].body.as_ref(), b"tiny");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1730,6 +1880,7 @@ async fn held_guest_cannot_reach_private_loopback_link_local_metadata_or_host_ad
         allow_private: vec!["127.0.0.3/32".parse().unwrap()],
         hosts,
         connect_timeout: Duration::from_secs(2),
+        callback_signer: None,
     })
     .unwrap();
     let net = GuestNet::new();

@@ -99,6 +99,10 @@ pub struct CallbackSpec {
     pub ttl_seconds: i64,
     /// Sent with the callback's request.
     pub request_headers: Vec<HeaderSpec>,
+    /// Send the callback the request it is asked about (method, URL,
+    /// headers, the body's first 64 KiB), not only its host and port.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full_request: bool,
 }
 
 impl EgressSpec {

@@ -216,6 +216,7 @@ fn proxy_config() -> Value {
         "rules": [rule("api"), aws_rule()],
         "callbacks": [{
             "match_hosts": ["cb.test"], "url": "https://callback.test/hook", "ttl_seconds": 60,
+            "full_request": true,
             "request_headers": [{"name": "X-Key", "type": "opaque", "value": "k"}],
         }],
         "access_control": {"allow_list": ["api.test", "cb.test"]},
