@@ -6,6 +6,7 @@ Serves, on every address of the namespace:
   :80 HTTP and :443 HTTPS (certificate for every test name, signed by the
   test CA) with
     GET  /echo            JSON {host, path, headers} of the request as received
+    POST /echo            the same, with the body
     GET  /simple/, /simple/hearthdemo/   a PyPI "simple" index
     GET  /packages/hearthdemo-1.0-py3-none-any.whl   a tiny wheel built here
     GET  /bytes?mib=N     N MiB of zeros (throughput benchmark)
@@ -116,8 +117,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        self.record(body)
-        if self.path == "/callback/ok":
+        entry = self.record(body)
+        path = self.path.split("?")[0]
+        if path == "/echo":
+            self.send(200, json.dumps(entry).encode())
+        elif path == "/callback/ok":
             self.send(200, json.dumps({"headers": {"x-callback": "from-callback"}}).encode())
         elif self.path == "/callback/fail":
             self.send(500, b'{"error": "callback says no"}')

@@ -26,7 +26,7 @@ import traceback
 import urllib.error
 import urllib.request
 
-from langsmith.sandbox import SandboxClient, workspace_secret
+from langsmith.sandbox import SandboxClient, SandboxTokenVerificationError, SandboxTokenVerifier, workspace_secret
 
 client = SandboxClient()
 NET_IP = os.environ["NET_IP"]
@@ -315,6 +315,7 @@ def test_callbacks_fail_closed_and_cache_their_headers():
         "callbacks": [
             {"match_hosts": ["cbfail.test"], "url": f"http://{NET_IP}/callback/fail", "ttl_seconds": 60},
             {"match_hosts": ["cbok.test", "static.test"], "url": f"http://{NET_IP}/callback/ok", "ttl_seconds": 60},
+            {"match_hosts": ["cbfull.test"], "url": f"http://{NET_IP}/callback/ok?full", "ttl_seconds": 60, "full_request": True},
         ],
         "rules": [{"name": "static", "match_hosts": ["static.test"], "headers": [{"name": "X-Static", "type": "plaintext", "value": "yes"}]}],
     }
@@ -335,6 +336,36 @@ def test_callbacks_fail_closed_and_cache_their_headers():
     check(len(calls) == 1, f"the callback was called once within its TTL: {len(calls)}")
     code, body = status_of(sb, "https://static.test/echo", True)
     check('"x-static": "yes"' in body and "x-callback" not in body, f"a static rule beats a callback: {body}")
+
+    # Each callback is signed; LangSmith's own verifier checks it against
+    # Hearth's /.well-known/jwks.json (plain HTTP is allowed on loopback).
+    verifier = SandboxTokenVerifier(api_url=os.environ["LANGSMITH_ENDPOINT"])
+    call = calls[0]
+    signature = call["headers"].get("x-langsmith-signature-jwt", "")
+    got = verifier.verify_callback(body=call["body"].encode(), signature=signature, aud=f"http://{NET_IP}/callback/ok")
+    check(got.host == "cbok.test" and got.port == 443, f"the verified callback names the request's host: {got}")
+    check(got.identity.sandbox_id == sb.id, f"and the sandbox: {got.identity} vs {sb.id}")
+    check(got.identity.tenant_id != "" and got.request is None, f"and its workspace, no request: {got}")
+    for what, kwargs in [
+        ("a tampered body", dict(body=call["body"].replace("cbok", "cbno").encode(), signature=signature, aud=f"http://{NET_IP}/callback/ok")),
+        ("another audience", dict(body=call["body"].encode(), signature=signature, aud="https://elsewhere.test/hook")),
+        ("a forged signature", dict(body=call["body"].encode(), signature=signature[:-4] + ("AAAA" if not signature.endswith("AAAA") else "BBBB"), aud=f"http://{NET_IP}/callback/ok")),
+    ]:
+        try:
+            verifier.verify_callback(**kwargs)
+            check(False, f"the SDK's verifier accepts {what}")
+        except SandboxTokenVerificationError as e:
+            log(f"{what} refused: {e}")
+
+    # full_request: the callback is sent the request itself, signed with it.
+    r = run(sb, "curl -s --noproxy '*' --max-time 15 -X POST -H 'X-Guest: g1' --data-binary hello-body 'https://cbfull.test/echo?q=1'")
+    check('"x-callback": "from-callback"' in r.stdout and "hello-body" in r.stdout, f"the full_request callback's header and the body reach the upstream: {r.stdout}")
+    full = [e for e in requests_log()[before:] if e["path"] == "/callback/ok?full"]
+    check(len(full) == 1, f"one full_request callback: {full}")
+    got = verifier.verify_callback(body=full[0]["body"].encode(), signature=full[0]["headers"].get("x-langsmith-signature-jwt", ""), aud=f"http://{NET_IP}/callback/ok?full")
+    req = got.request
+    check(req is not None and req.method == "POST" and req.host == "cbfull.test" and req.path == "/echo" and req.query == "q=1", f"the request as sent: {req}")
+    check(req.body == b"hello-body" and not req.body_truncated and req.headers.get("x-guest") == ["g1"], f"its body and headers: {req}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
 

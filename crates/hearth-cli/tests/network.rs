@@ -29,6 +29,7 @@ const NAMES: &[&str] = &[
     "pypi.test",
     "api.test",
     "cbok.test",
+    "cbfull.test",
     "cbfail.test",
     "static.test",
     "a.glob.test",

@@ -120,7 +120,8 @@ impl Network {
             nft(&name, &ruleset()).await?;
             let netns = Path::new(NETNS_DIR).join(&name);
             let sockets = bind_in(&netns).await?;
-            let attachment = self.egress.attach(&vm.to_string(), policy, sockets)?;
+            // Named as the API names the sandbox (signed callbacks carry it).
+            let attachment = self.egress.attach(&egress_id(vm), policy, sockets)?;
             Ok::<_, NetError>(VmNet {
                 name: name.clone(),
                 netns,
@@ -141,7 +142,7 @@ impl Network {
     /// Applies a new policy to a VM's proxy at once; false if the VM has
     /// no network attached.
     pub fn set_policy(&self, vm: VmId, policy: Policy) -> bool {
-        self.egress.set_policy(&vm.to_string(), policy)
+        self.egress.set_policy(&egress_id(vm), policy)
     }
 
     /// Detaches the proxy and deletes the namespace.
@@ -200,6 +201,13 @@ impl Network {
 }
 
 /// The namespace's nftables rules (see the module docs).
+/// A VM's name in the egress proxy: its id as the API shows a sandbox's
+/// (hyphenated), which signed callbacks carry as `identity.sandbox_id` and
+/// the proxy's log lines name.
+fn egress_id(vm: VmId) -> String {
+    vm.as_uuid().hyphenated().to_string()
+}
+
 fn ruleset() -> String {
     format!(
         "table inet hearth {{
