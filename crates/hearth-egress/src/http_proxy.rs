@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Mutex;
 
 use crate::policy::Policy;
-use crate::{callback, Counters, RouteError, Sandbox};
+use crate::{callback, lock, Counters, RouteError, Sandbox};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 /// (name, port, TLS) of an upstream connection.
@@ -113,6 +113,9 @@ struct Conn {
     sb: Arc<Sandbox>,
     mode: Mode,
     upstream: Mutex<Option<(UpstreamKey, SendRequest<Body>)>>,
+    /// Upgraded connections being spliced; the guest connection's task
+    /// waits for them (so they hold its slot and end with the sandbox).
+    splices: std::sync::Mutex<tokio::task::JoinSet<()>>,
 }
 
 pub async fn serve_http<I>(sb: Arc<Sandbox>, io: I, mode: Mode)
@@ -123,9 +126,11 @@ where
         sb,
         mode,
         upstream: Mutex::new(None),
+        splices: std::sync::Mutex::new(tokio::task::JoinSet::new()),
     });
+    let handler = conn.clone();
     let service = hyper::service::service_fn(move |req| {
-        let conn = conn.clone();
+        let conn = handler.clone();
         async move { Ok::<_, Infallible>(conn.handle(req).await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -134,9 +139,33 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(60))
         .keep_alive(true);
-    if let Err(e) = builder.serve_connection(TokioIo::new(io), service).await {
+    if let Err(e) = builder
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades()
+        .await
+    {
         tracing::debug!(error = %e, "guest HTTP connection ended");
     }
+    let mut splices = std::mem::take(&mut *lock(&conn.splices));
+    while splices.join_next().await.is_some() {}
+}
+
+/// Joins an upgraded guest connection and its upstream until either ends.
+async fn splice(
+    guest: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+) -> Result<(), String> {
+    let (guest, upstream) = tokio::join!(guest, upstream);
+    let mut guest = TokioIo::new(guest.map_err(|e| format!("guest upgrade: {e}"))?);
+    let mut upstream = TokioIo::new(upstream.map_err(|e| format!("upstream upgrade: {e}"))?);
+    tokio::io::copy_bidirectional(&mut guest, &mut upstream)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+fn empty() -> Body {
+    Full::new(Bytes::new()).map_err(|n| match n {}).boxed()
 }
 
 fn text(status: StatusCode, body: String) -> Response<Body> {
@@ -210,12 +239,6 @@ impl Conn {
                 );
             }
         };
-        if req.headers().contains_key(header::UPGRADE) {
-            return text(
-                StatusCode::NOT_IMPLEMENTED,
-                "Hearth egress proxy: protocol upgrades (WebSocket) are not supported through the proxy yet\n".into(),
-            );
-        }
         // Read at every request, so a new policy applies on kept-alive connections.
         let policy = sb.policy();
         let addrs = match sb.route(&policy, &name, port).await {
@@ -278,7 +301,18 @@ impl Conn {
             .rule_for(&name, req.uri().path(), req.headers())
             .and_then(|r| r.aws.clone())
             .filter(|_| tls);
+        // An upgrade (WebSocket): the handshake is a request like any other
+        // (policy, rules, callbacks); once the upstream answers 101 both
+        // sides are spliced.
+        let upgrade = req.headers().get(header::UPGRADE).cloned();
+        let mut req = req;
+        let guest_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let mut req = prepare(req, &inject, host.as_deref());
+        if let Some(proto) = upgrade {
+            req.headers_mut().insert(header::UPGRADE, proto);
+            req.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
         if let Some(keys) = aws {
             req = match resign_aws(req, &keys).await {
                 Ok(r) => r,
@@ -286,7 +320,19 @@ impl Conn {
             };
         }
         match self.send(req, (name.clone(), port, tls), &addrs).await {
-            Ok(resp) => resp.map(|b| b.boxed()),
+            Ok(mut resp) => match guest_upgrade {
+                Some(guest) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                    let upstream = hyper::upgrade::on(&mut resp);
+                    let id = sb.id.clone();
+                    lock(&self.splices).spawn(async move {
+                        if let Err(e) = splice(guest, upstream).await {
+                            tracing::debug!(sandbox = %id, error = %e, "upgraded connection ended");
+                        }
+                    });
+                    resp.map(|_| empty())
+                }
+                _ => resp.map(|b| b.boxed()),
+            },
             Err(e) => text(
                 StatusCode::BAD_GATEWAY,
                 format!("Hearth egress proxy: upstream {name:?} failed: {e}\n"),
@@ -435,7 +481,7 @@ where
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "upstream HTTP connection ended");
         }
     });

@@ -202,10 +202,15 @@ async fn upstream_on(
             let (tcp, _) = listener.accept().await.unwrap();
             let (r, tls, reply) = (r.clone(), tls.clone(), reply.clone());
             tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let svc = hyper::service::service_fn(
+                    move |mut req: http::Request<hyper::body::Incoming>| {
                         let (r, reply) = (r.clone(), reply.clone());
                         async move {
+                            // An upgrade is answered 101, then echoes what it reads.
+                            let upgrade = req
+                                .headers()
+                                .contains_key("upgrade")
+                                .then(|| hyper::upgrade::on(&mut req));
                             let (parts, body) = req.into_parts();
                             let body = http_body_util::BodyExt::collect(body)
                                 .await
@@ -216,22 +221,44 @@ async fn upstream_on(
                                 headers: parts.headers.clone(),
                                 body,
                             });
+                            if let Some(on) = upgrade {
+                                tokio::spawn(async move {
+                                    if let Ok(io) = on.await {
+                                        let (mut rd, mut wr) = tokio::io::split(TokioIo::new(io));
+                                        let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                                    }
+                                });
+                                let mut resp = http::Response::new(Full::new(Bytes::new()));
+                                *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+                                resp.headers_mut()
+                                    .insert("upgrade", "websocket".parse().unwrap());
+                                resp.headers_mut()
+                                    .insert("connection", "Upgrade".parse().unwrap());
+                                return Ok::<_, Infallible>(resp);
+                            }
                             let (status, body) =
                                 reply.unwrap_or((200, format!("hello {}", parts.uri.path())));
                             let mut resp = http::Response::new(Full::new(Bytes::from(body)));
                             *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
                             Ok::<_, Infallible>(resp)
                         }
-                    });
+                    },
+                );
                 let builder = hyper::server::conn::http1::Builder::new();
                 match tls {
                     Some(cfg) => {
                         if let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await {
-                            let _ = builder.serve_connection(TokioIo::new(s), svc).await;
+                            let _ = builder
+                                .serve_connection(TokioIo::new(s), svc)
+                                .with_upgrades()
+                                .await;
                         }
                     }
                     None => {
-                        let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
+                        let _ = builder
+                            .serve_connection(TokioIo::new(tcp), svc)
+                            .with_upgrades()
+                            .await;
                     }
                 }
             });
@@ -815,6 +842,94 @@ async fn callbacks_are_signed_and_full_request_sends_the_request() {
     assert_eq!(body["request"]["body_base64"], "dGlueQ==");
     assert!(body["request"].get("query").is_none());
     assert_eq!(w.https.all()[2].body.as_ref(), b"tiny");
+}
+
+/// A WebSocket-style upgrade from the guest, over the named connection
+/// `scheme` (`https` intercepted, `http` transparent): the handshake's
+/// answer head and what the upstream echoed after the 101.
+fn upgrade_in_netns(w: &World, scheme: &str, payload: &str) -> String {
+    let (port, tls) = match scheme {
+        "https" => (w.https_port, true),
+        _ => (w.http_port, false),
+    };
+    let script = format!(
+        r#"
+import socket, ssl
+s = socket.create_connection(("192.0.2.10", {port}), timeout=10)
+if {tls}:
+    s = ssl.create_default_context(cafile="{ca}").wrap_socket(s, server_hostname="secure.test")
+s.sendall(b"GET /ws HTTP/1.1\r\nHost: secure.test:{port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+head = b""
+while b"\r\n\r\n" not in head:
+    c = s.recv(1)
+    if not c:
+        break
+    head += c
+print(head.decode().split("\r\n")[0])
+s.sendall(b"{payload}")
+got = b""
+while len(got) < len(b"{payload}"):
+    c = s.recv(4096)
+    if not c:
+        break
+    got += c
+print(got.decode())
+"#,
+        tls = if tls { "True" } else { "False" },
+        ca = w.proxy_ca.display(),
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &w.ns.name, "python3", "-c", &script])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// WebSocket (any `Upgrade`) through an intercepted TLS connection: the
+/// handshake gets the header rule's headers, the upstream's 101 reaches the
+/// guest, and then bytes flow both ways; over plain HTTP the same, with
+/// only the rule's plaintext values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_pass_through_with_the_rules_headers_on_the_handshake() {
+    if !net_available() {
+        return;
+    }
+    let w = world(policy(secret_rule_cfg())).await;
+    let w = Arc::new(w);
+    let ww = w.clone();
+    let out = tokio::task::spawn_blocking(move || upgrade_in_netns(&ww, "https", "ping-over-tls"))
+        .await
+        .unwrap();
+    assert_eq!(
+        out, "HTTP/1.1 101 Switching Protocols\nping-over-tls\n",
+        "{out}"
+    );
+    let seen = w.https.all();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].path, "/ws");
+    assert_eq!(seen[0].headers["authorization"], "Bearer s3cret");
+    assert_eq!(seen[0].headers["x-plain"], "p");
+    assert_eq!(seen[0].headers["upgrade"], "websocket");
+    assert_eq!(
+        seen[0].headers["sec-websocket-key"],
+        "dGhlIHNhbXBsZSBub25jZQ=="
+    );
+
+    let ww = w.clone();
+    let out = tokio::task::spawn_blocking(move || upgrade_in_netns(&ww, "http", "ping-in-clear"))
+        .await
+        .unwrap();
+    assert_eq!(
+        out, "HTTP/1.1 101 Switching Protocols\nping-in-clear\n",
+        "{out}"
+    );
+    let seen = w.http.all();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers["x-plain"], "p");
+    assert!(
+        !seen[0].headers.contains_key("authorization"),
+        "no secret in clear text"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
