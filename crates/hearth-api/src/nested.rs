@@ -11,7 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hearth_types::egress::{
-    AccessSpec, AwsSpec, CallbackSpec, EgressSpec, HeaderSpec, RuleSpec, SecretValue,
+    AccessSpec, AwsSpec, CallbackSpec, Credentials, EgressSpec, HeaderSpec, RewriteSpec, RuleSpec,
+    SecretValue,
 };
 use hearth_types::sandbox::RunSpec;
 use serde::{Deserialize, Serialize};
@@ -425,17 +426,24 @@ pub enum SecretKind {
     WorkspaceSecret,
 }
 
-/// Where a rule re-routes matching requests.
+/// Where a rule re-routes matching requests: to `https://host:port`, the
+/// path and query kept, with the rule's headers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyRewrite {
+    /// The HTTPS host requests are sent to (its certificate is checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// Its port (required).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// Another sandbox: refused (Hearth has no sandbox links).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
-    /// `strip` removes the sandbox's credentials from the request.
+    /// The credential headers the sandbox sent (`Authorization`,
+    /// `Proxy-Authorization`, `Cookie`, API-key headers): `strip` (the
+    /// default) removes them, `redact` keeps each with its value
+    /// `redacted` (after an auth scheme), `keep` forwards them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<String>,
 }
@@ -596,6 +604,15 @@ impl ProxyConfig {
                             .map(ProxySecret::to_value)
                             .unwrap_or(SecretValue::Sealed(String::new())),
                     }),
+                    rewrite: r.rewrite.as_ref().map(|rw| RewriteSpec {
+                        host: rw.host.clone().unwrap_or_default().trim().to_owned(),
+                        port: rw.port.unwrap_or_default(),
+                        credentials: match rw.credentials.as_deref() {
+                            Some("redact") => Credentials::Redact,
+                            Some("keep") => Credentials::Keep,
+                            _ => Credentials::Strip,
+                        },
+                    }),
                 })
                 .collect(),
             callbacks: self
@@ -645,6 +662,19 @@ impl ProxyConfig {
                         access_key_id: Some(ProxySecret::from_value(&a.access_key_id)),
                         secret_access_key: Some(ProxySecret::from_value(&a.secret_access_key)),
                         ..ProxyAws::default()
+                    }),
+                    rewrite: r.rewrite.as_ref().map(|rw| ProxyRewrite {
+                        host: Some(rw.host.clone()),
+                        port: Some(rw.port),
+                        sandbox: None,
+                        credentials: Some(
+                            match rw.credentials {
+                                Credentials::Strip => "strip",
+                                Credentials::Redact => "redact",
+                                Credentials::Keep => "keep",
+                            }
+                            .to_owned(),
+                        ),
                     }),
                     ..ProxyRule::default()
                 })
@@ -807,6 +837,12 @@ impl ProxyRule {
         };
         if let Some(aws) = &self.aws {
             aws.check(&format!("{at}.aws"))?;
+            if self.rewrite.is_some() {
+                return refuse(
+                    "rewrite",
+                    "an aws rule signs requests for the host they name; it cannot also rewrite them",
+                );
+            }
             if !matches!(self.kind.as_deref(), None | Some("aws")) {
                 return refuse("type", "a rule with aws credentials is of type aws");
             }
@@ -829,8 +865,27 @@ impl ProxyRule {
         if self.relay_id.is_some() {
             return refuse("relay_id", "relays are not supported by Hearth");
         }
-        if self.rewrite.is_some() {
-            return refuse("rewrite", "rewrite rules are not supported by Hearth yet");
+        if let Some(rw) = &self.rewrite {
+            if rw.sandbox.is_some() {
+                return refuse(
+                    "rewrite.sandbox",
+                    "rewriting to another sandbox is not supported (it needs sandbox links, which Hearth does not have); rewrite to an HTTPS host",
+                );
+            }
+            if rw.host.as_deref().is_none_or(|h| h.trim().is_empty()) {
+                return refuse(
+                    "rewrite.host",
+                    "is required (the HTTPS host requests are sent to)",
+                );
+            }
+            if rw.port.is_none_or(|p| p == 0) {
+                return refuse("rewrite.port", "is required, 1-65535");
+            }
+            if let Some(c) = &rw.credentials {
+                if !matches!(c.as_str(), "strip" | "redact" | "keep") {
+                    return refuse("rewrite.credentials", "must be strip, redact or keep");
+                }
+            }
         }
         match self.kind.as_deref() {
             None | Some("") | Some("headers") => {}

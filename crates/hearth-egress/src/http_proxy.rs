@@ -241,7 +241,20 @@ impl Conn {
         };
         // Read at every request, so a new policy applies on kept-alive connections.
         let policy = sb.policy();
-        let addrs = match sb.route(&policy, &name, port).await {
+        // A rewrite rule sends the request to its own HTTPS destination:
+        // the name the guest asked for must pass access control, the
+        // destination the private-address gate.
+        let rewrite = policy
+            .rule_for(&name, req.uri().path(), req.headers())
+            .and_then(|r| r.rewrite.clone());
+        let routed = match &rewrite {
+            None => sb.route(&policy, &name, port).await,
+            Some(rw) => match policy.name_verdict(&name) {
+                crate::policy::NameVerdict::Refused(r) => Err(RouteError::Refused(r)),
+                _ => sb.route_rewrite(&rw.host, rw.port).await,
+            },
+        };
+        let addrs = match routed {
             Ok(a) => a,
             Err(RouteError::Refused(r)) => {
                 Counters::inc(&sb.counters.connections_refused);
@@ -282,7 +295,15 @@ impl Conn {
             (req.map(BodyExt::boxed), None)
         };
         let inject = match self
-            .injected(&policy, &name, port, tls, &req, snapshot.as_ref())
+            // A rewrite's upstream is always TLS.
+            .injected(
+                &policy,
+                &name,
+                port,
+                tls || rewrite.is_some(),
+                &req,
+                snapshot.as_ref(),
+            )
             .await
         {
             Ok(h) => h,
@@ -307,6 +328,14 @@ impl Conn {
         let upgrade = req.headers().get(header::UPGRADE).cloned();
         let mut req = req;
         let guest_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
+        let (name, port, tls, host) = match &rewrite {
+            Some(rw) => {
+                rw.treat_credentials(req.headers_mut());
+                let host = host_value(&rw.host, rw.port, true);
+                (rw.host.clone(), rw.port, true, Some(host))
+            }
+            None => (name, port, tls, host),
+        };
         let mut req = prepare(req, &inject, host.as_deref());
         if let Some(proto) = upgrade {
             req.headers_mut().insert(header::UPGRADE, proto);

@@ -248,6 +248,36 @@ impl Sandbox {
         }
     }
 
+    /// Resolves a rewrite rule's destination and keeps the addresses the
+    /// private-address gate passes (the rule, not the guest, names it, so
+    /// access control does not apply).
+    pub async fn route_rewrite(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, RouteError> {
+        let addrs = self.shared.resolve(host, port).await?;
+        let mut refused = None;
+        let ok: Vec<SocketAddr> = addrs
+            .into_iter()
+            .filter(|a| {
+                let private = self.shared.gate.refuses(a.ip());
+                if private {
+                    refused.get_or_insert(a.ip());
+                }
+                !private
+            })
+            .collect();
+        match (ok.is_empty(), refused) {
+            (false, _) => Ok(ok),
+            (true, Some(ip)) => Err(RouteError::Refused(Refusal::Private {
+                host: host.to_owned(),
+                ip,
+            })),
+            (true, None) => Err(RouteError::Unresolved(host.to_owned())),
+        }
+    }
+
     /// Access control and the private gate for a connection to `ip`.
     pub fn check_ip(&self, policy: &Policy, name: Option<&str>, ip: IpAddr) -> Result<(), Refusal> {
         policy.check(name, ip)?;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use hearth_types::egress::{AccessSpec, EgressSpec, HeaderSpec, SecretValue};
+use hearth_types::egress::{AccessSpec, Credentials, EgressSpec, HeaderSpec, SecretValue};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +79,66 @@ pub struct HeaderRule {
     /// TLS, like every secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsKeys>,
+    /// Send matching requests to `https://host:port` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<Rewrite>,
+}
+
+/// A rewrite rule's destination (always HTTPS, its certificate checked)
+/// and what happens to the guest's credential headers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rewrite {
+    pub host: String,
+    pub port: u16,
+    pub credentials: Credentials,
+}
+
+/// The headers a rewrite's `credentials` treats as the guest's credentials.
+pub const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+    "x-goog-api-key",
+    "x-amz-security-token",
+];
+
+impl Rewrite {
+    /// Applies `credentials` to the guest's headers.
+    pub fn treat_credentials(&self, headers: &mut HeaderMap) {
+        for name in CREDENTIAL_HEADERS {
+            match self.credentials {
+                Credentials::Keep => {}
+                Credentials::Strip => {
+                    headers.remove(*name);
+                }
+                Credentials::Redact => {
+                    let redacted: Vec<HeaderValue> = headers
+                        .get_all(*name)
+                        .iter()
+                        .map(|v| {
+                            let text = String::from_utf8_lossy(v.as_bytes());
+                            let value = match text.split_once(' ') {
+                                // An auth scheme (`Bearer`, `Basic`) is kept.
+                                Some((scheme, _)) if !scheme.is_empty() && *name != "cookie" => {
+                                    format!("{scheme} redacted")
+                                }
+                                _ => "redacted".to_owned(),
+                            };
+                            HeaderValue::from_str(&value)
+                                .unwrap_or(HeaderValue::from_static("redacted"))
+                        })
+                        .collect();
+                    headers.remove(*name);
+                    for v in redacted {
+                        headers.append(*name, v);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// An AWS rule's static keys, resolved.
@@ -191,6 +251,29 @@ impl Policy {
                     })
                 }
             };
+            let rewrite = match &rule.rewrite {
+                None => None,
+                Some(rw) => {
+                    let host = rw.host.trim().trim_matches(['[', ']']);
+                    let host = crate::pattern::parse_ip(host)
+                        .map(|ip| ip.to_string())
+                        .or_else(|| normalize_name(host))
+                        .ok_or_else(|| {
+                            err(
+                                format!("{at}.rewrite.host"),
+                                "must be a host name or IP address (no scheme, port or path)",
+                            )
+                        })?;
+                    if rw.port == 0 {
+                        return Err(err(format!("{at}.rewrite.port"), "must be 1-65535"));
+                    }
+                    Some(Rewrite {
+                        host,
+                        port: rw.port,
+                        credentials: rw.credentials,
+                    })
+                }
+            };
             for (j, g) in rule.match_paths.iter().enumerate() {
                 check_path_glob(g).map_err(|m| err(format!("{at}.match_paths[{j}]"), m))?;
             }
@@ -227,6 +310,7 @@ impl Policy {
                 headers,
                 plaintext_headers,
                 aws,
+                rewrite,
             });
         }
         let mut callbacks = Vec::new();
@@ -376,6 +460,18 @@ pub fn validate_spec(spec: &EgressSpec, allow_private: &[ipnet::IpNet]) -> Resul
         })
     };
     let policy = Policy::from_spec(spec, &mut placeholder)?;
+    for (i, rule) in spec.rules.iter().enumerate() {
+        let Some(rw) = &rule.rewrite else { continue };
+        if let Some(ip) = crate::private::refused_on_its_face(rw.host.trim(), allow_private) {
+            return Err(err(
+                format!("rules[{i}].rewrite.host"),
+                format!(
+                    "names a private address ({ip}); a rewrite reaches only public addresses \
+                     and the networks the operator allows ([network] allow_private)"
+                ),
+            ));
+        }
+    }
     for (i, cb) in policy.callbacks.iter().enumerate() {
         let host = cb
             .url
@@ -679,6 +775,79 @@ mod tests {
         assert!(validate_config(&callback_cfg(&["http://10.0.0.1:8080/"]), &allow).is_ok());
         assert!(validate_config(&callback_cfg(&["http://localhost:8080/"]), &allow).is_ok());
         assert!(validate_config(&callback_cfg(&["http://169.254.169.254/"]), &allow).is_err());
+    }
+
+    /// A rewrite's destination is a host name or address (no URL), on a
+    /// real port, and not private on its face unless the operator allows it.
+    #[test]
+    fn rewrite_destinations_are_checked() {
+        let cfg = |host: &str, port: u16| ProxyConfig {
+            rules: vec![ProxyRule {
+                name: "gw".into(),
+                match_hosts: vec!["api.example.com".into()],
+                rewrite: Some(hearth_api::nested::ProxyRewrite {
+                    host: Some(host.into()),
+                    port: Some(port),
+                    sandbox: None,
+                    credentials: None,
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(validate_config(&cfg("gateway.example.com", 8443), &[]).is_ok());
+        for (host, port, field) in [
+            ("https://gateway.example.com", 443, "rules[0].rewrite.host"),
+            ("gateway.example.com/v1", 443, "rules[0].rewrite.host"),
+            ("gateway.example.com", 0, "rules[0].rewrite.port"),
+            ("127.0.0.1", 443, "rules[0].rewrite.host"),
+            ("localhost", 443, "rules[0].rewrite.host"),
+            ("169.254.169.254", 443, "rules[0].rewrite.host"),
+        ] {
+            let e = validate_config(&cfg(host, port), &[]).unwrap_err();
+            assert_eq!(e.field, field, "{host}:{port}: {e}");
+        }
+        let allow: Vec<ipnet::IpNet> = vec!["127.0.0.1/32".parse().unwrap()];
+        assert!(validate_config(&cfg("127.0.0.1", 443), &allow).is_ok());
+        // Stored with its credentials treatment, `strip` by default.
+        let spec = cfg("gateway.example.com", 8443).to_spec();
+        let rw = spec.rules[0].rewrite.as_ref().unwrap();
+        assert_eq!(rw.credentials, Credentials::Strip);
+        assert_eq!(
+            ProxyConfig::from_spec(&spec).rules[0]
+                .rewrite
+                .as_ref()
+                .unwrap()
+                .credentials
+                .as_deref(),
+            Some("strip")
+        );
+    }
+
+    #[test]
+    fn a_redacted_credential_keeps_its_scheme() {
+        let rw = Rewrite {
+            host: "h".into(),
+            port: 443,
+            credentials: Credentials::Redact,
+        };
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_static("Bearer abc"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        h.insert("cookie", HeaderValue::from_static("a=b; c=d"));
+        h.insert("x-other", HeaderValue::from_static("o"));
+        rw.treat_credentials(&mut h);
+        assert_eq!(h["authorization"], "Bearer redacted");
+        assert_eq!(h["x-api-key"], "redacted");
+        assert_eq!(h["cookie"], "redacted");
+        assert_eq!(h["x-other"], "o");
+        let strip = Rewrite {
+            credentials: Credentials::Strip,
+            ..rw
+        };
+        strip.treat_credentials(&mut h);
+        assert!(!h.contains_key("authorization") && !h.contains_key("cookie"));
+        assert_eq!(h["x-other"], "o");
     }
 
     /// Security review (issue 16), finding 2: only `plaintext` values may be

@@ -844,6 +844,99 @@ async fn callbacks_are_signed_and_full_request_sends_the_request() {
     assert_eq!(w.https.all()[2].body.as_ref(), b"tiny");
 }
 
+/// A rewrite rule sends what it matches to its HTTPS destination (path and
+/// query kept, `Host` the destination's) with its own headers, whatever
+/// the guest connected to; the guest's credential headers are stripped or
+/// redacted as the rule says; a destination the private gate refuses is a
+/// 403, and a guest request the access list refuses never goes anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrite_rules_send_requests_to_their_https_destination() {
+    if !net_available() {
+        return;
+    }
+    let rewrite_rule =
+        |name: &str, host: &str, from: &str, port: u16, credentials: &str| ProxyRule {
+            name: name.into(),
+            match_hosts: vec![from.into()],
+            headers: vec![secret("x-gateway-key", "gw-secret")],
+            rewrite: Some(hearth_api::nested::ProxyRewrite {
+                host: Some(host.into()),
+                port: Some(port),
+                sandbox: None,
+                credentials: Some(credentials.into()),
+            }),
+            ..Default::default()
+        };
+    // The https upstream's port is only known once the world is up.
+    let w = world(Policy::default()).await;
+    let cfg = ProxyConfig {
+        rules: vec![
+            rewrite_rule("gw", "secure.test", "plain.test", w.https_port, "strip"),
+            rewrite_rule("gw2", "secure.test", "api.ok.test", w.https_port, "redact"),
+            rewrite_rule("bad", "private.test", "evil.test", w.https_port, "keep"),
+            rewrite_rule(
+                "denied",
+                "secure.test",
+                "api7.re.test",
+                w.https_port,
+                "keep",
+            ),
+        ],
+        access_control: Some(AccessControl {
+            allow_list: None,
+            deny_list: Some(vec!["api7.re.test".into()]),
+        }),
+        ..Default::default()
+    };
+    assert!(w.egress.set_policy(SANDBOX, policy(cfg)));
+    let creds = [
+        "-H",
+        "Authorization: Bearer guest-token",
+        "-H",
+        "Cookie: session=abc",
+        "-H",
+        "X-Other: kept",
+    ];
+    // Plain HTTP from the guest; TLS to the destination.
+    let (status, body) = w.get_http("plain.test", "/v1/models?limit=2", &creds).await;
+    assert_eq!((status, body.as_str()), (200, "hello /v1/models"));
+    assert_eq!(w.http.len(), 0, "nothing reached plain.test");
+    let seen = w.https.all();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].headers["host"],
+        format!("secure.test:{}", w.https_port).as_str()
+    );
+    assert_eq!(seen[0].headers["x-gateway-key"], "gw-secret");
+    assert_eq!(seen[0].headers["x-other"], "kept");
+    assert!(
+        !seen[0].headers.contains_key("authorization"),
+        "{:?}",
+        seen[0].headers
+    );
+    assert!(!seen[0].headers.contains_key("cookie"));
+
+    // Intercepted TLS from the guest, credentials redacted.
+    let (status, _) = w.get_https("api.ok.test", "/r", &creds).await;
+    assert_eq!(status, 200);
+    let seen = w.https.all();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].path, "/r");
+    assert_eq!(seen[1].headers["authorization"], "Bearer redacted");
+    assert_eq!(seen[1].headers["cookie"], "redacted");
+    assert_eq!(seen[1].headers["x-gateway-key"], "gw-secret");
+
+    // A destination the private gate refuses (127.0.0.2 is not allowed).
+    let (status, body) = w.get_http("evil.test", "/x", &[]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("private address"), "{body}");
+    // A name the guest may not reach is refused before any rule sends it on.
+    let (status, body) = w.get_http("api7.re.test", "/x", &[]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("deny_list"), "{body}");
+    assert_eq!(w.https.len(), 2);
+}
+
 /// A WebSocket-style upgrade from the guest, over the named connection
 /// `scheme` (`https` intercepted, `http` transparent): the handshake's
 /// answer head and what the upstream echoed after the 101.

@@ -53,6 +53,33 @@ pub struct RuleSpec {
     /// adding headers; `match_hosts` empty = AWS's own hosts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsSpec>,
+    /// Send matching requests to another HTTPS destination instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<RewriteSpec>,
+}
+
+/// Where a rewrite rule sends the requests it matches: `https://host:port`
+/// (the path and query kept), with the rule's headers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewriteSpec {
+    pub host: String,
+    pub port: u16,
+    pub credentials: Credentials,
+}
+
+/// What a rewrite does with the credential headers the guest sent
+/// (`Authorization`, `Proxy-Authorization`, `Cookie`, API-key headers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Credentials {
+    /// Removed.
+    #[default]
+    Strip,
+    /// Kept with the value replaced by `redacted` (after an auth scheme).
+    Redact,
+    /// Forwarded unchanged.
+    Keep,
 }
 
 /// Static AWS credentials a rule signs with.

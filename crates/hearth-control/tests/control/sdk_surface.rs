@@ -213,7 +213,11 @@ fn aws_rule() -> Value {
 fn proxy_config() -> Value {
     json!({
         "description": "what the sandbox may reach",
-        "rules": [rule("api"), aws_rule()],
+        "rules": [rule("api"), aws_rule(), {
+            "name": "gateway", "match_hosts": ["llm.test"],
+            "headers": [{"name": "X-Gateway-Key", "type": "opaque", "value": "g"}],
+            "rewrite": {"host": "gateway.test", "port": 8443, "credentials": "redact"},
+        }],
         "callbacks": [{
             "match_hosts": ["cb.test"], "url": "https://callback.test/hook", "ttl_seconds": 60,
             "full_request": true,
