@@ -10,23 +10,15 @@
 //! `SandboxTokenVerifier.verify_callback` checks it, so a callback endpoint
 //! knows the request came from Hearth about this sandbox and workspace.
 //!
-//! The host agent makes these requests, to a URL the tenant chose, so they
-//! pass the same private-address gate as guest traffic: the name is
-//! resolved, every address is checked, and only a checked address is
-//! connected to (a name that resolves to a public address at create time
-//! and to the metadata address now is refused). The answer is bounded (a
-//! total timeout, a head and a body cap), and its details (status, connect
-//! error, refusal) go to the host's log only: the guest learns "callback
-//! failed", never what answered where, so callbacks cannot probe networks.
+//! The host agent makes these requests, to a URL the tenant chose, through
+//! [`crate::outbound`] (the private-address gate, bounded answers), within
+//! a total timeout; the details of a failure go to the host's log only: the
+//! guest learns "callback failed", never what answered where.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
+use http::{HeaderName, HeaderValue, StatusCode};
 
 use crate::policy::{Callback, Policy};
 use crate::{lock, Sandbox};
@@ -86,40 +78,13 @@ struct Claims<'a> {
 
 /// The whole call: resolve, connect, TLS, request and answer.
 const TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest answer body read.
-const MAX_BODY: usize = 64 * 1024;
-/// Largest answer head buffered (hyper's minimum is 8 KiB).
-const MAX_HEAD: usize = 16 * 1024;
-
 /// Why a callback gave no headers; for the host's log, never the guest.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CallbackError {
-    #[error("callback URL {url:?} is not an absolute http(s) URL")]
-    BadUrl { url: String },
-    #[error("cannot resolve the callback host {host:?}")]
-    Unresolved { host: String },
-    #[error("callback host {host:?} is a private address ({ip}) the operator did not allow")]
-    Private { host: String, ip: std::net::IpAddr },
-    #[error("connect to the callback host {host:?}")]
-    Connect {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("TLS with the callback host {host:?}")]
-    Tls {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("callback HTTP exchange")]
-    Http(#[source] hyper::Error),
-    #[error("build the callback request")]
-    Request(#[source] http::Error),
+    #[error("the callback request")]
+    Outbound(#[from] crate::outbound::OutboundError),
     #[error("the callback answered {0}")]
     Status(StatusCode),
-    #[error("read the callback's answer (at most {MAX_BODY} bytes)")]
-    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("the callback's answer is invalid: {0}")]
     Answer(String),
     #[error("the callback took longer than {TIMEOUT:?}")]
@@ -211,113 +176,18 @@ async fn call(
     body: Vec<u8>,
     signature: Option<String>,
 ) -> Result<Vec<(String, String)>, CallbackError> {
-    let bad_url = || CallbackError::BadUrl {
-        url: cb.url.clone(),
-    };
-    let uri: Uri = cb.url.parse().map_err(|_| bad_url())?;
-    let tls = uri.scheme_str() == Some("https");
-    let cb_host = uri
-        .host()
-        .ok_or_else(bad_url)?
-        .trim_matches(['[', ']'])
-        .to_owned();
-    let cb_port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    let resolved =
-        sb.shared
-            .resolve(&cb_host, cb_port)
-            .await
-            .map_err(|_| CallbackError::Unresolved {
-                host: cb_host.clone(),
-            })?;
-    // Every address is checked; only checked ones are connected to.
-    let mut refused = None;
-    let addrs: Vec<_> = resolved
-        .into_iter()
-        .filter(|a| {
-            let private = sb.shared.gate.refuses(a.ip());
-            if private {
-                refused.get_or_insert(a.ip());
-            }
-            !private
-        })
-        .collect();
-    if addrs.is_empty() {
-        return Err(match refused {
-            Some(ip) => CallbackError::Private { host: cb_host, ip },
-            None => CallbackError::Unresolved { host: cb_host },
-        });
-    }
-    let tcp = sb
-        .shared
-        .connect(&addrs)
-        .await
-        .map_err(|source| CallbackError::Connect {
-            host: cb_host.clone(),
-            source,
-        })?;
-    let mut req = Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
-        .header(
-            header::HOST,
-            uri.authority().map_or(cb_host.as_str(), |a| a.as_str()),
-        )
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(CallbackError::Request)?;
-    for (name, value) in &cb.request_headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            req.headers_mut().insert(n, v);
-        }
-    }
+    let mut headers = cb.request_headers.clone();
     // After the tenant's headers, so none can stand in for it.
-    if let Some(v) = signature.and_then(|s| HeaderValue::from_str(&s).ok()) {
-        req.headers_mut().insert(SIGNATURE_HEADER, v);
+    if let Some(s) = signature {
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(SIGNATURE_HEADER));
+        headers.push((SIGNATURE_HEADER.to_owned(), s));
     }
-    let (status, body) = if tls {
-        let name = ServerName::try_from(cb_host.clone()).map_err(|_| bad_url())?;
-        let connector = tokio_rustls::TlsConnector::from(sb.shared.client_tls.clone());
-        let stream = connector
-            .connect(name, tcp)
-            .await
-            .map_err(|source| CallbackError::Tls {
-                host: cb_host.clone(),
-                source,
-            })?;
-        send(stream, req).await?
-    } else {
-        send(tcp, req).await?
-    };
+    let (status, answer) =
+        crate::outbound::post(sb, &cb.url, "application/json", &headers, body).await?;
     if !status.is_success() {
         return Err(CallbackError::Status(status));
     }
-    parse(&body).map_err(CallbackError::Answer)
-}
-
-async fn send<I>(io: I, req: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), CallbackError>
-where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-        .max_buf_size(MAX_HEAD)
-        .handshake(TokioIo::new(io))
-        .await
-        .map_err(CallbackError::Http)?;
-    let driver = tokio::spawn(conn);
-    let out = match sender.send_request(req).await {
-        Ok(resp) => {
-            let status = resp.status();
-            Limited::new(resp.into_body(), MAX_BODY)
-                .collect()
-                .await
-                .map(|c| (status, c.to_bytes()))
-                .map_err(CallbackError::Body)
-        }
-        Err(e) => Err(CallbackError::Http(e)),
-    };
-    driver.abort();
-    out
+    parse(&answer).map_err(CallbackError::Answer)
 }
 
 /// `{"headers": {"name": "value", ...}}` with valid names and values.

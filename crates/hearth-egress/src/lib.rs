@@ -35,6 +35,7 @@ mod callback;
 mod dns;
 mod http_proxy;
 mod io;
+mod outbound;
 pub mod pattern;
 pub mod policy;
 pub mod private;
