@@ -10,6 +10,7 @@ Serves, on every address of the namespace:
     GET  /simple/, /simple/hearthdemo/   a PyPI "simple" index
     GET  /packages/hearthdemo-1.0-py3-none-any.whl   a tiny wheel built here
     GET  /bytes?mib=N     N MiB of zeros (throughput benchmark)
+    POST /token           an OAuth token endpoint: {"access_token": "ya29.inet-<n>"}
     POST /callback/ok     {"headers": {"x-callback": "from-callback"}}
     POST /callback/fail   500
   UDP :53 a DNS "resolver" that answers every query with 203.0.113.7
@@ -36,6 +37,7 @@ import threading
 import zipfile
 
 LOCK = threading.Lock()
+STATE = {}
 
 
 def wheel_bytes():
@@ -121,6 +123,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         if path == "/echo":
             self.send(200, json.dumps(entry).encode())
+        elif path == "/token":
+            # An OAuth token endpoint (GCP's JWT-bearer grant); the test
+            # checks the assertion it recorded.
+            with LOCK:
+                STATE["tokens"] = STATE.get("tokens", 0) + 1
+                n = STATE["tokens"]
+            self.send(200, json.dumps({"access_token": f"ya29.inet-{n}", "expires_in": 3600, "token_type": "Bearer"}).encode())
         elif path == "/callback/ok":
             self.send(200, json.dumps({"headers": {"x-callback": "from-callback"}}).encode())
         elif self.path == "/callback/fail":

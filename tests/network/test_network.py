@@ -370,6 +370,43 @@ def test_callbacks_fail_closed_and_cache_their_headers():
     created.discard(sb.name)
 
 
+def test_gcp_rule_sets_tokens_minted_from_the_service_account():
+    # The SDK's gcp_auth with a service account key made here; the test
+    # internet's /token is its token endpoint, storage.googleapis.com its API.
+    import base64
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    from langsmith.sandbox import gcp_auth, opaque_secret, proxy_config
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    account = json.dumps({
+        "type": "service_account", "project_id": "p", "private_key_id": "k1", "private_key": pem,
+        "client_email": "sa@p.iam.gserviceaccount.com", "token_uri": f"http://{NET_IP}/token",
+    })
+    cfg = proxy_config(rules=[gcp_auth(service_account_json=opaque_secret(account), scopes=["https://www.googleapis.com/auth/devstorage.read_only"])])
+    sb = create("net-gcp", proxy_config=cfg)
+    status, body = raw("GET", f"/boxes/{sb.name}")
+    check("PRIVATE KEY" not in json.dumps(body), "the API never returns the key")
+    before = len(requests_log())
+    for _ in range(2):
+        r = run(sb, "curl -sS https://storage.googleapis.com/echo -H 'Authorization: Bearer dummy'")
+        echoed = json.loads(r.stdout)
+        check(echoed["headers"].get("authorization") == "Bearer ya29.inet-1", f"the upstream got the minted token: {echoed['headers']}")
+    grants = [e for e in requests_log()[before:] if e["path"] == "/token"]
+    check(len(grants) == 1, f"one token for both requests: {len(grants)}")
+    form = dict(p.split("=", 1) for p in grants[0]["body"].split("&"))
+    check(form["grant_type"] == "urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer", f"the JWT-bearer grant: {form}")
+    head, claims, sig = form["assertion"].split(".")
+    unb64 = lambda s: base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+    key.public_key().verify(unb64(sig), f"{head}.{claims}".encode(), padding.PKCS1v15(), hashes.SHA256())
+    claims = json.loads(unb64(claims))
+    check(claims["iss"] == "sa@p.iam.gserviceaccount.com" and claims["aud"] == f"http://{NET_IP}/token", f"the assertion's claims: {claims}")
+    check(claims["scope"] == "https://www.googleapis.com/auth/devstorage.read_only", f"its scope: {claims}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+
+
 def test_metrics_count_each_sandbox_traffic():
     status, text = raw("GET", "", api="/metrics")
     text = text if isinstance(text, str) else json.dumps(text)
@@ -391,6 +428,7 @@ TESTS = [
     test_allow_list_then_deny_list_applied_live,
     test_header_rule_with_a_workspace_secret_never_enters_the_guest,
     test_callbacks_fail_closed_and_cache_their_headers,
+    test_gcp_rule_sets_tokens_minted_from_the_service_account,
     test_metrics_count_each_sandbox_traffic,
 ]
 

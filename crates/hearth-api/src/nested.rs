@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hearth_types::egress::{
-    AccessSpec, AwsSpec, CallbackSpec, Credentials, EgressSpec, HeaderSpec, RewriteSpec, RuleSpec,
-    SecretValue,
+    AccessSpec, AwsSpec, CallbackSpec, Credentials, EgressSpec, GcpSpec, HeaderSpec, RewriteSpec,
+    RuleSpec, SecretValue,
 };
 use hearth_types::sandbox::RunSpec;
 use serde::{Deserialize, Serialize};
@@ -207,9 +207,14 @@ pub struct ProxyRule {
         skip_serializing_if = "Option::is_none"
     )]
     pub aws: Option<ProxyAws>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub gcp: Option<JsonObject>,
+    /// GCP OAuth: the proxy mints access tokens from a service account key
+    /// and sets them as `Authorization: Bearer` on Google API requests.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gcp: Option<ProxyGcp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub azure: Option<JsonObject>,
@@ -256,6 +261,68 @@ pub struct ProxyAws {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject_scope: Option<String>,
 }
+
+/// A GCP rule (the SDK's `gcp_auth`): a service account key (its JSON, an
+/// `opaque` or `workspace_secret` value) and the OAuth scopes of the tokens
+/// minted from it (default `https://www.googleapis.com/auth/cloud-platform`).
+/// Workload identity federation is refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyGcp {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_json: Option<ProxySecret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scopes: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_identity_provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_email: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_scope: Option<String>,
+}
+
+impl ProxyGcp {
+    fn check(&self, at: &str) -> Result<(), ApiError> {
+        let refuse = |field: &str, why: &str| {
+            Err(ApiError::validation(
+                &format!("{at}.{field}"),
+                format!("{at}.{field}: {why}"),
+            ))
+        };
+        // The fields that go with a provider are named before it.
+        for (field, set) in [
+            (
+                "service_account_email",
+                self.service_account_email.is_some(),
+            ),
+            ("subject_scope", self.subject_scope.is_some()),
+            (
+                "workload_identity_provider",
+                self.workload_identity_provider.is_some(),
+            ),
+        ] {
+            if set {
+                return refuse(field, "workload identity federation is not supported by Hearth; give service_account_json");
+            }
+        }
+        let Some(key) = &self.service_account_json else {
+            return refuse(
+                "service_account_json",
+                "is required (a service account key's JSON)",
+            );
+        };
+        key.check(&format!("{at}.service_account_json"))?;
+        for (i, s) in self.scopes.iter().flatten().enumerate() {
+            if s.trim().is_empty() {
+                return refuse(&format!("scopes[{i}]"), "must be non-empty");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The default scope of a GCP rule's tokens.
+pub const GCP_DEFAULT_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 
 /// A credential's value: `opaque` (sealed, never returned) or
 /// `workspace_secret` (a `{NAME}` template); never `plaintext`.
@@ -604,6 +671,14 @@ impl ProxyConfig {
                             .map(ProxySecret::to_value)
                             .unwrap_or(SecretValue::Sealed(String::new())),
                     }),
+                    gcp: r.gcp.as_ref().map(|g| GcpSpec {
+                        service_account_json: g
+                            .service_account_json
+                            .as_ref()
+                            .map(ProxySecret::to_value)
+                            .unwrap_or(SecretValue::Sealed(String::new())),
+                        scopes: g.scopes.clone().unwrap_or_default(),
+                    }),
                     rewrite: r.rewrite.as_ref().map(|rw| RewriteSpec {
                         host: rw.host.clone().unwrap_or_default().trim().to_owned(),
                         port: rw.port.unwrap_or_default(),
@@ -657,7 +732,18 @@ impl ProxyConfig {
                     match_headers: r.match_headers.clone(),
                     headers: r.headers.iter().map(header).collect(),
                     env_vars: (!r.env.is_empty()).then(|| r.env.clone()),
-                    kind: r.aws.as_ref().map(|_| "aws".to_owned()),
+                    kind: r
+                        .aws
+                        .as_ref()
+                        .map(|_| "aws".to_owned())
+                        .or_else(|| r.gcp.as_ref().map(|_| "gcp".to_owned())),
+                    gcp: r.gcp.as_ref().map(|g| ProxyGcp {
+                        service_account_json: Some(ProxySecret::from_value(
+                            &g.service_account_json,
+                        )),
+                        scopes: (!g.scopes.is_empty()).then(|| g.scopes.clone()),
+                        ..ProxyGcp::default()
+                    }),
                     aws: r.aws.as_ref().map(|a| ProxyAws {
                         access_key_id: Some(ProxySecret::from_value(&a.access_key_id)),
                         secret_access_key: Some(ProxySecret::from_value(&a.secret_access_key)),
@@ -712,10 +798,8 @@ impl ProxyConfig {
         let mut out = self.clone();
         for rule in &mut out.rules {
             rule.headers.iter_mut().for_each(redact_header);
-            if let Some(aws) = &mut rule.aws {
-                aws.secrets_mut().for_each(|(_, s)| s.redact());
-            }
-            for block in [&mut rule.gcp, &mut rule.azure].into_iter().flatten() {
+            rule.credentials_mut().for_each(|(_, s)| s.redact());
+            if let Some(block) = &mut rule.azure {
                 redact_object(block);
             }
         }
@@ -753,9 +837,9 @@ impl ProxyConfig {
             }
         }
         for (i, rule) in self.rules.iter().enumerate() {
-            for (name, secret) in rule.aws.iter().flat_map(ProxyAws::secrets) {
+            for (name, secret) in rule.credentials() {
                 if secret.value.is_none() {
-                    let at = format!("proxy_config.rules[{i}].aws.{name}");
+                    let at = format!("proxy_config.rules[{i}].{name}");
                     return Err(ApiError::validation(
                         &format!("{at}.is_set"),
                         format!("{at}.is_set: the sandbox has no stored value for this credential; send its value"),
@@ -776,17 +860,15 @@ impl ProxyConfig {
             let Some(old_rule) = self.rules.iter().find(|r| r.name == rule.name) else {
                 continue;
             };
-            if let (Some(aws), Some(old_aws)) = (&mut rule.aws, &old_rule.aws) {
-                for (name, secret) in aws.secrets_mut() {
-                    if secret.kind != SecretKind::Opaque || secret.value.is_some() {
-                        continue;
-                    }
-                    if let Some((_, old)) = old_aws
-                        .secrets()
-                        .find(|(n, o)| *n == name && o.kind == SecretKind::Opaque)
-                    {
-                        secret.value = old.value.clone();
-                    }
+            for (name, secret) in rule.credentials_mut() {
+                if secret.kind != SecretKind::Opaque || secret.value.is_some() {
+                    continue;
+                }
+                if let Some((_, old)) = old_rule
+                    .credentials()
+                    .find(|(n, o)| *n == name && o.kind == SecretKind::Opaque)
+                {
+                    secret.value = old.value.clone();
                 }
             }
             for h in &mut rule.headers {
@@ -825,6 +907,44 @@ impl ProxyConfig {
 }
 
 impl ProxyRule {
+    /// The rule's credentials (provider keys), by their path in the rule.
+    pub fn credentials_mut(&mut self) -> impl Iterator<Item = (&'static str, &mut ProxySecret)> {
+        let aws = self.aws.iter_mut().flat_map(|a| {
+            a.secrets_mut().map(|(n, s)| {
+                let path = match n {
+                    "access_key_id" => "aws.access_key_id",
+                    _ => "aws.secret_access_key",
+                };
+                (path, s)
+            })
+        });
+        let gcp = self
+            .gcp
+            .iter_mut()
+            .filter_map(|g| g.service_account_json.as_mut())
+            .map(|s| ("gcp.service_account_json", s));
+        aws.chain(gcp)
+    }
+
+    /// [`ProxyRule::credentials_mut`], read only.
+    pub fn credentials(&self) -> impl Iterator<Item = (&'static str, &ProxySecret)> {
+        let aws = self.aws.iter().flat_map(|a| {
+            a.secrets().map(|(n, s)| {
+                let path = match n {
+                    "access_key_id" => "aws.access_key_id",
+                    _ => "aws.secret_access_key",
+                };
+                (path, s)
+            })
+        });
+        let gcp = self
+            .gcp
+            .iter()
+            .filter_map(|g| g.service_account_json.as_ref())
+            .map(|s| ("gcp.service_account_json", s));
+        aws.chain(gcp)
+    }
+
     /// Refuses what the proxy would not do: provider credentials, relays,
     /// rewrites, rule types other than header injection, and a header rule
     /// that names no host (it would match nothing).
@@ -835,6 +955,12 @@ impl ProxyRule {
                 format!("{at}.{field}: {why}"),
             ))
         };
+        if self.aws.is_some() && self.gcp.is_some() {
+            return refuse(
+                "gcp",
+                "a rule has one provider: put aws and gcp in rules of their own",
+            );
+        }
         if let Some(aws) = &self.aws {
             aws.check(&format!("{at}.aws"))?;
             if self.rewrite.is_some() {
@@ -856,8 +982,22 @@ impl ProxyRule {
             // given (an S3-compatible endpoint) replace them.
             return Ok(());
         }
-        if self.gcp.is_some() {
-            return refuse("gcp", "GCP credential rules are not supported by Hearth yet; the proxy would add no token");
+        if let Some(gcp) = &self.gcp {
+            gcp.check(&format!("{at}.gcp"))?;
+            if self.rewrite.is_some() {
+                return refuse("rewrite", "a gcp rule authenticates requests to Google's APIs; it cannot also rewrite them");
+            }
+            if !matches!(self.kind.as_deref(), None | Some("gcp")) {
+                return refuse("type", "a rule with gcp credentials is of type gcp");
+            }
+            if !self.headers.is_empty() {
+                return refuse(
+                    "headers",
+                    "a gcp rule sets Authorization; put headers in a rule of their own",
+                );
+            }
+            // Its hosts default to Google's APIs (`*.googleapis.com`).
+            return Ok(());
         }
         if self.azure.is_some() {
             return refuse("azure", "Azure credential rules are not supported by Hearth yet; the proxy would add no token");
@@ -890,6 +1030,9 @@ impl ProxyRule {
         match self.kind.as_deref() {
             None | Some("") | Some("headers") => {}
             Some("aws") => return refuse("aws", "a rule of type aws needs its aws credentials"),
+            Some("gcp") => {
+                return refuse("gcp", "a rule of type gcp needs its gcp service account")
+            }
             Some("attribution") => {
                 return refuse("type", "attribution rules are not supported by Hearth yet");
             }

@@ -30,6 +30,7 @@ const NAMES: &[&str] = &[
     "api.test",
     "cbok.test",
     "cbfull.test",
+    "storage.googleapis.com",
     "cbfail.test",
     "static.test",
     "a.glob.test",

@@ -79,7 +79,7 @@ pub(crate) fn seal_opaque(
         Ok(())
     };
     for rule in &mut cfg.rules {
-        for (_, secret) in rule.aws.iter_mut().flat_map(|a| a.secrets_mut()) {
+        for (_, secret) in rule.credentials_mut() {
             if secret.kind == SecretKind::Opaque {
                 seal(&mut secret.value)?;
             }
@@ -167,6 +167,7 @@ impl Control {
         };
         let mut policy =
             hearth_egress::Policy::from_spec(spec, &mut resolve).map_err(policy_error)?;
+        policy.check_credentials(spec).map_err(policy_error)?;
         policy.tenant_id = Some(workspace.to_string());
         Ok(SandboxNet {
             policy,

@@ -98,6 +98,15 @@ fn host_header(headers: &HeaderMap) -> Result<Option<Authority>, String> {
         .ok_or_else(|| "the request's Host header is not a host[:port]".into())
 }
 
+/// Why the headers a request should get could not be had.
+#[derive(Debug, thiserror::Error)]
+enum InjectError {
+    #[error(transparent)]
+    Callback(#[from] callback::CallbackError),
+    #[error("GCP access token")]
+    Token(#[from] crate::gcp::TokenError),
+}
+
 /// Where a request goes, once every way it names that agrees.
 struct Target {
     name: String,
@@ -310,10 +319,14 @@ impl Conn {
             Err(e) => {
                 // The detail is the operator's: the guest must not learn
                 // what answered (or did not) where.
-                tracing::warn!(sandbox = %sb.id, host = %name, error = %callback::chain(&e), "header callback failed");
+                let (what, say) = match &e {
+                    InjectError::Callback(_) => ("header callback failed", "the header callback"),
+                    InjectError::Token(_) => ("GCP access token failed", "the GCP access token"),
+                };
+                tracing::warn!(sandbox = %sb.id, host = %name, error = %callback::chain(&e), "{what}");
                 return text(
                     StatusCode::BAD_GATEWAY,
-                    format!("Hearth egress proxy: the header callback for {name:?} failed\n"),
+                    format!("Hearth egress proxy: {say} for {name:?} failed\n"),
                 );
             }
         };
@@ -428,9 +441,10 @@ impl Conn {
         Ok(target)
     }
 
-    /// The headers to set: the first matching rule's, else a callback's.
-    /// Without TLS upstream only a rule's `plaintext` values: a callback's
-    /// headers are credentials, so it is not even called.
+    /// The headers to set: the first matching rule's (a GCP rule's: its
+    /// access token), else a callback's. Without TLS upstream only a
+    /// rule's `plaintext` values: a callback's headers and tokens are
+    /// credentials, so neither is even asked for.
     async fn injected<B>(
         &self,
         policy: &Policy,
@@ -439,15 +453,24 @@ impl Conn {
         tls: bool,
         req: &Request<B>,
         snapshot: Option<&callback::RequestSnapshot>,
-    ) -> Result<Vec<(String, String)>, callback::CallbackError> {
+    ) -> Result<Vec<(String, String)>, InjectError> {
         if let Some(rule) = policy.rule_for(name, req.uri().path(), req.headers()) {
+            if let Some(g) = rule.gcp.as_ref().filter(|_| tls) {
+                let token = crate::gcp::token(&self.sb, g).await?;
+                return Ok(vec![(
+                    "authorization".to_owned(),
+                    format!("Bearer {token}"),
+                )]);
+            }
             return Ok(rule.headers_for(tls));
         }
         if !tls {
             return Ok(Vec::new());
         }
         match policy.callback_for(name) {
-            Some((_, cb)) => callback::headers(&self.sb, policy, cb, name, port, snapshot).await,
+            Some((_, cb)) => {
+                Ok(callback::headers(&self.sb, policy, cb, name, port, snapshot).await?)
+            }
             None => Ok(Vec::new()),
         }
     }

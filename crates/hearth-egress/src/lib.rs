@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 
 mod callback;
 mod dns;
+mod gcp;
 mod http_proxy;
 mod io;
 mod outbound;
@@ -177,6 +178,8 @@ pub(crate) struct Sandbox {
     dns_names: Mutex<(HashMap<IpAddr, String>, VecDeque<IpAddr>)>,
     /// (callback url, body hash) → headers and expiry.
     pub callback_cache: Mutex<HashMap<CallbackKey, CachedHeaders>>,
+    /// GCP access tokens by (key, scopes) hash, and when to mint again.
+    pub gcp_tokens: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -200,6 +203,7 @@ impl Sandbox {
             Err(p) => *p.into_inner() = Arc::new(policy),
         }
         lock(&self.callback_cache).clear();
+        lock(&self.gcp_tokens).clear();
     }
 
     pub fn remember_name(&self, ip: IpAddr, name: &str) {
@@ -432,6 +436,7 @@ impl Egress {
             dns_slots: Arc::new(Semaphore::new(MAX_DNS_IN_FLIGHT)),
             dns_names: Mutex::new((HashMap::new(), VecDeque::new())),
             callback_cache: Mutex::new(HashMap::new()),
+            gcp_tokens: Mutex::new(HashMap::new()),
         });
         let tasks = vec![
             tokio::spawn(proxy::serve(

@@ -82,7 +82,29 @@ pub struct HeaderRule {
     /// Send matching requests to `https://host:port` instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
+    /// Set `Authorization: Bearer` from this GCP service account's OAuth
+    /// tokens; only over TLS, like every secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gcp: Option<GcpKey>,
 }
+
+/// A GCP rule's service account key (its JSON, resolved) and scopes.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct GcpKey {
+    pub service_account_json: String,
+    pub scopes: Vec<String>,
+}
+
+impl fmt::Debug for GcpKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GcpKey")
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hosts a GCP rule matches when it names none: Google's APIs.
+pub const GCP_HOSTS: &[&str] = &["*.googleapis.com"];
 
 /// A rewrite rule's destination (always HTTPS, its certificate checked)
 /// and what happens to the guest's credential headers.
@@ -251,6 +273,21 @@ impl Policy {
                     })
                 }
             };
+            let gcp = match &rule.gcp {
+                None => None,
+                Some(g) => {
+                    if match_hosts.is_empty() {
+                        let own: Vec<String> = GCP_HOSTS.iter().map(|h| (*h).to_owned()).collect();
+                        match_hosts = patterns(&format!("{at}.match_hosts"), &own)?;
+                    }
+                    let json = resolve(&g.service_account_json)
+                        .map_err(|m| err(format!("{at}.gcp.service_account_json"), m))?;
+                    Some(GcpKey {
+                        service_account_json: json,
+                        scopes: g.scopes.clone(),
+                    })
+                }
+            };
             let rewrite = match &rule.rewrite {
                 None => None,
                 Some(rw) => {
@@ -311,6 +348,7 @@ impl Policy {
                 plaintext_headers,
                 aws,
                 rewrite,
+                gcp,
             });
         }
         let mut callbacks = Vec::new();
@@ -408,6 +446,22 @@ impl Policy {
     /// The first rule matching a request, if any.
     pub fn rule_for(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&HeaderRule> {
         self.rules.iter().find(|r| r.matches(host, path, headers))
+    }
+
+    /// Checks what only resolved secrets show: each GCP rule's key is a
+    /// service account key Hearth can sign with. For a policy built from
+    /// real values (not [`validate_spec`]'s placeholders) from `spec`,
+    /// whose fields the errors name.
+    pub fn check_credentials(&self, spec: &EgressSpec) -> Result<(), PolicyError> {
+        // The policy's rules are the spec's enabled ones, in order.
+        let enabled = spec.rules.iter().enumerate().filter(|(_, r)| r.enabled);
+        for ((i, _), rule) in enabled.zip(&self.rules) {
+            if let Some(g) = &rule.gcp {
+                crate::gcp::ServiceAccount::parse(&g.service_account_json)
+                    .map_err(|m| err(format!("rules[{i}].gcp.service_account_json"), m))?;
+            }
+        }
+        Ok(())
     }
 
     /// The first callback matching `host`, with its index.
@@ -822,6 +876,63 @@ mod tests {
                 .as_deref(),
             Some("strip")
         );
+    }
+
+    /// A GCP rule's key is checked once resolved, naming the rule's own
+    /// field (a disabled rule before it counts); reads never return it.
+    #[test]
+    fn gcp_keys_are_checked_once_resolved_and_never_read_back() {
+        let gcp = |name: &str, json: &str, enabled: bool| ProxyRule {
+            name: name.into(),
+            enabled: Some(enabled),
+            gcp: Some(hearth_api::nested::ProxyGcp {
+                service_account_json: Some(hearth_api::nested::ProxySecret {
+                    kind: SecretKind::Opaque,
+                    value: Some(json.into()),
+                    is_set: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let cfg = ProxyConfig {
+            rules: vec![
+                gcp("off", "{}", false),
+                gcp("on", r#"{"client_email": "a@b"}"#, true),
+            ],
+            ..Default::default()
+        };
+        let spec = cfg.to_spec();
+        // Placeholders pass validation; the resolved key is what is checked.
+        assert!(validate_spec(&spec, &[]).is_ok());
+        let policy = Policy::from_spec(&spec, &mut |v| Ok(raw(v))).unwrap();
+        assert_eq!(
+            policy.rules[0].match_hosts,
+            vec![HostPattern::parse("*.googleapis.com").unwrap()]
+        );
+        let e = policy.check_credentials(&spec).unwrap_err();
+        assert_eq!(e.field, "rules[1].gcp.service_account_json", "{e}");
+        assert!(!e.message.contains("a@b"), "{e}");
+        let not_pem =
+            r#"{"type": "service_account", "client_email": "a@b", "private_key": "nope"}"#;
+        let cfg = ProxyConfig {
+            rules: vec![gcp("on", not_pem, true)],
+            ..Default::default()
+        };
+        let spec = cfg.to_spec();
+        let policy = Policy::from_spec(&spec, &mut |v| Ok(raw(v))).unwrap();
+        let e = policy.check_credentials(&spec).unwrap_err();
+        assert!(e.message.contains("PKCS#8"), "{e}");
+        // Reads show only that it is set.
+        let read = cfg.redacted();
+        let key = read.rules[0]
+            .gcp
+            .as_ref()
+            .unwrap()
+            .service_account_json
+            .as_ref()
+            .unwrap();
+        assert_eq!((key.value.as_deref(), key.is_set), (None, Some(true)));
     }
 
     #[test]

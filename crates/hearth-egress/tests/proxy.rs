@@ -937,6 +937,213 @@ async fn rewrite_rules_send_requests_to_their_https_destination() {
     assert_eq!(w.https.len(), 2);
 }
 
+/// A token endpoint that checks the JWT-bearer assertion the way Google's
+/// does (RS256 with the account's key, `iss`, `aud` its own URL, `scope`)
+/// and answers `ya29.hearth-<n>`; the assertions it accepted.
+async fn token_endpoint(
+    public_key: Vec<u8>,
+    email: &'static str,
+) -> (u16, Arc<Mutex<Vec<serde_json::Value>>>) {
+    use base64::Engine;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let seen = accepted.clone();
+    let public_key = Arc::new(public_key);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let (seen, public_key) = (seen.clone(), public_key.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: http::Request<hyper::body::Incoming>| {
+                        let (seen, public_key) = (seen.clone(), public_key.clone());
+                        async move {
+                            let body = http_body_util::BodyExt::collect(req.into_body())
+                                .await
+                                .unwrap()
+                                .to_bytes();
+                            let form = String::from_utf8_lossy(&body).into_owned();
+                            let verdict = (|| {
+                                let assertion = form
+                                .strip_prefix("grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion=")
+                                .ok_or("grant")?;
+                                let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+                                let parts: Vec<&str> = assertion.split('.').collect();
+                                let header: serde_json::Value = serde_json::from_slice(
+                                    &b64.decode(parts[0]).map_err(|_| "b64")?,
+                                )
+                                .map_err(|_| "json")?;
+                                if header["alg"] != "RS256" || header["kid"] != "kid-1" {
+                                    return Err("header");
+                                }
+                                let sig = b64.decode(parts[2]).map_err(|_| "b64")?;
+                                aws_lc_rs::signature::UnparsedPublicKey::new(
+                                    &aws_lc_rs::signature::RSA_PKCS1_2048_8192_SHA256,
+                                    public_key.as_slice(),
+                                )
+                                .verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &sig)
+                                .map_err(|_| "signature")?;
+                                let claims: serde_json::Value = serde_json::from_slice(
+                                    &b64.decode(parts[1]).map_err(|_| "b64")?,
+                                )
+                                .map_err(|_| "json")?;
+                                if claims["iss"] != email
+                                    || claims["aud"] != format!("http://127.0.0.1:{port}/token")
+                                {
+                                    return Err("claims");
+                                }
+                                Ok(claims)
+                            })();
+                            let (status, answer) = match verdict {
+                                Ok(claims) => {
+                                    let mut seen = seen.lock().unwrap();
+                                    seen.push(claims);
+                                    (
+                                        200,
+                                        format!(
+                                            r#"{{"access_token":"ya29.hearth-{}","expires_in":3599,"token_type":"Bearer"}}"#,
+                                            seen.len()
+                                        ),
+                                    )
+                                }
+                                Err(why) => {
+                                    (400, format!(r#"{{"error":"invalid_grant","why":"{why}"}}"#))
+                                }
+                            };
+                            let mut resp = http::Response::new(Full::new(Bytes::from(answer)));
+                            *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                            Ok::<_, Infallible>(resp)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (port, accepted)
+}
+
+/// A GCP rule (the SDK's `gcp_auth`): the proxy mints an OAuth access
+/// token from the service account key by the JWT-bearer grant (an RS256
+/// assertion the token endpoint verifies), sets it as the request's
+/// `Authorization` (the guest's dummy one replaced), and reuses it until
+/// it nears expiry; a token endpoint that refuses is a 502 that says only
+/// that the token failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcp_rules_set_oauth_tokens_minted_from_the_service_account() {
+    if !net_available() {
+        return;
+    }
+    use rustls::pki_types::pem::PemObject;
+    let dir = std::env::temp_dir().join(format!("hearth-gcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pem_path = dir.join("key.pem");
+    let ok = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&pem_path)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let pem = std::fs::read_to_string(&pem_path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let der = rustls::pki_types::PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes()).unwrap();
+    let pair = aws_lc_rs::signature::RsaKeyPair::from_pkcs8(der.secret_pkcs8_der()).unwrap();
+    use aws_lc_rs::signature::KeyPair as _;
+    let public = pair.public_key().as_ref().to_vec();
+    const EMAIL: &str = "hearth-test@proj.iam.gserviceaccount.com";
+    let (port, accepted) = token_endpoint(public, EMAIL).await;
+    let account = |token_uri: String| {
+        serde_json::json!({
+            "type": "service_account",
+            "project_id": "proj",
+            "private_key_id": "kid-1",
+            "private_key": pem,
+            "client_email": EMAIL,
+            "token_uri": token_uri,
+        })
+        .to_string()
+    };
+    let gcp_rule = |name: &str, host: &str, json: String| ProxyRule {
+        name: name.into(),
+        kind: Some("gcp".into()),
+        match_hosts: vec![host.into()],
+        gcp: Some(hearth_api::nested::ProxyGcp {
+            service_account_json: Some(hearth_api::nested::ProxySecret {
+                kind: SecretKind::Opaque,
+                value: Some(json),
+                is_set: None,
+            }),
+            scopes: Some(vec![
+                "https://www.googleapis.com/auth/devstorage.read_only".into()
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let cfg = ProxyConfig {
+        rules: vec![
+            gcp_rule(
+                "gcp",
+                "secure.test",
+                account(format!("http://127.0.0.1:{port}/token")),
+            ),
+            // The same key, but a token endpoint that answers 404.
+            gcp_rule(
+                "gcp-bad",
+                "api.ok.test",
+                account(format!("http://127.0.0.1:{port}/nothing-here")),
+            ),
+        ],
+        ..Default::default()
+    };
+    let w = world(policy(cfg)).await;
+    for path in ["/storage/v1/b/one", "/storage/v1/b/two"] {
+        let (status, _) = w
+            .get_https("secure.test", path, &["-H", "Authorization: Bearer dummy"])
+            .await;
+        assert_eq!(status, 200);
+    }
+    let seen = w.https.all();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert_eq!(
+            s.headers["authorization"], "Bearer ya29.hearth-1",
+            "the token, not the guest's"
+        );
+    }
+    let accepted = accepted.lock().unwrap().clone();
+    assert_eq!(accepted.len(), 1, "one token minted for both requests");
+    assert_eq!(
+        accepted[0]["scope"],
+        "https://www.googleapis.com/auth/devstorage.read_only"
+    );
+    let (iat, exp) = (
+        accepted[0]["iat"].as_u64().unwrap(),
+        accepted[0]["exp"].as_u64().unwrap(),
+    );
+    assert_eq!(exp - iat, 3600);
+
+    let (status, body) = w.get_https("api.ok.test", "/x", &[]).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body.contains("GCP access token") && !body.contains("404"),
+        "{body}"
+    );
+    assert_eq!(w.https.len(), 2, "nothing forwarded without a token");
+}
+
 /// A WebSocket-style upgrade from the guest, over the named connection
 /// `scheme` (`https` intercepted, `http` transparent): the handshake's
 /// answer head and what the upstream echoed after the 101.

@@ -53,9 +53,22 @@ pub struct RuleSpec {
     /// adding headers; `match_hosts` empty = AWS's own hosts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsSpec>,
+    /// Authenticate matching requests with OAuth access tokens minted from
+    /// a GCP service account key; `match_hosts` empty = Google's APIs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gcp: Option<GcpSpec>,
     /// Send matching requests to another HTTPS destination instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<RewriteSpec>,
+}
+
+/// A GCP service account key (its JSON, sealed or templated) and the
+/// scopes of the tokens minted from it (empty: cloud-platform).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcpSpec {
+    pub service_account_json: SecretValue,
+    pub scopes: Vec<String>,
 }
 
 /// Where a rewrite rule sends the requests it matches: `https://host:port`
@@ -157,6 +170,12 @@ impl EgressSpec {
                     .iter()
                     .filter_map(|r| r.aws.as_ref())
                     .flat_map(|a| [&a.access_key_id, &a.secret_access_key]),
+            )
+            .chain(
+                self.rules
+                    .iter()
+                    .filter_map(|r| r.gcp.as_ref())
+                    .map(|g| &g.service_account_json),
             )
     }
 }

@@ -210,6 +210,32 @@ fn aws_rule() -> Value {
     })
 }
 
+/// A service account key's JSON with a fresh RSA key (`openssl`), which a
+/// GCP rule must hold to be accepted.
+fn service_account() -> String {
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let out = std::process::Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ])
+            .output()
+            .expect("openssl");
+        assert!(out.status.success());
+        json!({
+            "type": "service_account", "client_email": "surface@p.iam.gserviceaccount.com",
+            "private_key": String::from_utf8(out.stdout).unwrap(),
+            "token_uri": "https://oauth2.googleapis.com/token",
+        })
+        .to_string()
+    })
+    .clone()
+}
+
 fn proxy_config() -> Value {
     json!({
         "description": "what the sandbox may reach",
@@ -217,6 +243,12 @@ fn proxy_config() -> Value {
             "name": "gateway", "match_hosts": ["llm.test"],
             "headers": [{"name": "X-Gateway-Key", "type": "opaque", "value": "g"}],
             "rewrite": {"host": "gateway.test", "port": 8443, "credentials": "redact"},
+        }, {
+            "name": "gcp", "type": "gcp", "match_hosts": ["storage.googleapis.com"],
+            "gcp": {
+                "service_account_json": {"type": "opaque", "value": service_account()},
+                "scopes": ["https://www.googleapis.com/auth/devstorage.read_only"],
+            },
         }],
         "callbacks": [{
             "match_hosts": ["cb.test"], "url": "https://callback.test/hook", "ttl_seconds": 60,
