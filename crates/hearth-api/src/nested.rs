@@ -136,10 +136,35 @@ impl AccessDelegation {
                 ));
             }
         }
-        Err(ApiError::validation(
-            "access_delegation",
-            "access_delegation: delegated access is not supported by Hearth yet; nothing in the sandbox could use it",
-        ))
+        Ok(())
+    }
+
+    /// As Hearth stores it.
+    pub fn to_spec(&self) -> hearth_types::sandbox::Delegation {
+        use hearth_types::sandbox::{Delegation, DelegationMode};
+        Delegation {
+            mode: match self.mode {
+                AccessDelegationMode::Inherit => DelegationMode::Inherit,
+                AccessDelegationMode::Explicit => DelegationMode::Explicit,
+            },
+            permissions: self
+                .permissions
+                .iter()
+                .map(|p| p.trim().to_owned())
+                .collect(),
+        }
+    }
+
+    /// As it was requested.
+    pub fn from_spec(d: &hearth_types::sandbox::Delegation) -> AccessDelegation {
+        use hearth_types::sandbox::DelegationMode;
+        AccessDelegation {
+            mode: match d.mode {
+                DelegationMode::Inherit => AccessDelegationMode::Inherit,
+                DelegationMode::Explicit => AccessDelegationMode::Explicit,
+            },
+            permissions: d.permissions.clone(),
+        }
     }
 }
 

@@ -44,7 +44,7 @@ use uuid::Uuid;
 
 use crate::boxes::{CreateSandboxRequest, SandboxResponse, SandboxStatus, UpdateSandboxRequest};
 use crate::error::ApiError;
-use crate::nested::{validate_volumes, ProxyConfig, RunConfig, VolumeAttachment};
+use crate::nested::{validate_volumes, AccessDelegation, ProxyConfig, RunConfig, VolumeAttachment};
 use crate::validate::{check_env_vars, check_labels, check_sandbox_name, check_ttl, SnapshotRef};
 
 const GIB: u64 = ByteSize::GIB;
@@ -251,6 +251,10 @@ pub fn resolve_create(
             env_vars,
             labels,
             egress: req.proxy_config.as_ref().map(ProxyConfig::to_spec),
+            delegation: req
+                .access_delegation
+                .as_ref()
+                .map(AccessDelegation::to_spec),
         },
         restore_memory,
         wait_for_ready,
@@ -637,7 +641,7 @@ pub fn sandbox_response(spec: &SandboxSpec, meta: SandboxMeta) -> SandboxRespons
             .egress
             .as_ref()
             .map(|e| ProxyConfig::from_spec(e).redacted()),
-        access_delegation: None,
+        access_delegation: spec.delegation.as_ref().map(AccessDelegation::from_spec),
         volumes: meta.volumes,
         created_at: meta.created_at,
         created_by: meta.created_by,
@@ -710,6 +714,7 @@ impl StoredSpecV1 {
             env_vars: self.env_vars,
             labels: self.labels,
             egress: self.proxy_config.as_ref().map(ProxyConfig::to_spec),
+            delegation: None,
         }
     }
 }

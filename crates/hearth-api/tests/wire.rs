@@ -96,12 +96,7 @@ fn create_body_as_the_sdk_builds_it() {
     // What Hearth cannot act on is refused, each naming its field; the
     // rest of the body is a plan.
     let mut body = full;
-    for field in [
-        "tag_value_ids",
-        "access_delegation",
-        "proxy_config",
-        "mount_config",
-    ] {
+    for field in ["tag_value_ids", "proxy_config", "mount_config"] {
         let req: CreateSandboxRequest = parse(body.clone()).unwrap();
         let e = resolve_create(&req, &facts()).unwrap_err();
         assert_eq!(e.status, 422);

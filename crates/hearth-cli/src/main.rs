@@ -354,6 +354,7 @@ impl NetworkFileConfig {
             hosts: self.hosts.clone(),
             connect_timeout: std::time::Duration::from_secs(10),
             callback_signer: None,
+            control_url: None,
         }))
     }
 }
@@ -459,6 +460,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                     key: std::sync::Arc::new(fleet::signing_key(&cli.data_dir, "host")?),
                     issuer: control[0].clone(),
                 });
+                n.control_url = Some(control[0].clone());
             }
             let host = start_host_with(cli.data_dir.clone(), &store, network).await?;
             fleet::serve(

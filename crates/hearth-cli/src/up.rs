@@ -213,6 +213,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
                 key: std::sync::Arc::new(crate::fleet::signing_key(&data_dir, "control")?),
                 issuer: public_url.clone(),
             });
+            n.control_url = Some(public_url.clone());
         }
         let host = crate::start_host_with(data_dir.clone(), &store, network).await?;
         if !args.no_default_image {

@@ -52,6 +52,7 @@ async fn run(label: &str, url: &str) {
         env_vars: Default::default(),
         labels: Default::default(),
         egress: None,
+        delegation: None,
     })
     .unwrap();
     let t = Instant::now();

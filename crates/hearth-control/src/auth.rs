@@ -2,6 +2,15 @@
 //! bound to one workspace. A sandbox outside the caller's workspace does not
 //! exist for it (404); runtime access (exec, files, tunnel) needs the
 //! sandbox's creator or the `sandboxes:exec` permission (403 otherwise).
+//!
+//! Code in a sandbox created with `access_delegation` calls the API as the
+//! sandbox's creator without a key of its own: the egress proxy of the
+//! sandbox's host adds `Authorization: Bearer` with a short-lived EdDSA
+//! token (`aud` [`DELEGATION_AUDIENCE`], `sub` the sandbox) signed by the
+//! host's key. Each request re-checks everything: the key is registered and
+//! not retired and (a host's) belongs to the sandbox's host, the sandbox
+//! exists with a delegation, and its creator's key is not revoked; the
+//! rights are the creator's current ones, capped by the granted permissions.
 
 use std::sync::Arc;
 
@@ -20,7 +29,16 @@ pub struct Principal {
     pub key_id: ApiKeyId,
     pub workspace_id: WorkspaceId,
     pub permissions: Vec<String>,
+    /// A sandbox calling as its creator (`access_delegation`): being the
+    /// creator of a sandbox then grants nothing by itself.
+    pub delegated: bool,
 }
+
+/// The audience of delegation tokens.
+pub const DELEGATION_AUDIENCE: &str = "hearth-delegation";
+/// The longest a delegation token may live, and the clock skew allowed.
+const DELEGATION_MAX_TTL: u64 = 600;
+const DELEGATION_SKEW: u64 = 30;
 
 /// Permissions a key may hold.
 pub const PERMISSIONS: &[&str] = &[
@@ -57,7 +75,8 @@ impl Principal {
 
     /// Exec, files and tunnels: the creator, or `sandboxes:exec`.
     pub fn require_runtime(&self, sandbox: &SandboxRow) -> Result<(), ApiError> {
-        if sandbox.created_by == self.who() || self.can("sandboxes:exec") {
+        let creator = sandbox.created_by == self.who() && !self.delegated;
+        if creator || self.can("sandboxes:exec") {
             Ok(())
         } else {
             Err(ApiError::forbidden_not_creator())
@@ -121,8 +140,16 @@ impl FromRequestParts<Arc<Control>> for Principal {
             .get("x-api-key")
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .ok_or_else(ApiError::unauthorized)?;
+            .filter(|k| !k.is_empty());
+        let Some(key) = key else {
+            let bearer = parts
+                .headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .ok_or_else(ApiError::unauthorized)?;
+            return Ok(delegated(control, bearer.trim()).await?);
+        };
         if key.len() > 256 {
             return Err(ApiError::unauthorized().into());
         }
@@ -132,6 +159,99 @@ impl FromRequestParts<Arc<Control>> for Principal {
             key_id: key.id,
             workspace_id: key.workspace_id,
             permissions: key.permissions,
+            delegated: false,
         })
     }
+}
+
+#[derive(serde::Deserialize)]
+struct DelegationClaims {
+    aud: String,
+    sub: String,
+    iat: u64,
+    exp: u64,
+}
+
+/// The principal a delegation token stands for; any failure is a 401 that
+/// says which check failed (the caller is code in a sandbox, which knows
+/// its own sandbox anyway).
+async fn delegated(control: &Control, token: &str) -> Result<Principal, ApiError> {
+    use hearth_db::KeyOwnerKind;
+    let refuse = |why: &str| {
+        ApiError::new(
+            401,
+            "Unauthorized",
+            format!("delegated access refused: {why}"),
+        )
+    };
+    let kid = hearth_fence::jwt::key_id(token).map_err(|e| refuse(&e.to_string()))?;
+    let key = control
+        .db
+        .signing_key(&kid)
+        .await
+        .map_err(crate::error::db_error)?
+        .filter(|k| k.retired_at.is_none())
+        .ok_or_else(|| refuse("the token's key is unknown or retired"))?;
+    let public = hearth_fence::PublicKey::from_bytes(&key.public_key)
+        .map_err(|_| refuse("the token's key is unusable"))?;
+    let claims: DelegationClaims =
+        hearth_fence::jwt::verify(token, &public).map_err(|e| refuse(&e.to_string()))?;
+    let now = hearth_fence::now_ms() / 1000;
+    if claims.aud != DELEGATION_AUDIENCE
+        || claims.exp + DELEGATION_SKEW < now
+        || claims.iat > now + DELEGATION_SKEW
+        || claims.exp.saturating_sub(claims.iat) > DELEGATION_MAX_TTL
+    {
+        return Err(refuse("the token is expired or not a delegation token"));
+    }
+    let id: hearth_types::SandboxId = claims
+        .sub
+        .parse()
+        .map_err(|_| refuse("the token names no sandbox"))?;
+    let sandbox = match control.db.get_sandbox_by_id(id).await {
+        Ok(s) => s,
+        Err(hearth_db::DbError::NotFound { .. }) => return Err(refuse("the sandbox is gone")),
+        Err(e) => return Err(crate::error::db_error(e)),
+    };
+    if sandbox.status == hearth_db::SandboxStatus::Deleting {
+        return Err(refuse("the sandbox is being deleted"));
+    }
+    // A host vouches only for the sandboxes it holds.
+    if key.owner_kind == KeyOwnerKind::Host
+        && sandbox.host_id.map(|h| h.to_string()).as_deref() != Some(key.owner_id.as_str())
+    {
+        return Err(refuse("the token's host does not hold the sandbox"));
+    }
+    let spec = crate::service::spec_of(&sandbox)?;
+    let delegation = spec
+        .delegation
+        .ok_or_else(|| refuse("the sandbox was created without access_delegation"))?;
+    let creator_id: ApiKeyId = sandbox
+        .created_by
+        .parse()
+        .map_err(|_| refuse("the sandbox's creator is not an API key"))?;
+    let creator = control
+        .db
+        .active_api_key(creator_id)
+        .await
+        .map_err(crate::error::db_error)?
+        .ok_or_else(|| refuse("the sandbox's creator's API key was revoked"))?;
+    let as_creator = Principal {
+        key_id: creator.id,
+        workspace_id: creator.workspace_id,
+        permissions: creator.permissions.clone(),
+        delegated: true,
+    };
+    let permissions = match delegation.mode {
+        hearth_types::sandbox::DelegationMode::Inherit => creator.permissions,
+        hearth_types::sandbox::DelegationMode::Explicit => delegation
+            .permissions
+            .into_iter()
+            .filter(|p| as_creator.can(p))
+            .collect(),
+    };
+    Ok(Principal {
+        permissions,
+        ..as_creator
+    })
 }

@@ -122,9 +122,31 @@ fn expand(value: &str, secrets: &BTreeMap<String, String>) -> Result<String, Str
 }
 
 impl Control {
-    /// The resolved network settings of a sandbox whose stored egress is
-    /// `spec` (sealed `opaque` values), for its host.
+    /// The resolved network settings of a sandbox whose stored spec is
+    /// `sandbox` (its egress with sealed `opaque` values), for its host:
+    /// the policy, the rules' environment and, with `access_delegation`,
+    /// the API endpoint the proxy serves for it.
     pub(crate) async fn sandbox_net(
+        &self,
+        workspace: WorkspaceId,
+        sandbox: &hearth_types::sandbox::SandboxSpec,
+    ) -> Result<SandboxNet, ApiError> {
+        let mut net = self.egress_net(workspace, sandbox.egress.as_ref()).await?;
+        if sandbox.delegation.is_some() {
+            net.policy.delegation = true;
+            net.policy.tenant_id = Some(workspace.to_string());
+            net.env.insert(
+                "LANGSMITH_ENDPOINT".into(),
+                format!("http://{}", hearth_egress::DELEGATION_HOST),
+            );
+            // The SDK wants a key; the proxy replaces it with the grant.
+            net.env
+                .insert("LANGSMITH_API_KEY".into(), "delegated".into());
+        }
+        Ok(net)
+    }
+
+    async fn egress_net(
         &self,
         workspace: WorkspaceId,
         spec: Option<&EgressSpec>,

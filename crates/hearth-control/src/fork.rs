@@ -75,9 +75,7 @@ impl Control {
             .map_err(db_error)?;
         let image = snapshot_image(&snap)?;
         let spec = spec_of(&row)?;
-        let net = self
-            .sandbox_net(who.workspace_id, spec.egress.as_ref())
-            .await?;
+        let net = self.sandbox_net(who.workspace_id, &spec).await?;
 
         // The children's rows first, on the parent's host, each within the
         // workspace's quota and the host's room; none is left if one fails.

@@ -58,6 +58,31 @@ fn api_status(s: SandboxStatus) -> hearth_api::SandboxStatus {
     }
 }
 
+/// Only known permissions the creator holds can be delegated.
+fn check_delegation(
+    who: &Principal,
+    d: &hearth_types::sandbox::Delegation,
+) -> Result<(), ApiError> {
+    for (i, p) in d.permissions.iter().enumerate() {
+        let at = format!("access_delegation.permissions[{i}]");
+        if !crate::auth::PERMISSIONS.contains(&p.as_str()) {
+            return Err(ApiError::validation(
+                "access_delegation.permissions",
+                format!(
+                    "{at}: unknown permission {p:?}; known: {}",
+                    crate::auth::PERMISSIONS.join(", ")
+                ),
+            ));
+        }
+        if !who.can(p) {
+            return Err(ApiError::forbidden(format!(
+                "{at}: this API key lacks {p}, so it cannot grant it"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The resolved spec stored with a sandbox (Hearth's own, whichever API
 /// created it).
 pub(crate) fn spec_of(row: &SandboxRow) -> Result<SandboxSpec, ApiError> {
@@ -314,9 +339,10 @@ impl Control {
         mut plan: SandboxPlan,
     ) -> Result<SandboxRow, ApiError> {
         who.require("sandboxes:create")?;
-        let net = self
-            .sandbox_net(who.workspace_id, plan.spec.egress.as_ref())
-            .await?;
+        if let Some(d) = &plan.spec.delegation {
+            check_delegation(who, d)?;
+        }
+        let net = self.sandbox_net(who.workspace_id, &plan.spec).await?;
         let image = snapshot_image(snap)?;
         let from = boot_from(snap, plan.restore_memory);
         if let Some(m) = from.as_ref().and_then(|f| f.memory.as_ref()) {
@@ -805,10 +831,7 @@ impl Control {
         let spec = apply_update(&spec_of(&row)?, &req)?;
         // Resolved before anything is stored: a missing secret is a 422.
         let net = match &req.proxy_config {
-            Some(_) => Some(
-                self.sandbox_net(who.workspace_id, spec.egress.as_ref())
-                    .await?,
-            ),
+            Some(_) => Some(self.sandbox_net(who.workspace_id, &spec).await?),
             None => None,
         };
         self.check_disk_size(spec.fs_capacity)?;
@@ -880,10 +903,7 @@ impl Control {
     /// the stored one (logged when that fails too: its next start does).
     async fn restore_network(&self, row: &SandboxRow) {
         let stored = match spec_of(row) {
-            Ok(spec) => {
-                self.sandbox_net(row.workspace_id, spec.egress.as_ref())
-                    .await
-            }
+            Ok(spec) => self.sandbox_net(row.workspace_id, &spec).await,
             Err(e) => Err(e),
         };
         let result = match stored {
@@ -1113,9 +1133,7 @@ impl Control {
         // The snapshot's disk for a disk that is not kept; never its
         // memory (only a create resumes a snapshot's memory).
         let from = boot_from(&snap, hearth_types::sandbox::RestoreMemory::Never);
-        let net = self
-            .sandbox_net(row.workspace_id, spec_of(row)?.egress.as_ref())
-            .await;
+        let net = self.sandbox_net(row.workspace_id, &spec_of(row)?).await;
         let net = match net {
             Ok(net) => net,
             Err(e) => {

@@ -194,6 +194,7 @@ async fn main() {
         hosts,
         connect_timeout: Duration::from_secs(5),
         callback_signer: None,
+        control_url: None,
     })
     .unwrap();
     let ns = format!("hegress-bench-{}", std::process::id());

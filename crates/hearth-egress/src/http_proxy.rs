@@ -250,6 +250,9 @@ impl Conn {
         };
         // Read at every request, so a new policy applies on kept-alive connections.
         let policy = sb.policy();
+        if crate::pattern::same_host(&name, crate::DELEGATION_HOST) {
+            return self.delegate(req, &policy, tls).await;
+        }
         // A rewrite rule sends the request to its own HTTPS destination:
         // the name the guest asked for must pass access control, the
         // destination the private-address gate.
@@ -378,6 +381,120 @@ impl Conn {
             Err(e) => text(
                 StatusCode::BAD_GATEWAY,
                 format!("Hearth egress proxy: upstream {name:?} failed: {e}\n"),
+            ),
+        }
+    }
+
+    /// A request to [`crate::DELEGATION_HOST`]: sent to the control plane
+    /// with a delegation token for this sandbox (signed by this host's key,
+    /// five minutes) instead of whatever credentials the guest sent. The
+    /// control plane decides what it may do.
+    async fn delegate(&self, req: Request<Incoming>, policy: &Policy, tls: bool) -> Response<Body> {
+        let sb = &self.sb;
+        let settings = &sb.shared.settings;
+        if !policy.delegation {
+            Counters::inc(&sb.counters.connections_refused);
+            return text(
+                StatusCode::FORBIDDEN,
+                "Hearth egress proxy: this sandbox was created without access_delegation\n".into(),
+            );
+        }
+        let (Some(signer), Some(control)) = (&settings.callback_signer, &settings.control_url)
+        else {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Hearth egress proxy: delegated access is not available on this host\n".into(),
+            );
+        };
+        if tls {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "Hearth egress proxy: use http://{} (through the proxy)\n",
+                    crate::DELEGATION_HOST
+                ),
+            );
+        }
+        let uri: Uri = match control.parse() {
+            Ok(u) => u,
+            Err(_) => {
+                return text(
+                    StatusCode::BAD_GATEWAY,
+                    "Hearth egress proxy: the control plane's URL is invalid\n".into(),
+                )
+            }
+        };
+        let up_tls = uri.scheme_str() == Some("https");
+        let (Some(host), port) = (
+            uri.host(),
+            uri.port_u16().unwrap_or(if up_tls { 443 } else { 80 }),
+        ) else {
+            return text(
+                StatusCode::BAD_GATEWAY,
+                "Hearth egress proxy: the control plane's URL is invalid\n".into(),
+            );
+        };
+        let host = host.trim_matches(['[', ']']).to_owned();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let token = match hearth_fence::jwt::sign(
+            &signer.key,
+            &serde_json::json!({
+                "iss": signer.issuer, "aud": "hearth-delegation", "sub": sb.id,
+                "iat": now, "exp": now + 300,
+            }),
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(sandbox = %sb.id, error = %e, "cannot sign a delegation token");
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Hearth egress proxy: internal error\n".into(),
+                );
+            }
+        };
+        // The operator's own control plane: no private-address gate.
+        let addrs = match sb.shared.resolve(&host, port).await {
+            Ok(a) => a,
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_GATEWAY,
+                    format!("Hearth egress proxy: {e}\n"),
+                )
+            }
+        };
+        let (mut parts, body) = req.into_parts();
+        remove_hop_by_hop(&mut parts.headers);
+        for h in crate::policy::CREDENTIAL_HEADERS {
+            parts.headers.remove(*h);
+        }
+        let authority = uri
+            .authority()
+            .map_or(host.clone(), |a| a.as_str().to_owned());
+        if let Ok(v) = HeaderValue::from_str(&authority) {
+            parts.headers.insert(header::HOST, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {token}")) {
+            parts.headers.insert(header::AUTHORIZATION, v);
+        }
+        let base = uri.path().trim_end_matches('/');
+        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = match format!("{base}{pq}").parse() {
+            Ok(u) => u,
+            Err(_) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "Hearth egress proxy: invalid request target\n".into(),
+                )
+            }
+        };
+        let req = Request::from_parts(parts, body.boxed());
+        match self.send(req, (host.clone(), port, up_tls), &addrs).await {
+            Ok(resp) => resp.map(|b| b.boxed()),
+            Err(e) => text(
+                StatusCode::BAD_GATEWAY,
+                format!("Hearth egress proxy: the control plane failed: {e}\n"),
             ),
         }
     }

@@ -68,10 +68,19 @@ pub struct EgressSettings {
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
     /// Upstream TCP connect timeout.
     pub connect_timeout: Duration,
-    /// Signs every callback this proxy makes; `None`: callbacks go unsigned
+    /// Signs every callback this proxy makes, and the delegation tokens it
+    /// adds; `None`: callbacks go unsigned and there is no delegated access
     /// (a standalone host, whose keys no JWKS publishes).
     pub callback_signer: Option<CallbackSigner>,
+    /// The control plane's URL, where requests of sandboxes with
+    /// `access_delegation` to [`DELEGATION_HOST`] go.
+    pub control_url: Option<String>,
 }
+
+/// The name under which a sandbox with `access_delegation` reaches the
+/// control plane's API as its creator (its `LANGSMITH_ENDPOINT` is
+/// `http://` this), through the explicit proxy.
+pub const DELEGATION_HOST: &str = "api.hearth.internal";
 
 /// The key callbacks are signed with (`X-LangSmith-Signature-JWT`, an
 /// EdDSA JWT LangSmith's `SandboxTokenVerifier` checks against the control

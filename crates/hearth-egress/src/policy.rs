@@ -43,6 +43,10 @@ pub struct Policy {
     /// proxy signs (`identity.tenant_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<String>,
+    /// Requests to [`DELEGATION_HOST`](crate::DELEGATION_HOST) go to the
+    /// control plane as the sandbox's creator (`access_delegation`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delegation: bool,
 }
 
 /// `access_control`: an allow list or a deny list.
@@ -378,6 +382,7 @@ impl Policy {
             rules,
             callbacks,
             tenant_id: None,
+            delegation: false,
         })
     }
 

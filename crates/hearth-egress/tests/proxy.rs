@@ -357,6 +357,8 @@ async fn world(policy: Policy) -> World {
             key: std::sync::Arc::new(callback_key()),
             issuer: "http://hearth.test".into(),
         }),
+        // The plain upstream stands in for the control plane.
+        control_url: Some(format!("http://127.0.0.1:{http_port}/cp")),
     })
     .unwrap();
     let proxy_ca = dir.join("proxy-ca.pem");
@@ -1142,6 +1144,65 @@ async fn gcp_rules_set_oauth_tokens_minted_from_the_service_account() {
         "{body}"
     );
     assert_eq!(w.https.len(), 2, "nothing forwarded without a token");
+}
+
+/// `access_delegation`: the guest's requests to `http://api.hearth.internal`
+/// (through the explicit proxy) go to the control plane with a delegation
+/// token for this sandbox in place of its own credentials; a sandbox
+/// without a delegation is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegated_requests_go_to_the_control_plane_with_a_token_for_the_sandbox() {
+    if !net_available() {
+        return;
+    }
+    let w = world(Policy {
+        delegation: true,
+        ..Policy::default()
+    })
+    .await;
+    let via = format!("http://{GUEST_EXPLICIT}");
+    let (status, body) =
+        w.ns.curl(&[
+            "-x",
+            &via,
+            "-H",
+            "X-Api-Key: delegated",
+            "-H",
+            "Authorization: Bearer guest",
+            "http://api.hearth.internal/api/v2/sandboxes/boxes?limit=1",
+        ])
+        .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "hello /cp/api/v2/sandboxes/boxes")
+    );
+    let seen = w.http.all();
+    assert_eq!(seen.len(), 1);
+    assert!(!seen[0].headers.contains_key("x-api-key"));
+    assert_eq!(
+        seen[0].headers["host"],
+        format!("127.0.0.1:{}", w.http_port).as_str()
+    );
+    let bearer = seen[0].headers["authorization"].to_str().unwrap();
+    let claims = verified_claims(bearer.strip_prefix("Bearer ").unwrap());
+    assert_eq!(claims["aud"], "hearth-delegation");
+    assert_eq!(claims["sub"], SANDBOX);
+    assert_eq!(
+        claims["exp"].as_u64().unwrap() - claims["iat"].as_u64().unwrap(),
+        300
+    );
+
+    assert!(w.egress.set_policy(SANDBOX, Policy::default()));
+    let (status, body) =
+        w.ns.curl(&[
+            "-x",
+            &via,
+            "http://api.hearth.internal/api/v2/sandboxes/boxes",
+        ])
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("without access_delegation"), "{body}");
+    assert_eq!(w.http.len(), 1);
 }
 
 /// A WebSocket-style upgrade from the guest, over the named connection
@@ -2296,6 +2357,7 @@ async fn held_guest_cannot_reach_private_loopback_link_local_metadata_or_host_ad
         hosts,
         connect_timeout: Duration::from_secs(2),
         callback_signer: None,
+        control_url: None,
     })
     .unwrap();
     let net = GuestNet::new();

@@ -50,6 +50,29 @@ pub struct SandboxSpec {
     /// default policy (the internet, no private addresses).
     #[serde(default)]
     pub egress: Option<EgressSpec>,
+    /// Code in the sandbox may call Hearth's API as its creator, with at
+    /// most these rights; `None` = no access.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegation: Option<Delegation>,
+}
+
+/// The access a sandbox was delegated, as it was requested: its rights are
+/// worked out at each request (the creator's current ones, capped by
+/// `permissions` when `Explicit`), so access the creator loses is lost here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delegation {
+    pub mode: DelegationMode,
+    pub permissions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DelegationMode {
+    /// All of the creator's rights.
+    Inherit,
+    /// The listed permissions the creator still holds.
+    Explicit,
 }
 
 /// How commands run in a sandbox when a request does not say.
@@ -154,6 +177,10 @@ mod tests {
                 }],
                 callbacks: vec![],
                 description: None,
+            }),
+            delegation: Some(Delegation {
+                mode: DelegationMode::Explicit,
+                permissions: vec!["sandboxes:read".into()],
             }),
         }
     }

@@ -20,6 +20,7 @@ mod api;
 mod autoscale;
 mod client_errors;
 mod control_keys;
+mod delegation;
 mod dependency_graph;
 mod fork;
 mod isolation;

@@ -272,6 +272,7 @@ fn exercises() -> Vec<(&'static str, Value)> {
                 "persistent": true, "preserve_memory_on_stop": true,
                 "env_vars": {"B": "2"}, "labels": {"team": "a"}, "run_config": run_config,
                 "proxy_config": proxy_config(),
+                "access_delegation": {"mode": "EXPLICIT", "permissions": ["sandboxes:read"]},
             }),
         ),
         (
@@ -441,6 +442,7 @@ async fn every_sdk_field_acts_or_is_refused_naming_it() {
                 "persistent",
                 "preserve_memory_on_stop",
                 "run_config",
+                "access_delegation",
             ] {
                 assert_eq!(got[k], body[k], "create: {k} as read back");
             }
