@@ -168,7 +168,9 @@ def test_other_dns_servers_private_addresses_and_the_host_are_unreachable():
 def test_sandboxes_cannot_reach_each_other():
     a = state["open"]
     b = create("net-b")
-    run(b, "setsid -f python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 </dev/null; sleep 2")
+    # Python's start under TCG can take seconds: wait until it answers.
+    run(b, "setsid -f python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 </dev/null; "
+           "for i in $(seq 1 60); do curl -s --noproxy '*' -o /dev/null http://127.0.0.1:8000/ && break; sleep 0.5; done")
     r = run(b, "curl -s --noproxy '*' -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/")
     check(r.stdout.strip() == "200", "B serves on its port 8000")
     # Every sandbox is 10.200.0.2 in its own namespace: A reaching that
@@ -407,6 +409,28 @@ def test_gcp_rule_sets_tokens_minted_from_the_service_account():
     created.discard(sb.name)
 
 
+def test_access_delegation_calls_the_api_as_the_creator_within_its_grant():
+    sb = create("net-deleg", access_delegation={"mode": "EXPLICIT", "permissions": ["sandboxes:read"]})
+    check(sb.name, "created")
+    status, body = raw("GET", f"/boxes/{sb.name}")
+    check(body.get("access_delegation") == {"mode": "EXPLICIT", "permissions": ["sandboxes:read"]}, f"reported as requested: {body.get('access_delegation')}")
+    r = run(sb, 'echo $LANGSMITH_ENDPOINT; curl -sS -w "\n%{http_code}" "$LANGSMITH_ENDPOINT/api/v2/sandboxes/boxes?limit=100" -H "X-Api-Key: $LANGSMITH_API_KEY"')
+    lines = r.stdout.strip().split("\n")
+    check(lines[0] == "http://api.hearth.internal", f"the endpoint the proxy serves: {lines[0]}")
+    check(lines[-1] == "200" and sb.name in r.stdout, f"sandboxes:read is granted: {r.stdout[-300:]}")
+    # Not granted, though the creator holds them: create and delete.
+    r = run(sb, 'curl -sS -o /dev/null -w "%{http_code}" -X POST "$LANGSMITH_ENDPOINT/api/v2/sandboxes/boxes" -H "Content-Type: application/json" -d "{}"')
+    check(r.stdout.strip() == "403", f"sandboxes:create is not granted: {r.stdout}")
+    r = run(sb, f'curl -sS -o /dev/null -w "%{{http_code}}" -X DELETE "$LANGSMITH_ENDPOINT/api/v2/sandboxes/boxes/{sb.name}"')
+    check(r.stdout.strip() == "403", f"sandboxes:delete is not granted: {r.stdout}")
+    # A sandbox without a delegation reaches nothing there.
+    other = state["open"]
+    r = run(other, 'curl -sS -w "\n%{http_code}" http://api.hearth.internal/api/v2/sandboxes/boxes')
+    check(r.stdout.strip().endswith("403") and "without access_delegation" in r.stdout, f"no delegation, no access: {r.stdout}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+
+
 def test_metrics_count_each_sandbox_traffic():
     status, text = raw("GET", "", api="/metrics")
     text = text if isinstance(text, str) else json.dumps(text)
@@ -429,6 +453,7 @@ TESTS = [
     test_header_rule_with_a_workspace_secret_never_enters_the_guest,
     test_callbacks_fail_closed_and_cache_their_headers,
     test_gcp_rule_sets_tokens_minted_from_the_service_account,
+    test_access_delegation_calls_the_api_as_the_creator_within_its_grant,
     test_metrics_count_each_sandbox_traffic,
 ]
 
