@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hearth_types::egress::{
-    AccessSpec, AwsSpec, CallbackSpec, Credentials, EgressSpec, GcpSpec, HeaderSpec, RewriteSpec,
-    RuleSpec, SecretValue,
+    AccessSpec, AwsRoleSpec, AwsSpec, CallbackSpec, Credentials, EgressSpec, GcpSpec, HeaderSpec,
+    RewriteSpec, RuleSpec, SecretValue,
 };
 use hearth_types::sandbox::RunSpec;
 use serde::{Deserialize, Serialize};
@@ -269,8 +269,10 @@ pub struct ProxyHeader {
     pub is_set: Option<bool>,
 }
 
-/// A rule's AWS credentials (`aws_auth` in the SDK). Static keys only:
-/// `role_arn` (and its `session_tags`, `subject_scope`) is refused.
+/// A rule's AWS credentials (`aws_auth` in the SDK): static keys, or an
+/// IAM role (`role_arn`, with `session_tags`) that the operator's AWS
+/// identity assumes with the workspace's id as external id (a 422 where the
+/// operator gave none). `subject_scope` (workload identity) is refused.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyAws {
@@ -439,20 +441,43 @@ impl ProxyAws {
                 format!("{at}.{field}: {why}"),
             ))
         };
-        if self.session_tags.is_some() {
-            return refuse(
-                "session_tags",
-                "session tags are not supported by Hearth yet (they need role_arn)",
-            );
-        }
         if self.subject_scope.is_some() {
             return refuse(
                 "subject_scope",
                 "workload identity is not supported by Hearth",
             );
         }
-        if self.role_arn.as_deref().is_some_and(|r| !r.is_empty()) {
-            return refuse("role_arn", "IAM roles are not supported by Hearth yet (the proxy cannot assume a role); give access_key_id and secret_access_key");
+        if let Some(role) = &self.role_arn {
+            // A role: the operator's AWS identity assumes it; no keys.
+            if !role.starts_with("arn:") || role.trim().len() < 20 {
+                return refuse(
+                    "role_arn",
+                    "must be an IAM role ARN (arn:aws:iam::<account>:role/<name>)",
+                );
+            }
+            for (field, set) in [
+                ("access_key_id", self.access_key_id.is_some()),
+                ("secret_access_key", self.secret_access_key.is_some()),
+            ] {
+                if set {
+                    return refuse(field, "give either role_arn or static keys, not both");
+                }
+            }
+            for (k, v) in self.session_tags.iter().flatten() {
+                if k.is_empty() || k.len() > 128 || !v.is_string() {
+                    return refuse(
+                        "session_tags",
+                        "must map tag keys (1-128 characters) to string values",
+                    );
+                }
+            }
+            return Ok(());
+        }
+        if self.session_tags.is_some() {
+            return refuse(
+                "session_tags",
+                "session tags are not supported without role_arn (static keys have no session)",
+            );
         }
         for field in ["access_key_id", "secret_access_key"] {
             let present = match field {
@@ -684,18 +709,35 @@ impl ProxyConfig {
                     match_headers: r.match_headers.clone(),
                     headers: r.headers.iter().map(header).collect(),
                     env: r.env_vars.clone().unwrap_or_default(),
-                    aws: r.aws.as_ref().map(|a| AwsSpec {
-                        access_key_id: a
-                            .access_key_id
-                            .as_ref()
-                            .map(ProxySecret::to_value)
-                            .unwrap_or(SecretValue::Sealed(String::new())),
-                        secret_access_key: a
-                            .secret_access_key
-                            .as_ref()
-                            .map(ProxySecret::to_value)
-                            .unwrap_or(SecretValue::Sealed(String::new())),
+                    aws_role: r.aws.as_ref().and_then(|a| {
+                        a.role_arn.as_ref().map(|role| AwsRoleSpec {
+                            role_arn: role.trim().to_owned(),
+                            session_tags: a
+                                .session_tags
+                                .iter()
+                                .flatten()
+                                .map(|(k, v)| {
+                                    (k.clone(), v.as_str().unwrap_or_default().to_owned())
+                                })
+                                .collect(),
+                        })
                     }),
+                    aws: r
+                        .aws
+                        .as_ref()
+                        .filter(|a| a.role_arn.is_none())
+                        .map(|a| AwsSpec {
+                            access_key_id: a
+                                .access_key_id
+                                .as_ref()
+                                .map(ProxySecret::to_value)
+                                .unwrap_or(SecretValue::Sealed(String::new())),
+                            secret_access_key: a
+                                .secret_access_key
+                                .as_ref()
+                                .map(ProxySecret::to_value)
+                                .unwrap_or(SecretValue::Sealed(String::new())),
+                        }),
                     gcp: r.gcp.as_ref().map(|g| GcpSpec {
                         service_account_json: g
                             .service_account_json
@@ -757,10 +799,8 @@ impl ProxyConfig {
                     match_headers: r.match_headers.clone(),
                     headers: r.headers.iter().map(header).collect(),
                     env_vars: (!r.env.is_empty()).then(|| r.env.clone()),
-                    kind: r
-                        .aws
-                        .as_ref()
-                        .map(|_| "aws".to_owned())
+                    kind: (r.aws.is_some() || r.aws_role.is_some())
+                        .then(|| "aws".to_owned())
                         .or_else(|| r.gcp.as_ref().map(|_| "gcp".to_owned())),
                     gcp: r.gcp.as_ref().map(|g| ProxyGcp {
                         service_account_json: Some(ProxySecret::from_value(
@@ -769,11 +809,24 @@ impl ProxyConfig {
                         scopes: (!g.scopes.is_empty()).then(|| g.scopes.clone()),
                         ..ProxyGcp::default()
                     }),
-                    aws: r.aws.as_ref().map(|a| ProxyAws {
-                        access_key_id: Some(ProxySecret::from_value(&a.access_key_id)),
-                        secret_access_key: Some(ProxySecret::from_value(&a.secret_access_key)),
-                        ..ProxyAws::default()
-                    }),
+                    aws: match (&r.aws, &r.aws_role) {
+                        (Some(a), _) => Some(ProxyAws {
+                            access_key_id: Some(ProxySecret::from_value(&a.access_key_id)),
+                            secret_access_key: Some(ProxySecret::from_value(&a.secret_access_key)),
+                            ..ProxyAws::default()
+                        }),
+                        (None, Some(role)) => Some(ProxyAws {
+                            role_arn: Some(role.role_arn.clone()),
+                            session_tags: (!role.session_tags.is_empty()).then(|| {
+                                role.session_tags
+                                    .iter()
+                                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                                    .collect()
+                            }),
+                            ..ProxyAws::default()
+                        }),
+                        (None, None) => None,
+                    },
                     rewrite: r.rewrite.as_ref().map(|rw| ProxyRewrite {
                         host: Some(rw.host.clone()),
                         port: Some(rw.port),

@@ -355,7 +355,33 @@ impl NetworkFileConfig {
             connect_timeout: std::time::Duration::from_secs(10),
             callback_signer: None,
             control_url: None,
+            aws_identity: aws_identity()?,
         }))
+    }
+}
+
+/// The operator's AWS identity the egress proxy assumes `role_arn` rules'
+/// roles with: `HEARTH_AWS_ROLE_ACCESS_KEY_ID` and
+/// `HEARTH_AWS_ROLE_SECRET_ACCESS_KEY` (both or neither), at
+/// `HEARTH_AWS_STS_ENDPOINT` (default `https://sts.amazonaws.com`) signed
+/// for `HEARTH_AWS_STS_REGION` (default `us-east-1`).
+pub fn aws_identity() -> anyhow::Result<Option<hearth_egress::AwsIdentity>> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    match (
+        env("HEARTH_AWS_ROLE_ACCESS_KEY_ID"),
+        env("HEARTH_AWS_ROLE_SECRET_ACCESS_KEY"),
+    ) {
+        (None, None) => Ok(None),
+        (Some(access_key_id), Some(secret_access_key)) => Ok(Some(hearth_egress::AwsIdentity {
+            access_key_id,
+            secret_access_key,
+            sts_endpoint: env("HEARTH_AWS_STS_ENDPOINT")
+                .unwrap_or_else(|| "https://sts.amazonaws.com".into()),
+            region: env("HEARTH_AWS_STS_REGION").unwrap_or_else(|| "us-east-1".into()),
+        })),
+        _ => anyhow::bail!(
+            "set both HEARTH_AWS_ROLE_ACCESS_KEY_ID and HEARTH_AWS_ROLE_SECRET_ACCESS_KEY, or neither"
+        ),
     }
 }
 

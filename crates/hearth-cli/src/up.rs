@@ -239,6 +239,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
             .metrics_require_key
             .unwrap_or(!listen.ip().is_loopback()),
         allow_private: file.network.allow_private()?,
+        aws_roles: crate::aws_identity()?.is_some(),
         listener: listener_limits,
         gc_interval: Some(hearth_control::GC_INTERVAL),
         ..ControlConfig::default()

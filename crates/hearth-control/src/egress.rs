@@ -154,6 +154,15 @@ impl Control {
         let Some(spec) = spec else {
             return Ok(SandboxNet::default());
         };
+        if !self.cfg.aws_roles {
+            if let Some(i) = spec.rules.iter().position(|r| r.aws_role.is_some()) {
+                let field = format!("proxy_config.rules[{i}].aws.role_arn");
+                return Err(ApiError::validation(
+                    &field,
+                    format!("{field}: assuming IAM roles is not supported by this Hearth: its operator has given it no AWS identity (HEARTH_AWS_ROLE_ACCESS_KEY_ID and HEARTH_AWS_ROLE_SECRET_ACCESS_KEY)"),
+                ));
+            }
+        }
         let mut wanted = BTreeSet::new();
         for v in spec.values() {
             if let SecretValue::Template(t) = v {

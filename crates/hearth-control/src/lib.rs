@@ -116,6 +116,10 @@ pub struct ControlConfig {
     /// `proxy_config` callback URL may name at create and PATCH. Each host
     /// checks every callback again, with its own list, when it connects.
     pub allow_private: Vec<ipnet::IpNet>,
+    /// The hosts' egress proxies hold an AWS identity to assume the IAM
+    /// roles of `aws` rules with `role_arn` (the operator's
+    /// `HEARTH_AWS_ROLE_*`); without one such rules are a 422.
+    pub aws_roles: bool,
     /// The public listener's header-read timeout and connection caps
     /// (default: derived from this process's descriptor limit).
     pub listener: hearth_listen::Limits,
@@ -143,6 +147,7 @@ impl Default for ControlConfig {
             autoscale: None,
             gc_interval: None,
             allow_private: Vec::new(),
+            aws_roles: false,
             listener: hearth_listen::Limits::for_this_process(),
         }
     }

@@ -60,6 +60,7 @@ fn main() {
     let keys = AwsKeys {
         access_key_id: "AKIAIOSFODNN7EXAMPLE".into(),
         secret_access_key: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into(),
+        session_token: None,
     };
     let (headers, guest) = s3_get();
     let path = "/reports/2026/12/summary.csv?versionId=3HL4kqtJlcpXroDTDmJ.rmSpXd3dIbrHY";

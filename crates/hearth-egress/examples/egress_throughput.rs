@@ -195,6 +195,7 @@ async fn main() {
         connect_timeout: Duration::from_secs(5),
         callback_signer: None,
         control_url: None,
+        aws_identity: None,
     })
     .unwrap();
     let ns = format!("hegress-bench-{}", std::process::id());

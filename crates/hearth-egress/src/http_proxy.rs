@@ -333,11 +333,28 @@ impl Conn {
                 );
             }
         };
-        // An `aws` rule re-signs, and only inside TLS like every secret.
-        let aws = policy
+        // An `aws` rule re-signs, and only inside TLS like every secret:
+        // with its keys, or a session of its role.
+        let rule = policy
             .rule_for(&name, req.uri().path(), req.headers())
-            .and_then(|r| r.aws.clone())
             .filter(|_| tls);
+        let aws = match rule.map(|r| (&r.aws, &r.aws_role)) {
+            Some((Some(keys), _)) => Some(keys.clone()),
+            Some((None, Some(role))) => {
+                let external_id = policy.tenant_id.as_deref().unwrap_or_default();
+                match crate::sts::session(sb, role, external_id).await {
+                    Ok(keys) => Some(keys),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %sb.id, host = %name, role = %role.role_arn, error = %callback::chain(&e), "AWS role session failed");
+                        return text(
+                            StatusCode::BAD_GATEWAY,
+                            format!("Hearth egress proxy: assuming the AWS role of the rule for {name:?} failed\n"),
+                        );
+                    }
+                }
+            }
+            _ => None,
+        };
         // An upgrade (WebSocket): the handshake is a request like any other
         // (policy, rules, callbacks); once the upstream answers 101 both
         // sides are spliced.

@@ -42,6 +42,7 @@ pub mod policy;
 pub mod private;
 mod proxy;
 pub mod sigv4;
+mod sts;
 pub mod tls;
 
 pub use http_proxy::remove_hop_by_hop;
@@ -75,6 +76,31 @@ pub struct EgressSettings {
     /// The control plane's URL, where requests of sandboxes with
     /// `access_delegation` to [`DELEGATION_HOST`] go.
     pub control_url: Option<String>,
+    /// The operator's AWS identity, which assumes the IAM roles of `aws`
+    /// rules with `role_arn`; `None`: such rules are refused (the control
+    /// plane knows, and refuses them at create).
+    pub aws_identity: Option<AwsIdentity>,
+}
+
+/// Static keys of the operator's AWS identity and the STS endpoint it
+/// assumes roles at.
+#[derive(Clone)]
+pub struct AwsIdentity {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// `https://sts.amazonaws.com` unless set (a regional or test endpoint).
+    pub sts_endpoint: String,
+    /// The region STS requests are signed for (`us-east-1` by default).
+    pub region: String,
+}
+
+impl std::fmt::Debug for AwsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AwsIdentity")
+            .field("access_key_id", &self.access_key_id)
+            .field("sts_endpoint", &self.sts_endpoint)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The name under which a sandbox with `access_delegation` reaches the
@@ -189,6 +215,8 @@ pub(crate) struct Sandbox {
     pub callback_cache: Mutex<HashMap<CallbackKey, CachedHeaders>>,
     /// GCP access tokens by (key, scopes) hash, and when to mint again.
     pub gcp_tokens: Mutex<HashMap<String, (String, Instant)>>,
+    /// AWS role sessions by (role, tags), and when to assume again.
+    pub aws_sessions: Mutex<HashMap<String, (policy::AwsKeys, Instant)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -213,6 +241,7 @@ impl Sandbox {
         }
         lock(&self.callback_cache).clear();
         lock(&self.gcp_tokens).clear();
+        lock(&self.aws_sessions).clear();
     }
 
     pub fn remember_name(&self, ip: IpAddr, name: &str) {
@@ -446,6 +475,7 @@ impl Egress {
             dns_names: Mutex::new((HashMap::new(), VecDeque::new())),
             callback_cache: Mutex::new(HashMap::new()),
             gcp_tokens: Mutex::new(HashMap::new()),
+            aws_sessions: Mutex::new(HashMap::new()),
         });
         let tasks = vec![
             tokio::spawn(proxy::serve(

@@ -83,6 +83,10 @@ pub struct HeaderRule {
     /// TLS, like every secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsKeys>,
+    /// Re-sign matching requests with a session of this IAM role (assumed
+    /// with the operator's AWS identity); only over TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_role: Option<AwsRole>,
     /// Send matching requests to `https://host:port` instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
@@ -172,6 +176,9 @@ impl Rewrite {
 pub struct AwsKeys {
     pub access_key_id: String,
     pub secret_access_key: String,
+    /// A role session's token (`x-amz-security-token`); none for static keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<String>,
 }
 
 impl fmt::Debug for AwsKeys {
@@ -180,6 +187,14 @@ impl fmt::Debug for AwsKeys {
             .field("access_key_id", &self.access_key_id)
             .finish_non_exhaustive()
     }
+}
+
+/// An IAM role a rule's sessions assume, and the sessions' tags.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AwsRole {
+    pub role_arn: String,
+    #[serde(default)]
+    pub session_tags: Vec<(String, String)>,
 }
 
 /// The hosts an AWS rule matches when it names none: AWS's own.
@@ -274,6 +289,20 @@ impl Policy {
                     Some(AwsKeys {
                         access_key_id: key("access_key_id", &a.access_key_id)?,
                         secret_access_key: key("secret_access_key", &a.secret_access_key)?,
+                        session_token: None,
+                    })
+                }
+            };
+            let aws_role = match &rule.aws_role {
+                None => None,
+                Some(r) => {
+                    if match_hosts.is_empty() {
+                        let own: Vec<String> = AWS_HOSTS.iter().map(|h| (*h).to_owned()).collect();
+                        match_hosts = patterns(&format!("{at}.match_hosts"), &own)?;
+                    }
+                    Some(AwsRole {
+                        role_arn: r.role_arn.clone(),
+                        session_tags: r.session_tags.clone().into_iter().collect(),
                     })
                 }
             };
@@ -351,6 +380,7 @@ impl Policy {
                 headers,
                 plaintext_headers,
                 aws,
+                aws_role,
                 rewrite,
                 gcp,
             });

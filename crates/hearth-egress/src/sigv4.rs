@@ -23,7 +23,15 @@ const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 /// The header that carries the payload hash (S3 requires it; others may).
 pub const CONTENT_SHA256: &str = "x-amz-content-sha256";
 const SECURITY_TOKEN: &str = "x-amz-security-token";
-const AMZ_DATE: &str = "x-amz-date";
+pub const AMZ_DATE: &str = "x-amz-date";
+
+/// `x-amz-date` for `unix_secs`: `YYYYMMDDTHHMMSSZ`.
+pub fn amz_date(unix_secs: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix_secs);
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replace(['-', ':'], "")
+}
 
 /// What the guest's `Authorization` header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +114,13 @@ pub fn resign(
         .filter(|h| *h != SECURITY_TOKEN)
         .cloned()
         .collect();
+    // A role's session signs with its token, which is signed too.
+    if let Some(token) = &keys.session_token {
+        let v = HeaderValue::from_str(token)
+            .map_err(|_| "the session token is not a valid header value")?;
+        headers.insert(SECURITY_TOKEN, v);
+        signed.push(SECURITY_TOKEN.to_owned());
+    }
     signed.sort();
     signed.dedup();
     let (path, query) = path_and_query
@@ -283,11 +298,17 @@ mod tests {
         AwsKeys {
             access_key_id: "AKIDEXAMPLE".into(),
             secret_access_key: "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY".into(),
+            session_token: None,
         }
     }
 
     /// AWS's published SigV4 test suite, case `get-vanilla`: the guest's
     /// dummy signature is replaced by the one AWS documents for the keys.
+    #[test]
+    fn amz_dates_are_compact_utc() {
+        assert_eq!(amz_date(1_440_938_160), "20150830T123600Z");
+    }
+
     #[test]
     fn get_vanilla_from_the_aws_test_suite() {
         let mut headers = HeaderMap::new();

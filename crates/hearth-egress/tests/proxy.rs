@@ -318,6 +318,16 @@ struct World {
 const SANDBOX: &str = "sb-test";
 
 async fn world(policy: Policy) -> World {
+    world_with(policy, |_| None).await
+}
+
+/// [`world`] whose proxy assumes AWS roles with the identity `identity`
+/// gives (called with the world's directory once its certificates are
+/// there, before the proxy starts).
+async fn world_with(
+    policy: Policy,
+    identity: impl FnOnce(&std::path::Path) -> Option<hearth_egress::AwsIdentity>,
+) -> World {
     let dir = std::env::temp_dir().join(format!(
         "hegress-{}-{}",
         std::process::id(),
@@ -325,6 +335,7 @@ async fn world(policy: Policy) -> World {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let (origin_ca, origin_cfg) = origin_tls(&dir);
+    let aws_identity = identity(&dir);
     let (http_port, http) = upstream(None, None).await;
     let (https_port, https) = upstream(Some(origin_cfg), None).await;
     let lo: IpAddr = "127.0.0.1".parse().unwrap();
@@ -359,6 +370,7 @@ async fn world(policy: Policy) -> World {
         }),
         // The plain upstream stands in for the control plane.
         control_url: Some(format!("http://127.0.0.1:{http_port}/cp")),
+        aws_identity,
     })
     .unwrap();
     let proxy_ca = dir.join("proxy-ca.pem");
@@ -2358,6 +2370,7 @@ async fn held_guest_cannot_reach_private_loopback_link_local_metadata_or_host_ad
         connect_timeout: Duration::from_secs(2),
         callback_signer: None,
         control_url: None,
+        aws_identity: None,
     })
     .unwrap();
     let net = GuestNet::new();
@@ -3029,9 +3042,9 @@ fn start_moto(dir: &std::path::Path) -> Option<Moto> {
         .arg(dir.join("secure.test.pem"))
         .arg("-k")
         .arg(dir.join("secure.test.key"))
-        // Exactly the set-up's five requests go unsigned; every later one
+        // Exactly the set-up's seven requests go unsigned; every later one
         // must carry a valid signature from a real key.
-        .env("INITIAL_NO_AUTH_ACTION_COUNT", "5")
+        .env("INITIAL_NO_AUTH_ACTION_COUNT", "7")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -3058,6 +3071,11 @@ iam.create_user(UserName="sandbox")
 iam.put_user_policy(UserName="sandbox", PolicyName="all", PolicyDocument=json.dumps(
     {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
 k = iam.create_access_key(UserName="sandbox")["AccessKey"]
+iam.create_role(RoleName="sandbox-role", AssumeRolePolicyDocument=json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
+     "Action": ["sts:AssumeRole", "sts:TagSession"]}]}))
+iam.put_role_policy(RoleName="sandbox-role", PolicyName="all", PolicyDocument=json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
 s3 = boto3.client("s3", **kw)
 s3.create_bucket(Bucket="secure")
 s3.put_object(Bucket="secure", Key="hello.txt", Body=b"hi from moto")
@@ -3096,6 +3114,98 @@ fn aws_rule(hosts: &[&str], key_id: &str, secret: &str) -> ProxyRule {
         }),
         ..Default::default()
     }
+}
+
+/// An `aws` rule with `role_arn`: the proxy assumes the role with the
+/// operator's identity (STS AssumeRole, signed; the workspace as external
+/// id; the rule's session tags) and re-signs the guest's requests with the
+/// session (its token signed in), which moto checks; one session serves
+/// many requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_role_rules_re_sign_with_a_session_of_the_role() {
+    if !net_available() {
+        return;
+    }
+    let mut moto = None;
+    let w = world_with(Policy::default(), |dir| {
+        let m = start_moto(dir)?;
+        let identity = hearth_egress::AwsIdentity {
+            access_key_id: m.key_id.clone(),
+            secret_access_key: m.secret.clone(),
+            sts_endpoint: format!("https://secure.test:{}/", m.port),
+            region: "us-east-1".into(),
+        };
+        moto = Some(m);
+        Some(identity)
+    })
+    .await;
+    let Some(moto) = moto else {
+        return;
+    };
+    let rule = ProxyRule {
+        name: "role".into(),
+        kind: Some("aws".into()),
+        match_hosts: vec!["secure.test".into()],
+        aws: Some(hearth_api::nested::ProxyAws {
+            role_arn: Some("arn:aws:iam::123456789012:role/sandbox-role".into()),
+            session_tags: Some(
+                [("team".to_owned(), serde_json::json!("a"))]
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut p = policy(ProxyConfig {
+        rules: vec![rule],
+        ..Default::default()
+    });
+    p.tenant_id = Some("ws-1".into());
+    assert!(w.egress.set_policy(SANDBOX, p));
+    let resolve = format!("secure.test:{}:192.0.2.10", moto.port);
+    let ca = w.proxy_ca.to_str().unwrap().to_owned();
+    let url = |path: &str| format!("https://secure.test:{}{path}", moto.port);
+    let signed = |service: &str, path: &str, extra: &[&str]| {
+        let mut a: Vec<String> = vec![
+            "--resolve".into(),
+            resolve.clone(),
+            "--cacert".into(),
+            ca.clone(),
+            "--aws-sigv4".into(),
+            format!("aws:amz:us-east-1:{service}"),
+            "--user".into(),
+            "DUMMYKEY:dummysecret".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.push(url(path));
+        a
+    };
+    let run = |args: Vec<String>| {
+        let ns = &w.ns;
+        async move {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            ns.curl(&refs).await
+        }
+    };
+    let (status, body) = run(signed(
+        "s3",
+        "/hello.txt",
+        &["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"],
+    ))
+    .await;
+    assert_eq!((status, body.as_str()), (200, "hi from moto"));
+    let (status, body) = run(signed(
+        "sts",
+        "/",
+        &["--data", "Action=GetCallerIdentity&Version=2011-06-15"],
+    ))
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("assumed-role/sandbox-role/hearth-sb-test"),
+        "the session is the role's: {body}"
+    );
 }
 
 /// Issue 17: the guest signs AWS requests with a dummy key; an `aws` rule

@@ -53,6 +53,10 @@ pub struct RuleSpec {
     /// adding headers; `match_hosts` empty = AWS's own hosts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsSpec>,
+    /// Sign matching requests with a session of this IAM role, which the
+    /// operator's AWS identity assumes (the workspace's id as external id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws_role: Option<AwsRoleSpec>,
     /// Authenticate matching requests with OAuth access tokens minted from
     /// a GCP service account key; `match_hosts` empty = Google's APIs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -101,6 +105,14 @@ pub enum Credentials {
 pub struct AwsSpec {
     pub access_key_id: SecretValue,
     pub secret_access_key: SecretValue,
+}
+
+/// An IAM role a rule's sessions assume, with the session's tags.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AwsRoleSpec {
+    pub role_arn: String,
+    pub session_tags: BTreeMap<String, String>,
 }
 
 /// A header and where its value comes from.

@@ -48,7 +48,12 @@ async fn env() -> Env {
     let url = hearth_db::testing::sqlite_url();
     let db = Db::connect(&url.url).await.unwrap();
     let (_, key) = crate::harness::workspace_key(&db, "surface", Quotas::default()).await;
-    let (control, host) = harness::sim_control(db).await;
+    // The operator gave its hosts an AWS identity: role rules act.
+    let cfg = hearth_control::ControlConfig {
+        aws_roles: true,
+        ..hearth_control::ControlConfig::default()
+    };
+    let (control, host) = harness::sim_control_with(db, cfg).await;
     Env {
         app: hearth_control::router(control),
         key,
@@ -240,6 +245,9 @@ fn proxy_config() -> Value {
     json!({
         "description": "what the sandbox may reach",
         "rules": [rule("api"), aws_rule(), {
+            "name": "aws-role", "type": "aws", "match_hosts": ["s3.example.com"],
+            "aws": {"role_arn": "arn:aws:iam::123456789012:role/reader", "session_tags": {"team": "a"}},
+        }, {
             "name": "gateway", "match_hosts": ["llm.test"],
             "headers": [{"name": "X-Gateway-Key", "type": "opaque", "value": "g"}],
             "rewrite": {"host": "gateway.test", "port": 8443, "credentials": "redact"},
@@ -552,4 +560,33 @@ async fn a_proxy_config_patch_is_a_200_only_once_the_host_has_it() {
         got["proxy_config"]["access_control"]["allow_list"],
         json!(["b.test"])
     );
+}
+
+/// An `aws` rule with `role_arn` acts only where the operator gave the
+/// hosts an AWS identity to assume roles with; elsewhere it is a 422
+/// naming it, never a sandbox whose AWS requests would go unsigned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_rule_is_refused_without_an_operator_aws_identity() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let (_, key) = crate::harness::workspace_key(&db, "roles", Quotas::default()).await;
+    let (control, host) = harness::sim_control(db).await;
+    let e = Env {
+        app: hearth_control::router(control),
+        key,
+        _host: host,
+        _db: url,
+    };
+    let body = json!({
+        "snapshot": "busybox",
+        "proxy_config": {"rules": [{"name": "r", "type": "aws",
+            "aws": {"role_arn": "arn:aws:iam::123456789012:role/reader"}}]},
+    });
+    let (status, v) = e
+        .call(Method::POST, "/api/v2/sandboxes/boxes", Some(&body))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (at, msg) = refusal(&v).unwrap();
+    assert_eq!(at, "proxy_config.rules[].aws.role_arn", "{v}");
+    assert!(msg.contains("HEARTH_AWS_ROLE_ACCESS_KEY_ID"), "{msg}");
 }

@@ -59,6 +59,14 @@ pub async fn workspace_key(db: &Db, name: &str, quotas: Quotas) -> (WorkspaceId,
 /// A control plane over `db` and one simulated host (`SimHost`) with room
 /// for whatever a test asks (64 vCPUs, 256 GiB).
 pub async fn sim_control(db: Db) -> (Arc<Control>, Arc<hearth_hostapi::SimHost>) {
+    sim_control_with(db, ControlConfig::default()).await
+}
+
+/// [`sim_control`] with `cfg`.
+pub async fn sim_control_with(
+    db: Db,
+    cfg: ControlConfig,
+) -> (Arc<Control>, Arc<hearth_hostapi::SimHost>) {
     let host = Arc::new(hearth_hostapi::SimHost::new());
     let hosts = vec![LocalHost {
         id: HostId::new(),
@@ -67,9 +75,7 @@ pub async fn sim_control(db: Db) -> (Arc<Control>, Arc<hearth_hostapi::SimHost>)
         capacity_mem: ByteSize::gib(256),
         store_url: String::new(),
     }];
-    let control = Control::open(db, ControlConfig::default(), hosts)
-        .await
-        .unwrap();
+    let control = Control::open(db, cfg, hosts).await.unwrap();
     (control, host)
 }
 
