@@ -22,6 +22,9 @@ from langsmith.types.sandboxes import (
     box_generate_service_url_params,
     box_list_params,
     box_update_params,
+    registry_create_params,
+    registry_list_params,
+    registry_update_params,
     snapshot_create_params,
     snapshot_list_params,
 )
@@ -35,6 +38,9 @@ OPERATIONS = {
     "download_url": box_generate_download_url_params.BoxGenerateDownloadURLParams,
     "list_sandboxes": box_list_params.BoxListParams,
     "list_snapshots": snapshot_list_params.SnapshotListParams,
+    "create_registry": registry_create_params.RegistryCreateParams,
+    "update_registry": registry_update_params.RegistryUpdateParams,
+    "list_registries": registry_list_params.RegistryListParams,
 }
 
 # Samples that are well formed where a field's name says what it holds, so

@@ -419,7 +419,7 @@ impl ListSnapshotsQuery {
 /// it, so it is bounded; a cursor reaches any depth.
 pub const MAX_LIST_OFFSET: u64 = 10_000;
 
-fn unknown_query(param: &str) -> ApiError {
+pub(crate) fn unknown_query(param: &str) -> ApiError {
     let shown: String = param.chars().take(64).collect();
     ApiError::invalid_query(
         &shown,
@@ -436,7 +436,7 @@ pub fn tag_values_unsupported(field: &str) -> ApiError {
     )
 }
 
-fn parse_offset(param: &str, v: &str) -> Result<u64, ApiError> {
+pub(crate) fn parse_offset(param: &str, v: &str) -> Result<u64, ApiError> {
     let n = parse_number(param, v)?;
     if n > MAX_LIST_OFFSET {
         return Err(ApiError::invalid_query(
@@ -447,7 +447,10 @@ fn parse_offset(param: &str, v: &str) -> Result<u64, ApiError> {
     Ok(n)
 }
 
-fn check_offset_and_cursor(offset: Option<u64>, cursor: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_offset_and_cursor(
+    offset: Option<u64>,
+    cursor: Option<&str>,
+) -> Result<(), ApiError> {
     if offset.is_some_and(|o| o > 0) && cursor.is_some() {
         return Err(ApiError::invalid_query(
             "offset",
@@ -459,7 +462,7 @@ fn check_offset_and_cursor(offset: Option<u64>, cursor: Option<&str>) -> Result<
 
 /// No query value may hold a NUL byte: none can match anything, and
 /// PostgreSQL refuses NUL in text.
-fn check_query_value(param: &str, v: &str) -> Result<(), ApiError> {
+pub(crate) fn check_query_value(param: &str, v: &str) -> Result<(), ApiError> {
     if v.contains('\0') {
         return Err(ApiError::invalid_query(
             param,
@@ -480,7 +483,7 @@ fn parse_number<T: std::str::FromStr>(param: &str, v: &str) -> Result<T, ApiErro
     })
 }
 
-fn parse_page_size(param: &str, v: &str) -> Result<u32, ApiError> {
+pub(crate) fn parse_page_size(param: &str, v: &str) -> Result<u32, ApiError> {
     let n: u32 = parse_number(param, v)?;
     if !(1..=MAX_PAGE_SIZE).contains(&n) {
         return Err(ApiError::invalid_query(

@@ -31,6 +31,7 @@ pub mod nested;
 mod openapi;
 pub mod pools;
 pub mod quota;
+pub mod registries;
 pub mod snapshots;
 pub mod spec;
 pub mod validate;

@@ -23,6 +23,10 @@ use crate::files::{
 };
 use crate::fork::{ForkRequest, ForkResponse};
 use crate::pools::{CreatePoolRequest, PoolResponse, UpdatePoolRequest};
+use crate::registries::{
+    CreateRegistryRequest, ListRegistriesQuery, ListRegistriesResponse, RegistryResponse,
+    UpdateRegistryRequest,
+};
 use crate::snapshots::{
     CaptureSnapshotRequest, CreateSnapshotRequest, ListSnapshotsResponse, SnapshotResponse,
     SnapshotsByNameResponse,
@@ -87,6 +91,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         delete_snapshot,
         fork_box,
         create_pool, list_pools, get_pool, update_pool, delete_pool,
+        create_registry, list_registries, get_registry, update_registry, delete_registry,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
@@ -101,6 +106,9 @@ const DATAPLANE_PATHS: &[&str] = &[
         (name = "pools", description = "Warm pools (a Hearth extension): paused VMs of one \
             snapshot and size kept ready, so that a create of that snapshot and size (the \
             unmodified SDK's included) is a claim instead of a boot"),
+        (name = "registries", description = "Private image registries: credentials a snapshot \
+            built from an OCI image (registry_id) pulls with, sent only to the registry's own \
+            host; the password is sealed at rest and never returned"),
         (name = "dataplane", description = "Per-sandbox runtime: commands, files, TCP tunnels"),
         (name = "secrets", description = "Workspace secrets: named values sandbox egress rules \
             use (proxy_config header rules of type workspace_secret) without the value entering \
@@ -396,16 +404,18 @@ fn snapshots_by_name() {}
 
 /// Build a snapshot from an OCI (Docker) image in a registry. Answers at
 /// once with status `building`; poll until `ready` or `failed`. Registries
-/// on loopback are reached over plain HTTP. A `name:tag` another snapshot
-/// holds moves to this one (the other stays, by id, untagged).
+/// on loopback are reached over plain HTTP. With `registry_id`, the
+/// pull uses that registry's credentials (and its scheme). A `name:tag`
+/// another snapshot holds moves to this one (the other stays, by id,
+/// untagged). A pull the registry refuses fails the snapshot, saying why.
 #[utoipa::path(
     post, path = "/api/v2/sandboxes/snapshots", tag = "snapshots",
     request_body = CreateSnapshotRequest,
     responses(
         (status = 202, description = "The snapshot, building", body = SnapshotResponse),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
-
-        (status = 422, description = "Invalid body", body = ErrorBody),
+        (status = 404, description = "No such registry (registry_id) in this workspace", body = ErrorBody),
+        (status = 422, description = "Invalid body, or an image on another host than its registry_id's", body = ErrorBody),
     ),
 )]
 #[allow(dead_code)]
@@ -544,6 +554,81 @@ fn update_pool() {}
 )]
 #[allow(dead_code)]
 fn delete_pool() {}
+
+/// Add a private image registry.
+///
+/// `create_snapshot` with its `id` as `registry_id` pulls with its
+/// credentials (basic auth, or exchanged for the registry's bearer token),
+/// which go only to the registry's own host: an image elsewhere is a 422.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/registries", tag = "registries",
+    request_body = CreateRegistryRequest,
+    responses(
+        (status = 201, description = "Created", body = RegistryResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key lacks sandboxes:create", body = ErrorBody),
+        (status = 409, description = "The workspace has a registry of that name, or 100 registries", body = ErrorBody),
+        (status = 422, description = "Invalid body: a bad name or url, a username without a password (or the reverse), auth_type AWS_ROLE or aws_role_arn (not supported), an unknown field", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn create_registry() {}
+
+/// List the workspace's registries, by name.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/registries", tag = "registries",
+    params(ListRegistriesQuery),
+    responses(
+        (status = 200, description = "One page of registries", body = ListRegistriesResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "An unknown or malformed query parameter", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_registries() {}
+
+/// Get a registry (never its password).
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/registries/{name}", tag = "registries",
+    params(("name" = String, Path, description = "Registry name")),
+    responses(
+        (status = 200, description = "The registry", body = RegistryResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such registry in this workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn get_registry() {}
+
+/// Change a registry's name, address or credentials. Moving it to
+/// another host needs its password again.
+#[utoipa::path(
+    patch, path = "/api/v2/sandboxes/registries/{name}", tag = "registries",
+    params(("name" = String, Path, description = "Registry name")),
+    request_body = UpdateRegistryRequest,
+    responses(
+        (status = 200, description = "The registry as changed", body = RegistryResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such registry in this workspace", body = ErrorBody),
+        (status = 409, description = "The new name is taken", body = ErrorBody),
+        (status = 422, description = "Invalid body, or a new host without a new password", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn update_registry() {}
+
+/// Delete a registry (snapshots pulled with it keep their disks).
+#[utoipa::path(
+    delete, path = "/api/v2/sandboxes/registries/{name}", tag = "registries",
+    params(("name" = String, Path, description = "Registry name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such registry in this workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn delete_registry() {}
 
 /// Run a command and wait for it (fallback for clients without WebSocket).
 #[utoipa::path(

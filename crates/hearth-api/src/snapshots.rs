@@ -129,10 +129,11 @@ pub struct CreateSnapshotRequest {
     /// Defaults to the image's own tag, else `latest`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
-    /// Refused (private registries are not supported yet); any string, so
-    /// that the refusal says that rather than how an id is spelt.
+    /// A private registry of the workspace (`/registries`) to pull with:
+    /// its credentials, sent only to its own host (the image must be on
+    /// it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub registry_id: Option<String>,
+    pub registry_id: Option<Uuid>,
     /// Overrides the image's `User`, `WorkingDir`; `env_vars` merge over its
     /// `Env`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -57,6 +57,9 @@ pub fn db_error(e: DbError) -> ApiError {
         // Placement retries on fresher numbers; when it still finds none,
         // no host has room: the SDK retries the 503.
         DbError::NoRoom { .. } => ApiError::no_hosts(),
+        DbError::TooMany { what, limit } => ApiError::conflict(format!(
+            "too many {what}: the limit is {limit} per workspace"
+        )),
         DbError::InvalidCursor => ApiError::invalid_query("cursor", "malformed or foreign cursor"),
         other => {
             tracing::error!(error = %hearth_types::error_chain(&other), "database failure");

@@ -37,6 +37,7 @@ mod list;
 mod metrics;
 mod pools;
 mod reap;
+mod registries;
 pub mod secrets;
 mod service;
 mod services;
@@ -251,6 +252,7 @@ impl Control {
                 image_digest: None,
                 description: None,
                 memory_reserved: None,
+                registry_id: None,
             })
             .await?;
         }
@@ -358,6 +360,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
                 .patch(boxes::resize_pool)
                 .delete(boxes::delete_pool),
         )
+        .merge(registries::routes())
 }
 
 /// The whole HTTP surface.

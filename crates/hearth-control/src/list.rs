@@ -72,7 +72,7 @@ pub fn snapshot_response(s: &SnapshotRow, tags: Vec<String>) -> SnapshotResponse
         status_message: s.status_message.clone(),
         docker_image: s.docker_image.clone(),
         image_digest: s.image_digest.clone(),
-        registry_id: None,
+        registry_id: s.registry_id.as_deref().and_then(|id| id.parse().ok()),
         source_sandbox_id: s.source_sandbox_id.map(|i| *i.as_uuid()),
         fs_capacity_bytes: s.fs_capacity.bytes(),
         fs_used_bytes: None,

@@ -144,8 +144,8 @@ impl Control {
 
     /// `POST /snapshots`: build a snapshot from an OCI image in a
     /// registry. Registries on loopback are reached over plain HTTP, all
-    /// others over HTTPS; private registries (`registry_id`) are not
-    /// supported yet.
+    /// others over HTTPS; with `registry_id`, as that registry's `url`
+    /// says, with its credentials.
     pub async fn create_snapshot(
         self: &Arc<Self>,
         who: &Principal,
@@ -154,12 +154,11 @@ impl Control {
         who.require("sandboxes:create")?;
         let req: CreateSnapshotRequest = hearth_api::parse_body(body)?;
         let (reference, capacity) = req.validate()?;
-        if req.registry_id.is_some() {
-            return Err(ApiError::validation(
-                "registry_id",
-                "private registries are not supported yet; use a public image",
-            ));
-        }
+        // A private registry's credentials, for its own host only.
+        let (auth, plain_http) = match req.registry_id {
+            Some(id) => self.registry_auth(who, id, &req.docker_image).await?,
+            None => (None, on_loopback(&req.docker_image)),
+        };
         let capacity = hearth_types::ByteSize(capacity);
         self.check_disk_size(capacity)?;
         if let Some(rc) = &req.run_config {
@@ -170,6 +169,7 @@ impl Control {
             labels: req.labels.clone().unwrap_or_default(),
             docker_image: Some(req.docker_image.clone()),
             description: req.description.clone(),
+            registry_id: req.registry_id.map(|id| id.to_string()),
             // Its kernel and initramfs; the disk is the image's.
             ..building(
                 who.workspace_id,
@@ -185,8 +185,9 @@ impl Control {
         let image_ref = req.docker_image.clone();
         tokio::spawn(async move {
             let import = ImportImage {
-                insecure_http: on_loopback(&image_ref),
+                insecure_http: plain_http,
                 reference: image_ref,
+                auth,
                 capacity,
                 volume: building.volume.clone().unwrap_or_default(),
             };
@@ -368,6 +369,7 @@ fn building(
         image_digest: None,
         description: None,
         memory_reserved: None,
+        registry_id: None,
     }
 }
 

@@ -104,6 +104,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0014_boot_heartbeat.sql"),
         postgres: include_str!("../migrations/postgres/0014_boot_heartbeat.sql"),
     },
+    Migration {
+        version: 15,
+        name: "registries",
+        sqlite: include_str!("../migrations/sqlite/0015_registries.sql"),
+        postgres: include_str!("../migrations/postgres/0015_registries.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

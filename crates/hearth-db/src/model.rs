@@ -256,6 +256,8 @@ pub struct SnapshotRow {
     /// Digest of the OCI image it was built from.
     pub image_digest: Option<String>,
     pub description: Option<String>,
+    /// The private registry it was pulled with (`registry_id`), if any.
+    pub registry_id: Option<String>,
 }
 
 /// A sandbox record: the durable truth about one sandbox.

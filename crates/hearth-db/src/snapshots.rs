@@ -14,7 +14,7 @@ use crate::Db;
 pub(crate) const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message, image, \
                              fs_capacity_bytes, labels, run_config, docker_image, created_at, updated_at, \
                              volume, memory_bytes, source_sandbox_id, image_digest, description, \
-                             memory_reserved_bytes";
+                             memory_reserved_bytes, registry_id";
 
 /// Rows a workspace may see: its own and the built-ins. `$1` is the
 /// workspace id.
@@ -41,6 +41,7 @@ pub(crate) fn decode_snapshot(r: &dyn RowExt) -> Result<SnapshotRow, sqlx::Error
         image_digest: r.opt_text("image_digest")?,
         description: r.opt_text("description")?,
         memory_reserved: r.opt_unsigned("memory_reserved_bytes")?.map(ByteSize),
+        registry_id: r.opt_text("registry_id")?,
     })
 }
 
@@ -88,7 +89,8 @@ fn snapshot_sql(
             s.memory_reserved
                 .map(|m| int(m.bytes(), op, "memory_reserved_bytes"))
                 .transpose()?,
-        ))
+        )
+        .arg(s.registry_id.as_deref()))
 }
 
 /// What a snapshot charges against its workspace's storage quota: its
@@ -117,7 +119,7 @@ fn insert_sql(op: &'static str, s: &SnapshotRow, workspace: WorkspaceId) -> Resu
         &format!(
             "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-             $19)"
+             $19, $20)"
         ),
         s,
         Some(workspace),
@@ -165,7 +167,7 @@ impl Db {
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-             $19) \
+             $19, $20) \
                  ON CONFLICT (id) DO UPDATE SET name = excluded.name, tag = excluded.tag, \
                  status = excluded.status, status_message = excluded.status_message, \
                  image = excluded.image, fs_capacity_bytes = excluded.fs_capacity_bytes, \

@@ -112,7 +112,10 @@ impl HostApi for InProcessHost {
     async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage> {
         let source = hearth_image::OciSource::Registry {
             reference: req.reference,
-            auth: None,
+            auth: req.auth.map(|a| hearth_image::RegistryAuth {
+                username: a.username,
+                password: a.password,
+            }),
             insecure_http: req.insecure_http,
         };
         let (captured, image) = self

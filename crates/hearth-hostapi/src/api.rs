@@ -118,6 +118,26 @@ pub struct ImportImage {
     pub capacity: ByteSize,
     /// Store volume the disk becomes.
     pub volume: String,
+    /// Credentials for the image's registry (a private registry's, by
+    /// `registry_id`); none pulls anonymously.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ImportAuth>,
+}
+
+/// Registry credentials for an import; `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportAuth {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for ImportAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportAuth")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
 }
 
 /// An imported image: its volumes and its configuration.

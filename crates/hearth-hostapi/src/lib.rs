@@ -28,8 +28,8 @@ pub mod sim;
 pub mod types;
 
 pub use api::{
-    ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
-    StoreGc,
+    ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportAuth, ImportImage,
+    ImportedImage, StopVm, StoreGc,
 };
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,

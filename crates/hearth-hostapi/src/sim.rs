@@ -79,6 +79,9 @@ struct State {
     /// The egress settings each VM was last given (at create or by
     /// `set_network`), as a real host's proxy would enforce them.
     networks: HashMap<VmId, SandboxNet>,
+    /// Every image import asked of it, in order (credentials included, as
+    /// a real host would pull with them).
+    imports: Vec<ImportImage>,
 }
 
 #[derive(Clone, Copy)]
@@ -153,6 +156,11 @@ impl SimHost {
     /// The egress settings the VM was last given, read directly.
     pub fn network(&self, id: VmId) -> Option<SandboxNet> {
         self.state().networks.get(&id).cloned()
+    }
+
+    /// The image imports asked of it so far, in order.
+    pub fn imports(&self) -> Vec<ImportImage> {
+        self.state().imports.clone()
     }
 
     /// The VM's record, read directly (no latency, no fence).
@@ -524,6 +532,7 @@ impl HostApi for SimHost {
             ));
         }
         self.state().volumes.insert(req.volume.clone());
+        self.state().imports.push(req.clone());
         Ok(ImportedImage {
             captured: Captured {
                 disk: req.volume,
@@ -903,6 +912,7 @@ mod tests {
             insecure_http: false,
             capacity: ByteSize::gib(1),
             volume: "v".into(),
+            auth: None,
         };
         for down in [
             h.create_vm(create(VmId::new(), 1)).await.map(drop),
@@ -994,6 +1004,7 @@ mod tests {
                 insecure_http: false,
                 capacity: ByteSize::gib(1),
                 volume: "img-1".into(),
+                auth: None,
             })
             .await
             .unwrap();

@@ -62,7 +62,9 @@ pub use initramfs::{ensure_initramfs, InitramfsArtifact};
 pub use kernel::{
     ensure_kernel, KernelArtifact, KernelModule, DEFAULT_KERNEL_PACKAGE, MODULE_LOAD_ORDER,
 };
-pub use oci::{import_oci, OciError, OciImage, OciSource, RegistryAuth, RunConfig};
+pub use oci::{
+    import_oci, reference_registry, OciError, OciImage, OciSource, RegistryAuth, RunConfig,
+};
 pub use progress::{under_way, Progress, QuietProgress, StderrProgress, Unit};
 pub use rootfs::{ensure_rootfs, RootfsArtifact, ROOTFS_LABEL};
 

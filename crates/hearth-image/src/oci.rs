@@ -44,6 +44,15 @@ pub const MAX_LAYERS: usize = 128;
 /// any real image.
 pub const MIN_CAPACITY: ByteSize = ByteSize(16 * 1024 * 1024);
 
+/// The registry an image reference pulls from, as `host[:port]` of its
+/// API in lowercase (Docker Hub's names are `registry-1.docker.io`): what
+/// a registry's credentials must name before they go with the pull.
+pub fn reference_registry(reference: &str) -> Result<String, OciError> {
+    Ok(reference::Reference::parse(reference)?
+        .registry
+        .to_ascii_lowercase())
+}
+
 /// Where an image comes from.
 #[derive(Clone, PartialEq, Eq)]
 pub enum OciSource {

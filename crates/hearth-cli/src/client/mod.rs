@@ -1,6 +1,6 @@
 //! The `hearth` commands that talk to a Hearth server's public API (never to
 //! internals): create, list, get, exec, console, cp, start, stop, delete,
-//! tunnel, and the workspace's secrets.
+//! tunnel, pools, registries and the workspace's secrets.
 //!
 //! Everything goes through the same API the `langsmith` SDK uses: the
 //! control plane under `{endpoint}/api/v2/sandboxes`, and each sandbox's
@@ -48,6 +48,7 @@ mod exec;
 mod files;
 mod http;
 mod pools;
+mod registries;
 mod secrets;
 mod term;
 mod tunnel;
@@ -155,6 +156,11 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: pools::PoolCommand,
     },
+    /// Private image registries that snapshots pull with.
+    Registries {
+        #[command(subcommand)]
+        command: registries::RegistriesCommand,
+    },
     /// The workspace's secrets, which sandbox egress rules can use.
     Secrets {
         #[command(subcommand)]
@@ -190,6 +196,7 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
             boxes::fork(&api, &name, count, child, json).await
         }
         ClientCommand::Pool { command } => pools::run(&api, command, json).await,
+        ClientCommand::Registries { command } => registries::run(&api, command, json).await,
         ClientCommand::Secrets { command } => secrets::run(&api, command, json).await,
     };
     result.map_err(|e| http::hint(e, &api))

@@ -45,7 +45,7 @@ pub async fn run(api: &Api, cmd: SecretsCommand, json: bool) -> anyhow::Result<u
         SecretsCommand::Set { name, value } => {
             let value = match value {
                 Some(v) => v,
-                None => read_value()?,
+                None => read_value("secret's value")?,
             };
             let body = json!([{ "key": name, "value": value }]);
             let all = api
@@ -85,16 +85,16 @@ pub async fn run(api: &Api, cmd: SecretsCommand, json: bool) -> anyhow::Result<u
     Ok(0)
 }
 
-/// The value from stdin, without one trailing newline.
-fn read_value() -> anyhow::Result<String> {
+/// A value (`what`) from stdin, without one trailing newline.
+pub(super) fn read_value(what: &str) -> anyhow::Result<String> {
     let mut stdin = std::io::stdin();
     if stdin.is_terminal() {
-        eprintln!("reading the secret's value from stdin; end with Ctrl-D");
+        eprintln!("reading the {what} from stdin; end with Ctrl-D");
     }
     let mut value = String::new();
     stdin
         .read_to_string(&mut value)
-        .context("read the secret's value from stdin (it must be UTF-8)")?;
+        .with_context(|| format!("read the {what} from stdin (it must be UTF-8)"))?;
     let trimmed = value
         .strip_suffix("\r\n")
         .or_else(|| value.strip_suffix('\n'))

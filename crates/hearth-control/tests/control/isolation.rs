@@ -65,6 +65,9 @@ const GHOST_SNAP: &str = "ghost-snap";
 const GHOST_SECRET: &str = "GHOST_TOKEN";
 const POOL: &str = "alpha-pool";
 const GHOST_POOL: &str = "ghost-pool";
+const REGISTRY: &str = "alpha-registry";
+const GHOST_REGISTRY: &str = "ghost-registry";
+const REGISTRY_PASSWORD: &str = "alpha-registry-password";
 const BOUNDARY: &str = "isolation-boundary";
 
 /// One workspace and its key.
@@ -224,6 +227,7 @@ struct Alpha {
     snapshot_ids: [String; 2],
     download_token: String,
     service_token: String,
+    registry_id: String,
 }
 
 impl Alpha {
@@ -240,6 +244,9 @@ impl Alpha {
             w.a.key_id.to_string(),
             self.download_token.clone(),
             self.service_token.clone(),
+            REGISTRY.to_owned(),
+            REGISTRY_PASSWORD.to_owned(),
+            self.registry_id.clone(),
         ];
         all.extend(self.snapshot_ids.iter().cloned());
         all
@@ -321,7 +328,17 @@ async fn populate_a(w: &World) -> Alpha {
         Some(json!({"name": POOL, "snapshot": "busybox", "size": 0})),
     )
     .await;
+    let registry = call(
+        w,
+        k,
+        Method::POST,
+        "/api/v2/sandboxes/registries",
+        Some(json!({"name": REGISTRY, "url": "registry.alpha.test",
+                    "username": "alpha", "password": REGISTRY_PASSWORD})),
+    )
+    .await;
     Alpha {
+        registry_id: registry["id"].as_str().unwrap().to_owned(),
         sandbox_id,
         snapshot_ids: [latest, v1],
         download_token: link["token"].as_str().unwrap().to_owned(),
@@ -346,6 +363,8 @@ async fn fingerprint(w: &World, a: &Alpha) -> Value {
         "/api/v1/workspaces/current/secrets".to_owned(),
         "/api/v2/sandboxes/pools".to_owned(),
         format!("/api/v2/sandboxes/pools/{POOL}"),
+        "/api/v2/sandboxes/registries".to_owned(),
+        format!("/api/v2/sandboxes/registries/{REGISTRY}"),
     ];
     paths.extend(
         a.snapshot_ids
@@ -360,6 +379,13 @@ async fn fingerprint(w: &World, a: &Alpha) -> Value {
     let vm = VmId::from(a.sandbox_id.parse::<uuid::Uuid>().unwrap());
     let record = w.host.vm(vm);
     let sealed = w.control.db.workspace_secret(w.a.ws, SECRET).await.unwrap();
+    let registry = w
+        .control
+        .db
+        .registry_by_name(w.a.ws, REGISTRY)
+        .await
+        .unwrap()
+        .map(|r| (r.username, r.password, r.url));
     let volumes: Vec<bool> = a
         .snapshot_ids
         .iter()
@@ -371,6 +397,7 @@ async fn fingerprint(w: &World, a: &Alpha) -> Value {
         "vm_ready": record.is_some_and(|r| r.state == VmState::Ready),
         "volumes": volumes,
         "sealed_secret": sealed,
+        "registry": registry,
     })
 }
 
@@ -504,6 +531,7 @@ fn body_for(method: &str, path: &str, content_type: &str) -> Payload {
         }
         ("post", "/glob") => json!({"path": "/", "pattern": "**"}),
         ("patch", "/api/v2/sandboxes/pools/{name}") => json!({"size": 3}),
+        ("patch", "/api/v2/sandboxes/registries/{name}") => json!({"username": "hijacked"}),
         ("post", "/grep") => json!({"path": "/", "pattern": "root"}),
         _ => panic!("{method} {path} takes a body: add one to body_for"),
     };
@@ -589,6 +617,9 @@ fn attempts(a: &Alpha, b_download: &str, b_service: &str, a_ws: &str) -> Vec<Att
                     ("snapshot_id", _) => snapshot_refs(a),
                     ("name", x) if x.starts_with("/api/v2/sandboxes/pools/") => {
                         vec![("name".into(), POOL.into(), GHOST_POOL.into())]
+                    }
+                    ("name", x) if x.starts_with("/api/v2/sandboxes/registries/") => {
+                        vec![("name".into(), REGISTRY.into(), GHOST_REGISTRY.into())]
                     }
                     ("key", x) if x.starts_with("/api/v1/workspaces/current/secrets/") => {
                         vec![("name".into(), SECRET.into(), GHOST_SECRET.into())]
@@ -715,6 +746,29 @@ fn attempts(a: &Alpha, b_download: &str, b_service: &str, a_ws: &str) -> Vec<Att
                 expect: StatusCode::NOT_FOUND,
             });
         }
+    }
+
+    // Pulling with A's registry: its id in a snapshot build.
+    let ghost_registry = uuid::Uuid::new_v4().to_string();
+    let pull = |id: &str| {
+        Payload::Json(json!({
+            "name": "with-alpha", "docker_image": "registry.alpha.test/app:v1",
+            "fs_capacity_bytes": 1u64 << 30, "registry_id": id,
+        }))
+    };
+    for prefix in ["/api/v2", "/v2"] {
+        out.push(Attempt {
+            label: format!("POST {prefix}/sandboxes/snapshots (A's registry_id)"),
+            method: Method::POST,
+            websocket: false,
+            target: format!("{prefix}/sandboxes/snapshots"),
+            body: pull(&a.registry_id),
+            ghost_target: format!("{prefix}/sandboxes/snapshots"),
+            ghost_body: pull(&ghost_registry),
+            pairs: vec![(a.registry_id.clone(), ghost_registry.clone())],
+            control: true,
+            expect: StatusCode::NOT_FOUND,
+        });
     }
 
     // Service routes the document folds into `/services/{token}/{path}`.

@@ -26,6 +26,7 @@ mod fork;
 mod isolation;
 mod pools;
 mod reapers;
+mod registries;
 mod replicas;
 mod sdk_surface;
 mod snapshot_quota;

@@ -228,6 +228,7 @@ fn building_snapshot(ws: WorkspaceId) -> SnapshotRow {
         image_digest: None,
         description: None,
         memory_reserved: Some(ByteSize::gib(1)),
+        registry_id: None,
     }
 }
 

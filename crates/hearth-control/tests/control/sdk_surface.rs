@@ -124,6 +124,26 @@ impl Env {
                 )
                 .await
             }
+            "create_registry" => {
+                self.call(Method::POST, "/api/v2/sandboxes/registries", Some(body))
+                    .await
+            }
+            "update_registry" => {
+                self.call(
+                    Method::PATCH,
+                    "/api/v2/sandboxes/registries/surface-reg",
+                    Some(body),
+                )
+                .await
+            }
+            "list_registries" => {
+                self.call(
+                    Method::GET,
+                    &format!("/api/v2/sandboxes/registries?{}", query(body)),
+                    None,
+                )
+                .await
+            }
             other => panic!("unknown operation {other}"),
         }
     }
@@ -323,6 +343,30 @@ fn exercises() -> Vec<(&'static str, Value)> {
                    "labels": {"kind": "captured"}, "description": "captured by the guard"}),
         ),
         (
+            "create_registry",
+            json!({"name": "surface-reg", "url": "https://registry.test", "auth_type": "DOCKER_CONFIG",
+                   "username": "robot", "password": "first"}),
+        ),
+        (
+            "create_registry",
+            json!({"name": "surface-reg2", "url": "ghcr.io"}),
+        ),
+        (
+            "update_registry",
+            json!({"name": "surface-reg", "url": "registry.test", "auth_type": "DOCKER_CONFIG",
+                   "username": "robot2", "password": "second"}),
+        ),
+        (
+            "list_registries",
+            json!({"name_contains": "SURFACE", "page_size": 1, "cursor": "$REGISTRY_CURSOR"}),
+        ),
+        ("list_registries", json!({"limit": 1, "offset": 1})),
+        (
+            "create_snapshot",
+            json!({"name": "surface-private", "docker_image": "registry.test/team/app:v1",
+                   "fs_capacity_bytes": GIB, "registry_id": "$REGISTRY_ID"}),
+        ),
+        (
             "create_snapshot",
             json!({"name": "surface-oci", "docker_image": "docker.io/library/busybox:latest",
                    "fs_capacity_bytes": GIB, "tag": "v1", "run_config": run_config,
@@ -371,6 +415,29 @@ async fn resolve(e: &Env, v: &mut Value) {
                 .call(Method::GET, "/api/v2/sandboxes/snapshots/busybox", None)
                 .await;
             *s = snap["id"].as_str().expect("busybox snapshot").to_owned();
+        }
+        Value::String(s) if s == "$REGISTRY_ID" => {
+            let (_, reg) = e
+                .call(
+                    Method::GET,
+                    "/api/v2/sandboxes/registries/surface-reg",
+                    None,
+                )
+                .await;
+            *s = reg["id"].as_str().expect("surface-reg").to_owned();
+        }
+        Value::String(s) if s == "$REGISTRY_CURSOR" => {
+            let (_, page) = e
+                .call(
+                    Method::GET,
+                    "/api/v2/sandboxes/registries?page_size=1",
+                    None,
+                )
+                .await;
+            *s = page["next_cursor"]
+                .as_str()
+                .expect("a second page")
+                .to_owned();
         }
         Value::String(s) if s == "$CURSOR" => {
             let (_, page) = e
@@ -461,6 +528,45 @@ async fn every_sdk_field_acts_or_is_refused_naming_it() {
             );
         }
     }
+
+    // The private registry's credentials went with its pull, and only
+    // with it; its id reads back on the snapshot. (Builds run in the
+    // background: wait for them.)
+    let snap = loop {
+        let (_, snap) = e
+            .call(
+                Method::GET,
+                "/api/v2/sandboxes/snapshots/surface-private:v1",
+                None,
+            )
+            .await;
+        if snap["status"] != "building" {
+            break snap;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(snap["status"], "ready", "{snap}");
+    let imports = e._host.imports();
+    let auth = |reference: &str| {
+        let i = imports.iter().find(|i| i.reference == reference).unwrap();
+        i.auth
+            .as_ref()
+            .map(|a| (a.username.clone(), a.password.clone()))
+    };
+    assert_eq!(
+        auth("registry.test/team/app:v1"),
+        Some(("robot2".into(), "second".into()))
+    );
+    assert_eq!(auth("docker.io/library/busybox:latest"), None);
+    let (_, reg) = e
+        .call(
+            Method::GET,
+            "/api/v2/sandboxes/registries/surface-reg",
+            None,
+        )
+        .await;
+    assert_eq!(snap["registry_id"], reg["id"], "{snap}");
+    assert!(!reg.to_string().contains("second"), "{reg}");
 
     // Everything else is refused, naming it.
     let (mut acts, mut refused) = (0, 0);

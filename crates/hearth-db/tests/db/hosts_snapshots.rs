@@ -239,6 +239,7 @@ pub(crate) fn snapshot(name: &str, tag: &str) -> SnapshotRow {
         image_digest: None,
         description: None,
         memory_reserved: None,
+        registry_id: None,
     }
 }
 

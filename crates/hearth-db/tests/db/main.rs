@@ -7,6 +7,7 @@ mod hosts_snapshots;
 mod lists;
 mod placement;
 mod pools;
+mod registries;
 mod sandboxes;
 mod snapshot_quota;
 mod workspace_secrets;

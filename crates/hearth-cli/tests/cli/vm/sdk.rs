@@ -62,11 +62,12 @@ const FIRST_HALF: &[&str] = &[
     "test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own",
 ];
 
-/// The rest, each standing alone: snapshots with memory, an OCI image, a
-/// fork, and the burst (last: it empties the workspace first).
+/// The rest, each standing alone: snapshots with memory, an OCI image
+/// (and a private registry's), a fork, and the burst (last: it empties the workspace first).
 const SECOND_HALF: &[&str] = &[
     "test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not",
     "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env",
+    "test_private_registry_pulls_with_its_credentials_over_tls",
     "test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own",
     BURST_TEST,
 ];
@@ -133,10 +134,12 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path) -> Self {
+    /// `hearth up` on `dir`, with `env` added to its environment.
+    fn start(dir: &Path, env: &[(&str, PathBuf)]) -> Self {
         let port = free_port();
         let log = dir.join("hearth-up.log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.args(["up", "--listen", &format!("127.0.0.1:{port}")])
             .env("HEARTH_DATA_DIR", dir)
             .env("NO_COLOR", "1")
@@ -340,6 +343,11 @@ fn on_path(tool: &str) -> bool {
 }
 
 fn run_out(cmd: &mut Command) -> Result<(), String> {
+    run_out_text(cmd).map(drop)
+}
+
+/// Runs `cmd`; its stdout, or why it failed.
+fn run_out_text(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
@@ -349,7 +357,7 @@ fn run_out(cmd: &mut Command) -> Result<(), String> {
             String::from_utf8_lossy(&out.stdout)
         ));
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A `docker-registry` on a free loopback port holding `hello:t`, a
@@ -358,6 +366,131 @@ fn run_out(cmd: &mut Command) -> Result<(), String> {
 struct OciRegistry {
     child: Child,
     reference: String,
+    /// The same image in a second registry that wants a password, over
+    /// TLS with a certificate of a test CA.
+    private: PrivateRegistry,
+}
+
+/// A `docker-registry` with htpasswd auth over TLS, on a free loopback
+/// port; `hearth up` trusts its CA through `SSL_CERT_FILE` (`ca_bundle`:
+/// the system's roots and the test CA).
+struct PrivateRegistry {
+    child: Child,
+    url: String,
+    reference: String,
+    ca_bundle: PathBuf,
+}
+
+const PRIVATE_USER: &str = "robot";
+const PRIVATE_PASSWORD: &str = "registry-pass-7f3a";
+
+/// A test CA and a certificate for 127.0.0.1 signed by it, as PEM files in
+/// `dir`: (CA certificate, server certificate, server key).
+fn test_tls(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name
+        .push(DnType::CommonName, "Hearth test registry CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::default();
+    leaf.distinguished_name
+        .push(DnType::CommonName, "127.0.0.1");
+    leaf.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];
+    let cert = leaf.signed_by(&key, &issuer).unwrap();
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    );
+    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+/// Starts `docker-registry` on `config` and waits until it listens.
+fn serve_registry(config: &Path, port: u16) -> Child {
+    let child = Command::new("docker-registry")
+        .arg("serve")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start docker-registry");
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "docker-registry did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+impl PrivateRegistry {
+    /// Starts it and copies `image` (an OCI layout reference) into it.
+    fn start(dir: &Path, image: &str) -> Result<Self, String> {
+        let dir = dir.join("private");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca, cert, key) = test_tls(&dir);
+        let bundle = dir.join("ca-bundle.pem");
+        let mut roots = std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+        roots.extend(std::fs::read(&ca).unwrap());
+        std::fs::write(&bundle, roots).unwrap();
+        // docker-registry reads bcrypt only; Python's crypt makes it.
+        let hash = run_out_text(Command::new("python3").args([
+            "-W",
+            "ignore",
+            "-c",
+            "import crypt, sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))",
+            PRIVATE_PASSWORD,
+        ]))?;
+        let htpasswd = dir.join("htpasswd");
+        std::fs::write(&htpasswd, format!("{PRIVATE_USER}:{}\n", hash.trim())).unwrap();
+        let port = free_port();
+        let config = dir.join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+                 http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {}\n    key: {}\n\
+                 auth:\n  htpasswd:\n    realm: hearth-test\n    path: {}\n",
+                dir.join("registry").display(),
+                cert.display(),
+                key.display(),
+                htpasswd.display()
+            ),
+        )
+        .unwrap();
+        let registry = Self {
+            child: serve_registry(&config, port),
+            url: format!("https://127.0.0.1:{port}"),
+            reference: format!("127.0.0.1:{port}/private/hello:t"),
+            ca_bundle: bundle,
+        };
+        run_out(
+            Command::new("skopeo")
+                .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+                .arg(format!("--dest-creds={PRIVATE_USER}:{PRIVATE_PASSWORD}"))
+                .arg(format!("oci:{image}"))
+                .arg(format!("docker://{}", registry.reference)),
+        )?;
+        Ok(registry)
+    }
+}
+
+impl Drop for PrivateRegistry {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl OciRegistry {
@@ -396,82 +529,83 @@ impl OciRegistry {
             ),
         )
         .unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start docker-registry");
-        let mut registry = Self {
-            child,
-            reference: format!("127.0.0.1:{port}/hello:t"),
+        let mut child = serve_registry(&config, port);
+        let reference = format!("127.0.0.1:{port}/hello:t");
+        let pushed =
+            push_hello(&dir, &reference).and_then(|image| PrivateRegistry::start(&dir, &image));
+        let private = match pushed {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("build and push the OCI test images: {e}");
+            }
         };
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "docker-registry did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if let Err(e) = registry.push_hello(&dir) {
-            registry.stop();
-            panic!("build and push the OCI test image: {e}");
-        }
-        println!("OCI image {} in a local registry", registry.reference);
-        Some(registry)
+        println!(
+            "OCI image {reference} in a local registry, {} in one with a password over TLS",
+            private.reference
+        );
+        Some(Self {
+            child,
+            reference,
+            private,
+        })
     }
+}
 
-    fn push_hello(&self, dir: &Path) -> Result<(), String> {
-        use std::os::unix::fs::PermissionsExt;
-        let layout = dir.join("layout");
-        let bundle = dir.join("bundle");
-        let image = format!("{}:t", layout.display());
-        run_out(
-            Command::new("umoci")
-                .arg("init")
-                .arg("--layout")
-                .arg(&layout),
-        )?;
-        run_out(Command::new("umoci").args(["new", "--image", &image]))?;
-        run_out(
-            Command::new("umoci")
-                .args(["unpack", "--image", &image])
-                .arg(&bundle),
-        )?;
-        let root = bundle.join("rootfs");
-        std::fs::create_dir_all(root.join("bin")).unwrap();
-        std::fs::create_dir_all(root.join("work")).unwrap();
-        std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-        std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
-        let hello = root.join("hello");
-        std::fs::write(&hello, "#!/bin/sh\necho \"greeting: $GREETING\"\n").unwrap();
-        std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).unwrap();
-        run_out(
-            Command::new("umoci")
-                .args(["repack", "--image", &image])
-                .arg(&bundle),
-        )?;
-        run_out(Command::new("umoci").args([
-            "config",
-            "--image",
-            &image,
-            "--config.env",
-            "GREETING=hi-from-oci",
-            "--config.entrypoint",
-            "/hello",
-            "--config.workingdir",
-            "/work",
-        ]))?;
-        run_out(
-            Command::new("skopeo")
-                .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
-                .arg(format!("oci:{image}"))
-                .arg(format!("docker://{}", self.reference)),
-        )
-    }
+/// Builds `hello:t` with umoci in `dir` and pushes it to `reference`; the
+/// OCI layout reference of the image.
+fn push_hello(dir: &Path, reference: &str) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let layout = dir.join("layout");
+    let bundle = dir.join("bundle");
+    let image = format!("{}:t", layout.display());
+    run_out(
+        Command::new("umoci")
+            .arg("init")
+            .arg("--layout")
+            .arg(&layout),
+    )?;
+    run_out(Command::new("umoci").args(["new", "--image", &image]))?;
+    run_out(
+        Command::new("umoci")
+            .args(["unpack", "--image", &image])
+            .arg(&bundle),
+    )?;
+    let root = bundle.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("work")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    let hello = root.join("hello");
+    std::fs::write(&hello, "#!/bin/sh\necho \"greeting: $GREETING\"\n").unwrap();
+    std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).unwrap();
+    run_out(
+        Command::new("umoci")
+            .args(["repack", "--image", &image])
+            .arg(&bundle),
+    )?;
+    run_out(Command::new("umoci").args([
+        "config",
+        "--image",
+        &image,
+        "--config.env",
+        "GREETING=hi-from-oci",
+        "--config.entrypoint",
+        "/hello",
+        "--config.workingdir",
+        "/work",
+    ]))?;
+    run_out(
+        Command::new("skopeo")
+            .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+            .arg(format!("oci:{image}"))
+            .arg(format!("docker://{reference}")),
+    )?;
+    Ok(image)
+}
 
+impl OciRegistry {
     fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
@@ -607,7 +741,12 @@ fn suite(part: &str, tests: &[&str]) {
         None
     };
     let burst = tests.contains(&BURST_TEST);
-    let mut server = Server::start(&dir);
+    // The private registry's CA, trusted by the server's pulls.
+    let trust: Vec<(&str, PathBuf)> = registry
+        .iter()
+        .map(|r| ("SSL_CERT_FILE", r.private.ca_bundle.clone()))
+        .collect();
+    let mut server = Server::start(&dir, &trust);
 
     // A second workspace with its own key: its view must not include the
     // default workspace's sandboxes.
@@ -635,7 +774,11 @@ fn suite(part: &str, tests: &[&str]) {
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     if let Some(registry) = &registry {
-        cmd.env("HEARTH_SDK_OCI_IMAGE", &registry.reference);
+        cmd.env("HEARTH_SDK_OCI_IMAGE", &registry.reference)
+            .env("HEARTH_SDK_PRIVATE_REGISTRY", &registry.private.url)
+            .env("HEARTH_SDK_PRIVATE_IMAGE", &registry.private.reference)
+            .env("HEARTH_SDK_PRIVATE_USER", PRIVATE_USER)
+            .env("HEARTH_SDK_PRIVATE_PASSWORD", PRIVATE_PASSWORD);
     }
     let suite_started = Instant::now();
     let mut py = cmd.spawn().unwrap();
