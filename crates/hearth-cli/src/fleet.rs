@@ -145,7 +145,9 @@ pub async fn drain(data_dir: &Path, control: Vec<String>) -> anyhow::Result<u8> 
 /// (a program and its arguments, split at whitespace, run without a shell)
 /// with `HEARTH_DESIRED_REPLICAS`; `kubernetes` scales the Deployment
 /// `HEARTH_AUTOSCALE_DEPLOYMENT` in `HEARTH_AUTOSCALE_NAMESPACE` through its
-/// `scale` subresource. Hosts are assumed alike, of
+/// `scale` subresource, as the pod's service account (in a cluster) or
+/// through `HEARTH_AUTOSCALE_KUBE_API`, an API server URL without
+/// credentials (`kubectl proxy`'s). Hosts are assumed alike, of
 /// `HEARTH_AUTOSCALE_HOST_CPU_MILLICORES` (default 16 vCPU).
 pub async fn autoscale_from_env() -> anyhow::Result<Option<hearth_control::AutoscaleSetup>> {
     let host_cpu = match env("HEARTH_AUTOSCALE_HOST_CPU_MILLICORES") {
@@ -174,10 +176,16 @@ pub async fn autoscale_from_env() -> anyhow::Result<Option<hearth_control::Autos
             let name = env("HEARTH_AUTOSCALE_DEPLOYMENT")
                 .context("HEARTH_AUTOSCALE_BACKEND=kubernetes needs HEARTH_AUTOSCALE_DEPLOYMENT")?;
             let namespace = env("HEARTH_AUTOSCALE_NAMESPACE");
-            let kube = hearth_fleet::KubeDeployment::infer(namespace.as_deref(), &name)
-                .await
-                .map_err(|e| anyhow::anyhow!(e))
-                .context("the Kubernetes scaling backend")?;
+            let kube = match env("HEARTH_AUTOSCALE_KUBE_API") {
+                Some(url) => hearth_fleet::KubeDeployment::from_url(
+                    &url,
+                    namespace.as_deref().unwrap_or("default"),
+                    &name,
+                ),
+                None => hearth_fleet::KubeDeployment::in_cluster(namespace.as_deref(), &name),
+            }
+            .map_err(|e| anyhow::anyhow!(e))
+            .context("the Kubernetes scaling backend")?;
             Arc::new(kube)
         }
         other => anyhow::bail!(

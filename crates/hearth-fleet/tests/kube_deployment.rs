@@ -22,6 +22,7 @@ struct Call {
     method: Method,
     path: String,
     content_type: Option<String>,
+    authorization: Option<String>,
     body: Option<Value>,
 }
 
@@ -82,6 +83,10 @@ async fn scale(
         method: method.clone(),
         path: uri.path().to_owned(),
         content_type: content_type.clone(),
+        authorization: headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
         body: parsed.clone(),
     });
     if let Some(code) = f.fail {
@@ -255,6 +260,56 @@ async fn an_unreachable_server_is_a_client_error() {
     ));
     assert!(matches!(
         KubeDeployment::from_url("not a url", "hearth", "hearth-host").unwrap_err(),
+        ScaleError::Client { .. }
+    ));
+}
+
+/// As a pod's service account: its namespace when none is given, its
+/// token on every request and read again each time (the kubelet rotates
+/// it), its CA read (a PEM that is not one is a clear error).
+#[tokio::test]
+async fn a_service_account_sends_its_current_token_in_its_namespace() {
+    let f = fake(2);
+    let url = serve(f.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::default();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    std::fs::write(
+        dir.path().join("ca.crt"),
+        ca.self_signed(&key).unwrap().pem(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("namespace"), "hearth\n").unwrap();
+    std::fs::write(dir.path().join("token"), "first-token\n").unwrap();
+    let d = KubeDeployment::with_service_account(&url, dir.path(), None, "hearth-host").unwrap();
+    assert_eq!(d.replicas().await.unwrap(), 2);
+    std::fs::write(dir.path().join("token"), "rotated-token").unwrap();
+    d.scale(3).await.unwrap();
+    let tokens: Vec<Option<String>> = f
+        .lock()
+        .unwrap()
+        .calls
+        .iter()
+        .map(|c| c.authorization.clone())
+        .collect();
+    assert_eq!(
+        tokens,
+        [
+            Some("Bearer first-token".to_owned()),
+            Some("Bearer rotated-token".to_owned())
+        ]
+    );
+    assert_eq!(f.lock().unwrap().replicas, 3);
+
+    std::fs::write(dir.path().join("ca.crt"), "not a certificate").unwrap();
+    assert!(matches!(
+        KubeDeployment::with_service_account(&url, dir.path(), None, "hearth-host").unwrap_err(),
+        ScaleError::Client { .. }
+    ));
+    assert!(matches!(
+        KubeDeployment::with_service_account(&url, &dir.path().join("nowhere"), None, "h")
+            .unwrap_err(),
         ScaleError::Client { .. }
     ));
 }
