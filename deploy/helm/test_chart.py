@@ -1528,9 +1528,13 @@ def check_sources(c):
     c.ok('"HEARTH_HOST_TOKEN"' in code_text(cli / "fleet.rs") and '"control"' in code_text(cli / "up.rs"),
          "code: the enrollment token's variable or the control plane's signing key (control.key) moved")
     kube = code_text(crates / "hearth-fleet" / "src" / "backend" / "kube.rs")
-    calls = set(re.findall(r"\.api\s*\.\s*(\w+)\(", kube))
-    c.ok(calls == {"get_scale", "patch_scale"},
-         f"code: the Kubernetes backend calls {sorted(calls)}; CONTROL_RBAC grants deployments/scale get and patch only")
+    # Every request it makes is the client's method on `self.url()`, the
+    # Deployment's scale subresource.
+    calls = set(re.findall(r"self\.client\s*\.\s*(\w+)\(", kube))
+    on_scale = re.findall(r"self\.client\s*\.\s*\w+\(([^)]*)\)", kube)
+    c.ok(calls == {"get", "patch"} and all(a.strip() == "self.url(" for a in on_scale)
+         and re.search(r'"\{\}/apis/apps/v1/namespaces/\{\}/deployments/\{\}/scale"', kube),
+         f"code: the Kubernetes backend calls {sorted(calls)} on {on_scale}; CONTROL_RBAC grants deployments/scale get and patch only")
     return True
 
 

@@ -204,8 +204,10 @@ fn jailed_vmms_are_unprivileged_confined_and_held_to_their_limits() {
         "neighbour exec latency: idle {idle:?}, under a fork bomb and a memory hog {loaded:?}; the hog's VMM used {:.0} % of a core",
         busy * 100.0
     );
+    // The load is real: its VMM burns CPU. A share, not a core: in CI the
+    // binary's other tests run alongside (four at a time on 2 cores).
     assert!(
-        busy > 0.5,
+        busy > 0.25,
         "the fork bomb kept its VMM busy ({:.0} % of a core)",
         busy * 100.0
     );
