@@ -5,7 +5,9 @@
 //! endpoints, a DNS server sandboxes must not reach). `hearth up` is
 //! started with `[network]` settings that name the test hosts and allow
 //! that subnet, and `tests/network/test_network.py` drives it with the
-//! unmodified `langsmith` SDK (see that file for what each test shows).
+//! unmodified `langsmith` SDK (see that file for what each test shows), in
+//! two halves side by side, each with a test internet and a `hearth up` of
+//! its own.
 //! No traffic goes anywhere but loopback and this namespace.
 //!
 //! Needs root, `ip`, `nft` and `openssl`; skips loudly without them unless
@@ -82,12 +84,13 @@ struct Inet {
 }
 
 impl Inet {
-    fn start(dir: &Path) -> Self {
+    /// The `k`th test internet of this process (each test has its own).
+    fn start(dir: &Path, k: u32) -> Self {
         let pid = std::process::id();
-        let octet = pid % 200 + 20;
-        let ns = format!("hnet-{pid}");
-        let veth = format!("hn{pid}h");
-        let peer = format!("hn{pid}n");
+        let octet = (pid + 37 * k) % 200 + 20;
+        let ns = format!("hnet-{pid}-{k}");
+        let veth = format!("hn{pid}{k}h");
+        let peer = format!("hn{pid}{k}n");
         let (host_ip, ip) = (format!("10.99.{octet}.1"), format!("10.99.{octet}.2"));
         let mut inet = Self {
             ns: ns.clone(),
@@ -174,11 +177,12 @@ struct Setup {
 }
 
 impl Setup {
-    fn start(tag: &str) -> Self {
+    /// The `k`th setup of this process, in data directory `tag`.
+    fn start(tag: &str, k: u32) -> Self {
         let dir = common::data_dir(tag);
         let inet_dir = dir.join("inet");
         std::fs::create_dir_all(&inet_dir).unwrap();
-        let inet = Inet::start(&inet_dir);
+        let inet = Inet::start(&inet_dir, k);
         let hosts: Vec<String> = NAMES
             .iter()
             .map(|n| format!("\"{n}\" = [\"{}\"]", inet.ip))
@@ -204,12 +208,14 @@ impl Setup {
     }
 }
 
-#[test]
-fn sandboxes_reach_the_test_internet_only_through_the_policy_enforcing_proxy() {
+/// Runs `tests` of `tests/network/test_network.py` against a test internet
+/// and a `hearth up` of their own (setup `k` of this process), so that the
+/// two halves of the suite run side by side.
+fn network_suite(tag: &str, k: u32, tests: &[&str]) {
     if !usable() {
         return;
     }
-    let setup = Setup::start("net");
+    let setup = Setup::start(tag, k);
     let (inet, server, inet_dir) = (&setup.inet, &setup.server, setup.inet_dir());
     let port = server.endpoint.rsplit(':').next().unwrap().to_owned();
     let prefix = inet.subnet.trim_end_matches("0/24").to_owned();
@@ -217,6 +223,7 @@ fn sandboxes_reach_the_test_internet_only_through_the_policy_enforcing_proxy() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/network/test_network.py");
     let child = Command::new(common::sdk_python())
         .arg(&script)
+        .args(tests)
         .env("LANGSMITH_ENDPOINT", &server.endpoint)
         .env("LANGSMITH_API_KEY", &server.key)
         .env("NET_IP", &inet.ip)
@@ -233,9 +240,66 @@ fn sandboxes_reach_the_test_internet_only_through_the_policy_enforcing_proxy() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let passed = stdout.lines().filter(|l| l.starts_with("PASS ")).count();
     assert!(
-        out.status.success() && stdout.contains("PASS") && !stdout.contains("FAIL"),
-        "the network suite failed"
+        out.status.success() && passed == tests.len() && !stdout.contains("FAIL"),
+        "the network suite failed ({passed} of {} passed)",
+        tests.len()
+    );
+}
+
+/// DNS, both proxy paths, an index, what stays unreachable, policies
+/// changed live, and the per-sandbox counters.
+const FIRST_HALF: &[&str] = &[
+    "test_names_resolve_through_hearth_dns_and_both_proxy_paths_work",
+    "test_pip_install_from_the_test_index",
+    "test_other_dns_servers_private_addresses_and_the_host_are_unreachable",
+    "test_sandboxes_cannot_reach_each_other",
+    "test_allow_list_then_deny_list_applied_live",
+    "test_metrics_count_each_sandbox_traffic",
+];
+
+/// Credentials in the proxy: header rules with secrets, callbacks, GCP
+/// tokens, delegated API access (after the first test, which makes the
+/// sandbox they share).
+const SECOND_HALF: &[&str] = &[
+    "test_names_resolve_through_hearth_dns_and_both_proxy_paths_work",
+    "test_header_rule_with_a_workspace_secret_never_enters_the_guest",
+    "test_callbacks_fail_closed_and_cache_their_headers",
+    "test_gcp_rule_sets_tokens_minted_from_the_service_account",
+    "test_access_delegation_calls_the_api_as_the_creator_within_its_grant",
+];
+
+#[test]
+fn sandboxes_reach_the_test_internet_only_through_the_policy_enforcing_proxy() {
+    network_suite("net", 0, FIRST_HALF);
+}
+
+#[test]
+fn the_proxy_adds_credentials_the_guest_never_sees() {
+    network_suite("netcred", 1, SECOND_HALF);
+}
+
+#[test]
+fn the_two_halves_are_the_whole_network_suite() {
+    let script = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/network/test_network.py"),
+    )
+    .unwrap();
+    let all: Vec<&str> = script
+        .lines()
+        .filter_map(|l| l.strip_prefix("def "))
+        .filter_map(|l| l.split('(').next())
+        .filter(|n| n.starts_with("test_"))
+        .collect();
+    let mut halves: Vec<&str> = FIRST_HALF.iter().chain(SECOND_HALF).copied().collect();
+    halves.sort();
+    halves.dedup();
+    let mut all_sorted = all.clone();
+    all_sorted.sort();
+    assert_eq!(
+        halves, all_sorted,
+        "every test of test_network.py in a half"
     );
 }
 
@@ -257,7 +321,7 @@ fn bench_download_and_connection_setup_through_the_proxy_and_the_bare_tap() {
     if !usable() {
         return;
     }
-    let setup = Setup::start("netbench");
+    let setup = Setup::start("netbench", 0);
     let server = &setup.server;
     server.ok(&["create", "netbench", "--vcpus", "1", "--memory", "2G"]);
     let vm = server.json(&["get", "netbench"])["id"]
