@@ -166,6 +166,27 @@ impl FakeVmm {
         identity
     }
 
+    /// The guest clock of the running VM `id` minus the host's, in ns: 0
+    /// at boot, behind by as long as the VM was paused, and as the host's
+    /// steps left it.
+    pub fn clock_offset_ns(&self, id: VmId) -> Option<i64> {
+        let m = self.state().running.get(&id).cloned()?;
+        let offset = m.clock().now_ns() as i128 - i128::from(wall_ns());
+        Some(offset.clamp(i64::MIN.into(), i64::MAX.into()) as i64)
+    }
+
+    /// The next `answers` clock requests of the VM `id` are answered
+    /// `by` late (the guest reads its clock half way), as a guest does
+    /// that has just resumed on a loaded host; false if it is not running.
+    pub fn slow_clock(&self, id: VmId, answers: u32, by: Duration) -> bool {
+        let Some(m) = self.state().running.get(&id).cloned() else {
+            return false;
+        };
+        let mut c = m.clock();
+        (c.slow, c.slow_by) = (answers, by);
+        true
+    }
+
     /// Whether the VMM of `id` is running (paused counts).
     pub fn is_running(&self, id: VmId) -> bool {
         self.state().running.contains_key(&id)
@@ -248,6 +269,7 @@ impl FakeVmm {
             paused,
             wedged,
             identity: Mutex::new(None),
+            clock: Mutex::new(FakeClock::default()),
             ignore_quit,
             vmm: Arc::downgrade(&self.shared),
         });
@@ -361,6 +383,47 @@ impl Vmm for FakeVmm {
     }
 }
 
+/// The host's `CLOCK_REALTIME` in Unix ns.
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// A fake guest's wall clock: the host's plus an offset, standing still
+/// while the VM is paused (as a guest's does under TCG), stepped by the
+/// host's `Request::Clock`.
+#[derive(Default)]
+struct FakeClock {
+    offset_ns: i64,
+    /// When the VM was paused, while it is.
+    stopped_at: Option<std::time::Instant>,
+    /// This many answers to come are slow, by `slow_by` each.
+    slow: u32,
+    slow_by: Duration,
+}
+
+impl FakeClock {
+    fn now_ns(&self) -> u64 {
+        let host = i128::from(wall_ns());
+        let stood = self
+            .stopped_at
+            .map_or(0, |t| t.elapsed().as_nanos() as i128);
+        (host + i128::from(self.offset_ns) - stood).clamp(0, u64::MAX.into()) as u64
+    }
+
+    fn pause(&mut self) {
+        self.stopped_at.get_or_insert_with(std::time::Instant::now);
+    }
+
+    fn resume(&mut self) {
+        if let Some(t) = self.stopped_at.take() {
+            let stood = i64::try_from(t.elapsed().as_nanos()).unwrap_or(i64::MAX);
+            self.offset_ns = self.offset_ns.saturating_sub(stood);
+        }
+    }
+}
+
 /// A fake VM's "VMM process".
 struct Machine {
     id: VmId,
@@ -372,6 +435,7 @@ struct Machine {
     wedged: watch::Sender<bool>,
     /// The last identity the host gave it (see [`FakeVmm::identity`]).
     identity: Mutex<Option<hearth_guest_proto::GuestIdentity>>,
+    clock: Mutex<FakeClock>,
     ignore_quit: bool,
     vmm: Weak<Shared>,
 }
@@ -397,6 +461,10 @@ impl Machine {
                 st.running.remove(&self.id);
             }
         }
+    }
+
+    fn clock(&self) -> std::sync::MutexGuard<'_, FakeClock> {
+        self.clock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     async fn exited(&self) -> ExitInfo {
@@ -451,12 +519,14 @@ impl VmInstance for FakeInstance {
 
     async fn pause(&self) -> Result<(), VmmError> {
         self.alive("pause")?;
+        self.m.clock().pause();
         self.m.paused.send_replace(true);
         Ok(())
     }
 
     async fn resume(&self) -> Result<(), VmmError> {
         self.alive("resume")?;
+        self.m.clock().resume();
         self.m.paused.send_replace(false);
         Ok(())
     }
@@ -641,11 +711,21 @@ async fn handle(stream: Stream, payload: bytes::Bytes, m: Arc<Machine>, version:
     };
     match req {
         Request::Exec(e) => exec(&stream, &m, e).await,
-        // The fake guest's clock is the host's: a step changes nothing.
-        Request::Clock { .. } => {
-            let realtime_ns = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        // A slow answer reads the clock half way through its delay.
+        Request::Clock { step_ns } => {
+            let slow_by = {
+                let mut c = m.clock();
+                c.offset_ns = c.offset_ns.saturating_add(step_ns);
+                if c.slow > 0 {
+                    c.slow -= 1;
+                    c.slow_by
+                } else {
+                    Duration::ZERO
+                }
+            };
+            tokio::time::sleep(slow_by / 2).await;
+            let realtime_ns = m.clock().now_ns();
+            tokio::time::sleep(slow_by / 2).await;
             reply(&stream, &m, Reply::Clock { realtime_ns }).await;
         }
         Request::Configure(_) => reply(&stream, &m, Reply::Ok).await,

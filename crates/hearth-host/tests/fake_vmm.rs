@@ -571,3 +571,35 @@ async fn a_member_that_cannot_take_its_identity_fails_its_claim_and_is_killed() 
     wait_for(&m, VmState::Stopped).await;
     host.shutdown().await;
 }
+
+/// A claimed member's clock, which stood still while it waited paused, is
+/// the host's when the claim answers, even when the guest's first answers
+/// come too late to show how far off it is (CI: a member claimed while
+/// three others booted read 6 s behind; its sync had given up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_members_clock_is_the_hosts_even_when_its_first_answers_are_slow() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let mut cfg = fake_config(&dir);
+    cfg.boot_timeout = Duration::from_secs(20);
+    let host = start(cfg, &fake).await;
+    let m = host
+        .create_vm(CreateVm {
+            pooled: true,
+            ..small()
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let behind = fake.clock_offset_ns(m.id).unwrap();
+    assert!(behind <= -300_000_000, "paused for 300 ms: {behind} ns");
+    // Four answers 700 ms late: the first attempt's best reading is known
+    // only to 350 ms, which hides the 300 ms it is behind.
+    assert!(fake.slow_clock(m.id, 4, Duration::from_millis(700)));
+    host.claim(m.id, 0, Default::default())
+        .await
+        .expect("claim");
+    let after = fake.clock_offset_ns(m.id).unwrap();
+    assert!(after.abs() < 50_000_000, "{after} ns off after the claim");
+    host.shutdown().await;
+}

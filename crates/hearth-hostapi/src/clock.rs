@@ -28,6 +28,13 @@ pub const SAMPLES: usize = 4;
 /// backwards, under running programs.
 pub const STEP_THRESHOLD: Duration = Duration::from_millis(10);
 
+/// A reading less precise than this cannot show that a clock is right: a
+/// guest just resumed on a loaded host may take seconds to answer, and a
+/// clock seconds off then hides in the round trip. A sync whose best
+/// reading is this uncertain, with nothing it could step, is not settled
+/// ([`ClockSync::settled`]) and is tried again.
+pub const MAX_UNCERTAINTY: Duration = Duration::from_millis(100);
+
 /// One reading of the guest's clock, taken during a round trip that began
 /// at `sent_ns` on the host's clock and lasted `round_trip`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +91,21 @@ pub struct ClockSync {
     pub step_ns: Option<i64>,
     /// The offset the step's own answer shows (ns), if stepped.
     pub after_ns: Option<i64>,
+}
+
+impl ClockSync {
+    /// Whether the guest's clock is known to be on the host's after this
+    /// sync, within [`STEP_THRESHOLD`] plus [`MAX_UNCERTAINTY`]: a step
+    /// whose own answer shows it there, or a reading precise enough to
+    /// show that no step was needed.
+    pub fn settled(&self) -> bool {
+        let bound = STEP_THRESHOLD.saturating_add(MAX_UNCERTAINTY).as_nanos();
+        match (self.step_ns, self.after_ns) {
+            (Some(_), Some(after)) => u128::from(after.unsigned_abs()) <= bound,
+            (Some(_), None) => false,
+            (None, _) => self.round_trip / 2 <= MAX_UNCERTAINTY,
+        }
+    }
 }
 
 /// The host's `CLOCK_REALTIME` in Unix ns.
@@ -163,5 +185,27 @@ mod tests {
             guest_ns: 0,
         };
         assert_eq!(step_for(&s, threshold), Some(i64::MAX));
+    }
+
+    #[test]
+    fn a_sync_is_settled_only_when_it_shows_the_clock_on_time() {
+        let sync = |round_trip_ms, step_ns, after_ns| ClockSync {
+            offset_ns: -6_000_000_000,
+            round_trip: Duration::from_millis(round_trip_ms),
+            step_ns,
+            after_ns,
+        };
+        // Stepped, and the step's answer shows it on time (or near).
+        assert!(sync(4, Some(6_000_000_000), Some(1_000_000)).settled());
+        assert!(sync(4, Some(6_000_000_000), Some(-110_000_000)).settled());
+        // Stepped, but the answer shows it still off (the step's own
+        // answer was slow, or the guest did not step): not settled.
+        assert!(!sync(4, Some(6_000_000_000), Some(-111_000_000)).settled());
+        assert!(!sync(4, Some(6_000_000_000), None).settled());
+        // Nothing to step: settled only if the reading could have shown a
+        // large offset. A clock 6 s off hides in a 12.5 s round trip.
+        assert!(sync(200, None, None).settled());
+        assert!(!sync(201, None, None).settled());
+        assert!(!sync(12_500, None, None).settled());
     }
 }
