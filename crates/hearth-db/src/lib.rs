@@ -21,6 +21,7 @@
 //! With the `testing` feature, [`testing`] provides real databases for
 //! tests: a temporary SQLite file and a throwaway PostgreSQL cluster.
 
+mod deadlines;
 mod error;
 mod fleet;
 mod hosts;
@@ -47,6 +48,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+pub use deadlines::{Deadline, OnExpiry};
 pub use error::{DbError, QuotaKind};
 pub use fleet::{KeyOwnerKind, LeaderLease, Leadership, NewSigningKey, SigningKeyRow};
 pub use model::*;

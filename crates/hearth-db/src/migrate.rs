@@ -110,6 +110,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0015_registries.sql"),
         postgres: include_str!("../migrations/postgres/0015_registries.sql"),
     },
+    Migration {
+        version: 16,
+        name: "deadlines",
+        sqlite: include_str!("../migrations/sqlite/0016_deadlines.sql"),
+        postgres: include_str!("../migrations/postgres/0016_deadlines.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -529,11 +529,14 @@ impl Db {
     }
 
     pub async fn delete_sandbox(&self, id: SandboxId) -> Result<(), DbError> {
-        let forget = Sql::new("DELETE FROM saved_memory WHERE sandbox_id = $1").arg(id.to_string());
-        self.pool
-            .execute(&forget)
-            .await
-            .map_err(DbError::backend("delete sandbox"))?;
+        for table in ["saved_memory", "sandbox_deadlines"] {
+            let forget =
+                Sql::new(&format!("DELETE FROM {table} WHERE sandbox_id = $1")).arg(id.to_string());
+            self.pool
+                .execute(&forget)
+                .await
+                .map_err(DbError::backend("delete sandbox"))?;
+        }
         let sql = Sql::new("DELETE FROM sandboxes WHERE id = $1").arg(id.to_string());
         let n = self
             .pool

@@ -2,6 +2,7 @@
 //! file) and PostgreSQL (see `hearth_db::testing`). One binary: the files
 //! link once and run side by side.
 
+mod deadlines;
 mod fleet;
 mod hosts_snapshots;
 mod lists;
