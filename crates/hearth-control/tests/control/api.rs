@@ -69,7 +69,7 @@ async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
         keys.push((ws, key(&db, ws, &["*"]).await));
     }
     let reader = key(&db, keys[0].0, &["sandboxes:read"]).await;
-    let control = Control::open(db, ControlConfig::default(), hosts)
+    let control = Control::open(db, crate::harness::test_config(), hosts)
         .await
         .unwrap();
     Env {
@@ -1584,7 +1584,7 @@ mod vm {
         let db = Db::connect(&url.url).await.unwrap();
         let cfg = ControlConfig {
             master_key,
-            ..ControlConfig::default()
+            ..crate::harness::test_config()
         };
         let control = Control::open(db, cfg, vec![mk(host2)]).await.unwrap();
         let row = control

@@ -22,6 +22,19 @@ pub fn shared_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test")
 }
 
+/// The settings of a test's control plane. No reaper loop runs in these
+/// tests, so nothing renews the in-process hosts' leases: a test's lease
+/// outlasts the test. (With the default 30 s, a test that ran longer, as
+/// under four test threads, found its host's lease expired and every
+/// create answered 503 `NoSandboxHostsAvailable`.) Tests of leases set
+/// their own.
+pub fn test_config() -> ControlConfig {
+    ControlConfig {
+        lease: Duration::from_secs(3600),
+        ..ControlConfig::default()
+    }
+}
+
 /// A host agent on a fresh data directory sharing the test image cache.
 pub async fn host() -> Arc<Host> {
     let shared = shared_dir();
@@ -148,7 +161,7 @@ impl Server {
         }
         let cfg = ControlConfig {
             default_snapshot: ("busybox".into(), "latest".into()),
-            ..ControlConfig::default()
+            ..test_config()
         };
         let control = Control::open(db, cfg, hosts).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
