@@ -1194,6 +1194,14 @@ impl Control {
                     .await?;
             }
         }
+        let guest = self.ready_guest(&row).await?;
+        self.touch(&row).await;
+        Ok((row, guest))
+    }
+
+    /// The guest of a ready sandbox, as it is: no start, no wait, no
+    /// activity recorded.
+    pub(crate) async fn ready_guest(&self, row: &SandboxRow) -> Result<GuestClient, ApiError> {
         if row.status != SandboxStatus::Ready {
             return Err(ApiError::sandbox_not_ready(&row.name));
         }
@@ -1202,12 +1210,9 @@ impl Control {
             None => None,
         }
         .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
-        let guest = host
-            .guest(vm_id(row.id), row.generation)
+        host.guest(vm_id(row.id), row.generation)
             .await
-            .map_err(|_| ApiError::sandbox_not_ready(&row.name))?;
-        self.touch(&row).await;
-        Ok((row, guest))
+            .map_err(|_| ApiError::sandbox_not_ready(&row.name))
     }
 
     /// Records activity for the idle timer, at most every few seconds per

@@ -32,7 +32,7 @@ pub use api::{
     ImportedImage, StopVm, StoreGc,
 };
 pub use guest::{
-    stream_io, ExecHandle, ExecOutput, ExecUpdate, FileVersion, GuestClient, GuestError,
+    stream_io, ExecHandle, ExecOutput, ExecUpdate, FileReader, FileVersion, GuestClient, GuestError,
 };
 pub use remote::{HostCredentials, RemoteHost};
 pub use sim::SimHost;
