@@ -1,4 +1,4 @@
-//! The Python that has the langsmith SDK, for the test suites that drive
+//! The Python that has the langsmith and e2b SDKs, for the test suites that drive
 //! it (`hearth-cli`'s SDK suites, `hearth-control`'s SDK surface guard):
 //! `HEARTH_SDK_PYTHON` (`.ci/run` sets it), or a virtualenv made (once per
 //! requirements file) under `target/hearth-test/sdk-venv`. Included by

@@ -25,6 +25,7 @@ mod autoscale;
 mod boxes;
 mod dataplane;
 mod dp;
+mod e2b;
 mod egress;
 pub mod error;
 mod extract;
@@ -406,6 +407,7 @@ pub fn router(control: Arc<Control>) -> Router {
             workspace_secrets::routes().layer(DefaultBodyLimit::disable()),
         )
         .merge(dataplane)
+        .merge(e2b::routes())
         .route("/internal/v1/hosts/register", post(fleet::register))
         .route("/internal/v1/hosts/{id}/lease", post(fleet::renew))
         .route("/internal/v1/hosts/{id}/drain", post(fleet::drain))

@@ -103,6 +103,34 @@ impl LinkKey {
         Ok(Self(key))
     }
 
+    /// A MAC of `data` under a key derived from this one for `context` (a
+    /// fixed string naming the use), so a token of one kind never verifies
+    /// as another's.
+    fn derived(&self, context: &str, data: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&blake3::derive_key(context, &self.0), data)
+    }
+
+    /// [`Self::derived`] as text (URL-safe base64).
+    pub(crate) fn derived_mac(&self, context: &str, data: &[u8]) -> String {
+        B64.encode(self.derived(context, data).as_bytes())
+    }
+
+    /// Whether `token` is [`Self::derived_mac`] of `data` for `context`
+    /// (compared in constant time).
+    pub(crate) fn verify_derived_mac(&self, context: &str, data: &[u8], token: &str) -> bool {
+        if token.len() > 64 {
+            return false;
+        }
+        let Some(mac) = B64
+            .decode(token)
+            .ok()
+            .and_then(|m| <[u8; 32]>::try_from(m).ok())
+        else {
+            return false;
+        };
+        self.derived(context, data) == blake3::Hash::from(mac)
+    }
+
     fn mac(&self, claims: &[u8]) -> blake3::Hash {
         blake3::keyed_hash(&self.0, claims)
     }
@@ -392,6 +420,20 @@ mod tests {
         for junk in ["", ".", "a.b", "%%%.%%%", &"x".repeat(MAX_TOKEN + 1)] {
             assert_eq!(key.verify(junk), None, "{junk:.20}");
         }
+    }
+
+    #[test]
+    fn derived_macs_verify_only_for_their_context_and_data() {
+        let key = LinkKey([7; 32]);
+        let t = key.derived_mac("a", b"sandbox-1");
+        assert!(key.verify_derived_mac("a", b"sandbox-1", &t));
+        assert!(!key.verify_derived_mac("b", b"sandbox-1", &t));
+        assert!(!key.verify_derived_mac("a", b"sandbox-2", &t));
+        assert!(!LinkKey([8; 32]).verify_derived_mac("a", b"sandbox-1", &t));
+        assert!(!key.verify_derived_mac("a", b"sandbox-1", "not base64!"));
+        assert!(!key.verify_derived_mac("a", b"sandbox-1", ""));
+        // Not the link MAC of the same bytes.
+        assert_ne!(t, B64.encode(key.mac(b"sandbox-1").as_bytes()));
     }
 
     #[test]

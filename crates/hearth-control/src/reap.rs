@@ -88,7 +88,12 @@ pub struct ReapReport {
     pub deletes_finished: u32,
     /// Snapshot builds whose builder went away, failed.
     pub builds_failed: u32,
+    /// Sandboxes past their deadline (E2B's `timeout`), deleted or paused.
+    pub deadlines_expired: u32,
 }
+
+/// Deadlines acted on per reaper pass (the rest wait for the next).
+const DEADLINES_PER_PASS: u32 = 200;
 
 /// The fleet's duties may run until this instant of this pass.
 struct Leading {
@@ -166,6 +171,72 @@ impl Control {
         self.autoscale(now).await;
         self.collect_garbage(now).await;
         report
+    }
+
+    /// Acts on deadlines passed at `now` (at most [`DEADLINES_PER_PASS`]):
+    /// deletes the sandbox, or stops it with its memory saved and clears
+    /// the deadline. A sandbox that cannot be acted on now (booting, or
+    /// its host away) is retried at the next pass; one already gone takes
+    /// its deadline with it.
+    async fn expire_deadlines(
+        self: &Arc<Self>,
+        now: Timestamp,
+        leading: &Leading,
+        report: &mut ReapReport,
+        ours: &(dyn Fn(&hearth_db::SandboxRow) -> bool + Sync),
+    ) {
+        let due = match self.db.expired_deadlines(now, DEADLINES_PER_PASS).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list sandboxes past their deadline");
+                return;
+            }
+        };
+        for d in due {
+            if !leading.holds() {
+                return;
+            }
+            let row = match self.db.get_sandbox_by_id(d.sandbox_id).await {
+                Ok(r) => r,
+                Err(hearth_db::DbError::NotFound { .. }) => {
+                    if let Err(e) = self.db.clear_deadline(d.sandbox_id).await {
+                        tracing::warn!(sandbox = %d.sandbox_id, error = %e, "cannot clear a deleted sandbox's deadline");
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %d.sandbox_id, error = %e, "cannot read a sandbox past its deadline; the next pass retries");
+                    continue;
+                }
+            };
+            if !ours(&row) {
+                continue;
+            }
+            let done = match d.on_expiry {
+                hearth_db::OnExpiry::Delete => {
+                    tracing::info!(sandbox = %row.id, "deleting a sandbox at its deadline");
+                    self.delete_row(&row).await
+                }
+                hearth_db::OnExpiry::Pause => {
+                    tracing::info!(sandbox = %row.id, "pausing a sandbox at its deadline");
+                    match self.stop_row(&row, Some("paused at its timeout")).await {
+                        Ok(_) => self
+                            .db
+                            .clear_deadline(row.id)
+                            .await
+                            .map(drop)
+                            .map_err(crate::error::db_error),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            match done {
+                Ok(()) => report.deadlines_expired += 1,
+                Err(e) => {
+                    tracing::warn!(sandbox = %row.id, error = %e.message, "cannot act on a sandbox's deadline; the next pass retries")
+                }
+            }
+        }
     }
 
     /// Takes or renews the `reaper` lease at `now`; `None` when another
@@ -267,6 +338,8 @@ impl Control {
             }
             Err(e) => tracing::warn!(error = %e, "cannot list sandboxes to delete"),
         }
+
+        self.expire_deadlines(now, leading, report, &ours).await;
 
         match self
             .db

@@ -22,6 +22,7 @@ mod client_errors;
 mod control_keys;
 mod delegation;
 mod dependency_graph;
+mod e2b;
 mod fork;
 mod isolation;
 mod pools;

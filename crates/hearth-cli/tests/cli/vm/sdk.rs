@@ -872,3 +872,70 @@ fn suite(part: &str, tests: &[&str]) {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 20: the unmodified `e2b` SDK (tests/e2b/test_e2b.py) against
+/// `hearth up`'s E2B API: create, streamed commands, files, list, timeout,
+/// pause and resume with the processes running, kill; another workspace
+/// sees nothing.
+#[test]
+fn e2b_sdk_against_hearth_up() {
+    let started = Instant::now();
+    let python = common::sdk_python();
+    let dir = data_dir("e2b");
+    let mut server = Server::start(&dir, &[]);
+    let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "e2b-other"]);
+    let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
+    let mut cmd = Command::new(&python);
+    cmd.arg(repo().join("tests/e2b/test_e2b.py"));
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("E2B_") {
+            cmd.env_remove(k);
+        }
+    }
+    // E2B's API and envd both at Hearth's address (no path: the SDK adds
+    // its own).
+    let origin = format!("http://127.0.0.1:{}", server.port);
+    let output = cmd
+        .env("E2B_API_KEY", &server.api_key)
+        .env("E2B_API_URL", &origin)
+        .env("E2B_SANDBOX_URL", &origin)
+        .env("HEARTH_E2B_OTHER_KEY", &other_key)
+        .env("HEARTH_E2B_TEMPLATE", "busybox")
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    print!("{text}");
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    let mut failures = Vec::new();
+    if !output.status.success() {
+        let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL ")).collect();
+        failures.push(format!(
+            "the E2B suite failed ({}):\n  {}",
+            output.status,
+            fails.join("\n  ")
+        ));
+    }
+    match api_sandboxes(&server) {
+        Ok(left) if left.is_empty() => {}
+        Ok(left) => failures.push(format!("sandboxes left after the suite: {left:?}")),
+        Err(e) => failures.push(e),
+    }
+    match server.interrupt() {
+        Ok(status) if status.success() => {}
+        Ok(status) => failures.push(format!("hearth up exited {status} on SIGINT")),
+        Err(e) => failures.push(e),
+    }
+    println!("total {:.1}s", started.elapsed().as_secs_f64());
+    assert!(
+        failures.is_empty(),
+        "{}\n--- hearth up log (tail, {}):\n{}",
+        failures.join("\n"),
+        server.log.display(),
+        tail(&server.log)
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,713 @@
+//! E2B's control API (REST, JSON, camelCase): create, get, list, kill,
+//! timeout, pause and connect/resume, over Hearth's sandboxes.
+//!
+//! What an E2B sandbox is in Hearth's terms: persistent, with
+//! `preserve_memory_on_stop` (a pause saves its memory and a connect
+//! resumes it), no idle stop (its deadline rules instead: E2B's `timeout`,
+//! after which it is deleted, or paused with `autoPause`), deleted 14 days
+//! after a pause like any stopped sandbox, E2B's `metadata` as its labels
+//! and `envVars` as its environment. A template is a snapshot: `base` the
+//! server's default, any other name a snapshot's `name[:tag]` or id.
+//! Fields Hearth cannot honour are refused with a 400 naming them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hearth_api::spec::{
+    resolve_sizing, SizingRequest, SnapshotSelector, DEFAULT_DELETE_AFTER_STOP,
+};
+use hearth_api::validate::{check_env_vars, check_labels};
+use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, SnapshotRow, Timestamp};
+use hearth_types::egress::{AccessSpec, EgressSpec};
+use hearth_types::sandbox::{RestoreMemory, SandboxPlan, SandboxSpec};
+use hearth_types::SandboxId;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{access_token, E2bError, E2bResult, ENVD_VERSION};
+use crate::auth::Principal;
+use crate::error::{db_error, HttpError};
+use crate::extract::JsonBody;
+use crate::Control;
+
+/// A sandbox's `timeout` when the create names none (E2B's API default).
+const DEFAULT_TIMEOUT_SECS: i64 = 15;
+/// The longest `timeout` (E2B's own ceiling is a day on its largest plan).
+const MAX_TIMEOUT_SECS: i64 = 86_400;
+/// How long a create waits for its sandbox to be ready: E2B's create
+/// answers with a running sandbox.
+const CREATE_WAIT: Duration = Duration::from_secs(300);
+/// `clientID` in answers: E2B's names the cluster node; Hearth has one
+/// name for the whole deployment.
+const CLIENT_ID: &str = "hearth";
+
+/// `POST /sandboxes` and `POST /v2/sandboxes`: every field of SDK
+/// 2.63's `NewSandboxV2` (and the v1 body's `secure`); anything else is
+/// refused by name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<i64>,
+    #[serde(rename = "autoPause")]
+    auto_pause: Option<bool>,
+    #[serde(rename = "autoPauseMemory")]
+    auto_pause_memory: Option<bool>,
+    #[serde(rename = "autoResume")]
+    auto_resume: Option<Value>,
+    secure: Option<bool>,
+    allow_internet_access: Option<bool>,
+    network: Option<Value>,
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(rename = "envVars")]
+    env_vars: Option<BTreeMap<String, String>>,
+    mcp: Option<Value>,
+    iam: Option<Value>,
+    #[serde(rename = "volumeMounts")]
+    volume_mounts: Option<Value>,
+}
+
+/// A field Hearth does not serve, set to something other than its
+/// default: refused, naming it.
+fn not_served(field: &str, why: &str) -> E2bError {
+    E2bError::bad_request(format!("{field}: {why}"))
+}
+
+fn is_set(v: &Option<Value>) -> bool {
+    v.as_ref().is_some_and(|v| !v.is_null())
+}
+
+impl NewSandbox {
+    /// The lifetime the create asks for, after refusing what Hearth
+    /// cannot honour.
+    fn lifetime(&self) -> E2bResult<(Duration, OnExpiry)> {
+        if self.auto_pause_memory == Some(false) {
+            return Err(not_served(
+                "autoPauseMemory",
+                "a pause without memory is not served; Hearth's pause keeps the memory",
+            ));
+        }
+        if let Some(ar) = self.auto_resume.as_ref().filter(|v| !v.is_null()) {
+            if ar.get("enabled").and_then(Value::as_bool) != Some(false) {
+                return Err(not_served(
+                    "autoResume",
+                    "automatic resume of a paused sandbox is not served; resume it with connect",
+                ));
+            }
+        }
+        if self.secure == Some(false) {
+            return Err(not_served(
+                "secure",
+                "every Hearth sandbox's envd requires its access token",
+            ));
+        }
+        for (field, set) in [
+            ("network", is_set(&self.network)),
+            ("mcp", is_set(&self.mcp)),
+            ("iam", is_set(&self.iam)),
+            ("volumeMounts", is_set(&self.volume_mounts)),
+        ] {
+            if set {
+                return Err(not_served(field, "not served by Hearth's E2B API"));
+            }
+        }
+        let timeout = timeout_secs(self.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+        let on_expiry = if self.auto_pause == Some(true) {
+            OnExpiry::Pause
+        } else {
+            OnExpiry::Delete
+        };
+        Ok((timeout, on_expiry))
+    }
+}
+
+fn timeout_secs(s: i64) -> E2bResult<Duration> {
+    if !(1..=MAX_TIMEOUT_SECS).contains(&s) {
+        return Err(E2bError::bad_request(format!(
+            "timeout: must be between 1 and {MAX_TIMEOUT_SECS} seconds, got {s}"
+        )));
+    }
+    Ok(Duration::from_secs(s as u64))
+}
+
+/// E2B's `Sandbox` (create and connect).
+#[derive(Serialize)]
+struct SandboxBody {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    #[serde(rename = "envdVersion")]
+    envd_version: &'static str,
+    #[serde(rename = "envdAccessToken")]
+    envd_access_token: String,
+    alias: String,
+}
+
+/// E2B's `SandboxDetail` / `ListedSandbox`.
+#[derive(Serialize)]
+struct DetailBody {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    alias: String,
+    #[serde(rename = "startedAt")]
+    started_at: String,
+    #[serde(rename = "endAt")]
+    end_at: String,
+    #[serde(rename = "cpuCount")]
+    cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+    state: &'static str,
+    #[serde(rename = "envdVersion")]
+    envd_version: &'static str,
+    metadata: BTreeMap<String, String>,
+    #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none")]
+    envd_access_token: Option<String>,
+}
+
+/// E2B's state of a sandbox: `running` or `paused`; `None` for one being
+/// deleted (gone, as E2B sees it).
+fn state(row: &SandboxRow) -> Option<&'static str> {
+    match row.status {
+        SandboxStatus::Provisioning | SandboxStatus::Ready => Some("running"),
+        SandboxStatus::Stopped | SandboxStatus::Failed => Some("paused"),
+        SandboxStatus::Deleting => None,
+    }
+}
+
+/// When the sandbox ends as E2B reports it: its deadline; without one
+/// (made through LangSmith's API), when its idle timer would stop it, or
+/// never (the end of year 9999).
+fn end_at(row: &SandboxRow, deadline: Option<&Deadline>) -> String {
+    match deadline {
+        Some(d) => d.expires_at.to_rfc3339(),
+        None if !row.idle_ttl.is_zero() => row.last_activity_at.plus(row.idle_ttl).to_rfc3339(),
+        None => "9999-12-31T23:59:59Z".into(),
+    }
+}
+
+impl Control {
+    async fn e2b_snapshot(&self, row: &SandboxRow) -> (String, String) {
+        match self
+            .db
+            .get_snapshot(row.workspace_id, row.snapshot_id)
+            .await
+        {
+            Ok(s) => (s.id.to_string(), s.name),
+            Err(_) => (row.snapshot_id.to_string(), String::new()),
+        }
+    }
+
+    async fn e2b_detail(
+        &self,
+        row: &SandboxRow,
+        deadline: Option<&Deadline>,
+        with_token: bool,
+    ) -> Option<DetailBody> {
+        let state = state(row)?;
+        let (template_id, alias) = self.e2b_snapshot(row).await;
+        Some(DetailBody {
+            template_id,
+            sandbox_id: row.id.to_string(),
+            client_id: CLIENT_ID,
+            alias,
+            started_at: row.created_at.to_rfc3339(),
+            end_at: end_at(row, deadline),
+            cpu_count: row.cpu.0.div_ceil(1000),
+            memory_mb: row.mem.bytes() >> 20,
+            disk_size_mb: row.fs_capacity.bytes() >> 20,
+            state,
+            envd_version: ENVD_VERSION,
+            metadata: row.labels.clone(),
+            envd_access_token: with_token.then(|| access_token(self, row.id)),
+        })
+    }
+
+    fn e2b_sandbox(&self, row: &SandboxRow, snap: (String, String)) -> SandboxBody {
+        SandboxBody {
+            template_id: snap.0,
+            sandbox_id: row.id.to_string(),
+            client_id: CLIENT_ID,
+            envd_version: ENVD_VERSION,
+            envd_access_token: access_token(self, row.id),
+            alias: snap.1,
+        }
+    }
+
+    /// A sandbox of the caller's workspace by its E2B id (Hearth's id; a
+    /// name is not an E2B id).
+    async fn e2b_find(&self, who: &Principal, id: &str) -> E2bResult<SandboxRow> {
+        let not_found = || E2bError::not_found(format!("sandbox {id} not found"));
+        let id: SandboxId = id.parse().map_err(|_| not_found())?;
+        let row = self
+            .find(who.workspace_id, &id.to_string())
+            .await
+            .map_err(|_| not_found())?;
+        if row.status == SandboxStatus::Deleting {
+            return Err(not_found());
+        }
+        Ok(row)
+    }
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
+    serde_json::from_slice(body)
+        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))
+}
+
+/// The template of a create as a snapshot selector.
+fn template(t: &str) -> E2bResult<SnapshotSelector> {
+    if t.is_empty() || t == "base" {
+        return Ok(SnapshotSelector::Default);
+    }
+    if let Ok(id) = uuid::Uuid::parse_str(t) {
+        return Ok(SnapshotSelector::Id(id));
+    }
+    t.parse()
+        .map(SnapshotSelector::Ref)
+        .map_err(|e| E2bError::bad_request(format!("templateID: {e}")))
+}
+
+/// The plan of an E2B create against its template's snapshot.
+fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
+    let sizing = resolve_sizing(&SizingRequest {
+        vcpus: None,
+        cpu_millicores: None,
+        mem_bytes: None,
+        fs_capacity_bytes: None,
+        persistent: true,
+        snapshot_fs_capacity: snap.fs_capacity,
+    })?;
+    let mut labels = snap.labels.clone();
+    if let Some(own) = &req.metadata {
+        check_labels(own).map_err(|e| E2bError::bad_request(format!("metadata: {}", e.message)))?;
+        labels.extend(own.clone());
+    }
+    let env_vars = req.env_vars.clone().unwrap_or_default();
+    check_env_vars("envVars", &env_vars)?;
+    let run: hearth_api::RunConfig = snap
+        .run_config
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let egress = (req.allow_internet_access == Some(false)).then(|| EgressSpec {
+        access: Some(AccessSpec::AllowList(Vec::new())),
+        ..EgressSpec::default()
+    });
+    Ok(SandboxPlan {
+        spec: SandboxSpec {
+            name: None,
+            snapshot_id: snap.id,
+            cpu: sizing.cpu,
+            mem: sizing.mem,
+            fs_capacity: sizing.fs_capacity,
+            persistent: true,
+            preserve_memory_on_stop: true,
+            idle_ttl: None,
+            delete_after_stop: Some(DEFAULT_DELETE_AFTER_STOP),
+            run: run.into(),
+            env_vars,
+            labels,
+            egress,
+            delegation: None,
+        },
+        restore_memory: RestoreMemory::IfPresent,
+        wait_for_ready: Some(CREATE_WAIT),
+    })
+}
+
+/// `POST /sandboxes`, `POST /v2/sandboxes`.
+pub async fn create(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    body: Result<JsonBody, HttpError>,
+) -> E2bResult<Response> {
+    let who = who?;
+    let req: NewSandbox = json_body(&body?.0)?;
+    let (timeout, on_expiry) = req.lifetime()?;
+    let snap = c
+        .resolve_snapshot(who.workspace_id, &template(&req.template_id)?)
+        .await?;
+    let row = c.create_sandbox(&who, &snap, plan(&req, &snap)?).await?;
+    // The deadline is part of the promise: a sandbox that cannot have one
+    // is not left running without it.
+    let deadline = Deadline {
+        sandbox_id: row.id,
+        expires_at: Timestamp::now().plus(timeout),
+        on_expiry,
+    };
+    if let Err(e) = c.db.set_deadline(&deadline).await {
+        tracing::warn!(sandbox = %row.id, error = %e, "cannot set an E2B sandbox's deadline; deleting it");
+        if let Err(d) = c.delete_row(&row).await {
+            tracing::warn!(sandbox = %row.id, error = %d.message, "cannot delete it either; the reaper will not expire it");
+        }
+        return Err(db_error(e).into());
+    }
+    if row.status != SandboxStatus::Ready {
+        let why = row.status_message.clone().unwrap_or_default();
+        return Err(E2bError::new(
+            500,
+            format!(
+                "sandbox {} did not start: {} {why}",
+                row.id,
+                row.status.as_str()
+            ),
+        ));
+    }
+    let body = c.e2b_sandbox(&row, (snap.id.to_string(), snap.name.clone()));
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `GET /sandboxes/{id}`.
+pub async fn detail(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+) -> E2bResult<Response> {
+    let who = who?;
+    who.require("sandboxes:read")?;
+    let row = c.e2b_find(&who, &id).await?;
+    let deadlines = c.db.deadlines_of(&[row.id]).await.map_err(db_error)?;
+    let body = c
+        .e2b_detail(&row, deadlines.get(&row.id), true)
+        .await
+        .ok_or_else(|| E2bError::not_found(format!("sandbox {id} not found")))?;
+    Ok(Json(body).into_response())
+}
+
+/// The list's query: `state` (comma-separated, or repeated), `metadata`
+/// (a URL-encoded `k=v&k2=v2`), `limit`, `nextToken`, `order`; `template`
+/// and `startedAfter` are refused by name.
+#[derive(Default)]
+struct ListQuery {
+    running: bool,
+    paused: bool,
+    labels: Vec<(String, Option<String>)>,
+    limit: Option<u32>,
+    next_token: Option<String>,
+    order: hearth_db::SortOrder,
+}
+
+fn list_query(raw: Option<&str>) -> E2bResult<ListQuery> {
+    let mut q = ListQuery::default();
+    let mut states = false;
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        match &*k {
+            "state" => {
+                for s in v.split(',').filter(|s| !s.is_empty()) {
+                    states = true;
+                    match s {
+                        "running" => q.running = true,
+                        "paused" => q.paused = true,
+                        other => {
+                            return Err(E2bError::bad_request(format!(
+                                "state: unknown state {other:?} (running or paused)"
+                            )))
+                        }
+                    }
+                }
+            }
+            "metadata" => {
+                for (mk, mv) in form_urlencoded::parse(v.as_bytes()) {
+                    q.labels.push((mk.into_owned(), Some(mv.into_owned())));
+                }
+            }
+            "limit" => {
+                let n: u32 = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        E2bError::bad_request(format!("limit: must be 1 to 1000, got {v:?}"))
+                    })?;
+                q.limit = Some(n);
+            }
+            "nextToken" => q.next_token = Some(v.into_owned()).filter(|t| !t.is_empty()),
+            "order" => {
+                q.order = match &*v {
+                    "asc" => hearth_db::SortOrder::Asc,
+                    "desc" => hearth_db::SortOrder::Desc,
+                    other => {
+                        return Err(E2bError::bad_request(format!(
+                            "order: {other:?} is neither asc nor desc"
+                        )))
+                    }
+                }
+            }
+            other => {
+                return Err(E2bError::bad_request(format!(
+                    "{other}: not a query parameter Hearth's E2B list serves"
+                )))
+            }
+        }
+    }
+    if !states {
+        q.running = true;
+        q.paused = true;
+    }
+    Ok(q)
+}
+
+/// `GET /sandboxes`, `GET /v2/sandboxes`: a page of the workspace's
+/// sandboxes, newest first; the next page's token in `x-next-token`.
+pub async fn list(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    RawQuery(raw): RawQuery,
+) -> E2bResult<Response> {
+    let who = who?;
+    who.require("sandboxes:read")?;
+    let q = list_query(raw.as_deref())?;
+    let filter = hearth_db::SandboxFilter {
+        // One state is one status; both (the default) take every row and
+        // leave out those being deleted.
+        status: match (q.running, q.paused) {
+            (true, false) => Some(SandboxStatus::Ready),
+            (false, true) => Some(SandboxStatus::Stopped),
+            _ => None,
+        },
+        labels: q.labels,
+        sort_by: hearth_db::SandboxSort::CreatedAt,
+        sort_order: q.order,
+        page_size: q.limit.unwrap_or(100),
+        cursor: q.next_token,
+        ..hearth_db::SandboxFilter::default()
+    };
+    let page =
+        c.db.list_sandboxes(who.workspace_id, &filter)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::InvalidCursor => {
+                    E2bError::bad_request("nextToken: not a token this list gave")
+                }
+                e => db_error(e).into(),
+            })?;
+    let ids: Vec<SandboxId> = page.items.iter().map(|r| r.id).collect();
+    let deadlines = c.db.deadlines_of(&ids).await.map_err(db_error)?;
+    let mut out = Vec::with_capacity(page.items.len());
+    for row in &page.items {
+        if let Some(d) = c.e2b_detail(row, deadlines.get(&row.id), false).await {
+            out.push(d);
+        }
+    }
+    let mut resp = Json(out).into_response();
+    if let Some(next) = page.next_cursor {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
+            resp.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(resp)
+}
+
+/// `DELETE /sandboxes/{id}`.
+pub async fn kill(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+) -> E2bResult<StatusCode> {
+    let who = who?;
+    who.require("sandboxes:delete")?;
+    let row = c.e2b_find(&who, &id).await?;
+    c.delete_row(&row).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimeoutBody {
+    timeout: i64,
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox now ends `timeout` seconds
+/// from now (sooner or later than before), as its deadline says.
+pub async fn set_timeout(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+    body: Result<JsonBody, HttpError>,
+) -> E2bResult<StatusCode> {
+    let who = who?;
+    who.require("sandboxes:update")?;
+    let req: TimeoutBody = json_body(&body?.0)?;
+    let timeout = timeout_secs(req.timeout)?;
+    let row = c.e2b_find(&who, &id).await?;
+    let on_expiry =
+        c.db.deadlines_of(&[row.id])
+            .await
+            .map_err(db_error)?
+            .get(&row.id)
+            .map_or(OnExpiry::Delete, |d| d.on_expiry);
+    c.db.set_deadline(&Deadline {
+        sandbox_id: row.id,
+        expires_at: Timestamp::now().plus(timeout),
+        on_expiry,
+    })
+    .await
+    .map_err(db_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    memory: Option<bool>,
+    #[serde(rename = "requireHealthyGuest")]
+    require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: a stop that saves the memory; its
+/// deadline stops with it (a paused sandbox is kept until deleted, or 14
+/// days, as any stopped sandbox).
+pub async fn pause(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+    body: Result<JsonBody, HttpError>,
+) -> E2bResult<StatusCode> {
+    let who = who?;
+    who.require("sandboxes:update")?;
+    let body = body?.0;
+    let req: PauseBody = if body.is_empty() {
+        PauseBody::default()
+    } else {
+        json_body(&body)?
+    };
+    if req.memory == Some(false) {
+        return Err(not_served(
+            "memory",
+            "a pause without memory is not served; Hearth's pause keeps the memory",
+        ));
+    }
+    let row = c.e2b_find(&who, &id).await?;
+    match row.status {
+        SandboxStatus::Stopped => {
+            return Err(E2bError::new(
+                409,
+                format!("sandbox {id} is already paused"),
+            ))
+        }
+        SandboxStatus::Ready => {}
+        s => {
+            return Err(E2bError::new(
+                409,
+                format!(
+                    "sandbox {id} is {}; only a running sandbox pauses",
+                    s.as_str()
+                ),
+            ))
+        }
+    }
+    if !row.preserve_memory_on_stop {
+        return Err(E2bError::new(
+            409,
+            format!(
+                "sandbox {id} was created without preserve_memory_on_stop: its memory cannot be kept; stop it through the LangSmith API"
+            ),
+        ));
+    }
+    if req.require_healthy_guest == Some(true) {
+        // A ready sandbox's guest answered its host; one that does not
+        // answer now cannot be paused healthy.
+        c.ready_guest(&row)
+            .await
+            .map_err(|_| E2bError::new(409, format!("sandbox {id}'s guest does not answer")))?;
+    }
+    c.stop_row(&row, Some("paused through the E2B API")).await?;
+    c.db.clear_deadline(row.id).await.map_err(db_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConnectBody {
+    timeout: Option<i64>,
+    memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/connect` (and `/v2/…/connect`, `/…/resume`): a
+/// paused sandbox is resumed (201), a running one answered as it is
+/// (200). `timeout` sets the deadline of a resumed sandbox, and moves a
+/// running one's later (never sooner); a sandbox made through LangSmith's
+/// API, which has none, keeps none.
+pub async fn connect(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+    body: Result<JsonBody, HttpError>,
+) -> E2bResult<Response> {
+    let who = who?;
+    let body = body?.0;
+    let req: ConnectBody = if body.is_empty() {
+        ConnectBody::default()
+    } else {
+        json_body(&body)?
+    };
+    if req.memory == Some(false) {
+        return Err(not_served(
+            "memory",
+            "a resume without the saved memory is not served",
+        ));
+    }
+    let timeout = req.timeout.map(timeout_secs).transpose()?;
+    let row = c.e2b_find(&who, &id).await?;
+    let resumed = row.status != SandboxStatus::Ready;
+    let row = if resumed {
+        who.require("sandboxes:update")?;
+        let (row, _guest) = c.wake(row).await?;
+        row
+    } else {
+        who.require("sandboxes:read")?;
+        row
+    };
+    let old = c.db.deadlines_of(&[row.id]).await.map_err(db_error)?;
+    let deadline = match (timeout, old.get(&row.id)) {
+        (Some(t), Some(d)) => {
+            let at = Timestamp::now().plus(t);
+            (resumed || at > d.expires_at).then_some(Deadline {
+                expires_at: at,
+                ..*d
+            })
+        }
+        (Some(t), None) if resumed && row.idle_ttl.is_zero() => Some(Deadline {
+            sandbox_id: row.id,
+            expires_at: Timestamp::now().plus(t),
+            on_expiry: OnExpiry::Delete,
+        }),
+        _ => None,
+    };
+    if let Some(d) = deadline {
+        c.db.set_deadline(&d).await.map_err(db_error)?;
+    }
+    let snap = c.e2b_snapshot(&row).await;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(c.e2b_sandbox(&row, snap))).into_response())
+}
+
+/// E2B calls Hearth does not serve yet (metrics, logs, snapshots, fork,
+/// network updates, refreshes): a 501 that says so, never a 404 that
+/// the SDK would read as a missing sandbox.
+pub async fn not_served_route(uri: axum::http::Uri) -> E2bError {
+    E2bError::new(
+        501,
+        format!("{} is not served by Hearth's E2B API", uri.path()),
+    )
+}

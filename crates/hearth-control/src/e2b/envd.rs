@@ -1,0 +1,904 @@
+//! envd's data plane: `/health`, `/files` and the Connect-RPC services
+//! `process.Process` and `filesystem.Filesystem`, over the sandbox's held
+//! guest stream like LangSmith's data plane.
+//!
+//! A call names its sandbox in `E2b-Sandbox-Id` and proves it may use it
+//! with `X-Access-Token` (checked before the sandbox is looked up). Only a
+//! running sandbox answers: a paused one is 502, as E2B's edge answers,
+//! and is not resumed by a data-plane call (E2B resumes on `connect`).
+//!
+//! Served: `Process/Start` (streamed, with keepalives; the SDK's
+//! `/bin/bash -l -c CMD` runs as a shell command, so an image without
+//! bash runs it with `/bin/sh`), `Process/SendSignal`, and
+//! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move}`. The rest
+//! (`Connect`, `SendInput`, `StreamInput`, `CloseStdin`, `List`, `Update`,
+//! watchers) answer `unimplemented`, and a `Start` with `stdin: true` or a
+//! `tag` is refused: none of it is accepted and then ignored.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use hearth_db::{SandboxRow, SandboxStatus};
+use hearth_guest_proto::{ExecErrorType, ExecRequest, FileKind, FileStat, OutputChannel, PtySize};
+use hearth_hostapi::{ExecUpdate, GuestClient, GuestError};
+use hearth_types::SandboxId;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::connect::{self, ConnectError};
+use super::{access_token_ok, E2bError, E2bResult};
+use crate::service::spec_of;
+use crate::Control;
+
+const B64: base64::engine::general_purpose::GeneralPurpose =
+    base64::engine::general_purpose::STANDARD;
+
+/// Largest request a Connect call may send (a command line and its
+/// environment, or a path).
+const MAX_RPC_BODY: usize = 1 << 20;
+/// Most entries a `ListDir` answers (past it: `resource_exhausted`).
+const MAX_LIST_ENTRIES: usize = 10_000;
+/// Deepest `ListDir` walk.
+const MAX_LIST_DEPTH: u32 = 16;
+
+/// A call's sandbox: its row, its guest, and who commands run as.
+struct Target {
+    row: SandboxRow,
+    guest: GuestClient,
+    /// The sandbox's user (its run settings'), `None` = root.
+    user: Option<String>,
+    work_dir: Option<String>,
+    env: BTreeMap<String, String>,
+}
+
+impl Target {
+    /// The home directory of `user` (or the sandbox's user), which E2B
+    /// resolves relative paths against.
+    fn home(&self, user: Option<&str>) -> String {
+        match user.or(self.user.as_deref()) {
+            None | Some("root") | Some("0") => "/root".into(),
+            Some(u) => format!("/home/{}", u.split(':').next().unwrap_or(u)),
+        }
+    }
+
+    fn path(&self, path: &str, user: Option<&str>) -> String {
+        if path.starts_with('/') {
+            path.to_owned()
+        } else {
+            let home = self.home(user);
+            let rest = path.trim_start_matches("./");
+            if rest.is_empty() || rest == "." {
+                home
+            } else {
+                format!("{home}/{rest}")
+            }
+        }
+    }
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// The sandbox a data-plane call is for, checked.
+async fn target(c: &Arc<Control>, headers: &HeaderMap) -> E2bResult<Target> {
+    let id = header(headers, "e2b-sandbox-id").ok_or_else(|| {
+        E2bError::bad_request(
+            "E2b-Sandbox-Id is missing: point the SDK's sandbox URL (E2B_SANDBOX_URL) at this server",
+        )
+    })?;
+    let token = header(headers, "x-access-token")
+        .ok_or_else(|| E2bError::new(401, "X-Access-Token is missing"))?;
+    let id: SandboxId = id
+        .parse()
+        .map_err(|_| E2bError::new(401, "the access token does not open this sandbox"))?;
+    if !access_token_ok(c, id, token) {
+        return Err(E2bError::new(
+            401,
+            "the access token does not open this sandbox",
+        ));
+    }
+    let not_running = || E2bError::new(502, format!("sandbox {id} is not running"));
+    let row =
+        c.db.get_sandbox_by_id(id)
+            .await
+            .map_err(|_| not_running())?;
+    if row.status != SandboxStatus::Ready {
+        return Err(not_running());
+    }
+    let guest = c.ready_guest(&row).await.map_err(|_| not_running())?;
+    c.touch(&row).await;
+    let spec = spec_of(&row).ok();
+    Ok(Target {
+        user: spec.as_ref().and_then(|s| s.run.user.clone()),
+        work_dir: spec.as_ref().and_then(|s| s.run.work_dir.clone()),
+        env: spec.as_ref().map(|s| s.command_env()).unwrap_or_default(),
+        row,
+        guest,
+    })
+}
+
+impl From<E2bError> for ConnectError {
+    fn from(e: E2bError) -> Self {
+        let code = match e.status {
+            400 => "invalid_argument",
+            401 => "unauthenticated",
+            403 => "permission_denied",
+            404 => "not_found",
+            409 => "already_exists",
+            502 | 503 => "unavailable",
+            _ => "internal",
+        };
+        ConnectError::new(code, e.message)
+    }
+}
+
+/// A guest failure as a Connect error about `path`.
+fn fs_error(e: GuestError, path: &str) -> ConnectError {
+    use hearth_guest_proto::OpErrorKind as K;
+    match e.op_kind() {
+        Some(K::NotFound) => ConnectError::not_found(format!("{path}: no such file or directory")),
+        Some(K::AlreadyExists) => ConnectError::new("already_exists", format!("{path}: {e}")),
+        Some(K::PermissionDenied) => ConnectError::new("permission_denied", format!("{path}: {e}")),
+        Some(K::NotADirectory | K::IsADirectory | K::NotAFile | K::InvalidPath | K::BadRequest) => {
+            ConnectError::invalid(format!("{path}: {e}"))
+        }
+        _ => ConnectError::internal(format!("{path}: {e}")),
+    }
+}
+
+/// A guest failure as E2B's JSON error about `path`.
+fn file_error(e: GuestError, path: &str) -> E2bError {
+    let c = fs_error(e, path);
+    E2bError::new(c.status().as_u16(), c.message)
+}
+
+/// `GET /health`: 204 while the sandbox runs, 502 when it does not.
+pub async fn health(State(c): State<Arc<Control>>, headers: HeaderMap) -> E2bResult<StatusCode> {
+    target(&c, &headers).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Default)]
+struct FilesQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+fn files_query(raw: Option<&str>) -> E2bResult<FilesQuery> {
+    let mut q = FilesQuery::default();
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        match &*k {
+            "path" => q.path = Some(v.into_owned()),
+            "username" => q.username = Some(v.into_owned()),
+            "signature" | "signature_expiration" => {
+                return Err(E2bError::bad_request(format!(
+                    "{k}: signed file URLs are not served; send the access token"
+                )))
+            }
+            other => {
+                return Err(E2bError::bad_request(format!(
+                    "{other}: not a query parameter of /files"
+                )))
+            }
+        }
+    }
+    Ok(q)
+}
+
+/// `GET /files?path=`: the file's bytes, streamed.
+pub async fn download(
+    State(c): State<Arc<Control>>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> E2bResult<Response> {
+    let q = files_query(raw.as_deref())?;
+    let t = target(&c, &headers).await?;
+    let path = t.path(
+        q.path
+            .as_deref()
+            .ok_or_else(|| E2bError::bad_request("path is missing"))?,
+        q.username.as_deref(),
+    );
+    let reader = t
+        .guest
+        .read_file(&path, 0, None)
+        .await
+        .map_err(|e| file_error(e, &path))?;
+    let stream = file_stream(reader);
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(axum::http::header::CONTENT_TYPE, "application/octet-stream")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
+
+/// A file reader as a body stream (an error after the first bytes breaks
+/// the body off, which the client sees as a short read).
+fn file_stream(
+    reader: hearth_hostapi::FileReader,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    futures_util::stream::unfold(Some(reader), |state| async move {
+        let mut r = state?;
+        match r.next_chunk().await {
+            Ok(Some(chunk)) => Some((Ok(chunk), Some(r))),
+            Ok(None) => None,
+            Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
+        }
+    })
+}
+
+#[derive(Serialize)]
+struct WriteInfo {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: String,
+}
+
+fn write_info(path: &str) -> WriteInfo {
+    WriteInfo {
+        name: path.rsplit('/').next().unwrap_or(path).to_owned(),
+        kind: "file",
+        path: path.to_owned(),
+    }
+}
+
+/// Makes the parent directories of `path` (E2B's write does).
+async fn parents(g: &GuestClient, path: &str) -> E2bResult<()> {
+    if let Some((dir, _)) = path.rsplit_once('/') {
+        if !dir.is_empty() {
+            g.mkdir(dir, true).await.map_err(|e| file_error(e, dir))?;
+        }
+    }
+    Ok(())
+}
+
+/// Streams `body` into the guest file `path`.
+async fn write_stream<S, E>(g: &GuestClient, path: &str, mut body: S) -> E2bResult<()>
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    use futures_util::StreamExt;
+    parents(g, path).await?;
+    let mut w = g
+        .write_file(path, None)
+        .await
+        .map_err(|e| file_error(e, path))?;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| E2bError::bad_request(format!("upload interrupted: {e}")))?;
+        w.send(chunk).await.map_err(|e| file_error(e, path))?;
+    }
+    w.finish().await.map_err(|e| file_error(e, path))?;
+    Ok(())
+}
+
+/// `POST /files`: `multipart/form-data` (each `file` part to the query's
+/// `path`, or with one part and no `path`, to its file name) or
+/// `application/octet-stream` to `path`; parent directories are made.
+pub async fn upload(
+    State(c): State<Arc<Control>>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+    request: axum::extract::Request,
+) -> E2bResult<Response> {
+    let q = files_query(raw.as_deref())?;
+    if let Some(enc) = header(&headers, "content-encoding").filter(|e| *e != "identity") {
+        return Err(E2bError::bad_request(format!(
+            "Content-Encoding {enc}: compressed uploads are not served; send the bytes as they are"
+        )));
+    }
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return Err(E2bError::bad_request(
+            "X-Metadata-*: file metadata is not served",
+        ));
+    }
+    let t = target(&c, &headers).await?;
+    let user = q.username.as_deref();
+    let ct = header(&headers, "content-type")
+        .unwrap_or_default()
+        .to_owned();
+    let mut written = Vec::new();
+    if ct.starts_with("multipart/form-data") {
+        use axum::extract::FromRequest;
+        let mut form = axum::extract::Multipart::from_request(request, &())
+            .await
+            .map_err(|e| E2bError::bad_request(format!("malformed multipart body: {e}")))?;
+        while let Some(field) = form
+            .next_field()
+            .await
+            .map_err(|e| E2bError::bad_request(format!("malformed multipart body: {e}")))?
+        {
+            if field.name() != Some("file") {
+                continue;
+            }
+            let name = q
+                .path
+                .clone()
+                .or_else(|| field.file_name().map(str::to_owned))
+                .ok_or_else(|| E2bError::bad_request("path is missing"))?;
+            let path = t.path(&name, user);
+            write_stream(&t.guest, &path, Box::pin(field)).await?;
+            written.push(write_info(&path));
+        }
+        if written.is_empty() {
+            return Err(E2bError::bad_request("the form holds no `file` part"));
+        }
+    } else if ct.is_empty() || ct.starts_with("application/octet-stream") {
+        let name = q
+            .path
+            .as_deref()
+            .ok_or_else(|| E2bError::bad_request("path is missing"))?;
+        let path = t.path(name, user);
+        let body = request.into_body().into_data_stream();
+        write_stream(&t.guest, &path, body).await?;
+        written.push(write_info(&path));
+    } else {
+        return Err(E2bError::bad_request(format!(
+            "Content-Type {ct}: send multipart/form-data or application/octet-stream"
+        )));
+    }
+    c.touch(&t.row).await;
+    Ok(axum::Json(written).into_response())
+}
+
+/// Reads a Connect call's body (at most [`MAX_RPC_BODY`]).
+fn rpc_body(body: &Bytes) -> Result<(), ConnectError> {
+    if body.len() > MAX_RPC_BODY {
+        return Err(ConnectError::new(
+            "resource_exhausted",
+            format!(
+                "the request holds {} bytes; at most {MAX_RPC_BODY}",
+                body.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn parse<T: serde::de::DeserializeOwned>(msg: &[u8]) -> Result<T, ConnectError> {
+    serde_json::from_slice(msg).map_err(|e| ConnectError::invalid(format!("bad request: {e}")))
+}
+
+/// The user a process call runs as: `Authorization: Basic base64("user:")`.
+fn basic_user(headers: &HeaderMap) -> Result<Option<String>, ConnectError> {
+    let Some(v) = header(headers, "authorization") else {
+        return Ok(None);
+    };
+    let enc = v
+        .strip_prefix("Basic ")
+        .ok_or_else(|| ConnectError::invalid("Authorization: only Basic names a user"))?;
+    let raw = B64
+        .decode(enc.trim())
+        .map_err(|_| ConnectError::invalid("Authorization: not base64"))?;
+    let text =
+        String::from_utf8(raw).map_err(|_| ConnectError::invalid("Authorization: not UTF-8"))?;
+    let user = text.split(':').next().unwrap_or_default();
+    Ok((!user.is_empty()).then(|| user.to_owned()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PtyConfig {
+    size: Option<PtyDims>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PtyDims {
+    rows: u32,
+    cols: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<PtyConfig>,
+    tag: Option<String>,
+    stdin: Option<bool>,
+}
+
+/// `POST /process.Process/{method}`.
+pub async fn process(
+    State(c): State<Arc<Control>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match method.as_str() {
+        "Start" => match start(&c, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => connect::stream_error(e),
+        },
+        "SendSignal" => match send_signal(&c, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        "Connect" | "StreamInput" => connect::stream_error(ConnectError::unimplemented(format!(
+            "process.Process/{method} is not served by Hearth yet"
+        ))),
+        other => ConnectError::unimplemented(format!(
+            "process.Process/{other} is not served by Hearth yet"
+        ))
+        .into_response(),
+    }
+}
+
+/// The exec of a `Start`: the SDK's `/bin/bash -l -c CMD` as a shell
+/// command (the guest falls back to `/bin/sh` without bash), anything else
+/// as its argv.
+fn exec_of(t: &Target, req: StartRequest, user: Option<String>, timeout: Duration) -> ExecRequest {
+    let p = req.process;
+    let shell_cmd = match (p.cmd.as_str(), p.args.as_slice()) {
+        ("/bin/bash" | "bash", [l, c, cmd]) if l == "-l" && c == "-c" => Some(cmd.clone()),
+        ("/bin/bash" | "bash", [c, cmd]) if c == "-c" => Some(cmd.clone()),
+        _ => None,
+    };
+    let mut env = t.env.clone();
+    env.extend(p.envs);
+    let (command, argv, shell) = match shell_cmd {
+        Some(cmd) => (cmd, None, Some("/bin/bash".to_owned())),
+        None => (String::new(), Some([vec![p.cmd], p.args].concat()), None),
+    };
+    let user = user.or_else(|| t.user.clone());
+    let cwd = p
+        .cwd
+        .map(|d| t.path(&d, user.as_deref()))
+        .or_else(|| t.work_dir.clone());
+    ExecRequest {
+        command,
+        argv,
+        shell,
+        env,
+        cwd,
+        user,
+        timeout_ms: timeout.as_millis() as u64,
+        // A process outlives the stream that started it (a background
+        // command's handle may be dropped), as envd's do.
+        idle_timeout_ms: -1,
+        ttl_ms: 60_000,
+        kill_on_disconnect: false,
+        pty: req.pty.map(|p| {
+            let s = p.size.unwrap_or(PtyDims { rows: 24, cols: 80 });
+            PtySize {
+                rows: s.rows.clamp(1, 1000) as u16,
+                cols: s.cols.clamp(1, 1000) as u16,
+            }
+        }),
+        command_id: None,
+    }
+}
+
+/// `Connect-Timeout-Ms`: the command's deadline (the SDK sends its
+/// `timeout`, 60 s by default); none = no deadline.
+fn connect_timeout(headers: &HeaderMap) -> Result<Duration, ConnectError> {
+    match header(headers, "connect-timeout-ms") {
+        None => Ok(Duration::ZERO),
+        Some(v) => v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
+            ConnectError::invalid(format!("Connect-Timeout-Ms: {v:?} is not a number"))
+        }),
+    }
+}
+
+/// `Keepalive-Ping-Interval` (seconds): how often an idle stream sends a
+/// keepalive event; at least 1 s, 50 s when not asked.
+fn keepalive(headers: &HeaderMap) -> Duration {
+    header(headers, "keepalive-ping-interval")
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(Duration::from_secs(50), |s| {
+            Duration::from_secs(s.clamp(1, 3600))
+        })
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        9 => "killed".into(),
+        15 => "terminated".into(),
+        2 => "interrupt".into(),
+        1 => "hangup".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+async fn start(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    connect::check_codec(headers, true)?;
+    rpc_body(body)?;
+    let req: StartRequest = parse(connect::single_message(body)?)?;
+    if req.stdin == Some(true) {
+        return Err(ConnectError::unimplemented(
+            "stdin: writing to a started process is not served by Hearth yet",
+        ));
+    }
+    if req.tag.as_deref().is_some_and(|t| !t.is_empty()) {
+        return Err(ConnectError::unimplemented(
+            "tag: connecting to a process by tag is not served by Hearth yet",
+        ));
+    }
+    let user = basic_user(headers)?;
+    let timeout = connect_timeout(headers)?;
+    let every = keepalive(headers);
+    let t = target(c, headers).await?;
+    let pty = req.pty.is_some();
+    let exec = exec_of(&t, req, user, timeout);
+    let mut h = t
+        .guest
+        .exec(exec)
+        .await
+        .map_err(|e| ConnectError::internal(format!("cannot start the process: {e}")))?;
+    // The process's stdin is not the client's: closed at once.
+    if let Err(e) = h.control.close_stdin().await {
+        tracing::debug!(sandbox = %t.row.id, error = %e, "cannot close a started process's stdin");
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let sandbox = t.row.id;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.reset();
+        let end = loop {
+            let update = tokio::select! {
+                u = h.next() => u,
+                _ = tick.tick() => {
+                    if tx.send(connect::message(&json!({"event": {"keepalive": {}}}))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let msg = match update {
+                Ok(Some(ExecUpdate::Started { pid, .. })) => {
+                    json!({"event": {"start": {"pid": pid}}})
+                }
+                Ok(Some(ExecUpdate::Output { channel, data, .. })) => {
+                    let key = match (pty, channel) {
+                        (true, _) => "pty",
+                        (false, OutputChannel::Stdout) => "stdout",
+                        (false, OutputChannel::Stderr) => "stderr",
+                    };
+                    json!({"event": {"data": {key: B64.encode(&data)}}})
+                }
+                Ok(Some(ExecUpdate::Exit { exit_code, signal })) => {
+                    let status = match signal {
+                        Some(s) => format!("signal: {}", signal_name(s)),
+                        None => format!("exit status {exit_code}"),
+                    };
+                    let ev = json!({"event": {"end": {
+                        "exitCode": exit_code,
+                        "exited": signal.is_none(),
+                        "status": status,
+                    }}});
+                    if tx.send(connect::message(&ev)).await.is_err() {
+                        return;
+                    }
+                    break None;
+                }
+                Ok(Some(ExecUpdate::Error {
+                    error_type,
+                    message,
+                })) => {
+                    break Some(match error_type {
+                        ExecErrorType::CommandTimeout => {
+                            ConnectError::new("deadline_exceeded", message)
+                        }
+                        ExecErrorType::BadRequest => ConnectError::invalid(message),
+                        _ => ConnectError::internal(message),
+                    })
+                }
+                Ok(None) => {
+                    break Some(ConnectError::internal(
+                        "the process's stream ended without its exit",
+                    ))
+                }
+                Err(e) => {
+                    break Some(ConnectError::new(
+                        "unavailable",
+                        format!("the sandbox's guest went away: {e}"),
+                    ))
+                }
+            };
+            tick.reset();
+            if tx.send(connect::message(&msg)).await.is_err() {
+                // The client went away; the process runs on.
+                tracing::debug!(sandbox = %sandbox, "an E2B process stream's client went away");
+                return;
+            }
+        };
+        if tx.send(connect::end_stream(end.as_ref())).await.is_err() {
+            tracing::debug!(sandbox = %sandbox, "an E2B process stream ended with nobody reading");
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    Ok(connect::stream_response(axum::body::Body::from_stream(
+        stream,
+    )))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProcessSelector {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendSignalRequest {
+    process: ProcessSelector,
+    signal: String,
+}
+
+/// `Process/SendSignal`: the signal to the process's group (each started
+/// process leads its own), sent by `kill` in the guest; `not_found` when
+/// no such process runs.
+async fn send_signal(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    connect::check_codec(headers, false)?;
+    rpc_body(body)?;
+    let req: SendSignalRequest = parse(body)?;
+    if req.process.tag.is_some() {
+        return Err(ConnectError::unimplemented(
+            "process.tag: selecting a process by tag is not served by Hearth yet",
+        ));
+    }
+    let pid =
+        req.process.pid.filter(|p| *p > 1).ok_or_else(|| {
+            ConnectError::invalid("process.pid: a process id above 1 is required")
+        })?;
+    let sig = match req.signal.as_str() {
+        "SIGNAL_SIGKILL" => "KILL",
+        "SIGNAL_SIGTERM" => "TERM",
+        other => {
+            return Err(ConnectError::invalid(format!(
+                "signal: unknown signal {other:?}"
+            )))
+        }
+    };
+    let t = target(c, headers).await?;
+    let out = t
+        .guest
+        .run(ExecRequest {
+            // The shell's own `kill` (busybox's takes no `--`, and its exit
+            // status after one is not the signal's): no such process is
+            // exit 3, the group first, else the process alone.
+            command: format!(
+                "kill -0 {pid} 2>/dev/null || exit 3; kill -s {sig} -{pid} 2>/dev/null || kill -s {sig} {pid}"
+            ),
+            shell: Some("/bin/sh".into()),
+            timeout_ms: 10_000,
+            kill_on_disconnect: true,
+            ttl_ms: 0,
+            ..ExecRequest::default()
+        })
+        .await
+        .map_err(|e| ConnectError::internal(format!("cannot signal process {pid}: {e}")))?;
+    match out.exit_code {
+        Some(0) => Ok(connect::unary(&json!({}))),
+        Some(3) => Err(ConnectError::not_found(format!("process {pid} not found"))),
+        code => Err(ConnectError::internal(format!(
+            "signal process {pid}: exit {code:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+/// E2B's `EntryInfo` of a guest file.
+fn entry(s: &FileStat) -> serde_json::Value {
+    let kind = match s.kind {
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        FileKind::File => "FILE_TYPE_FILE",
+        _ => "FILE_TYPE_UNSPECIFIED",
+    };
+    json!({
+        "name": s.name,
+        "type": kind,
+        "path": s.path,
+        "size": s.size.to_string(),
+        "mode": s.mode & 0o7777,
+        "permissions": permissions(s),
+        "modifiedTime": hearth_db::Timestamp::from_unix_ms(s.mtime.saturating_mul(1000)).to_rfc3339(),
+    })
+}
+
+/// `ls -l`'s mode string.
+fn permissions(s: &FileStat) -> String {
+    let t = match s.kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        _ => '-',
+    };
+    let mut out = String::with_capacity(10);
+    out.push(t);
+    for shift in [6, 3, 0] {
+        let bits = (s.mode >> shift) & 7;
+        out.push(if bits & 4 != 0 { 'r' } else { '-' });
+        out.push(if bits & 2 != 0 { 'w' } else { '-' });
+        out.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    out
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathRequest {
+    path: String,
+    #[serde(default)]
+    depth: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MoveRequest {
+    source: String,
+    destination: String,
+}
+
+/// `POST /filesystem.Filesystem/{method}`.
+pub async fn filesystem(
+    State(c): State<Arc<Control>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let answer = async {
+        if matches!(method.as_str(), "WatchDir") {
+            return Ok(connect::stream_error(ConnectError::unimplemented(
+                "filesystem.Filesystem/WatchDir is not served by Hearth yet",
+            )));
+        }
+        connect::check_codec(&headers, false)?;
+        rpc_body(&body)?;
+        let user = basic_user(&headers)?;
+        let user = user.as_deref();
+        match method.as_str() {
+            "Stat" | "ListDir" | "MakeDir" | "Remove" => {
+                let req: PathRequest = parse(&body)?;
+                let t = target(&c, &headers).await?;
+                let path = t.path(&req.path, user);
+                let g = &t.guest;
+                match method.as_str() {
+                    "Stat" => {
+                        let s = g.stat(&path).await.map_err(|e| fs_error(e, &path))?;
+                        Ok(connect::unary(&json!({"entry": entry(&s)})))
+                    }
+                    "ListDir" => {
+                        let depth = req.depth.unwrap_or(1).clamp(1, MAX_LIST_DEPTH);
+                        let entries = list_dir(g, &path, depth).await?;
+                        Ok(connect::unary(&json!({"entries": entries})))
+                    }
+                    "MakeDir" => {
+                        if g.stat(&path).await.is_ok() {
+                            return Err(ConnectError::new(
+                                "already_exists",
+                                format!("{path} already exists"),
+                            ));
+                        }
+                        g.mkdir(&path, true).await.map_err(|e| fs_error(e, &path))?;
+                        let s = g.stat(&path).await.map_err(|e| fs_error(e, &path))?;
+                        Ok(connect::unary(&json!({"entry": entry(&s)})))
+                    }
+                    _ => {
+                        g.remove(&path, true)
+                            .await
+                            .map_err(|e| fs_error(e, &path))?;
+                        Ok(connect::unary(&json!({})))
+                    }
+                }
+            }
+            "Move" => {
+                let req: MoveRequest = parse(&body)?;
+                let t = target(&c, &headers).await?;
+                let (from, to) = (t.path(&req.source, user), t.path(&req.destination, user));
+                t.guest.stat(&from).await.map_err(|e| fs_error(e, &from))?;
+                let out = t
+                    .guest
+                    .run(ExecRequest {
+                        command: String::new(),
+                        argv: Some(vec![
+                            "mv".into(),
+                            "-f".into(),
+                            "--".into(),
+                            from.clone(),
+                            to.clone(),
+                        ]),
+                        timeout_ms: 60_000,
+                        kill_on_disconnect: true,
+                        ttl_ms: 0,
+                        ..ExecRequest::default()
+                    })
+                    .await
+                    .map_err(|e| ConnectError::internal(format!("move {from}: {e}")))?;
+                if out.exit_code != Some(0) {
+                    return Err(ConnectError::invalid(format!(
+                        "move {from} to {to}: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    )));
+                }
+                let s = t.guest.stat(&to).await.map_err(|e| fs_error(e, &to))?;
+                Ok(connect::unary(&json!({"entry": entry(&s)})))
+            }
+            other => Err(ConnectError::unimplemented(format!(
+                "filesystem.Filesystem/{other} is not served by Hearth yet"
+            ))),
+        }
+    };
+    match answer.await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The entries under `dir`, `depth` levels down (breadth first), at most
+/// [`MAX_LIST_ENTRIES`].
+async fn list_dir(
+    g: &GuestClient,
+    dir: &str,
+    depth: u32,
+) -> Result<Vec<serde_json::Value>, ConnectError> {
+    let top = g.stat(dir).await.map_err(|e| fs_error(e, dir))?;
+    if top.kind != FileKind::Dir {
+        return Err(ConnectError::invalid(format!("{dir} is not a directory")));
+    }
+    let mut out = Vec::new();
+    let mut level = vec![dir.to_owned()];
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for d in level {
+            let entries = match g.list(&d).await {
+                Ok(e) => e,
+                // A directory that went away or cannot be read below the
+                // top is left out, as `find` would go on.
+                Err(e) if d != dir => {
+                    tracing::debug!(dir = %d, error = %e, "ListDir: skipping a directory");
+                    continue;
+                }
+                Err(e) => return Err(fs_error(e, &d)),
+            };
+            for s in entries {
+                if out.len() >= MAX_LIST_ENTRIES {
+                    return Err(ConnectError::new(
+                        "resource_exhausted",
+                        format!(
+                            "{dir} holds more than {MAX_LIST_ENTRIES} entries at depth {depth}"
+                        ),
+                    ));
+                }
+                if s.kind == FileKind::Dir {
+                    next.push(s.path.clone());
+                }
+                out.push(entry(&s));
+            }
+        }
+        level = next;
+    }
+    Ok(out)
+}

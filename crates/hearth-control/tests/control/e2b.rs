@@ -1,0 +1,293 @@
+//! E2B's control API on the simulated host (issue 20): create with its
+//! deadline, get, list with filters and paging, timeout, pause, connect,
+//! kill; refusals named; another workspace sees nothing; deadlines acted
+//! on by the reaper. The e2b SDK itself drives a real sandbox in the cli's
+//! `vm::e2b` suite.
+
+use std::time::Duration;
+
+use hearth_db::Timestamp;
+use serde_json::{json, Value};
+
+use crate::harness::{Resp, Server};
+
+async fn call(s: &Server, method: &str, path: &str, key: &str, body: Value) -> Resp {
+    s.json(method, path, Some(key), &body).await
+}
+
+fn e2b_error(r: &Resp) -> (u64, String) {
+    let v = r.json().unwrap_or_default();
+    (
+        v["code"].as_u64().unwrap_or_default(),
+        v["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_control_api_on_the_sim_host() {
+    let (s, _sim) = Server::on_sim().await;
+    let key = s.other.clone();
+
+    // The SDK's default create: base template, 300 s, metadata and env.
+    let before = Timestamp::now();
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "timeout": 300, "metadata": {"team": "a"}, "envVars": {"X": "1"}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sb = r.json().unwrap();
+    let id = sb["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(sb["envdVersion"], "0.5.7");
+    assert_eq!(sb["alias"], "busybox");
+    let token = sb["envdAccessToken"].as_str().unwrap().to_owned();
+    assert!(token.len() >= 40, "{token}");
+
+    // Detail: running, its deadline 300 s from the create, its metadata.
+    let r = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let d = r.json().unwrap();
+    assert_eq!(d["state"], "running");
+    assert_eq!(d["metadata"]["team"], "a");
+    assert_eq!(d["envdAccessToken"], token.as_str());
+    ends_within(&d, before, 300);
+
+    // Refusals name the field; nothing is created.
+    for (body, field) in [
+        (
+            json!({"templateID": "base", "network": {"allowOut": ["x"]}}),
+            "network",
+        ),
+        (json!({"templateID": "base", "secure": false}), "secure"),
+        (
+            json!({"templateID": "base", "autoPauseMemory": false}),
+            "autoPauseMemory",
+        ),
+        (
+            json!({"templateID": "base", "autoResume": {"enabled": true}}),
+            "autoResume",
+        ),
+        (json!({"templateID": "base", "timeout": 0}), "timeout"),
+        (json!({"templateID": "base", "surprise": 1}), "surprise"),
+        (
+            json!({"templateID": "no-such-template"}),
+            "no-such-template",
+        ),
+    ] {
+        let r = call(&s, "POST", "/v2/sandboxes", &key, body.clone()).await;
+        let (code, message) = e2b_error(&r);
+        assert!(
+            matches!(r.status, 400 | 404) && code == u64::from(r.status) && message.contains(field),
+            "{body}: {} {}",
+            r.status,
+            r.text()
+        );
+    }
+
+    // A second sandbox, then the list: both, filtered, paged.
+    let r = call(
+        &s,
+        "POST",
+        "/sandboxes",
+        &key,
+        json!({"templateID": "busybox", "metadata": {"team": "b"}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id2 = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    let ids = |r: &Resp| -> Vec<String> {
+        r.json()
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["sandboxID"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let r = call(&s, "GET", "/v2/sandboxes", &key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(ids(&r), [id2.clone(), id.clone()], "newest first");
+    let r = call(
+        &s,
+        "GET",
+        "/v2/sandboxes?metadata=team%3Da",
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(ids(&r), [id.as_str()]);
+    let r = call(&s, "GET", "/v2/sandboxes?limit=1", &key, json!({})).await;
+    assert_eq!(ids(&r), [id2.as_str()]);
+    let next = r.header("x-next-token").expect("a next token").to_owned();
+    let r = call(
+        &s,
+        "GET",
+        &format!("/v2/sandboxes?limit=1&nextToken={next}"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(ids(&r), [id.as_str()]);
+    assert_eq!(r.header("x-next-token"), None);
+    let r = call(&s, "GET", "/v2/sandboxes?template=base", &key, json!({})).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    // Another workspace sees none of it.
+    let admin = s.admin.clone();
+    let r = call(&s, "GET", &format!("/sandboxes/{id}"), &admin, json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(e2b_error(&r).0, 404);
+    let r = call(&s, "GET", "/v2/sandboxes", &admin, json!({})).await;
+    assert_eq!(ids(&r), Vec::<String>::new());
+    let r = call(&s, "DELETE", &format!("/sandboxes/{id}"), &admin, json!({})).await;
+    assert_eq!(r.status, 404);
+    // No key: E2B's 401.
+    let r = s.json("GET", "/v2/sandboxes", None, &json!({})).await;
+    assert_eq!((r.status, e2b_error(&r).0), (401, 401), "{}", r.text());
+
+    // Timeout moves the deadline (sooner too).
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{id}/timeout"),
+        &key,
+        json!({"timeout": 60}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let d = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({}))
+        .await
+        .json()
+        .unwrap();
+    ends_within(&d, Timestamp::now(), 60);
+
+    // Pause: paused, its deadline gone; again is 409; connect resumes (201)
+    // with a new deadline; connect of a running one is 200.
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{id}/pause"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let d = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({}))
+        .await
+        .json()
+        .unwrap();
+    assert_eq!(d["state"], "paused");
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{id}/pause"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    let r = call(&s, "GET", "/v2/sandboxes?state=paused", &key, json!({})).await;
+    assert_eq!(ids(&r), [id.as_str()]);
+    let r = call(&s, "GET", "/v2/sandboxes?state=running", &key, json!({})).await;
+    assert_eq!(ids(&r), [id2.as_str()]);
+    let r = call(
+        &s,
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        &key,
+        json!({"timeout": 120}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json().unwrap()["envdAccessToken"], token.as_str());
+    let d = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({}))
+        .await
+        .json()
+        .unwrap();
+    assert_eq!(d["state"], "running");
+    ends_within(&d, Timestamp::now(), 120);
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{id}/connect"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Calls not served are a 501 that says so, not a 404.
+    let r = call(
+        &s,
+        "GET",
+        &format!("/sandboxes/{id}/metrics"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 501, "{}", r.text());
+
+    // envd: a wrong token is 401 before anything is looked up; the right
+    // one reaches the sandbox (the simulated host has no guest: 502).
+    let envd = |tok: &str| {
+        vec![
+            ("e2b-sandbox-id".to_owned(), id.clone()),
+            ("x-access-token".to_owned(), tok.to_owned()),
+        ]
+    };
+    let raw = crate::harness::RawRequest::new("GET", "/health", &envd("forged"), Vec::new());
+    let r = crate::harness::send(s.addr, &raw.bytes()).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    let raw = crate::harness::RawRequest::new("GET", "/health", &envd(&token), Vec::new());
+    let r = crate::harness::send(s.addr, &raw.bytes()).await;
+    assert!(matches!(r.status, 204 | 502), "{} {}", r.status, r.text());
+
+    // Deadlines: the reaper deletes a sandbox past its timeout, and pauses
+    // one created with autoPause.
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "timeout": 30, "autoPause": true}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id3 = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    let later = Timestamp::now().plus(Duration::from_secs(600));
+    let report = s.control.reap_at(later).await;
+    assert!(report.deadlines_expired >= 2, "{report:?}");
+    let r = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({})).await;
+    assert_eq!(r.status, 404, "deleted at its deadline: {}", r.text());
+    let d = call(&s, "GET", &format!("/sandboxes/{id3}"), &key, json!({}))
+        .await
+        .json()
+        .unwrap();
+    assert_eq!(d["state"], "paused", "{d}");
+    // id2 had the API's default 15 s: deleted too.
+    let r = call(&s, "GET", &format!("/sandboxes/{id2}"), &key, json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    // Kill.
+    let r = call(&s, "DELETE", &format!("/sandboxes/{id3}"), &key, json!({})).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = call(&s, "DELETE", &format!("/sandboxes/{id3}"), &key, json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    s.stop().await;
+}
+
+/// `endAt` is `secs` after `from`, give or take 5 s (the API writes fixed
+/// width UTC, so the strings compare as the times do).
+fn ends_within(d: &Value, from: Timestamp, secs: u64) {
+    let end = d["endAt"].as_str().unwrap_or_default();
+    let at = from.plus(Duration::from_secs(secs));
+    let lo = at.minus(Duration::from_secs(5)).to_rfc3339();
+    let hi = at.plus(Duration::from_secs(5)).to_rfc3339();
+    assert!(
+        lo.as_str() <= end && end <= hi.as_str(),
+        "endAt {end} not within {lo}..{hi}: {d}"
+    );
+}

@@ -1,0 +1,176 @@
+"""The unmodified `e2b` SDK (pinned in tests/e2b/requirements.txt) against
+`hearth up` (issue 20). Run by crates/hearth-cli/tests/cli/vm/sdk.rs with
+E2B_API_KEY (a Hearth API key), E2B_API_URL and E2B_SANDBOX_URL (both
+Hearth's address), HEARTH_E2B_OTHER_KEY (a key of another workspace) and
+HEARTH_E2B_TEMPLATE (a snapshot to create from).
+
+Each test prints PASS or FAIL; the exit status is 1 if any failed.
+"""
+
+import os
+import sys
+import time
+import traceback
+
+from e2b import Sandbox
+from e2b.exceptions import NotFoundException, SandboxException
+
+TEMPLATE = os.environ.get("HEARTH_E2B_TEMPLATE", "base")
+OTHER_KEY = os.environ["HEARTH_E2B_OTHER_KEY"]
+created = []
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def new(**kw):
+    sb = Sandbox.create(template=TEMPLATE, timeout=300, **kw)
+    created.append(sb.sandbox_id)
+    return sb
+
+
+def test_create_run_files_and_kill():
+    t = time.monotonic()
+    sb = new(metadata={"suite": "e2b"}, envs={"GREETING": "hello"})
+    print(f"  created {sb.sandbox_id} in {time.monotonic() - t:.1f}s", flush=True)
+    check(sb.is_running(), "a new sandbox is running")
+
+    # A command, streamed: stdout and stderr apart, the exit code, the
+    # sandbox's environment.
+    chunks = []
+    r = sb.commands.run("echo $GREETING; echo oops >&2", on_stdout=chunks.append)
+    check(r.exit_code == 0, f"exit {r.exit_code}")
+    check(r.stdout == "hello\n", f"stdout {r.stdout!r}")
+    check(r.stderr == "oops\n", f"stderr {r.stderr!r}")
+    check("".join(chunks) == "hello\n", f"streamed {chunks!r}")
+    # Its own environment and working directory.
+    r = sb.commands.run("echo $A; pwd", envs={"A": "x"}, cwd="/tmp")
+    check(r.stdout == "x\n/tmp\n", f"env and cwd: {r.stdout!r}")
+    # A failing command raises with its exit code.
+    try:
+        sb.commands.run("exit 3")
+        raise AssertionError("exit 3 did not raise")
+    except Exception as e:  # CommandExitException
+        check(getattr(e, "exit_code", None) == 3, f"exit 3 raised {e!r}")
+    # A command past its timeout is ended.
+    t = time.monotonic()
+    try:
+        sb.commands.run("sleep 30", timeout=2)
+        raise AssertionError("a 2 s timeout did not end sleep 30")
+    except AssertionError:
+        raise
+    except Exception:
+        pass
+    check(time.monotonic() - t < 15, f"the timeout took {time.monotonic() - t:.1f}s")
+
+    # A background command, killed through its handle.
+    h = sb.commands.run("sleep 600", background=True)
+    check(h.pid > 1, f"pid {h.pid}")
+    check(h.kill(), "kill a running background command")
+    check(sb.commands.run(f"kill -0 {h.pid} 2>/dev/null; echo $?").stdout.strip() != "0",
+          "the killed command is gone")
+
+    # Files: write (parents made), read back, list, stat, rename, remove.
+    payload = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    info = sb.files.write("/tmp/e2b/deep/data.bin", payload)
+    check(info.path == "/tmp/e2b/deep/data.bin", f"write info {info}")
+    back = sb.files.read("/tmp/e2b/deep/data.bin", format="bytes")
+    check(bytes(back) == payload, f"read back {len(back)} bytes")
+    sb.files.write("/tmp/e2b/note.txt", "hi there")
+    check(sb.files.read("/tmp/e2b/note.txt") == "hi there", "text round trip")
+    names = sorted(e.name for e in sb.files.list("/tmp/e2b"))
+    check(names == ["deep", "note.txt"], f"list {names}")
+    deep = sorted(e.path for e in sb.files.list("/tmp/e2b", depth=2))
+    check("/tmp/e2b/deep/data.bin" in deep, f"list depth 2 {deep}")
+    check(sb.files.exists("/tmp/e2b/note.txt"), "exists")
+    check(not sb.files.exists("/tmp/e2b/missing"), "a missing file does not exist")
+    st = sb.files.get_info("/tmp/e2b/deep/data.bin")
+    check(st.size == len(payload), f"size {st.size}")
+    sb.files.rename("/tmp/e2b/note.txt", "/tmp/e2b/renamed.txt")
+    check(sb.files.read("/tmp/e2b/renamed.txt") == "hi there", "renamed")
+    check(sb.files.make_dir("/tmp/e2b/newdir"), "make_dir")
+    check(not sb.files.make_dir("/tmp/e2b/newdir"), "make_dir of an existing dir is False")
+    sb.files.remove("/tmp/e2b/deep")
+    check(not sb.files.exists("/tmp/e2b/deep/data.bin"), "removed")
+    try:
+        sb.files.read("/tmp/e2b/missing")
+        raise AssertionError("reading a missing file did not raise")
+    except AssertionError:
+        raise
+    except Exception as e:
+        check("not found" in str(e).lower() or isinstance(e, NotFoundException), f"{e!r}")
+
+    # Info, list (this workspace only), timeout.
+    i = sb.get_info()
+    check(i.metadata.get("suite") == "e2b", f"metadata {i.metadata}")
+    check(i.sandbox_id == sb.sandbox_id, "get_info's id")
+    listed = [s.sandbox_id for s in Sandbox.list().next_items()]
+    check(sb.sandbox_id in listed, f"list {listed}")
+    other = Sandbox.list(api_key=OTHER_KEY).next_items()
+    check(other == [], f"another workspace lists {other}")
+    try:
+        Sandbox.connect(sb.sandbox_id, api_key=OTHER_KEY)
+        raise AssertionError("another workspace connected")
+    except AssertionError:
+        raise
+    except Exception:
+        pass
+    sb.set_timeout(120)
+
+    check(sb.kill(), "kill")
+    check(not sb.is_running(), "a killed sandbox is not running")
+    created.remove(sb.sandbox_id)
+
+
+def test_pause_keeps_processes_and_connect_resumes():
+    sb = new()
+    sb.commands.run("echo kept > /root/state")
+    counter = sb.commands.run(
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+        background=True)
+    time.sleep(1.5)
+    before = int(sb.commands.run("cat /tmp/count").stdout)
+    t = time.monotonic()
+    sb.pause()
+    print(f"  paused in {time.monotonic() - t:.1f}s", flush=True)
+    check(not sb.is_running(), "a paused sandbox is not running")
+    paused = [s.sandbox_id for s in Sandbox.list().next_items() if s.state == "paused"]
+    check(sb.sandbox_id in paused, f"paused list {paused}")
+    t = time.monotonic()
+    again = Sandbox.connect(sb.sandbox_id, timeout=120)
+    print(f"  resumed in {time.monotonic() - t:.1f}s", flush=True)
+    check(again.commands.run("cat /root/state").stdout == "kept\n", "the disk survived")
+    time.sleep(1)
+    after = int(again.commands.run("cat /tmp/count").stdout)
+    check(after > before, f"the counting process went on: {before} then {after}")
+    check(again.commands.kill(counter.pid), "kill the counter")
+    again.kill()
+    created.remove(sb.sandbox_id)
+
+
+TESTS = [test_create_run_files_and_kill, test_pause_keeps_processes_and_connect_resumes]
+
+
+def main():
+    failed = 0
+    for t in TESTS:
+        started = time.monotonic()
+        try:
+            t()
+            print(f"PASS {t.__name__} ({time.monotonic() - started:.1f}s)", flush=True)
+        except Exception as e:
+            failed += 1
+            print(f"FAIL {t.__name__} ({time.monotonic() - started:.1f}s): {e!r}", flush=True)
+            traceback.print_exc()
+    for sid in created:
+        try:
+            Sandbox.kill(sid)
+        except Exception as e:
+            print(f"cleanup of {sid}: {e!r}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
