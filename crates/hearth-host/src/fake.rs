@@ -187,6 +187,17 @@ impl FakeVmm {
         true
     }
 
+    /// From now on the guest clock of `id` drifts by `rate` of the
+    /// host's time (-0.2: 20 % slow), as a TCG guest's was seen to on a
+    /// loaded host; false if it is not running.
+    pub fn drift_clock(&self, id: VmId, rate: f64) -> bool {
+        let Some(m) = self.state().running.get(&id).cloned() else {
+            return false;
+        };
+        m.clock().drift = Some((std::time::Instant::now(), rate));
+        true
+    }
+
     /// Whether the VMM of `id` is running (paused counts).
     pub fn is_running(&self, id: VmId) -> bool {
         self.state().running.contains_key(&id)
@@ -401,6 +412,9 @@ struct FakeClock {
     /// This many answers to come are slow, by `slow_by` each.
     slow: u32,
     slow_by: Duration,
+    /// Since when, and how fast (its error per ns of the host's: -0.1 is
+    /// 10 % slow), the clock drifts.
+    drift: Option<(std::time::Instant, f64)>,
 }
 
 impl FakeClock {
@@ -409,7 +423,10 @@ impl FakeClock {
         let stood = self
             .stopped_at
             .map_or(0, |t| t.elapsed().as_nanos() as i128);
-        (host + i128::from(self.offset_ns) - stood).clamp(0, u64::MAX.into()) as u64
+        let drift = self.drift.map_or(0, |(since, rate)| {
+            (since.elapsed().as_nanos() as f64 * rate) as i128
+        });
+        (host + i128::from(self.offset_ns) - stood + drift).clamp(0, u64::MAX.into()) as u64
     }
 
     fn pause(&mut self) {
