@@ -139,6 +139,12 @@ impl From<E2bError> for ConnectError {
     }
 }
 
+impl From<ConnectError> for E2bError {
+    fn from(e: ConnectError) -> Self {
+        E2bError::new(e.status().as_u16(), e.message)
+    }
+}
+
 /// A guest failure as a Connect error about `path`.
 fn fs_error(e: GuestError, path: &str) -> ConnectError {
     use hearth_guest_proto::OpErrorKind as K;
@@ -155,14 +161,21 @@ fn fs_error(e: GuestError, path: &str) -> ConnectError {
 
 /// A guest failure as E2B's JSON error about `path`.
 fn file_error(e: GuestError, path: &str) -> E2bError {
-    let c = fs_error(e, path);
-    E2bError::new(c.status().as_u16(), c.message)
+    fs_error(e, path).into()
 }
 
 /// `GET /health`: 204 while the sandbox runs, 502 when it does not.
 pub async fn health(State(c): State<Arc<Control>>, headers: HeaderMap) -> E2bResult<StatusCode> {
     target(&c, &headers).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Files are read and written as root (as through LangSmith's data plane):
+/// another user asked for is refused rather than silently not honoured.
+fn as_root_only(user: &str) -> ConnectError {
+    ConnectError::invalid(format!(
+        "user {user:?}: files are read and written as root in Hearth; omit the user"
+    ))
 }
 
 #[derive(Default)]
@@ -176,6 +189,7 @@ fn files_query(raw: Option<&str>) -> E2bResult<FilesQuery> {
     for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
         match &*k {
             "path" => q.path = Some(v.into_owned()),
+            "username" if v != "root" => return Err(as_root_only(&v).into()),
             "username" => q.username = Some(v.into_owned()),
             "signature" | "signature_expiration" => {
                 return Err(E2bError::bad_request(format!(
@@ -778,6 +792,9 @@ pub async fn filesystem(
         connect::check_codec(&headers, false)?;
         rpc_body(&body)?;
         let user = basic_user(&headers)?;
+        if let Some(u) = user.as_deref().filter(|u| *u != "root") {
+            return Err(as_root_only(u));
+        }
         let user = user.as_deref();
         match method.as_str() {
             "Stat" | "ListDir" | "MakeDir" | "Remove" => {

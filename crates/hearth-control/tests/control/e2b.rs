@@ -244,6 +244,16 @@ async fn e2b_control_api_on_the_sim_host() {
     let raw = crate::harness::RawRequest::new("GET", "/health", &envd(&token), Vec::new());
     let r = crate::harness::send(s.addr, &raw.bytes()).await;
     assert!(matches!(r.status, 204 | 502), "{} {}", r.status, r.text());
+    // Files are root's: another user is refused, not ignored.
+    let raw = crate::harness::RawRequest::new(
+        "GET",
+        "/files?path=/etc/hostname&username=user",
+        &envd(&token),
+        Vec::new(),
+    );
+    let r = crate::harness::send(s.addr, &raw.bytes()).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(e2b_error(&r).1.contains("root"), "{}", r.text());
 
     // Deadlines: the reaper deletes a sandbox past its timeout, and pauses
     // one created with autoPause.
