@@ -270,6 +270,21 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
         .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))
 }
 
+/// A body the SDK may leave out: empty is the defaults.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> E2bResult<T> {
+    if body.is_empty() {
+        Ok(T::default())
+    } else {
+        json_body(body)
+    }
+}
+
+/// The sandbox's deadline, if it has one.
+async fn deadline_of(c: &Control, id: SandboxId) -> E2bResult<Option<Deadline>> {
+    let mut found = c.db.deadlines_of(&[id]).await.map_err(db_error)?;
+    Ok(found.remove(&id))
+}
+
 /// The template of a create as a snapshot selector.
 fn template(t: &str) -> E2bResult<SnapshotSelector> {
     if t.is_empty() || t == "base" {
@@ -382,9 +397,9 @@ pub async fn detail(
     let who = who?;
     who.require("sandboxes:read")?;
     let row = c.e2b_find(&who, &id).await?;
-    let deadlines = c.db.deadlines_of(&[row.id]).await.map_err(db_error)?;
+    let deadline = deadline_of(&c, row.id).await?;
     let body = c
-        .e2b_detail(&row, deadlines.get(&row.id), true)
+        .e2b_detail(&row, deadline.as_ref(), true)
         .await
         .ok_or_else(|| E2bError::not_found(format!("sandbox {id} not found")))?;
     Ok(Json(body).into_response())
@@ -546,12 +561,9 @@ pub async fn set_timeout(
     let req: TimeoutBody = json_body(&body?.0)?;
     let timeout = timeout_secs(req.timeout)?;
     let row = c.e2b_find(&who, &id).await?;
-    let on_expiry =
-        c.db.deadlines_of(&[row.id])
-            .await
-            .map_err(db_error)?
-            .get(&row.id)
-            .map_or(OnExpiry::Delete, |d| d.on_expiry);
+    let on_expiry = deadline_of(&c, row.id)
+        .await?
+        .map_or(OnExpiry::Delete, |d| d.on_expiry);
     c.db.set_deadline(&Deadline {
         sandbox_id: row.id,
         expires_at: Timestamp::now().plus(timeout),
@@ -581,12 +593,7 @@ pub async fn pause(
 ) -> E2bResult<StatusCode> {
     let who = who?;
     who.require("sandboxes:update")?;
-    let body = body?.0;
-    let req: PauseBody = if body.is_empty() {
-        PauseBody::default()
-    } else {
-        json_body(&body)?
-    };
+    let req: PauseBody = optional_body(&body?.0)?;
     if req.memory == Some(false) {
         return Err(not_served(
             "memory",
@@ -651,12 +658,7 @@ pub async fn connect(
     body: Result<JsonBody, HttpError>,
 ) -> E2bResult<Response> {
     let who = who?;
-    let body = body?.0;
-    let req: ConnectBody = if body.is_empty() {
-        ConnectBody::default()
-    } else {
-        json_body(&body)?
-    };
+    let req: ConnectBody = optional_body(&body?.0)?;
     if req.memory == Some(false) {
         return Err(not_served(
             "memory",
@@ -674,13 +676,12 @@ pub async fn connect(
         who.require("sandboxes:read")?;
         row
     };
-    let old = c.db.deadlines_of(&[row.id]).await.map_err(db_error)?;
-    let deadline = match (timeout, old.get(&row.id)) {
+    let deadline = match (timeout, deadline_of(&c, row.id).await?) {
         (Some(t), Some(d)) => {
             let at = Timestamp::now().plus(t);
             (resumed || at > d.expires_at).then_some(Deadline {
                 expires_at: at,
-                ..*d
+                ..d
             })
         }
         (Some(t), None) if resumed && row.idle_ttl.is_zero() => Some(Deadline {

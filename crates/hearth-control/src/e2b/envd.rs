@@ -700,19 +700,19 @@ async fn send_signal(
     let t = target(c, headers).await?;
     let out = t
         .guest
-        .run(ExecRequest {
-            // The shell's own `kill` (busybox's takes no `--`, and its exit
-            // status after one is not the signal's): no such process is
-            // exit 3, the group first, else the process alone.
-            command: format!(
-                "kill -0 {pid} 2>/dev/null || exit 3; kill -s {sig} -{pid} 2>/dev/null || kill -s {sig} {pid}"
-            ),
-            shell: Some("/bin/sh".into()),
-            timeout_ms: 10_000,
-            kill_on_disconnect: true,
-            ttl_ms: 0,
-            ..ExecRequest::default()
-        })
+        // The shell's own `kill` (busybox's takes no `--`, and its exit
+        // status after one is not the signal's): no such process is exit
+        // 3, the group first, else the process alone.
+        .run(helper(
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!(
+                    "kill -0 {pid} 2>/dev/null || exit 3; kill -s {sig} -{pid} 2>/dev/null || kill -s {sig} {pid}"
+                ),
+            ],
+            10,
+        ))
         .await
         .map_err(|e| ConnectError::internal(format!("cannot signal process {pid}: {e}")))?;
     match out.exit_code {
@@ -722,6 +722,18 @@ async fn send_signal(
             "signal process {pid}: exit {code:?}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))),
+    }
+}
+
+/// A command Hearth runs in the guest for a call (as root, ended with
+/// the call, forgotten once done, at most `secs` long).
+fn helper(argv: Vec<String>, secs: u64) -> ExecRequest {
+    ExecRequest {
+        argv: Some(argv),
+        timeout_ms: secs * 1000,
+        kill_on_disconnect: true,
+        ttl_ms: 0,
+        ..ExecRequest::default()
     }
 }
 
@@ -838,20 +850,16 @@ pub async fn filesystem(
                 t.guest.stat(&from).await.map_err(|e| fs_error(e, &from))?;
                 let out = t
                     .guest
-                    .run(ExecRequest {
-                        command: String::new(),
-                        argv: Some(vec![
+                    .run(helper(
+                        vec![
                             "mv".into(),
                             "-f".into(),
                             "--".into(),
                             from.clone(),
                             to.clone(),
-                        ]),
-                        timeout_ms: 60_000,
-                        kill_on_disconnect: true,
-                        ttl_ms: 0,
-                        ..ExecRequest::default()
-                    })
+                        ],
+                        60,
+                    ))
                     .await
                     .map_err(|e| ConnectError::internal(format!("move {from}: {e}")))?;
                 if out.exit_code != Some(0) {

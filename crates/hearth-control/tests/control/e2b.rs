@@ -15,6 +15,13 @@ async fn call(s: &Server, method: &str, path: &str, key: &str, body: Value) -> R
     s.json(method, path, Some(key), &body).await
 }
 
+/// `GET /sandboxes/{id}`'s body.
+async fn detail(s: &Server, key: &str, id: &str) -> Value {
+    let r = call(s, "GET", &format!("/sandboxes/{id}"), key, json!({})).await;
+    r.json()
+        .unwrap_or_else(|| panic!("{} {}", r.status, r.text()))
+}
+
 fn e2b_error(r: &Resp) -> (u64, String) {
     let v = r.json().unwrap_or_default();
     (
@@ -158,10 +165,7 @@ async fn e2b_control_api_on_the_sim_host() {
     )
     .await;
     assert_eq!(r.status, 204, "{}", r.text());
-    let d = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({}))
-        .await
-        .json()
-        .unwrap();
+    let d = detail(&s, &key, &id).await;
     ends_within(&d, Timestamp::now(), 60);
 
     // Pause: paused, its deadline gone; again is 409; connect resumes (201)
@@ -175,10 +179,7 @@ async fn e2b_control_api_on_the_sim_host() {
     )
     .await;
     assert_eq!(r.status, 204, "{}", r.text());
-    let d = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({}))
-        .await
-        .json()
-        .unwrap();
+    let d = detail(&s, &key, &id).await;
     assert_eq!(d["state"], "paused");
     let r = call(
         &s,
@@ -203,10 +204,7 @@ async fn e2b_control_api_on_the_sim_host() {
     .await;
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(r.json().unwrap()["envdAccessToken"], token.as_str());
-    let d = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({}))
-        .await
-        .json()
-        .unwrap();
+    let d = detail(&s, &key, &id).await;
     assert_eq!(d["state"], "running");
     ends_within(&d, Timestamp::now(), 120);
     let r = call(
@@ -272,10 +270,7 @@ async fn e2b_control_api_on_the_sim_host() {
     assert!(report.deadlines_expired >= 2, "{report:?}");
     let r = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({})).await;
     assert_eq!(r.status, 404, "deleted at its deadline: {}", r.text());
-    let d = call(&s, "GET", &format!("/sandboxes/{id3}"), &key, json!({}))
-        .await
-        .json()
-        .unwrap();
+    let d = detail(&s, &key, &id3).await;
     assert_eq!(d["state"], "paused", "{d}");
     // id2 had the API's default 15 s: deleted too.
     let r = call(&s, "GET", &format!("/sandboxes/{id2}"), &key, json!({})).await;

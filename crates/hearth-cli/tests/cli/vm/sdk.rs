@@ -861,16 +861,7 @@ fn suite(part: &str, tests: &[&str]) {
     if !left.is_empty() {
         failures.push(format!("processes outlived hearth up: {left:?}"));
     }
-    println!("total {:.1}s", started.elapsed().as_secs_f64());
-    assert!(
-        failures.is_empty(),
-        "{}\n--- hearth up log (tail, {}):\n{}",
-        failures.join("\n"),
-        server.log.display(),
-        tail(&server.log)
-    );
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
+    conclude(server, &dir, started, &failures);
 }
 
 /// Issue 20: the unmodified `e2b` SDK (tests/e2b/test_e2b.py) against
@@ -928,6 +919,12 @@ fn e2b_sdk_against_hearth_up() {
         Ok(status) => failures.push(format!("hearth up exited {status} on SIGINT")),
         Err(e) => failures.push(e),
     }
+    conclude(server, &dir, started, &failures);
+}
+
+/// Ends a suite: fails with `failures` and the server's log, or removes
+/// its data directory.
+fn conclude(server: Server, dir: &Path, started: Instant, failures: &[String]) {
     println!("total {:.1}s", started.elapsed().as_secs_f64());
     assert!(
         failures.is_empty(),
@@ -937,5 +934,5 @@ fn e2b_sdk_against_hearth_up() {
         tail(&server.log)
     );
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
