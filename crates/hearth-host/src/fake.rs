@@ -29,7 +29,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -88,6 +88,11 @@ struct FakeState {
     boots: u32,
     restores: u32,
     reaped: Vec<VmId>,
+    /// How long a cold-booted guest takes to answer the host's hello.
+    boot_time: Duration,
+    /// Cold boots whose guest has not answered yet, and the most at once.
+    booting: u32,
+    max_booting: u32,
 }
 
 impl Default for FakeVmm {
@@ -226,18 +231,30 @@ impl FakeVmm {
         self.state().reaped.clone()
     }
 
+    /// Cold-booted guests answer the host's hello only after `time` (as a
+    /// kernel boots); restored ones at once.
+    pub fn boot_time(&self, time: Duration) {
+        self.state().boot_time = time;
+    }
+
+    /// The most cold boots that were under way at once (VMM started, the
+    /// guest not yet answered).
+    pub fn max_booting(&self) -> u32 {
+        self.state().max_booting
+    }
+
     /// Starts a VM: files in the run directory, a guest task on its
     /// socket; `restored`: from a saved state (the memory file is the
     /// restore's, not replaced).
     async fn start(&self, spec: &VmSpec, restored: bool) -> Result<FakeInstance, VmmError> {
-        let fault = {
+        let (fault, boot_time) = {
             let mut st = self.state();
             if restored {
                 st.restores += 1;
             } else {
                 st.boots += 1;
             }
-            st.boot_faults.pop_front()
+            (st.boot_faults.pop_front(), st.boot_time)
         };
         if fault == Some(BootFault::VmmFails) {
             return Err(VmmError::backend(
@@ -282,11 +299,20 @@ impl FakeVmm {
             identity: Mutex::new(None),
             clock: Mutex::new(FakeClock::default()),
             ignore_quit,
+            booting: AtomicBool::new(!restored),
             vmm: Arc::downgrade(&self.shared),
         });
-        self.state().running.insert(spec.id, machine.clone());
+        {
+            let mut st = self.state();
+            st.running.insert(spec.id, machine.clone());
+            if !restored {
+                st.booting += 1;
+                st.max_booting = st.max_booting.max(st.booting);
+            }
+        }
         let silent = fault == Some(BootFault::GuestSilent);
-        tokio::spawn(serve_guest(listener, machine.clone(), silent));
+        let boot_time = if restored { Duration::ZERO } else { boot_time };
+        tokio::spawn(serve_guest(listener, machine.clone(), silent, boot_time));
         if fault == Some(BootFault::VmmDies) {
             machine.end(ExitInfo {
                 code: Some(1),
@@ -454,6 +480,8 @@ struct Machine {
     identity: Mutex<Option<hearth_guest_proto::GuestIdentity>>,
     clock: Mutex<FakeClock>,
     ignore_quit: bool,
+    /// A cold boot whose guest has not answered the hello yet.
+    booting: AtomicBool,
     vmm: Weak<Shared>,
 }
 
@@ -476,6 +504,19 @@ impl Machine {
         if let (true, Some(st)) = (ended, st.as_mut()) {
             if st.running.get(&self.id).is_some_and(|m| m.pid == self.pid) {
                 st.running.remove(&self.id);
+            }
+            if self.booting.swap(false, Ordering::Relaxed) {
+                st.booting -= 1;
+            }
+        }
+    }
+
+    /// The guest answered its hello: a cold boot is over.
+    fn booted(&self) {
+        if let Some(vmm) = self.vmm.upgrade() {
+            let mut st = vmm.state();
+            if self.booting.swap(false, Ordering::Relaxed) {
+                st.booting -= 1;
             }
         }
     }
@@ -632,7 +673,7 @@ impl FakeInstance {
 
 /// The guest end of a fake VM: accepts the host's one connection on the
 /// agent socket and serves it until the VMM ends.
-async fn serve_guest(listener: UnixListener, m: Arc<Machine>, silent: bool) {
+async fn serve_guest(listener: UnixListener, m: Arc<Machine>, silent: bool, boot_time: Duration) {
     let conn = tokio::select! {
         c = listener.accept() => c,
         _ = m.exited() => return,
@@ -649,6 +690,12 @@ async fn serve_guest(listener: UnixListener, m: Arc<Machine>, silent: bool) {
         m.exited().await;
         return;
     }
+    if !boot_time.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(boot_time) => {}
+            _ = m.exited() => return,
+        }
+    }
     let (r, w) = conn.into_split();
     let r = Wedgeable {
         inner: r,
@@ -661,7 +708,10 @@ async fn serve_guest(listener: UnixListener, m: Arc<Machine>, silent: bool) {
         _ = m.exited() => return,
     };
     let (version, hello) = match hello {
-        Ok(h) => h,
+        Ok(h) => {
+            m.booted();
+            h
+        }
         Err(e) => {
             tracing::debug!(vm = %m.id, error = %e, "fake guest: no handshake");
             return;

@@ -33,8 +33,17 @@ pub struct HostConfig {
     pub run_root: PathBuf,
     /// The QEMU binary ([`Host::start`]; unused by [`Host::start_with`]).
     pub qemu_binary: PathBuf,
-    /// How long a boot may take until the guest agent answers.
+    /// How long a boot may take until the guest agent answers, counted
+    /// from when it got one of the boot slots.
     pub boot_timeout: Duration,
+    /// How many cold boots run at once, from the VMM's start until the
+    /// guest agent answers; the others wait their turn (still
+    /// `provisioning`). A cold boot is CPU-bound, under TCG entirely: 30
+    /// at once on 2 cores each took 30 times as long and all missed the
+    /// boot timeout, where taking turns boots them all. Resumes from
+    /// memory and pool claims do not wait. `None`: the host's CPUs under
+    /// TCG, four times that under KVM ([`boot_slots`]).
+    pub boot_slots: Option<usize>,
     /// How long a stop waits for the guest to power off before killing it.
     pub stop_grace: Duration,
     /// Where the KVM-or-TCG probe caches its answer ([`Host::start`]'s
@@ -185,6 +194,7 @@ impl HostConfig {
             data_dir,
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
             boot_timeout: Duration::from_secs(90),
+            boot_slots: None,
             stop_grace: Duration::from_secs(5),
             raw_ports: Vec::new(),
             liveness: Liveness::default(),
@@ -256,6 +266,8 @@ pub struct Host {
     generations: Option<Arc<GenerationDisks>>,
     /// VM networks and the egress proxy, when enabled.
     network: Option<crate::network::Network>,
+    /// Turns of cold boots ([`HostConfig::boot_slots`]).
+    boot_turns: tokio::sync::Semaphore,
     /// Jail uids in use (offsets from `JailSettings::uid_base`).
     jail_slots: Mutex<std::collections::BTreeMap<u32, std::fs::File>>,
     /// The last check of the store (`store_check.rs`).
@@ -386,8 +398,13 @@ impl Host {
             )),
             None => None,
         };
+        let turns = cfg
+            .boot_slots
+            .unwrap_or_else(|| boot_slots(accel, host_cpus()));
+        tracing::info!(slots = turns, "cold boots run {turns} at a time");
         let host = Arc::new(Self {
             network,
+            boot_turns: tokio::sync::Semaphore::new(turns.max(1)),
             jail_slots: Mutex::new(std::collections::BTreeMap::new()),
             cfg,
             images,
@@ -818,23 +835,25 @@ impl Host {
         let spec = self.spec(vm, &rec, artifacts, root);
         // Whether the guest resumed memory other VMs may resume too.
         let mut shared_memory = false;
-        let instance = match resume {
-            None => self.vmm.boot(&spec).await?,
+        // A cold boot holds its turn until the guest answers.
+        let (instance, turn) = match resume {
+            None => self.boot_cold(vm, &spec).await?,
             Some((volumes, shared, required)) => {
                 match self.resume_from_memory(vm, &spec, &volumes, shared).await {
                     Ok(i) => {
                         shared_memory = shared;
-                        i
+                        (i, None)
                     }
                     Err(e) if !required => {
                         tracing::warn!(vm = %id, error = %error_chain(&e), "cannot resume from saved memory; booting cold");
-                        self.vmm.boot(&spec).await?
+                        self.boot_cold(vm, &spec).await?
                     }
                     Err(e) => return Err(e),
                 }
             }
         };
         self.attach(vm, instance).await?;
+        drop(turn);
         if shared_memory {
             self.refresh_identity(vm).await?;
         }
@@ -856,6 +875,35 @@ impl Host {
         }
         tracing::info!(vm = %id, boot_ms, "vm ready");
         Ok(())
+    }
+
+    /// Starts the VMM for a cold boot once a boot slot is free; the turn
+    /// it returns is held until the guest answers.
+    async fn boot_cold(
+        &self,
+        vm: &Vm,
+        spec: &hearth_vmm::VmSpec,
+    ) -> Result<(Arc<Instance>, Option<tokio::sync::SemaphorePermit<'_>>), HostError> {
+        let waited = Instant::now();
+        let turn = match self.boot_turns.try_acquire() {
+            Ok(turn) => turn,
+            Err(_) => {
+                vm.update(|r| r.reason = Some("waiting for a boot slot".into()));
+                // The semaphore is never closed.
+                let turn = self
+                    .boot_turns
+                    .acquire()
+                    .await
+                    .map_err(|_| HostError::Boot {
+                        id: vm.id,
+                        reason: "the host is shutting down".into(),
+                    })?;
+                tracing::info!(vm = %vm.id, waited_ms = waited.elapsed().as_millis() as u64, "boot slot taken");
+                vm.update(|r| r.reason = Some("starting".into()));
+                turn
+            }
+        };
+        Ok((self.vmm.boot(spec).await?, Some(turn)))
     }
 
     /// The VM's machine: the same for a boot and for a resume of its saved
@@ -1636,6 +1684,23 @@ impl Host {
 
 /// Adds read permission for everyone to `path` (a kernel or initramfs:
 /// public contents), which a jailed VMM needs.
+/// The automatic [`HostConfig::boot_slots`] of a host with `cpus` CPUs
+/// whose guests run under `accel`: under TCG a booting guest keeps a CPU
+/// busy throughout; under KVM a boot mostly waits (firmware-free kernel
+/// start, the disk), so more overlap.
+pub fn boot_slots(accel: Accel, cpus: usize) -> usize {
+    let cpus = cpus.max(1);
+    match accel {
+        Accel::Kvm => cpus * 4,
+        Accel::Tcg => cpus,
+    }
+}
+
+/// The CPUs this process may run on.
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn world_readable(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path)?.permissions().mode();

@@ -621,3 +621,54 @@ async fn a_fast_drifting_guest_clock_is_synced_as_often_as_it_needs() {
     assert!(off.abs() < 300_000_000, "{off} ns off after 12 s");
     host.shutdown().await;
 }
+
+/// A burst of cold boots takes turns: no more boot at once than the host
+/// has boot slots, and a boot's timeout counts from its turn, so a burst
+/// that takes longer than one timeout still ends with every VM ready (30
+/// boots at once on 2 TCG cores all missed their 90 s before turns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_cold_boots_takes_turns_and_every_vm_becomes_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    fake.boot_time(Duration::from_millis(300));
+    let mut cfg = fake_config(&dir);
+    cfg.boot_slots = Some(2);
+    cfg.boot_timeout = Duration::from_millis(700);
+    let host = start(cfg, &fake).await;
+
+    let t = Instant::now();
+    let creates = (0..6).map(|_| {
+        let host = host.clone();
+        tokio::spawn(async move { host.create_vm(small()).await })
+    });
+    let vms = futures_util::future::join_all(creates).await;
+    let took = t.elapsed();
+    for vm in vms {
+        let vm = vm
+            .expect("create task")
+            .expect("every vm of the burst boots");
+        assert_eq!(vm.state(), VmState::Ready);
+    }
+    assert_eq!(fake.max_booting(), 2, "two boot slots: two boots at once");
+    // Three turns of 300 ms: longer than one boot timeout.
+    assert!(took >= Duration::from_millis(900), "took {took:?}");
+
+    // A resume from saved memory does not wait for a turn.
+    fake.boot_time(Duration::from_secs(5));
+    let vm = host.list()[0].id;
+    host.stop_saving_memory(vm)
+        .await
+        .expect("stop saving memory");
+    let t = Instant::now();
+    host.start_vm(vm).await.expect("resumes");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    host.shutdown().await;
+}
+
+#[test]
+fn boot_slots_follow_the_cpus_and_the_accelerator() {
+    use hearth_vmm::Accel;
+    assert_eq!(hearth_host::host::boot_slots(Accel::Tcg, 2), 2);
+    assert_eq!(hearth_host::host::boot_slots(Accel::Tcg, 0), 1);
+    assert_eq!(hearth_host::host::boot_slots(Accel::Kvm, 8), 32);
+}
