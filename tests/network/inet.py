@@ -104,6 +104,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send(200, body.encode(), "text/html")
         elif path == f"/packages/{WHEEL_NAME}":
             self.send(200, WHEEL, "application/octet-stream")
+        elif path.startswith("/git/"):
+            self.git(path)
         elif path == "/bytes":
             mib = int(self.path.split("mib=")[1]) if "mib=" in self.path else 1
             self.send_response(200)
@@ -115,6 +117,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
         else:
             self.send(404, b'{"error": "not found"}')
+
+    def git(self, path):
+        """A private git repository over git's dumb HTTP: the files under
+        <dir>/git, to a request that carries the token in <dir>/git-token."""
+        try:
+            with open(os.path.join(ARGS.dir, "git-token")) as f:
+                token = f.read().strip()
+        except FileNotFoundError:
+            token = None
+        if not token or self.headers.get("X-Git-Token") != token:
+            self.send(403, b"no token\n", "text/plain")
+            return
+        root = os.path.realpath(os.path.join(ARGS.dir, "git"))
+        file = os.path.realpath(os.path.join(root, path[len("/git/"):]))
+        if not file.startswith(root + os.sep) or not os.path.isfile(file):
+            self.send(404, b"not found\n", "text/plain")
+            return
+        with open(file, "rb") as f:
+            self.send(200, f.read(), "application/octet-stream")
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)

@@ -20,13 +20,22 @@ Prints PASS/FAIL per test; exits non-zero on a failure.
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 import traceback
 import urllib.error
 import urllib.request
 
-from langsmith.sandbox import SandboxClient, SandboxTokenVerificationError, SandboxTokenVerifier, workspace_secret
+from langsmith.sandbox import (
+    SandboxClient,
+    SandboxTokenVerificationError,
+    SandboxTokenVerifier,
+    git_mount,
+    mount_config,
+    workspace_secret,
+)
 
 client = SandboxClient()
 NET_IP = os.environ["NET_IP"]
@@ -270,6 +279,73 @@ def test_header_rule_with_a_workspace_secret_never_enters_the_guest():
     created.discard(sb.name)
 
 
+def git(*args, cwd=None):
+    subprocess.run(
+        ["git", "-c", "user.name=test", "-c", "user.email=test@git.test", *args],
+        cwd=cwd, check=True, capture_output=True, env={**os.environ, "HOME": NET_DIR},
+    )
+
+
+def commit(work, bare, text):
+    with open(os.path.join(work, "README"), "w") as f:
+        f.write(text + "\n")
+    git("add", "README", cwd=work)
+    git("commit", "-q", "-m", text, cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)
+    # What git's dumb HTTP reads instead of asking the server.
+    git("update-server-info", cwd=bare)
+
+
+def test_git_mount_clones_a_private_repository_and_follows_its_branch():
+    root = os.path.join(NET_DIR, "git")
+    bare, work = os.path.join(root, "repo.git"), os.path.join(NET_DIR, "git-work")
+    for d in (root, work):
+        shutil.rmtree(d, ignore_errors=True)
+    git("init", "-q", "--bare", "-b", "main", bare)
+    git("init", "-q", "-b", "main", work)
+    git("remote", "add", "origin", bare, cwd=work)
+    commit(work, bare, "one")
+    token = "git-" + os.urandom(8).hex()
+    with open(os.path.join(NET_DIR, "git-token"), "w") as f:
+        f.write(token)
+    mounts = mount_config(mounts=[git_mount(
+        id="repo", mount_path="/mnt/repo", remote_url="https://git.test/git/repo.git",
+        ref={"type": "branch", "name": "main"}, refresh_interval_seconds=2,
+    )])
+    # The repository is private: the proxy adds its token, which the
+    # guest never holds.
+    rule = {"name": "git", "match_hosts": ["git.test"],
+            "headers": [{"name": "X-Git-Token", "type": "opaque", "value": token}]}
+    sb = create("net-git", proxy_config={"rules": [rule]}, mount_config=mounts)
+    r = run(sb, "cat /mnt/repo/README; git -C /mnt/repo log --format=%s")
+    check(r.stdout.split() == ["one", "one"], f"the clone is at /mnt/repo before any user code: {r.stdout!r}")
+    status, body = raw("GET", f"/boxes/{sb.name}")
+    check(body["mount_config"]["mounts"][0]["git"]["remote_url"] == "https://git.test/git/repo.git", f"the mount is shown: {body.get('mount_config')}")
+    # A new commit on the branch is in the sandbox after the refresh interval.
+    commit(work, bare, "two")
+    deadline = time.monotonic() + 120
+    while True:
+        r = run(sb, "cat /mnt/repo/README")
+        if r.stdout.strip() == "two":
+            break
+        check(time.monotonic() < deadline, f"the refresh brought the new commit: {r.stdout!r}")
+        time.sleep(2)
+    r = run(sb, f"grep -rl {token} /mnt/repo /root /etc /proc/self/environ 2>/dev/null; echo end")
+    check(r.stdout.strip() == "end", f"the token is not in the guest: {r.stdout!r}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+    # Without the token the clone is refused: the create fails and says
+    # why, never an empty directory.
+    try:
+        sb = create("net-git-denied", mount_config=mounts)
+        raise AssertionError(f"a mount that cannot be made fails the create, got {sb.name} ready")
+    except AssertionError:
+        raise
+    except Exception as e:
+        log(f"refused as it should be: {e}")
+        check("mount 'repo' at /mnt/repo" in str(e) and "403" in str(e), f"the failure names the mount and why: {e}")
+
+
 FIND_SCRIPT = r"""
 import os, sys
 secret = sys.argv[1][::-1].encode()
@@ -454,6 +530,7 @@ TESTS = [
     test_callbacks_fail_closed_and_cache_their_headers,
     test_gcp_rule_sets_tokens_minted_from_the_service_account,
     test_access_delegation_calls_the_api_as_the_creator_within_its_grant,
+    test_git_mount_clones_a_private_repository_and_follows_its_branch,
     test_metrics_count_each_sandbox_traffic,
 ]
 

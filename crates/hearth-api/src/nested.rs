@@ -14,7 +14,9 @@ use hearth_types::egress::{
     AccessSpec, AwsRoleSpec, AwsSpec, CallbackSpec, Credentials, EgressSpec, GcpSpec, HeaderSpec,
     RewriteSpec, RuleSpec, SecretValue,
 };
-use hearth_types::sandbox::RunSpec;
+use std::time::Duration;
+
+use hearth_types::sandbox::{GitMount, GitRef, GitRefKind, MountSource, MountSpec, RunSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -1274,28 +1276,51 @@ pub struct MountEncryption {
 }
 
 impl MountConfig {
-    pub fn validate(&self) -> Result<(), ApiError> {
+    /// The mounts as Hearth runs them: git mounts are made; bucket mounts
+    /// (`s3`, `gcs`, `azure_blob`), `contexthub` and mount credentials
+    /// (`auth`) are refused with a 422 naming them, never a silent yes.
+    pub fn to_specs(&self) -> Result<Vec<MountSpec>, ApiError> {
+        if let Some(auth) = &self.auth {
+            for (key, set) in [
+                ("aws", auth.aws.is_some()),
+                ("gcp", auth.gcp.is_some()),
+                ("azure", auth.azure.is_some()),
+            ] {
+                if set {
+                    let field = format!("mount_config.auth.{key}");
+                    return Err(ApiError::validation(
+                        &field,
+                        format!("{field}: bucket mounts and their credentials are not supported by Hearth yet (git mounts are; give a private repository's credentials with a proxy_config header rule)"),
+                    ));
+                }
+            }
+        }
+        if self.mounts.is_empty() {
+            return Err(ApiError::validation(
+                "mount_config.mounts",
+                "mount_config.mounts must list at least one mount",
+            ));
+        }
         let mut ids = BTreeSet::new();
-        let mut paths = BTreeSet::new();
+        let mut paths: Vec<&str> = Vec::new();
+        let mut specs = Vec::with_capacity(self.mounts.len());
         for (i, m) in self.mounts.iter().enumerate() {
             let at = format!("mount_config.mounts[{i}]");
-            if m.id.trim().is_empty() {
-                return Err(ApiError::validation(
-                    &format!("{at}.id"),
-                    format!("{at}.id must be non-empty"),
-                ));
-            }
+            check_mount_id(&format!("{at}.id"), &m.id)?;
             if !ids.insert(m.id.as_str()) {
                 return Err(ApiError::validation(
                     &format!("{at}.id"),
                     format!("{at}.id: mount id '{}' is used twice", m.id),
                 ));
             }
-            check_absolute_path(&format!("{at}.mount_path"), &m.mount_path)?;
-            if !paths.insert(m.mount_path.trim_end_matches('/')) {
+            let path = check_mount_path(&format!("{at}.mount_path"), &m.mount_path)?;
+            if let Some(other) = paths
+                .iter()
+                .find(|p| nested_path(p, &path) || nested_path(&path, p))
+            {
                 return Err(ApiError::validation(
                     &format!("{at}.mount_path"),
-                    format!("{at}.mount_path: '{}' is used twice", m.mount_path),
+                    format!("{at}.mount_path: '{path}' is, or is inside or around, the mount at '{other}'"),
                 ));
             }
             let (present, key) = match m.kind {
@@ -1311,36 +1336,252 @@ impl MountConfig {
                     format!("{at}.{key} is required for a mount of type {key}"),
                 ));
             }
-        }
-        // Well formed, but nothing would be mounted: refused, never a
-        // silent yes.
-        if let Some(m) = self.mounts.first() {
-            let why = match m.kind {
-                MountKind::Contexthub => "contexthub mounts are a LangSmith-hosted service",
-                MountKind::S3 => "s3 mounts are not supported by Hearth yet",
-                MountKind::Gcs => "gcs mounts are not supported by Hearth yet",
-                MountKind::Git => "git mounts are not supported by Hearth yet",
-                MountKind::AzureBlob => "azure_blob mounts are not supported by Hearth yet",
+            let refused = match m.kind {
+                MountKind::Git => None,
+                MountKind::Contexthub => Some("contexthub mounts are a LangSmith-hosted service"),
+                MountKind::S3 => Some("s3 mounts are not supported by Hearth yet"),
+                MountKind::Gcs => Some("gcs mounts are not supported by Hearth yet"),
+                MountKind::AzureBlob => Some("azure_blob mounts are not supported by Hearth yet"),
             };
-            return Err(ApiError::validation(
-                "mount_config.mounts",
-                format!(
-                    "mount_config.mounts: {why}; nothing would appear at {}",
-                    m.mount_path
-                ),
-            ));
+            if let Some(why) = refused {
+                // The whole mount is refused: located at the list (the
+                // SDK reports a location's last key).
+                return Err(ApiError::validation(
+                    "mount_config.mounts",
+                    format!("{at}: {why}; nothing would appear at {}", m.mount_path),
+                ));
+            }
+            for (key, set) in [
+                ("read_only", m.read_only.is_some()),
+                ("cache", m.cache.is_some()),
+                ("encryption", m.encryption.is_some()),
+                ("s3", m.s3.is_some()),
+                ("gcs", m.gcs.is_some()),
+                ("contexthub", m.contexthub.is_some()),
+                ("azure_blob", m.azure_blob.is_some()),
+            ] {
+                if set {
+                    let field = format!("{at}.{key}");
+                    return Err(ApiError::validation(
+                        &field,
+                        format!("{field} does not apply to a git mount"),
+                    ));
+                }
+            }
+            let git = m.git.clone().unwrap_or_default();
+            let git: GitMountConfig = serde_json::from_value(Value::Object(git)).map_err(|e| {
+                ApiError::validation(&format!("{at}.git"), format!("{at}.git: {e}"))
+            })?;
+            specs.push(MountSpec {
+                id: m.id.clone(),
+                path: path.clone(),
+                source: MountSource::Git(git.to_spec(&format!("{at}.git"))?),
+            });
+            paths.push(&m.mount_path);
         }
-        if self.auth.is_some() {
-            return Err(ApiError::validation(
-                "mount_config.auth",
-                "mount_config.auth: mount credentials are not supported by Hearth yet",
-            ));
-        }
-        Err(ApiError::validation(
-            "mount_config",
-            "mount_config: mounts are not supported by Hearth yet",
-        ))
+        Ok(specs)
     }
+
+    /// The mount config a sandbox's answer shows for its mounts.
+    pub fn from_specs(specs: &[MountSpec]) -> Option<Self> {
+        if specs.is_empty() {
+            return None;
+        }
+        let mounts = specs
+            .iter()
+            .map(|m| {
+                let MountSource::Git(g) = &m.source;
+                let git = serde_json::to_value(GitMountConfig::from_spec(g))
+                    .ok()
+                    .and_then(|v| match v {
+                        Value::Object(o) => Some(o),
+                        _ => None,
+                    });
+                Mount {
+                    id: m.id.clone(),
+                    kind: MountKind::Git,
+                    mount_path: m.path.clone(),
+                    read_only: None,
+                    cache: None,
+                    encryption: None,
+                    s3: None,
+                    gcs: None,
+                    git,
+                    contexthub: None,
+                    azure_blob: None,
+                }
+            })
+            .collect();
+        Some(Self {
+            auth: Some(MountAuth::default()),
+            mounts,
+        })
+    }
+}
+
+/// Whether `inner` is `outer` or below it.
+fn nested_path(outer: &str, inner: &str) -> bool {
+    let outer = outer.trim_end_matches('/');
+    inner.trim_end_matches('/') == outer || inner.starts_with(&format!("{outer}/"))
+}
+
+/// A mount id: what the SDK allows, bounded.
+fn check_mount_id(field: &str, id: &str) -> Result<(), ApiError> {
+    if id.trim().is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must be 1 to 128 printable characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// A mount's path in the guest, normalised: absolute, no `.`/`..`, and
+/// not a directory the system needs (`/`, `/proc`, `/sys`, `/dev`, `/run`,
+/// `/etc`, `/bin`, `/sbin`, `/lib*`, `/usr`, `/boot`, `/tmp` and below).
+fn check_mount_path(field: &str, path: &str) -> Result<String, ApiError> {
+    check_absolute_path(field, path)?;
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.iter().any(|p| *p == "." || *p == "..") || path.len() > 1024 {
+        return Err(ApiError::validation(
+            field,
+            format!("{field} must be a plain absolute path (no '.' or '..', at most 1024 bytes), got '{path}'"),
+        ));
+    }
+    const SYSTEM: &[&str] = &[
+        "proc", "sys", "dev", "run", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
+        "usr", "boot", "tmp",
+    ];
+    match parts.first() {
+        None => Err(ApiError::validation(field, format!("{field} cannot be '/'"))),
+        Some(top) if SYSTEM.contains(top) => Err(ApiError::validation(
+            field,
+            format!("{field}: '{path}' is under /{top}, which the system needs; mount somewhere else (e.g. /mnt/…)"),
+        )),
+        Some(_) => Ok(format!("/{}", parts.join("/"))),
+    }
+}
+
+/// The `git` object of a git mount (the SDK's `GitMountConfig`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitMountConfig {
+    remote_url: String,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    git_ref: Option<GitMountRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    refresh_interval_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitMountRef {
+    #[serde(rename = "type")]
+    kind: GitRefKind,
+    name: String,
+}
+
+/// Longest refresh interval (a day), and the most characters of a URL or
+/// ref name.
+const MAX_REFRESH_SECS: u64 = 86_400;
+const MAX_GIT_TEXT: usize = 2048;
+
+impl GitMountConfig {
+    fn to_spec(&self, at: &str) -> Result<GitMount, ApiError> {
+        let field = format!("{at}.remote_url");
+        check_git_url(&field, &self.remote_url)?;
+        let git_ref = match &self.git_ref {
+            None => None,
+            Some(r) => {
+                let field = format!("{at}.ref.name");
+                // What `git check-ref-format` refuses, and anything a
+                // command line could take for an option.
+                let bad = r.name.is_empty()
+                    || r.name.len() > MAX_GIT_TEXT
+                    || r.name.starts_with('-')
+                    || r.name.starts_with('/')
+                    || r.name.ends_with('/')
+                    || r.name.ends_with('.')
+                    || r.name.ends_with(".lock")
+                    || r.name.contains("..")
+                    || r.name.contains("@{")
+                    || r.name.contains("//")
+                    || r.name
+                        .chars()
+                        .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c));
+                if bad {
+                    return Err(ApiError::validation(
+                        &field,
+                        format!(
+                            "{field} is not a valid git branch or tag name: '{}'",
+                            r.name
+                        ),
+                    ));
+                }
+                Some(GitRef {
+                    kind: r.kind,
+                    name: r.name.clone(),
+                })
+            }
+        };
+        let refresh = match self.refresh_interval_seconds {
+            None => None,
+            Some(s) if (1..=MAX_REFRESH_SECS).contains(&s) => Some(Duration::from_secs(s)),
+            Some(s) => {
+                let field = format!("{at}.refresh_interval_seconds");
+                return Err(ApiError::validation(
+                    &field,
+                    format!("{field} must be between 1 and {MAX_REFRESH_SECS}, got {s}"),
+                ));
+            }
+        };
+        Ok(GitMount {
+            remote_url: self.remote_url.clone(),
+            git_ref,
+            refresh,
+        })
+    }
+
+    fn from_spec(g: &GitMount) -> Self {
+        Self {
+            remote_url: g.remote_url.clone(),
+            git_ref: g.git_ref.as_ref().map(|r| GitMountRef {
+                kind: r.kind,
+                name: r.name.clone(),
+            }),
+            refresh_interval_seconds: g.refresh.map(|d| d.as_secs()),
+        }
+    }
+}
+
+/// A git remote as the SDK allows it: an absolute `https://` URL with a
+/// repository path, no credentials, query, fragment, whitespace or NUL.
+fn check_git_url(field: &str, url: &str) -> Result<(), ApiError> {
+    let refuse = |why: &str| {
+        Err(ApiError::validation(
+            field,
+            format!("{field} {why}, got '{url}'"),
+        ))
+    };
+    if url.len() > MAX_GIT_TEXT || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return refuse("must be at most 2048 characters with no whitespace or control characters");
+    }
+    let Ok(parsed) = url::Url::parse(url) else {
+        return refuse("is not a URL");
+    };
+    if parsed.scheme() != "https" || parsed.host_str().is_none_or(str::is_empty) {
+        return refuse("must be an absolute https:// URL");
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return refuse("must not hold credentials (give them with a proxy_config header rule)");
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return refuse("must not have a query or fragment");
+    }
+    if parsed.path().trim_matches('/').is_empty() {
+        return refuse("must name a repository path");
+    }
+    Ok(())
 }
 
 /// A volume to attach at create (beta): by `volume` (id or name), or by the

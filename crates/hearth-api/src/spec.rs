@@ -176,9 +176,10 @@ pub fn resolve_create(
         pc.validate()?;
         pc.check_values_present()?;
     }
-    if let Some(mc) = &req.mount_config {
-        mc.validate()?;
-    }
+    let mounts = match &req.mount_config {
+        Some(mc) => mc.to_specs()?,
+        None => Vec::new(),
+    };
 
     let persistent = req.persistent.unwrap_or(true);
     let preserve_memory_on_stop = req.preserve_memory_on_stop.unwrap_or(false);
@@ -255,6 +256,7 @@ pub fn resolve_create(
                 .access_delegation
                 .as_ref()
                 .map(AccessDelegation::to_spec),
+            mounts,
         },
         restore_memory,
         wait_for_ready,
@@ -635,8 +637,7 @@ pub fn sandbox_response(spec: &SandboxSpec, meta: SandboxMeta) -> SandboxRespons
         preserve_memory_on_stop: spec.preserve_memory_on_stop,
         labels: spec.labels.clone(),
         run_config: spec.run.clone().into(),
-        // Refused at create (422), so there is never one to show.
-        mount_config: None,
+        mount_config: crate::nested::MountConfig::from_specs(&spec.mounts),
         proxy_config: spec
             .egress
             .as_ref()
@@ -715,6 +716,7 @@ impl StoredSpecV1 {
             labels: self.labels,
             egress: self.proxy_config.as_ref().map(ProxyConfig::to_spec),
             delegation: None,
+            mounts: Vec::new(),
         }
     }
 }

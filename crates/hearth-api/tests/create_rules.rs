@@ -38,6 +38,16 @@ fn snapshot(fs_gib: u64) -> SnapshotFacts {
 }
 
 /// The plan's resolved values, flattened for comparison.
+/// A git mount `m` at `path`.
+fn git_mount(path: &str, git: Value) -> Value {
+    json!({"id": "m", "type": "git", "mount_path": path, "git": git})
+}
+
+/// A create with one git mount at `/mnt/m`.
+fn mount_with_git(git: Value) -> Value {
+    json!({"mount_config": {"mounts": [git_mount("/mnt/m", git)]}})
+}
+
 fn summary(p: &CreatePlan) -> Value {
     let s = &p.spec;
     json!({
@@ -54,6 +64,7 @@ fn summary(p: &CreatePlan) -> Value {
         "run_config": s.run,
         "env_vars": s.env_vars,
         "name": s.name,
+        "mounts": s.mounts,
     })
 }
 
@@ -524,6 +535,98 @@ fn nested_objects() {
                 "s3": {"bucket": "b", "region": "r", "endpoint_url": "https://s3"}}]}}),
                 Field("mounts"),
             ),
+            // Git mounts act (the SDK's git_mount, with its `auth: {}`).
+            (
+                json!({"mount_config": {"auth": {}, "mounts": [git_mount("/mnt/repo/", json!({
+                    "remote_url": "https://git.test/r.git", "ref": {"type": "tag", "name": "v1.2"},
+                    "refresh_interval_seconds": 30}))]}}),
+                Plan(
+                    json!({"mounts": [{"id": "m", "path": "/mnt/repo", "source": {"git": {
+                    "remote_url": "https://git.test/r.git",
+                    "git_ref": {"kind": "tag", "name": "v1.2"}, "refresh": 30}}}]}),
+                ),
+            ),
+            (
+                json!({"mount_config": {"mounts": [git_mount("/srv/a", json!({"remote_url": "https://git.test/r.git"}))]}}),
+                Plan(
+                    json!({"mounts": [{"id": "m", "path": "/srv/a", "source": {"git": {
+                    "remote_url": "https://git.test/r.git"}}}]}),
+                ),
+            ),
+            (
+                mount_with_git(json!({"remote_url": "http://git.test/r.git"})),
+                Field("remote_url"),
+            ),
+            (
+                mount_with_git(json!({"remote_url": "https://u:p@git.test/r.git"})),
+                Field("remote_url"),
+            ),
+            (
+                mount_with_git(json!({"remote_url": "https://git.test/"})),
+                Field("remote_url"),
+            ),
+            (
+                mount_with_git(json!({"remote_url": "https://git.test/r?x=1"})),
+                Field("remote_url"),
+            ),
+            (
+                mount_with_git(
+                    json!({"remote_url": "https://git.test/r", "ref": {"type": "branch", "name": "-x"}}),
+                ),
+                Field("name"),
+            ),
+            (
+                mount_with_git(
+                    json!({"remote_url": "https://git.test/r", "ref": {"type": "branch", "name": "a..b"}}),
+                ),
+                Field("name"),
+            ),
+            (
+                mount_with_git(
+                    json!({"remote_url": "https://git.test/r", "ref": {"type": "commit", "name": "abc"}}),
+                ),
+                Field("git"),
+            ),
+            (
+                mount_with_git(
+                    json!({"remote_url": "https://git.test/r", "refresh_interval_seconds": 0}),
+                ),
+                Field("refresh_interval_seconds"),
+            ),
+            (
+                mount_with_git(json!({"remote_url": "https://git.test/r", "depth": 1})),
+                Field("git"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [git_mount("/proc/x", json!({"remote_url": "https://git.test/r"}))]}}),
+                Field("mount_path"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [git_mount("/", json!({"remote_url": "https://git.test/r"}))]}}),
+                Field("mount_path"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [git_mount("/mnt/../etc", json!({"remote_url": "https://git.test/r"}))]}}),
+                Field("mount_path"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [
+                    git_mount("/mnt/a", json!({"remote_url": "https://git.test/r"})),
+                    {"id": "n", "type": "git", "mount_path": "/mnt/a/b", "git": {"remote_url": "https://git.test/r"}},
+                ]}}),
+                Field("mount_path"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "m", "type": "git", "mount_path": "/mnt/a", "read_only": true,
+                    "git": {"remote_url": "https://git.test/r"}}]}}),
+                Field("read_only"),
+            ),
+            (
+                json!({"mount_config": {"auth": {"aws": {"role_arn": "arn:aws:iam::1:role/r"}},
+                    "mounts": [git_mount("/mnt/a", json!({"remote_url": "https://git.test/r"}))]}}),
+                Field("aws"),
+            ),
+            (json!({"mount_config": {"mounts": []}}), Field("mounts")),
             (
                 json!({"mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/m"}]}}),
                 Field("s3"),

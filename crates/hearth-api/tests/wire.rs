@@ -99,7 +99,7 @@ fn create_body_as_the_sdk_builds_it() {
     // (Its proxy_config, an AWS role, is the control plane's to judge:
     // roles act where the operator gave the hosts an AWS identity.)
     body.as_object_mut().unwrap().remove("proxy_config");
-    for field in ["tag_value_ids", "mount_config"] {
+    for field in ["tag_value_ids"] {
         let req: CreateSandboxRequest = parse(body.clone()).unwrap();
         let e = resolve_create(&req, &facts()).unwrap_err();
         assert_eq!(e.status, 422);
@@ -108,6 +108,9 @@ fn create_body_as_the_sdk_builds_it() {
         body.as_object_mut().unwrap().remove(field);
     }
     let plan = resolve_create(&parse(body).unwrap(), &facts()).unwrap();
+    // The git mount acts.
+    assert_eq!(plan.spec.mounts.len(), 1);
+    assert_eq!(plan.spec.mounts[0].path, "/mnt/mounts/repo");
     assert_eq!(plan.spec.delete_after_stop, None);
     assert_eq!(plan.wait_for_ready, None);
 }

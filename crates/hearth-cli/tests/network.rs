@@ -41,6 +41,7 @@ const NAMES: &[&str] = &[
     "re42.test",
     "re7.test",
     "re.test",
+    "git.test",
 ];
 
 fn have(tool: &str) -> bool {
@@ -249,7 +250,8 @@ fn network_suite(tag: &str, k: u32, tests: &[&str]) {
 }
 
 /// DNS, both proxy paths, an index, what stays unreachable, policies
-/// changed live, and the per-sandbox counters.
+/// changed live, the per-sandbox counters, and a git mount of a private
+/// repository.
 const FIRST_HALF: &[&str] = &[
     "test_names_resolve_through_hearth_dns_and_both_proxy_paths_work",
     "test_pip_install_from_the_test_index",
@@ -257,6 +259,7 @@ const FIRST_HALF: &[&str] = &[
     "test_sandboxes_cannot_reach_each_other",
     "test_allow_list_then_deny_list_applied_live",
     "test_metrics_count_each_sandbox_traffic",
+    "test_git_mount_clones_a_private_repository_and_follows_its_branch",
 ];
 
 /// Credentials in the proxy: header rules with secrets, callbacks, GCP

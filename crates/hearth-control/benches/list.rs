@@ -53,6 +53,7 @@ async fn run(label: &str, url: &str) {
         labels: Default::default(),
         egress: None,
         delegation: None,
+        mounts: Vec::new(),
     })
     .unwrap();
     let t = Instant::now();

@@ -132,6 +132,7 @@ impl Control {
         sandbox: &hearth_types::sandbox::SandboxSpec,
     ) -> Result<SandboxNet, ApiError> {
         let mut net = self.egress_net(workspace, sandbox.egress.as_ref()).await?;
+        net.mounts = sandbox.mounts.clone();
         if sandbox.delegation.is_some() {
             net.policy.delegation = true;
             net.policy.tenant_id = Some(workspace.to_string());
@@ -203,6 +204,7 @@ impl Control {
         Ok(SandboxNet {
             policy,
             env: spec.env(),
+            mounts: Vec::new(),
         })
     }
 }

@@ -653,6 +653,7 @@ impl Host {
             );
             identified?;
             configured?;
+            self.make_mounts(&vm).await?;
             Ok::<_, HostError>(())
         };
         // A guest that does not answer fails the claim like a boot's.
@@ -857,6 +858,7 @@ impl Host {
         if shared_memory {
             self.refresh_identity(vm).await?;
         }
+        self.make_mounts(vm).await?;
         let boot_ms = started.elapsed().as_millis() as u64;
         let resumed = rec.saved.is_some();
         vm.update(|r| {
@@ -1065,6 +1067,19 @@ impl Host {
                 id,
                 reason: format!("a fresh identity after resuming a snapshot's memory: {e}"),
             })
+    }
+
+    /// Makes the sandbox's mounts in the guest (see `mounts.rs`).
+    async fn make_mounts(&self, vm: &Vm) -> Result<(), HostError> {
+        let Some(guest) = vm.guest() else {
+            return Err(HostError::Boot {
+                id: vm.id,
+                reason: "no guest channel to make its mounts".into(),
+            });
+        };
+        let has_network =
+            self.network.is_some() && vm.net.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        crate::mounts::make(vm, &guest, has_network).await
     }
 
     /// What the guest is told at each handshake when the VM has a network.
@@ -1830,6 +1845,7 @@ async fn watch_vm(host: Arc<Host>, vm: Arc<Vm>, instance: Arc<Instance>, guest: 
         why = guest.closed() => format!("guest channel lost: {why}"),
         why = watch_liveness(&vm, &guest, host.cfg.liveness) => why,
         never = crate::clock::keep(&vm, &guest, host.cfg.clock_interval) => match never {},
+        never = crate::mounts::keep(&vm, &guest) => match never {},
     };
     // The VMM watched here is no longer the VM's (it was stopped or saved,
     // and the VM may be starting or running on another already): the

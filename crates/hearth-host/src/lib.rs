@@ -37,6 +37,7 @@ pub mod host;
 mod local;
 pub mod lock;
 pub mod memory;
+pub mod mounts;
 pub mod network;
 pub mod store_check;
 pub mod vm;

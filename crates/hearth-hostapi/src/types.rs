@@ -235,13 +235,18 @@ pub struct Resize {
     pub network: Option<SandboxNet>,
 }
 
-/// What the control plane gives a VM's network: the resolved egress
-/// policy (secrets included; never written to disk) and the environment
-/// its commands get (a proxy rule's dummy credentials).
+/// What the control plane gives a VM at every start, claim and update, and
+/// the host keeps only in memory: the resolved egress policy (secrets
+/// included; never written to disk), the environment its commands get (a
+/// proxy rule's dummy credentials), and the sandbox's mounts, which the
+/// host makes in the guest before the VM is ready (`hearth-host`'s
+/// `mounts.rs`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SandboxNet {
     #[serde(default)]
     pub policy: Policy,
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<hearth_types::sandbox::MountSpec>,
 }

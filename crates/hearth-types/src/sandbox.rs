@@ -54,6 +54,62 @@ pub struct SandboxSpec {
     /// most these rights; `None` = no access.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegation: Option<Delegation>,
+    /// Directories filled from elsewhere before any user code runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountSpec>,
+}
+
+/// A directory of the sandbox whose files come from elsewhere: made in the
+/// guest before the sandbox is ready (a failure fails the start, with the
+/// reason), and again at every start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountSpec {
+    /// The caller's name for it, unique in the sandbox.
+    pub id: String,
+    /// Absolute path in the guest.
+    pub path: String,
+    pub source: MountSource,
+}
+
+/// Where a mount's files come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum MountSource {
+    /// A clone of a git repository's ref, kept a mirror of it.
+    Git(GitMount),
+}
+
+/// A git mount: `remote_url` cloned at `git_ref` (the remote's default
+/// branch when `None`) and, every `refresh`, fetched again and reset to it
+/// (changes made in the sandbox under the mount are then lost: it mirrors
+/// the ref).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitMount {
+    /// An `https://` URL with no credentials (the egress proxy's rules add
+    /// those).
+    pub remote_url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<GitRef>,
+    /// `None`: cloned once per start, never refreshed.
+    #[serde(default, with = "opt_secs", skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<Duration>,
+}
+
+/// A branch or a tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitRef {
+    pub kind: GitRefKind,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GitRefKind {
+    Branch,
+    Tag,
 }
 
 /// The access a sandbox was delegated, as it was requested: its rights are
@@ -182,6 +238,18 @@ mod tests {
                 mode: DelegationMode::Explicit,
                 permissions: vec!["sandboxes:read".into()],
             }),
+            mounts: vec![MountSpec {
+                id: "repo".into(),
+                path: "/mnt/repo".into(),
+                source: MountSource::Git(GitMount {
+                    remote_url: "https://git.example/r.git".into(),
+                    git_ref: Some(GitRef {
+                        kind: GitRefKind::Tag,
+                        name: "v1".into(),
+                    }),
+                    refresh: Some(Duration::from_secs(30)),
+                }),
+            }],
         }
     }
 

@@ -340,6 +340,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
             labels,
             egress,
             delegation: None,
+            mounts: Vec::new(),
         },
         restore_memory: RestoreMemory::IfPresent,
         wait_for_ready: Some(CREATE_WAIT),

@@ -313,6 +313,17 @@ fn exercises() -> Vec<(&'static str, Value)> {
             json!({"name": "surface-three", "snapshot_id": "$BUSYBOX_ID"}),
         ),
         (
+            "create",
+            json!({"name": "surface-git", "snapshot": "busybox", "mount_config": {
+                "auth": {},
+                "mounts": [{"id": "repo", "type": "git", "mount_path": "/mnt/repo", "git": {
+                    "remote_url": "https://git.test/repo.git",
+                    "ref": {"type": "branch", "name": "main"},
+                    "refresh_interval_seconds": 60,
+                }}],
+            }}),
+        ),
+        (
             "update",
             json!({
                 "name": "surface-box", "idle_ttl_seconds": 1200, "delete_after_stop_seconds": 7200,

@@ -1,0 +1,361 @@
+//! A sandbox's mounts (`SandboxNet::mounts`), made in the guest by the
+//! host: after every handshake (boot, start, resume from saved memory) and
+//! every claim, before the VM is ready, and refreshed while it runs.
+//!
+//! A git mount is a clone of its ref at the mount's path, made by the
+//! image's own `git` through the sandbox's network (so through the egress
+//! proxy, whose rules add a private repository's credentials; none enter
+//! the guest). The commands run through the guest agent's exec, with the
+//! mount's values as positional parameters of a fixed script, never
+//! pasted into it. A path that already holds the clone (a persistent disk,
+//! a resumed VM) is left as it is; a clone that cannot be made fails the
+//! start with the reason (never an empty directory). Every
+//! `refresh_interval_seconds` the mount is fetched again and reset to the
+//! ref: it mirrors the ref, so changes made under it in the sandbox are
+//! lost then. A refresh that fails is logged and tried again at the next
+//! interval; the files stay as they were.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use hearth_guest_proto::ExecRequest;
+use hearth_types::sandbox::{GitMount, GitRefKind, MountSource, MountSpec};
+
+use crate::guest::GuestClient;
+use crate::host::HostError;
+use crate::vm::{Vm, VmState};
+
+/// How long a clone may take before the start fails.
+pub const MAKE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a refresh may take.
+pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often the refresher looks for a mount that is due.
+const TICK: Duration = Duration::from_secs(1);
+/// The most of a failed command's stderr a reason quotes.
+const REASON_TAIL: usize = 600;
+
+/// Clones `$2` (at branch or tag `$3`, when not empty) into `$1`, unless
+/// `$1` already holds a clone.
+const CLONE: &str = r#"set -eu
+p="$1"; url="$2"; ref="$3"
+if [ -e "$p/.git" ]; then exit 0; fi
+if ! command -v git >/dev/null 2>&1; then
+  echo "git is not installed in this sandbox's image (Hearth's default image has it)" >&2
+  exit 127
+fi
+if [ -d "$p" ] && [ -n "$(ls -A "$p")" ]; then
+  echo "$p already holds files that are not a clone" >&2
+  exit 1
+fi
+if [ -n "$ref" ]; then
+  exec git clone --quiet --branch "$ref" -- "$url" "$p"
+fi
+exec git clone --quiet -- "$url" "$p"
+"#;
+
+/// Fetches `$2` (a full ref, or `HEAD`) into the clone at `$1` and resets
+/// the work tree to it.
+const REFRESH: &str = r#"set -eu
+cd "$1"
+git fetch --quiet origin "$2"
+git reset --quiet --hard FETCH_HEAD
+"#;
+
+/// The command that makes mount `m` (a clone when it is absent).
+pub fn make_request(m: &MountSpec) -> ExecRequest {
+    let MountSource::Git(g) = &m.source;
+    let name = g.git_ref.as_ref().map_or("", |r| r.name.as_str());
+    script(CLONE, &[&m.path, &g.remote_url, name], MAKE_TIMEOUT)
+}
+
+/// The command that refreshes mount `m`.
+pub fn refresh_request(m: &MountSpec) -> ExecRequest {
+    let MountSource::Git(g) = &m.source;
+    script(REFRESH, &[&m.path, &fetch_ref(g)], REFRESH_TIMEOUT)
+}
+
+/// What a refresh fetches: the ref's full name, or the remote's default
+/// branch.
+fn fetch_ref(g: &GitMount) -> String {
+    match &g.git_ref {
+        None => "HEAD".to_owned(),
+        Some(r) => match r.kind {
+            GitRefKind::Branch => format!("refs/heads/{}", r.name),
+            GitRefKind::Tag => format!("refs/tags/{}", r.name),
+        },
+    }
+}
+
+fn script(body: &str, args: &[&str], timeout: Duration) -> ExecRequest {
+    let mut argv = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        body.to_owned(),
+        "hearth-mount".to_owned(),
+    ];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    ExecRequest {
+        argv: Some(argv),
+        // A missing credential fails at once instead of waiting for a
+        // prompt no one answers.
+        env: [("GIT_TERMINAL_PROMPT".to_owned(), "0".to_owned())].into(),
+        cwd: Some("/".into()),
+        user: Some("root".into()),
+        timeout_ms: timeout.as_millis() as u64,
+        ..ExecRequest::default()
+    }
+}
+
+/// Runs `req` in the guest; the reason it failed, quoting the end of its
+/// stderr.
+async fn run(guest: &GuestClient, req: ExecRequest) -> Result<(), String> {
+    let out = guest
+        .run_capped(req, 64 * 1024)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some((kind, message)) = out.error {
+        return Err(format!("{kind:?}: {message}"));
+    }
+    if out.exit_code == Some(0) {
+        return Ok(());
+    }
+    let status = match (out.exit_code, out.signal) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(code), None) => format!("exit code {code}"),
+        (None, None) => "no exit status".to_owned(),
+    };
+    Err(format!("{status}: {}", tail(&out.stderr)))
+}
+
+/// The last [`REASON_TAIL`] bytes of a command's stderr, printable, on one
+/// line (it ends up in a status message).
+fn tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&stderr[stderr.len().saturating_sub(REASON_TAIL)..]);
+    let line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.is_empty() {
+        "nothing on stderr".to_owned()
+    } else {
+        line
+    }
+}
+
+/// The mounts the VM's sandbox has (as last given with its network).
+fn mounts_of(vm: &Vm) -> Vec<MountSpec> {
+    vm.net_config
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|n| n.mounts.clone())
+        .unwrap_or_default()
+}
+
+/// Makes every mount of the VM's sandbox that is not there yet; the first
+/// that cannot be made fails the VM's start with its reason.
+/// `has_network`: whether the VM has a NIC (a mount comes over it).
+pub(crate) async fn make(vm: &Vm, guest: &GuestClient, has_network: bool) -> Result<(), HostError> {
+    let mounts = mounts_of(vm);
+    if mounts.is_empty() {
+        return Ok(());
+    }
+    let fail = |m: &MountSpec, why: String| HostError::Boot {
+        id: vm.id,
+        reason: format!("mount '{}' at {}: {why}", m.id, m.path),
+    };
+    if !has_network {
+        return Err(fail(
+            &mounts[0],
+            "this host runs sandboxes without a network, and a mount comes over it".into(),
+        ));
+    }
+    let started = Instant::now();
+    for m in &mounts {
+        run(guest, make_request(m))
+            .await
+            .map_err(|why| fail(m, why))?;
+    }
+    tracing::info!(vm = %vm.id, mounts = mounts.len(), ms = started.elapsed().as_millis() as u64, "mounts made");
+    Ok(())
+}
+
+/// Refreshes the VM's mounts that ask for it, each every its interval,
+/// while the VM is ready; never returns (its caller's other branches end
+/// the watch).
+pub(crate) async fn keep(vm: &Vm, guest: &GuestClient) -> Infallible {
+    let mut last: HashMap<String, Instant> = HashMap::new();
+    loop {
+        tokio::time::sleep(TICK).await;
+        if vm.state() != VmState::Ready {
+            continue;
+        }
+        for m in mounts_of(vm) {
+            let MountSource::Git(g) = &m.source;
+            let Some(every) = g.refresh else { continue };
+            // Made (or found) when the VM became ready: due one interval on.
+            let since = *last.entry(m.id.clone()).or_insert_with(Instant::now);
+            if since.elapsed() < every {
+                continue;
+            }
+            match run(guest, refresh_request(&m)).await {
+                Ok(()) => tracing::debug!(vm = %vm.id, mount = %m.id, "mount refreshed"),
+                Err(why) => {
+                    tracing::warn!(vm = %vm.id, mount = %m.id, path = %m.path, %why, "mount refresh failed; its files stay as they were")
+                }
+            }
+            last.insert(m.id.clone(), Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_types::sandbox::GitRef;
+
+    fn git(git_ref: Option<GitRef>) -> MountSpec {
+        MountSpec {
+            id: "repo".into(),
+            path: "/mnt/my repo".into(),
+            source: MountSource::Git(GitMount {
+                remote_url: "https://git.test/r.git;rm -rf /".into(),
+                git_ref,
+                refresh: Some(Duration::from_secs(5)),
+            }),
+        }
+    }
+
+    #[test]
+    fn values_are_arguments_of_a_fixed_script_never_part_of_it() {
+        let r = make_request(&git(Some(GitRef {
+            kind: GitRefKind::Tag,
+            name: "v1".into(),
+        })));
+        let argv = r.argv.unwrap();
+        assert_eq!(argv[..4], ["/bin/sh", "-c", CLONE, "hearth-mount"]);
+        assert_eq!(
+            argv[4..],
+            ["/mnt/my repo", "https://git.test/r.git;rm -rf /", "v1"]
+        );
+        assert_eq!(r.env["GIT_TERMINAL_PROMPT"], "0");
+        assert_eq!(r.timeout_ms, 600_000);
+        assert_eq!(make_request(&git(None)).argv.unwrap()[6], "");
+    }
+
+    #[test]
+    fn a_refresh_fetches_the_full_ref_or_the_default_branch() {
+        let fetched = |r| refresh_request(&git(r)).argv.unwrap()[5].clone();
+        assert_eq!(fetched(None), "HEAD");
+        let branch = GitRef {
+            kind: GitRefKind::Branch,
+            name: "main".into(),
+        };
+        assert_eq!(fetched(Some(branch)), "refs/heads/main");
+        let tag = GitRef {
+            kind: GitRefKind::Tag,
+            name: "v1".into(),
+        };
+        assert_eq!(fetched(Some(tag)), "refs/tags/v1");
+    }
+
+    /// Runs a request's argv here (the scripts are plain POSIX sh and
+    /// git, as in the guest), with `HOME` in `dir`.
+    fn sh(req: &ExecRequest, dir: &std::path::Path) -> (bool, String) {
+        let argv = req.argv.clone().unwrap();
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .envs(&req.env)
+            .env("HOME", dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .expect("sh runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn git_in(dir: &std::path::Path, args: &[&str]) {
+        let ok = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t", "-C"])
+            .arg(dir)
+            .args(args)
+            .env("HOME", dir)
+            .status()
+            .expect("git runs")
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+
+    /// The clone and refresh scripts against a repository on this disk:
+    /// a clone of the branch, a second make that leaves it alone, a
+    /// refresh that brings a new commit and drops a change made in the
+    /// clone, and refusals with their reasons.
+    #[test]
+    fn the_scripts_clone_leave_alone_refresh_and_refuse() {
+        let t = tempfile::tempdir().unwrap();
+        let (origin, home) = (t.path().join("origin"), t.path().join("home"));
+        std::fs::create_dir_all(&home).unwrap();
+        git_in(
+            t.path(),
+            &["init", "-q", "-b", "main", origin.to_str().unwrap()],
+        );
+        std::fs::write(origin.join("README"), "one\n").unwrap();
+        git_in(&origin, &["add", "README"]);
+        git_in(&origin, &["commit", "-q", "-m", "one"]);
+        let mount = |path: &std::path::Path, url: &str| MountSpec {
+            id: "repo".into(),
+            path: path.to_str().unwrap().into(),
+            source: MountSource::Git(GitMount {
+                remote_url: url.into(),
+                git_ref: Some(GitRef {
+                    kind: GitRefKind::Branch,
+                    name: "main".into(),
+                }),
+                refresh: Some(Duration::from_secs(1)),
+            }),
+        };
+        let m = mount(&t.path().join("mnt/deep/repo"), origin.to_str().unwrap());
+        let read = || std::fs::read_to_string(t.path().join("mnt/deep/repo/README")).unwrap();
+        assert_eq!(sh(&make_request(&m), &home), (true, String::new()));
+        assert_eq!(read(), "one\n");
+        // Found: left as it is.
+        std::fs::write(t.path().join("mnt/deep/repo/README"), "local\n").unwrap();
+        assert!(sh(&make_request(&m), &home).0);
+        assert_eq!(read(), "local\n");
+        // A refresh mirrors the ref again.
+        std::fs::write(origin.join("README"), "two\n").unwrap();
+        git_in(&origin, &["commit", "-q", "-am", "two"]);
+        assert!(sh(&refresh_request(&m), &home).0);
+        assert_eq!(read(), "two\n");
+
+        let (ok, why) = sh(
+            &make_request(&mount(&t.path().join("x"), "/nowhere/repo")),
+            &home,
+        );
+        assert!(!ok && why.contains("nowhere"), "{why}");
+        assert!(
+            !t.path().join("x").exists(),
+            "a failed clone leaves nothing"
+        );
+        let full = t.path().join("full");
+        std::fs::create_dir_all(&full).unwrap();
+        std::fs::write(full.join("f"), "").unwrap();
+        let (ok, why) = sh(
+            &make_request(&mount(&full, origin.to_str().unwrap())),
+            &home,
+        );
+        assert!(!ok && why.contains("already holds files"), "{why}");
+    }
+
+    #[test]
+    fn a_reason_quotes_the_end_of_stderr_on_one_line() {
+        assert_eq!(tail(b"fatal: x\n\x1b[31mno\r\n"), "fatal: x [31mno");
+        assert_eq!(tail(b""), "nothing on stderr");
+        let long = vec![b'a'; 5000];
+        assert_eq!(tail(&long).len(), REASON_TAIL);
+    }
+}
