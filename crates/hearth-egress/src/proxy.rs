@@ -16,7 +16,11 @@ use crate::io::GuestIo;
 use crate::{Counters, RouteError, Sandbox};
 
 /// With no byte from the guest by then, the protocol is taken to be one in
-/// which the server speaks first (SSH, SMTP…).
+/// which the server speaks first (SSH, SMTP…) and spliced; to a name a
+/// rule or callback could apply to, the guest is given as long as a head
+/// takes ([`HEAD_TIMEOUT`]) instead: a TLS client slow to send its
+/// ClientHello (GnuTLS loading a CA directory under TCG took 2 s) must be
+/// intercepted like any other, not spliced past its rules.
 const SERVER_FIRST_WAIT: Duration = Duration::from_millis(300);
 /// Time for a whole ClientHello or request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -195,7 +199,15 @@ enum Sniff {
 /// Reads the first bytes of a connection and dispatches on the protocol.
 async fn sniffed(sb: &Arc<Sandbox>, mut io: GuestIo, dest: Dest) {
     let mut buf = BytesMut::with_capacity(2048);
-    let kind = sniff(&mut io, &mut buf).await;
+    let name = dest
+        .name
+        .clone()
+        .or_else(|| dest.ip.and_then(|ip| sb.name_of(ip)));
+    let first_wait = match name {
+        Some(n) if sb.policy().could_rewrite(&n) => HEAD_TIMEOUT,
+        _ => SERVER_FIRST_WAIT,
+    };
+    let kind = sniff(&mut io, &mut buf, first_wait).await;
     io.unread(buf.freeze());
     match kind {
         Sniff::Closed => {}
@@ -218,8 +230,8 @@ async fn sniffed(sb: &Arc<Sandbox>, mut io: GuestIo, dest: Dest) {
     }
 }
 
-async fn sniff(io: &mut GuestIo, buf: &mut BytesMut) -> Sniff {
-    match timeout(SERVER_FIRST_WAIT, io.read_buf(buf)).await {
+async fn sniff(io: &mut GuestIo, buf: &mut BytesMut, first_wait: Duration) -> Sniff {
+    match timeout(first_wait, io.read_buf(buf)).await {
         Err(_) => return Sniff::Raw,
         Ok(Ok(0)) | Ok(Err(_)) => return Sniff::Closed,
         Ok(Ok(_)) => {}

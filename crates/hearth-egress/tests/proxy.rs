@@ -634,6 +634,64 @@ async fn header_rules_plain_and_intercepted_tls() {
     );
 }
 
+/// A client that takes its time to start TLS after its `CONNECT` (as git
+/// on GnuTLS does under TCG, loading its CA directory) is still
+/// intercepted where a rule applies: the upstream gets the rule's header.
+/// The proxy used to splice any connection silent for 300 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_hello_is_still_intercepted_where_a_rule_applies() {
+    if !net_available() {
+        return;
+    }
+    let cfg = ProxyConfig {
+        rules: vec![rule("slow", &["secure.test"], &[("x-rule", "applied")])],
+        ..Default::default()
+    };
+    let w = world(policy(cfg)).await;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(w.egress.ca_pem().as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let tls = Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let port = w.https_port;
+    let got =
+        w.ns.run_async(move || {
+            let mut s = std::net::TcpStream::connect("10.200.0.1:3128").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            write!(
+                s,
+                "CONNECT secure.test:{port} HTTP/1.1\r\nHost: secure.test:{port}\r\n\r\n"
+            )
+            .unwrap();
+            let mut head = [0u8; 39];
+            s.read_exact(&mut head).unwrap();
+            assert!(
+                head.starts_with(b"HTTP/1.1 200"),
+                "{}",
+                String::from_utf8_lossy(&head)
+            );
+            std::thread::sleep(Duration::from_millis(1500));
+            let req = format!(
+                "GET /slow HTTP/1.1\r\nHost: secure.test:{port}\r\nConnection: close\r\n\r\n"
+            );
+            guest_tls(s, "secure.test", &req, &tls)
+        })
+        .await;
+    assert!(matches!(got, Got::Http(200, _)), "{got:?}");
+    let seen = w.https.all();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers.get("x-rule").unwrap(), "applied");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_tls_without_rules_is_spliced() {
     if !net_available() {
