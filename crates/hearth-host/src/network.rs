@@ -177,6 +177,13 @@ impl Network {
             ("REQUESTS_CA_BUNDLE", bundle),
             ("CURL_CA_BUNDLE", bundle),
             ("PIP_CERT", bundle),
+            // Debian's git (libcurl on GnuTLS) reads a CA directory, not
+            // the bundle the proxy's CA is appended to: without this a
+            // clone of an intercepted host fails its certificate check.
+            ("GIT_SSL_CAINFO", bundle),
+            // botocore (the AWS CLI, boto3) trusts its own bundle, not
+            // the system's, unless told.
+            ("AWS_CA_BUNDLE", bundle),
             (
                 "NODE_EXTRA_CA_CERTS",
                 "/usr/local/share/ca-certificates/hearth-egress.crt",
