@@ -334,10 +334,11 @@ def test_git_mount_clones_a_private_repository_and_follows_its_branch():
     check(r.stdout.strip() == "end", f"the token is not in the guest: {r.stdout!r}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
-    # Without the token the clone is refused: the create fails and says
-    # why, never an empty directory.
+    # With a wrong token the server refuses the clone: the create fails and
+    # says why, never an empty directory.
+    wrong = {**rule, "headers": [{"name": "X-Git-Token", "type": "opaque", "value": "wrong"}]}
     try:
-        sb = create("net-git-denied", mount_config=mounts)
+        sb = create("net-git-denied", proxy_config={"rules": [wrong]}, mount_config=mounts)
         raise AssertionError(f"a mount that cannot be made fails the create, got {sb.name} ready")
     except AssertionError:
         raise
