@@ -983,6 +983,10 @@ impl Control {
             Some(id) => self.host(id).await,
             None => None,
         };
+        // Where the memory went, so the next start resumes it on whichever
+        // host it lands: recorded with the status, in one transaction, so
+        // that a stop that answers `stopped` has kept what it saved.
+        let mut saved_memory = None;
         if let Some(host) = host {
             // preserve_memory_on_stop: the next start resumes the running
             // processes (only a ready VM has memory worth keeping).
@@ -991,19 +995,11 @@ impl Control {
             };
             match host.stop_vm(vm_id(row.id), row.generation, how).await {
                 Ok(rec) => {
-                    // Where the memory went, so the next start resumes it
-                    // on whichever host it lands.
                     if let Some(saved) = rec.saved.as_ref().filter(|_| how.save_memory) {
-                        match serde_json::to_string(saved) {
-                            Ok(json) => {
-                                if let Err(e) = self.db.put_saved_memory(row.id, &json).await {
-                                    tracing::warn!(sandbox = %row.id, error = %e, "cannot record where memory was saved");
-                                }
-                            }
-                            Err(e) => {
-                                tracing::error!(sandbox = %row.id, error = %e, "cannot encode where memory was saved")
-                            }
-                        }
+                        saved_memory = Some(serde_json::to_string(saved).map_err(|e| {
+                            tracing::error!(sandbox = %row.id, error = %e, "cannot encode where memory was saved");
+                            ApiError::internal()
+                        })?);
                     }
                 }
                 Err(e) if e.is_not_found() => {}
@@ -1015,6 +1011,7 @@ impl Control {
         let extra = StatusExtra {
             stopped_at: Some(Some(Timestamp::now())),
             expect_generation: Some(row.generation),
+            saved_memory,
             ..StatusExtra::default()
         };
         let saved = self
@@ -1029,22 +1026,23 @@ impl Control {
     /// Records a stop its host finished but no replica recorded (the one
     /// that asked died first), with the memory it saved.
     async fn finish_stop(&self, row: &SandboxRow, saved: Option<&MemoryVolumes>) {
-        if let Some(saved) = saved.filter(|_| row.preserve_memory_on_stop) {
-            match serde_json::to_string(saved) {
-                Ok(json) => {
-                    if let Err(e) = self.db.put_saved_memory(row.id, &json).await {
-                        tracing::warn!(sandbox = %row.id, error = %e, "cannot record where memory was saved; the next start boots cold");
-                    }
-                }
+        // Recorded with the status (one transaction); a failure leaves the
+        // row as it was, for the next pass.
+        let saved_memory = match saved.filter(|_| row.preserve_memory_on_stop) {
+            None => None,
+            Some(saved) => match serde_json::to_string(saved) {
+                Ok(json) => Some(json),
                 Err(e) => {
-                    tracing::error!(sandbox = %row.id, error = %e, "cannot encode where memory was saved")
+                    tracing::error!(sandbox = %row.id, error = %e, "cannot encode where memory was saved; the next start boots cold");
+                    None
                 }
-            }
-        }
+            },
+        };
         let extra = StatusExtra {
             stopped_at: Some(Some(Timestamp::now())),
             expect_generation: Some(row.generation),
             expect_status: vec![SandboxStatus::Ready],
+            saved_memory,
             ..StatusExtra::default()
         };
         let set = self

@@ -321,6 +321,10 @@ pub struct StatusExtra {
     /// for its CPU and memory now; else `NoRoom`. Serialized with every
     /// other write to that host's load.
     pub host_room: bool,
+    /// Record where the sandbox's memory was saved (the JSON of its
+    /// volumes) in the same transaction: a stop that saved memory is
+    /// recorded with it, or not at all.
+    pub saved_memory: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

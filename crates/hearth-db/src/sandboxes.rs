@@ -364,7 +364,7 @@ impl Db {
     ) -> Result<SandboxRow, DbError> {
         let op = "set sandbox status";
         let sql = status_update(id, status, message, &extra, op)?;
-        if !extra.within_quota && !extra.host_room {
+        if !extra.within_quota && !extra.host_room && extra.saved_memory.is_none() {
             let row = self
                 .pool
                 .fetch_optional(&sql, decode_sandbox)
@@ -419,12 +419,27 @@ impl Db {
             .fetch_optional(&sql, decode_sandbox)
             .await
             .map_err(DbError::backend(op))?;
+        if let (Some(_), Some(volumes)) = (&row, &extra.saved_memory) {
+            tx.execute(&saved_memory_upsert(id, volumes))
+                .await
+                .map_err(DbError::backend("record saved memory"))?;
+        }
         tx.commit().await.map_err(DbError::backend(op))?;
         match row {
             Some(row) => Ok(row),
             None => Err(self.stale_or_missing(id).await?),
         }
     }
+}
+
+/// Records (replacing) where a sandbox's memory was saved.
+fn saved_memory_upsert(id: SandboxId, volumes: &str) -> Sql {
+    Sql::new(
+        "INSERT INTO saved_memory (sandbox_id, volumes) VALUES ($1, $2) \
+         ON CONFLICT (sandbox_id) DO UPDATE SET volumes = excluded.volumes",
+    )
+    .arg(id.to_string())
+    .arg(volumes)
 }
 
 /// The fenced `UPDATE … RETURNING` of [`Db::set_status`].
@@ -498,22 +513,6 @@ impl Db {
         if n == 0 {
             return Err(DbError::NotFound { what: "sandbox" });
         }
-        Ok(())
-    }
-
-    /// Records where the sandbox's last stop saved its memory (JSON of the
-    /// store volumes), replacing any earlier record.
-    pub async fn put_saved_memory(&self, id: SandboxId, volumes: &str) -> Result<(), DbError> {
-        let sql = Sql::new(
-            "INSERT INTO saved_memory (sandbox_id, volumes) VALUES ($1, $2) \
-             ON CONFLICT (sandbox_id) DO UPDATE SET volumes = excluded.volumes",
-        )
-        .arg(id.to_string())
-        .arg(volumes);
-        self.pool
-            .execute(&sql)
-            .await
-            .map_err(DbError::backend("record saved memory"))?;
         Ok(())
     }
 

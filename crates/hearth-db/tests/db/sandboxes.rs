@@ -500,6 +500,48 @@ async fn set_status_places_fences_and_stamps() {
     });
 }
 
+/// A stop that saved memory is recorded with it in one transaction: the
+/// status and where the memory went, or (fenced out) neither.
+#[tokio::test]
+async fn a_stop_records_its_saved_memory_with_the_status_or_not_at_all() {
+    each_backend!(|db| {
+        let ws = workspace(db, Quotas::default()).await;
+        let s = sandbox(ws.id, "s");
+        db.insert_sandbox(&s).await.unwrap();
+        let stop = |generation: u64, volumes: &str| StatusExtra {
+            expect_generation: Some(generation),
+            saved_memory: Some(volumes.to_owned()),
+            ..StatusExtra::default()
+        };
+        // A stale stop (another placement won meanwhile) records nothing.
+        assert!(matches!(
+            db.set_status(s.id, SandboxStatus::Stopped, None, stop(7, "stale"))
+                .await,
+            Err(DbError::Stale { .. })
+        ));
+        assert_eq!(db.take_saved_memory(s.id).await.unwrap(), None);
+        let stopped = db
+            .set_status(
+                s.id,
+                SandboxStatus::Stopped,
+                None,
+                stop(s.generation, "{\"v\":1}"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(stopped.status, SandboxStatus::Stopped);
+        assert_eq!(
+            db.take_saved_memory(s.id).await.unwrap().as_deref(),
+            Some("{\"v\":1}")
+        );
+        assert_eq!(
+            db.take_saved_memory(s.id).await.unwrap(),
+            None,
+            "a start takes it once"
+        );
+    });
+}
+
 #[tokio::test]
 async fn reaper_queries_find_due_sandboxes() {
     each_backend!(|db| {
