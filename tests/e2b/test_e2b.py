@@ -72,6 +72,25 @@ def test_create_run_files_and_kill():
     check(sb.commands.run(f"kill -0 {h.pid} 2>/dev/null; echo $?").stdout.strip() != "0",
           "the killed command is gone")
 
+    # Stdin: a background `cat` takes input by pid while its handle holds
+    # the output; it is listed while it runs and ends at the close.
+    h = sb.commands.run("cat", background=True, stdin=True)
+    listed = {p.pid: p for p in sb.commands.list()}
+    check(h.pid in listed and listed[h.pid].args[-1] == "cat", f"the running cat is listed: {listed}")
+    sb.commands.send_stdin(h.pid, "hello ")
+    sb.commands.send_stdin(h.pid, b"stdin\n")
+    sb.commands.close_stdin(h.pid)
+    r = h.wait()
+    check(r.exit_code == 0 and r.stdout == "hello stdin\n", f"cat echoed its input: {r}")
+    check(h.pid not in {p.pid for p in sb.commands.list()}, "an ended command is not listed")
+    try:
+        sb.commands.send_stdin(h.pid, "late")
+        raise AssertionError("input to an ended command was accepted")
+    except AssertionError:
+        raise
+    except Exception as e:
+        print(f"    input to an ended command: {type(e).__name__}: {e}", flush=True)
+
     # Files: write (parents made), read back, list, stat, rename, remove.
     payload = bytes(range(256)) * 4096  # 1 MiB, every byte value
     info = sb.files.write("/tmp/e2b/deep/data.bin", payload)

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 /// Protocol versions this build speaks, newest last. Version 2 adds
 /// requests larger than one frame (`OpenLarge`, up to
 /// [`crate::mux::MAX_REQUEST`]); version 1 peers get single-frame requests.
-/// Version 3 adds [`Request::Clock`], version 4 [`Request::Identity`].
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4];
+/// Version 3 adds [`Request::Clock`], version 4 [`Request::Identity`],
+/// version 5 [`Request::Stdin`] and [`Request::Commands`].
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -22,6 +23,10 @@ pub const CLOCK_VERSION: u16 = 3;
 
 /// The first protocol version with [`Request::Identity`].
 pub const IDENTITY_VERSION: u16 = 4;
+
+/// The first protocol version with [`Request::Stdin`] and
+/// [`Request::Commands`].
+pub const COMMANDS_VERSION: u16 = 5;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -149,6 +154,36 @@ pub enum Request {
     /// is applied, or `Error` naming what failed (protocol version
     /// [`IDENTITY_VERSION`]; only the host agent may send it).
     Identity(GuestIdentity),
+    /// Write to the stdin of the running command whose process (group
+    /// leader) is `pid`, as `ExecEvent::Started` reported it, without
+    /// attaching to it: the host sends the bytes as `Data`, then `Eof`;
+    /// `close` closes the command's stdin after them. Answered `Ok` once
+    /// handed to the command, or `Error` (`NotFound`: no running command
+    /// has that pid). Protocol [`COMMANDS_VERSION`].
+    Stdin {
+        pid: u32,
+        #[serde(default)]
+        close: bool,
+    },
+    /// The commands running now: answered [`Reply::Commands`]. Protocol
+    /// [`COMMANDS_VERSION`].
+    Commands,
+}
+
+/// A running command ([`Reply::Commands`]): what it was started with.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CommandInfo {
+    pub command_id: String,
+    pub pid: u32,
+    /// The shell command line (empty when `argv` was given).
+    pub command: String,
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// The request's own environment (not the sandbox's defaults).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 /// What [`Request::Identity`] sets, in this order, before the guest runs
@@ -501,6 +536,10 @@ pub enum Reply {
     Clock {
         realtime_ns: u64,
     },
+    /// Answer to [`Request::Commands`].
+    Commands {
+        commands: Vec<CommandInfo>,
+    },
 }
 
 /// One entry found by `Glob`.
@@ -659,7 +698,8 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3, 4, 5]), Some(4));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6]), Some(5));
+        assert_eq!(negotiate(&[1, 2, 3, 4]), Some(4));
         assert_eq!(negotiate(&[1, 2, 3]), Some(3));
         assert_eq!(negotiate(&[1, 2]), Some(2));
         assert_eq!(negotiate(&[1]), Some(1));

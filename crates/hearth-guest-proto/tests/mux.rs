@@ -23,8 +23,8 @@ async fn pair() -> (Mux, Acceptor) {
     let ack = host_handshake(&mut r, &mut w, Duration::from_secs(5))
         .await
         .unwrap();
-    assert_eq!(ack.version, Some(IDENTITY_VERSION));
-    let (host, _) = Mux::start_versioned(Role::Host, IDENTITY_VERSION, r, w);
+    assert_eq!(ack.version, Some(COMMANDS_VERSION));
+    let (host, _) = Mux::start_versioned(Role::Host, COMMANDS_VERSION, r, w);
     let (_g, accept) = guest.await.unwrap();
     (host, accept.unwrap())
 }

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hearth_guest_proto::{
-    encode_output, ExecErrorType, ExecEvent, ExecInput, ExecRequest, Incoming, OutputChannel,
-    PtySize, Stream, StreamSender, MAX_PAYLOAD, OUTPUT_HEADER_LEN,
+    encode_output, CommandInfo, ExecErrorType, ExecEvent, ExecInput, ExecRequest, Incoming,
+    OpError, OpErrorKind, OutputChannel, PtySize, Reply, Stream, StreamSender, MAX_PAYLOAD,
+    OUTPUT_HEADER_LEN,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
@@ -115,6 +116,8 @@ enum StdinMsg {
 pub struct Session {
     id: String,
     pid: u32,
+    /// What it was started with ([`Request::Commands`](hearth_guest_proto::Request::Commands)).
+    started_with: CommandInfo,
     state: Mutex<State>,
     changed: watch::Sender<u64>,
     stdin: mpsc::UnboundedSender<StdinMsg>,
@@ -241,6 +244,59 @@ pub async fn handle_attach(
             };
             send_error(&stream, t, msg).await
         }
+    }
+}
+
+/// `commands`: what runs now.
+pub async fn handle_commands(stream: Stream) {
+    let commands: Vec<CommandInfo> = registry()
+        .sessions
+        .values()
+        .filter(|s| s.lock().exit.is_none())
+        .map(|s| s.started_with.clone())
+        .collect();
+    reply(&stream, Reply::Commands { commands }).await;
+}
+
+/// `stdin`: the bytes the host sends, to the stdin of the running command
+/// `pid`, without attaching to it; then its stdin closed when `close`.
+pub async fn handle_stdin(mut stream: Stream, pid: u32, close: bool) {
+    let session = registry()
+        .sessions
+        .values()
+        .find(|s| s.pid == pid && s.lock().exit.is_none())
+        .cloned();
+    let Some(session) = session else {
+        let e = OpError::new(
+            OpErrorKind::NotFound,
+            format!("no running command has pid {pid}"),
+        );
+        return reply(&stream, Reply::Error(e)).await;
+    };
+    loop {
+        match stream.recv().await {
+            Some(Incoming::Data(d)) => {
+                if session.stdin.send(StdinMsg::Data(d)).is_err() {
+                    let e = OpError::new(OpErrorKind::NotFound, format!("command {pid} has ended"));
+                    return reply(&stream, Reply::Error(e)).await;
+                }
+            }
+            Some(Incoming::Eof) => break,
+            Some(Incoming::Ctl(_)) => {}
+            // The host gave up: what arrived was handed on.
+            Some(Incoming::Close(_)) | None => return,
+        }
+    }
+    if close {
+        // The writer may be gone already (the command ended): nothing to close.
+        let _ = session.stdin.send(StdinMsg::Close);
+    }
+    reply(&stream, Reply::Ok).await;
+}
+
+async fn reply(stream: &Stream, r: Reply) {
+    if let Err(e) = stream.send_ctl(&r).await {
+        eprintln!("hearth-guest: reply lost: {e}");
     }
 }
 
@@ -436,6 +492,18 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
     let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
     let (changed, _) = watch::channel(0);
     let session = Arc::new(Session {
+        started_with: CommandInfo {
+            command_id: id.clone(),
+            pid,
+            command: if req.argv.is_some() {
+                String::new()
+            } else {
+                req.command.clone()
+            },
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone(),
+            env: req.env.clone(),
+        },
         id,
         pid,
         state: Mutex::new(State {

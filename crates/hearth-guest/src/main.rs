@@ -149,6 +149,8 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
     };
     match req {
         Request::Exec(e) => exec::handle_exec(stream, e).await,
+        Request::Stdin { pid, close } => exec::handle_stdin(stream, pid, close).await,
+        Request::Commands => exec::handle_commands(stream).await,
         Request::Attach {
             command_id,
             stdout_offset,

@@ -159,6 +159,54 @@ impl GuestClient {
         self.call(&Request::Identity(id.clone())).await.map(drop)
     }
 
+    /// An error unless the guest speaks `version` (`what` needs it).
+    fn needs(&self, version: u16, what: &str) -> Result<(), GuestError> {
+        if self.protocol_version >= version {
+            return Ok(());
+        }
+        Err(GuestError::Op(hearth_guest_proto::OpError::new(
+            hearth_guest_proto::OpErrorKind::BadRequest,
+            format!(
+                "{what} needs guest protocol {version}; this sandbox's guest agent speaks {} (it resumed memory captured by an older Hearth): restart it cold",
+                self.protocol_version
+            ),
+        )))
+    }
+
+    /// The commands running in the guest.
+    pub async fn commands(&self) -> Result<Vec<hearth_guest_proto::CommandInfo>, GuestError> {
+        self.needs(hearth_guest_proto::COMMANDS_VERSION, "listing commands")?;
+        match self.call(&Request::Commands).await? {
+            Reply::Commands { commands } => Ok(commands),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Hands `data` to the stdin of the running command `pid` without
+    /// attaching to it, then closes its stdin when `close`; returns once the
+    /// guest has passed it on.
+    pub async fn send_stdin(&self, pid: u32, data: Bytes, close: bool) -> Result<(), GuestError> {
+        self.needs(
+            hearth_guest_proto::COMMANDS_VERSION,
+            "writing to a command's stdin",
+        )?;
+        let mut s = self.request(&Request::Stdin { pid, close }).await?;
+        let sent = async {
+            for chunk in data.chunks(hearth_guest_proto::MAX_PAYLOAD) {
+                s.send_data(data.slice_ref(chunk)).await?;
+            }
+            s.send_eof()
+        }
+        .await;
+        match (sent, recv_reply(&mut s.receiver).await) {
+            (_, Ok(Reply::Error(op))) => Err(GuestError::Op(op)),
+            (Err(e), _) => Err(e.into()),
+            (Ok(()), Ok(Reply::Ok)) => Ok(()),
+            (Ok(()), Ok(other)) => Err(unexpected(&other)),
+            (Ok(()), Err(e)) => Err(e),
+        }
+    }
+
     /// Sets the guest's wall clock to the host's: reads it
     /// ([`GuestClient::read_clock`]) and steps it when it is off (see
     /// [`crate::clock`]). `None` when the guest is older than

@@ -713,6 +713,21 @@ async fn answer(
             })
             .await;
         }
+        // Its commands end at once: none is ever running.
+        Ok(Request::Commands) => {
+            let _ = stream
+                .send_ctl(&Reply::Commands {
+                    commands: Vec::new(),
+                })
+                .await;
+        }
+        Ok(Request::Stdin { pid, .. }) => {
+            let e = OpError::new(
+                OpErrorKind::NotFound,
+                format!("no running command has pid {pid}"),
+            );
+            let _ = stream.send_ctl(&Reply::Error(e)).await;
+        }
         Ok(other) => {
             let op = serde_json::to_value(&other)
                 .ok()

@@ -9,11 +9,14 @@
 //!
 //! Served: `Process/Start` (streamed, with keepalives; the SDK's
 //! `/bin/bash -l -c CMD` runs as a shell command, so an image without
-//! bash runs it with `/bin/sh`), `Process/SendSignal`, and
+//! bash runs it with `/bin/sh`; with `stdin: true` its stdin stays open
+//! for `SendInput` and `CloseStdin`, else it is closed at once),
+//! `Process/{SendSignal, SendInput, CloseStdin, List}` (by pid, through
+//! the guest's `Stdin` and `Commands` requests, which reach a running
+//! command without taking its stream over), and
 //! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move}`. The rest
-//! (`Connect`, `SendInput`, `StreamInput`, `CloseStdin`, `List`, `Update`,
-//! watchers) answer `unimplemented`, and a `Start` with `stdin: true` or a
-//! `tag` is refused: none of it is accepted and then ignored.
+//! (`Connect`, `StreamInput`, `Update`, watchers) answer `unimplemented`,
+//! and a `tag` is refused: none of it is accepted and then ignored.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,7 +28,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use hearth_db::{SandboxRow, SandboxStatus};
-use hearth_guest_proto::{ExecErrorType, ExecRequest, FileKind, FileStat, OutputChannel, PtySize};
+use hearth_guest_proto::{
+    ExecErrorType, ExecRequest, FileKind, FileStat, OpErrorKind, OutputChannel, PtySize,
+};
 use hearth_hostapi::{ExecUpdate, GuestClient, GuestError};
 use hearth_types::SandboxId;
 use serde::{Deserialize, Serialize};
@@ -450,6 +455,18 @@ pub async fn process(
             Ok(r) => r,
             Err(e) => e.into_response(),
         },
+        "SendInput" => match send_input(&c, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        "CloseStdin" => match close_stdin(&c, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        "List" => match list(&c, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
         "Connect" | "StreamInput" => connect::stream_error(ConnectError::unimplemented(format!(
             "process.Process/{method} is not served by Hearth yet"
         ))),
@@ -544,11 +561,7 @@ async fn start(
     connect::check_codec(headers, true)?;
     rpc_body(body)?;
     let req: StartRequest = parse(connect::single_message(body)?)?;
-    if req.stdin == Some(true) {
-        return Err(ConnectError::unimplemented(
-            "stdin: writing to a started process is not served by Hearth yet",
-        ));
-    }
+    let keep_stdin = req.stdin == Some(true);
     if req.tag.as_deref().is_some_and(|t| !t.is_empty()) {
         return Err(ConnectError::unimplemented(
             "tag: connecting to a process by tag is not served by Hearth yet",
@@ -565,9 +578,12 @@ async fn start(
         .exec(exec)
         .await
         .map_err(|e| ConnectError::internal(format!("cannot start the process: {e}")))?;
-    // The process's stdin is not the client's: closed at once.
-    if let Err(e) = h.control.close_stdin().await {
-        tracing::debug!(sandbox = %t.row.id, error = %e, "cannot close a started process's stdin");
+    // Without `stdin: true` the process's stdin is not the client's:
+    // closed at once.
+    if !keep_stdin {
+        if let Err(e) = h.control.close_stdin().await {
+            tracing::debug!(sandbox = %t.row.id, error = %e, "cannot close a started process's stdin");
+        }
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     let sandbox = t.row.id;
@@ -679,15 +695,7 @@ async fn send_signal(
     connect::check_codec(headers, false)?;
     rpc_body(body)?;
     let req: SendSignalRequest = parse(body)?;
-    if req.process.tag.is_some() {
-        return Err(ConnectError::unimplemented(
-            "process.tag: selecting a process by tag is not served by Hearth yet",
-        ));
-    }
-    let pid =
-        req.process.pid.filter(|p| *p > 1).ok_or_else(|| {
-            ConnectError::invalid("process.pid: a process id above 1 is required")
-        })?;
+    let pid = req.process.pid()?;
     let sig = match req.signal.as_str() {
         "SIGNAL_SIGKILL" => "KILL",
         "SIGNAL_SIGTERM" => "TERM",
@@ -723,6 +731,148 @@ async fn send_signal(
             String::from_utf8_lossy(&out.stderr).trim()
         ))),
     }
+}
+
+impl ProcessSelector {
+    /// The pid it names (a tag is refused: not served).
+    fn pid(&self) -> Result<u32, ConnectError> {
+        if self.tag.is_some() {
+            return Err(ConnectError::unimplemented(
+                "process.tag: selecting a process by tag is not served by Hearth yet",
+            ));
+        }
+        self.pid
+            .filter(|p| *p > 1)
+            .ok_or_else(|| ConnectError::invalid("process.pid: a process id above 1 is required"))
+    }
+}
+
+/// A guest's answer about the process `pid`: `not_found` when none such
+/// runs.
+fn process_error(e: GuestError, pid: u32, what: &str) -> ConnectError {
+    match e.op_kind() {
+        Some(OpErrorKind::NotFound) => ConnectError::not_found(format!("process {pid} not found")),
+        Some(OpErrorKind::BadRequest) => ConnectError::new("failed_precondition", e.to_string()),
+        _ => ConnectError::internal(format!("{what} of process {pid}: {e}")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProcessInput {
+    stdin: Option<String>,
+    pty: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendInputRequest {
+    process: ProcessSelector,
+    input: ProcessInput,
+}
+
+/// Most bytes one `SendInput` carries (E2B's SDK sends what the caller
+/// gives it; the guest's pipe takes it as fast as the process reads).
+const MAX_INPUT: usize = 4 << 20;
+
+/// `Process/SendInput`: bytes to a running process's stdin (or its PTY),
+/// without taking its output stream over.
+async fn send_input(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    connect::check_codec(headers, false)?;
+    rpc_body(body)?;
+    let req: SendInputRequest = parse(body)?;
+    let pid = req.process.pid()?;
+    let text = match (req.input.stdin, req.input.pty) {
+        (Some(s), None) | (None, Some(s)) => s,
+        _ => {
+            return Err(ConnectError::invalid(
+                "input: exactly one of stdin and pty is required",
+            ))
+        }
+    };
+    let data = B64
+        .decode(text.as_bytes())
+        .map_err(|e| ConnectError::invalid(format!("input: not base64: {e}")))?;
+    if data.len() > MAX_INPUT {
+        return Err(ConnectError::invalid(format!(
+            "input: {} bytes, at most {MAX_INPUT} per call",
+            data.len()
+        )));
+    }
+    let t = target(c, headers).await?;
+    t.guest
+        .send_stdin(pid, Bytes::from(data), false)
+        .await
+        .map_err(|e| process_error(e, pid, "write to the stdin"))?;
+    Ok(connect::unary(&json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CloseStdinRequest {
+    process: ProcessSelector,
+}
+
+/// `Process/CloseStdin`: end of input for a running process.
+async fn close_stdin(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    connect::check_codec(headers, false)?;
+    rpc_body(body)?;
+    let req: CloseStdinRequest = parse(body)?;
+    let pid = req.process.pid()?;
+    let t = target(c, headers).await?;
+    t.guest
+        .send_stdin(pid, Bytes::new(), true)
+        .await
+        .map_err(|e| process_error(e, pid, "close the stdin"))?;
+    Ok(connect::unary(&json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListRequest {}
+
+/// `Process/List`: the processes running now, as they were started (a
+/// shell command as envd's `/bin/bash -l -c CMD`).
+async fn list(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    connect::check_codec(headers, false)?;
+    rpc_body(body)?;
+    let _: ListRequest = parse(body)?;
+    let t = target(c, headers).await?;
+    let commands = t
+        .guest
+        .commands()
+        .await
+        .map_err(|e| ConnectError::internal(format!("list the processes: {e}")))?;
+    let processes: Vec<serde_json::Value> = commands
+        .into_iter()
+        .map(|p| {
+            let (cmd, args) = match p.argv {
+                Some(argv) if !argv.is_empty() => (argv[0].clone(), argv[1..].to_vec()),
+                _ => (
+                    "/bin/bash".to_owned(),
+                    vec!["-l".into(), "-c".into(), p.command],
+                ),
+            };
+            let mut config = json!({"cmd": cmd, "args": args, "envs": p.env});
+            if let Some(cwd) = p.cwd {
+                config["cwd"] = json!(cwd);
+            }
+            json!({"config": config, "pid": p.pid})
+        })
+        .collect();
+    Ok(connect::unary(&json!({ "processes": processes })))
 }
 
 /// A command Hearth runs in the guest for a call (as root, ended with

@@ -253,6 +253,38 @@ async fn e2b_control_api_on_the_sim_host() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(e2b_error(&r).1.contains("root"), "{}", r.text());
 
+    // Processes: the list (the simulated guest's commands end at once),
+    // input to a process that does not run, and what is refused.
+    let rpc = |method: &str, body: Value| {
+        let mut h = envd(&token);
+        h.push(("content-type".to_owned(), "application/json".to_owned()));
+        crate::harness::RawRequest::new(
+            "POST",
+            &format!("/process.Process/{method}"),
+            &h,
+            body.to_string().into_bytes(),
+        )
+    };
+    let r = crate::harness::send(s.addr, &rpc("List", json!({})).bytes()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json().unwrap(), json!({"processes": []}));
+    let input = json!({"process": {"pid": 4242}, "input": {"stdin": "aGk="}});
+    let r = crate::harness::send(s.addr, &rpc("SendInput", input).bytes()).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("process 4242 not found"), "{}", r.text());
+    let r = crate::harness::send(
+        s.addr,
+        &rpc("CloseStdin", json!({"process": {"pid": 4242}})).bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let by_tag = json!({"process": {"tag": "web"}, "input": {"stdin": "aGk="}});
+    let r = crate::harness::send(s.addr, &rpc("SendInput", by_tag).bytes()).await;
+    assert_eq!(r.status, 501, "{}", r.text());
+    let both = json!({"process": {"pid": 4242}, "input": {"stdin": "aGk=", "pty": "aGk="}});
+    let r = crate::harness::send(s.addr, &rpc("SendInput", both).bytes()).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+
     // Deadlines: the reaper deletes a sandbox past its timeout, and pauses
     // one created with autoPause.
     let r = call(
