@@ -1541,11 +1541,24 @@ impl Host {
             return Ok(vm.record());
         }
         if let Some(inst) = vm.instance() {
+            // A guest that cannot power off by itself is killed after the
+            // grace period: what it flushed is durable, the rest is lost,
+            // and the log says why.
             if state == VmState::Paused {
-                let _ = inst.resume().await;
+                if let Err(e) = inst.resume().await {
+                    tracing::warn!(vm = %id, error = %e, "cannot resume a paused vm to stop it gracefully; it will be killed");
+                }
             }
             if let Some(g) = vm.guest() {
-                let _ = tokio::time::timeout(Duration::from_secs(2), g.shutdown()).await;
+                match tokio::time::timeout(Duration::from_secs(2), g.shutdown()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(vm = %id, error = %e, "the guest did not take the shutdown request")
+                    }
+                    Err(_) => {
+                        tracing::warn!(vm = %id, "the guest did not answer the shutdown request within 2 s")
+                    }
+                }
             }
             let exited = tokio::time::timeout(self.cfg.stop_grace, inst.wait_exit()).await;
             if exited.is_err() {
