@@ -95,6 +95,11 @@ pub struct CreateSandboxRequest {
         deserialize_with = "crate::de::opt_object",
         skip_serializing_if = "Option::is_none"
     )]
+    /// Mounts made before the sandbox is ready: git mounts (cloned at the
+    /// ref, refreshed every `refresh_interval_seconds`; a private
+    /// repository's credentials come from a `proxy_config` header rule).
+    /// Bucket mounts (`s3`, `gcs`, `azure_blob`), `contexthub` and `auth`
+    /// are refused with a 422 naming them.
     pub mount_config: Option<MountConfig>,
     /// Volumes to attach (beta), at most 4.
     #[serde(
@@ -215,6 +220,7 @@ pub struct SandboxResponse {
     /// What commands run with: the snapshot's run config with the sandbox's
     /// overrides applied (the sandbox's own `env_vars` are not included).
     pub run_config: RunConfig,
+    /// The sandbox's git mounts, as created; null without mounts.
     pub mount_config: Option<MountConfig>,
     /// Opaque secrets are reported as `is_set` only.
     pub proxy_config: Option<ProxyConfig>,
