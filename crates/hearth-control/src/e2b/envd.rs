@@ -385,6 +385,16 @@ fn rpc_body(body: &Bytes) -> Result<(), ConnectError> {
     Ok(())
 }
 
+/// The message of a unary call in the JSON codec.
+fn unary_request<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<T, ConnectError> {
+    connect::check_codec(headers, false)?;
+    rpc_body(body)?;
+    parse(body)
+}
+
 fn parse<T: serde::de::DeserializeOwned>(msg: &[u8]) -> Result<T, ConnectError> {
     serde_json::from_slice(msg).map_err(|e| ConnectError::invalid(format!("bad request: {e}")))
 }
@@ -692,9 +702,7 @@ async fn send_signal(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response, ConnectError> {
-    connect::check_codec(headers, false)?;
-    rpc_body(body)?;
-    let req: SendSignalRequest = parse(body)?;
+    let req: SendSignalRequest = unary_request(headers, body)?;
     let pid = req.process.pid()?;
     let sig = match req.signal.as_str() {
         "SIGNAL_SIGKILL" => "KILL",
@@ -782,9 +790,7 @@ async fn send_input(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response, ConnectError> {
-    connect::check_codec(headers, false)?;
-    rpc_body(body)?;
-    let req: SendInputRequest = parse(body)?;
+    let req: SendInputRequest = unary_request(headers, body)?;
     let pid = req.process.pid()?;
     let text = match (req.input.stdin, req.input.pty) {
         (Some(s), None) | (None, Some(s)) => s,
@@ -823,9 +829,7 @@ async fn close_stdin(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response, ConnectError> {
-    connect::check_codec(headers, false)?;
-    rpc_body(body)?;
-    let req: CloseStdinRequest = parse(body)?;
+    let req: CloseStdinRequest = unary_request(headers, body)?;
     let pid = req.process.pid()?;
     let t = target(c, headers).await?;
     t.guest
@@ -846,9 +850,7 @@ async fn list(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response, ConnectError> {
-    connect::check_codec(headers, false)?;
-    rpc_body(body)?;
-    let _: ListRequest = parse(body)?;
+    let _: ListRequest = unary_request(headers, body)?;
     let t = target(c, headers).await?;
     let commands = t
         .guest
