@@ -648,20 +648,7 @@ async fn a_slow_client_hello_is_still_intercepted_where_a_rule_applies() {
         ..Default::default()
     };
     let w = world(policy(cfg)).await;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(w.egress.ca_pem().as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let tls = Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    );
+    let tls = guest_tls_config(&[w.egress.ca_pem().as_bytes()]);
     let port = w.https_port;
     let got =
         w.ns.run_async(move || {
@@ -2222,6 +2209,26 @@ fn guest_exchange(mut s: std::net::TcpStream, bytes: &[u8]) -> Got {
     }
 }
 
+/// A guest's TLS client trusting the certificates in `pems`.
+fn guest_tls_config(pems: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for pem in pems {
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+    }
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
 /// TLS over `tcp` with `sni`, `request` inside, the answer read to the end.
 fn guest_tls(
     mut tcp: std::net::TcpStream,
@@ -2350,7 +2357,6 @@ async fn held_guest_cannot_reach_private_loopback_link_local_metadata_or_host_ad
         return;
     }
     use hickory_proto::rr::RecordType;
-    use rustls::pki_types::pem::PemObject;
     let started = std::time::Instant::now();
     let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
 
@@ -2483,24 +2489,8 @@ async fn held_guest_cannot_reach_private_loopback_link_local_metadata_or_host_ad
 
     // The guest trusts the proxy's CA (as guests are set up to) and the
     // test origin's.
-    let mut roots = rustls::RootCertStore::empty();
-    for pem in [
-        egress.ca_pem().as_bytes().to_vec(),
-        std::fs::read(&origin_ca).unwrap(),
-    ] {
-        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-            roots.add(cert.unwrap()).unwrap();
-        }
-    }
-    let guest_tls = Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    );
+    let origin = std::fs::read(&origin_ca).unwrap();
+    let guest_tls = guest_tls_config(&[egress.ca_pem().as_bytes(), &origin]);
 
     let get = |target: &str, host: &str| {
         format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
