@@ -140,7 +140,8 @@ impl FromRequestParts<Arc<Control>> for Principal {
             .get("x-api-key")
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
-            .filter(|k| !k.is_empty());
+            .filter(|k| !k.is_empty())
+            .or_else(|| websocket_key(&parts.headers));
         let Some(key) = key else {
             let bearer = parts
                 .headers
@@ -162,6 +163,27 @@ impl FromRequestParts<Arc<Control>> for Principal {
             delegated: false,
         })
     }
+}
+
+/// The subprotocol a WebSocket offers to say it speaks Hearth's exec
+/// protocol with a key in a second subprotocol ([`WS_KEY_PREFIX`]); the
+/// server selects this one.
+pub const WS_PROTOCOL: &str = "hearth";
+/// The prefix of the subprotocol that carries an API key on a WebSocket
+/// opened by a browser (the console), which cannot set `X-Api-Key` there:
+/// `new WebSocket(url, ["hearth", "hearth.key.<key>"])`. Like the header,
+/// nothing ambient: a page must know the key to send it.
+pub const WS_KEY_PREFIX: &str = "hearth.key.";
+
+/// The API key offered as a WebSocket subprotocol, if any.
+fn websocket_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|p| p.trim().strip_prefix(WS_KEY_PREFIX))
+        .filter(|k| !k.is_empty())
 }
 
 #[derive(serde::Deserialize)]

@@ -75,6 +75,9 @@ pub async fn execute_ws(
     let shutdown = c.shutdown_signal();
     Ok(ws
         .max_message_size(1 << 20)
+        // Selected when offered (the console's WebSocket, whose key comes
+        // as a second subprotocol); the SDK offers none.
+        .protocols([crate::auth::WS_PROTOCOL])
         .on_upgrade(move |socket| async move {
             let ticker = keep_active(&c2, row.id);
             let started = std::time::Instant::now();

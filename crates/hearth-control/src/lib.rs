@@ -23,6 +23,7 @@
 pub mod auth;
 mod autoscale;
 mod boxes;
+mod console;
 mod dataplane;
 mod dp;
 mod e2b;
@@ -408,6 +409,7 @@ pub fn router(control: Arc<Control>) -> Router {
         )
         .merge(dataplane)
         .merge(e2b::routes())
+        .merge(console::routes())
         .route("/internal/v1/hosts/register", post(fleet::register))
         .route("/internal/v1/hosts/{id}/lease", post(fleet::renew))
         .route("/internal/v1/hosts/{id}/drain", post(fleet::drain))

@@ -19,6 +19,7 @@ mod harness;
 mod api;
 mod autoscale;
 mod client_errors;
+mod console;
 mod control_keys;
 mod delegation;
 mod dependency_graph;

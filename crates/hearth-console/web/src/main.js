@@ -1,0 +1,501 @@
+// Hearth's console: one page, hash routes, Preact components written with
+// htm (tagged templates: no compile step of their own). Everything it
+// shows and does goes through the public API with the signed-in key, so
+// that key's workspace and permissions apply.
+
+import { h, render } from "preact";
+import { useEffect, useRef, useState, useCallback } from "preact/hooks";
+import htm from "htm";
+import { api, boxes, enc, onSignedOut, session } from "./api.js";
+import { openTerminal } from "./terminal.js";
+
+const html = htm.bind(h);
+const GiB = 1024 ** 3;
+const STATUSES = ["provisioning", "ready", "stopping", "stopped", "failed", "deleting"];
+
+// ---------------------------------------------------------------------------
+// Small helpers
+
+function useRoute() {
+  const [hash, setHash] = useState(location.hash || "#/");
+  useEffect(() => {
+    const f = () => setHash(location.hash || "#/");
+    addEventListener("hashchange", f);
+    return () => removeEventListener("hashchange", f);
+  }, []);
+  return hash.slice(1);
+}
+
+/** Calls `load` now and every `ms` while mounted; returns [data, error, reload]. */
+function usePoll(load, ms, deps) {
+  const [data, setData] = useState(null);
+  const [error, setError] = useState(null);
+  const [tick, setTick] = useState(0);
+  useEffect(() => {
+    let live = true;
+    let timer = null;
+    const run = async () => {
+      try {
+        const d = await load();
+        if (live) {
+          setData(d);
+          setError(null);
+        }
+      } catch (e) {
+        if (live) setError(e.message);
+      }
+      if (live && ms) timer = setTimeout(run, ms);
+    };
+    run();
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
+  }, [...deps, tick]);
+  return [data, error, () => setTick((t) => t + 1)];
+}
+
+function since(iso) {
+  if (!iso) return "";
+  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  if (s < 60) return `${Math.floor(s)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h`;
+  return `${Math.floor(s / 86400)} d`;
+}
+
+function bytes(n) {
+  if (n == null) return "";
+  if (n >= GiB) return `${+(n / GiB).toFixed(1)} GiB`;
+  if (n >= 1024 ** 2) return `${+(n / 1024 ** 2).toFixed(1)} MiB`;
+  if (n >= 1024) return `${+(n / 1024).toFixed(1)} KiB`;
+  return `${n} B`;
+}
+
+function Status({ status }) {
+  return html`<span class=${`status status-${status}`}>${status}</span>`;
+}
+
+function Alert({ error }) {
+  if (!error) return null;
+  return html`<p class="alert" role="alert">${error}</p>`;
+}
+
+/** Runs an action, reporting its error; returns [run, busy, error]. */
+function useAction() {
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState(null);
+  const run = async (f) => {
+    setBusy(true);
+    setError(null);
+    try {
+      return await f();
+    } catch (e) {
+      setError(e.message);
+      return undefined;
+    } finally {
+      setBusy(false);
+    }
+  };
+  return [run, busy, error];
+}
+
+// ---------------------------------------------------------------------------
+// Sign-in
+
+function SignIn({ notice, onSignIn }) {
+  const [key, setKey] = useState("");
+  const [run, busy, error] = useAction();
+  const submit = (e) => {
+    e.preventDefault();
+    run(async () => {
+      await api("GET", `${boxes}?page_size=1`, { key: key.trim() });
+      session.signIn(key.trim());
+      onSignIn();
+    });
+  };
+  return html`<main class="signin">
+    <h1>Hearth</h1>
+    <form onSubmit=${submit} aria-labelledby="signin-title">
+      <h2 id="signin-title">Sign in</h2>
+      ${notice && html`<p class="notice" role="status">${notice}</p>`}
+      <label for="api-key">API key</label>
+      <input id="api-key" name="api-key" type="password" autocomplete="off"
+        value=${key} onInput=${(e) => setKey(e.target.value)} required />
+      <p class="hint">Kept in this browser tab only, until you sign out or close it.</p>
+      <${Alert} error=${error && `Sign-in refused: ${error}`} />
+      <button type="submit" disabled=${busy}>Sign in</button>
+    </form>
+  </main>`;
+}
+
+// ---------------------------------------------------------------------------
+// Sandboxes
+
+function SandboxList() {
+  const [status, setStatus] = useState("");
+  const [name, setName] = useState("");
+  const [label, setLabel] = useState("");
+  const [creating, setCreating] = useState(false);
+  const query = () => {
+    const q = new URLSearchParams({ page_size: "500" });
+    if (status) q.set("status", status);
+    if (name) q.set("name_contains", name);
+    for (const l of label.split(",").map((s) => s.trim()).filter(Boolean)) q.append("label", l);
+    return q.toString();
+  };
+  const [list, error, reload] = usePoll(() => api("GET", `${boxes}?${query()}`), 2000, [
+    status,
+    name,
+    label,
+  ]);
+  const items = (list && list.items) || [];
+  return html`<section aria-labelledby="sandboxes-title">
+    <div class="heading">
+      <h1 id="sandboxes-title">Sandboxes</h1>
+      <button onClick=${() => setCreating(!creating)} aria-expanded=${creating}>
+        ${creating ? "Close" : "New sandbox"}
+      </button>
+    </div>
+    ${creating && html`<${CreateForm} onCreated=${() => { setCreating(false); reload(); }} />`}
+    <form class="filters" role="search" onSubmit=${(e) => e.preventDefault()}>
+      <label>Status
+        <select value=${status} onChange=${(e) => setStatus(e.target.value)}>
+          <option value="">any</option>
+          ${STATUSES.map((s) => html`<option value=${s}>${s}</option>`)}
+        </select>
+      </label>
+      <label>Name contains
+        <input type="search" value=${name} onInput=${(e) => setName(e.target.value)} />
+      </label>
+      <label>Labels (key=value, …)
+        <input type="search" value=${label} onInput=${(e) => setLabel(e.target.value)} />
+      </label>
+    </form>
+    <${Alert} error=${error} />
+    <div class="table-wrap">
+      <table>
+        <caption class="visually-hidden">Sandboxes, updated every two seconds</caption>
+        <thead><tr>
+          <th scope="col">Name</th><th scope="col">Status</th><th scope="col">Size</th>
+          <th scope="col">Persistent</th><th scope="col">Labels</th><th scope="col">Age</th>
+          <th scope="col">Stopped</th>
+        </tr></thead>
+        <tbody>
+          ${items.map((b) => html`<tr key=${b.id} data-name=${b.name}>
+            <td><a href=${`#/sandboxes/${enc(b.name)}`}>${b.name}</a></td>
+            <td><${Status} status=${b.status} /></td>
+            <td>${b.size_class}</td>
+            <td>${b.persistent ? "yes" : "no"}</td>
+            <td>${Object.entries(b.labels || {}).map(([k, v]) => html`<span class="tag">${k}=${v}</span> `)}</td>
+            <td>${since(b.created_at)}</td>
+            <td>${b.stopped_at ? `${since(b.stopped_at)} ago` : ""}</td>
+          </tr>`)}
+        </tbody>
+      </table>
+      ${list && items.length === 0 && html`<p class="empty">No sandboxes${status || name || label ? " match" : " yet"}.</p>`}
+    </div>
+  </section>`;
+}
+
+function CreateForm({ onCreated }) {
+  const [snapshots] = usePoll(() => api("GET", "/api/v2/sandboxes/snapshots?page_size=200"), 0, []);
+  const [run, busy, error] = useAction();
+  const submit = (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    const body = { wait_for_ready: false };
+    const text = (k) => String(f.get(k) || "").trim();
+    if (text("name")) body.name = text("name");
+    if (text("snapshot")) body.snapshot_name = text("snapshot");
+    if (text("vcpus")) body.vcpus = Number(text("vcpus"));
+    if (text("mem")) body.mem_bytes = Math.round(Number(text("mem")) * GiB);
+    if (text("disk")) body.fs_capacity_bytes = Math.round(Number(text("disk")) * GiB);
+    if (text("idle")) body.idle_ttl_seconds = Number(text("idle"));
+    if (text("after")) body.delete_after_stop_seconds = Number(text("after"));
+    body.persistent = f.get("persistent") === "on";
+    const labels = {};
+    for (const pair of text("labels").split(",").map((s) => s.trim()).filter(Boolean)) {
+      const [k, ...v] = pair.split("=");
+      labels[k.trim()] = v.join("=").trim();
+    }
+    if (Object.keys(labels).length) body.labels = labels;
+    run(async () => {
+      await api("POST", boxes, { body });
+      onCreated();
+    });
+  };
+  const names = [...new Set(((snapshots && snapshots.items) || []).map((s) => s.name))];
+  return html`<form class="card create" onSubmit=${submit} aria-label="New sandbox">
+    <div class="grid">
+      <label>Name <input name="name" placeholder="generated" /></label>
+      <label>Snapshot
+        <select name="snapshot">
+          <option value="">default image</option>
+          ${names.map((n) => html`<option value=${n}>${n}</option>`)}
+        </select>
+      </label>
+      <label>vCPUs <input name="vcpus" type="number" min="1" step="1" placeholder="default" /></label>
+      <label>Memory (GiB) <input name="mem" type="number" min="0.125" step="0.125" placeholder="default" /></label>
+      <label>Disk (GiB) <input name="disk" type="number" min="1" step="1" placeholder="default" /></label>
+      <label>Idle TTL (s) <input name="idle" type="number" min="0" step="1" placeholder="default" /></label>
+      <label>Delete after stop (s) <input name="after" type="number" min="0" step="1" placeholder="default" /></label>
+      <label>Labels <input name="labels" placeholder="team=ml, env=dev" /></label>
+      <label class="check"><input name="persistent" type="checkbox" /> Persistent</label>
+    </div>
+    <${Alert} error=${error && `Not created: ${error}`} />
+    <button type="submit" disabled=${busy}>${busy ? "Creating…" : "Create"}</button>
+  </form>`;
+}
+
+function SandboxPage({ name }) {
+  const [box, error, reload] = usePoll(() => api("GET", `${boxes}/${enc(name)}`), 2000, [name]);
+  const [run, busy, actionError] = useAction();
+  const act = (f) => run(async () => {
+    await f();
+    reload();
+  });
+  if (!box) {
+    return html`<section><h1>${name}</h1><${Alert} error=${error} />${!error && html`<p>Loading…</p>`}</section>`;
+  }
+  const path = `${boxes}/${enc(box.name)}`;
+  const rename = () => {
+    const to = prompt("New name", box.name);
+    if (to && to !== box.name) {
+      run(async () => {
+        await api("PATCH", path, { body: { name: to } });
+        location.hash = `#/sandboxes/${enc(to)}`;
+      });
+    }
+  };
+  const capture = () => {
+    const snap = prompt("Snapshot name", `${box.name}-snapshot`);
+    if (snap) act(() => api("POST", `${path}/snapshot`, { body: { name: snap } }));
+  };
+  const remove = () => {
+    if (confirm(`Delete ${box.name}? Its disk goes with it.`)) {
+      run(async () => {
+        await api("DELETE", path);
+        location.hash = "#/";
+      });
+    }
+  };
+  const ready = box.status === "ready";
+  const dataplane = box.dataplane_url ? new URL(box.dataplane_url, location.href).pathname : null;
+  return html`<section aria-labelledby="sandbox-title">
+    <div class="heading">
+      <h1 id="sandbox-title">${box.name}</h1>
+      <${Status} status=${box.status} />
+    </div>
+    ${box.status_message && html`<p class="notice">${box.status_message}</p>`}
+    <div class="actions" role="group" aria-label="Actions">
+      <button onClick=${() => act(() => api("POST", `${path}/start`))} disabled=${busy || ready}>Start</button>
+      <button onClick=${() => act(() => api("POST", `${path}/stop`))} disabled=${busy || !ready}>Stop</button>
+      <button onClick=${rename} disabled=${busy}>Rename</button>
+      <button onClick=${capture} disabled=${busy || !ready}>Capture snapshot</button>
+      <button class="danger" onClick=${remove} disabled=${busy}>Delete</button>
+    </div>
+    <${Alert} error=${actionError || error} />
+    <details class="card">
+      <summary>Configuration</summary>
+      <dl class="facts">
+        <dt>Id</dt><dd>${box.id}</dd>
+        <dt>Size</dt><dd>${box.vcpus} vCPU, ${bytes(box.mem_bytes)} memory, ${bytes(box.fs_capacity_bytes)} disk</dd>
+        <dt>Snapshot</dt><dd>${box.snapshot_id || "default image"}</dd>
+        <dt>Persistent</dt><dd>${box.persistent ? "yes" : "no"}${box.preserve_memory_on_stop ? ", memory kept on stop" : ""}</dd>
+        <dt>Idle TTL</dt><dd>${box.idle_ttl_seconds ? `${box.idle_ttl_seconds} s` : "never"}</dd>
+        <dt>Created</dt><dd>${box.created_at} (${since(box.created_at)} ago)</dd>
+        <dt>Egress</dt><dd>${box.proxy_config ? html`<pre>${JSON.stringify(box.proxy_config, null, 2)}</pre>` : "no rules"}</dd>
+      </dl>
+    </details>
+    ${ready && dataplane
+      ? html`<${TerminalPanel} key=${box.id} dataplane=${dataplane} />
+             <${Files} key=${`f${box.id}`} dataplane=${dataplane} />`
+      : html`<p class="empty">The terminal and files open when the sandbox is ready.</p>`}
+  </section>`;
+}
+
+function TerminalPanel({ dataplane }) {
+  const ref = useRef(null);
+  const [state, setState] = useState("connecting");
+  useEffect(() => {
+    const t = openTerminal(ref.current, dataplane, setState);
+    window.hearthTerminal = t;
+    return () => {
+      window.hearthTerminal = null;
+      t.dispose();
+    };
+  }, [dataplane]);
+  return html`<div class="card">
+    <div class="heading"><h2>Terminal</h2><span class="term-state" role="status">${state}</span></div>
+    <div class="terminal" ref=${ref} aria-label="Terminal"></div>
+  </div>`;
+}
+
+function Files({ dataplane }) {
+  const [dir, setDir] = useState("/root");
+  const [shown, setShown] = useState("/root");
+  const [listing, error, reload] = usePoll(
+    () => api("POST", `${dataplane}/glob`, { body: { path: shown, pattern: "*", limit: 500 } }),
+    0,
+    [shown],
+  );
+  const [run, busy, actionError] = useAction();
+  const upload = (e) => {
+    e.preventDefault();
+    const file = e.target.elements.file.files[0];
+    if (!file) return;
+    const to = `${shown.replace(/\/$/, "")}/${file.name}`;
+    const form = new FormData();
+    form.append("file", file, file.name);
+    run(async () => {
+      await api("POST", `${dataplane}/upload?path=${enc(to)}`, { body: form });
+      e.target.reset();
+      reload();
+    });
+  };
+  const download = (path) => run(async () => {
+    const resp = await api("GET", `${dataplane}/download?path=${enc(path)}`, { raw: true });
+    const blob = await resp.blob();
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = path.split("/").pop();
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  });
+  const entries = (listing && listing.matches) || [];
+  const open = (path) => {
+    setDir(path);
+    setShown(path);
+  };
+  const parent = shown.replace(/\/[^/]*\/?$/, "") || "/";
+  return html`<div class="card">
+    <h2>Files</h2>
+    <form class="filters" onSubmit=${(e) => { e.preventDefault(); setShown(dir); }}>
+      <label>Directory <input name="dir" value=${dir} onInput=${(e) => setDir(e.target.value)} /></label>
+      <button type="submit">List</button>
+    </form>
+    <${Alert} error=${actionError || error} />
+    <ul class="files" aria-label=${`Files in ${shown}`}>
+      ${shown !== "/" && html`<li><button class="link" onClick=${() => open(parent)}>..</button></li>`}
+      ${entries.map((f) => html`<li key=${f.path}>
+        ${f.is_dir
+          ? html`<button class="link" onClick=${() => open(f.path)}>${f.path}/</button>`
+          : html`<button class="link" onClick=${() => download(f.path)} disabled=${busy}
+              aria-label=${`Download ${f.path}`}>${f.path}</button> <span class="hint">${bytes(f.size_bytes)}</span>`}
+      </li>`)}
+    </ul>
+    <form onSubmit=${upload}>
+      <label>Upload to ${shown} <input type="file" name="file" /></label>
+      <button type="submit" disabled=${busy}>Upload</button>
+    </form>
+  </div>`;
+}
+
+// ---------------------------------------------------------------------------
+// Snapshots and secrets
+
+function Snapshots() {
+  const [list, error, reload] = usePoll(() => api("GET", "/api/v2/sandboxes/snapshots?page_size=200"), 5000, []);
+  const [run, busy, actionError] = useAction();
+  const remove = (s) => {
+    if (confirm(`Delete snapshot ${s.name}?`)) {
+      run(async () => {
+        await api("DELETE", `/api/v2/sandboxes/snapshots/${enc(s.id)}`);
+        reload();
+      });
+    }
+  };
+  const items = (list && list.items) || [];
+  return html`<section aria-labelledby="snapshots-title">
+    <h1 id="snapshots-title">Snapshots</h1>
+    <${Alert} error=${actionError || error} />
+    <div class="table-wrap"><table>
+      <thead><tr><th scope="col">Name</th><th scope="col">Status</th><th scope="col">Image</th>
+        <th scope="col">Disk</th><th scope="col">Memory</th><th scope="col">Age</th><th scope="col"><span class="visually-hidden">Actions</span></th></tr></thead>
+      <tbody>${items.map((s) => html`<tr key=${s.id}>
+        <td>${s.name}</td><td><${Status} status=${s.status} /></td><td>${s.docker_image || ""}</td>
+        <td>${bytes(s.fs_capacity_bytes)}</td><td>${s.memory_snapshot_size_bytes ? bytes(s.memory_snapshot_size_bytes) : ""}</td>
+        <td>${since(s.created_at)}</td>
+        <td><button class="danger" onClick=${() => remove(s)} disabled=${busy}>Delete</button></td>
+      </tr>`)}</tbody>
+    </table></div>
+  </section>`;
+}
+
+function Secrets() {
+  const path = "/api/v1/workspaces/current/secrets";
+  const [list, error, reload] = usePoll(() => api("GET", path), 0, []);
+  const [run, busy, actionError] = useAction();
+  const set = (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    run(async () => {
+      await api("POST", path, { body: [{ key: f.get("key"), value: f.get("value") }] });
+      e.target.reset();
+      reload();
+    });
+  };
+  const remove = (key) => run(async () => {
+    await api("DELETE", `${path}/${enc(key)}`);
+    reload();
+  });
+  return html`<section aria-labelledby="secrets-title">
+    <h1 id="secrets-title">Secrets</h1>
+    <p class="hint">Values are write-only: the console shows names, never values.</p>
+    <${Alert} error=${actionError || error} />
+    <ul class="secrets">${(list || []).map((s) => html`<li key=${s.key}>
+      <code>${s.key}</code> <span class="hint">updated ${since(s.updated_at)} ago</span>
+      <button class="danger" onClick=${() => remove(s.key)} disabled=${busy} aria-label=${`Delete secret ${s.key}`}>Delete</button>
+    </li>`)}</ul>
+    <form class="card grid" onSubmit=${set} aria-label="Set a secret">
+      <label>Name <input name="key" required /></label>
+      <label>Value <input name="value" type="password" autocomplete="off" required /></label>
+      <button type="submit" disabled=${busy}>Set</button>
+    </form>
+  </section>`;
+}
+
+// ---------------------------------------------------------------------------
+// The frame
+
+function App() {
+  const [signedIn, setSignedIn] = useState(!!session.key());
+  const [notice, setNotice] = useState(null);
+  const route = useRoute();
+  useEffect(() => onSignedOut((message) => {
+    setNotice(message);
+    setSignedIn(false);
+  }), []);
+  const signOut = useCallback(() => {
+    session.signOut();
+    setNotice("Signed out.");
+    setSignedIn(false);
+  }, []);
+  if (!signedIn) {
+    return html`<${SignIn} notice=${notice} onSignIn=${() => { setNotice(null); setSignedIn(true); }} />`;
+  }
+  let page;
+  const m = route.match(/^\/sandboxes\/(.+)$/);
+  if (m) page = html`<${SandboxPage} name=${decodeURIComponent(m[1])} />`;
+  else if (route === "/snapshots") page = html`<${Snapshots} />`;
+  else if (route === "/secrets") page = html`<${Secrets} />`;
+  else page = html`<${SandboxList} />`;
+  const current = (r) => (route === r || (r === "/" && (route === "" || route.startsWith("/sandboxes"))) ? "page" : undefined);
+  return html`<div class="frame">
+    <header>
+      <span class="brand">Hearth</span>
+      <nav aria-label="Main">
+        <a href="#/" aria-current=${current("/")}>Sandboxes</a>
+        <a href="#/snapshots" aria-current=${current("/snapshots")}>Snapshots</a>
+        <a href="#/secrets" aria-current=${current("/secrets")}>Secrets</a>
+      </nav>
+      <button class="signout" onClick=${signOut}>Sign out</button>
+    </header>
+    <main id="main" tabindex="-1">${page}</main>
+  </div>`;
+}
+
+render(html`<${App} />`, document.getElementById("app"));
