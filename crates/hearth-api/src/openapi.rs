@@ -96,6 +96,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         grep, tunnel,
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
         jwks,
+        console_page, console_asset,
     ),
     components(schemas(ClientFrame, ServerFrame, ErrorBody)),
     modifiers(&ApiKeyAuth),
@@ -114,6 +115,9 @@ const DATAPLANE_PATHS: &[&str] = &[
             use (proxy_config header rules of type workspace_secret) without the value entering \
             the sandbox; sealed at rest, never returned"),
         (name = "keys", description = "Public keys of the tokens Hearth signs"),
+        (name = "console", description = "The web console (a Hearth extension): one page and \
+            its assets, built into the binary; the page signs in with an API key and calls this \
+            API like any client"),
     ),
 )]
 struct ApiDoc;
@@ -361,6 +365,35 @@ fn fetch_download() {}
 )]
 #[allow(dead_code)]
 fn jwks() {}
+
+/// The web console's page, for every console route (the routing is in the
+/// page's URL fragment: `#/sandboxes/NAME`, `#/snapshots`, `#/secrets`).
+/// Never cached; served with a Content-Security-Policy that lets scripts
+/// come only from the console's assets and connections go only to this
+/// origin. `GET /console` redirects here (308).
+#[utoipa::path(
+    get, path = "/console/", tag = "console",
+    security(()),
+    responses(
+        (status = 200, description = "The page", content_type = "text/html"),
+    ),
+)]
+#[allow(dead_code)]
+fn console_page() {}
+
+/// One of the console's assets, named by a hash of its content (the page
+/// names them) and cached for a year.
+#[utoipa::path(
+    get, path = "/console/assets/{file}", tag = "console",
+    security(()),
+    params(("file" = String, Path, description = "The asset's name, as the page gives it: `app.<hash>.js` or `app.<hash>.css`")),
+    responses(
+        (status = 200, description = "The asset", content_type = "text/javascript"),
+        (status = 404, description = "No such asset", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn console_asset() {}
 
 /// List snapshots.
 #[utoipa::path(

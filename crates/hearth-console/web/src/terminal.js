@@ -26,6 +26,29 @@ export function openTerminal(element, dataplanePath, onState) {
     fontSize: 14,
     scrollback: 5000,
     screenReaderMode: false,
+    // ANSI colours that keep WCAG AA contrast (4.5:1) on the black
+    // background; xterm's defaults (e.g. red #cd3131, blue #2472c8) do not.
+    theme: {
+      background: "#000000",
+      foreground: "#e5e5e5",
+      cursor: "#e5e5e5",
+      black: "#000000",
+      red: "#ff6b6b",
+      green: "#4fd66a",
+      yellow: "#e5d94b",
+      blue: "#78a6ff",
+      magenta: "#ee82ee",
+      cyan: "#3fd7e0",
+      white: "#e5e5e5",
+      brightBlack: "#9a9a9a",
+      brightRed: "#ff8f8f",
+      brightGreen: "#7cf08f",
+      brightYellow: "#fff27a",
+      brightBlue: "#a3c2ff",
+      brightMagenta: "#f5a6f5",
+      brightCyan: "#8ef0f5",
+      brightWhite: "#ffffff",
+    },
   });
   const fit = new FitAddon();
   term.loadAddon(fit);

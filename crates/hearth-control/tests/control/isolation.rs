@@ -556,6 +556,11 @@ fn attempts(a: &Alpha, b_download: &str, b_service: &str, a_ws: &str) -> Vec<Att
             // Names nothing: the list and create endpoints, checked below.
             continue;
         }
+        if path.starts_with("/console/") {
+            // The console's page and assets: the same bytes for everyone,
+            // no workspace's resource.
+            continue;
+        }
         for (method, op) in item.as_object().unwrap() {
             let Ok(m) = Method::from_bytes(method.to_uppercase().as_bytes()) else {
                 continue;

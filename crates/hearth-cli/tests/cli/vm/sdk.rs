@@ -922,6 +922,79 @@ fn e2b_sdk_against_hearth_up() {
     conclude(server, &dir, started, &failures);
 }
 
+/// Issue 21: the web console in a real headless browser
+/// (tests/console/test_console.py: Debian's chromium over WebDriver)
+/// against `hearth up`: sign-in, a sandbox created and watched to ready,
+/// the terminal (commands, resize, Ctrl-C, a dropped connection), files up
+/// and down, stop/start/delete, another workspace, a revoked key; each page
+/// screenshotted into `target/hearth-test/console-screenshots` and checked
+/// with axe-core. Without chromium and chromedriver the test is skipped
+/// loudly, unless `HEARTH_REQUIRE_BROWSER` is set.
+#[test]
+fn console_in_a_browser_against_hearth_up() {
+    let started = Instant::now();
+    let missing: Vec<&str> = ["chromium", "chromedriver"]
+        .into_iter()
+        .filter(|t| !on_path(t))
+        .collect();
+    if !missing.is_empty() {
+        assert!(
+            std::env::var_os("HEARTH_REQUIRE_BROWSER").is_none(),
+            "HEARTH_REQUIRE_BROWSER is set but {missing:?} are missing (scripts/install-deps)"
+        );
+        eprintln!("SKIP console_in_a_browser_against_hearth_up: {missing:?} not installed");
+        return;
+    }
+    let python = common::sdk_python();
+    let dir = data_dir("console");
+    let mut server = Server::start(&dir, &[]);
+    let workspace = hearth(
+        &dir,
+        &["keys", "create-workspace", "--name", "console-other"],
+    );
+    let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
+    let axe = dir.join("axe.min.js");
+    std::fs::write(&axe, hearth_console::AXE_JS).unwrap();
+    let shots = shared().join("console-screenshots");
+    let output = Command::new(&python)
+        .arg(repo().join("tests/console/test_console.py"))
+        .env("HEARTH_URL", format!("http://127.0.0.1:{}", server.port))
+        .env("HEARTH_API_KEY", &server.api_key)
+        .env("HEARTH_OTHER_KEY", &other_key)
+        .env("HEARTH_BIN", env!("CARGO_BIN_EXE_hearth"))
+        .env("HEARTH_DATA_DIR", &dir)
+        .env("HEARTH_AXE_JS", &axe)
+        .env("HEARTH_CONSOLE_SHOTS", &shots)
+        .env("HEARTH_CONSOLE_IMAGE", "busybox")
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    print!("{text}");
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    let mut failures = Vec::new();
+    if !output.status.success() {
+        let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL ")).collect();
+        failures.push(format!(
+            "the console suite failed ({}):\n  {}",
+            output.status,
+            fails.join("\n  ")
+        ));
+    }
+    match api_sandboxes(&server) {
+        Ok(left) if left.is_empty() => {}
+        Ok(left) => failures.push(format!("sandboxes left after the suite: {left:?}")),
+        Err(e) => failures.push(e),
+    }
+    match server.interrupt() {
+        Ok(status) if status.success() => {}
+        Ok(status) => failures.push(format!("hearth up exited {status} on SIGINT")),
+        Err(e) => failures.push(e),
+    }
+    conclude(server, &dir, started, &failures);
+}
+
 /// Ends a suite: fails with `failures` and the server's log, or removes
 /// its data directory.
 fn conclude(server: Server, dir: &Path, started: Instant, failures: &[String]) {

@@ -1,0 +1,389 @@
+"""The web console in a real headless browser (issue 21).
+
+Debian's chromium driven over WebDriver (selenium, chromedriver) against a
+live `hearth up` (started by crates/hearth-cli/tests/cli/vm/console.rs):
+sign in; create a sandbox and watch it become ready without reloading;
+type in the terminal and read the answer from the screen; resize and see
+`stty size` follow; drop the connection mid-command and lose no output;
+Ctrl-C; upload a file and download it back byte-identical; stop and
+start; delete; another workspace sees nothing; a revoked key is signed
+out. Each page is screenshotted and checked with axe-core (no serious or
+critical violations).
+
+Environment: HEARTH_URL, HEARTH_API_KEY, HEARTH_OTHER_KEY, HEARTH_BIN and
+HEARTH_DATA_DIR (to make and revoke a key), HEARTH_AXE_JS (axe-core's
+script), HEARTH_CONSOLE_SHOTS (where screenshots go), HEARTH_CONSOLE_IMAGE
+(the snapshot to create from). Prints PASS/FAIL per test; exits 1 on any
+failure.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.ui import WebDriverWait
+
+URL = os.environ["HEARTH_URL"].rstrip("/")
+KEY = os.environ["HEARTH_API_KEY"]
+OTHER_KEY = os.environ["HEARTH_OTHER_KEY"]
+SHOTS = os.environ.get("HEARTH_CONSOLE_SHOTS") or tempfile.mkdtemp(prefix="console-shots-")
+IMAGE = os.environ.get("HEARTH_CONSOLE_IMAGE", "busybox")
+AXE = open(os.environ["HEARTH_AXE_JS"], encoding="utf-8").read()
+BOOT = 240  # seconds a create may take to become ready under TCG
+NAME = "console-e2e"
+
+os.makedirs(SHOTS, exist_ok=True)
+DOWNLOADS = tempfile.mkdtemp(prefix="console-downloads-")
+
+
+def browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-dev-shm-usage", "--window-size=1280,900"):
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={tempfile.mkdtemp(prefix='console-chromium-')}")
+    opts.add_experimental_option("prefs", {
+        "download.default_directory": DOWNLOADS,
+        "download.prompt_for_download": False,
+    })
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    d.execute_cdp_cmd("Browser.setDownloadBehavior",
+                      {"behavior": "allow", "downloadPath": DOWNLOADS})
+    return d
+
+
+def api(method, path, key=KEY, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(URL + path, data=data, method=method,
+                                 headers={"X-Api-Key": key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, (json.loads(raw) if raw else None)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def wait(d, cond, timeout=30, what="a condition"):
+    try:
+        return WebDriverWait(d, timeout, poll_frequency=0.2).until(cond)
+    except TimeoutException:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def shot(d, name):
+    d.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
+
+
+def axe(d, page):
+    """axe-core on the current page: no serious or critical violation."""
+    d.execute_script(AXE)
+    result = d.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {resultTypes: ['violations']}).then(r => done(r.violations))"
+        ".catch(e => done([{id: 'axe-error', impact: 'critical', help: String(e), nodes: []}]));")
+    bad = [v for v in result if v.get("impact") in ("serious", "critical")]
+    assert not bad, f"{page}: accessibility violations: " + "; ".join(
+        f"{v['id']} ({v['impact']}): {v['help']} at {[n.get('target') for n in v['nodes']][:3]}"
+        for v in bad)
+
+
+def sign_in(d, key, keyboard=False):
+    d.get(URL + "/console/")
+    field = wait(d, EC.presence_of_element_located((By.ID, "api-key")), what="the sign-in form")
+    clear_field(field)
+    if keyboard:
+        # The form is usable without a pointer: Enter submits it.
+        field.send_keys(key + Keys.ENTER)
+        return
+    field.send_keys(key)
+    d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+
+
+def clear_field(el):
+    """Empties an input the way a user does (WebDriver's clear() fires no
+    input event, so the page would not hear it)."""
+    el.send_keys(Keys.CONTROL + "a", Keys.BACKSPACE)
+
+
+def text_of(d, css):
+    """The text of the first element `css` matches, or None; read in the
+    page in one step (the page re-renders every two seconds, so a found
+    element may be replaced before WebDriver reads it)."""
+    return d.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null", css)
+
+
+def row_status(d, name):
+    return text_of(d, f"tr[data-name='{name}'] .status")
+
+
+def screen(d):
+    return d.execute_script(
+        "const t = window.hearthTerminal && window.hearthTerminal.terminal;"
+        "if (!t) return '';"
+        "const b = t.buffer.active; const lines = [];"
+        "for (let i = 0; i < b.length; i++) lines.push(b.getLine(i).translateToString(true));"
+        "return lines.join('\\n');")
+
+
+def type_in(d, text):
+    box = d.find_element(By.CSS_SELECTOR, ".xterm-helper-textarea")
+    box.send_keys(text)
+
+
+def until_screen(d, pattern, timeout=30):
+    rx = re.compile(pattern, re.M)
+    return wait(d, lambda d: rx.search(screen(d)), timeout, f"{pattern!r} on the terminal")
+
+
+# ---------------------------------------------------------------------------
+
+STATE = {}
+
+
+def test_sign_in_refuses_a_wrong_key_then_accepts_the_right_one(d):
+    sign_in(d, "hth_not_a_key")
+    alert = wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, ".alert")), what="the refusal")
+    assert "Sign-in refused" in alert.text, alert.text
+    shot(d, "sign-in")
+    axe(d, "sign-in")
+    sign_in(d, KEY, keyboard=True)
+    wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), what="the sandbox list")
+    # The key is kept in the tab's session only.
+    assert d.execute_script("return sessionStorage.getItem('hearth.apiKey')") == KEY
+    assert d.execute_script("return localStorage.length") == 0
+    assert d.get_cookies() == []
+
+
+def test_create_a_sandbox_and_watch_it_become_ready(d):
+    d.find_element(By.XPATH, "//button[normalize-space()='New sandbox']").click()
+    form = wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "form.create")), what="the form")
+    form.find_element(By.NAME, "name").send_keys(NAME)
+    wait(d, lambda d: any(o.get_attribute("value") == IMAGE for o in
+                          form.find_elements(By.CSS_SELECTOR, "select[name=snapshot] option")),
+         what=f"snapshot {IMAGE} in the form")
+    Select(form.find_element(By.NAME, "snapshot")).select_by_value(IMAGE)
+    form.find_element(By.NAME, "mem").send_keys("2")
+    form.find_element(By.NAME, "labels").send_keys("suite=console")
+    shot(d, "create")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    # The list updates by itself: provisioning, then ready (no reload).
+    marker = d.execute_script("window.__noReload = 1; return 1")
+    wait(d, lambda d: row_status(d, NAME) is not None, 30, "the new row")
+    wait(d, lambda d: row_status(d, NAME) == "ready", BOOT, f"{NAME} ready")
+    assert d.execute_script("return window.__noReload") == marker, "the page reloaded"
+    # Filters: by label and by status.
+    d.find_element(By.XPATH, "//label[contains(., 'Labels')]/input").send_keys("suite=other")
+    wait(d, lambda d: row_status(d, NAME) is None, 10, "the label filter to hide it")
+    clear_field(d.find_element(By.XPATH, "//label[contains(., 'Labels')]/input"))
+    Select(d.find_element(By.XPATH, "//label[contains(., 'Status')]/select")).select_by_value("ready")
+    wait(d, lambda d: row_status(d, NAME) == "ready", 10, "the status filter to keep it")
+    shot(d, "sandboxes")
+    axe(d, "sandboxes")
+    # At phone width nothing but the table's own box scrolls sideways.
+    d.set_window_size(390, 844)
+    time.sleep(0.5)
+    overflow = d.execute_script(
+        "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0, f"the page is {overflow}px wider than a phone's screen"
+    shot(d, "sandboxes-phone")
+    d.set_window_size(1280, 900)
+
+
+def test_terminal_runs_commands_resizes_and_survives_a_dropped_connection(d):
+    d.find_element(By.LINK_TEXT, NAME).click()
+    wait(d, lambda d: text_of(d, ".term-state") == "connected", 60, "the terminal")
+    type_in(d, "echo $((6*7))\n")
+    until_screen(d, r"^42\s*$")
+
+    # Resize: the PTY follows the terminal's size.
+    before = d.execute_script("const t = window.hearthTerminal.terminal; return [t.rows, t.cols]")
+    type_in(d, "stty size\n")
+    until_screen(d, rf"^{before[0]} {before[1]}\s*$")
+    d.set_window_size(900, 700)
+    wait(d, lambda d: d.execute_script(
+        "const t = window.hearthTerminal.terminal; return [t.rows, t.cols]") != before, 10,
+         "the terminal to refit")
+    after = d.execute_script("const t = window.hearthTerminal.terminal; return [t.rows, t.cols]")
+    type_in(d, "clear; stty size\n")
+    until_screen(d, rf"^{after[0]} {after[1]}\s*$")
+    d.set_window_size(1280, 900)
+
+    # Colours reach the screen as attributes, not as escape text.
+    type_in(d, "printf '\\033[31mred\\033[0m\\n'\n")
+    until_screen(d, r"^red\s*$")
+    assert "\x1b[31m" not in screen(d)
+
+    # Ctrl-C interrupts the foreground command.
+    type_in(d, "sleep 100\n")
+    time.sleep(1)
+    type_in(d, Keys.CONTROL + "c")
+    type_in(d, "echo after-int\n")
+    until_screen(d, r"^after-int\s*$", 20)
+
+    # A dropped connection: output written meanwhile arrives after the
+    # reconnect, once.
+    type_in(d, "sleep 2; echo late-$((3*5))\n")
+    time.sleep(0.3)
+    d.execute_script("window.hearthTerminal.drop()")
+    until_screen(d, r"^late-15\s*$", 30)
+    wait(d, lambda d: text_of(d, ".term-state") == "connected", 30,
+         "the terminal to reconnect")
+    assert len(re.findall(r"^late-15\s*$", screen(d), re.M)) == 1, screen(d)
+    type_in(d, "echo still-$((2*4))\n")
+    until_screen(d, r"^still-8\s*$")
+    shot(d, "sandbox")
+    axe(d, "sandbox")
+
+
+def test_upload_then_download_is_byte_identical(d):
+    payload = os.urandom(200_000) + bytes(range(256))
+    src = os.path.join(tempfile.mkdtemp(prefix="console-upload-"), "blob.bin")
+    with open(src, "wb") as f:
+        f.write(payload)
+    d.find_element(By.CSS_SELECTOR, "input[type=file]").send_keys(src)
+    d.find_element(By.XPATH, "//button[normalize-space()='Upload']").click()
+    button = wait(d, EC.element_to_be_clickable(
+        (By.XPATH, "//button[@aria-label='Download /root/blob.bin']")), 30, "the uploaded file listed")
+    button.click()
+    target = os.path.join(DOWNLOADS, "blob.bin")
+    wait(d, lambda d: os.path.exists(target) and os.path.getsize(target) == len(payload), 30,
+         "the download")
+    with open(target, "rb") as f:
+        assert f.read() == payload, "the downloaded file differs"
+    # And the guest has the same bytes.
+    type_in(d, "md5sum /root/blob.bin\n")
+    import hashlib
+    until_screen(d, hashlib.md5(payload).hexdigest())
+
+
+def test_stop_start_then_delete(d):
+    d.find_element(By.XPATH, "//button[normalize-space()='Stop']").click()
+    status = lambda d: text_of(d, ".heading .status")
+    wait(d, lambda d: status(d) == "stopped", 120, "stopped")
+    assert d.find_elements(By.CSS_SELECTOR, ".terminal") == [], "a terminal into a stopped sandbox"
+    d.find_element(By.XPATH, "//button[normalize-space()='Start']").click()
+    wait(d, lambda d: status(d) == "ready", BOOT, "ready again")
+    wait(d, lambda d: text_of(d, ".term-state") == "connected", 60,
+         "a new terminal")
+    d.find_element(By.XPATH, "//button[normalize-space()='Delete']").click()
+    wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
+    wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), 30, "back to the list")
+    wait(d, lambda d: api("GET", f"/api/v2/sandboxes/boxes/{NAME}")[0] == 404, 120, "deleted")
+
+
+def test_snapshots_and_secrets_pages(d):
+    d.find_element(By.LINK_TEXT, "Snapshots").click()
+    wait(d, lambda d: IMAGE in (text_of(d, "main") or ""), 20, "the snapshot list")
+    shot(d, "snapshots")
+    axe(d, "snapshots")
+    d.find_element(By.LINK_TEXT, "Secrets").click()
+    form = wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "form[aria-label='Set a secret']")),
+                what="the secrets page")
+    form.find_element(By.NAME, "key").send_keys("CONSOLE_TOKEN")
+    form.find_element(By.NAME, "value").send_keys("s3cret-value")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, lambda d: "CONSOLE_TOKEN" in (text_of(d, "main") or ""), 20, "the secret")
+    assert "s3cret-value" not in d.page_source
+    shot(d, "secrets")
+    axe(d, "secrets")
+    d.find_element(By.XPATH, "//button[@aria-label='Delete secret CONSOLE_TOKEN']").click()
+    wait(d, lambda d: "CONSOLE_TOKEN" not in (text_of(d, "main") or ""), 20,
+         "the secret deleted")
+
+
+def test_another_workspace_sees_none_of_the_first(d):
+    s, body = api("POST", "/api/v2/sandboxes/boxes",
+                  body={"name": "console-private", "snapshot_name": IMAGE, "mem_bytes": 2 << 30,
+                        "wait_for_ready": False})
+    assert s == 201, (s, body)
+    try:
+        d.find_element(By.XPATH, "//button[normalize-space()='Sign out']").click()
+        sign_in(d, OTHER_KEY)
+        wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), what="the list")
+        wait(d, lambda d: "No sandboxes yet" in (text_of(d, "main") or ""), 20,
+             "an empty list")
+        assert "console-private" not in d.page_source
+        d.get(URL + "/console/#/sandboxes/console-private")
+        alert = wait(d, lambda d: text_of(d, ".alert"), 20, "a refusal")
+        assert "not found" in alert.lower(), alert
+        assert text_of(d, ".actions") is None, "another workspace's sandbox has actions"
+    finally:
+        api("DELETE", "/api/v2/sandboxes/boxes/console-private")
+
+
+def test_a_revoked_key_is_signed_out(d):
+    hearth = [os.environ["HEARTH_BIN"]]
+    env = dict(os.environ, HEARTH_DATA_DIR=os.environ["HEARTH_DATA_DIR"])
+    made = subprocess.run(hearth + ["keys", "create", "--description", "console-revoke"],
+                          env=env, capture_output=True, text=True, check=True)
+    secret = made.stdout.strip()
+    key_id = re.search(r"key (\S+) in workspace", made.stderr).group(1)
+    d.find_element(By.XPATH, "//button[normalize-space()='Sign out']").click()
+    sign_in(d, secret)
+    wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), what="signed in")
+    subprocess.run(hearth + ["keys", "revoke", key_id], env=env, check=True, capture_output=True)
+    notice = wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, ".signin .notice")), 20,
+                  "the sign-out")
+    assert "revoked" in notice.text, notice.text
+    assert d.execute_script("return sessionStorage.getItem('hearth.apiKey')") is None
+    shot(d, "signed-out")
+
+
+TESTS = [
+    test_sign_in_refuses_a_wrong_key_then_accepts_the_right_one,
+    test_create_a_sandbox_and_watch_it_become_ready,
+    test_terminal_runs_commands_resizes_and_survives_a_dropped_connection,
+    test_upload_then_download_is_byte_identical,
+    test_stop_start_then_delete,
+    test_snapshots_and_secrets_pages,
+    test_another_workspace_sees_none_of_the_first,
+    test_a_revoked_key_is_signed_out,
+]
+
+
+def main():
+    d = browser()
+    failed = 0
+    try:
+        for t in TESTS:
+            started = time.monotonic()
+            try:
+                t(d)
+                print(f"PASS {t.__name__} ({time.monotonic() - started:.1f}s)", flush=True)
+            except Exception:
+                failed += 1
+                print(f"FAIL {t.__name__} ({time.monotonic() - started:.1f}s)", flush=True)
+                traceback.print_exc()
+                shot(d, f"failed-{t.__name__}")
+                for entry in d.get_log("browser")[-20:]:
+                    print("  browser:", entry.get("message"), flush=True)
+                break  # the tests build on each other
+    finally:
+        d.quit()
+        status, body = api("GET", "/api/v2/sandboxes/boxes")
+        for b in (body or {}).get("items", []):
+            if b["name"].startswith("console-"):
+                api("DELETE", f"/api/v2/sandboxes/boxes/{b['name']}")
+    print(f"screenshots in {SHOTS}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
