@@ -236,6 +236,45 @@ pub struct SandboxResponse {
     pub updated_by: Option<String>,
 }
 
+/// Answer of `GET /boxes/{name}/metrics` (a Hearth extension): what the
+/// sandbox costs its host now, as the host measures it from outside the
+/// guest. The console charts it; `/metrics` has the same figures for every
+/// sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxMetricsResponse {
+    pub sandbox_id: Uuid,
+    /// When the host was asked (RFC 3339).
+    pub measured_at: String,
+    /// Whether the sandbox has a running VM; the figures below are null
+    /// when it has none.
+    pub running: bool,
+    /// CPU time of the sandbox's VMM process since it last started (vCPUs
+    /// and I/O threads), in seconds: a counter; its rate is the CPU use.
+    pub cpu_seconds_total: Option<f64>,
+    /// Resident memory of the sandbox's VMM process (the guest RAM it has
+    /// touched included), in bytes.
+    pub memory_bytes: Option<u64>,
+    /// The sandbox's memory size, for scale.
+    pub mem_limit_bytes: u64,
+    /// The vCPUs the sandbox has, for scale.
+    pub vcpus: u32,
+    /// The egress proxy's counters for the sandbox since its VM started.
+    pub egress: Option<EgressCountersResponse>,
+}
+
+/// A sandbox's egress counters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EgressCountersResponse {
+    /// Bytes from the sandbox to the internet (TLS included).
+    pub bytes_out: u64,
+    /// Bytes from the internet to the sandbox.
+    pub bytes_in: u64,
+    pub connections_allowed: u64,
+    pub connections_refused: u64,
+    pub dns_queries: u64,
+    pub dns_refused: u64,
+}
+
 /// Answer of `GET /boxes`. The SDK (0.15.1) reads `sandboxes`; newer
 /// clients read `items` and `next_cursor`, so both lists are sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -11,7 +11,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::boxes::{
     CreateSandboxRequest, LifecycleRequest, ListSandboxesQuery, ListSandboxesResponse,
-    ListSnapshotsQuery, SandboxResponse, StatusResponse, UpdateSandboxRequest,
+    ListSnapshotsQuery, SandboxMetricsResponse, SandboxResponse, StatusResponse,
+    UpdateSandboxRequest,
 };
 use crate::error::ErrorBody;
 use crate::exec::{
@@ -85,7 +86,8 @@ const DATAPLANE_PATHS: &[&str] = &[
         license(name = "Apache-2.0"),
     ),
     paths(
-        create_box, list_boxes, get_box, update_box, delete_box, box_status, start_box, stop_box,
+        create_box, list_boxes, get_box, update_box, delete_box, box_status, box_metrics,
+        start_box, stop_box,
         download_url, fetch_download, service_url, service_proxy,
         list_snapshots, get_snapshot, snapshots_by_name, create_snapshot, capture_snapshot,
         delete_snapshot,
@@ -242,6 +244,23 @@ fn delete_box() {}
 )]
 #[allow(dead_code)]
 fn box_status() {}
+
+/// What a sandbox costs its host now (a Hearth extension): its VM's CPU
+/// time and resident memory, and its egress counters, as the host measures
+/// them from outside the guest. Null figures while no VM runs it. Needs
+/// `sandboxes:read`.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/boxes/{name}/metrics", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    responses(
+        (status = 200, description = "The figures", body = SandboxMetricsResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 503, description = "The sandbox's host did not answer (error HostUnavailable)", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn box_metrics() {}
 
 /// Start a stopped or failed sandbox (not idempotent); poll `/status` until
 /// ready.

@@ -42,6 +42,15 @@ pub async fn get(
     Ok(Json(c.response(&row)?).into_response())
 }
 
+/// `GET /boxes/{name}/metrics`: what the sandbox costs its host now.
+pub async fn metrics(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    Ok(Json(c.sandbox_metrics(&who, &name).await?).into_response())
+}
+
 pub async fn update(
     State(c): State<Arc<Control>>,
     who: Principal,

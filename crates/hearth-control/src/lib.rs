@@ -340,6 +340,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
             get(boxes::get).patch(boxes::update).delete(boxes::delete),
         )
         .route("/boxes/{name}/status", get(boxes::status))
+        .route("/boxes/{name}/metrics", get(boxes::metrics))
         .route("/boxes/{name}/start", post(boxes::start))
         .route("/boxes/{name}/stop", post(boxes::stop))
         .route("/boxes/{name}/download-url", post(links::mint))

@@ -177,13 +177,45 @@ pub async fn render(
 
 /// Each sandbox's egress through its host's proxy, labelled with the
 /// sandbox id as the API shows it.
+/// Each sandbox's figures as its host measures them: egress counters, and
+/// the CPU time and resident memory of its VMM.
 async fn egress_metrics(c: &Control, out: &mut String) {
     let mut rows = Vec::new();
+    let mut usage = Vec::new();
     for (_, host) in c.live_hosts().await {
         match host.status().await {
-            Ok(status) => rows.extend(status.egress),
-            Err(e) => tracing::debug!(error = %e, "a host's egress counters are unavailable"),
+            Ok(status) => {
+                rows.extend(status.egress);
+                usage.extend(status.usage);
+            }
+            Err(e) => tracing::debug!(error = %e, "a host's per-VM figures are unavailable"),
         }
+    }
+    let id_of =
+        |vm: &str| uuid::Uuid::parse_str(vm).map_or_else(|_| vm.to_owned(), |u| u.to_string());
+    let _ = writeln!(
+        out,
+        "# HELP hearth_sandbox_cpu_seconds_total CPU time of the sandbox's VMM process (vCPUs and I/O threads).\n# TYPE hearth_sandbox_cpu_seconds_total counter"
+    );
+    for (vm, u) in &usage {
+        let _ = writeln!(
+            out,
+            "hearth_sandbox_cpu_seconds_total{{sandbox_id=\"{}\"}} {:.3}",
+            id_of(vm),
+            u.cpu_ns as f64 / 1e9
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP hearth_sandbox_memory_bytes Resident memory of the sandbox's VMM process (guest RAM it touched included).\n# TYPE hearth_sandbox_memory_bytes gauge"
+    );
+    for (vm, u) in &usage {
+        let _ = writeln!(
+            out,
+            "hearth_sandbox_memory_bytes{{sandbox_id=\"{}\"}} {}",
+            id_of(vm),
+            u.memory_bytes
+        );
     }
     type Field = fn(&hearth_egress::EgressCounters) -> u64;
     let series: [(&str, &str, Field); 6] = [
@@ -220,10 +252,10 @@ async fn egress_metrics(c: &Control, out: &mut String) {
             "# HELP hearth_sandbox_egress_{name} {help}\n# TYPE hearth_sandbox_egress_{name} counter"
         );
         for (vm, m) in &rows {
-            let id = uuid::Uuid::parse_str(vm).map_or_else(|_| vm.clone(), |u| u.to_string());
             let _ = writeln!(
                 out,
-                "hearth_sandbox_egress_{name}{{sandbox_id=\"{id}\"}} {}",
+                "hearth_sandbox_egress_{name}{{sandbox_id=\"{}\"}} {}",
+                id_of(vm),
                 field(m)
             );
         }

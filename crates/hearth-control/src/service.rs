@@ -757,6 +757,59 @@ impl Control {
         self.find(who.workspace_id, name).await
     }
 
+    /// What the sandbox costs its host now (`GET /boxes/{name}/metrics`):
+    /// its VMM's CPU time and resident memory and its egress counters, as
+    /// its host reports them; null figures when no VM runs it.
+    pub async fn sandbox_metrics(
+        &self,
+        who: &Principal,
+        name: &str,
+    ) -> Result<hearth_api::boxes::SandboxMetricsResponse, ApiError> {
+        let row = self.get(who, name).await?;
+        let spec = spec_of(&row)?;
+        let vm = vm_id(row.id).to_string();
+        let mut answer = hearth_api::boxes::SandboxMetricsResponse {
+            sandbox_id: *row.id.as_uuid(),
+            measured_at: Timestamp::now().to_rfc3339(),
+            running: false,
+            cpu_seconds_total: None,
+            memory_bytes: None,
+            mem_limit_bytes: spec.mem.bytes(),
+            vcpus: spec.cpu.0.div_ceil(1000),
+            egress: None,
+        };
+        let host = match row.host_id {
+            Some(h) if row.status == SandboxStatus::Ready => self.host(h).await,
+            _ => None,
+        };
+        let Some(host) = host else {
+            return Ok(answer);
+        };
+        let status = host.status().await.map_err(|e| {
+            ApiError::new(
+                503,
+                "HostUnavailable",
+                format!("the sandbox's host did not answer: {e}"),
+            )
+        })?;
+        if let Some((_, u)) = status.usage.iter().find(|(id, _)| *id == vm) {
+            answer.running = true;
+            answer.cpu_seconds_total = Some(u.cpu_ns as f64 / 1e9);
+            answer.memory_bytes = Some(u.memory_bytes);
+        }
+        if let Some((_, e)) = status.egress.iter().find(|(id, _)| *id == vm) {
+            answer.egress = Some(hearth_api::boxes::EgressCountersResponse {
+                bytes_out: e.bytes_out,
+                bytes_in: e.bytes_in,
+                connections_allowed: e.connections_allowed,
+                connections_refused: e.connections_refused,
+                dns_queries: e.dns_queries,
+                dns_refused: e.dns_refused,
+            });
+        }
+        Ok(answer)
+    }
+
     /// A sandbox of the workspace by name or id; 404 otherwise.
     pub async fn find(&self, ws: WorkspaceId, name: &str) -> Result<SandboxRow, ApiError> {
         self.db

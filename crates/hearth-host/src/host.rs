@@ -1126,6 +1126,20 @@ impl Host {
             .unwrap_or_default()
     }
 
+    /// What each VM with a running VMM costs the host (CPU time and
+    /// resident memory of its process), by VM id.
+    pub fn vm_usage(&self) -> Vec<(String, hearth_hostapi::VmUsage)> {
+        let running: Vec<(VmId, u32)> = self
+            .vms()
+            .values()
+            .filter_map(|vm| Some((vm.id, vm.instance()?.pid())))
+            .collect();
+        running
+            .into_iter()
+            .filter_map(|(id, pid)| Some((id.to_string(), crate::usage::measure(pid)?)))
+            .collect()
+    }
+
     /// Detaches the VM's network (proxy and namespace), logging failures.
     async fn release_network(&self, vm: &Vm) {
         let net = vm.net.lock().unwrap_or_else(|p| p.into_inner()).take();

@@ -40,6 +40,7 @@ pub mod memory;
 pub mod mounts;
 pub mod network;
 pub mod store_check;
+mod usage;
 pub mod vm;
 
 pub use guest::{

@@ -158,6 +158,7 @@ impl HostApi for InProcessHost {
         Ok(HostStatus {
             disk_available: ByteSize(free),
             egress: self.0.egress_metrics(),
+            usage: self.0.vm_usage(),
             store: self.0.store_health(),
         })
     }

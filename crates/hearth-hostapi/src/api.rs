@@ -163,6 +163,18 @@ pub struct StoreGc {
     pub chunks_kept: u64,
 }
 
+/// What one VM costs its host, as the host measures it from outside the
+/// guest (its VMM process).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmUsage {
+    /// CPU time the VMM process has used since it started (its vCPU and
+    /// I/O threads, user and system), in nanoseconds.
+    pub cpu_ns: u64,
+    /// The VMM process's resident memory (the guest RAM it has touched
+    /// included), in bytes.
+    pub memory_bytes: u64,
+}
+
 /// A host's own figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostStatus {
@@ -170,6 +182,9 @@ pub struct HostStatus {
     pub disk_available: ByteSize,
     /// Each VM's egress counters, by VM id.
     pub egress: Vec<(String, hearth_egress::EgressCounters)>,
+    /// Each running VM's usage, by VM id (absent from an older host).
+    #[serde(default)]
+    pub usage: Vec<(String, VmUsage)>,
     /// The host's last check of its object store (absent from an older
     /// host: healthy).
     #[serde(default)]

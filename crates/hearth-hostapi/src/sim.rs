@@ -47,7 +47,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
-    StoreGc,
+    StoreGc, VmUsage,
 };
 use crate::guest::GuestClient;
 use crate::types::{
@@ -562,9 +562,25 @@ impl HostApi for SimHost {
 
     async fn status(&self) -> HostResult<HostStatus> {
         self.enter().await?;
+        // Each ready VM reports one CPU-second per boot order and a
+        // quarter of its memory: fixed figures a test can expect.
+        let usage = self
+            .state()
+            .vms
+            .values()
+            .filter(|r| r.state == VmState::Ready)
+            .map(|r| {
+                let usage = VmUsage {
+                    cpu_ns: u64::from(r.pid.unwrap_or(0)) * 1_000_000_000,
+                    memory_bytes: r.memory.bytes() / 4,
+                };
+                (r.id.to_string(), usage)
+            })
+            .collect();
         Ok(HostStatus {
             disk_available: self.knobs().disk_available,
             egress: Vec::new(),
+            usage,
             store: Default::default(),
         })
     }

@@ -134,3 +134,65 @@ async fn the_console_is_served_with_its_policy_and_the_terminal_socket_takes_a_b
     assert!(err.to_string().contains("404"), "{err}");
     s.stop().await;
 }
+
+/// `GET /boxes/{name}/metrics` (the console's charts) and `/metrics` carry
+/// what the host measures of each VM; another workspace gets a 404; a
+/// stopped sandbox has no figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_reports_what_it_costs_its_host() {
+    let (s, _sim) = Server::on_sim().await;
+    let sb = s.sandbox("costly").await;
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let path = "/api/v2/sandboxes/boxes/costly/metrics";
+    let r = s.json("GET", path, Some(&s.admin), &json!(null)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = r.json().unwrap();
+    assert_eq!(m["sandbox_id"], id.as_str());
+    assert_eq!(m["running"], true, "{m}");
+    // The simulated host: one CPU-second per boot order, a quarter of the
+    // memory.
+    let cpu = m["cpu_seconds_total"].as_f64().unwrap();
+    assert!(cpu >= 1.0 && cpu.fract() == 0.0, "{m}");
+    assert_eq!(m["memory_bytes"].as_u64(), Some((2u64 << 30) / 4), "{m}");
+    assert_eq!(m["mem_limit_bytes"].as_u64(), Some(2u64 << 30));
+    assert_eq!(m["vcpus"], 1);
+
+    let r = s
+        .json("GET", "/metrics", Some(&s.admin), &json!(null))
+        .await;
+    let text = r.text();
+    assert!(
+        text.contains(&format!(
+            "hearth_sandbox_cpu_seconds_total{{sandbox_id=\"{id}\"}} {cpu:.3}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "hearth_sandbox_memory_bytes{{sandbox_id=\"{id}\"}} {}",
+            (2u64 << 30) / 4
+        )),
+        "{text}"
+    );
+
+    let r = s.json("GET", path, Some(&s.other), &json!(null)).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    let r = s
+        .json(
+            "POST",
+            "/api/v2/sandboxes/boxes/costly/stop",
+            Some(&s.admin),
+            &json!({}),
+        )
+        .await;
+    assert!(r.status < 300, "{} {}", r.status, r.text());
+    let m = s
+        .json("GET", path, Some(&s.admin), &json!(null))
+        .await
+        .json()
+        .unwrap();
+    assert_eq!(m["running"], false, "{m}");
+    assert_eq!(m["cpu_seconds_total"], Value::Null, "{m}");
+    s.stop().await;
+}
