@@ -129,6 +129,12 @@ def text_of(d, css):
         "const e = document.querySelector(arguments[0]); return e ? e.textContent : null", css)
 
 
+def cpu_percent(d):
+    text = text_of(d, ".usage-cpu") or ""
+    m = re.match(r"([0-9.]+) %", text)
+    return float(m.group(1)) if m else -1.0
+
+
 def row_status(d, name):
     return text_of(d, f"tr[data-name='{name}'] .status")
 
@@ -248,6 +254,14 @@ def test_terminal_runs_commands_resizes_and_survives_a_dropped_connection(d):
     assert len(re.findall(r"^late-15\s*$", screen(d), re.M)) == 1, screen(d)
     type_in(d, "echo still-$((2*4))\n")
     until_screen(d, r"^still-8\s*$")
+
+    # The usage charts: memory is measured, and a busy loop shows as CPU.
+    wait(d, lambda d: (text_of(d, ".usage-mem") or "–") != "–", 20, "the memory figure")
+    type_in(d, "timeout 10 sh -c 'while :; do :; done'\n")
+    wait(d, lambda d: cpu_percent(d) > 30, 30, "the CPU figure to show the busy loop")
+    assert d.find_elements(By.CSS_SELECTOR, ".usage canvas"), "no chart drawn"
+    assert text_of(d, ".usage-conns") == "0 / 0", text_of(d, ".usage-conns")
+    d.execute_script("window.scrollTo(0, 0)")
     shot(d, "sandbox")
     axe(d, "sandbox")
 

@@ -1127,12 +1127,13 @@ impl Host {
     }
 
     /// What each VM with a running VMM costs the host (CPU time and
-    /// resident memory of its process), by VM id.
+    /// resident memory of the VMM process itself, not the jail's
+    /// intermediate parent), by VM id.
     pub fn vm_usage(&self) -> Vec<(String, hearth_hostapi::VmUsage)> {
         let running: Vec<(VmId, u32)> = self
             .vms()
             .values()
-            .filter_map(|vm| Some((vm.id, vm.instance()?.pid())))
+            .filter_map(|vm| Some((vm.id, vm.instance()?.vmm_pid())))
             .collect();
         running
             .into_iter()

@@ -8,6 +8,7 @@ import { useEffect, useRef, useState, useCallback } from "preact/hooks";
 import htm from "htm";
 import { api, boxes, enc, onSignedOut, session } from "./api.js";
 import { openTerminal } from "./terminal.js";
+import { Usage } from "./charts.js";
 
 const html = htm.bind(h);
 const GiB = 1024 ** 3;
@@ -308,6 +309,7 @@ function SandboxPage({ name }) {
         <dt>Egress</dt><dd>${box.proxy_config ? html`<pre>${JSON.stringify(box.proxy_config, null, 2)}</pre>` : "no rules"}</dd>
       </dl>
     </details>
+    ${ready && html`<${Usage} key=${`u${box.id}`} name=${box.name} />`}
     ${ready && dataplane
       ? html`<${TerminalPanel} key=${box.id} dataplane=${dataplane} />
              <${Files} key=${`f${box.id}`} dataplane=${dataplane} />`
