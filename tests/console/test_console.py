@@ -322,6 +322,29 @@ def test_snapshots_and_secrets_pages(d):
          "the secret deleted")
 
 
+def test_keys_page_creates_a_key_that_works_then_revokes_it(d):
+    d.find_element(By.LINK_TEXT, "API keys").click()
+    form = wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "form[aria-label='New API key']")),
+                what="the keys page")
+    form.find_element(By.NAME, "description").send_keys("made in the console")
+    form.find_element(By.CSS_SELECTOR, "input[value='sandboxes:read']").click()
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    secret = wait(d, lambda d: text_of(d, ".new-key .secret"), 20, "the new key's secret")
+    status, _ = api("GET", "/api/v2/sandboxes/boxes", key=secret)
+    assert status == 200, status
+    status, _ = api("POST", "/api/v2/sandboxes/boxes", key=secret, body={"name": "console-nope"})
+    assert status == 403, f"a read-only key created a sandbox: {status}"
+    shot(d, "keys")
+    axe(d, "keys")
+    row = wait(d, lambda d: d.find_elements(By.XPATH, "//tr[td[normalize-space()='made in the console']]"),
+               20, "the key listed")[0]
+    row.find_element(By.XPATH, ".//button[normalize-space()='Revoke']").click()
+    wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
+    wait(d, lambda d: "made in the console" not in (text_of(d, "tbody") or ""), 20, "the key gone")
+    status, _ = api("GET", "/api/v2/sandboxes/boxes", key=secret)
+    assert status == 401, f"a revoked key still works: {status}"
+
+
 def test_another_workspace_sees_none_of_the_first(d):
     s, body = api("POST", "/api/v2/sandboxes/boxes",
                   body={"name": "console-private", "snapshot_name": IMAGE, "mem_bytes": 2 << 30,
@@ -367,6 +390,7 @@ TESTS = [
     test_upload_then_download_is_byte_identical,
     test_stop_start_then_delete,
     test_snapshots_and_secrets_pages,
+    test_keys_page_creates_a_key_that_works_then_revokes_it,
     test_another_workspace_sees_none_of_the_first,
     test_a_revoked_key_is_signed_out,
 ]

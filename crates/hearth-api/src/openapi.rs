@@ -98,6 +98,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         grep, tunnel,
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
         jwks,
+        list_api_keys, create_api_key, revoke_api_key,
         console_page, console_asset,
     ),
     components(schemas(ClientFrame, ServerFrame, ErrorBody)),
@@ -117,6 +118,8 @@ const DATAPLANE_PATHS: &[&str] = &[
             use (proxy_config header rules of type workspace_secret) without the value entering \
             the sandbox; sealed at rest, never returned"),
         (name = "keys", description = "Public keys of the tokens Hearth signs"),
+        (name = "api-keys", description = "API keys (LangSmith's /api/v1/api-key paths): a \
+            workspace's keys listed, created and revoked by a key holding * or keys:manage"),
         (name = "console", description = "The web console (a Hearth extension): one page and \
             its assets, built into the binary; the page signs in with an API key and calls this \
             API like any client"),
@@ -384,6 +387,49 @@ fn fetch_download() {}
 )]
 #[allow(dead_code)]
 fn jwks() {}
+
+/// The workspace's active API keys (never their secrets).
+#[utoipa::path(
+    get, path = "/api/v1/api-key", tag = "api-keys",
+    responses(
+        (status = 200, description = "The keys", body = Vec<crate::keys::ApiKeyResponse>),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key holds neither * nor keys:manage", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_api_keys() {}
+
+/// Create an API key in the caller's workspace; its secret is in this
+/// answer only. It gets the caller's permissions unless `permissions`
+/// names fewer; one the caller lacks is a 403.
+#[utoipa::path(
+    post, path = "/api/v1/api-key", tag = "api-keys",
+    request_body = crate::keys::CreateApiKeyRequest,
+    responses(
+        (status = 201, description = "The key and its secret", body = crate::keys::CreatedApiKeyResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key may not manage keys, or grant what it asks", body = ErrorBody),
+        (status = 422, description = "An unknown permission or field, or a bad description", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn create_api_key() {}
+
+/// Revoke an API key of the caller's workspace (at once: its next request
+/// is a 401). Revoking one twice is not an error.
+#[utoipa::path(
+    delete, path = "/api/v1/api-key/{api_key_id}", tag = "api-keys",
+    params(("api_key_id" = String, Path, description = "The key's id")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key holds neither * nor keys:manage", body = ErrorBody),
+        (status = 404, description = "No such key in the workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn revoke_api_key() {}
 
 /// The web console's page, for every console route (the routing is in the
 /// page's URL fragment: `#/sandboxes/NAME`, `#/snapshots`, `#/secrets`).

@@ -48,6 +48,9 @@ pub const PERMISSIONS: &[&str] = &[
     "sandboxes:delete",
     "sandboxes:exec",
     "sandboxes:*",
+    // API keys through the API (`api_keys.rs`); `sandboxes:*` does not
+    // include it.
+    "keys:manage",
     "*",
 ];
 

@@ -20,6 +20,7 @@
 //! room and the workspace's quota again, so replicas on one database place
 //! at once without overcommitting (`service.rs`, `PLACEMENT_ATTEMPTS`).
 
+mod api_keys;
 pub mod auth;
 mod autoscale;
 mod boxes;
@@ -408,6 +409,8 @@ pub fn router(control: Arc<Control>) -> Router {
             "/v1/workspaces/current",
             workspace_secrets::routes().layer(DefaultBodyLimit::disable()),
         )
+        .nest("/api/v1", api_keys::routes())
+        .nest("/v1", api_keys::routes())
         .merge(dataplane)
         .merge(e2b::routes())
         .merge(console::routes())

@@ -460,6 +460,71 @@ function Secrets() {
   </section>`;
 }
 
+const PERMISSIONS = [
+  "sandboxes:read", "sandboxes:create", "sandboxes:update", "sandboxes:delete",
+  "sandboxes:exec", "sandboxes:*", "keys:manage", "*",
+];
+
+function Keys() {
+  const path = "/api/v1/api-key";
+  const [list, error, reload] = usePoll(() => api("GET", path), 0, []);
+  const [run, busy, actionError] = useAction();
+  const [made, setMade] = useState(null);
+  const create = (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    const permissions = f.getAll("permission");
+    run(async () => {
+      const key = await api("POST", path, {
+        body: {
+          description: String(f.get("description") || ""),
+          // None ticked: the same permissions as the signed-in key.
+          permissions: permissions.length ? permissions : undefined,
+        },
+      });
+      setMade(key);
+      e.target.reset();
+      reload();
+    });
+  };
+  const revoke = (k) => {
+    if (confirm(`Revoke ${k.short_key} (${k.description || "no description"})? It stops working at once.`)) {
+      run(async () => {
+        await api("DELETE", `${path}/${enc(k.id)}`);
+        reload();
+      });
+    }
+  };
+  return html`<section aria-labelledby="keys-title">
+    <h1 id="keys-title">API keys</h1>
+    <${Alert} error=${actionError || error} />
+    ${made && html`<div class="notice new-key" role="status">
+      <p>New key <strong>${made.short_key}</strong>. Copy it now: it is not shown again.</p>
+      <code class="secret">${made.key}</code>
+      <button class="link" onClick=${() => setMade(null)}>Done</button>
+    </div>`}
+    <div class="table-wrap"><table>
+      <thead><tr><th scope="col">Key</th><th scope="col">Description</th><th scope="col">Permissions</th>
+        <th scope="col">Created</th><th scope="col"><span class="visually-hidden">Actions</span></th></tr></thead>
+      <tbody>${(list || []).map((k) => html`<tr key=${k.id} data-key=${k.id}>
+        <td><code>${k.short_key}</code></td><td>${k.description}</td><td>${k.permissions.join(", ")}</td>
+        <td>${since(k.created_at)} ago</td>
+        <td><button class="danger" onClick=${() => revoke(k)} disabled=${busy}
+          aria-label=${`Revoke ${k.short_key}`}>Revoke</button></td>
+      </tr>`)}</tbody>
+    </table></div>
+    <form class="card" onSubmit=${create} aria-label="New API key">
+      <h2>New key</h2>
+      <label>Description <input name="description" maxlength="1024" /></label>
+      <fieldset>
+        <legend>Permissions (none ticked: the same as yours)</legend>
+        ${PERMISSIONS.map((p) => html`<label class="check"><input type="checkbox" name="permission" value=${p} /> ${p}</label>`)}
+      </fieldset>
+      <button type="submit" disabled=${busy}>Create key</button>
+    </form>
+  </section>`;
+}
+
 // ---------------------------------------------------------------------------
 // The frame
 
@@ -484,6 +549,7 @@ function App() {
   if (m) page = html`<${SandboxPage} name=${decodeURIComponent(m[1])} />`;
   else if (route === "/snapshots") page = html`<${Snapshots} />`;
   else if (route === "/secrets") page = html`<${Secrets} />`;
+  else if (route === "/keys") page = html`<${Keys} />`;
   else page = html`<${SandboxList} />`;
   const current = (r) => (route === r || (r === "/" && (route === "" || route.startsWith("/sandboxes"))) ? "page" : undefined);
   return html`<div class="frame">
@@ -493,6 +559,7 @@ function App() {
         <a href="#/" aria-current=${current("/")}>Sandboxes</a>
         <a href="#/snapshots" aria-current=${current("/snapshots")}>Snapshots</a>
         <a href="#/secrets" aria-current=${current("/secrets")}>Secrets</a>
+        <a href="#/keys" aria-current=${current("/keys")}>API keys</a>
       </nav>
       <button class="signout" onClick=${signOut}>Sign out</button>
     </header>

@@ -196,3 +196,145 @@ async fn a_sandbox_reports_what_it_costs_its_host() {
     assert_eq!(m["cpu_seconds_total"], Value::Null, "{m}");
     s.stop().await;
 }
+
+/// API keys through the API (the console's keys page): list, create (the
+/// secret once, no permission the creator lacks), revoke; a key without
+/// `*` or `keys:manage` may not; another workspace's key is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_listed_created_and_revoked_by_a_key_that_may() {
+    let (s, _sim) = Server::on_sim().await;
+    let list = |key: String| {
+        let s = &s;
+        async move {
+            s.json("GET", "/api/v1/api-key", Some(&key), &json!(null))
+                .await
+        }
+    };
+    let r = list(s.admin.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let before = r.json().unwrap().as_array().unwrap().len();
+    assert!(!r.text().contains(&s.admin), "a list shows a secret");
+
+    // A narrower key for the sandbox API only.
+    let r = s
+        .json(
+            "POST",
+            "/api/v1/api-key",
+            Some(&s.admin),
+            &json!({"description": "ci", "permissions": ["sandboxes:read", "sandboxes:exec"]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let made = r.json().unwrap();
+    let secret = made["key"].as_str().unwrap().to_owned();
+    let id = made["id"].as_str().unwrap().to_owned();
+    assert!(made["short_key"]
+        .as_str()
+        .unwrap()
+        .starts_with(&secret[..8]));
+    assert_eq!(
+        made["permissions"],
+        json!(["sandboxes:read", "sandboxes:exec"])
+    );
+    let r = list(s.admin.clone()).await;
+    let keys = r.json().unwrap();
+    assert_eq!(keys.as_array().unwrap().len(), before + 1);
+    assert!(!r.text().contains(&secret), "a list shows a secret");
+
+    // It works for what it has, and may not manage keys.
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes",
+            Some(&secret),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(list(secret.clone()).await.status, 403);
+    // sandboxes:* does not include keys:manage; keys:manage may not grant
+    // what it lacks.
+    let r = s
+        .json(
+            "POST",
+            "/api/v1/api-key",
+            Some(&s.admin),
+            &json!({"permissions": ["sandboxes:*", "keys:manage"]}),
+        )
+        .await;
+    let manager = r.json().unwrap()["key"].as_str().unwrap().to_owned();
+    let r = s
+        .json(
+            "POST",
+            "/api/v1/api-key",
+            Some(&manager),
+            &json!({"permissions": ["*"]}),
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("\\\"*\\\""), "{}", r.text());
+    for (body, field) in [
+        (json!({"permissions": ["root"]}), "permissions"),
+        (json!({"permissions": []}), "permissions"),
+        (json!({"expires": 3}), "expires"),
+    ] {
+        let r = s
+            .json("POST", "/api/v1/api-key", Some(&s.admin), &body)
+            .await;
+        assert_eq!(r.status, 422, "{body}: {}", r.text());
+        assert!(r.text().contains(field), "{body}: {}", r.text());
+    }
+
+    // Another workspace cannot see or revoke it.
+    let r = s
+        .json(
+            "DELETE",
+            &format!("/api/v1/api-key/{id}"),
+            Some(&s.other),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(envelope_problem(&r), None);
+    assert!(!list(s.other.clone()).await.text().contains(&id));
+
+    // Revoked: refused at once, gone from the list; twice is fine.
+    let r = s
+        .json(
+            "DELETE",
+            &format!("/api/v1/api-key/{id}"),
+            Some(&s.admin),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes",
+            Some(&secret),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 401);
+    assert!(!list(s.admin.clone()).await.text().contains(&id));
+    let r = s
+        .json(
+            "DELETE",
+            &format!("/api/v1/api-key/{id}"),
+            Some(&s.admin),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 204);
+    let r = s
+        .json(
+            "DELETE",
+            "/api/v1/api-key/not-an-id",
+            Some(&s.admin),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    s.stop().await;
+}

@@ -228,6 +228,8 @@ struct Alpha {
     download_token: String,
     service_token: String,
     registry_id: String,
+    /// A's API key's id.
+    key_id: String,
 }
 
 impl Alpha {
@@ -343,6 +345,7 @@ async fn populate_a(w: &World) -> Alpha {
         snapshot_ids: [latest, v1],
         download_token: link["token"].as_str().unwrap().to_owned(),
         service_token: service["token"].as_str().unwrap().to_owned(),
+        key_id: w.a.key_id.to_string(),
     }
 }
 
@@ -625,6 +628,13 @@ fn attempts(a: &Alpha, b_download: &str, b_service: &str, a_ws: &str) -> Vec<Att
                     }
                     ("name", x) if x.starts_with("/api/v2/sandboxes/registries/") => {
                         vec![("name".into(), REGISTRY.into(), GHOST_REGISTRY.into())]
+                    }
+                    ("api_key_id", _) => {
+                        vec![(
+                            "id".into(),
+                            a.key_id.clone(),
+                            uuid::Uuid::now_v7().to_string(),
+                        )]
                     }
                     ("key", x) if x.starts_with("/api/v1/workspaces/current/secrets/") => {
                         vec![("name".into(), SECRET.into(), GHOST_SECRET.into())]
