@@ -17,6 +17,7 @@ script), HEARTH_CONSOLE_SHOTS (where screenshots go), HEARTH_CONSOLE_IMAGE
 failure.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -77,6 +78,15 @@ def api(method, path, key=KEY, body=None):
             return r.status, (json.loads(raw) if raw else None)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
+
+
+def fetch_text(url):
+    """The body at `url` (no key), or None while it fails."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
 
 
 def wait(d, cond, timeout=30, what="a condition"):
@@ -283,8 +293,26 @@ def test_upload_then_download_is_byte_identical(d):
         assert f.read() == payload, "the downloaded file differs"
     # And the guest has the same bytes.
     type_in(d, "md5sum /root/blob.bin\n")
-    import hashlib
     until_screen(d, hashlib.md5(payload).hexdigest())
+
+    # A download link, fetched without a key, has the same bytes too.
+    form = d.find_element(By.CSS_SELECTOR, "form[aria-label='Download link']")
+    form.find_element(By.NAME, "file").send_keys("/root/blob.bin")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    link = wait(d, lambda d: d.find_elements(By.LINK_TEXT, "/root/blob.bin"), 20, "the link")[0]
+    with urllib.request.urlopen(link.get_attribute("href"), timeout=60) as r:
+        assert r.read() == payload, "the download link's bytes differ"
+
+    # A service URL reaches a server in the sandbox.
+    type_in(d, "echo hello-from-$((40+2)) > /root/index.html; httpd -p 8000 -h /root\n")
+    time.sleep(1)
+    form = d.find_element(By.CSS_SELECTOR, "form[aria-label='Service URL']")
+    form.find_element(By.NAME, "port").send_keys("8000")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    link = wait(d, lambda d: d.find_elements(By.LINK_TEXT, "port 8000"), 20, "the service link")[0]
+    url = link.get_attribute("href")
+    body = wait(d, lambda d: fetch_text(url + "index.html"), 30, "the service to answer")
+    assert "hello-from-42" in body, body
 
 
 def test_stop_start_then_delete(d):
@@ -345,6 +373,52 @@ def test_keys_page_creates_a_key_that_works_then_revokes_it(d):
     assert status == 401, f"a revoked key still works: {status}"
 
 
+def test_pools_page_creates_fills_and_deletes_a_pool(d):
+    d.find_element(By.LINK_TEXT, "Pools").click()
+    form = wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "form[aria-label='New pool']")),
+                what="the pools page")
+    form.find_element(By.NAME, "name").send_keys("console-pool")
+    form.find_element(By.NAME, "snapshot").send_keys(IMAGE)
+    form.find_element(By.NAME, "size").send_keys("1")
+    form.find_element(By.NAME, "mem").send_keys("2")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, lambda d: text_of(d, "tr[data-pool='console-pool'] .pool-ready") == "1", BOOT,
+         "the pool's member ready")
+    shot(d, "pools")
+    axe(d, "pools")
+    d.find_element(By.XPATH, "//button[@aria-label='Delete pool console-pool']").click()
+    wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
+    wait(d, lambda d: text_of(d, "tr[data-pool='console-pool']") is None, 60, "the pool gone")
+
+
+def test_an_operator_sees_the_hosts(d):
+    hearth = [os.environ["HEARTH_BIN"]]
+    env = dict(os.environ, HEARTH_DATA_DIR=os.environ["HEARTH_DATA_DIR"])
+    made = subprocess.run(hearth + ["keys", "create", "--permission", "fleet:read",
+                                    "--description", "console-operator"],
+                          env=env, capture_output=True, text=True, check=True)
+    # A workspace's key (*, not fleet:read) is refused the hosts page,
+    # with the reason.
+    d.find_element(By.XPATH, "//button[normalize-space()='Sign out']").click()
+    sign_in(d, OTHER_KEY)
+    wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), what="signed in")
+    d.find_element(By.LINK_TEXT, "Hosts").click()
+    alert = wait(d, lambda d: text_of(d, ".alert"), 20, "the refusal")
+    assert "fleet:read" in alert, alert
+    d.find_element(By.XPATH, "//button[normalize-space()='Sign out']").click()
+    sign_in(d, made.stdout.strip())
+    wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), what="signed in")
+    d.find_element(By.LINK_TEXT, "Hosts").click()
+    wait(d, lambda d: "live" in (text_of(d, "tbody") or ""), 20, "a host with a live lease")
+    assert text_of(d, "tbody .status") == "ready", text_of(d, "tbody")
+    assert text_of(d, "tbody .host-disk") not in (None, "0 B"), text_of(d, "tbody")
+    shot(d, "hosts")
+    axe(d, "hosts")
+    d.find_element(By.XPATH, "//button[normalize-space()='Sign out']").click()
+    sign_in(d, KEY)
+    wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), what="signed in again")
+
+
 def test_another_workspace_sees_none_of_the_first(d):
     s, body = api("POST", "/api/v2/sandboxes/boxes",
                   body={"name": "console-private", "snapshot_name": IMAGE, "mem_bytes": 2 << 30,
@@ -391,6 +465,8 @@ TESTS = [
     test_stop_start_then_delete,
     test_snapshots_and_secrets_pages,
     test_keys_page_creates_a_key_that_works_then_revokes_it,
+    test_pools_page_creates_fills_and_deletes_a_pool,
+    test_an_operator_sees_the_hosts,
     test_another_workspace_sees_none_of_the_first,
     test_a_revoked_key_is_signed_out,
 ]

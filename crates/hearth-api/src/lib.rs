@@ -27,6 +27,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod fork;
+pub mod hosts;
 pub mod keys;
 pub mod nested;
 mod openapi;

@@ -99,6 +99,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
         jwks,
         list_api_keys, create_api_key, revoke_api_key,
+        list_hosts,
         console_page, console_asset,
     ),
     components(schemas(ClientFrame, ServerFrame, ErrorBody)),
@@ -118,6 +119,8 @@ const DATAPLANE_PATHS: &[&str] = &[
             use (proxy_config header rules of type workspace_secret) without the value entering \
             the sandbox; sealed at rest, never returned"),
         (name = "keys", description = "Public keys of the tokens Hearth signs"),
+        (name = "hosts", description = "The fleet's hosts, for operators (a key holding \
+            fleet:read, which * does not include)"),
         (name = "api-keys", description = "API keys (LangSmith's /api/v1/api-key paths): a \
             workspace's keys listed, created and revoked by a key holding * or keys:manage"),
         (name = "console", description = "The web console (a Hearth extension): one page and \
@@ -387,6 +390,19 @@ fn fetch_download() {}
 )]
 #[allow(dead_code)]
 fn jwks() {}
+
+/// The fleet's hosts: state, lease, capacity, what is committed on each,
+/// free disk and store health (a Hearth extension, for operators).
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/hosts", tag = "hosts",
+    responses(
+        (status = 200, description = "The hosts", body = Vec<crate::hosts::HostResponse>),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key does not hold fleet:read", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_hosts() {}
 
 /// The workspace's active API keys (never their secrets).
 #[utoipa::path(

@@ -23,7 +23,9 @@ pub enum KeysCommand {
         /// Workspace of the key (default: the default workspace).
         #[arg(long)]
         workspace: Option<WorkspaceId>,
-        /// Permissions (repeatable): sandboxes:create|read|update|delete|exec, sandboxes:*, *.
+        /// Permissions (repeatable): sandboxes:create|read|update|delete|exec, sandboxes:*,
+        /// keys:manage (API keys through the API), * (all of those), fleet:read (the
+        /// fleet's hosts, for operators; * does not include it).
         #[arg(long = "permission", default_value = "*")]
         permissions: Vec<String>,
         #[arg(long, default_value = "")]

@@ -297,7 +297,8 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         let (id, secret) = keys::create_key(
             &db,
             keys::default_workspace(),
-            vec!["*".into()],
+            // The operator's key: everything, and the fleet's hosts.
+            vec!["*".into(), "fleet:read".into()],
             "created by hearth up",
         )
         .await?;

@@ -3,7 +3,7 @@
 //! control plane at `/console/` (`hearth-control`'s `console.rs`).
 //!
 //! The console is a single page (hash routes: `#/`, `#/sandboxes/NAME`,
-//! `#/snapshots`, `#/secrets`, `#/keys`) that calls the public API with the API key
+//! `#/snapshots`, `#/secrets`, `#/pools`, `#/keys`, `#/hosts`) that calls the public API with the API key
 //! the user signed in with, kept in the tab's `sessionStorage` only. Asset
 //! names carry a hash of their content, so they are cached for good; the
 //! page itself is never cached, so a new binary's assets are picked up on

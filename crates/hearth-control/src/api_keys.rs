@@ -90,11 +90,14 @@ async fn create(
             ApiError::validation("permissions", "a key needs at least one permission").into(),
         );
     }
-    let everything = who.permissions.iter().any(|p| p == "*");
-    if let Some(p) = permissions
-        .iter()
-        .find(|p| !everything && !who.permissions.contains(p))
-    {
+    // `*` holds every permission but the operator's `fleet:read`, which
+    // only a key holding it by name may pass on.
+    let holds = |p: &str| {
+        who.permissions
+            .iter()
+            .any(|h| h == p || (h == "*" && p != crate::hosts::FLEET_READ))
+    };
+    if let Some(p) = permissions.iter().find(|p| !holds(p)) {
         return Err(ApiError::forbidden(format!(
             "a key cannot grant {p:?}, which it does not hold itself"
         ))

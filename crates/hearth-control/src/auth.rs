@@ -52,6 +52,9 @@ pub const PERMISSIONS: &[&str] = &[
     // include it.
     "keys:manage",
     "*",
+    // The fleet's hosts (`hosts.rs`), for operators: `*` does not include
+    // it, so a workspace's keys never see the fleet unless granted it.
+    "fleet:read",
 ];
 
 impl Principal {

@@ -35,6 +35,7 @@ mod fleet;
 mod fork;
 mod gc;
 mod guard;
+mod hosts;
 mod links;
 mod list;
 mod metrics;
@@ -357,6 +358,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         .route("/boxes/{name}/snapshot", post(boxes::capture_snapshot))
         .route("/boxes/{name}/fork", post(boxes::fork))
         .route("/snapshots-by-name/{name}", get(boxes::snapshots_by_name))
+        .route("/hosts", get(hosts::list))
         .route("/pools", post(boxes::create_pool).get(boxes::list_pools))
         .route(
             "/pools/{name}",

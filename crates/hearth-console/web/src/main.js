@@ -110,7 +110,13 @@ function SignIn({ notice, onSignIn }) {
   const submit = (e) => {
     e.preventDefault();
     run(async () => {
-      await api("GET", `${boxes}?page_size=1`, { key: key.trim() });
+      try {
+        await api("GET", `${boxes}?page_size=1`, { key: key.trim() });
+      } catch (err) {
+        // 403: a real key without sandbox permissions (an operator's
+        // fleet:read key); only 401 means the key itself is refused.
+        if (err.status !== 403) throw err;
+      }
       session.signIn(key.trim());
       onSignIn();
     });
@@ -310,6 +316,7 @@ function SandboxPage({ name }) {
       </dl>
     </details>
     ${ready && html`<${Usage} key=${`u${box.id}`} name=${box.name} />`}
+    ${ready && html`<${Links} key=${`l${box.id}`} path=${path} />`}
     ${ready && dataplane
       ? html`<${TerminalPanel} key=${box.id} dataplane=${dataplane} />
              <${Files} key=${`f${box.id}`} dataplane=${dataplane} />`
@@ -460,6 +467,129 @@ function Secrets() {
   </section>`;
 }
 
+function Hosts() {
+  const [hosts, error] = usePoll(() => api("GET", "/api/v2/sandboxes/hosts"), 5000, []);
+  const pct = (a, b) => (b ? `${Math.round((100 * a) / b)} %` : "");
+  return html`<section aria-labelledby="hosts-title">
+    <h1 id="hosts-title">Hosts</h1>
+    <p class="hint">The fleet, for operators (keys holding fleet:read). Updated every five seconds.</p>
+    <${Alert} error=${error} />
+    <div class="table-wrap"><table>
+      <thead><tr><th scope="col">Host</th><th scope="col">State</th><th scope="col">Lease</th>
+        <th scope="col">Sandboxes</th><th scope="col">CPU committed</th><th scope="col">Memory committed</th>
+        <th scope="col">Disk free</th><th scope="col">Store</th><th scope="col">Version</th></tr></thead>
+      <tbody>${(hosts || []).map((h) => html`<tr key=${h.id} data-host=${h.id}>
+        <td><code title=${h.id}>${h.id.slice(0, 8)}</code> <span class="hint">${h.address}</span></td>
+        <td><${Status} status=${h.state} /></td>
+        <td>${h.lease_live ? "live" : html`<strong>expired</strong>`}</td>
+        <td>${h.sandboxes}</td>
+        <td>${h.committed_cpu_millicores / 1000} / ${h.capacity_cpu_millicores / 1000} vCPU (${pct(h.committed_cpu_millicores, h.capacity_cpu_millicores)})</td>
+        <td>${bytes(h.committed_mem_bytes)} / ${bytes(h.capacity_mem_bytes)} (${pct(h.committed_mem_bytes, h.capacity_mem_bytes)})</td>
+        <td class="host-disk">${bytes(h.disk_free_bytes)}</td>
+        <td>${h.store_error ? html`<span class="alert-text">${h.store_error}</span>` : "ok"}</td>
+        <td>${h.version}</td>
+      </tr>`)}</tbody>
+    </table></div>
+  </section>`;
+}
+
+function Pools() {
+  const path = "/api/v2/sandboxes/pools";
+  const [list, error, reload] = usePoll(() => api("GET", path), 3000, []);
+  const [run, busy, actionError] = useAction();
+  const items = Array.isArray(list) ? list : (list && (list.items || list.pools)) || [];
+  const create = (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    const body = { name: String(f.get("name")), size: Number(f.get("size")) };
+    if (f.get("snapshot")) body.snapshot = String(f.get("snapshot"));
+    if (f.get("mem")) body.mem_bytes = Math.round(Number(f.get("mem")) * GiB);
+    run(async () => {
+      await api("POST", path, { body });
+      e.target.reset();
+      reload();
+    });
+  };
+  const resize = (p) => {
+    const to = prompt(`New size of pool ${p.name}`, String(p.size));
+    if (to !== null) {
+      run(async () => {
+        await api("PATCH", `${path}/${enc(p.name)}`, { body: { size: Number(to) } });
+        reload();
+      });
+    }
+  };
+  const remove = (p) => {
+    if (confirm(`Delete pool ${p.name}? Its ready members are stopped.`)) {
+      run(async () => {
+        await api("DELETE", `${path}/${enc(p.name)}`);
+        reload();
+      });
+    }
+  };
+  return html`<section aria-labelledby="pools-title">
+    <h1 id="pools-title">Warm pools</h1>
+    <p class="hint">Paused VMs kept ready for one snapshot and size: a create that matches claims one instead of booting.</p>
+    <${Alert} error=${actionError || error} />
+    <div class="table-wrap"><table>
+      <thead><tr><th scope="col">Name</th><th scope="col">Size</th><th scope="col">Ready</th>
+        <th scope="col">Warming</th><th scope="col">Claims</th><th scope="col">Misses</th>
+        <th scope="col">Memory</th><th scope="col"><span class="visually-hidden">Actions</span></th></tr></thead>
+      <tbody>${items.map((p) => html`<tr key=${p.id} data-pool=${p.name}>
+        <td>${p.name}</td><td>${p.size}</td><td class="pool-ready">${p.status.ready}</td><td>${p.status.warming}</td>
+        <td>${p.status.claims}</td><td>${p.status.misses}</td><td>${bytes(p.mem_bytes)}</td>
+        <td class="actions"><button onClick=${() => resize(p)} disabled=${busy} aria-label=${`Resize pool ${p.name}`}>Resize</button>
+          <button class="danger" onClick=${() => remove(p)} disabled=${busy} aria-label=${`Delete pool ${p.name}`}>Delete</button></td>
+      </tr>`)}</tbody>
+    </table></div>
+    <form class="card grid" onSubmit=${create} aria-label="New pool">
+      <label>Name <input name="name" required /></label>
+      <label>Snapshot <input name="snapshot" placeholder="default image" /></label>
+      <label>Size <input name="size" type="number" min="0" step="1" required /></label>
+      <label>Memory (GiB) <input name="mem" type="number" min="0.125" step="0.125" placeholder="default" /></label>
+      <button type="submit" disabled=${busy}>Create pool</button>
+    </form>
+  </section>`;
+}
+
+function Links({ path }) {
+  const [run, busy, error] = useAction();
+  const [links, setLinks] = useState([]);
+  const service = (e) => {
+    e.preventDefault();
+    const port = Number(new FormData(e.target).get("port"));
+    run(async () => {
+      const r = await api("POST", `${path}/service-url`, { body: { port } });
+      setLinks((l) => [{ label: `port ${port}`, url: r.browser_url, expires: r.expires_at }, ...l]);
+    });
+  };
+  const download = (e) => {
+    e.preventDefault();
+    const file = String(new FormData(e.target).get("file"));
+    run(async () => {
+      const r = await api("POST", `${path}/download-url`, { body: { path: file } });
+      setLinks((l) => [{ label: file, url: r.download_url, expires: r.expires_at }, ...l]);
+    });
+  };
+  return html`<div class="card">
+    <h2>Links</h2>
+    <p class="hint">Anyone holding one of these links reaches the service or file until it expires, without a key.</p>
+    <div class="filters">
+      <form class="filters" onSubmit=${service} aria-label="Service URL">
+        <label>Service URL for port <input name="port" type="number" min="1" max="65535" required /></label>
+        <button type="submit" disabled=${busy}>Make link</button>
+      </form>
+      <form class="filters" onSubmit=${download} aria-label="Download link">
+        <label>Download link for file <input name="file" required placeholder="/root/out.txt" /></label>
+        <button type="submit" disabled=${busy}>Make link</button>
+      </form>
+    </div>
+    <${Alert} error=${error} />
+    <ul class="files">${links.map((l) => html`<li><a href=${l.url} target="_blank" rel="noopener noreferrer">${l.label}</a>
+      ${l.expires && html`<span class="hint"> until ${l.expires}</span>`}</li>`)}</ul>
+  </div>`;
+}
+
 const PERMISSIONS = [
   "sandboxes:read", "sandboxes:create", "sandboxes:update", "sandboxes:delete",
   "sandboxes:exec", "sandboxes:*", "keys:manage", "*",
@@ -550,6 +680,8 @@ function App() {
   else if (route === "/snapshots") page = html`<${Snapshots} />`;
   else if (route === "/secrets") page = html`<${Secrets} />`;
   else if (route === "/keys") page = html`<${Keys} />`;
+  else if (route === "/pools") page = html`<${Pools} />`;
+  else if (route === "/hosts") page = html`<${Hosts} />`;
   else page = html`<${SandboxList} />`;
   const current = (r) => (route === r || (r === "/" && (route === "" || route.startsWith("/sandboxes"))) ? "page" : undefined);
   return html`<div class="frame">
@@ -559,7 +691,9 @@ function App() {
         <a href="#/" aria-current=${current("/")}>Sandboxes</a>
         <a href="#/snapshots" aria-current=${current("/snapshots")}>Snapshots</a>
         <a href="#/secrets" aria-current=${current("/secrets")}>Secrets</a>
+        <a href="#/pools" aria-current=${current("/pools")}>Pools</a>
         <a href="#/keys" aria-current=${current("/keys")}>API keys</a>
+        <a href="#/hosts" aria-current=${current("/hosts")}>Hosts</a>
       </nav>
       <button class="signout" onClick=${signOut}>Sign out</button>
     </header>

@@ -338,3 +338,71 @@ async fn keys_are_listed_created_and_revoked_by_a_key_that_may() {
     assert_eq!(r.status, 404);
     s.stop().await;
 }
+
+/// The fleet's hosts (the console's hosts page) only for `fleet:read`,
+/// which `*` neither includes nor may grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_are_shown_only_to_keys_holding_fleet_read() {
+    let (s, _sim) = Server::on_sim().await;
+    s.sandbox("on-the-host").await;
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/hosts",
+            Some(&s.admin),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("fleet:read"), "{}", r.text());
+    let r = s
+        .json(
+            "POST",
+            "/api/v1/api-key",
+            Some(&s.admin),
+            &json!({"permissions": ["fleet:read"]}),
+        )
+        .await;
+    assert_eq!(r.status, 403, "* granted fleet:read: {}", r.text());
+
+    let admin = s
+        .control
+        .db
+        .find_api_key(&hearth_control::auth::hash_key(&s.admin))
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, operator) =
+        hearth_control::auth::create_key(&s.control.db, admin.workspace_id, &["fleet:read"], "ops")
+            .await
+            .unwrap();
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/hosts",
+            Some(&operator),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let hosts = r.json().unwrap();
+    let h = &hosts[0];
+    assert_eq!(h["state"], "ready", "{h}");
+    assert_eq!(h["lease_live"], true, "{h}");
+    assert_eq!(h["sandboxes"], 1, "{h}");
+    assert_eq!(h["committed_mem_bytes"].as_u64(), Some(2u64 << 30), "{h}");
+    assert_eq!(h["capacity_cpu_millicores"], 64_000, "{h}");
+    // An in-process host answers its free disk at once.
+    assert!(h["disk_free_bytes"].as_u64().unwrap() > 0, "{h}");
+    // The operator key is not a sandbox key.
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes",
+            Some(&operator),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    s.stop().await;
+}
