@@ -3,6 +3,7 @@
 Debian's chromium driven over WebDriver (selenium, chromedriver) against a
 live `hearth up` (started by crates/hearth-cli/tests/cli/vm/console.rs):
 sign in; create a sandbox and watch it become ready without reloading;
+rename it and capture a snapshot of it (deleted again from its page);
 type in the terminal and read the answer from the screen; resize and see
 `stty size` follow; drop the connection mid-command and lose no output;
 Ctrl-C; upload a file and download it back byte-identical; stop and
@@ -45,6 +46,8 @@ IMAGE = os.environ.get("HEARTH_CONSOLE_IMAGE", "busybox")
 AXE = open(os.environ["HEARTH_AXE_JS"], encoding="utf-8").read()
 BOOT = 240  # seconds a create may take to become ready under TCG
 NAME = "console-e2e"
+RENAMED = "console-e2e-renamed"
+SNAPSHOT = "console-snap"
 
 os.makedirs(SHOTS, exist_ok=True)
 DOWNLOADS = tempfile.mkdtemp(prefix="console-downloads-")
@@ -197,6 +200,8 @@ def test_create_a_sandbox_and_watch_it_become_ready(d):
     Select(form.find_element(By.NAME, "snapshot")).select_by_value(IMAGE)
     form.find_element(By.NAME, "mem").send_keys("2")
     form.find_element(By.NAME, "labels").send_keys("suite=console")
+    # Persistent: its disk is kept, so it can be captured as a snapshot.
+    form.find_element(By.NAME, "persistent").click()
     shot(d, "create")
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     # The list updates by itself: provisioning, then ready (no reload).
@@ -315,6 +320,30 @@ def test_upload_then_download_is_byte_identical(d):
     assert "hello-from-42" in body, body
 
 
+def answer_prompt(d, text):
+    prompt = wait(d, EC.alert_is_present(), 5, "the prompt")
+    prompt.send_keys(text)
+    prompt.accept()
+
+
+def test_rename_and_capture_a_snapshot(d):
+    d.find_element(By.XPATH, "//button[normalize-space()='Rename']").click()
+    answer_prompt(d, RENAMED)
+    wait(d, lambda d: text_of(d, "#sandbox-title") == RENAMED, 20, "the new name")
+    assert d.current_url.endswith(f"#/sandboxes/{RENAMED}"), d.current_url
+    assert api("GET", f"/api/v2/sandboxes/boxes/{RENAMED}")[0] == 200
+    wait(d, lambda d: text_of(d, ".term-state") == "connected", 60, "the terminal after the rename")
+    d.find_element(By.XPATH, "//button[normalize-space()='Capture snapshot']").click()
+    answer_prompt(d, SNAPSHOT)
+
+    def captured(d):
+        refused = text_of(d, ".alert")
+        assert not refused, f"the capture was refused: {refused}"
+        return any(s["name"] == SNAPSHOT and s["status"] == "ready"
+                   for s in api("GET", "/api/v2/sandboxes/snapshots?page_size=200")[1]["items"])
+    wait(d, captured, BOOT, "the captured snapshot ready")
+
+
 def test_stop_start_then_delete(d):
     d.find_element(By.XPATH, "//button[normalize-space()='Stop']").click()
     status = lambda d: text_of(d, ".heading .status")
@@ -327,14 +356,18 @@ def test_stop_start_then_delete(d):
     d.find_element(By.XPATH, "//button[normalize-space()='Delete']").click()
     wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
     wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), 30, "back to the list")
-    wait(d, lambda d: api("GET", f"/api/v2/sandboxes/boxes/{NAME}")[0] == 404, 120, "deleted")
+    wait(d, lambda d: api("GET", f"/api/v2/sandboxes/boxes/{RENAMED}")[0] == 404, 120, "deleted")
 
 
 def test_snapshots_and_secrets_pages(d):
     d.find_element(By.LINK_TEXT, "Snapshots").click()
-    wait(d, lambda d: IMAGE in (text_of(d, "main") or ""), 20, "the snapshot list")
+    wait(d, lambda d: SNAPSHOT in (text_of(d, "main") or ""), 20, "the snapshot list")
     shot(d, "snapshots")
     axe(d, "snapshots")
+    # The captured snapshot, deleted from its page.
+    d.find_element(By.XPATH, f"//tr[td[normalize-space()='{SNAPSHOT}']]//button[normalize-space()='Delete']").click()
+    wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
+    wait(d, lambda d: SNAPSHOT not in (text_of(d, "tbody") or ""), 60, "the snapshot deleted")
     d.find_element(By.LINK_TEXT, "Secrets").click()
     form = wait(d, EC.presence_of_element_located((By.CSS_SELECTOR, "form[aria-label='Set a secret']")),
                 what="the secrets page")
@@ -462,6 +495,7 @@ TESTS = [
     test_create_a_sandbox_and_watch_it_become_ready,
     test_terminal_runs_commands_resizes_and_survives_a_dropped_connection,
     test_upload_then_download_is_byte_identical,
+    test_rename_and_capture_a_snapshot,
     test_stop_start_then_delete,
     test_snapshots_and_secrets_pages,
     test_keys_page_creates_a_key_that_works_then_revokes_it,
