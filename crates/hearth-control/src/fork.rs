@@ -27,17 +27,52 @@ use crate::error::db_error;
 use crate::service::{snapshot_image, spec_of, vm_id, vm_memory};
 use crate::Control;
 
+/// What a fork made: the children's rows (ready, or failed with their
+/// reason) and how long the parent was paused.
+pub(crate) struct Forked {
+    pub children: Vec<SandboxRow>,
+    pub parent_pause_ms: u64,
+}
+
 impl Control {
-    /// `POST /boxes/{name}/fork`.
+    /// `POST /boxes/{name}/fork`: LangSmith's door (Hearth's extension of
+    /// it) over [`Control::fork_sandbox`].
     pub async fn fork(
         self: &Arc<Self>,
         who: &Principal,
         parent: &str,
         body: &[u8],
     ) -> Result<ForkResponse, ApiError> {
-        who.require("sandboxes:create")?;
         let req: ForkRequest = hearth_api::parse_body(body)?;
-        let count = req.count.unwrap_or(1);
+        let forked = self
+            .fork_sandbox(who, parent, req.count.unwrap_or(1), req.name)
+            .await?;
+        let sandboxes = forked
+            .children
+            .iter()
+            .map(|child| self.response(child))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ForkResponse {
+            sandboxes,
+            parent_pause_ms: forked.parent_pause_ms,
+        })
+    }
+
+    /// Forks the caller's running sandbox `parent` (by name or id) into
+    /// `count` children (1 to [`MAX_FORK_COUNT`]), named `name` (`name-1`,
+    /// … when several) or after the parent. Both API doors use it.
+    pub(crate) async fn fork_sandbox(
+        self: &Arc<Self>,
+        who: &Principal,
+        parent: &str,
+        count: i64,
+        name: Option<String>,
+    ) -> Result<Forked, ApiError> {
+        who.require("sandboxes:create")?;
+        let req = ForkRequest {
+            name,
+            count: Some(count),
+        };
         if !(1..=MAX_FORK_COUNT).contains(&count) {
             return Err(ApiError::validation(
                 "count",
@@ -195,13 +230,13 @@ impl Control {
                 .get_sandbox_by_id(child.id)
                 .await
                 .map_err(db_error)?;
-            out.push(self.response(&now)?);
+            out.push(now);
         }
         for _ in 0..count {
             self.metrics.created();
         }
-        Ok(ForkResponse {
-            sandboxes: out,
+        Ok(Forked {
+            children: out,
             parent_pause_ms,
         })
     }
