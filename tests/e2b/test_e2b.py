@@ -169,7 +169,46 @@ def test_pause_keeps_processes_and_connect_resumes():
     created.remove(sb.sandbox_id)
 
 
-TESTS = [test_create_run_files_and_kill, test_pause_keeps_processes_and_connect_resumes]
+def test_fork_children_resume_the_parent_each_on_its_own():
+    parent = new()
+    parent.commands.run("echo before-fork > /root/shared")
+    parent.commands.run(
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+        background=True)
+    time.sleep(1.5)
+    t = time.monotonic()
+    kids = parent.fork(count=2, timeout=120)
+    print(f"  forked 2 in {time.monotonic() - t:.1f}s", flush=True)
+    check(len(kids) == 2, f"two entries: {kids}")
+    for k in kids:
+        check(isinstance(k, Sandbox), f"a child, not an error: {k!r}")
+        created.append(k.sandbox_id)
+    ids = {parent.sandbox_id} | {k.sandbox_id for k in kids}
+    check(len(ids) == 3, f"children are sandboxes of their own: {ids}")
+    for k in kids:
+        check(k.commands.run("cat /root/shared").stdout == "before-fork\n", "the parent's file")
+        first = int(k.commands.run("cat /tmp/count").stdout)
+        time.sleep(1)
+        check(int(k.commands.run("cat /tmp/count").stdout) > first,
+              "the parent's counting process goes on in the child")
+        k.commands.run(f"echo {k.sandbox_id} > /root/mine")
+    check(parent.commands.run("cat /root/mine 2>/dev/null || echo none").stdout == "none\n",
+          "a child's write is its own")
+    info = Sandbox.get_info(kids[0].sandbox_id)
+    left = (info.end_at - info.started_at).total_seconds()
+    check(60 < left <= 125, f"a child lives its fork's timeout: {left}s")
+    for k in kids:
+        k.kill()
+        created.remove(k.sandbox_id)
+    parent.kill()
+    created.remove(parent.sandbox_id)
+
+
+TESTS = [
+    test_create_run_files_and_kill,
+    test_pause_keeps_processes_and_connect_resumes,
+    test_fork_children_resume_the_parent_each_on_its_own,
+]
 
 
 def main():

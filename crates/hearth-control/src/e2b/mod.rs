@@ -135,7 +135,7 @@ pub(crate) fn routes() -> Router<Arc<Control>> {
         .route("/v2/sandboxes/{id}/logs", get(api::not_served_route))
         .route("/sandboxes/{id}/refreshes", post(api::not_served_route))
         .route("/sandboxes/{id}/snapshots", post(api::not_served_route))
-        .route("/sandboxes/{id}/fork", post(api::not_served_route))
+        .route("/sandboxes/{id}/fork", post(api::fork))
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(api::not_served_route),

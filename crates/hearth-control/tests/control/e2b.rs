@@ -328,3 +328,82 @@ fn ends_within(d: &Value, from: Timestamp, secs: u64) {
         "endAt {end} not within {lo}..{hi}: {d}"
     );
 }
+
+/// E2B's fork over Hearth's: one entry per child, each a running sandbox
+/// with its own token and E2B's deadline; refusals named; another
+/// workspace's sandbox does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_fork_makes_children_with_their_deadlines() {
+    let (s, _sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let r = call(
+        &s,
+        "POST",
+        "/sandboxes",
+        &key,
+        json!({"templateID": "base", "timeout": 300}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let parent = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+
+    let before = Timestamp::now();
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{parent}/fork"),
+        &key,
+        json!({"count": 2, "timeout": 60}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let entries = r.json().unwrap();
+    let entries = entries.as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let mut tokens = Vec::new();
+    for e in entries {
+        let child = &e["sandbox"];
+        assert!(e.get("error").is_none(), "{e}");
+        let id = child["sandboxID"].as_str().unwrap();
+        assert_ne!(id, parent);
+        assert_eq!(child["envdVersion"], "0.5.7");
+        tokens.push(child["envdAccessToken"].as_str().unwrap().to_owned());
+        let d = detail(&s, &key, id).await;
+        assert_eq!(d["state"], "running", "{d}");
+        ends_within(&d, before, 60);
+    }
+    assert_ne!(tokens[0], tokens[1]);
+    // The parent runs on, its deadline untouched.
+    let d = detail(&s, &key, &parent).await;
+    assert_eq!(d["state"], "running");
+    ends_within(&d, before, 300);
+
+    for (body, named) in [
+        (json!({"count": 17}), "count"),
+        (json!({"count": 0}), "count"),
+        (json!({"timeout": 0}), "timeout"),
+        (json!({"name": "x"}), "name"),
+    ] {
+        let r = call(
+            &s,
+            "POST",
+            &format!("/sandboxes/{parent}/fork"),
+            &key,
+            body.clone(),
+        )
+        .await;
+        let (code, message) = e2b_error(&r);
+        assert_eq!((r.status, code), (400, 400), "{body}: {}", r.text());
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{parent}/fork"),
+        &s.admin,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    s.stop().await;
+}
