@@ -249,6 +249,30 @@ impl Control {
         }
     }
 
+    /// Gives an E2B sandbox its deadline, `timeout` from now. The deadline
+    /// is part of the promise: a sandbox that cannot have one is deleted
+    /// rather than left running without it (and the error returned).
+    async fn set_deadline_or_delete(
+        &self,
+        row: &SandboxRow,
+        timeout: Duration,
+        on_expiry: OnExpiry,
+    ) -> Result<(), hearth_db::DbError> {
+        let deadline = Deadline {
+            sandbox_id: row.id,
+            expires_at: Timestamp::now().plus(timeout),
+            on_expiry,
+        };
+        let Err(e) = self.db.set_deadline(&deadline).await else {
+            return Ok(());
+        };
+        tracing::warn!(sandbox = %row.id, error = %e, "cannot set an E2B sandbox's deadline; deleting it");
+        if let Err(d) = self.delete_row(row).await {
+            tracing::warn!(sandbox = %row.id, error = %d.message, "cannot delete it either; the reaper will not expire it");
+        }
+        Err(e)
+    }
+
     /// A sandbox of the caller's workspace by its E2B id (Hearth's id; a
     /// name is not an E2B id).
     async fn e2b_find(&self, who: &Principal, id: &str) -> E2bResult<SandboxRow> {
@@ -360,20 +384,9 @@ pub async fn create(
         .resolve_snapshot(who.workspace_id, &template(&req.template_id)?)
         .await?;
     let row = c.create_sandbox(&who, &snap, plan(&req, &snap)?).await?;
-    // The deadline is part of the promise: a sandbox that cannot have one
-    // is not left running without it.
-    let deadline = Deadline {
-        sandbox_id: row.id,
-        expires_at: Timestamp::now().plus(timeout),
-        on_expiry,
-    };
-    if let Err(e) = c.db.set_deadline(&deadline).await {
-        tracing::warn!(sandbox = %row.id, error = %e, "cannot set an E2B sandbox's deadline; deleting it");
-        if let Err(d) = c.delete_row(&row).await {
-            tracing::warn!(sandbox = %row.id, error = %d.message, "cannot delete it either; the reaper will not expire it");
-        }
-        return Err(db_error(e).into());
-    }
+    c.set_deadline_or_delete(&row, timeout, on_expiry)
+        .await
+        .map_err(db_error)?;
     if row.status != SandboxStatus::Ready {
         let why = row.status_message.clone().unwrap_or_default();
         return Err(E2bError::new(
@@ -748,17 +761,10 @@ pub async fn fork(
     let snap = c.e2b_snapshot(&parent).await;
     let mut entries = Vec::with_capacity(forked.children.len());
     for child in &forked.children {
-        let deadline = Deadline {
-            sandbox_id: child.id,
-            expires_at: Timestamp::now().plus(timeout),
-            on_expiry: OnExpiry::Delete,
-        };
-        if let Err(e) = c.db.set_deadline(&deadline).await {
-            // Without its deadline the child would outlive its promise.
-            tracing::warn!(sandbox = %child.id, error = %e, "cannot set a fork child's deadline; deleting it");
-            if let Err(d) = c.delete_row(child).await {
-                tracing::warn!(sandbox = %child.id, error = %d.message, "cannot delete it either");
-            }
+        if let Err(e) = c
+            .set_deadline_or_delete(child, timeout, OnExpiry::Delete)
+            .await
+        {
             entries.push(ForkEntry {
                 sandbox: None,
                 error: Some(serde_json::json!({"code": 500, "message": format!("cannot set its deadline: {e}")})),
