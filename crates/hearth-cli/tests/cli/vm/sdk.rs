@@ -873,7 +873,7 @@ fn e2b_sdk_against_hearth_up() {
     let started = Instant::now();
     let python = common::sdk_python();
     let dir = data_dir("e2b");
-    let mut server = Server::start(&dir, &[]);
+    let server = Server::start(&dir, &[]);
     let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "e2b-other"]);
     let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
     let mut cmd = Command::new(&python);
@@ -897,29 +897,7 @@ fn e2b_sdk_against_hearth_up() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    print!("{text}");
-    eprint!("{}", String::from_utf8_lossy(&output.stderr));
-    let mut failures = Vec::new();
-    if !output.status.success() {
-        let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL ")).collect();
-        failures.push(format!(
-            "the E2B suite failed ({}):\n  {}",
-            output.status,
-            fails.join("\n  ")
-        ));
-    }
-    match api_sandboxes(&server) {
-        Ok(left) if left.is_empty() => {}
-        Ok(left) => failures.push(format!("sandboxes left after the suite: {left:?}")),
-        Err(e) => failures.push(e),
-    }
-    match server.interrupt() {
-        Ok(status) if status.success() => {}
-        Ok(status) => failures.push(format!("hearth up exited {status} on SIGINT")),
-        Err(e) => failures.push(e),
-    }
-    conclude(server, &dir, started, &failures);
+    conclude_script("E2B", &output, server, &dir, started);
 }
 
 /// Issue 21: the web console in a real headless browser
@@ -947,7 +925,7 @@ fn console_in_a_browser_against_hearth_up() {
     }
     let python = common::sdk_python();
     let dir = data_dir("console");
-    let mut server = Server::start(&dir, &[]);
+    let server = Server::start(&dir, &[]);
     let workspace = hearth(
         &dir,
         &["keys", "create-workspace", "--name", "console-other"],
@@ -970,6 +948,19 @@ fn console_in_a_browser_against_hearth_up() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    conclude_script("console", &output, server, &dir, started);
+}
+
+/// Ends a suite run as one script (PASS/FAIL lines, exit status): its
+/// output printed, then the script's failures, sandboxes it left and a
+/// clean SIGINT of `hearth up` checked together by [`conclude`].
+fn conclude_script(
+    suite: &str,
+    output: &std::process::Output,
+    mut server: Server,
+    dir: &Path,
+    started: Instant,
+) {
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     print!("{text}");
     eprint!("{}", String::from_utf8_lossy(&output.stderr));
@@ -977,7 +968,7 @@ fn console_in_a_browser_against_hearth_up() {
     if !output.status.success() {
         let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL ")).collect();
         failures.push(format!(
-            "the console suite failed ({}):\n  {}",
+            "the {suite} suite failed ({}):\n  {}",
             output.status,
             fails.join("\n  ")
         ));
@@ -992,7 +983,7 @@ fn console_in_a_browser_against_hearth_up() {
         Ok(status) => failures.push(format!("hearth up exited {status} on SIGINT")),
         Err(e) => failures.push(e),
     }
-    conclude(server, &dir, started, &failures);
+    conclude(server, dir, started, &failures);
 }
 
 /// Ends a suite: fails with `failures` and the server's log, or removes
