@@ -23,6 +23,7 @@
 
 mod deadlines;
 mod error;
+mod events;
 mod fleet;
 mod hosts;
 mod migrate;
@@ -50,6 +51,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 pub use deadlines::{Deadline, OnExpiry};
 pub use error::{DbError, QuotaKind};
+pub use events::{SandboxEvent, MAX_EVENTS_PER_SANDBOX};
 pub use fleet::{KeyOwnerKind, LeaderLease, Leadership, NewSigningKey, SigningKeyRow};
 pub use model::*;
 pub use pools::{MemberRow, MemberStatus, PoolRow, MAX_POOL_SIZE};

@@ -116,6 +116,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0016_deadlines.sql"),
         postgres: include_str!("../migrations/postgres/0016_deadlines.sql"),
     },
+    Migration {
+        version: 17,
+        name: "sandbox_events",
+        sqlite: include_str!("../migrations/sqlite/0017_sandbox_events.sql"),
+        postgres: include_str!("../migrations/postgres/0017_sandbox_events.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -3,6 +3,7 @@
 //! link once and run side by side.
 
 mod deadlines;
+mod events;
 mod fleet;
 mod hosts_snapshots;
 mod lists;
