@@ -209,6 +209,11 @@ def test_create_a_sandbox_and_watch_it_become_ready(d):
     wait(d, lambda d: row_status(d, NAME) is not None, 30, "the new row")
     wait(d, lambda d: row_status(d, NAME) == "ready", BOOT, f"{NAME} ready")
     assert d.execute_script("return window.__noReload") == marker, "the page reloaded"
+    # The row names its snapshot and how long it has been idle.
+    wait(d, lambda d: text_of(d, f"tr[data-name='{NAME}'] .box-snapshot") == IMAGE, 70,
+         f"the snapshot's name {IMAGE} in the row")
+    idle = text_of(d, f"tr[data-name='{NAME}'] .box-idle") or ""
+    assert re.fullmatch(r"\d+ (s|min)", idle), f"idle time {idle!r}"
     # Filters: by label and by status.
     d.find_element(By.XPATH, "//label[contains(., 'Labels')]/input").send_keys("suite=other")
     wait(d, lambda d: row_status(d, NAME) is None, 10, "the label filter to hide it")
@@ -353,6 +358,18 @@ def test_stop_start_then_delete(d):
     wait(d, lambda d: status(d) == "ready", BOOT, "ready again")
     wait(d, lambda d: text_of(d, ".term-state") == "connected", 60,
          "a new terminal")
+    # Its status history shows its life, oldest first: created, the stop
+    # and the start.
+    def passes(d):
+        rows = d.execute_script(
+            "return [...document.querySelectorAll('table.history tbody tr')]"
+            ".map((r) => r.dataset.status)")
+        return [s for i, s in enumerate(rows) if i == 0 or rows[i - 1] != s]
+    wait(d, lambda d: passes(d)[-3:] == ["stopped", "provisioning", "ready"], 20,
+         "the stop and the start in the history")
+    assert passes(d)[:2] == ["provisioning", "ready"], passes(d)
+    shot(d, "history")
+    axe(d, "sandbox-history")
     d.find_element(By.XPATH, "//button[normalize-space()='Delete']").click()
     wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
     wait(d, EC.presence_of_element_located((By.ID, "sandboxes-title")), 30, "back to the list")

@@ -234,6 +234,36 @@ pub struct SandboxResponse {
     /// RFC 3339.
     pub updated_at: String,
     pub updated_by: Option<String>,
+    /// When the sandbox was last used (RFC 3339; a Hearth extension): an
+    /// exec, a file transfer, a service request or a start. Its idle time
+    /// is now minus this, and `idle_ttl_seconds` counts from it.
+    pub last_activity_at: String,
+    /// The host it is placed on (a Hearth extension), only for keys
+    /// holding `fleet:read`; absent otherwise, so tenants do not learn
+    /// which of them share a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<Uuid>,
+}
+
+/// Answer of `GET /boxes/{name}/events` (a Hearth extension): the
+/// sandbox's status history, oldest first; the newest 100 changes of its
+/// status, status message or host are kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxEventsResponse {
+    pub events: Vec<SandboxEventResponse>,
+}
+
+/// One change of a sandbox, as it was after the change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxEventResponse {
+    /// When (RFC 3339).
+    pub at: String,
+    pub status: SandboxStatus,
+    pub status_message: Option<String>,
+    /// The host it was on then, only for keys holding `fleet:read`
+    /// (absent otherwise, as in the sandbox resource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<Uuid>,
 }
 
 /// Answer of `GET /boxes/{name}/metrics` (a Hearth extension): what the

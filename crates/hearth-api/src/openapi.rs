@@ -11,8 +11,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::boxes::{
     CreateSandboxRequest, LifecycleRequest, ListSandboxesQuery, ListSandboxesResponse,
-    ListSnapshotsQuery, SandboxMetricsResponse, SandboxResponse, StatusResponse,
-    UpdateSandboxRequest,
+    ListSnapshotsQuery, SandboxEventsResponse, SandboxMetricsResponse, SandboxResponse,
+    StatusResponse, UpdateSandboxRequest,
 };
 use crate::error::ErrorBody;
 use crate::exec::{
@@ -87,6 +87,7 @@ const DATAPLANE_PATHS: &[&str] = &[
     ),
     paths(
         create_box, list_boxes, get_box, update_box, delete_box, box_status, box_metrics,
+        box_events,
         start_box, stop_box,
         download_url, fetch_download, service_url, service_proxy,
         list_snapshots, get_snapshot, snapshots_by_name, create_snapshot, capture_snapshot,
@@ -267,6 +268,22 @@ fn box_status() {}
 )]
 #[allow(dead_code)]
 fn box_metrics() {}
+
+/// A sandbox's status history (a Hearth extension): every change of its
+/// status, status message or host, oldest first, the newest 100 kept.
+/// Hosts are named only to keys holding `fleet:read`. Needs
+/// `sandboxes:read`.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/boxes/{name}/events", tag = "boxes",
+    params(("name" = String, Path, description = "Sandbox name or id")),
+    responses(
+        (status = 200, description = "The changes, oldest first", body = SandboxEventsResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn box_events() {}
 
 /// Start a stopped or failed sandbox (not idempotent); poll `/status` until
 /// ready.

@@ -613,6 +613,9 @@ pub struct SandboxMeta {
     pub updated_by: Option<String>,
     /// `None` when the workspace has no volumes (the key is then absent).
     pub volumes: Option<Vec<VolumeAttachment>>,
+    pub last_activity_at: String,
+    /// Only for a caller that may see the fleet.
+    pub host_id: Option<Uuid>,
 }
 
 /// The sandbox resource as the API returns it: CPU in both units, TTLs
@@ -648,6 +651,8 @@ pub fn sandbox_response(spec: &SandboxSpec, meta: SandboxMeta) -> SandboxRespons
         created_by: meta.created_by,
         updated_at: meta.updated_at,
         updated_by: meta.updated_by,
+        last_activity_at: meta.last_activity_at,
+        host_id: meta.host_id,
     }
 }
 

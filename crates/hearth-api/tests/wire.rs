@@ -423,6 +423,8 @@ fn sample_meta() -> SandboxMeta {
         updated_at: "2026-01-01T00:00:00Z".into(),
         updated_by: None,
         volumes: None,
+        last_activity_at: "2026-01-01T00:00:00Z".into(),
+        host_id: None,
     }
 }
 

@@ -39,7 +39,16 @@ pub async fn get(
     Path(name): Path<String>,
 ) -> HttpResult<Response> {
     let row = c.get(&who, &name).await?;
-    Ok(Json(c.response(&row)?).into_response())
+    Ok(Json(c.response_for(&who, &row)?).into_response())
+}
+
+/// `GET /boxes/{name}/events`: the sandbox's status history.
+pub async fn events(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> HttpResult<Response> {
+    Ok(Json(c.sandbox_events(&who, &name).await?).into_response())
 }
 
 /// `GET /boxes/{name}/metrics`: what the sandbox costs its host now.

@@ -17,11 +17,17 @@ use crate::Control;
 /// The operator's permission: the fleet's hosts.
 pub const FLEET_READ: &str = "fleet:read";
 
+/// Whether `who` may see the fleet: which hosts exist and where
+/// sandboxes run (never through a delegated token).
+pub(crate) fn reads_fleet(who: &Principal) -> bool {
+    !who.delegated && who.permissions.iter().any(|p| p == FLEET_READ)
+}
+
 pub(crate) async fn list(
     State(c): State<Arc<Control>>,
     who: Principal,
 ) -> HttpResult<Json<Vec<HostResponse>>> {
-    if who.delegated || !who.permissions.iter().any(|p| p == FLEET_READ) {
+    if !reads_fleet(&who) {
         return Err(ApiError::forbidden(format!(
             "the fleet's hosts need a key with {FLEET_READ} (which * does not include)"
         ))

@@ -343,6 +343,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         )
         .route("/boxes/{name}/status", get(boxes::status))
         .route("/boxes/{name}/metrics", get(boxes::metrics))
+        .route("/boxes/{name}/events", get(boxes::events))
         .route("/boxes/{name}/start", post(boxes::start))
         .route("/boxes/{name}/stop", post(boxes::stop))
         .route("/boxes/{name}/download-url", post(links::mint))

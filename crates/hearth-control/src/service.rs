@@ -151,8 +151,24 @@ impl Control {
                 updated_at: row.updated_at.to_rfc3339(),
                 updated_by: Some(row.updated_by.clone()),
                 volumes: None,
+                last_activity_at: row.last_activity_at.to_rfc3339(),
+                host_id: None,
             },
         ))
+    }
+
+    /// [`Self::response`] for `who`: with the sandbox's host when `who`
+    /// may see the fleet.
+    pub fn response_for(
+        &self,
+        who: &Principal,
+        row: &SandboxRow,
+    ) -> Result<SandboxResponse, ApiError> {
+        let mut r = self.response(row)?;
+        if crate::hosts::reads_fleet(who) {
+            r.host_id = row.host_id.map(|h| *h.as_uuid());
+        }
+        Ok(r)
     }
 
     pub(crate) async fn resolve_snapshot(
@@ -810,6 +826,29 @@ impl Control {
         Ok(answer)
     }
 
+    /// The sandbox's status history (`GET /boxes/{name}/events`), oldest
+    /// first; hosts named only to `who` if it may see the fleet.
+    pub async fn sandbox_events(
+        &self,
+        who: &Principal,
+        name: &str,
+    ) -> Result<hearth_api::boxes::SandboxEventsResponse, ApiError> {
+        let row = self.get(who, name).await?;
+        let fleet = crate::hosts::reads_fleet(who);
+        let events = self.db.sandbox_events(row.id).await.map_err(db_error)?;
+        Ok(hearth_api::boxes::SandboxEventsResponse {
+            events: events
+                .into_iter()
+                .map(|e| hearth_api::boxes::SandboxEventResponse {
+                    at: e.at.to_rfc3339(),
+                    status: api_status(e.status),
+                    status_message: e.status_message,
+                    host_id: e.host_id.filter(|_| fleet).map(|h| *h.as_uuid()),
+                })
+                .collect(),
+        })
+    }
+
     /// A sandbox of the workspace by name or id; 404 otherwise.
     pub async fn find(&self, ws: WorkspaceId, name: &str) -> Result<SandboxRow, ApiError> {
         self.db
@@ -856,7 +895,7 @@ impl Control {
         let items = page
             .items
             .iter()
-            .map(|r| self.response(r))
+            .map(|r| self.response_for(who, r))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(hearth_api::ListSandboxesResponse::new(
             items,

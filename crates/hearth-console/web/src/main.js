@@ -157,6 +157,9 @@ function SandboxList() {
     label,
   ]);
   const items = (list && list.items) || [];
+  const snapshotName = useSnapshotNames();
+  // Hosts are named only to keys holding fleet:read.
+  const showHosts = items.some((b) => b.host_id);
   return html`<section aria-labelledby="sandboxes-title">
     <div class="heading">
       <h1 id="sandboxes-title">Sandboxes</h1>
@@ -184,18 +187,22 @@ function SandboxList() {
       <table>
         <caption class="visually-hidden">Sandboxes, updated every two seconds</caption>
         <thead><tr>
-          <th scope="col">Name</th><th scope="col">Status</th><th scope="col">Size</th>
-          <th scope="col">Persistent</th><th scope="col">Labels</th><th scope="col">Age</th>
-          <th scope="col">Stopped</th>
+          <th scope="col">Name</th><th scope="col">Status</th><th scope="col">Snapshot</th>
+          <th scope="col">Size</th><th scope="col">Persistent</th><th scope="col">Labels</th>
+          ${showHosts && html`<th scope="col">Host</th>`}
+          <th scope="col">Age</th><th scope="col">Idle</th><th scope="col">Stopped</th>
         </tr></thead>
         <tbody>
           ${items.map((b) => html`<tr key=${b.id} data-name=${b.name}>
             <td><a href=${`#/sandboxes/${enc(b.name)}`}>${b.name}</a></td>
             <td><${Status} status=${b.status} /></td>
+            <td class="box-snapshot">${snapshotName(b.snapshot_id)}</td>
             <td>${b.size_class}</td>
             <td>${b.persistent ? "yes" : "no"}</td>
             <td>${Object.entries(b.labels || {}).map(([k, v]) => html`<span class="tag">${k}=${v}</span> `)}</td>
+            ${showHosts && html`<td class="box-host"><${HostId} id=${b.host_id} /></td>`}
             <td>${since(b.created_at)}</td>
+            <td class="box-idle">${b.status === "ready" && b.last_activity_at ? since(b.last_activity_at) : ""}</td>
             <td>${b.stopped_at ? `${since(b.stopped_at)} ago` : ""}</td>
           </tr>`)}
         </tbody>
@@ -203,6 +210,43 @@ function SandboxList() {
       ${list && items.length === 0 && html`<p class="empty">No sandboxes${status || name || label ? " match" : " yet"}.</p>`}
     </div>
   </section>`;
+}
+
+// A snapshot's name by id (the workspace's and the built-in ones), read
+// once a minute; the id itself until it is known.
+function useSnapshotNames() {
+  const [list] = usePoll(() => api("GET", "/api/v2/sandboxes/snapshots?page_size=200"), 60000, []);
+  const names = new Map(((list && list.items) || []).map((s) => [s.id, s.name]));
+  return (id) => (id ? names.get(id) || id : "default image");
+}
+
+function HostId({ id }) {
+  return id ? html`<span title=${id}>${id.slice(0, 8)}</span>` : "";
+}
+
+// A sandbox's status history, oldest first, as the control plane recorded it.
+// Read again as soon as the page sees the status change.
+function History({ path, status }) {
+  const [history, error] = usePoll(() => api("GET", `${path}/events`), 5000, [path, status]);
+  const events = (history && history.events) || [];
+  const hosts = events.some((e) => e.host_id);
+  return html`<details class="card" open>
+    <summary>Status history</summary>
+    <${Alert} error=${error} />
+    <div class="table-wrap">
+      <table class="history">
+        <caption class="visually-hidden">Status changes, oldest first</caption>
+        <thead><tr><th scope="col">When</th><th scope="col">Status</th><th scope="col">Message</th>
+          ${hosts && html`<th scope="col">Host</th>`}</tr></thead>
+        <tbody>${events.map((e, i) => html`<tr key=${i} data-status=${e.status}>
+          <td><time datetime=${e.at} title=${e.at}>${since(e.at)} ago</time></td>
+          <td><${Status} status=${e.status} /></td>
+          <td>${e.status_message || ""}</td>
+          ${hosts && html`<td><${HostId} id=${e.host_id} /></td>`}
+        </tr>`)}</tbody>
+      </table>
+    </div>
+  </details>`;
 }
 
 function CreateForm({ onCreated }) {
@@ -258,6 +302,7 @@ function CreateForm({ onCreated }) {
 function SandboxPage({ name }) {
   const [box, error, reload] = usePoll(() => api("GET", `${boxes}/${enc(name)}`), 2000, [name]);
   const [run, busy, actionError] = useAction();
+  const snapshotName = useSnapshotNames();
   const act = (f) => run(async () => {
     await f();
     reload();
@@ -308,13 +353,16 @@ function SandboxPage({ name }) {
       <dl class="facts">
         <dt>Id</dt><dd>${box.id}</dd>
         <dt>Size</dt><dd>${box.vcpus} vCPU, ${bytes(box.mem_bytes)} memory, ${bytes(box.fs_capacity_bytes)} disk</dd>
-        <dt>Snapshot</dt><dd>${box.snapshot_id || "default image"}</dd>
+        <dt>Snapshot</dt><dd>${snapshotName(box.snapshot_id)}</dd>
+        ${box.host_id && html`<dt>Host</dt><dd>${box.host_id}</dd>`}
+        <dt>Last used</dt><dd>${box.last_activity_at} (${since(box.last_activity_at)} ago)</dd>
         <dt>Persistent</dt><dd>${box.persistent ? "yes" : "no"}${box.preserve_memory_on_stop ? ", memory kept on stop" : ""}</dd>
         <dt>Idle TTL</dt><dd>${box.idle_ttl_seconds ? `${box.idle_ttl_seconds} s` : "never"}</dd>
         <dt>Created</dt><dd>${box.created_at} (${since(box.created_at)} ago)</dd>
         <dt>Egress</dt><dd>${box.proxy_config ? html`<pre>${JSON.stringify(box.proxy_config, null, 2)}</pre>` : "no rules"}</dd>
       </dl>
     </details>
+    <${History} key=${`h${box.id}`} path=${path} status=${box.status} />
     ${ready && html`<${Usage} key=${`u${box.id}`} name=${box.name} />`}
     ${ready && html`<${Links} key=${`l${box.id}`} path=${path} />`}
     ${ready && dataplane

@@ -406,3 +406,120 @@ async fn hosts_are_shown_only_to_keys_holding_fleet_read() {
     assert_eq!(r.status, 403, "{}", r.text());
     s.stop().await;
 }
+
+/// A sandbox's status history (the console's sandbox page): its changes
+/// oldest first, through create, stop and start; hosts only to a key
+/// holding `fleet:read`, in the history and in the sandbox resource; the
+/// idle clock in the resource; another workspace gets a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_keeps_its_status_history() {
+    let (s, _sim) = Server::on_sim().await;
+    let sb = s.sandbox("storied").await;
+    assert!(
+        sb["last_activity_at"].as_str().unwrap().ends_with('Z'),
+        "{sb}"
+    );
+    assert!(sb.get("host_id").is_none(), "a tenant saw its host: {sb}");
+    for action in ["stop", "start"] {
+        let r = s
+            .json(
+                "POST",
+                &format!("/api/v2/sandboxes/boxes/storied/{action}"),
+                Some(&s.admin),
+                &json!({}),
+            )
+            .await;
+        assert!(r.status < 300, "{action}: {} {}", r.status, r.text());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let r = s
+            .json(
+                "GET",
+                "/api/v2/sandboxes/boxes/storied/status",
+                Some(&s.admin),
+                &json!(null),
+            )
+            .await;
+        if r.json().unwrap()["status"] == "ready" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready: {}",
+            r.text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let path = "/api/v2/sandboxes/boxes/storied/events";
+    let r = s.json("GET", path, Some(&s.admin), &json!(null)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events = r.json().unwrap()["events"].as_array().unwrap().clone();
+    let statuses: Vec<&str> = events
+        .iter()
+        .map(|e| e["status"].as_str().unwrap())
+        .collect();
+    // Each status once per pass, in order (a status may repeat with a new
+    // message while it boots).
+    let mut passes: Vec<&str> = statuses.clone();
+    passes.dedup();
+    assert_eq!(
+        passes,
+        ["provisioning", "ready", "stopped", "provisioning", "ready"],
+        "{events:?}"
+    );
+    let times: Vec<&str> = events.iter().map(|e| e["at"].as_str().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert!(
+        events.iter().all(|e| e.get("host_id").is_none()),
+        "a tenant saw its host: {events:?}"
+    );
+    let r = s.json("GET", path, Some(&s.other), &json!(null)).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    // An operator sees where it ran.
+    let admin = s
+        .control
+        .db
+        .find_api_key(&hearth_control::auth::hash_key(&s.admin))
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, operator) = hearth_control::auth::create_key(
+        &s.control.db,
+        admin.workspace_id,
+        &["sandboxes:read", "fleet:read"],
+        "ops",
+    )
+    .await
+    .unwrap();
+    let r = s.json("GET", path, Some(&operator), &json!(null)).await;
+    let events = r.json().unwrap()["events"].as_array().unwrap().clone();
+    let ready = events
+        .iter()
+        .rev()
+        .find(|e| e["status"] == "ready")
+        .unwrap();
+    let host = ready["host_id"]
+        .as_str()
+        .expect("the operator sees the host");
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes/storied",
+            Some(&operator),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.json().unwrap()["host_id"], host);
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes",
+            Some(&operator),
+            &json!(null),
+        )
+        .await;
+    assert_eq!(r.json().unwrap()["sandboxes"][0]["host_id"], host);
+    s.stop().await;
+}
