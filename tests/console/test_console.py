@@ -368,6 +368,7 @@ def test_stop_start_then_delete(d):
     wait(d, lambda d: passes(d)[-3:] == ["stopped", "provisioning", "ready"], 20,
          "the stop and the start in the history")
     assert passes(d)[:2] == ["provisioning", "ready"], passes(d)
+    d.execute_script("document.querySelector('table.history').scrollIntoView()")
     shot(d, "history")
     axe(d, "sandbox-history")
     d.find_element(By.XPATH, "//button[normalize-space()='Delete']").click()

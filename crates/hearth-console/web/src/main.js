@@ -362,13 +362,13 @@ function SandboxPage({ name }) {
         <dt>Egress</dt><dd>${box.proxy_config ? html`<pre>${JSON.stringify(box.proxy_config, null, 2)}</pre>` : "no rules"}</dd>
       </dl>
     </details>
-    <${History} key=${`h${box.id}`} path=${path} status=${box.status} />
     ${ready && html`<${Usage} key=${`u${box.id}`} name=${box.name} />`}
     ${ready && html`<${Links} key=${`l${box.id}`} path=${path} />`}
     ${ready && dataplane
       ? html`<${TerminalPanel} key=${box.id} dataplane=${dataplane} />
              <${Files} key=${`f${box.id}`} dataplane=${dataplane} />`
       : html`<p class="empty">The terminal and files open when the sandbox is ready.</p>`}
+    <${History} key=${`h${box.id}`} path=${path} status=${box.status} />
   </section>`;
 }
 
