@@ -620,6 +620,15 @@ impl VmInstance for FakeInstance {
     }
 
     async fn save(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+        let saved = self.save_frozen(state_path).await?;
+        self.m.end(ExitInfo {
+            code: Some(0),
+            signal: None,
+        });
+        Ok(saved)
+    }
+
+    async fn save_frozen(&self, state_path: &Path) -> Result<SavedState, VmmError> {
         self.alive("save")?;
         let fail = self.m.vmm.upgrade().is_some_and(|v| v.state().fail_saves);
         if fail {
@@ -644,10 +653,10 @@ impl VmInstance for FakeInstance {
             let meta = std::fs::metadata(&self.mem_path).map_err(io_err(&self.mem_path))?;
             meta.blocks() * 512
         };
-        self.m.end(ExitInfo {
-            code: Some(0),
-            signal: None,
-        });
+        // Frozen, as QEMU after a migration: the guest answers nothing
+        // until it is resumed.
+        self.m.clock().pause();
+        self.m.paused.send_replace(true);
         Ok(SavedState {
             state: state_path.to_owned(),
             state_size: ByteSize(state.len() as u64),

@@ -100,6 +100,11 @@ pub trait DynInstance: Send + Sync + 'static {
     fn wait_exit(&self) -> BoxFuture<'_, ExitInfo>;
     /// [`VmInstance::save`].
     fn save<'a>(&'a self, state_path: &'a Path) -> BoxFuture<'a, Result<SavedState, VmmError>>;
+    /// [`VmInstance::save_frozen`].
+    fn save_frozen<'a>(
+        &'a self,
+        state_path: &'a Path,
+    ) -> BoxFuture<'a, Result<SavedState, VmmError>>;
 }
 
 impl<I: VmInstance> DynInstance for I {
@@ -138,5 +143,11 @@ impl<I: VmInstance> DynInstance for I {
     }
     fn save<'a>(&'a self, state_path: &'a Path) -> BoxFuture<'a, Result<SavedState, VmmError>> {
         Box::pin(VmInstance::save(self, state_path))
+    }
+    fn save_frozen<'a>(
+        &'a self,
+        state_path: &'a Path,
+    ) -> BoxFuture<'a, Result<SavedState, VmmError>> {
+        Box::pin(VmInstance::save_frozen(self, state_path))
     }
 }

@@ -356,6 +356,17 @@ pub trait VmInstance: Send + Sync + 'static {
     /// written again (restore it with [`RestoreFrom::private`] to share
     /// it). On failure the VM is left running as it was.
     fn save(&self, state_path: &Path) -> impl Future<Output = Result<SavedState, VmmError>> + Send;
+    /// Save the VM and keep it: freeze it and write its device state to
+    /// `state_path`, leaving the VMM in place with the vCPUs frozen and
+    /// guest RAM in the memory file as of the freeze. The caller copies
+    /// what it needs (the memory file's data, the disk) while it is
+    /// frozen, then [`VmInstance::resume`]s it (it runs on from the same
+    /// RAM, its connections, the guest agent's stream included, never cut)
+    /// or stops it. On failure the VM is left running as it was.
+    fn save_frozen(
+        &self,
+        state_path: &Path,
+    ) -> impl Future<Output = Result<SavedState, VmmError>> + Send;
 }
 
 /// What [`VmInstance::save`] wrote.

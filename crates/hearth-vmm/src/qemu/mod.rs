@@ -763,6 +763,16 @@ impl QemuInstance {
     }
 
     async fn save_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+        let saved = self.save_frozen_qemu(state_path).await?;
+        // The memory file now belongs to the snapshot: this QEMU must not
+        // run the guest again.
+        self.stop_qemu(SAVE_QUIT_GRACE).await?;
+        Ok(saved)
+    }
+
+    /// Freezes the VM and writes its device state; QEMU stays, frozen
+    /// (`postmigrate`), its RAM in the memory file as of the freeze.
+    async fn save_frozen_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
         let vm = self.id;
         let failed = |e: SnapshotError| VmmError::backend(vm, "save", e);
         if self.private_memory {
@@ -819,9 +829,6 @@ impl QemuInstance {
             return Err(failed(e));
         }
         let migrated_in = started.elapsed();
-        // The memory file now belongs to the snapshot: this QEMU must not
-        // run the guest again.
-        self.stop_qemu(SAVE_QUIT_GRACE).await?;
         let (state_size, _) =
             snapshot::file_sizes(state_path, "stat state file").map_err(failed)?;
         let (memory_size, memory_allocated) =
@@ -918,5 +925,9 @@ impl VmInstance for QemuInstance {
 
     async fn save(&self, state_path: &Path) -> Result<SavedState, VmmError> {
         self.save_qemu(state_path).await
+    }
+
+    async fn save_frozen(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+        self.save_frozen_qemu(state_path).await
     }
 }
