@@ -28,7 +28,8 @@ pub struct ForkRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ForkResponse {
     pub sandboxes: Vec<SandboxResponse>,
-    /// How long the parent was paused (its state saved and its disk
-    /// committed), in milliseconds.
+    /// How long the parent's vCPUs were frozen, in milliseconds: its
+    /// device state written, the RAM it has touched copied and its disk's
+    /// last writes committed. It runs on afterwards in the same VM.
     pub parent_pause_ms: u64,
 }

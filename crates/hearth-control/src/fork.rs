@@ -185,7 +185,11 @@ impl Control {
                 )));
             }
         };
-        let parent_pause_ms = paused.elapsed().as_millis() as u64;
+        // The host says how long the parent's vCPUs were frozen; the
+        // whole call (it also stores the capture) when it cannot.
+        let parent_pause_ms = captured
+            .paused_ms
+            .unwrap_or_else(|| paused.elapsed().as_millis() as u64);
         tracing::info!(sandbox = %row.id, children = count, parent_pause_ms, "forked: parent captured");
         let from = BootFrom {
             disk: captured.disk.clone(),

@@ -299,6 +299,7 @@ impl Control {
                 disk: volume.clone(),
                 disk_size: snap.fs_capacity,
                 memory: snap.memory_bytes.map(|m| memory_volumes(volume, m)),
+                paused_ms: None,
             };
             for (id, host) in &self.live_hosts().await {
                 if let Err(e) = host.delete_snapshot_data(&captured).await {

@@ -1278,10 +1278,12 @@ impl Host {
     /// Captures the VM's disk as the snapshot volume `name` (sharing every
     /// chunk with the VM), and with `include_memory` its running memory as
     /// `<name>-mem` and `<name>-state`. A running VM keeps running: for its
-    /// memory it is saved and resumed at once from its own RAM file (a
-    /// pause of a fraction of a second plus the copy of its memory; streams
-    /// open on its guest agent are cut). Without memory the disk is
-    /// committed as it is (the guest syncs first): crash-consistent.
+    /// memory its vCPUs are frozen while its device state is written, the
+    /// data of its RAM file copied and its disk committed (most of the disk
+    /// was committed just before, while it ran), then it runs on in the
+    /// same VMM (`paused_ms` says for how long; streams open on its guest
+    /// agent stay open). Without memory the disk is committed as it is
+    /// (the guest syncs first): crash-consistent.
     pub async fn capture(
         self: &Arc<Self>,
         id: VmId,
@@ -1302,8 +1304,11 @@ impl Host {
         // is left to GC from now on, and the disk's later chunks go to a
         // fresh one (`Volume::share`). Marked before the commit below.
         gens.share(id).await?;
+        let mut paused_ms = None;
         let (disk, memory) = if running && include_memory {
-            self.capture_running(&vm, &gens, name).await?
+            let (disk, memory, paused) = self.capture_running(&vm, &gens, name).await?;
+            paused_ms = Some(paused.as_millis() as u64);
+            (disk, memory)
         } else if running {
             guest_sync(&vm).await;
             let m = gens
@@ -1338,22 +1343,20 @@ impl Host {
             disk: name.to_owned(),
             disk_size: ByteSize(copy.size),
             memory,
+            paused_ms,
         })
     }
 
-    /// [`Host::capture`] of a running VM with its memory.
+    /// [`Host::capture`] of a running VM with its memory; also how long its
+    /// vCPUs were frozen.
     async fn capture_running(
         self: &Arc<Self>,
         vm: &Arc<Vm>,
         gens: &GenerationDisks,
         name: &str,
-    ) -> Result<(hearth_store::Manifest, Option<MemoryVolumes>), HostError> {
+    ) -> Result<(hearth_store::Manifest, Option<MemoryVolumes>, Duration), HostError> {
         let id = vm.id;
         let inst = self.running_instance(vm, vm.state(), "ready")?;
-        let rec = vm.record();
-        let artifacts = self
-            .artifacts(rec.image, Arc::new(hearth_image::QuietProgress))
-            .await?;
         let dir = self
             .cfg
             .data_dir
@@ -1373,18 +1376,26 @@ impl Host {
         }
         let started = Instant::now();
         // The disk alone must hold what the guest wrote, for cold boots of
-        // the snapshot (restore_memory=false).
+        // the snapshot (restore_memory=false); committed while the guest
+        // still runs, so that little is left for the commit while frozen.
         guest_sync(vm).await;
+        if let Err(e) = gens.commit(id).await {
+            tracing::warn!(vm = %id, error = %error_chain(&e), "commit before a memory capture failed; the frozen commit tries again");
+        }
+        // While frozen, RAM is copied within tmpfs (a memory copy); to the
+        // data disk only once the VM runs again.
+        let ram_copy = vm.run_dir.join("capture.mem");
+        let frozen = Instant::now();
         let result = async {
-            let saved = inst.save(&dir.join("state")).await?;
+            let saved = inst.save_frozen(&dir.join("state")).await?;
             copy_memory(
                 id,
                 &saved.memory,
-                &dir.join("memory"),
+                &ram_copy,
                 "copy the memory for the snapshot",
             )
             .await?;
-            // The disk as of the save: the VMM is gone, nothing writes.
+            // The disk as of the freeze: nothing writes while it lasts.
             let disk = gens
                 .commit(id)
                 .await?
@@ -1392,39 +1403,52 @@ impl Host {
             Ok::<_, HostError>(disk)
         }
         .await;
-        // Whatever happened, the VM runs on from its own memory.
-        let spec = self.spec(
-            vm,
-            &rec,
-            &artifacts,
-            hearth_vmm::DiskSpec::nbd(vm.run_dir.join("disk.sock"), crate::block::EXPORT),
-        );
-        let resumed = async {
-            let from = hearth_vmm::RestoreFrom {
-                state: dir.join("state"),
-                memory: spec.mem_path.clone(),
-                private: false,
-            };
-            let inst = self.vmm.restore(&spec, &from).await?;
-            self.attach(vm, inst).await
-        }
-        .await;
+        // Whatever happened, the VM runs on from its own memory (a failed
+        // save left it running; `cont` of a running VM changes nothing).
+        let resumed = inst.resume().await;
+        let paused = frozen.elapsed();
         match resumed {
             Ok(()) => {
                 vm.transition(VmState::Provisioning, None);
                 vm.transition(VmState::Ready, None);
+                // The guest's clock stood still while it was frozen.
+                if let Some(guest) = vm.guest() {
+                    crate::clock::sync(vm, &guest, "capture").await;
+                }
             }
             Err(e) => {
                 tracing::error!(vm = %id, error = %error_chain(&e), "the vm did not resume after a snapshot");
-                let _ = self.after_exit(vm).await;
+                if let Err(e) = inst.kill().await {
+                    tracing::warn!(vm = %id, error = %error_chain(&e), "cannot kill the vmm that did not resume");
+                }
+                if let Err(e) = self.after_exit(vm).await {
+                    tracing::warn!(vm = %id, error = %error_chain(&e), "cleaning up after a vm that did not resume");
+                }
                 vm.transition(
                     VmState::Stopped,
                     Some("did not resume after a snapshot".into()),
                 );
             }
         }
-        let disk = result?;
-        tracing::info!(vm = %id, ms = started.elapsed().as_millis() as u64, "captured memory");
+        let kept = match result {
+            Ok(disk) => copy_memory(
+                id,
+                &ram_copy,
+                &dir.join("memory"),
+                "keep the memory for the snapshot",
+            )
+            .await
+            .map(|_| disk),
+            Err(e) => Err(e),
+        };
+        remove_file_logged(&ram_copy);
+        let disk = kept?;
+        tracing::info!(
+            vm = %id,
+            ms = started.elapsed().as_millis() as u64,
+            paused_ms = paused.as_millis() as u64,
+            "captured memory"
+        );
         let scope = disk.scope.clone();
         let volumes = crate::memory::import(
             gens.store(),
@@ -1435,7 +1459,7 @@ impl Host {
             0,
         )
         .await?;
-        Ok((disk, Some(volumes)))
+        Ok((disk, Some(volumes), paused))
     }
 
     /// Builds a snapshot from an OCI image (a registry reference or a
@@ -1480,6 +1504,7 @@ impl Host {
                 disk: name.to_owned(),
                 disk_size: ByteSize(m.size),
                 memory: None,
+                paused_ms: None,
             },
             image,
         ))

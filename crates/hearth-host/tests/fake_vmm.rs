@@ -321,12 +321,16 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     let host = start(fake_config(&dir), &fake).await;
     let vm = host.create_vm(small()).await.unwrap();
 
-    // Saved, and restored at once from its own RAM.
+    // Saved while frozen, then run on in the same VMM: nothing restored,
+    // and the guest connection from before answers.
+    let guest = vm.guest().unwrap();
     let captured = host.capture(vm.id, "snap-fake", true).await.unwrap();
     assert!(captured.memory.is_some(), "{captured:?}");
+    assert!(captured.paused_ms.is_some(), "{captured:?}");
     assert_eq!(vm.state(), VmState::Ready);
-    assert_eq!((fake.boots(), fake.restores()), (1, 1));
-    let out = vm.guest().unwrap().run(echo("still")).await.unwrap();
+    assert_eq!((fake.boots(), fake.restores()), (1, 0));
+    assert!(!fake.is_paused(vm.id));
+    let out = guest.run(echo("still")).await.unwrap();
     assert_eq!(out.stdout, b"still\n");
 
     let child = host
@@ -343,7 +347,7 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     assert_eq!(child.state(), VmState::Ready);
     assert_eq!(
         (fake.boots(), fake.restores()),
-        (1, 2),
+        (1, 1),
         "resumed, not booted"
     );
     // Every VM resumed from the snapshot's memory would carry the same

@@ -519,6 +519,7 @@ impl HostApi for SimHost {
         Ok(Captured {
             disk: volume.to_owned(),
             disk_size: rec.disk.unwrap_or_else(|| image_disk(rec.image)),
+            paused_ms: memory.as_ref().map(|_| 0),
             memory,
         })
     }
@@ -538,6 +539,7 @@ impl HostApi for SimHost {
                 disk: req.volume,
                 disk_size: req.capacity,
                 memory: None,
+                paused_ms: None,
             },
             digest: fake_digest(&req.reference),
             user: None,
@@ -937,6 +939,7 @@ mod tests {
             disk: "v".into(),
             disk_size: ByteSize::mib(1),
             memory: None,
+            paused_ms: None,
         };
         let import = ImportImage {
             reference: "alpine".into(),

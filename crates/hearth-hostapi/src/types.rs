@@ -221,6 +221,10 @@ pub struct Captured {
     pub disk: String,
     pub disk_size: ByteSize,
     pub memory: Option<MemoryVolumes>,
+    /// How long the VM's vCPUs were frozen for a capture with its memory
+    /// (it runs on afterwards); `None` when it was not frozen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_ms: Option<u64>,
 }
 
 /// Resources a start may change (see `start_vm`).

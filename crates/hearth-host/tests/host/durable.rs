@@ -350,11 +350,20 @@ async fn a_snapshot_with_memory_resumes_a_running_server_in_a_new_vm() {
     );
     let t = Instant::now();
     let captured = host.capture(id, "snap-httpd", true).await.unwrap();
-    eprintln!("capture with memory: {:?}", t.elapsed());
+    let took = t.elapsed();
+    let paused = captured
+        .paused_ms
+        .expect("a capture with memory reports its pause");
+    eprintln!("capture with memory: {took:?}, the source paused {paused} ms");
+    assert!(
+        u128::from(paused) < took.as_millis(),
+        "paused {paused} ms of {took:?}"
+    );
     let memory = captured.memory.clone().expect("memory captured");
-    // The source keeps running.
-    let g = host.guest(id).unwrap();
+    // The source keeps running in the same VMM: the guest connection from
+    // before the capture still answers.
     run(&g, &format!("kill -0 {pid}")).await;
+    assert_eq!(host.get(id).unwrap().state(), VmState::Ready);
 
     let (kid, kg) = boot(
         &host,
