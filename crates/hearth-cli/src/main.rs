@@ -135,6 +135,37 @@ enum HostCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Warm pools against cold boots, through the API of a running server
+    /// (`--endpoint`, `--api-key`): create -> first exec one at a time and
+    /// a pool's worth at once, the refill rate, host memory per VM.
+    Pool {
+        /// The snapshot to pool and create.
+        #[arg(long, default_value = "busybox")]
+        snapshot: String,
+        /// Creates timed each way.
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// The pool's size, and how many are created at once.
+        #[arg(long, default_value_t = 8)]
+        size: usize,
+        /// Memory of each sandbox (default 2G).
+        #[arg(long)]
+        memory: Option<ByteSize>,
+    },
+    /// Fork through the API of a running server: the parent's pause, the
+    /// time until a child answers, many children at once, the parent's
+    /// exec latency before and after, host memory per child.
+    Fork {
+        /// The parent's snapshot (default: the server's default).
+        #[arg(long)]
+        snapshot: Option<String>,
+        /// Children of the second fork.
+        #[arg(long, default_value_t = 10)]
+        children: usize,
+        /// Memory of the parent (default 2G).
+        #[arg(long)]
+        memory: Option<ByteSize>,
+    },
     /// Host memory of an idle guest that once touched most of its RAM, with
     /// and without free page reporting.
     Memory {
@@ -533,6 +564,40 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 .context("serve the host API")?;
             eprintln!("hearth: stopping VMs");
             host.shutdown().await;
+            Ok(0)
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Pool {
+                    snapshot,
+                    runs,
+                    size,
+                    memory,
+                },
+        } => {
+            let o = client::PoolOptions {
+                snapshot,
+                runs: runs.max(1),
+                size: size.max(1),
+                memory: client::default_memory(memory),
+            };
+            client::bench_pool(cli.endpoint, o).await?;
+            Ok(0)
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Fork {
+                    snapshot,
+                    children,
+                    memory,
+                },
+        } => {
+            let o = client::ForkOptions {
+                snapshot,
+                children: children.max(1),
+                memory: client::default_memory(memory),
+            };
+            client::bench_fork(cli.endpoint, o).await?;
             Ok(0)
         }
         Command::Bench {

@@ -220,26 +220,6 @@ impl Api {
         p
     }
 
-    /// Sends one request to this server (`path_and_query` starts with `/`).
-    pub async fn send(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        content_type: Option<&str>,
-        body: Body,
-    ) -> anyhow::Result<Response<Incoming>> {
-        let what = format!("cannot reach {}", self.endpoint);
-        self.send_to(
-            &self.target,
-            &what,
-            method,
-            path_and_query,
-            content_type,
-            body,
-        )
-        .await
-    }
-
     /// Sends one request to `target` (the server or a data plane).
     pub async fn send_to(
         &self,
@@ -293,6 +273,19 @@ impl Api {
         path: &str,
         body: Option<&(impl Serialize + ?Sized)>,
     ) -> anyhow::Result<Value> {
+        let what = format!("cannot reach {}", self.endpoint);
+        self.json_to(&self.target, &what, method, path, body).await
+    }
+
+    /// A JSON call to `target` (the server or a data plane).
+    pub async fn json_to(
+        &self,
+        target: &Target,
+        unreachable: &str,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + ?Sized)>,
+    ) -> anyhow::Result<Value> {
         let (ct, body) = match body {
             Some(b) => (
                 Some("application/json"),
@@ -300,7 +293,9 @@ impl Api {
             ),
             None => (None, empty()),
         };
-        let resp = self.send(method, path, ct, body).await?;
+        let resp = self
+            .send_to(target, unreachable, method, path, ct, body)
+            .await?;
         let resp = check(resp).await?;
         let bytes = resp
             .into_body()

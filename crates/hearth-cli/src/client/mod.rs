@@ -43,6 +43,7 @@ pub(crate) fn print_table<const N: usize>(rows: &[[String; N]]) -> anyhow::Resul
     Ok(())
 }
 
+mod apibench;
 mod boxes;
 mod exec;
 mod files;
@@ -55,6 +56,8 @@ mod tunnel;
 mod ws;
 
 use clap::{Args, Subcommand};
+
+pub use apibench::{default_memory, ForkOptions, PoolOptions};
 
 /// Where the API is and how to authenticate.
 #[derive(Args, Clone, Debug)]
@@ -200,4 +203,20 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
         ClientCommand::Secrets { command } => secrets::run(&api, command, json).await,
     };
     result.map_err(|e| http::hint(e, &api))
+}
+
+/// `hearth bench pool` against the server at `ep`.
+pub async fn bench_pool(ep: Endpoint, o: PoolOptions) -> anyhow::Result<()> {
+    let api = http::Api::new(&ep)?;
+    apibench::pool(&api, o)
+        .await
+        .map_err(|e| http::hint(e, &api))
+}
+
+/// `hearth bench fork` against the server at `ep`.
+pub async fn bench_fork(ep: Endpoint, o: ForkOptions) -> anyhow::Result<()> {
+    let api = http::Api::new(&ep)?;
+    apibench::fork(&api, o)
+        .await
+        .map_err(|e| http::hint(e, &api))
 }
