@@ -49,8 +49,21 @@ impl Control {
         sandbox: &str,
         body: &[u8],
     ) -> Result<SnapshotResponse, ApiError> {
-        who.require("sandboxes:update")?;
         let req: CaptureSnapshotRequest = hearth_api::parse_body(body)?;
+        let snap = self.capture(who, sandbox, &req).await?;
+        Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
+    }
+
+    /// Captures `sandbox` as a new snapshot, built in the background: the
+    /// snapshot's row, `building` until its host has stored it. Both doors
+    /// (LangSmith's capture, E2B's snapshots) come here.
+    pub(crate) async fn capture(
+        self: &Arc<Self>,
+        who: &Principal,
+        sandbox: &str,
+        req: &CaptureSnapshotRequest,
+    ) -> Result<SnapshotRow, ApiError> {
+        who.require("sandboxes:update")?;
         let reference = req.validate()?;
         let row = self.find(who.workspace_id, sandbox).await?;
         if !row.persistent {
@@ -139,7 +152,7 @@ impl Control {
             let result = control.with_heartbeat(building.id, capture).await;
             control.finish_snapshot(building, result).await;
         });
-        Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
+        Ok(snap)
     }
 
     /// `POST /snapshots`: build a snapshot from an OCI image in a
