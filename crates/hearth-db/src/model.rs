@@ -395,6 +395,10 @@ impl Default for SandboxFilter {
 pub struct SnapshotFilter {
     pub name_contains: Option<String>,
     pub status: Option<SnapshotStatus>,
+    /// Only snapshots captured from a sandbox (not built from an image,
+    /// not built-in); with `from_sandbox`, only those of that sandbox.
+    pub captured_only: bool,
+    pub from_sandbox: Option<SandboxId>,
     pub sort_by: SnapshotSort,
     pub sort_order: SortOrder,
     pub page_size: u32,
@@ -406,6 +410,8 @@ impl Default for SnapshotFilter {
         Self {
             name_contains: None,
             status: None,
+            captured_only: false,
+            from_sandbox: None,
             sort_by: SnapshotSort::default(),
             sort_order: SortOrder::default(),
             page_size: DEFAULT_PAGE_SIZE,

@@ -439,6 +439,13 @@ impl Db {
             f.name_contains.as_deref(),
             f.status.map(|s| s.as_str()),
         );
+        if f.captured_only || f.from_sandbox.is_some() {
+            sql.push(" AND source_sandbox_id IS NOT NULL");
+        }
+        if let Some(id) = f.from_sandbox {
+            sql.push(" AND source_sandbox_id = ");
+            sql.push_param(id.to_string());
+        }
         ks.push_where(&mut sql);
         ks.push_order_limit(&mut sql);
         let rows = self
