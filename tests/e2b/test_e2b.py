@@ -212,10 +212,65 @@ def test_fork_children_resume_the_parent_each_on_its_own():
     created.remove(parent.sandbox_id)
 
 
+def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
+    src = new()
+    src.commands.run("echo at-snapshot > /root/kept")
+    src.commands.run(
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+        background=True)
+    time.sleep(1.5)
+    t = time.monotonic()
+    snap = src.create_snapshot()
+    print(f"  snapshot {snap.snapshot_id} ({snap.names}) in {time.monotonic() - t:.1f}s",
+          flush=True)
+    check(snap.snapshot_id and snap.names, f"a snapshot id and its names: {snap}")
+    # The source runs on, and what it does next is not in the snapshot.
+    check(src.is_running(), "the source runs on")
+    src.commands.run("echo after > /root/later")
+    listed = [s.snapshot_id for s in src.list_snapshots().next_items()]
+    check(listed == [snap.snapshot_id], f"the source's snapshots: {listed}")
+    check(snap.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()],
+          "in the workspace's snapshots")
+    # A new sandbox from it resumes the counting process and has the file.
+    kid = Sandbox.create(snap.snapshot_id, timeout=120)
+    created.append(kid.sandbox_id)
+    check(kid.commands.run("cat /root/kept").stdout == "at-snapshot\n", "the file at the snapshot")
+    check(kid.commands.run("cat /root/later 2>/dev/null || echo none").stdout == "none\n",
+          "nothing written after the snapshot")
+    first = int(kid.commands.run("cat /tmp/count").stdout)
+    time.sleep(1)
+    check(int(kid.commands.run("cat /tmp/count").stdout) > first,
+          "the source's counting process goes on in the new sandbox")
+    # Filesystem only: the file, no process.
+    fs = src.create_snapshot(mode="filesystem")
+    cold = Sandbox.create(fs.snapshot_id, timeout=120)
+    created.append(cold.sandbox_id)
+    check(cold.commands.run("cat /root/later").stdout == "after\n", "the filesystem snapshot's file")
+    count = "cat /tmp/count 2>/dev/null || echo none"
+    before = cold.commands.run(count).stdout
+    time.sleep(1)
+    check(cold.commands.run(count).stdout == before,
+          f"a filesystem snapshot boots cold: nothing counts ({before.strip()})")
+    # Another workspace sees none of it.
+    check(Sandbox.list_snapshots(api_key=OTHER_KEY).next_items() == [],
+          "another workspace lists no snapshot")
+    check(not Sandbox.delete_snapshot(snap.snapshot_id, api_key=OTHER_KEY),
+          "another workspace cannot delete it")
+    for sb in (kid, cold):
+        sb.kill()
+        created.remove(sb.sandbox_id)
+    check(Sandbox.delete_snapshot(snap.snapshot_id), "deleted")
+    check(not Sandbox.delete_snapshot(snap.snapshot_id), "a second delete finds nothing")
+    check(Sandbox.delete_snapshot(fs.snapshot_id), "the filesystem snapshot deleted")
+    src.kill()
+    created.remove(src.sandbox_id)
+
+
 TESTS = [
     test_create_run_files_and_kill,
     test_pause_keeps_processes_and_connect_resumes,
     test_fork_children_resume_the_parent_each_on_its_own,
+    test_a_snapshot_resumes_its_processes_in_new_sandboxes,
 ]
 
 

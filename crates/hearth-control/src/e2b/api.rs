@@ -289,9 +289,10 @@ impl Control {
     }
 }
 
+/// A JSON object body; a field of the wrong type or unknown is a 400
+/// naming it.
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
-    serde_json::from_slice(body)
-        .map_err(|e| E2bError::bad_request(format!("invalid request body: {e}")))
+    hearth_api::parse_body(body).map_err(E2bError::from)
 }
 
 /// A body the SDK may leave out: empty is the defaults.
@@ -792,6 +793,209 @@ pub async fn fork(
     }
     tracing::info!(sandbox = %parent.id, children = entries.len(), parent_pause_ms = forked.parent_pause_ms, "e2b fork");
     Ok((StatusCode::CREATED, Json(entries)).into_response())
+}
+
+/// Body of `POST /sandboxes/{id}/snapshots`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SnapshotBody {
+    /// `name` or `name:tag`.
+    name: Option<String>,
+    /// `false`: the filesystem only (sandboxes made from it boot cold).
+    memory: Option<bool>,
+}
+
+/// E2B's `SnapshotInfo`.
+#[derive(Serialize)]
+struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    snapshot_id: String,
+    names: Vec<String>,
+}
+
+fn snapshot_info(s: &SnapshotRow) -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot_id: s.id.to_string(),
+        names: vec![if s.tag == hearth_api::validate::DEFAULT_TAG {
+            s.name.clone()
+        } else {
+            format!("{}:{}", s.name, s.tag)
+        }],
+    }
+}
+
+/// How long a snapshot may take to be stored before the request fails
+/// (it goes on building; the snapshot list shows it once ready).
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(600);
+
+/// `POST /sandboxes/{id}/snapshots`: a snapshot of the running sandbox,
+/// with its memory unless `memory: false`, answered once it is stored.
+/// Its id is a template: `Sandbox.create(snapshot_id)` resumes it. The
+/// sandbox runs on (it is frozen only while its memory is copied).
+pub async fn create_snapshot(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+    body: Result<JsonBody, HttpError>,
+) -> E2bResult<Response> {
+    let who = who?;
+    let req: SnapshotBody = optional_body(&body?.0)?;
+    let row = c.e2b_find(&who, &id).await?;
+    let reference: hearth_api::validate::SnapshotRef = match &req.name {
+        Some(n) => n
+            .parse()
+            .map_err(|e| E2bError::bad_request(format!("name: {e}")))?,
+        None => {
+            let hex = hearth_types::SnapshotId::new()
+                .as_uuid()
+                .simple()
+                .to_string();
+            hearth_api::validate::SnapshotRef {
+                name: format!("snapshot-{}", &hex[hex.len() - 12..]),
+                tag: hearth_api::validate::DEFAULT_TAG.to_owned(),
+            }
+        }
+    };
+    let capture = hearth_api::CaptureSnapshotRequest {
+        name: reference.name,
+        tag: Some(reference.tag),
+        include_memory: req.memory.unwrap_or(true),
+        ..Default::default()
+    };
+    let building = c.capture(&who, &row.id.to_string(), &capture).await?;
+    let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
+    loop {
+        let now =
+            c.db.get_snapshot(who.workspace_id, building.id)
+                .await
+                .map_err(db_error)?;
+        match now.status {
+            hearth_db::SnapshotStatus::Ready => {
+                return Ok((StatusCode::CREATED, Json(snapshot_info(&now))).into_response())
+            }
+            hearth_db::SnapshotStatus::Building if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            hearth_db::SnapshotStatus::Building => {
+                return Err(E2bError::new(
+                    504,
+                    format!("snapshot {} is still being stored", now.id),
+                ))
+            }
+            _ => {
+                return Err(E2bError::new(
+                    500,
+                    format!(
+                        "snapshot of {id} failed: {}",
+                        now.status_message
+                            .unwrap_or_else(|| now.status.as_str().to_owned())
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// `GET /snapshots`: the workspace's snapshots captured from sandboxes
+/// (through either API), newest first, `sandboxID` and `name` (a name,
+/// `name:tag` or an id) filtering, paged by `limit` and `nextToken`
+/// (`x-next-token`).
+pub async fn list_snapshots(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    RawQuery(raw): RawQuery,
+) -> E2bResult<Response> {
+    let who = who?;
+    who.require("sandboxes:read")?;
+    let mut filter = hearth_db::SnapshotFilter {
+        captured_only: true,
+        status: Some(hearth_db::SnapshotStatus::Ready),
+        page_size: 100,
+        ..Default::default()
+    };
+    let mut name = None;
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        match &*k {
+            "sandboxID" => match c.e2b_find(&who, &v).await {
+                Ok(row) => filter.from_sandbox = Some(row.id),
+                // Another workspace's or no sandbox: it has no snapshots
+                // this caller may see.
+                Err(_) => return Ok(Json(Vec::<SnapshotInfo>::new()).into_response()),
+            },
+            "name" => name = Some(v.into_owned()),
+            "limit" => {
+                filter.page_size = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        E2bError::bad_request(format!("limit: must be 1 to 1000, got {v:?}"))
+                    })?
+            }
+            "nextToken" => filter.cursor = Some(v.into_owned()).filter(|t| !t.is_empty()),
+            other => {
+                return Err(E2bError::bad_request(format!(
+                    "{other}: not a query parameter Hearth's snapshot list serves"
+                )))
+            }
+        }
+    }
+    if let Some(n) = name {
+        // One snapshot by id or name[:tag], when it is one of the listed.
+        let found = match n.parse::<uuid::Uuid>() {
+            Ok(id) => c.db.get_snapshot(who.workspace_id, id.into()).await.ok(),
+            Err(_) => match n.parse::<hearth_api::validate::SnapshotRef>() {
+                Ok(r) => {
+                    c.db.find_snapshot_by_ref(who.workspace_id, &r.name, &r.tag)
+                        .await
+                        .ok()
+                }
+                Err(e) => return Err(E2bError::bad_request(format!("name: {e}"))),
+            },
+        };
+        let listed = found.filter(|s| {
+            s.status == hearth_db::SnapshotStatus::Ready
+                && s.source_sandbox_id.is_some()
+                && filter
+                    .from_sandbox
+                    .is_none_or(|f| s.source_sandbox_id == Some(f))
+        });
+        return Ok(Json(listed.iter().map(snapshot_info).collect::<Vec<_>>()).into_response());
+    }
+    let page =
+        c.db.list_snapshots(who.workspace_id, &filter)
+            .await
+            .map_err(|e| match e {
+                hearth_db::DbError::InvalidCursor => {
+                    E2bError::bad_request("nextToken: not a token this list gave")
+                }
+                e => db_error(e).into(),
+            })?;
+    let mut resp = Json(page.items.iter().map(snapshot_info).collect::<Vec<_>>()).into_response();
+    if let Some(next) = page.next_cursor {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
+            resp.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(resp)
+}
+
+/// `DELETE /templates/{id}`: E2B deletes a snapshot (a template) by its
+/// id or name; a snapshot a pool or a sandbox still needs is a 409.
+pub async fn delete_template(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+) -> E2bResult<Response> {
+    let who = who?;
+    c.delete_snapshot(&who, &id).await.map_err(|e| {
+        if e.status == 404 {
+            E2bError::not_found(format!("template {id} not found"))
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// E2B calls Hearth does not serve yet (metrics, logs, snapshots,

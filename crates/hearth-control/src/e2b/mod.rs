@@ -134,7 +134,12 @@ pub(crate) fn routes() -> Router<Arc<Control>> {
         .route("/sandboxes/{id}/logs", get(api::not_served_route))
         .route("/v2/sandboxes/{id}/logs", get(api::not_served_route))
         .route("/sandboxes/{id}/refreshes", post(api::not_served_route))
-        .route("/sandboxes/{id}/snapshots", post(api::not_served_route))
+        .route("/sandboxes/{id}/snapshots", post(api::create_snapshot))
+        .route("/snapshots", get(api::list_snapshots))
+        .route(
+            "/templates/{id}",
+            axum::routing::delete(api::delete_template),
+        )
         .route("/sandboxes/{id}/fork", post(api::fork))
         .route(
             "/sandboxes/{id}/network",

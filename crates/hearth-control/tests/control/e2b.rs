@@ -407,3 +407,161 @@ async fn e2b_fork_makes_children_with_their_deadlines() {
     assert_eq!(r.status, 404, "{}", r.text());
     s.stop().await;
 }
+
+/// E2B's snapshots over Hearth's capture: `POST /sandboxes/{id}/snapshots`
+/// answers once the snapshot is stored, its id is a template a create
+/// resumes from, `GET /snapshots` lists it (by sandbox, by name or id,
+/// paged), `DELETE /templates/{id}` removes it; refusals named; another
+/// workspace sees none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_snapshots_are_captures_listed_created_from_and_deleted() {
+    let (s, _sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let create = |template: String| {
+        let (s, key) = (&s, key.clone());
+        async move {
+            call(
+                s,
+                "POST",
+                "/sandboxes",
+                &key,
+                json!({"templateID": template, "timeout": 300}),
+            )
+            .await
+        }
+    };
+    let r = create("base".into()).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let source = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    let snapshots = format!("/sandboxes/{source}/snapshots");
+
+    // The SDK's default: memory and filesystem, a generated name.
+    let r = call(&s, "POST", &snapshots, &key, json!({})).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let first = r.json().unwrap();
+    let first_id = first["snapshotID"].as_str().unwrap().to_owned();
+    let first_name = first["names"][0].as_str().unwrap().to_owned();
+    assert!(first_name.starts_with("snapshot-"), "{first}");
+    // Named, filesystem only.
+    let r = call(
+        &s,
+        "POST",
+        &snapshots,
+        &key,
+        json!({"name": "nightly:v2", "memory": false}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let second = r.json().unwrap();
+    assert_eq!(second["names"], json!(["nightly:v2"]));
+    let second_id = second["snapshotID"].as_str().unwrap().to_owned();
+    // The source runs on.
+    assert_eq!(detail(&s, &key, &source).await["state"], "running");
+
+    // A create from the snapshot's id (the SDK's Sandbox.create(snapshot_id)).
+    let r = create(first_id.clone()).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let from = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(detail(&s, &key, &from).await["state"], "running");
+    let r = create("nightly:v2".into()).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let from_second = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+
+    // Listed: newest first; by sandbox; by name and by id; paged.
+    let list = |q: String| {
+        let (s, key) = (&s, key.clone());
+        async move { call(s, "GET", &format!("/snapshots{q}"), &key, json!({})).await }
+    };
+    let ids = |r: &Resp| -> Vec<String> {
+        r.json()
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["snapshotID"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let r = list(String::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(ids(&r), [second_id.as_str(), first_id.as_str()]);
+    let r = list(format!("?sandboxID={source}")).await;
+    assert_eq!(ids(&r), [second_id.as_str(), first_id.as_str()]);
+    let r = list(format!("?sandboxID={from}")).await;
+    assert!(ids(&r).is_empty(), "{}", r.text());
+    assert_eq!(
+        ids(&list("?name=nightly:v2".into()).await),
+        [second_id.as_str()]
+    );
+    assert_eq!(
+        ids(&list(format!("?name={first_name}")).await),
+        [first_id.as_str()]
+    );
+    assert_eq!(
+        ids(&list(format!("?name={first_id}")).await),
+        [first_id.as_str()]
+    );
+    let r = list("?limit=1".into()).await;
+    assert_eq!(ids(&r), [second_id.as_str()]);
+    let next = r.header("x-next-token").expect("a next page").to_owned();
+    let r = list(format!("?limit=1&nextToken={next}")).await;
+    assert_eq!(ids(&r), [first_id.as_str()]);
+
+    // Refusals name what they refuse.
+    for (body, named) in [
+        (json!({"name": "Not A Name!"}), "name"),
+        (json!({"memory": "yes"}), "memory"),
+        (json!({"mode": "full"}), "mode"),
+    ] {
+        let r = call(&s, "POST", &snapshots, &key, body.clone()).await;
+        let (code, message) = e2b_error(&r);
+        assert_eq!((r.status, code), (400, 400), "{body}: {}", r.text());
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    let r = list("?order=asc".into()).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(e2b_error(&r).1.contains("order"), "{}", r.text());
+
+    // Another workspace: no such sandbox, no snapshots, no template.
+    let r = call(&s, "POST", &snapshots, &s.admin, json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = call(&s, "GET", "/snapshots", &s.admin, json!({})).await;
+    assert!(ids(&r).is_empty(), "{}", r.text());
+    let r = call(
+        &s,
+        "DELETE",
+        &format!("/templates/{first_id}"),
+        &s.admin,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    // Not while a sandbox made from it exists; then deleted once, and a
+    // second time it is not found.
+    let template = format!("/templates/{second_id}");
+    let delete = || call(&s, "DELETE", &template, &key, json!({}));
+    let r = delete().await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    let r = call(
+        &s,
+        "DELETE",
+        &format!("/sandboxes/{from_second}"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert!(r.status < 300, "{} {}", r.status, r.text());
+    let r = delete().await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = call(
+        &s,
+        "DELETE",
+        &format!("/templates/{second_id}"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(ids(&list(String::new()).await), [first_id.as_str()]);
+    s.stop().await;
+}
