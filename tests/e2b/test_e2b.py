@@ -212,6 +212,24 @@ def test_fork_children_resume_the_parent_each_on_its_own():
     created.remove(parent.sandbox_id)
 
 
+def test_metrics_are_the_guests_own():
+    sb = new()
+    sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
+    [m] = sb.get_metrics()
+    print(f"  {m}", flush=True)
+    check(m.cpu_count >= 1, f"vCPUs: {m}")
+    check(0 <= m.cpu_used_pct <= 100, f"CPU use: {m}")
+    check(0 < m.mem_used < m.mem_total, f"memory: {m}")
+    check(m.mem_total > 100 << 20, f"the guest's memory, not a default: {m}")
+    check(20_000_000 <= m.disk_used < m.disk_total, f"the root filesystem holds the file: {m}")
+    age = (datetime.now(timezone.utc) - m.timestamp).total_seconds()
+    check(abs(age) < 30, f"measured now: {m.timestamp}")
+    check(sb.get_metrics(start=datetime.now(timezone.utc).replace(year=2099)) == [],
+          "nothing in a window that has not come")
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     src = new()
     src.commands.run("echo at-snapshot > /root/kept")
@@ -271,6 +289,7 @@ TESTS = [
     test_pause_keeps_processes_and_connect_resumes,
     test_fork_children_resume_the_parent_each_on_its_own,
     test_a_snapshot_resumes_its_processes_in_new_sandboxes,
+    test_metrics_are_the_guests_own,
 ]
 
 

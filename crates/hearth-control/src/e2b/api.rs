@@ -275,7 +275,7 @@ impl Control {
 
     /// A sandbox of the caller's workspace by its E2B id (Hearth's id; a
     /// name is not an E2B id).
-    async fn e2b_find(&self, who: &Principal, id: &str) -> E2bResult<SandboxRow> {
+    pub(super) async fn e2b_find(&self, who: &Principal, id: &str) -> E2bResult<SandboxRow> {
         let not_found = || E2bError::not_found(format!("sandbox {id} not found"));
         let id: SandboxId = id.parse().map_err(|_| not_found())?;
         let row = self

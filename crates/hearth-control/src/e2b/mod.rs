@@ -17,6 +17,7 @@
 mod api;
 mod connect;
 mod envd;
+mod metrics;
 
 use std::sync::Arc;
 
@@ -130,7 +131,7 @@ pub(crate) fn routes() -> Router<Arc<Control>> {
         .route("/sandboxes/{id}/connect", post(api::connect))
         .route("/sandboxes/{id}/resume", post(api::connect))
         .route("/v2/sandboxes/{id}/connect", post(api::connect))
-        .route("/sandboxes/{id}/metrics", get(api::not_served_route))
+        .route("/sandboxes/{id}/metrics", get(metrics::metrics))
         .route("/sandboxes/{id}/logs", get(api::not_served_route))
         .route("/v2/sandboxes/{id}/logs", get(api::not_served_route))
         .route("/sandboxes/{id}/refreshes", post(api::not_served_route))

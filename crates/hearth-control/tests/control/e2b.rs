@@ -217,15 +217,40 @@ async fn e2b_control_api_on_the_sim_host() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
 
-    // Calls not served are a 501 that says so, not a 404.
+    // Metrics: one sample of the guest's own figures (the simulated host
+    // has no guest: read in the e2b SDK suite); none outside the window
+    // asked; a parameter not served is a 400 naming it.
+    let later = Timestamp::now().unix_ms() / 1000 + 3600;
     let r = call(
         &s,
         "GET",
-        &format!("/sandboxes/{id}/metrics"),
+        &format!("/sandboxes/{id}/metrics?start={later}"),
         &key,
         json!({}),
     )
     .await;
+    assert_eq!((r.status, r.text()), (200, "[]".to_owned()));
+    let r = call(
+        &s,
+        "GET",
+        &format!("/sandboxes/{id}/metrics?step=5"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(e2b_error(&r).1.contains("step"), "{}", r.text());
+    let r = call(
+        &s,
+        "GET",
+        &format!("/sandboxes/{id}/metrics"),
+        &s.admin,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 404, "another workspace's: {}", r.text());
+    // Calls not served are a 501 that says so, not a 404.
+    let r = call(&s, "GET", &format!("/sandboxes/{id}/logs"), &key, json!({})).await;
     assert_eq!(r.status, 501, "{}", r.text());
 
     // envd: a wrong token is 401 before anything is looked up; the right
