@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 /// requests larger than one frame (`OpenLarge`, up to
 /// [`crate::mux::MAX_REQUEST`]); version 1 peers get single-frame requests.
 /// Version 3 adds [`Request::Clock`], version 4 [`Request::Identity`],
-/// version 5 [`Request::Stdin`] and [`Request::Commands`].
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5];
+/// version 5 [`Request::Stdin`] and [`Request::Commands`], version 6
+/// [`Request::Resize`].
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -27,6 +28,9 @@ pub const IDENTITY_VERSION: u16 = 4;
 /// The first protocol version with [`Request::Stdin`] and
 /// [`Request::Commands`].
 pub const COMMANDS_VERSION: u16 = 5;
+
+/// The first protocol version with [`Request::Resize`].
+pub const RESIZE_VERSION: u16 = 6;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -168,6 +172,14 @@ pub enum Request {
     /// The commands running now: answered [`Reply::Commands`]. Protocol
     /// [`COMMANDS_VERSION`].
     Commands,
+    /// Set the terminal size of the running command whose process (group
+    /// leader) is `pid`, without attaching to it. Answered `Ok`, or `Error`
+    /// (`NotFound`: no running command has that pid; `Unsupported`: it has
+    /// no terminal). Protocol [`RESIZE_VERSION`].
+    Resize {
+        pid: u32,
+        size: PtySize,
+    },
 }
 
 /// A running command ([`Reply::Commands`]): what it was started with.

@@ -294,6 +294,35 @@ pub async fn handle_stdin(mut stream: Stream, pid: u32, close: bool) {
     reply(&stream, Reply::Ok).await;
 }
 
+/// `Request::Resize`: the terminal size of a running command by its pid.
+pub async fn handle_resize(stream: Stream, pid: u32, size: PtySize) {
+    let session = registry()
+        .sessions
+        .values()
+        .find(|s| s.pid == pid && s.lock().exit.is_none())
+        .cloned();
+    let r = match session {
+        None => Reply::Error(OpError::new(
+            OpErrorKind::NotFound,
+            format!("no running command has pid {pid}"),
+        )),
+        Some(s) => match &s.pty {
+            None => Reply::Error(OpError::new(
+                OpErrorKind::Unsupported,
+                format!("command {pid} has no terminal"),
+            )),
+            Some(pty) => match sys::set_winsize(pty.raw(), size.rows.max(1), size.cols.max(1)) {
+                Ok(()) => Reply::Ok,
+                Err(e) => Reply::Error(OpError::new(
+                    OpErrorKind::Io,
+                    format!("resize the terminal of {pid}: {e}"),
+                )),
+            },
+        },
+    };
+    reply(&stream, r).await;
+}
+
 async fn reply(stream: &Stream, r: Reply) {
     if let Err(e) = stream.send_ctl(&r).await {
         eprintln!("hearth-guest: reply lost: {e}");

@@ -150,6 +150,7 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
     match req {
         Request::Exec(e) => exec::handle_exec(stream, e).await,
         Request::Stdin { pid, close } => exec::handle_stdin(stream, pid, close).await,
+        Request::Resize { pid, size } => exec::handle_resize(stream, pid, size).await,
         Request::Commands => exec::handle_commands(stream).await,
         Request::Attach {
             command_id,

@@ -207,6 +207,21 @@ impl GuestClient {
         }
     }
 
+    /// Sets the terminal size of the running command `pid` without
+    /// attaching to it.
+    pub async fn resize_pty(&self, pid: u32, rows: u16, cols: u16) -> Result<(), GuestError> {
+        self.needs(
+            hearth_guest_proto::RESIZE_VERSION,
+            "resizing a command's terminal",
+        )?;
+        let size = PtySize { rows, cols };
+        match self.call(&Request::Resize { pid, size }).await? {
+            Reply::Ok => Ok(()),
+            Reply::Error(op) => Err(GuestError::Op(op)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Sets the guest's wall clock to the host's: reads it
     /// ([`GuestClient::read_clock`]) and steps it when it is off (see
     /// [`crate::clock`]). `None` when the guest is older than
