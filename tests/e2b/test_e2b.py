@@ -9,11 +9,12 @@ Each test prints PASS or FAIL; the exit status is 1 if any failed.
 
 import os
 import sys
+import threading
 import time
 import traceback
 from datetime import datetime, timezone
 
-from e2b import Sandbox
+from e2b import PtySize, Sandbox
 from e2b.exceptions import NotFoundException, SandboxException
 
 TEMPLATE = os.environ.get("HEARTH_E2B_TEMPLATE", "base")
@@ -212,6 +213,68 @@ def test_fork_children_resume_the_parent_each_on_its_own():
     created.remove(parent.sandbox_id)
 
 
+def test_a_terminal_takes_input_and_resizes():
+    sb = new()
+    screen = bytearray()
+    h = sb.pty.create(PtySize(rows=24, cols=80), timeout=120)
+
+    def read():
+        try:
+            h.wait(on_pty=lambda data: screen.extend(data))
+        except Exception:  # the shell's exit status after `exit`
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    answered = [0]
+
+    def until(text, limit=30):
+        t = time.monotonic()
+        while text.encode() not in screen:
+            # A terminal answers the shell's cursor-position queries
+            # (busybox ash asks before each prompt) as xterm.js does.
+            asked = bytes(screen).count(b"\x1b[6n")
+            while answered[0] < asked:
+                sb.pty.send_stdin(h.pid, b"\x1b[1;1R")
+                answered[0] += 1
+            check(time.monotonic() - t < limit, f"{text!r} on the terminal: {bytes(screen)[-500:]!r}")
+            time.sleep(0.1)
+
+    def prompt(n):
+        """Waits for the shell's n-th prompt (`# ` as root)."""
+        until("# ")
+        t = time.monotonic()
+        while bytes(screen).count(b"# ") < n:
+            until("# ")
+            check(time.monotonic() - t < 30, f"prompt {n}: {bytes(screen)[-300:]!r}")
+            time.sleep(0.1)
+
+    prompt(1)
+    sb.pty.send_stdin(h.pid, b"echo $((6*7))-ok; stty size\n")
+    until("42-ok")
+    until("24 80")
+    prompt(2)
+    sb.pty.resize(h.pid, PtySize(rows=40, cols=120))
+    sb.pty.send_stdin(h.pid, b"stty size\n")
+    until("40 120")
+    # A process without a terminal cannot be resized; nor can one that
+    # does not exist.
+    bg = sb.commands.run("sleep 30", background=True)
+    for pid in (bg.pid, 999999):
+        try:
+            sb.pty.resize(pid, PtySize(rows=10, cols=10))
+            check(False, f"resizing {pid} was refused")
+        except SandboxException:
+            pass
+    bg.kill()
+    sb.pty.send_stdin(h.pid, b"exit\n")
+    reader.join(30)
+    check(not reader.is_alive(), "the shell ended with exit")
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_metrics_are_the_guests_own():
     sb = new()
     sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
@@ -290,6 +353,7 @@ TESTS = [
     test_fork_children_resume_the_parent_each_on_its_own,
     test_a_snapshot_resumes_its_processes_in_new_sandboxes,
     test_metrics_are_the_guests_own,
+    test_a_terminal_takes_input_and_resizes,
 ]
 
 

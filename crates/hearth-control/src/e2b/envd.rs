@@ -11,11 +11,12 @@
 //! `/bin/bash -l -c CMD` runs as a shell command, so an image without
 //! bash runs it with `/bin/sh`; with `stdin: true` its stdin stays open
 //! for `SendInput` and `CloseStdin`, else it is closed at once),
-//! `Process/{SendSignal, SendInput, CloseStdin, List}` (by pid, through
-//! the guest's `Stdin` and `Commands` requests, which reach a running
-//! command without taking its stream over), and
+//! `Process/{SendSignal, SendInput, CloseStdin, List, Update}` (by pid,
+//! through the guest's `Stdin`, `Commands` and `Resize` requests, which
+//! reach a running command without taking its stream over; the SDK's
+//! `pty.create`, `bash -i -l`, is a login shell, `sh` without bash), and
 //! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move}`. The rest
-//! (`Connect`, `StreamInput`, `Update`, watchers) answer `unimplemented`,
+//! (`Connect`, `StreamInput`, watchers) answer `unimplemented`,
 //! and a `tag` is refused: none of it is accepted and then ignored.
 
 use std::collections::BTreeMap;
@@ -477,6 +478,10 @@ pub async fn process(
             Ok(r) => r,
             Err(e) => e.into_response(),
         },
+        "Update" => match update(&c, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
         "Connect" | "StreamInput" => connect::stream_error(ConnectError::unimplemented(format!(
             "process.Process/{method} is not served by Hearth yet"
         ))),
@@ -495,6 +500,11 @@ fn exec_of(t: &Target, req: StartRequest, user: Option<String>, timeout: Duratio
     let shell_cmd = match (p.cmd.as_str(), p.args.as_slice()) {
         ("/bin/bash" | "bash", [l, c, cmd]) if l == "-l" && c == "-c" => Some(cmd.clone()),
         ("/bin/bash" | "bash", [c, cmd]) if c == "-c" => Some(cmd.clone()),
+        // The SDK's `pty.create`: an interactive login shell, bash when
+        // the image has it.
+        ("/bin/bash" | "bash", [i, l]) if i == "-i" && l == "-l" => Some(
+            "if [ -x /bin/bash ]; then exec /bin/bash -i -l; else exec /bin/sh -i -l; fi".into(),
+        ),
         _ => None,
     };
     let mut env = t.env.clone();
@@ -589,8 +599,9 @@ async fn start(
         .await
         .map_err(|e| ConnectError::internal(format!("cannot start the process: {e}")))?;
     // Without `stdin: true` the process's stdin is not the client's:
-    // closed at once.
-    if !keep_stdin {
+    // closed at once. A terminal's input always is (`pty.send_stdin`);
+    // closing it would type an end-of-file into the shell.
+    if !keep_stdin && !pty {
         if let Err(e) = h.control.close_stdin().await {
             tracing::debug!(sandbox = %t.row.id, error = %e, "cannot close a started process's stdin");
         }
@@ -814,6 +825,44 @@ async fn send_input(
         .send_stdin(pid, Bytes::from(data), false)
         .await
         .map_err(|e| process_error(e, pid, "write to the stdin"))?;
+    Ok(connect::unary(&json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateRequest {
+    process: ProcessSelector,
+    pty: Option<PtyConfig>,
+}
+
+/// `Process/Update`: a running process's terminal size (the SDK's
+/// `pty.resize`).
+async fn update(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    let req: UpdateRequest = unary_request(headers, body)?;
+    let pid = req.process.pid()?;
+    let size = req
+        .pty
+        .and_then(|p| p.size)
+        .ok_or_else(|| ConnectError::invalid("pty.size: the new terminal size is required"))?;
+    let t = target(c, headers).await?;
+    t.guest
+        .resize_pty(
+            pid,
+            size.rows.clamp(1, 1000) as u16,
+            size.cols.clamp(1, 1000) as u16,
+        )
+        .await
+        .map_err(|e| match e.op_kind() {
+            Some(OpErrorKind::Unsupported) => ConnectError::new(
+                "failed_precondition",
+                format!("process {pid} has no terminal"),
+            ),
+            _ => process_error(e, pid, "resize the terminal"),
+        })?;
     Ok(connect::unary(&json!({})))
 }
 
