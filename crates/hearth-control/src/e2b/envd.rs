@@ -32,7 +32,7 @@ use hearth_db::{SandboxRow, SandboxStatus};
 use hearth_guest_proto::{
     ExecErrorType, ExecRequest, FileKind, FileStat, OpErrorKind, OutputChannel, PtySize,
 };
-use hearth_hostapi::{ExecUpdate, GuestClient, GuestError};
+use hearth_hostapi::{ExecHandle, ExecUpdate, GuestClient, GuestError};
 use hearth_types::SandboxId;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -593,7 +593,7 @@ async fn start(
     let t = target(c, headers).await?;
     let pty = req.pty.is_some();
     let exec = exec_of(&t, req, user, timeout);
-    let mut h = t
+    let h = t
         .guest
         .exec(exec)
         .await
@@ -606,8 +606,15 @@ async fn start(
             tracing::debug!(sandbox = %t.row.id, error = %e, "cannot close a started process's stdin");
         }
     }
+    Ok(stream_process(t.row.id, h, pty, every))
+}
+
+/// A process's events as a Connect-RPC server stream (`Start`, `Connect`):
+/// its start, its output (`pty` data for a terminal), keepalives at
+/// `every` while it is quiet, then its end or the error that ended the
+/// stream. The process outlives a client that goes away.
+fn stream_process(sandbox: SandboxId, mut h: ExecHandle, pty: bool, every: Duration) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    let sandbox = t.row.id;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.reset();
@@ -686,9 +693,7 @@ async fn start(
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
     });
-    Ok(connect::stream_response(axum::body::Body::from_stream(
-        stream,
-    )))
+    connect::stream_response(axum::body::Body::from_stream(stream))
 }
 
 #[derive(Deserialize)]
