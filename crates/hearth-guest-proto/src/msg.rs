@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 /// [`crate::mux::MAX_REQUEST`]); version 1 peers get single-frame requests.
 /// Version 3 adds [`Request::Clock`], version 4 [`Request::Identity`],
 /// version 5 [`Request::Stdin`] and [`Request::Commands`], version 6
-/// [`Request::Resize`].
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6];
+/// [`Request::Resize`], version 7 [`Request::Follow`].
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -31,6 +31,10 @@ pub const COMMANDS_VERSION: u16 = 5;
 
 /// The first protocol version with [`Request::Resize`].
 pub const RESIZE_VERSION: u16 = 6;
+
+/// The first protocol version with [`Request::Follow`] and
+/// [`CommandInfo::pty`].
+pub const FOLLOW_VERSION: u16 = 7;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -180,6 +184,16 @@ pub enum Request {
         pid: u32,
         size: PtySize,
     },
+    /// Follow the running command whose process (group leader) is `pid`:
+    /// the guest answers as to an `Exec` (`Started`, then its output from
+    /// now on, then `Exit`), without attaching to it, so the stream that
+    /// started it keeps its output and its input; any number may follow
+    /// one command, and one that stops following (closes the stream)
+    /// changes nothing for it. `Error` `CommandNotFound` when no running
+    /// command has that pid. Protocol [`FOLLOW_VERSION`].
+    Follow {
+        pid: u32,
+    },
 }
 
 /// A running command ([`Reply::Commands`]): what it was started with.
@@ -196,6 +210,10 @@ pub struct CommandInfo {
     /// The request's own environment (not the sandbox's defaults).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Whether it runs on a terminal (from [`FOLLOW_VERSION`]; older
+    /// guests say nothing, read as `false`).
+    #[serde(default)]
+    pub pty: bool,
 }
 
 /// What [`Request::Identity`] sets, in this order, before the guest runs

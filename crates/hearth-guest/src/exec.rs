@@ -294,6 +294,103 @@ pub async fn handle_stdin(mut stream: Stream, pid: u32, close: bool) {
     reply(&stream, Reply::Ok).await;
 }
 
+/// `Request::Follow`: a running command's output from now on, to one more
+/// reader, without attaching (the attached client keeps its output, its
+/// input and its cursors). Ends with the command's exit, or when the host
+/// closes the stream.
+pub async fn handle_follow(stream: Stream, pid: u32) {
+    let session = registry()
+        .sessions
+        .values()
+        .find(|s| s.pid == pid && s.lock().exit.is_none())
+        .cloned();
+    let Some(session) = session else {
+        return send_error(
+            &stream,
+            ExecErrorType::CommandNotFound,
+            format!("no running command has pid {pid}"),
+        )
+        .await;
+    };
+    let (tx, mut rx) = stream.split();
+    let started = ExecEvent::Started {
+        command_id: session.id.clone(),
+        pid,
+    };
+    if tx.send_ctl(&started).await.is_err() {
+        return;
+    }
+    let follow = async {
+        let mut changed = session.changed.subscribe();
+        let mut cursors = {
+            let st = session.lock();
+            [st.rings[0].end(), st.rings[1].end()]
+        };
+        loop {
+            let step = {
+                let st = session.lock();
+                let mut step = Step::Wait;
+                for (idx, cursor) in cursors.iter().enumerate() {
+                    let ring = &st.rings[idx];
+                    // Output the ring dropped before it was read is lost
+                    // to a follower, as to a slow attached client.
+                    let from = (*cursor).max(ring.start);
+                    if from < ring.end() {
+                        let ch = if idx == 0 {
+                            OutputChannel::Stdout
+                        } else {
+                            OutputChannel::Stderr
+                        };
+                        step = Step::Send(ch, from, ring.read(from, CHUNK));
+                        break;
+                    }
+                }
+                if matches!(step, Step::Wait) && st.outputs_done() {
+                    let (exit_code, signal) = st.exit.unwrap_or((0, None));
+                    step = Step::Finish(match st.timed_out {
+                        Some(t) => ExecEvent::Error {
+                            error_type: ExecErrorType::CommandTimeout,
+                            message: format!("command timed out after {}s", t.as_secs_f64()),
+                        },
+                        None => ExecEvent::Exit { exit_code, signal },
+                    });
+                }
+                step
+            };
+            match step {
+                Step::Send(ch, offset, data) => {
+                    if tx
+                        .send_chunk(encode_output(ch, offset, &data))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    cursors[channel_index(ch)] = offset + data.len() as u64;
+                }
+                Step::Finish(event) => {
+                    if let Err(e) = tx.send_ctl(&event).await {
+                        eprintln!("hearth-guest: a follower's last event lost: {e}");
+                    }
+                    return;
+                }
+                Step::Wait | Step::Superseded => {
+                    if changed.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    // Input from a follower goes nowhere; its stream's end ends it.
+    let until_closed =
+        async { while !matches!(rx.recv().await, Some(Incoming::Close(_)) | None) {} };
+    tokio::select! {
+        () = follow => {}
+        () = until_closed => {}
+    }
+}
+
 /// `Request::Resize`: the terminal size of a running command by its pid.
 pub async fn handle_resize(stream: Stream, pid: u32, size: PtySize) {
     let session = registry()
@@ -532,6 +629,7 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
             argv: req.argv.clone(),
             cwd: req.cwd.clone(),
             env: req.env.clone(),
+            pty: req.pty.is_some(),
         },
         id,
         pid,

@@ -151,6 +151,7 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         Request::Exec(e) => exec::handle_exec(stream, e).await,
         Request::Stdin { pid, close } => exec::handle_stdin(stream, pid, close).await,
         Request::Resize { pid, size } => exec::handle_resize(stream, pid, size).await,
+        Request::Follow { pid } => exec::handle_follow(stream, pid).await,
         Request::Commands => exec::handle_commands(stream).await,
         Request::Attach {
             command_id,

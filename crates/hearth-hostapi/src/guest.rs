@@ -482,6 +482,14 @@ impl GuestClient {
         Ok(ExecHandle::new(s))
     }
 
+    /// Follows the running command `pid` without attaching to it: its
+    /// output from now on, then its exit (see `Request::Follow`).
+    pub async fn follow(&self, pid: u32) -> Result<ExecHandle, GuestError> {
+        self.needs(hearth_guest_proto::FOLLOW_VERSION, "following a command")?;
+        let s = self.request(&Request::Follow { pid }).await?;
+        Ok(ExecHandle::new(s))
+    }
+
     /// Connects to a TCP port inside the guest.
     pub async fn dial(&self, port: u16) -> Result<Stream, GuestError> {
         let mut s = self.request(&Request::TcpDial { port }).await?;
