@@ -275,6 +275,30 @@ def test_a_terminal_takes_input_and_resizes():
     created.remove(sb.sandbox_id)
 
 
+def test_connect_follows_a_running_process_beside_its_starter():
+    sb = new()
+    h = sb.commands.run(
+        "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo tick-$i; sleep 0.1; done",
+        background=True)
+    time.sleep(1.5)
+    follower = sb.commands.connect(h.pid)
+    followed = follower.wait()
+    started = h.wait()
+    check(followed.exit_code == 0, f"the follower saw it end: {followed}")
+    check("tick-40\n" in followed.stdout, f"the follower saw the end: {followed.stdout!r}")
+    check("tick-1\n" not in followed.stdout,
+          f"the follower sees output from when it connected: {followed.stdout!r}")
+    check(started.stdout.count("tick-") == 40,
+          f"the stream that started it kept all its output: {started.stdout!r}")
+    try:
+        sb.commands.connect(999999)
+        check(False, "connecting to a process that does not run is refused")
+    except SandboxException as e:
+        check("not found" in str(e).lower(), f"not found: {e}")
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_metrics_are_the_guests_own():
     sb = new()
     sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
@@ -354,6 +378,7 @@ TESTS = [
     test_a_snapshot_resumes_its_processes_in_new_sandboxes,
     test_metrics_are_the_guests_own,
     test_a_terminal_takes_input_and_resizes,
+    test_connect_follows_a_running_process_beside_its_starter,
 ]
 
 

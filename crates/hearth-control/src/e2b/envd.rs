@@ -11,12 +11,13 @@
 //! `/bin/bash -l -c CMD` runs as a shell command, so an image without
 //! bash runs it with `/bin/sh`; with `stdin: true` its stdin stays open
 //! for `SendInput` and `CloseStdin`, else it is closed at once),
-//! `Process/{SendSignal, SendInput, CloseStdin, List, Update}` (by pid,
-//! through the guest's `Stdin`, `Commands` and `Resize` requests, which
-//! reach a running command without taking its stream over; the SDK's
+//! `Process/{SendSignal, SendInput, CloseStdin, List, Update, Connect}`
+//! (by pid, through the guest's `Stdin`, `Commands`, `Resize` and
+//! `Follow` requests, which reach a running command without taking its
+//! stream over; the SDK's
 //! `pty.create`, `bash -i -l`, is a login shell, `sh` without bash), and
 //! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move}`. The rest
-//! (`Connect`, `StreamInput`, watchers) answer `unimplemented`,
+//! (`StreamInput`, watchers) answer `unimplemented`,
 //! and a `tag` is refused: none of it is accepted and then ignored.
 
 use std::collections::BTreeMap;
@@ -482,7 +483,11 @@ pub async fn process(
             Ok(r) => r,
             Err(e) => e.into_response(),
         },
-        "Connect" | "StreamInput" => connect::stream_error(ConnectError::unimplemented(format!(
+        "Connect" => match connect_process(&c, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => connect::stream_error(e),
+        },
+        "StreamInput" => connect::stream_error(ConnectError::unimplemented(format!(
             "process.Process/{method} is not served by Hearth yet"
         ))),
         other => ConnectError::unimplemented(format!(
@@ -664,6 +669,7 @@ fn stream_process(sandbox: SandboxId, mut h: ExecHandle, pty: bool, every: Durat
                             ConnectError::new("deadline_exceeded", message)
                         }
                         ExecErrorType::BadRequest => ConnectError::invalid(message),
+                        ExecErrorType::CommandNotFound => ConnectError::not_found(message),
                         _ => ConnectError::internal(message),
                     })
                 }
@@ -831,6 +837,44 @@ async fn send_input(
         .await
         .map_err(|e| process_error(e, pid, "write to the stdin"))?;
     Ok(connect::unary(&json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConnectRequest {
+    process: ProcessSelector,
+}
+
+/// `Process/Connect` (the SDK's `commands.connect(pid)`): a running
+/// process's events from now on, beside the stream that started it (the
+/// guest's `Follow`: nothing is taken from that stream).
+async fn connect_process(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    connect::check_codec(headers, true)?;
+    rpc_body(body)?;
+    let req: ConnectRequest = parse(connect::single_message(body)?)?;
+    let pid = req.process.pid()?;
+    let every = keepalive(headers);
+    let t = target(c, headers).await?;
+    // Whether its output is a terminal's, as envd labels it.
+    let pty = t
+        .guest
+        .commands()
+        .await
+        .map_err(|e| ConnectError::internal(format!("cannot list the processes: {e}")))?
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.pty)
+        .ok_or_else(|| ConnectError::not_found(format!("process {pid} not found")))?;
+    let h = t
+        .guest
+        .follow(pid)
+        .await
+        .map_err(|e| process_error(e, pid, "follow the output"))?;
+    Ok(stream_process(t.row.id, h, pty, every))
 }
 
 #[derive(Deserialize)]
