@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 /// [`crate::mux::MAX_REQUEST`]); version 1 peers get single-frame requests.
 /// Version 3 adds [`Request::Clock`], version 4 [`Request::Identity`],
 /// version 5 [`Request::Stdin`] and [`Request::Commands`], version 6
-/// [`Request::Resize`], version 7 [`Request::Follow`].
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7];
+/// [`Request::Resize`], version 7 [`Request::Follow`], version 8 the
+/// watchers ([`Request::WatchStart`] and friends).
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -35,6 +36,9 @@ pub const RESIZE_VERSION: u16 = 6;
 /// The first protocol version with [`Request::Follow`] and
 /// [`CommandInfo::pty`].
 pub const FOLLOW_VERSION: u16 = 7;
+
+/// The first protocol version with directory watchers.
+pub const WATCH_VERSION: u16 = 8;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -194,6 +198,45 @@ pub enum Request {
     Follow {
         pid: u32,
     },
+    /// Start watching the directory `path` (and, `recursive`, every
+    /// directory under it, those made later included) for changes: the
+    /// guest keeps what happens until it is asked ([`Request::WatchEvents`])
+    /// and answers [`Reply::Watcher`] with the watcher's id, or `Error`
+    /// (`NotFound`, `NotADirectory`, `BadRequest` past the guest's limits).
+    /// A watcher not asked for its events for ten minutes is dropped.
+    /// Protocol [`WATCH_VERSION`].
+    WatchStart {
+        path: String,
+        recursive: bool,
+    },
+    /// What a watcher saw since it was last asked: [`Reply::WatchEvents`],
+    /// or `Error` `NotFound` for an unknown (or dropped) watcher.
+    WatchEvents {
+        id: String,
+    },
+    /// Stop a watcher: `Ok`, or `Error` `NotFound`.
+    WatchStop {
+        id: String,
+    },
+}
+
+/// What happened to an entry under a watched directory.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    Create,
+    Write,
+    Remove,
+    Rename,
+    Chmod,
+}
+
+/// One change seen by a watcher.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// Path relative to the watched directory.
+    pub name: String,
+    pub kind: WatchKind,
 }
 
 /// A running command ([`Reply::Commands`]): what it was started with.
@@ -569,6 +612,16 @@ pub enum Reply {
     /// Answer to [`Request::Commands`].
     Commands {
         commands: Vec<CommandInfo>,
+    },
+    /// Answer to [`Request::WatchStart`].
+    Watcher {
+        id: String,
+    },
+    /// Answer to [`Request::WatchEvents`], oldest first; `lost` when the
+    /// guest dropped events it could not keep (too many unasked).
+    WatchEvents {
+        events: Vec<WatchEvent>,
+        lost: bool,
     },
 }
 

@@ -17,6 +17,7 @@ mod reaper;
 mod search;
 mod sys;
 mod users;
+mod watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -152,6 +153,11 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         Request::Stdin { pid, close } => exec::handle_stdin(stream, pid, close).await,
         Request::Resize { pid, size } => exec::handle_resize(stream, pid, size).await,
         Request::Follow { pid } => exec::handle_follow(stream, pid).await,
+        Request::WatchStart { path, recursive } => {
+            watch::handle_start(stream, path, recursive).await
+        }
+        Request::WatchEvents { id } => watch::handle_events(stream, id).await,
+        Request::WatchStop { id } => watch::handle_stop(stream, id).await,
         Request::Commands => exec::handle_commands(stream).await,
         Request::Attach {
             command_id,

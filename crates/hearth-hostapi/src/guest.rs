@@ -490,6 +490,44 @@ impl GuestClient {
         Ok(ExecHandle::new(s))
     }
 
+    /// Starts a watcher of the directory `path` in the guest; its id.
+    pub async fn watch_start(&self, path: &str, recursive: bool) -> Result<String, GuestError> {
+        self.needs(hearth_guest_proto::WATCH_VERSION, "watching a directory")?;
+        let req = Request::WatchStart {
+            path: path.to_owned(),
+            recursive,
+        };
+        match self.call(&req).await? {
+            Reply::Watcher { id } => Ok(id),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// What the watcher `id` saw since it was last asked, and whether the
+    /// guest dropped some of it.
+    pub async fn watch_events(
+        &self,
+        id: &str,
+    ) -> Result<(Vec<hearth_guest_proto::WatchEvent>, bool), GuestError> {
+        self.needs(hearth_guest_proto::WATCH_VERSION, "watching a directory")?;
+        match self
+            .call(&Request::WatchEvents { id: id.to_owned() })
+            .await?
+        {
+            Reply::WatchEvents { events, lost } => Ok((events, lost)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Stops the watcher `id`.
+    pub async fn watch_stop(&self, id: &str) -> Result<(), GuestError> {
+        self.needs(hearth_guest_proto::WATCH_VERSION, "watching a directory")?;
+        match self.call(&Request::WatchStop { id: id.to_owned() }).await? {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Connects to a TCP port inside the guest.
     pub async fn dial(&self, port: u16) -> Result<Stream, GuestError> {
         let mut s = self.request(&Request::TcpDial { port }).await?;
