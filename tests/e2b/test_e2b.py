@@ -299,6 +299,32 @@ def test_connect_follows_a_running_process_beside_its_starter():
     created.remove(sb.sandbox_id)
 
 
+def test_a_watcher_sees_changes_under_its_directory():
+    sb = new()
+    sb.files.make_dir("/root/watched")
+    w = sb.files.watch_dir("/root/watched", recursive=True)
+    sb.files.write("/root/watched/a.txt", "one")
+    sb.commands.run("mkdir /root/watched/sub && sleep 0.5 && echo x > /root/watched/sub/b.txt "
+                    "&& chmod 600 /root/watched/sub/b.txt && rm /root/watched/a.txt")
+    want = {("a.txt", "create"), ("sub", "create"), ("sub/b.txt", "create"),
+            ("sub/b.txt", "write"), ("sub/b.txt", "chmod"), ("a.txt", "remove")}
+    seen = set()
+    t = time.monotonic()
+    while not want <= seen and time.monotonic() - t < 20:
+        seen |= {(e.name, e.type.value) for e in w.get_new_events()}
+        time.sleep(0.2)
+    check(want <= seen, f"every change seen: missing {want - seen} in {seen}")
+    check(w.get_new_events() == [], "events are handed out once")
+    w.stop()
+    try:
+        sb.files.watch_dir("/root/not-there")
+        check(False, "watching a directory that does not exist is refused")
+    except SandboxException:
+        pass
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_metrics_are_the_guests_own():
     sb = new()
     sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
@@ -379,6 +405,7 @@ TESTS = [
     test_metrics_are_the_guests_own,
     test_a_terminal_takes_input_and_resizes,
     test_connect_follows_a_running_process_beside_its_starter,
+    test_a_watcher_sees_changes_under_its_directory,
 ]
 
 

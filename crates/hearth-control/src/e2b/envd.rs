@@ -16,8 +16,10 @@
 //! `Follow` requests, which reach a running command without taking its
 //! stream over; the SDK's
 //! `pty.create`, `bash -i -l`, is a login shell, `sh` without bash), and
-//! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move}`. The rest
-//! (`StreamInput`, watchers) answer `unimplemented`,
+//! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move, CreateWatcher,
+//! GetWatcherEvents, RemoveWatcher}` (watchers live in the guest, so any
+//! replica can answer for one). The rest (`StreamInput`, the streamed
+//! `WatchDir`) answer `unimplemented`,
 //! and a `tag` is refused: none of it is accepted and then ignored.
 
 use std::collections::BTreeMap;
@@ -1032,6 +1034,33 @@ struct PathRequest {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CreateWatcherRequest {
+    path: String,
+    recursive: Option<bool>,
+    include_entry: Option<bool>,
+    allow_network_mounts: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct WatcherRequest {
+    watcher_id: String,
+}
+
+/// envd's `EventType` of a guest watch event.
+fn event_type(k: hearth_guest_proto::WatchKind) -> &'static str {
+    use hearth_guest_proto::WatchKind as K;
+    match k {
+        K::Create => "EVENT_TYPE_CREATE",
+        K::Write => "EVENT_TYPE_WRITE",
+        K::Remove => "EVENT_TYPE_REMOVE",
+        K::Rename => "EVENT_TYPE_RENAME",
+        K::Chmod => "EVENT_TYPE_CHMOD",
+    }
+}
+
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MoveRequest {
     source: String,
@@ -1120,6 +1149,51 @@ pub async fn filesystem(
                 }
                 let s = t.guest.stat(&to).await.map_err(|e| fs_error(e, &to))?;
                 Ok(connect::unary(&json!({"entry": entry(&s)})))
+            }
+            "CreateWatcher" => {
+                let req: CreateWatcherRequest = parse(&body)?;
+                if req.include_entry == Some(true) {
+                    return Err(ConnectError::unimplemented(
+                        "includeEntry: entries in watch events are not served by Hearth yet",
+                    ));
+                }
+                if req.allow_network_mounts == Some(true) {
+                    return Err(ConnectError::unimplemented(
+                        "allowNetworkMounts: Hearth's sandboxes have no network mounts to watch",
+                    ));
+                }
+                let t = target(&c, &headers).await?;
+                let path = t.path(&req.path, user);
+                let id = t
+                    .guest
+                    .watch_start(&path, req.recursive.unwrap_or(false))
+                    .await
+                    .map_err(|e| fs_error(e, &path))?;
+                Ok(connect::unary(&json!({ "watcherId": id })))
+            }
+            "GetWatcherEvents" | "RemoveWatcher" => {
+                let req: WatcherRequest = parse(&body)?;
+                let t = target(&c, &headers).await?;
+                let g = &t.guest;
+                let not_found = |e: GuestError| match e.op_kind() {
+                    Some(hearth_guest_proto::OpErrorKind::NotFound) => {
+                        ConnectError::not_found(format!("watcher {} not found", req.watcher_id))
+                    }
+                    _ => ConnectError::internal(format!("watcher {}: {e}", req.watcher_id)),
+                };
+                if method == "RemoveWatcher" {
+                    g.watch_stop(&req.watcher_id).await.map_err(not_found)?;
+                    return Ok(connect::unary(&json!({})));
+                }
+                let (events, lost) = g.watch_events(&req.watcher_id).await.map_err(not_found)?;
+                if lost {
+                    tracing::warn!(sandbox = %t.row.id, watcher = %req.watcher_id, "a watcher's guest dropped events nobody asked for in time");
+                }
+                let events: Vec<_> = events
+                    .iter()
+                    .map(|e| json!({"name": e.name, "type": event_type(e.kind)}))
+                    .collect();
+                Ok(connect::unary(&json!({ "events": events })))
             }
             other => Err(ConnectError::unimplemented(format!(
                 "filesystem.Filesystem/{other} is not served by Hearth yet"
