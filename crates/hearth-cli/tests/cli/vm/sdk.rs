@@ -951,6 +951,86 @@ fn console_in_a_browser_against_hearth_up() {
     conclude_script("console", &output, server, &dir, started);
 }
 
+/// The unmodified JS/TS SDKs (tests/js/test_js.mjs: `langsmith/sandbox`
+/// and `e2b` from npm, pinned by tests/js/package-lock.json) against
+/// `hearth up`: each creates, runs and streams commands, moves files both
+/// ways and deletes through its own API; another workspace sees nothing.
+/// Without node and npm the test is skipped loudly, unless
+/// `HEARTH_REQUIRE_NODE` is set.
+#[test]
+fn js_sdks_against_hearth_up() {
+    let started = Instant::now();
+    let missing: Vec<&str> = ["node", "npm"]
+        .into_iter()
+        .filter(|t| !on_path(t))
+        .collect();
+    if !missing.is_empty() {
+        assert!(
+            std::env::var_os("HEARTH_REQUIRE_NODE").is_none(),
+            "HEARTH_REQUIRE_NODE is set but {missing:?} are missing (scripts/install-deps)"
+        );
+        eprintln!("SKIP js_sdks_against_hearth_up: {missing:?} not installed");
+        return;
+    }
+    let js = install_js_sdks();
+    let dir = data_dir("js");
+    let server = Server::start(&dir, &[]);
+    let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "js-other"]);
+    let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
+    let origin = format!("http://127.0.0.1:{}", server.port);
+    let mut cmd = Command::new("node");
+    cmd.arg(js.join("test_js.mjs")).current_dir(&js);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("E2B_") || k.starts_with("LANGSMITH_") || k.starts_with("LANGCHAIN_") {
+            cmd.env_remove(k);
+        }
+    }
+    let output = cmd
+        .env("LANGSMITH_ENDPOINT", &origin)
+        .env("LANGSMITH_API_KEY", &server.api_key)
+        .env("E2B_API_KEY", &server.api_key)
+        .env("E2B_API_URL", &origin)
+        .env("E2B_SANDBOX_URL", &origin)
+        .env("HEARTH_JS_OTHER_KEY", &other_key)
+        .env("HEARTH_JS_SNAPSHOT", "busybox")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    conclude_script("JS SDK", &output, server, &dir, started);
+}
+
+/// The JS suite next to its `node_modules` (ESM resolves packages from the
+/// script's directory), installed with `npm ci` from the lockfile into
+/// `target/hearth-test/js-sdks` and again only when the lockfile changes.
+fn install_js_sdks() -> PathBuf {
+    let src = repo().join("tests/js");
+    let dst = shared().join("js-sdks");
+    std::fs::create_dir_all(&dst).unwrap();
+    let lock = std::fs::read(src.join("package-lock.json")).unwrap();
+    let stamp = dst.join(".installed-lock");
+    if std::fs::read(&stamp).ok().as_deref() != Some(&lock[..]) {
+        for f in ["package.json", "package-lock.json"] {
+            std::fs::copy(src.join(f), dst.join(f)).unwrap();
+        }
+        let out = Command::new("npm")
+            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+            .current_dir(&dst)
+            .stdin(Stdio::null())
+            .output()
+            .expect("npm runs");
+        assert!(
+            out.status.success(),
+            "npm ci of tests/js failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(&stamp, &lock).unwrap();
+    }
+    std::fs::copy(src.join("test_js.mjs"), dst.join("test_js.mjs")).unwrap();
+    dst
+}
+
 /// Ends a suite run as one script (PASS/FAIL lines, exit status): its
 /// output printed, then the script's failures, sandboxes it left and a
 /// clean SIGINT of `hearth up` checked together by [`conclude`].

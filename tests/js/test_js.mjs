@@ -1,0 +1,127 @@
+// The unmodified JS/TS SDKs against `hearth up`: LangSmith's
+// `langsmith/sandbox` (LANGSMITH_ENDPOINT, LANGSMITH_API_KEY) and E2B's
+// `e2b` (E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL), versions pinned in
+// tests/js/package-lock.json. Run by crates/hearth-cli/tests/cli/vm/sdk.rs
+// from a copy next to its node_modules, with HEARTH_JS_OTHER_KEY (a key of
+// another workspace) and HEARTH_JS_SNAPSHOT (a snapshot to create from).
+//
+// Each test prints PASS or FAIL; the exit status is 1 if any failed.
+
+import { SandboxClient, LangSmithResourceNotFoundError } from "langsmith/sandbox";
+import { Sandbox, NotFoundError } from "e2b";
+
+const SNAPSHOT = process.env.HEARTH_JS_SNAPSHOT || "busybox";
+const OTHER_KEY = process.env.HEARTH_JS_OTHER_KEY;
+const made = { langsmith: [], e2b: [] };
+
+function check(cond, what) {
+  if (!cond) throw new Error(what);
+}
+
+const text = (bytes) => new TextDecoder().decode(bytes);
+
+async function langsmithSandboxRunsCommandsAndFiles() {
+  const client = new SandboxClient();
+  const sb = await client.createSandbox({ snapshotName: SNAPSHOT, timeout: 300 });
+  made.langsmith.push(sb.name);
+  check(sb.status === "ready", `ready: ${sb.status}`);
+  const r = await sb.run("echo hello-from-js; echo oops >&2; exit 3");
+  check(r.stdout === "hello-from-js\n", `stdout ${JSON.stringify(r.stdout)}`);
+  check(r.stderr === "oops\n", `stderr ${JSON.stringify(r.stderr)}`);
+  check(r.exit_code === 3, `exit code ${r.exit_code}`);
+  const bytes = new Uint8Array(70000).map((_, i) => (i * 7) % 256);
+  await sb.write("/root/js.bin", bytes);
+  const back = await sb.read("/root/js.bin");
+  check(back.length === bytes.length && back.every((b, i) => b === bytes[i]), "the file back byte for byte");
+  const listed = (await client.listSandboxes()).map((s) => s.name);
+  check(listed.includes(sb.name), `listed: ${listed}`);
+  // Another workspace's key sees no such sandbox.
+  const other = new SandboxClient({ apiKey: OTHER_KEY });
+  let refused = false;
+  try {
+    await other.getSandbox(sb.name);
+  } catch (e) {
+    refused = e instanceof LangSmithResourceNotFoundError;
+  }
+  check(refused, "another workspace gets not-found");
+  await client.deleteSandbox(sb.name);
+  made.langsmith.pop();
+}
+
+async function langsmithStreamsACommand() {
+  const client = new SandboxClient();
+  const sb = await client.createSandbox({ snapshotName: SNAPSHOT, timeout: 300 });
+  made.langsmith.push(sb.name);
+  const chunks = [];
+  const r = await sb.run("for i in 1 2 3; do echo line-$i; sleep 0.2; done", {
+    onStdout: (c) => chunks.push(c),
+  });
+  check(r.exit_code === 0, `exit ${r.exit_code}`);
+  check(chunks.join("") === "line-1\nline-2\nline-3\n", `streamed ${JSON.stringify(chunks)}`);
+  await client.deleteSandbox(sb.name);
+  made.langsmith.pop();
+}
+
+async function e2bSandboxRunsCommandsAndFiles() {
+  const sbx = await Sandbox.create(SNAPSHOT, { timeoutMs: 300_000 });
+  made.e2b.push(sbx.sandboxId);
+  const r = await sbx.commands.run("echo hello-e2b-js && echo $HOME");
+  check(r.exitCode === 0, `exit ${r.exitCode}`);
+  check(r.stdout === "hello-e2b-js\n/root\n", `stdout ${JSON.stringify(r.stdout)}`);
+  let failed = null;
+  try {
+    await sbx.commands.run("exit 4");
+  } catch (e) {
+    failed = e;
+  }
+  check(failed && failed.exitCode === 4, `a failing command throws with its exit code: ${failed}`);
+  await sbx.files.write("/root/e2b-js.txt", "written by the JS SDK");
+  check((await sbx.files.read("/root/e2b-js.txt")) === "written by the JS SDK", "read back");
+  const entries = (await sbx.files.list("/root")).map((e) => e.name);
+  check(entries.includes("e2b-js.txt"), `listed: ${entries}`);
+  const out = [];
+  const bg = await sbx.commands.run("for i in 1 2 3; do echo tick-$i; sleep 0.2; done", {
+    background: true,
+    onStdout: (d) => out.push(d),
+  });
+  const done = await bg.wait();
+  check(done.exitCode === 0 && out.join("") === "tick-1\ntick-2\ntick-3\n", `streamed ${JSON.stringify(out)}`);
+  const listed = (await Sandbox.list().nextItems()).map((s) => s.sandboxId);
+  check(listed.includes(sbx.sandboxId), `listed: ${listed}`);
+  let hidden = false;
+  try {
+    await Sandbox.connect(sbx.sandboxId, { apiKey: OTHER_KEY });
+  } catch (e) {
+    hidden = e instanceof NotFoundError || /not found/i.test(String(e));
+  }
+  check(hidden, "another workspace cannot connect to it");
+  await sbx.kill();
+  made.e2b.pop();
+}
+
+const tests = [
+  langsmithSandboxRunsCommandsAndFiles,
+  langsmithStreamsACommand,
+  e2bSandboxRunsCommandsAndFiles,
+];
+
+let failed = 0;
+for (const t of tests) {
+  const started = Date.now();
+  try {
+    await t();
+    console.log(`PASS ${t.name} (${((Date.now() - started) / 1000).toFixed(1)}s)`);
+  } catch (e) {
+    failed += 1;
+    console.log(`FAIL ${t.name} (${((Date.now() - started) / 1000).toFixed(1)}s): ${e && e.stack ? e.stack : e}`);
+  }
+}
+// Whatever a failed test left behind goes.
+const client = new SandboxClient();
+for (const name of made.langsmith) {
+  await client.deleteSandbox(name).catch((e) => console.log(`cleanup ${name}: ${e}`));
+}
+for (const id of made.e2b) {
+  await Sandbox.kill(id).catch((e) => console.log(`cleanup ${id}: ${e}`));
+}
+process.exit(failed ? 1 : 0);
