@@ -325,6 +325,33 @@ def test_a_watcher_sees_changes_under_its_directory():
     created.remove(sb.sandbox_id)
 
 
+def test_stream_input_feeds_a_running_process_as_it_comes():
+    sb = new()
+    h = sb.commands.run("cat > /root/streamed.txt", background=True, stdin=True)
+    parts = [f"part-{i}\n" for i in range(5)]
+    seen = []
+
+    def chunks():
+        for p in parts:
+            yield p
+            time.sleep(0.3)
+            # What was streamed so far is there before the stream ends.
+            seen.append(sb.files.read("/root/streamed.txt"))
+
+    sb.commands.stream_input(h.pid, chunks())
+    sb.commands.close_stdin(h.pid)
+    h.wait()
+    check(sb.files.read("/root/streamed.txt") == "".join(parts), "every part, in order")
+    check(seen[0] == parts[0], f"the first part arrived while the stream went on: {seen}")
+    try:
+        sb.commands.stream_input(999999, iter(["x"]))
+        check(False, "input to a process that does not run is refused")
+    except SandboxException:
+        pass
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_metrics_are_the_guests_own():
     sb = new()
     sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
@@ -406,6 +433,7 @@ TESTS = [
     test_a_terminal_takes_input_and_resizes,
     test_connect_follows_a_running_process_beside_its_starter,
     test_a_watcher_sees_changes_under_its_directory,
+    test_stream_input_feeds_a_running_process_as_it_comes,
 ]
 
 

@@ -123,6 +123,65 @@ pub fn single_message(body: &[u8]) -> Result<&[u8], ConnectError> {
     Ok(msg)
 }
 
+/// Reads a client stream's messages as they arrive (`StreamInput`): each
+/// envelope whole, at most `max` bytes, never compressed.
+pub struct EnvelopeReader {
+    body: axum::body::BodyDataStream,
+    buf: BytesMut,
+    max: usize,
+}
+
+impl EnvelopeReader {
+    pub fn new(body: axum::body::Body, max: usize) -> Self {
+        Self {
+            body: body.into_data_stream(),
+            buf: BytesMut::new(),
+            max,
+        }
+    }
+
+    /// The next message, or `None` once the client ended the stream.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, ConnectError> {
+        use futures_util::StreamExt;
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
+                if self.buf[0] & COMPRESSED != 0 {
+                    return Err(ConnectError::invalid(
+                        "compressed messages are not accepted",
+                    ));
+                }
+                if len > self.max {
+                    return Err(ConnectError::new(
+                        "resource_exhausted",
+                        format!("a message of {len} bytes, at most {} per message", self.max),
+                    ));
+                }
+                if self.buf.len() >= 5 + len {
+                    let mut whole = self.buf.split_to(5 + len);
+                    return Ok(Some(whole.split_off(5).freeze()));
+                }
+            }
+            match self.body.next().await {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Err(e)) => {
+                    return Err(ConnectError::new(
+                        "canceled",
+                        format!("the request stream broke: {e}"),
+                    ))
+                }
+                None if self.buf.is_empty() => return Ok(None),
+                None => {
+                    return Err(ConnectError::invalid(
+                        "the request stream ended inside a message",
+                    ))
+                }
+            }
+        }
+    }
+}
+
 fn split_envelope(body: &[u8]) -> Result<(u8, &[u8], &[u8]), ConnectError> {
     if body.len() < 5 {
         return Err(ConnectError::invalid(
@@ -183,6 +242,33 @@ pub fn stream_error(e: ConnectError) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_client_stream_is_read_message_by_message_across_chunks() {
+        let (a, b) = (
+            message(&serde_json::json!({"n": 1})),
+            message(&serde_json::json!({"n": 2})),
+        );
+        let whole = [a.clone(), b.clone()].concat();
+        // Cut inside the first header and inside the second message.
+        let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+            Ok(Bytes::copy_from_slice(&whole[..3])),
+            Ok(Bytes::copy_from_slice(&whole[3..a.len() + 4])),
+            Ok(Bytes::copy_from_slice(&whole[a.len() + 4..])),
+        ];
+        let body = axum::body::Body::from_stream(futures_util::stream::iter(chunks));
+        let mut r = EnvelopeReader::new(body, 1024);
+        assert_eq!(r.next().await.unwrap().unwrap(), &a[5..]);
+        assert_eq!(r.next().await.unwrap().unwrap(), &b[5..]);
+        assert!(r.next().await.unwrap().is_none());
+
+        // Too large, or cut short: refused.
+        let mut r = EnvelopeReader::new(axum::body::Body::from(whole.clone()), 3);
+        assert_eq!(r.next().await.unwrap_err().code, "resource_exhausted");
+        let cut = Bytes::copy_from_slice(&whole[..a.len() - 1]);
+        let mut r = EnvelopeReader::new(axum::body::Body::from(cut), 1024);
+        assert_eq!(r.next().await.unwrap_err().code, "invalid_argument");
+    }
 
     #[test]
     fn envelopes_round_trip_and_bad_ones_are_refused() {

@@ -18,8 +18,8 @@
 //! `pty.create`, `bash -i -l`, is a login shell, `sh` without bash), and
 //! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move, CreateWatcher,
 //! GetWatcherEvents, RemoveWatcher}` (watchers live in the guest, so any
-//! replica can answer for one). The rest (`StreamInput`, the streamed
-//! `WatchDir`) answer `unimplemented`,
+//! replica can answer for one), and the client stream `StreamInput`. The
+//! streamed `WatchDir` answers `unimplemented`,
 //! and a `tag` is refused: none of it is accepted and then ignored.
 
 use std::collections::BTreeMap;
@@ -489,9 +489,6 @@ pub async fn process(
             Ok(r) => r,
             Err(e) => connect::stream_error(e),
         },
-        "StreamInput" => connect::stream_error(ConnectError::unimplemented(format!(
-            "process.Process/{method} is not served by Hearth yet"
-        ))),
         other => ConnectError::unimplemented(format!(
             "process.Process/{other} is not served by Hearth yet"
         ))
@@ -915,6 +912,94 @@ async fn update(
             _ => process_error(e, pid, "resize the terminal"),
         })?;
     Ok(connect::unary(&json!({})))
+}
+
+/// One message of a `StreamInput` stream.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamInputRequest {
+    start: Option<StreamInputStart>,
+    data: Option<StreamInputData>,
+    keepalive: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamInputStart {
+    process: ProcessSelector,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamInputData {
+    input: ProcessInput,
+}
+
+/// `Process/StreamInput` (the SDK's `commands.stream_input` and
+/// `pty.stream_input`): a client stream of input to a running process,
+/// each chunk handed to it as it arrives (in order), answered once the
+/// client ends the stream. Its own route, so its body is read as it comes.
+pub async fn stream_input(
+    State(c): State<Arc<Control>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    match stream_input_to(&c, &headers, body).await {
+        Ok(()) => connect::stream_response(axum::body::Body::from(
+            [connect::message(&json!({})), connect::end_stream(None)].concat(),
+        )),
+        Err(e) => connect::stream_error(e),
+    }
+}
+
+async fn stream_input_to(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<(), ConnectError> {
+    connect::check_codec(headers, true)?;
+    // The token is checked before a byte of the body is read.
+    let t = target(c, headers).await?;
+    // A message is at most one chunk of input, base64, in JSON.
+    let mut messages = connect::EnvelopeReader::new(body, MAX_INPUT / 3 * 4 + 1024);
+    let mut pid = None;
+    while let Some(msg) = messages.next().await? {
+        let m: StreamInputRequest = parse(&msg)?;
+        match (m.start, m.data, m.keepalive) {
+            (Some(s), None, None) if pid.is_none() => pid = Some(s.process.pid()?),
+            (Some(_), None, None) => {
+                return Err(ConnectError::invalid("start: the stream starts once"))
+            }
+            (None, Some(d), None) => {
+                let pid = pid.ok_or_else(|| {
+                    ConnectError::invalid("data: the stream must start with the process")
+                })?;
+                let text = match (d.input.stdin, d.input.pty) {
+                    (Some(s), None) | (None, Some(s)) => s,
+                    _ => {
+                        return Err(ConnectError::invalid(
+                            "data.input: exactly one of stdin and pty is required",
+                        ))
+                    }
+                };
+                let data = B64
+                    .decode(text.as_bytes())
+                    .map_err(|e| ConnectError::invalid(format!("data.input: not base64: {e}")))?;
+                t.guest
+                    .send_stdin(pid, Bytes::from(data), false)
+                    .await
+                    .map_err(|e| process_error(e, pid, "write to the stdin"))?;
+            }
+            (None, None, Some(_)) => {}
+            _ => {
+                return Err(ConnectError::invalid(
+                    "a message is exactly one of start, data and keepalive",
+                ))
+            }
+        }
+    }
+    pid.map(drop)
+        .ok_or_else(|| ConnectError::invalid("start: the stream named no process"))
 }
 
 #[derive(Deserialize)]

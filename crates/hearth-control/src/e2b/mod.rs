@@ -153,6 +153,10 @@ pub(crate) fn routes() -> Router<Arc<Control>> {
                 .post(envd::upload)
                 .layer(axum::extract::DefaultBodyLimit::disable()),
         )
+        .route(
+            "/process.Process/StreamInput",
+            post(envd::stream_input).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/process.Process/{method}", post(envd::process))
         .route("/filesystem.Filesystem/{method}", post(envd::filesystem))
 }
