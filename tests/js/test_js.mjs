@@ -86,6 +86,20 @@ async function e2bSandboxRunsCommandsAndFiles() {
   });
   const done = await bg.wait();
   check(done.exitCode === 0 && out.join("") === "tick-1\ntick-2\ntick-3\n", `streamed ${JSON.stringify(out)}`);
+  // A streamed watch (the JS SDK's files.watchDir).
+  const seen = [];
+  await sbx.files.makeDir("/root/w");
+  const watch = await sbx.files.watchDir("/root/w", (ev) => seen.push(`${ev.type}:${ev.name}`), {
+    recursive: true,
+  });
+  await sbx.files.write("/root/w/a.txt", "x");
+  await sbx.commands.run("mkdir /root/w/sub && sleep 0.5 && echo y > /root/w/sub/b.txt && rm /root/w/a.txt");
+  const want = ["create:a.txt", "create:sub", "create:sub/b.txt", "remove:a.txt"];
+  for (let t = Date.now(); !want.every((w) => seen.includes(w)) && Date.now() - t < 20000; ) {
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  check(want.every((w) => seen.includes(w)), `watched: ${seen}`);
+  await watch.stop();
   const listed = (await Sandbox.list().nextItems()).map((s) => s.sandboxId);
   check(listed.includes(sbx.sandboxId), `listed: ${listed}`);
   let hidden = false;

@@ -18,8 +18,8 @@
 //! `pty.create`, `bash -i -l`, is a login shell, `sh` without bash), and
 //! `Filesystem/{Stat, ListDir, MakeDir, Remove, Move, CreateWatcher,
 //! GetWatcherEvents, RemoveWatcher}` (watchers live in the guest, so any
-//! replica can answer for one), and the client stream `StreamInput`. The
-//! streamed `WatchDir` answers `unimplemented`,
+//! replica can answer for one; `WatchDir` streams one), and the client
+//! stream `StreamInput`. Nothing else is served: it answers `unimplemented`,
 //! and a `tag` is refused: none of it is accepted and then ignored.
 
 use std::collections::BTreeMap;
@@ -1133,6 +1133,111 @@ struct WatcherRequest {
     watcher_id: String,
 }
 
+/// How often a streamed watch asks the guest for what it saw.
+const WATCH_POLL: Duration = Duration::from_millis(200);
+
+/// A `CreateWatcher` or `WatchDir` request's refusals, and its path as the
+/// guest names it.
+fn watched_path(
+    t: &Target,
+    req: &CreateWatcherRequest,
+    user: Option<&str>,
+) -> Result<String, ConnectError> {
+    if req.include_entry == Some(true) {
+        return Err(ConnectError::unimplemented(
+            "includeEntry: entries in watch events are not served by Hearth yet",
+        ));
+    }
+    if req.allow_network_mounts == Some(true) {
+        return Err(ConnectError::unimplemented(
+            "allowNetworkMounts: Hearth's sandboxes have no network mounts to watch",
+        ));
+    }
+    Ok(t.path(&req.path, user))
+}
+
+/// `Filesystem/WatchDir` (the JS SDK's `files.watchDir`): the changes
+/// under a directory as a server stream (start, each change, keepalives:
+/// `WatchDirResponse`'s oneof, so at the top of each message),
+/// over a guest watcher asked every [`WATCH_POLL`] and stopped when the
+/// client goes away.
+async fn watch_dir(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ConnectError> {
+    connect::check_codec(headers, true)?;
+    rpc_body(body)?;
+    let req: CreateWatcherRequest = parse(connect::single_message(body)?)?;
+    let user = basic_user(headers)?;
+    if let Some(u) = user.as_deref().filter(|u| *u != "root") {
+        return Err(as_root_only(u));
+    }
+    let every = keepalive(headers);
+    let t = target(c, headers).await?;
+    let path = watched_path(&t, &req, user.as_deref())?;
+    let guest = t.guest.clone();
+    let id = guest
+        .watch_start(&path, req.recursive.unwrap_or(false))
+        .await
+        .map_err(|e| fs_error(e, &path))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let sandbox = t.row.id;
+    tokio::spawn(async move {
+        let ended = async {
+            if tx.send(connect::message(&json!({"start": {}}))).await.is_err() {
+                return None;
+            }
+            let mut quiet = Duration::ZERO;
+            loop {
+                tokio::time::sleep(WATCH_POLL).await;
+                let events = match guest.watch_events(&id).await {
+                    Ok((events, lost)) => {
+                        if lost {
+                            tracing::warn!(sandbox = %sandbox, "a streamed watcher's guest dropped events");
+                        }
+                        events
+                    }
+                    Err(e) => {
+                        return Some(ConnectError::new(
+                            "unavailable",
+                            format!("the watch of {path} ended: {e}"),
+                        ))
+                    }
+                };
+                quiet = if events.is_empty() { quiet + WATCH_POLL } else { Duration::ZERO };
+                for e in &events {
+                    let m = json!({"filesystem": {"name": e.name, "type": event_type(e.kind)}});
+                    if tx.send(connect::message(&m)).await.is_err() {
+                        return None;
+                    }
+                }
+                if quiet >= every {
+                    quiet = Duration::ZERO;
+                    if tx.send(connect::message(&json!({"keepalive": {}}))).await.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+        .await;
+        if let Some(e) = &ended {
+            if tx.send(connect::end_stream(Some(e))).await.is_err() {
+                tracing::debug!(sandbox = %sandbox, "a watch stream ended with nobody reading");
+            }
+        }
+        if let Err(e) = guest.watch_stop(&id).await {
+            tracing::debug!(sandbox = %sandbox, error = %e, "cannot stop a streamed watcher; the guest drops it when unasked");
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    Ok(connect::stream_response(axum::body::Body::from_stream(
+        stream,
+    )))
+}
+
 /// envd's `EventType` of a guest watch event.
 fn event_type(k: hearth_guest_proto::WatchKind) -> &'static str {
     use hearth_guest_proto::WatchKind as K;
@@ -1160,10 +1265,11 @@ pub async fn filesystem(
     body: Bytes,
 ) -> Response {
     let answer = async {
-        if matches!(method.as_str(), "WatchDir") {
-            return Ok(connect::stream_error(ConnectError::unimplemented(
-                "filesystem.Filesystem/WatchDir is not served by Hearth yet",
-            )));
+        if method == "WatchDir" {
+            return Ok(match watch_dir(&c, &headers, &body).await {
+                Ok(r) => r,
+                Err(e) => connect::stream_error(e),
+            });
         }
         connect::check_codec(&headers, false)?;
         rpc_body(&body)?;
@@ -1237,18 +1343,8 @@ pub async fn filesystem(
             }
             "CreateWatcher" => {
                 let req: CreateWatcherRequest = parse(&body)?;
-                if req.include_entry == Some(true) {
-                    return Err(ConnectError::unimplemented(
-                        "includeEntry: entries in watch events are not served by Hearth yet",
-                    ));
-                }
-                if req.allow_network_mounts == Some(true) {
-                    return Err(ConnectError::unimplemented(
-                        "allowNetworkMounts: Hearth's sandboxes have no network mounts to watch",
-                    ));
-                }
                 let t = target(&c, &headers).await?;
-                let path = t.path(&req.path, user);
+                let path = watched_path(&t, &req, user)?;
                 let id = t
                     .guest
                     .watch_start(&path, req.recursive.unwrap_or(false))
