@@ -352,6 +352,31 @@ def test_stream_input_feeds_a_running_process_as_it_comes():
     created.remove(sb.sandbox_id)
 
 
+def test_one_sandbox_through_both_doors():
+    from langsmith.sandbox import SandboxClient
+
+    ls = SandboxClient()
+    # Made through E2B's door, used through LangSmith's.
+    sb = new()
+    sb.commands.run("echo from-e2b > /root/door")
+    seen = ls.get_sandbox(sb.sandbox_id)
+    check(seen.run("cat /root/door").stdout == "from-e2b\n", "LangSmith's SDK runs in it")
+    check(sb.sandbox_id in [str(s.id) for s in ls.list_sandboxes()], "LangSmith's list has it")
+    # And the reverse.
+    made = ls.create_sandbox(snapshot_name=TEMPLATE, timeout=300)
+    try:
+        made.run("echo from-langsmith > /root/door2")
+        other = Sandbox.connect(str(made.id))
+        check(other.commands.run("cat /root/door2").stdout == "from-langsmith\n",
+              "E2B's SDK runs in it")
+        check(str(made.id) in [i.sandbox_id for i in Sandbox.list().next_items()],
+              "E2B's list has it")
+    finally:
+        ls.delete_sandbox(made.name)
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_metrics_are_the_guests_own():
     sb = new()
     sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
@@ -434,6 +459,7 @@ TESTS = [
     test_connect_follows_a_running_process_beside_its_starter,
     test_a_watcher_sees_changes_under_its_directory,
     test_stream_input_feeds_a_running_process_as_it_comes,
+    test_one_sandbox_through_both_doors,
 ]
 
 

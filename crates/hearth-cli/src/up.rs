@@ -306,10 +306,15 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         eprintln!();
         println!("export LANGSMITH_ENDPOINT={public_url}");
         println!("export LANGSMITH_API_KEY={secret}");
+        eprintln!("and for the e2b SDKs (E2B's API, the same key and sandboxes):");
+        println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
+        println!("export E2B_API_KEY={secret}");
     } else {
         eprintln!("Use an existing API key, or create one: hearth keys create");
         eprintln!();
         println!("export LANGSMITH_ENDPOINT={public_url}");
+        eprintln!("and for the e2b SDKs (E2B_API_KEY: the same key):");
+        println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
     }
     eprintln!();
     eprintln!("Ctrl-C (or SIGTERM) stops the sandboxes and exits.");

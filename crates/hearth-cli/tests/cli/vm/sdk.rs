@@ -880,7 +880,7 @@ fn e2b_sdk_against_hearth_up() {
     cmd.arg(repo().join("tests/e2b/test_e2b.py"));
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
-        if k.starts_with("E2B_") {
+        if k.starts_with("E2B_") || k.starts_with("LANGSMITH_") || k.starts_with("LANGCHAIN_") {
             cmd.env_remove(k);
         }
     }
@@ -891,6 +891,9 @@ fn e2b_sdk_against_hearth_up() {
         .env("E2B_API_KEY", &server.api_key)
         .env("E2B_API_URL", &origin)
         .env("E2B_SANDBOX_URL", &origin)
+        // The same sandboxes through LangSmith's SDK too.
+        .env("LANGSMITH_ENDPOINT", &origin)
+        .env("LANGSMITH_API_KEY", &server.api_key)
         .env("HEARTH_E2B_OTHER_KEY", &other_key)
         .env("HEARTH_E2B_TEMPLATE", "busybox")
         .env("PYTHONUNBUFFERED", "1")
