@@ -37,7 +37,11 @@ pub const HEAD_MAX_FIELDS: usize = 512;
 pub async fn guard(req: Request, next: Next) -> Response {
     match check(&req) {
         Ok(()) => next.run(req).await,
-        Err(e) => HttpError(e).into_response(),
+        // E2B's door answers in its own shapes.
+        Err(e) => match crate::e2b::door_of(req.uri().path()) {
+            Some(door) => door.refuse(e),
+            None => HttpError(e).into_response(),
+        },
     }
 }
 
@@ -79,7 +83,7 @@ fn check(req: &Request) -> Result<(), ApiError> {
 }
 
 /// `%XX` escapes decoded; a `%` not followed by two hex digits stays as is.
-fn percent_decode(s: &[u8]) -> Vec<u8> {
+pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
     fn hex(b: u8) -> Option<u8> {
         (b as char).to_digit(16).map(|d| d as u8)
     }

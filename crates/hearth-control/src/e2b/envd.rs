@@ -76,8 +76,19 @@ impl Target {
         }
     }
 
-    fn path(&self, path: &str, user: Option<&str>) -> String {
-        if path.starts_with('/') {
+    /// The guest path a call names (relative to the user's home), or
+    /// why it cannot name one.
+    fn path(&self, path: &str, user: Option<&str>) -> Result<String, BadPath> {
+        if path.contains('\0') {
+            return Err(BadPath("path: contains a NUL byte".into()));
+        }
+        if path.len() > MAX_PATH {
+            return Err(BadPath(format!(
+                "path: {} bytes, at most {MAX_PATH}",
+                path.len()
+            )));
+        }
+        Ok(if path.starts_with('/') {
             path.to_owned()
         } else {
             let home = self.home(user);
@@ -87,7 +98,25 @@ impl Target {
             } else {
                 format!("{home}/{rest}")
             }
-        }
+        })
+    }
+}
+
+/// Longest path a data-plane call may name (Linux's `PATH_MAX`).
+const MAX_PATH: usize = 4096;
+
+/// A path no file can have: refused before the guest sees it.
+struct BadPath(String);
+
+impl From<BadPath> for ConnectError {
+    fn from(e: BadPath) -> Self {
+        ConnectError::invalid(e.0)
+    }
+}
+
+impl From<BadPath> for E2bError {
+    fn from(e: BadPath) -> Self {
+        E2bError::bad_request(e.0)
     }
 }
 
@@ -195,6 +224,17 @@ struct FilesQuery {
 
 fn files_query(raw: Option<&str>) -> E2bResult<FilesQuery> {
     let mut q = FilesQuery::default();
+    // A name that is not UTF-8 once decoded would reach the guest changed
+    // (decoding replaces what is not): refused instead.
+    for pair in raw.unwrap_or_default().split('&') {
+        let value = pair.split_once('=').map_or("", |(_, v)| v);
+        if std::str::from_utf8(&crate::guard::percent_decode(value.as_bytes())).is_err() {
+            let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+            return Err(E2bError::bad_request(format!(
+                "{key}: not valid UTF-8 once percent-decoded"
+            )));
+        }
+    }
     for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
         match &*k {
             "path" => q.path = Some(v.into_owned()),
@@ -228,7 +268,7 @@ pub async fn download(
             .as_deref()
             .ok_or_else(|| E2bError::bad_request("path is missing"))?,
         q.username.as_deref(),
-    );
+    )?;
     let reader = t
         .guest
         .read_file(&path, 0, None)
@@ -350,7 +390,7 @@ pub async fn upload(
                 .clone()
                 .or_else(|| field.file_name().map(str::to_owned))
                 .ok_or_else(|| E2bError::bad_request("path is missing"))?;
-            let path = t.path(&name, user);
+            let path = t.path(&name, user)?;
             write_stream(&t.guest, &path, Box::pin(field)).await?;
             written.push(write_info(&path));
         }
@@ -362,7 +402,7 @@ pub async fn upload(
             .path
             .as_deref()
             .ok_or_else(|| E2bError::bad_request("path is missing"))?;
-        let path = t.path(name, user);
+        let path = t.path(name, user)?;
         let body = request.into_body().into_data_stream();
         write_stream(&t.guest, &path, body).await?;
         written.push(write_info(&path));
@@ -520,7 +560,7 @@ fn exec_of(t: &Target, req: StartRequest, user: Option<String>, timeout: Duratio
     let user = user.or_else(|| t.user.clone());
     let cwd = p
         .cwd
-        .map(|d| t.path(&d, user.as_deref()))
+        .map(|d| t.path(&d, user.as_deref()).unwrap_or(d))
         .or_else(|| t.work_dir.clone());
     ExecRequest {
         command,
@@ -1153,7 +1193,7 @@ fn watched_path(
             "allowNetworkMounts: Hearth's sandboxes have no network mounts to watch",
         ));
     }
-    Ok(t.path(&req.path, user))
+    Ok(t.path(&req.path, user)?)
 }
 
 /// `Filesystem/WatchDir` (the JS SDK's `files.watchDir`): the changes
@@ -1282,7 +1322,7 @@ pub async fn filesystem(
             "Stat" | "ListDir" | "MakeDir" | "Remove" => {
                 let req: PathRequest = parse(&body)?;
                 let t = target(&c, &headers).await?;
-                let path = t.path(&req.path, user);
+                let path = t.path(&req.path, user)?;
                 let g = &t.guest;
                 match method.as_str() {
                     "Stat" => {
@@ -1316,7 +1356,7 @@ pub async fn filesystem(
             "Move" => {
                 let req: MoveRequest = parse(&body)?;
                 let t = target(&c, &headers).await?;
-                let (from, to) = (t.path(&req.source, user), t.path(&req.destination, user));
+                let (from, to) = (t.path(&req.source, user)?, t.path(&req.destination, user)?);
                 t.guest.stat(&from).await.map_err(|e| fs_error(e, &from))?;
                 let out = t
                     .guest

@@ -171,11 +171,13 @@ pub async fn metrics(
         .await
         .map_err(|e| E2bError::new(502, format!("the sandbox's guest did not answer: {e}")))?;
     let text = String::from_utf8_lossy(&out.stdout);
+    // What a guest prints is the guest's (which may be hostile): an answer
+    // that is not its figures is the sandbox failing, not this server.
     let f = parse(&text).map_err(|why| {
         E2bError::new(
-            500,
+            502,
             format!(
-                "cannot read the guest's figures ({why}; exit {:?})",
+                "the sandbox's guest did not report its figures ({why}; exit {:?})",
                 out.exit_code
             ),
         )

@@ -120,6 +120,45 @@ pub(crate) fn access_token_ok(c: &Control, id: hearth_types::SandboxId, token: &
 
 const TOKEN_CONTEXT: &str = "hearth e2b envd access token v1";
 
+/// Which of E2B's two wires a request path is on, if either: refusals
+/// made before a handler runs (the request guard) answer in its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Door {
+    /// The control API's REST (`{"code": <int>, "message"}`).
+    Control,
+    /// envd's Connect-RPC services (`{"code": <string>, "message"}`).
+    Connect,
+}
+
+impl Door {
+    pub(crate) fn refuse(self, e: ApiError) -> Response {
+        match self {
+            Door::Control => E2bError::from(e).into_response(),
+            Door::Connect => connect::ConnectError::invalid(e.message).into_response(),
+        }
+    }
+}
+
+/// The door of `path` (raw, as requested), `None` for LangSmith's.
+pub(crate) fn door_of(path: &str) -> Option<Door> {
+    if path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/") {
+        return Some(Door::Connect);
+    }
+    let control = [
+        "/sandboxes",
+        "/snapshots",
+        "/templates/",
+        "/files",
+        "/health",
+    ]
+    .iter()
+    .any(|p| path == p.trim_end_matches('/') || path.starts_with(p))
+        || path == "/v2/sandboxes"
+        || (path.starts_with("/v2/sandboxes/")
+            && (path.ends_with("/connect") || path.ends_with("/logs")));
+    control.then_some(Door::Control)
+}
+
 /// E2B's routes, merged into the public router.
 pub(crate) fn routes() -> Router<Arc<Control>> {
     Router::new()

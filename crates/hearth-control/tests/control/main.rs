@@ -24,6 +24,7 @@ mod control_keys;
 mod delegation;
 mod dependency_graph;
 mod e2b;
+mod e2b_fuzz;
 mod fork;
 mod isolation;
 mod pools;
