@@ -14,7 +14,7 @@ import time
 import traceback
 from datetime import datetime, timezone
 
-from e2b import PtySize, Sandbox
+from e2b import PtySize, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException, SandboxException
 
 TEMPLATE = os.environ.get("HEARTH_E2B_TEMPLATE", "base")
@@ -377,6 +377,40 @@ def test_one_sandbox_through_both_doors():
     created.remove(sb.sandbox_id)
 
 
+def test_the_async_sdk():
+    import asyncio
+
+    from e2b import AsyncSandbox
+
+    async def scenario():
+        sb = await AsyncSandbox.create(template=TEMPLATE, timeout=300, metadata={"sdk": "async"})
+        created.append(sb.sandbox_id)
+        chunks = []
+        r = await sb.commands.run("echo a; sleep 0.2; echo b", on_stdout=chunks.append)
+        check(r.exit_code == 0 and r.stdout == "a\nb\n", f"run: {r}")
+        check("".join(chunks) == "a\nb\n", f"streamed: {chunks}")
+        h = await sb.commands.run("cat", background=True, stdin=True)
+        await sb.commands.send_stdin(h.pid, "fed\n")
+        await sb.commands.close_stdin(h.pid)
+        done = await h.wait()
+        check(done.stdout == "fed\n", f"stdin: {done}")
+        await sb.files.write("/root/async.txt", "async-bytes")
+        check(await sb.files.read("/root/async.txt") == "async-bytes", "read back")
+        check(await sb.files.exists("/root/async.txt"), "exists")
+        await sb.files.rename("/root/async.txt", "/root/moved.txt")
+        check(not await sb.files.exists("/root/async.txt"), "renamed away")
+        await sb.files.remove("/root/moved.txt")
+        check(not await sb.files.exists("/root/moved.txt"), "removed")
+        info = await sb.get_info()
+        check(info.metadata.get("sdk") == "async", f"info: {info}")
+        listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"sdk": "async"})).next_items()
+        check([i.sandbox_id for i in listed] == [sb.sandbox_id], f"listed by metadata: {listed}")
+        await sb.kill()
+        created.remove(sb.sandbox_id)
+
+    asyncio.run(scenario())
+
+
 def test_metrics_are_the_guests_own():
     sb = new()
     sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
@@ -460,6 +494,7 @@ TESTS = [
     test_a_watcher_sees_changes_under_its_directory,
     test_stream_input_feeds_a_running_process_as_it_comes,
     test_one_sandbox_through_both_doors,
+    test_the_async_sdk,
 ]
 
 
