@@ -781,12 +781,13 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6]), Some(5));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), Some(8));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6]), Some(6));
         assert_eq!(negotiate(&[1, 2, 3, 4]), Some(4));
         assert_eq!(negotiate(&[1, 2, 3]), Some(3));
         assert_eq!(negotiate(&[1, 2]), Some(2));
         assert_eq!(negotiate(&[1]), Some(1));
-        assert_eq!(negotiate(&[7]), None);
+        assert_eq!(negotiate(&[9]), None);
         assert_eq!(negotiate(&[]), None);
     }
 }

@@ -23,8 +23,10 @@ async fn pair() -> (Mux, Acceptor) {
     let ack = host_handshake(&mut r, &mut w, Duration::from_secs(5))
         .await
         .unwrap();
-    assert_eq!(ack.version, Some(COMMANDS_VERSION));
-    let (host, _) = Mux::start_versioned(Role::Host, COMMANDS_VERSION, r, w);
+    // Both sides speak the newest version.
+    let newest = *SUPPORTED_VERSIONS.last().unwrap();
+    assert_eq!(ack.version, Some(newest));
+    let (host, _) = Mux::start_versioned(Role::Host, newest, r, w);
     let (_g, accept) = guest.await.unwrap();
     (host, accept.unwrap())
 }
