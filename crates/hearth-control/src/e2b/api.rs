@@ -458,14 +458,7 @@ fn list_query(raw: Option<&str>) -> E2bResult<ListQuery> {
                 }
             }
             "limit" => {
-                let n: u32 = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or_else(|| {
-                        E2bError::bad_request(format!("limit: must be 1 to 1000, got {v:?}"))
-                    })?;
-                q.limit = Some(n);
+                q.limit = Some(page_limit(&v)?);
             }
             "nextToken" => q.next_token = Some(v.into_owned()).filter(|t| !t.is_empty()),
             "order" => {
@@ -491,6 +484,34 @@ fn list_query(raw: Option<&str>) -> E2bResult<ListQuery> {
         q.paused = true;
     }
     Ok(q)
+}
+
+/// A list's `limit`: 1 to 1,000.
+fn page_limit(v: &str) -> E2bResult<u32> {
+    v.parse()
+        .ok()
+        .filter(|n| (1..=1000).contains(n))
+        .ok_or_else(|| E2bError::bad_request(format!("limit: must be 1 to 1000, got {v:?}")))
+}
+
+/// A list's failure: a `nextToken` this server did not give is the
+/// caller's mistake.
+fn page_error(e: hearth_db::DbError) -> E2bError {
+    match e {
+        hearth_db::DbError::InvalidCursor => {
+            E2bError::bad_request("nextToken: not a token this list gave")
+        }
+        e => db_error(e).into(),
+    }
+}
+
+/// One page of a list, the next page's token in `x-next-token`.
+fn page_response<T: Serialize>(items: Vec<T>, next: Option<String>) -> Response {
+    let mut resp = Json(items).into_response();
+    if let Some(v) = next.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
+        resp.headers_mut().insert("x-next-token", v);
+    }
+    resp
 }
 
 /// `GET /sandboxes`, `GET /v2/sandboxes`: a page of the workspace's
@@ -521,12 +542,7 @@ pub async fn list(
     let page =
         c.db.list_sandboxes(who.workspace_id, &filter)
             .await
-            .map_err(|e| match e {
-                hearth_db::DbError::InvalidCursor => {
-                    E2bError::bad_request("nextToken: not a token this list gave")
-                }
-                e => db_error(e).into(),
-            })?;
+            .map_err(page_error)?;
     let ids: Vec<SandboxId> = page.items.iter().map(|r| r.id).collect();
     let deadlines = c.db.deadlines_of(&ids).await.map_err(db_error)?;
     let mut out = Vec::with_capacity(page.items.len());
@@ -535,13 +551,7 @@ pub async fn list(
             out.push(d);
         }
     }
-    let mut resp = Json(out).into_response();
-    if let Some(next) = page.next_cursor {
-        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
-            resp.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(resp)
+    Ok(page_response(out, page.next_cursor))
 }
 
 /// `DELETE /sandboxes/{id}`.
@@ -923,15 +933,7 @@ pub async fn list_snapshots(
                 Err(_) => return Ok(Json(Vec::<SnapshotInfo>::new()).into_response()),
             },
             "name" => name = Some(v.into_owned()),
-            "limit" => {
-                filter.page_size = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or_else(|| {
-                        E2bError::bad_request(format!("limit: must be 1 to 1000, got {v:?}"))
-                    })?
-            }
+            "limit" => filter.page_size = page_limit(&v)?,
             "nextToken" => filter.cursor = Some(v.into_owned()).filter(|t| !t.is_empty()),
             other => {
                 return Err(E2bError::bad_request(format!(
@@ -965,19 +967,9 @@ pub async fn list_snapshots(
     let page =
         c.db.list_snapshots(who.workspace_id, &filter)
             .await
-            .map_err(|e| match e {
-                hearth_db::DbError::InvalidCursor => {
-                    E2bError::bad_request("nextToken: not a token this list gave")
-                }
-                e => db_error(e).into(),
-            })?;
-    let mut resp = Json(page.items.iter().map(snapshot_info).collect::<Vec<_>>()).into_response();
-    if let Some(next) = page.next_cursor {
-        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
-            resp.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(resp)
+            .map_err(page_error)?;
+    let items: Vec<_> = page.items.iter().map(snapshot_info).collect();
+    Ok(page_response(items, page.next_cursor))
 }
 
 /// `DELETE /templates/{id}`: E2B deletes a snapshot (a template) by its
