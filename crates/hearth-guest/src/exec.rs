@@ -106,6 +106,36 @@ impl State {
     fn outputs_done(&self) -> bool {
         self.exit.is_some() && self.pumps_left == 0
     }
+
+    /// What a reader at `cursors` (stdout, stderr) gets next: the output
+    /// from there (output the ring dropped before it was read is lost to
+    /// a slow reader), the command's last event once all output is out,
+    /// or a wait. Changes nothing: the caller keeps its cursors.
+    fn next_step(&self, cursors: [u64; 2]) -> Step {
+        for (idx, cursor) in cursors.into_iter().enumerate() {
+            let ring = &self.rings[idx];
+            let from = cursor.max(ring.start);
+            if from < ring.end() {
+                let ch = if idx == 0 {
+                    OutputChannel::Stdout
+                } else {
+                    OutputChannel::Stderr
+                };
+                return Step::Send(ch, from, ring.read(from, CHUNK));
+            }
+        }
+        if !self.outputs_done() {
+            return Step::Wait;
+        }
+        let (exit_code, signal) = self.exit.unwrap_or((0, None));
+        Step::Finish(match self.timed_out {
+            Some(t) => ExecEvent::Error {
+                error_type: ExecErrorType::CommandTimeout,
+                message: format!("command timed out after {}s", t.as_secs_f64()),
+            },
+            None => ExecEvent::Exit { exit_code, signal },
+        })
+    }
 }
 
 enum StdinMsg {
@@ -327,36 +357,7 @@ pub async fn handle_follow(stream: Stream, pid: u32) {
             [st.rings[0].end(), st.rings[1].end()]
         };
         loop {
-            let step = {
-                let st = session.lock();
-                let mut step = Step::Wait;
-                for (idx, cursor) in cursors.iter().enumerate() {
-                    let ring = &st.rings[idx];
-                    // Output the ring dropped before it was read is lost
-                    // to a follower, as to a slow attached client.
-                    let from = (*cursor).max(ring.start);
-                    if from < ring.end() {
-                        let ch = if idx == 0 {
-                            OutputChannel::Stdout
-                        } else {
-                            OutputChannel::Stderr
-                        };
-                        step = Step::Send(ch, from, ring.read(from, CHUNK));
-                        break;
-                    }
-                }
-                if matches!(step, Step::Wait) && st.outputs_done() {
-                    let (exit_code, signal) = st.exit.unwrap_or((0, None));
-                    step = Step::Finish(match st.timed_out {
-                        Some(t) => ExecEvent::Error {
-                            error_type: ExecErrorType::CommandTimeout,
-                            message: format!("command timed out after {}s", t.as_secs_f64()),
-                        },
-                        None => ExecEvent::Exit { exit_code, signal },
-                    });
-                }
-                step
-            };
+            let step = session.lock().next_step(cursors);
             match step {
                 Step::Send(ch, offset, data) => {
                     if tx
@@ -856,32 +857,11 @@ async fn forward(session: &Session, tx: &StreamSender, gen: u64) {
             if st.sub_gen != gen {
                 Step::Superseded
             } else {
-                let mut step = Step::Wait;
-                for idx in 0..2 {
-                    let ring = &st.rings[idx];
-                    let cursor = st.cursors[idx].max(ring.start);
-                    if cursor < ring.end() {
-                        let data = ring.read(cursor, CHUNK);
-                        st.cursors[idx] = cursor;
-                        let ch = if idx == 0 {
-                            OutputChannel::Stdout
-                        } else {
-                            OutputChannel::Stderr
-                        };
-                        step = Step::Send(ch, cursor, data);
-                        break;
-                    }
-                }
-                if matches!(step, Step::Wait) && st.outputs_done() {
-                    let (exit_code, signal) = st.exit.unwrap_or((0, None));
-                    st.attached = false;
-                    step = Step::Finish(match st.timed_out {
-                        Some(t) => ExecEvent::Error {
-                            error_type: ExecErrorType::CommandTimeout,
-                            message: format!("command timed out after {}s", t.as_secs_f64()),
-                        },
-                        None => ExecEvent::Exit { exit_code, signal },
-                    });
+                let step = st.next_step(st.cursors);
+                match &step {
+                    Step::Send(ch, cursor, _) => st.cursors[channel_index(*ch)] = *cursor,
+                    Step::Finish(_) => st.attached = false,
+                    _ => {}
                 }
                 step
             }
