@@ -149,7 +149,7 @@ def test_pause_keeps_processes_and_connect_resumes():
     sb = new()
     sb.commands.run("echo kept > /root/state")
     counter = sb.commands.run(
-        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
         background=True)
     time.sleep(1.5)
     before = int(sb.commands.run("cat /tmp/count").stdout)
@@ -175,7 +175,7 @@ def test_fork_children_resume_the_parent_each_on_its_own():
     parent = new()
     parent.commands.run("echo before-fork > /root/shared")
     parent.commands.run(
-        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
         background=True)
     time.sleep(1.5)
     t = time.monotonic()
@@ -443,7 +443,7 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     src = new()
     src.commands.run("echo at-snapshot > /root/kept")
     src.commands.run(
-        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
         background=True)
     time.sleep(1.5)
     t = time.monotonic()

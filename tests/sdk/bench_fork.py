@@ -18,7 +18,7 @@ import time
 from bench_pool import client, pss_kib, raw
 
 GIB = 1024**3
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done"
 
 
 def exec_ms(sb, n=9):

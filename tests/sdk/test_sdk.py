@@ -761,7 +761,7 @@ def test_snapshot_capture_boots_a_copy_and_delete_is_refused_while_in_use():
     delete(src.name)
 
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done"
 
 
 def read_count(sb):

@@ -307,7 +307,7 @@ pub async fn fork(api: &Api, o: ForkOptions) -> anyhow::Result<()> {
 
 /// A counting shell, so that a child visibly runs on from the fork.
 const COUNTER: &str =
-    "setsid -f sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done' \
+    "setsid -f sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done' \
      >/dev/null 2>&1 </dev/null";
 
 async fn exec_p50(api: &Api, sb: &Made, n: usize) -> anyhow::Result<Duration> {

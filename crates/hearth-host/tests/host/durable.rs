@@ -287,7 +287,7 @@ async fn preserved_memory_keeps_processes_running_across_stop_and_start() {
     let (id, g) = boot(&host, CreateVm::default()).await;
     let pid = run(
         &g,
-        "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done' \
+        "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done' \
          >/dev/null 2>&1 & echo $!",
     )
     .await;
