@@ -913,23 +913,47 @@ impl Control {
         let mut req: UpdateSandboxRequest = hearth_api::parse_body(body)?;
         self.seal_proxy_config(who.workspace_id, req.proxy_config.as_mut())?;
         let row = self.find(who.workspace_id, name).await?;
-        if req.proxy_config.is_some() && row.status != SandboxStatus::Ready {
+        let spec = apply_update(&spec_of(&row)?, &req)?;
+        let change = SandboxChange {
+            name: req.name.clone(),
+            spec,
+            network: req.proxy_config.is_some(),
+        };
+        let saved = self.update_sandbox(who, &row, change).await?;
+        self.response(&saved)
+    }
+
+    /// Changes a sandbox to `change` (whichever door asked): its name and
+    /// spec stored, and a changed network first pushed to the running VM,
+    /// so an answer means the sandbox's traffic is under it.
+    pub(crate) async fn update_sandbox(
+        &self,
+        who: &Principal,
+        row: &SandboxRow,
+        change: SandboxChange,
+    ) -> Result<SandboxRow, ApiError> {
+        who.require("sandboxes:update")?;
+        let SandboxChange {
+            name,
+            spec,
+            network,
+        } = change;
+        if network && row.status != SandboxStatus::Ready {
             return Err(ApiError::invalid_request(format!(
-                "sandbox '{}' is {}: its proxy_config can only change while it is ready; start it first",
+                "sandbox '{}' is {}: its network policy can only change while it is ready; start it first",
                 row.name,
                 row.status.as_str()
             )));
         }
-        let spec = apply_update(&spec_of(&row)?, &req)?;
         // Resolved before anything is stored: a missing secret is a 422.
-        let net = match &req.proxy_config {
-            Some(_) => Some(self.sandbox_net(who.workspace_id, &spec).await?),
-            None => None,
+        let net = match network {
+            true => Some(self.sandbox_net(who.workspace_id, &spec).await?),
+            false => None,
         };
         self.check_disk_size(spec.fs_capacity)?;
         let mut new = row.clone();
-        if let Some(n) = &req.name {
-            new.name = n.clone();
+        if let Some(n) = name {
+            new.name = n;
         }
         new.cpu = spec.cpu;
         new.mem = spec.mem;
@@ -942,10 +966,10 @@ impl Control {
             ..spec
         })?;
         new.updated_by = who.who();
-        // A new proxy_config reaches the running VM before it is stored:
-        // a 200 means the sandbox's traffic is under it.
+        // A new network reaches the running VM before it is stored: a 200
+        // means the sandbox's traffic is under it.
         if let Some(net) = net {
-            self.push_network(&row, net).await?;
+            self.push_network(row, net).await?;
         }
         let saved = self
             .db
@@ -957,16 +981,15 @@ impl Control {
                 }
                 other => db_error(other),
             });
-        let saved = match saved {
-            Ok(saved) => saved,
+        match saved {
+            Ok(saved) => Ok(saved),
             Err(e) => {
-                if req.proxy_config.is_some() {
-                    self.restore_network(&row).await;
+                if network {
+                    self.restore_network(row).await;
                 }
-                return Err(e);
+                Err(e)
             }
-        };
-        self.response(&saved)
+        }
     }
 
     /// Gives a ready sandbox's host its new egress policy and environment,
@@ -1625,6 +1648,14 @@ pub(crate) fn memory_volumes(disk: &str, size: ByteSize) -> MemoryVolumes {
 
 /// Records activity on a sandbox (what its idle timeout counts from); a
 /// failure is logged, since the sandbox may then be idle-stopped early.
+/// A change of a sandbox, as any door asks it: its new name (if any)
+/// and whole spec, and whether its network policy (egress) changed.
+pub(crate) struct SandboxChange {
+    pub name: Option<String>,
+    pub spec: SandboxSpec,
+    pub network: bool,
+}
+
 pub(crate) async fn touch_logged(db: &hearth_db::Db, id: hearth_types::SandboxId, now: Timestamp) {
     if let Err(e) = db.touch_activity(id, now).await {
         tracing::warn!(sandbox = %id, error = %e, "cannot record activity; the idle timeout may stop it early");
