@@ -30,7 +30,7 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("CA key or certificate in {dir} is unusable: {message}")]
+    #[error("key or certificate in {dir} is unusable: {message}")]
     BadCa { dir: PathBuf, message: String },
     #[error("generate certificate: {0}")]
     Generate(#[from] rcgen::Error),
@@ -58,10 +58,10 @@ impl fmt::Debug for Ca {
     }
 }
 
-fn ca_params() -> CertificateParams {
+fn ca_params(name: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, CA_NAME);
+    dn.push(DnType::CommonName, name);
     dn.push(DnType::OrganizationName, "Hearth");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -77,6 +77,11 @@ impl Ca {
     /// keeps it is readable only by Hearth's user) so guests keep trusting
     /// the same CA across restarts.
     pub fn load_or_create(dir: &Path) -> Result<Ca, TlsError> {
+        Ca::load_or_create_named(dir, CA_NAME)
+    }
+
+    /// [`Ca::load_or_create`] of a CA named `name` (its common name).
+    pub fn load_or_create_named(dir: &Path, name: &str) -> Result<Ca, TlsError> {
         let cert_path = dir.join("ca.pem");
         let key_path = dir.join("ca.key");
         let io = |path: &Path| {
@@ -95,7 +100,7 @@ impl Ca {
         } else {
             fs::create_dir_all(dir).map_err(io(dir))?;
             let key = KeyPair::generate()?;
-            let cert = ca_params().self_signed(&key)?;
+            let cert = ca_params(name).self_signed(&key)?;
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -113,7 +118,7 @@ impl Ca {
         };
         // The issuer is identified by its name and key; rebuilding the same
         // parameters signs leaves that chain to the stored certificate.
-        let issuer = Issuer::new(ca_params(), key);
+        let issuer = Issuer::new(ca_params(name), key);
         Ok(Ca {
             pem,
             issuer,
@@ -188,6 +193,78 @@ pub fn server_config(ca: Arc<Ca>) -> Result<Arc<rustls::ServerConfig>, TlsError>
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(LeafResolver(ca)));
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Serves the leaf for the client's SNI when `accept` says the name is
+/// served here; no certificate (a failed handshake) otherwise.
+struct NamedResolver {
+    ca: Arc<Ca>,
+    accept: Box<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl fmt::Debug for NamedResolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamedResolver").finish_non_exhaustive()
+    }
+}
+
+impl ResolvesServerCert for NamedResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let name = hello.server_name()?;
+        if !(self.accept)(name) {
+            tracing::debug!(name, "no certificate for a name not served here");
+            return None;
+        }
+        LeafResolver(self.ca.clone()).resolve(hello)
+    }
+}
+
+/// A server's TLS with leaves `ca` signs for each name the client asks
+/// for that `accept` approves (a server whose names are not known
+/// beforehand, as `{port}-{id}.{domain}`); ALPN `http/1.1` only.
+pub fn named_server_config(
+    ca: Arc<Ca>,
+    accept: impl Fn(&str) -> bool + Send + Sync + 'static,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(NamedResolver {
+            ca,
+            accept: Box::new(accept),
+        }));
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// A server's TLS with the operator's certificate chain and key (PEM
+/// files); ALPN `http/1.1` only.
+pub fn file_server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    let read = |path: &Path| {
+        fs::read(path).map_err(|source| TlsError::Io {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let bad = |path: &Path, message: String| TlsError::BadCa {
+        dir: path.to_owned(),
+        message,
+    };
+    let chain = CertificateDer::pem_slice_iter(&read(cert)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, format!("not PEM certificates: {e}")))?;
+    if chain.is_empty() {
+        return Err(bad(cert, "no certificate in the file".into()));
+    }
+    let key_der = PrivateKeyDer::from_pem_slice(&read(key)?)
+        .map_err(|e| bad(key, format!("not a PEM private key: {e}")))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }

@@ -28,4 +28,6 @@ pub use limits::{
     nofile, raise_nofile, Limits, LimitsError, Nofile, CEILING, CONNECTION_SHARE,
     DEFAULT_HEADER_READ_TIMEOUT, PEER_SHARE, RESERVE,
 };
+/// A TLS server configuration ([`Options::tls`]).
+pub use rustls::ServerConfig as TlsConfig;
 pub use serve::{peer_key, serve, Counters, Options};

@@ -37,6 +37,10 @@ pub struct Options {
     pub grace: Option<Duration>,
     /// Where the listener counts what it holds and refuses.
     pub counters: Arc<Counters>,
+    /// TLS on the same port: a connection whose first byte opens a TLS
+    /// handshake is served over TLS with this configuration, any other
+    /// as plain HTTP (`None`: plain HTTP only).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Options {
@@ -48,6 +52,7 @@ impl Options {
             max_headers: None,
             grace: None,
             counters: Arc::default(),
+            tls: None,
         }
     }
 }
@@ -341,21 +346,22 @@ pub async fn serve(
         }
         let service = TowerToHyperService::new(app.clone());
         let http = http.clone();
-        let mut stopped = stopped.clone();
+        let stopped = stopped.clone();
         let held = open.subscribe();
         let name = options.name;
+        let tls = options.tls.clone();
+        let handshake_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            let conn = http
-                .serve_connection(TokioIo::new(io), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            let done = tokio::select! {
-                done = conn.as_mut() => done,
-                // Err: the server is gone, which is a stop too.
-                _ = async { stopped.wait_for(|s| *s).await.map(|_| ()) } => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
+            let done = match tls {
+                None => serve_one(&http, io, service, stopped).await,
+                Some(tls) => match tls_or_plain(io, tls, handshake_timeout).await {
+                    Ok(Either::Tls(io)) => serve_one(&http, io, service, stopped).await,
+                    Ok(Either::Plain(io)) => serve_one(&http, io, service, stopped).await,
+                    Err(e) => {
+                        tracing::debug!(server = name, %addr, error = %e, "TLS handshake failed");
+                        Ok(())
+                    }
+                },
             };
             if let Err(e) = done {
                 // Timeouts, resets and malformed heads: the client's doing.
@@ -378,6 +384,63 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// A connection as it is served: over TLS, or as it came.
+enum Either {
+    Tls(Box<tokio_rustls::server::TlsStream<Counted>>),
+    Plain(Counted),
+}
+
+/// The first byte of a TLS connection: a handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Looks at the connection's first byte (without taking it) and completes
+/// a TLS handshake if it opens one, within `timeout` all told: a client
+/// that sends nothing, or stalls its handshake, holds its slots no longer
+/// than one that stalls a request's head.
+async fn tls_or_plain(
+    io: Counted,
+    tls: Arc<rustls::ServerConfig>,
+    timeout: Duration,
+) -> io::Result<Either> {
+    let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "no TLS handshake in time");
+    tokio::time::timeout(timeout, async move {
+        let mut first = [0u8; 1];
+        let n = io.tcp.peek(&mut first).await?;
+        if n == 0 || first[0] != TLS_HANDSHAKE {
+            return Ok(Either::Plain(io));
+        }
+        let stream = tokio_rustls::TlsAcceptor::from(tls).accept(io).await?;
+        Ok(Either::Tls(Box::new(stream)))
+    })
+    .await
+    .map_err(|_| timed_out())?
+}
+
+/// Serves HTTP/1.1 (with upgrades) on one connection until it ends or
+/// the server stops (then its requests finish first).
+async fn serve_one<I>(
+    http: &hyper::server::conn::http1::Builder,
+    io: I,
+    service: TowerToHyperService<axum::Router>,
+    mut stopped: watch::Receiver<bool>,
+) -> hyper::Result<()>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = http
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        done = conn.as_mut() => done,
+        // Err: the server is gone, which is a stop too.
+        _ = async { stopped.wait_for(|s| *s).await.map(|_| ()) } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    }
 }
 
 #[cfg(test)]

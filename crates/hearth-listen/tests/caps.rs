@@ -196,3 +196,82 @@ async fn upgraded_connections_outlive_the_header_timeout_and_keep_their_slot() {
     wait_open(&counters, 0).await;
     assert!(get_ok("127.0.0.1", addr).await.starts_with("HTTP/1.1 200 "));
 }
+
+/// TLS and plain HTTP share the port: a client that opens with a TLS
+/// handshake is served over TLS, any other in the clear; one that starts
+/// a handshake and stalls is closed after the header timeout, and its
+/// slot comes back.
+#[tokio::test]
+async fn tls_and_plain_http_share_a_port() {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["x.hearth.localhost".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let der_key = rustls::pki_types::PrivateKeyDer::Pkcs8(
+        rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()),
+    );
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], der_key)
+        .unwrap();
+    let app = axum::Router::new().route("/", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut options = Options::new(
+        "test",
+        Limits {
+            header_read_timeout: Duration::from_millis(500),
+            max_connections: 64,
+            max_per_peer: 64,
+        },
+    );
+    options.tls = Some(Arc::new(server));
+    let counters = options.counters.clone();
+    tokio::spawn(hearth_listen::serve(
+        listener,
+        app,
+        options,
+        std::future::pending(),
+    ));
+
+    // In the clear.
+    assert!(get_ok("127.0.0.1", addr).await.ends_with("ok"));
+
+    // Over TLS, trusting the certificate.
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = connect("127.0.0.1", addr).await;
+    let name = rustls::pki_types::ServerName::try_from("x.hearth.localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(b"GET / HTTP/1.1\r\nhost: x.hearth.localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    // A close without close_notify is the server's right here.
+    let _ = tls.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.ends_with("ok"),
+        "{text}"
+    );
+
+    // A handshake begun and never finished is closed like a stalled head.
+    let mut stalled = connect("127.0.0.1", addr).await;
+    stalled.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+    let t = Instant::now();
+    assert!(until_closed(&mut stalled, Duration::from_secs(5))
+        .await
+        .is_some());
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    wait_open(&counters, 0).await;
+}
