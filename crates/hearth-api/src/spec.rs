@@ -257,6 +257,7 @@ pub fn resolve_create(
                 .as_ref()
                 .map(AccessDelegation::to_spec),
             mounts,
+            public_ports: false,
         },
         restore_memory,
         wait_for_ready,
@@ -722,6 +723,7 @@ impl StoredSpecV1 {
             egress: self.proxy_config.as_ref().map(ProxyConfig::to_spec),
             delegation: None,
             mounts: Vec::new(),
+            public_ports: false,
         }
     }
 }

@@ -35,6 +35,20 @@ pub struct UpArgs {
     /// serve --control`, enrolled with HEARTH_HOST_TOKEN) run sandboxes.
     #[arg(long)]
     no_local_host: bool,
+    /// The domain sandboxes' ports are named under, `name[:port]`
+    /// (`https://{port}-{sandbox id}.{domain}`, E2B's E2B_DOMAIN); its
+    /// names must resolve to this server (wildcard DNS). Default when
+    /// listening on loopback: `hearth.localhost:<port>`; empty: none.
+    #[arg(long, env = "HEARTH_SANDBOX_DOMAIN")]
+    sandbox_domain: Option<String>,
+    /// TLS certificate chain (PEM) for the listener, e.g. a wildcard one
+    /// for the sandbox domain (default: leaves signed by Hearth's own CA,
+    /// `<data>/tls/ca.pem`).
+    #[arg(long, env = "HEARTH_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, env = "HEARTH_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 /// `hearth.toml`: the same settings as the flags.
@@ -44,6 +58,11 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     public_url: Option<String>,
     database_url: Option<String>,
+    /// As `--sandbox-domain`.
+    sandbox_domain: Option<String>,
+    /// As `--tls-cert` and `--tls-key`.
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     /// Host capacity offered to placement (default: 8 × cores, and the
     /// memory the host can give guests × `memory_overcommit`).
     host_cpu_millicores: Option<u32>,
@@ -76,6 +95,61 @@ struct FileConfig {
     /// `POST /api/v2/sandboxes/pools`), made or resized at every start.
     #[serde(default)]
     pools: Vec<hearth_api::pools::CreatePoolRequest>,
+}
+
+/// The sandbox domain of these settings: the flag's or the file's (empty
+/// is none), else `hearth.localhost:<port>` on loopback (`*.localhost`
+/// resolves to loopback where systemd's resolver or nss-myhostname
+/// answers), else none.
+fn sandbox_domain(args: &UpArgs, file: &FileConfig, listen: SocketAddr) -> Option<String> {
+    match args.sandbox_domain.clone().or(file.sandbox_domain.clone()) {
+        Some(d) => {
+            Some(d.trim().trim_end_matches('.').to_ascii_lowercase()).filter(|d| !d.is_empty())
+        }
+        None => listen
+            .ip()
+            .is_loopback()
+            .then(|| format!("hearth.localhost:{}", listen.port())),
+    }
+}
+
+/// The listener's TLS: the operator's certificate, else leaves Hearth's
+/// own CA (`<data>/tls/`) signs for the sandbox domain's names; none
+/// without either.
+fn listener_tls(
+    data_dir: &Path,
+    args: &UpArgs,
+    file: &FileConfig,
+    domain: Option<&str>,
+) -> anyhow::Result<Option<std::sync::Arc<hearth_listen::TlsConfig>>> {
+    let cert = args.tls_cert.clone().or(file.tls_cert.clone());
+    let key = args.tls_key.clone().or(file.tls_key.clone());
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(
+            hearth_egress::tls::file_server_config(&cert, &key)
+                .context("load the TLS certificate")?,
+        )),
+        (None, None) => {
+            let Some(domain) = domain else {
+                return Ok(None);
+            };
+            let name = domain.split(':').next().unwrap_or(domain).to_owned();
+            let ca = hearth_egress::tls::Ca::load_or_create_named(
+                &data_dir.join("tls"),
+                "Hearth API CA",
+            )
+            .context("load or create the listener's CA")?;
+            let suffix = format!(".{name}");
+            let config =
+                hearth_egress::tls::named_server_config(std::sync::Arc::new(ca), move |sni| {
+                    let sni = sni.to_ascii_lowercase();
+                    sni == name || sni.ends_with(&suffix)
+                })
+                .context("TLS for the sandbox domain")?;
+            Ok(Some(config))
+        }
+        _ => anyhow::bail!("tls_cert and tls_key go together"),
+    }
 }
 
 /// Memory kept for the host itself (the control plane, QEMU's own
@@ -232,6 +306,8 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let db = Db::connect(&db_url).await.context("open the database")?;
     let first_start = keys::ensure_default_workspace(&db).await?;
     let (cpu, mem) = host_capacity(&file)?;
+    let domain = sandbox_domain(&args, &file, listen);
+    let tls = listener_tls(&data_dir, &args, &file, domain.as_deref())?;
     let mut cfg = ControlConfig {
         public_url: public_url.clone(),
         master_key,
@@ -242,6 +318,8 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         aws_roles: crate::aws_identity()?.is_some(),
         listener: listener_limits,
         gc_interval: Some(hearth_control::GC_INTERVAL),
+        sandbox_domain: domain.clone(),
+        tls: tls.clone(),
         ..ControlConfig::default()
     };
     if let Some(s) = file.idle_reaper_seconds {
@@ -309,12 +387,14 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         eprintln!("and for the e2b SDKs (E2B's API, the same key and sandboxes):");
         println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
         println!("export E2B_API_KEY={secret}");
+        print_domain(&data_dir, domain.as_deref(), tls.is_some());
     } else {
         eprintln!("Use an existing API key, or create one: hearth keys create");
         eprintln!();
         println!("export LANGSMITH_ENDPOINT={public_url}");
         eprintln!("and for the e2b SDKs (E2B_API_KEY: the same key):");
         println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
+        print_domain(&data_dir, domain.as_deref(), tls.is_some());
     }
     eprintln!();
     eprintln!("Ctrl-C (or SIGTERM) stops the sandboxes and exits.");
@@ -332,6 +412,24 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     }
     eprintln!("[hearth] bye");
     Ok(0)
+}
+
+/// Where sandboxes' ports are named, and what a client trusts to reach
+/// them over https.
+fn print_domain(data_dir: &Path, domain: Option<&str>, tls: bool) {
+    let Some(domain) = domain else {
+        return;
+    };
+    println!("export E2B_DOMAIN={domain}");
+    eprintln!(
+        "Sandbox ports by name: https://<port>-<sandbox id>.{domain} (the names must resolve here)"
+    );
+    if tls {
+        eprintln!(
+            "  without E2B_API_URL and E2B_SANDBOX_URL, trust {} (e.g. SSL_CERT_FILE)",
+            data_dir.join("tls").join("ca.pem").display()
+        );
+    }
 }
 
 /// The in-process host checks its store as a fleet host does

@@ -54,6 +54,7 @@ async fn run(label: &str, url: &str) {
         egress: None,
         delegation: None,
         mounts: Vec::new(),
+        public_ports: false,
     })
     .unwrap();
     let t = Instant::now();

@@ -128,6 +128,16 @@ pub struct ControlConfig {
     /// The public listener's header-read timeout and connection caps
     /// (default: derived from this process's descriptor limit).
     pub listener: hearth_listen::Limits,
+    /// The domain sandboxes' ports are named under (`name[:port]`, e.g.
+    /// `hearth.localhost:8080`): a request for `{port}-{sandbox id}.{domain}`
+    /// reaches that port of that sandbox (see `e2b/hosts.rs`), and E2B's
+    /// create and connect hand it out as the sandbox's `domain`. `None`:
+    /// ports are reached only through service URLs and E2B's
+    /// `E2b-Sandbox-Port`.
+    pub sandbox_domain: Option<String>,
+    /// TLS on the public listener's port, beside plain HTTP (E2B's SDKs
+    /// reach sandbox hosts by name only over https).
+    pub tls: Option<Arc<hearth_listen::TlsConfig>>,
 }
 
 impl Default for ControlConfig {
@@ -154,6 +164,8 @@ impl Default for ControlConfig {
             allow_private: Vec::new(),
             aws_roles: false,
             listener: hearth_listen::Limits::for_this_process(),
+            sandbox_domain: None,
+            tls: None,
         }
     }
 }
@@ -429,6 +441,10 @@ pub fn router(control: Arc<Control>) -> Router {
         .route("/metrics", get(metrics::render))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            control.clone(),
+            e2b::hosts::route,
+        ))
         .layer(axum::middleware::from_fn(guard::guard))
         .layer(axum::middleware::from_fn_with_state(
             control.clone(),
@@ -478,6 +494,7 @@ pub async fn serve(
     options.max_buf_size = Some(guard::HEAD_BUFFER);
     options.max_headers = Some(guard::HEAD_MAX_FIELDS);
     options.counters = control.metrics.connections.clone();
+    options.tls = control.cfg.tls.clone();
     let app = router(control.clone());
     let shutdown = async move {
         shutdown.await;

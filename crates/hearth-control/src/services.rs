@@ -54,7 +54,7 @@ const RESPONSE_DROPPED: &[&str] = &[
 ];
 
 /// Whether a request asks to switch protocols (`Connection: upgrade`).
-fn wants_upgrade(headers: &HeaderMap) -> bool {
+pub(crate) fn wants_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && headers
             .get_all(header::CONNECTION)
@@ -110,6 +110,55 @@ async fn forward(
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (claims, guest) = c.redeem(&token, true).await?;
     let port = service_port(&claims);
+    let path_and_query = match req.uri().query() {
+        Some(q) => format!("/{rest}?{q}"),
+        None => format!("/{rest}"),
+    };
+    let mut resp = forward_to_port(
+        &guest,
+        port,
+        &path_and_query,
+        req,
+        client_side,
+        SharedOrigin::Yes,
+    )
+    .await?;
+    if let Some(origins) = embed_origins(&claims) {
+        if let Ok(v) = HeaderValue::from_str(&format!("frame-ancestors 'self' {origins}")) {
+            resp.headers_mut()
+                .insert(header::CONTENT_SECURITY_POLICY, v);
+        }
+        resp.headers_mut().remove(header::X_FRAME_OPTIONS);
+    }
+    Ok(resp)
+}
+
+/// Whether the origin a request came in on is shared with the control
+/// plane and other sandboxes (a service URL's path), or is this sandbox
+/// port's own (a sandbox host by name, `{port}-{id}.{domain}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SharedOrigin {
+    /// Cookies are dropped both ways (see [`REQUEST_DROPPED`]).
+    Yes,
+    /// The browser's cookies are the port's own and pass; a cookie the
+    /// service sets passes unless it names a `Domain` (which would reach
+    /// every other sandbox under the domain, and the API's host).
+    No,
+}
+
+/// Forwards `req` to `port` in the sandbox behind `guest` as
+/// `path_and_query`, and its answer back; `client_side` is the request's
+/// upgrade, taken before its handler consumed anything, when it asks for
+/// one.
+pub(crate) async fn forward_to_port(
+    guest: &hearth_hostapi::GuestClient,
+    port: u16,
+    path_and_query: &str,
+    req: Request,
+    client_side: Option<hyper::upgrade::OnUpgrade>,
+    origin: SharedOrigin,
+) -> HttpResult<Response> {
+    let upgrade = client_side.is_some();
     let conn = guest.dial(port).await.map_err(|e| {
         if e.op_kind() == Some(OpErrorKind::ConnectionRefused) {
             bad_gateway(format!("nothing listens on port {port} in the sandbox"))
@@ -122,19 +171,21 @@ async fn forward(
         .await
         .map_err(|e| bad_gateway(format!("HTTP handshake with port {port} failed: {e}")))?;
     tokio::spawn(async move {
-        let _ = connection.with_upgrades().await;
+        if let Err(e) = connection.with_upgrades().await {
+            tracing::debug!(port, error = %e, "connection to a sandbox's port ended");
+        }
     });
 
     let (mut parts, body) = req.into_parts();
-    let path_and_query = match parts.uri.query() {
-        Some(q) => format!("/{rest}?{q}"),
-        None => format!("/{rest}"),
-    };
     parts.uri = Uri::builder()
         .path_and_query(path_and_query)
         .build()
         .map_err(|e| ApiError::invalid_request(format!("bad request path: {e}")))?;
-    strip_hops(&mut parts.headers, upgrade, REQUEST_DROPPED);
+    let (request_dropped, response_dropped) = match origin {
+        SharedOrigin::Yes => (REQUEST_DROPPED, RESPONSE_DROPPED),
+        SharedOrigin::No => (OWN_ORIGIN_REQUEST_DROPPED, OWN_ORIGIN_RESPONSE_DROPPED),
+    };
+    strip_hops(&mut parts.headers, upgrade, request_dropped);
     if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
         parts.headers.insert(header::HOST, host);
     }
@@ -151,18 +202,56 @@ async fn forward(
                 return;
             };
             let (mut client, mut service) = (TokioIo::new(client), TokioIo::new(service));
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut service).await;
+            if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut service).await {
+                tracing::debug!(port, error = %e, "upgraded connection to a sandbox's port ended");
+            }
         });
     }
     let (mut parts, body) = resp.into_parts();
-    strip_hops(&mut parts.headers, switched, RESPONSE_DROPPED);
-    if let Some(origins) = embed_origins(&claims) {
-        if let Ok(v) = HeaderValue::from_str(&format!("frame-ancestors 'self' {origins}")) {
-            parts.headers.insert(header::CONTENT_SECURITY_POLICY, v);
-        }
-        parts.headers.remove(header::X_FRAME_OPTIONS);
+    strip_hops(&mut parts.headers, switched, response_dropped);
+    if origin == SharedOrigin::No {
+        drop_domain_cookies(&mut parts.headers);
     }
     Ok(Response::from_parts(parts, Body::new(body)).into_response())
+}
+
+/// On a port's own origin: Hearth's credentials go, cookies stay.
+const OWN_ORIGIN_REQUEST_DROPPED: &[&str] = &[
+    "transfer-encoding",
+    "x-api-key",
+    "x-access-token",
+    "e2b-traffic-access-token",
+    "x-langsmith-sandbox-service-token",
+];
+
+/// On a port's own origin: the framing, and workers that would widen
+/// their scope.
+const OWN_ORIGIN_RESPONSE_DROPPED: &[&str] = &["transfer-encoding", "service-worker-allowed"];
+
+/// Removes each `Set-Cookie` that names a `Domain`: such a cookie would
+/// reach every host under it (other sandboxes' ports, the API's host).
+fn drop_domain_cookies(headers: &mut HeaderMap) {
+    let kept: Vec<HeaderValue> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter(|v| {
+            let has_domain = v.to_str().map_or(true, |s| {
+                s.split(';')
+                    .skip(1)
+                    .any(|a| a.trim().to_ascii_lowercase().starts_with("domain"))
+            });
+            if has_domain {
+                tracing::debug!("dropped a sandbox's cookie scoped to a domain");
+            }
+            !has_domain
+        })
+        .cloned()
+        .collect();
+    headers.remove(header::SET_COOKIE);
+    headers.remove("set-cookie2");
+    for v in kept {
+        headers.append(header::SET_COOKIE, v);
+    }
 }
 
 #[cfg(test)]
@@ -230,5 +319,31 @@ mod tests {
         ]);
         strip_hops(&mut switched, true, RESPONSE_DROPPED);
         assert_eq!(names(&switched), ["connection", "upgrade"]);
+    }
+
+    /// On a port's own origin cookies pass, except one scoped to a
+    /// domain (it would reach the other sandboxes under it).
+    #[test]
+    fn own_origins_keep_host_cookies_and_drop_domain_ones() {
+        let mut resp = headers(&[
+            ("set-cookie", "session=1; Path=/; HttpOnly"),
+            ("set-cookie", "wide=2; Domain=hearth.localhost; Path=/"),
+            ("set-cookie", "wide2=3; path=/; domain=.hearth.localhost"),
+            ("set-cookie2", "old=4"),
+            ("content-type", "text/html"),
+        ]);
+        strip_hops(&mut resp, false, OWN_ORIGIN_RESPONSE_DROPPED);
+        drop_domain_cookies(&mut resp);
+        let cookies: Vec<_> = resp.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["session=1; Path=/; HttpOnly"]);
+        assert!(resp.get("set-cookie2").is_none());
+        let mut req = headers(&[
+            ("cookie", "session=1"),
+            ("x-access-token", "t"),
+            ("e2b-traffic-access-token", "t"),
+            ("x-api-key", "k"),
+        ]);
+        strip_hops(&mut req, false, OWN_ORIGIN_REQUEST_DROPPED);
+        assert_eq!(names(&req), ["cookie"]);
     }
 }

@@ -657,6 +657,9 @@ async fn connect_fake_guest(info: GuestInfo) -> HostResult<GuestClient> {
 
 /// The guest agent's side: the real handshake and mux, then an answer per
 /// stream, until the host's side goes away.
+/// The port a simulated guest serves HTTP on (see `answer`).
+pub const SIM_HTTP_PORT: u16 = 8000;
+
 async fn fake_guest(io: tokio::io::DuplexStream, info: GuestInfo) {
     let (r, w) = tokio::io::split(io);
     let mut reader = FramedRead::new(r, FrameCodec);
@@ -738,6 +741,43 @@ async fn answer(
                     commands: Vec::new(),
                 })
                 .await;
+        }
+        // Port SIM_HTTP_PORT serves HTTP: each answer describes the
+        // request it got (so a test sees what a proxy forwarded) and sets
+        // a cookie of the host's own and one for a domain. Nothing else
+        // listens.
+        Ok(Request::TcpDial { port }) if port == SIM_HTTP_PORT => {
+            if stream.send_ctl(&Reply::Connected).await.is_err() {
+                return;
+            }
+            let mut head = Vec::new();
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+                match stream.recv().await {
+                    Some(Incoming::Data(d)) => head.extend_from_slice(&d),
+                    _ => return,
+                }
+            }
+            let head = String::from_utf8_lossy(&head);
+            let mut lines = head.split("\r\n");
+            let request_line = lines.next().unwrap_or_default();
+            let headers: Vec<String> = lines
+                .take_while(|l| !l.is_empty())
+                .map(|l| l.to_ascii_lowercase())
+                .collect();
+            let body = serde_json::json!({"request": request_line, "headers": headers}).to_string();
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nset-cookie: own=1; Path=/\r\nset-cookie: wide=1; Domain=sim.example\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.send_data(answer.into_bytes().into()).await;
+            let _ = stream.send_eof();
+        }
+        Ok(Request::TcpDial { port }) => {
+            let e = OpError::new(
+                OpErrorKind::ConnectionRefused,
+                format!("nothing listens on port {port}"),
+            );
+            let _ = stream.send_ctl(&Reply::Error(e)).await;
         }
         Ok(Request::Stdin { pid, .. }) => {
             let e = OpError::new(

@@ -57,6 +57,11 @@ pub struct SandboxSpec {
     /// Directories filled from elsewhere before any user code runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<MountSpec>,
+    /// Anyone may reach the sandbox's ports by name
+    /// (`{port}-{id}.{domain}`, E2B's `allowPublicTraffic`); else only
+    /// with its traffic token or a service URL.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_ports: bool,
 }
 
 /// A directory of the sandbox whose files come from elsewhere: made in the
@@ -250,6 +255,7 @@ mod tests {
                     refresh: Some(Duration::from_secs(30)),
                 }),
             }],
+            public_ports: true,
         }
     }
 

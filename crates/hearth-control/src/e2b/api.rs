@@ -29,10 +29,12 @@ use hearth_types::SandboxId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::hosts::traffic_token;
 use super::{access_token, E2bError, E2bResult, ENVD_VERSION};
 use crate::auth::Principal;
 use crate::error::{db_error, HttpError};
 use crate::extract::JsonBody;
+use crate::service::{spec_of, SandboxChange};
 use crate::Control;
 
 /// A sandbox's `timeout` when the create names none (E2B's API default).
@@ -63,7 +65,7 @@ struct NewSandbox {
     auto_resume: Option<Value>,
     secure: Option<bool>,
     allow_internet_access: Option<bool>,
-    network: Option<Value>,
+    network: Option<Network>,
     metadata: Option<BTreeMap<String, String>>,
     #[serde(rename = "envVars")]
     env_vars: Option<BTreeMap<String, String>>,
@@ -71,6 +73,88 @@ struct NewSandbox {
     iam: Option<Value>,
     #[serde(rename = "volumeMounts")]
     volume_mounts: Option<Value>,
+}
+
+/// E2B's `network` on create (`SandboxNetworkConfig`) and its update
+/// (`PUT /sandboxes/{id}/network`): who may reach the sandbox's ports and
+/// where it may go. Served: `allowPublicTraffic`, and `allowOut` and
+/// `denyOut` as Hearth's allow or deny list (the egress proxy judges
+/// names as well as addresses). Refused by name: the rest (transform
+/// `rules`, a SOCKS `egressProxy`, `maskRequestHost`, `httpsPorts`,
+/// `dnsServers`: a sandbox resolves names through the proxy, which
+/// applies the lists to the names themselves), and exceptions to a deny
+/// list that is not everything.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct Network {
+    allow_public_traffic: Option<bool>,
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    dns_servers: Option<Value>,
+    egress_proxy: Option<Value>,
+    mask_request_host: Option<Value>,
+    https_ports: Option<Value>,
+    rules: Option<Value>,
+    /// Only on an update: `false` is `denyOut: ["0.0.0.0/0"]`.
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+}
+
+/// What denies every IPv4 destination in `denyOut`.
+const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+impl Network {
+    /// Whether anyone may reach the sandbox's ports by name (E2B's
+    /// default: yes).
+    pub(super) fn public(net: Option<&Network>) -> bool {
+        net.and_then(|n| n.allow_public_traffic).unwrap_or(true)
+    }
+
+    /// The access list the network asks for (`None`: the default, the
+    /// internet), `internet` being the create's `allow_internet_access`.
+    pub(super) fn access(
+        net: Option<&Network>,
+        internet: Option<bool>,
+    ) -> E2bResult<Option<AccessSpec>> {
+        let empty = Network::default();
+        let n = net.unwrap_or(&empty);
+        for (field, set) in [
+            ("network.dnsServers", is_set(&n.dns_servers)),
+            ("network.egressProxy", is_set(&n.egress_proxy)),
+            ("network.maskRequestHost", is_set(&n.mask_request_host)),
+            (
+                "network.httpsPorts",
+                is_set(&n.https_ports) && n.https_ports != Some(Value::Array(Vec::new())),
+            ),
+            (
+                "network.rules",
+                is_set(&n.rules)
+                    && n.rules
+                        .as_ref()
+                        .and_then(Value::as_object)
+                        .is_none_or(|m| !m.is_empty()),
+            ),
+        ] {
+            if set {
+                return Err(not_served(field, "not served by Hearth's E2B API"));
+            }
+        }
+        let allow = n.allow_out.clone().unwrap_or_default();
+        let deny = n.deny_out.clone().unwrap_or_default();
+        let internet = internet.or(n.allow_internet_access);
+        let deny_all = internet == Some(false) || deny.iter().any(|d| d.trim() == ALL_TRAFFIC);
+        if deny_all {
+            return Ok(Some(AccessSpec::AllowList(allow)));
+        }
+        match (deny.is_empty(), allow.is_empty()) {
+            (true, _) => Ok(None),
+            (false, true) => Ok(Some(AccessSpec::DenyList(deny))),
+            (false, false) => Err(not_served(
+                "network.allowOut",
+                "exceptions to a deny list that is not all traffic are not served: deny 0.0.0.0/0 and allow what may be reached, or deny without exceptions",
+            )),
+        }
+    }
 }
 
 /// A field Hearth does not serve, set to something other than its
@@ -108,7 +192,6 @@ impl NewSandbox {
             ));
         }
         for (field, set) in [
-            ("network", is_set(&self.network)),
             ("mcp", is_set(&self.mcp)),
             ("iam", is_set(&self.iam)),
             ("volumeMounts", is_set(&self.volume_mounts)),
@@ -150,6 +233,12 @@ struct SandboxBody {
     #[serde(rename = "envdAccessToken")]
     envd_access_token: String,
     alias: String,
+    /// Opens the sandbox's ports by name when they are not public.
+    #[serde(rename = "trafficAccessToken", skip_serializing_if = "Option::is_none")]
+    traffic_access_token: Option<String>,
+    /// Where its ports are named (`{port}-{id}.{domain}`), if configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain: Option<String>,
 }
 
 /// E2B's `SandboxDetail` / `ListedSandbox`.
@@ -178,6 +267,8 @@ struct DetailBody {
     metadata: BTreeMap<String, String>,
     #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none")]
     envd_access_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain: Option<String>,
 }
 
 /// E2B's state of a sandbox: `running` or `paused`; `None` for one being
@@ -235,6 +326,7 @@ impl Control {
             envd_version: ENVD_VERSION,
             metadata: row.labels.clone(),
             envd_access_token: with_token.then(|| access_token(self, row.id)),
+            domain: self.cfg.sandbox_domain.clone(),
         })
     }
 
@@ -246,6 +338,9 @@ impl Control {
             envd_version: ENVD_VERSION,
             envd_access_token: access_token(self, row.id),
             alias: snap.1,
+            traffic_access_token: (!spec_of(row).is_ok_and(|s| s.public_ports))
+                .then(|| traffic_token(self, row.id)),
+            domain: self.cfg.sandbox_domain.clone(),
         }
     }
 
@@ -345,9 +440,11 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
         .clone()
         .and_then(|v| serde_json::from_value(v).ok())
         .unwrap_or_default();
-    let egress = (req.allow_internet_access == Some(false)).then(|| EgressSpec {
-        access: Some(AccessSpec::AllowList(Vec::new())),
-        ..EgressSpec::default()
+    let egress = Network::access(req.network.as_ref(), req.allow_internet_access)?.map(|access| {
+        EgressSpec {
+            access: Some(access),
+            ..EgressSpec::default()
+        }
     });
     Ok(SandboxPlan {
         spec: SandboxSpec {
@@ -366,6 +463,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
             egress,
             delegation: None,
             mounts: Vec::new(),
+            public_ports: Network::public(req.network.as_ref()),
         },
         restore_memory: RestoreMemory::IfPresent,
         wait_for_ready: Some(CREATE_WAIT),
@@ -988,6 +1086,40 @@ pub async fn delete_template(
         }
     })?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `PUT /sandboxes/{id}/network`: the sandbox's new egress lists, in
+/// force when this answers 204 (pushed to the running VM first, as
+/// LangSmith's PATCH of `proxy_config`). Rules of a `proxy_config` the
+/// sandbox has stay; only its access list is replaced.
+pub async fn update_network(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, HttpError>,
+    Path(id): Path<String>,
+    body: Result<JsonBody, HttpError>,
+) -> E2bResult<StatusCode> {
+    let who = who?;
+    who.require("sandboxes:update")?;
+    let net: Network = json_body(&body?.0)?;
+    if net.allow_public_traffic.is_some() {
+        return Err(not_served(
+            "allowPublicTraffic",
+            "set on create; an update does not change it",
+        ));
+    }
+    let access = Network::access(Some(&net), None)?;
+    let row = c.e2b_find(&who, &id).await?;
+    let mut spec = spec_of(&row)?;
+    let egress = spec.egress.take().unwrap_or_default();
+    let egress = EgressSpec { access, ..egress };
+    spec.egress = (egress != EgressSpec::default()).then_some(egress);
+    let change = SandboxChange {
+        name: None,
+        spec,
+        network: true,
+    };
+    c.update_sandbox(&who, &row, change).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// E2B calls Hearth does not serve yet (metrics, logs, snapshots,

@@ -17,6 +17,7 @@
 mod api;
 mod connect;
 mod envd;
+pub(crate) mod hosts;
 mod metrics;
 
 use std::sync::Arc;
@@ -183,7 +184,7 @@ pub(crate) fn routes() -> Router<Arc<Control>> {
         .route("/sandboxes/{id}/fork", post(api::fork))
         .route(
             "/sandboxes/{id}/network",
-            axum::routing::put(api::not_served_route),
+            axum::routing::put(api::update_network),
         )
         .route("/health", get(envd::health))
         .route(

@@ -9,7 +9,9 @@ use std::time::Duration;
 use hearth_db::Timestamp;
 use serde_json::{json, Value};
 
-use crate::harness::{Resp, Server};
+use hearth_hostapi::sim::SIM_HTTP_PORT;
+
+use crate::harness::{send, RawRequest, Resp, Server, TEST_DOMAIN};
 
 async fn call(s: &Server, method: &str, path: &str, key: &str, body: Value) -> Resp {
     s.json(method, path, Some(key), &body).await
@@ -65,8 +67,8 @@ async fn e2b_control_api_on_the_sim_host() {
     // Refusals name the field; nothing is created.
     for (body, field) in [
         (
-            json!({"templateID": "base", "network": {"allowOut": ["x"]}}),
-            "network",
+            json!({"templateID": "base", "network": {"rules": {"x.com": []}}}),
+            "network.rules",
         ),
         (json!({"templateID": "base", "secure": false}), "secure"),
         (
@@ -589,4 +591,358 @@ async fn e2b_snapshots_are_captures_listed_created_from_and_deleted() {
     assert_eq!(r.status, 404, "{}", r.text());
     assert_eq!(ids(&list(String::new()).await), [first_id.as_str()]);
     s.stop().await;
+}
+
+/// A request with its own `Host` (and more headers); the answer.
+async fn to_host(s: &Server, host: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut all = vec![("host".to_owned(), host.to_owned())];
+    all.extend(headers.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let req = RawRequest::new("GET", path, &all, Vec::new());
+    send(s.addr, &req.bytes()).await
+}
+
+/// Sandbox hosts by name (`{port}-{id}.{domain}`) and E2B's
+/// `E2b-Sandbox-Port`: a port of a public sandbox is proxied with the
+/// browser's cookies but not Hearth's credentials, and only its own
+/// cookies come back; envd's port reaches envd's routes only; a sandbox
+/// made not public (and any made through LangSmith's API) needs its
+/// traffic token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_sandbox_hosts_by_name_reach_its_ports() {
+    let (s, _sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sb = r.json().unwrap();
+    let id = sb["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(sb["domain"], TEST_DOMAIN);
+    assert!(sb.get("trafficAccessToken").is_none(), "{sb}");
+    let envd_token = sb["envdAccessToken"].as_str().unwrap().to_owned();
+
+    let port = format!("{SIM_HTTP_PORT}-{id}.{TEST_DOMAIN}:8080");
+    let r = to_host(
+        &s,
+        &port,
+        "/app/x?y=1",
+        &[
+            ("cookie", "session=1"),
+            ("x-api-key", &key),
+            ("x-access-token", &envd_token),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = r.json().unwrap();
+    assert_eq!(seen["request"], "GET /app/x?y=1 HTTP/1.1");
+    let headers: Vec<&str> = seen["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap())
+        .collect();
+    assert!(headers.contains(&"cookie: session=1"), "{headers:?}");
+    assert!(
+        headers.contains(&format!("host: localhost:{SIM_HTTP_PORT}").as_str()),
+        "{headers:?}"
+    );
+    assert!(
+        !headers
+            .iter()
+            .any(|h| h.starts_with("x-api-key") || h.starts_with("x-access-token")),
+        "Hearth's credentials reached the sandbox: {headers:?}"
+    );
+    let cookies: Vec<&str> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "set-cookie")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(
+        cookies,
+        ["own=1; Path=/"],
+        "a domain cookie would reach every sandbox"
+    );
+
+    // Nothing listens: E2B's 502, in its shape.
+    let r = to_host(&s, &format!("9000-{id}.{TEST_DOMAIN}"), "/", &[]).await;
+    assert_eq!(e2b_error(&r).0, 502, "{}", r.text());
+    assert!(
+        r.text().contains("nothing listens on port 9000"),
+        "{}",
+        r.text()
+    );
+    // An unknown sandbox.
+    let r = to_host(
+        &s,
+        &format!("8000-{}.{TEST_DOMAIN}", uuid::Uuid::now_v7()),
+        "/",
+        &[],
+    )
+    .await;
+    assert_eq!(e2b_error(&r).0, 502, "{}", r.text());
+
+    // envd's port: envd's routes (with its token), nothing else.
+    let envd = format!("49983-{id}.{TEST_DOMAIN}");
+    let r = to_host(&s, &envd, "/health", &[("x-access-token", &envd_token)]).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = to_host(&s, &envd, "/files?path=/etc/hostname", &[]).await;
+    assert_eq!(
+        e2b_error(&r).0,
+        401,
+        "envd's token is still needed: {}",
+        r.text()
+    );
+    let r = to_host(&s, &envd, "/sandboxes", &[("x-api-key", &key)]).await;
+    assert_eq!(e2b_error(&r).0, 404, "{}", r.text());
+    // The API's own host is the API.
+    let r = to_host(
+        &s,
+        &format!("api.{TEST_DOMAIN}"),
+        "/sandboxes",
+        &[("x-api-key", &key)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // The single sandbox URL: a port named in E2b-Sandbox-Port.
+    let r = to_host(
+        &s,
+        "127.0.0.1",
+        "/execute",
+        &[("e2b-sandbox-id", &id), ("e2b-sandbox-port", "8000")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json().unwrap()["request"], "GET /execute HTTP/1.1");
+    let r = to_host(
+        &s,
+        "127.0.0.1",
+        "/execute",
+        &[("e2b-sandbox-id", &id), ("e2b-sandbox-port", "0")],
+    )
+    .await;
+    assert_eq!(e2b_error(&r).0, 400, "{}", r.text());
+
+    // Not public: only with its traffic token.
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "network": {"allowPublicTraffic": false}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let private = r.json().unwrap();
+    let pid = private["sandboxID"].as_str().unwrap().to_owned();
+    let traffic = private["trafficAccessToken"].as_str().unwrap().to_owned();
+    let host = format!("8000-{pid}.{TEST_DOMAIN}");
+    let r = to_host(&s, &host, "/", &[]).await;
+    assert_eq!(e2b_error(&r).0, 403, "{}", r.text());
+    let r = to_host(&s, &host, "/", &[("e2b-traffic-access-token", &envd_token)]).await;
+    assert_eq!(e2b_error(&r).0, 403, "another token: {}", r.text());
+    let r = to_host(&s, &host, "/", &[("e2b-traffic-access-token", &traffic)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        !r.text().contains("e2b-traffic-access-token"),
+        "the token reached the sandbox: {}",
+        r.text()
+    );
+    // A token opens only its own sandbox.
+    let r = to_host(
+        &s,
+        &format!("8000-{id}.{TEST_DOMAIN}"),
+        "/",
+        &[("e2b-traffic-access-token", &traffic)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "public anyway: {}", r.text());
+
+    // A sandbox made through LangSmith's API is not public.
+    let ls = s.sandbox("ls-made").await;
+    let ls_id = ls["id"].as_str().unwrap();
+    let r = to_host(&s, &format!("8000-{ls_id}.{TEST_DOMAIN}"), "/", &[]).await;
+    assert_eq!(e2b_error(&r).0, 403, "{}", r.text());
+}
+
+/// The LangSmith view of sandbox `id`'s access control.
+async fn access_of(s: &Server, key: &str, id: String) -> Value {
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes?limit=100",
+            Some(key),
+            &json!({}),
+        )
+        .await;
+    let all = r.json().unwrap();
+    all["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == id.as_str())
+        .map(|b| b["proxy_config"]["access_control"].clone())
+        .unwrap_or_default()
+}
+
+/// E2B's `network`: allowPublicTraffic, and allowOut/denyOut as Hearth's
+/// allow or deny list, on create and `PUT /sandboxes/{id}/network`
+/// (pushed to the host before the 204); what Hearth cannot honour is a
+/// 400 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_network_on_create_and_update() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["example.com"]}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(
+        access_of(&s, &key, id.clone()).await["allow_list"],
+        json!(["example.com"])
+    );
+
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id2 = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(
+        access_of(&s, &key, id2).await["deny_list"],
+        json!(["10.0.0.0/8"])
+    );
+
+    // An update replaces the lists, in force on the host when it answers.
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{id}/network"),
+        &key,
+        json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["pypi.org"]}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(
+        access_of(&s, &key, id.clone()).await["allow_list"],
+        json!(["pypi.org"])
+    );
+    let vm = hearth_types::VmId::from(uuid::Uuid::parse_str(&id).unwrap());
+    let pushed = format!(
+        "{:?}",
+        sim.network(vm).expect("the host has a network").policy
+    );
+    assert!(
+        pushed.contains("pypi.org") && !pushed.contains("example.com"),
+        "{pushed}"
+    );
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{id}/network"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(
+        access_of(&s, &key, id.clone()).await,
+        Value::Null,
+        "the default again"
+    );
+
+    // Refused, naming the field; nothing changes.
+    for (body, field) in [
+        (
+            json!({"rules": {"api.x.com": [{"transform": {"headers": {"a": "b"}}}]}}),
+            "network.rules",
+        ),
+        (
+            json!({"egressProxy": {"url": "socks5://x:1080"}}),
+            "network.egressProxy",
+        ),
+        (json!({"dnsServers": ["1.1.1.1"]}), "network.dnsServers"),
+        (
+            json!({"denyOut": ["10.0.0.0/8"], "allowOut": ["10.1.1.1"]}),
+            "network.allowOut",
+        ),
+        (json!({"allowPublicTraffic": false}), "allowPublicTraffic"),
+        (json!({"bogus": 1}), "bogus"),
+    ] {
+        let r = call(
+            &s,
+            "PUT",
+            &format!("/sandboxes/{id}/network"),
+            &key,
+            body.clone(),
+        )
+        .await;
+        let (code, message) = e2b_error(&r);
+        assert_eq!(code, 400, "{body}: {}", r.text());
+        assert!(message.contains(field), "{body}: {message}");
+    }
+    for (net, field) in [
+        (json!({"maskRequestHost": "x"}), "network.maskRequestHost"),
+        (json!({"httpsPorts": [8443]}), "network.httpsPorts"),
+    ] {
+        let r = call(
+            &s,
+            "POST",
+            "/v2/sandboxes",
+            &key,
+            json!({"templateID": "base", "network": net}),
+        )
+        .await;
+        let (code, message) = e2b_error(&r);
+        assert_eq!(code, 400, "{}", r.text());
+        assert!(message.contains(field), "{message}");
+    }
+    // Paused: the network changes only while it runs.
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{id}/pause"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{id}/network"),
+        &key,
+        json!({"denyOut": ["0.0.0.0/0"]}),
+    )
+    .await;
+    let (code, message) = e2b_error(&r);
+    assert_eq!(code, 400, "{}", r.text());
+    assert!(message.contains("while it is ready"), "{message}");
+    // Another workspace's sandbox is not found.
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{id}/network"),
+        &s.admin,
+        json!({}),
+    )
+    .await;
+    assert_eq!(e2b_error(&r).0, 404, "{}", r.text());
 }

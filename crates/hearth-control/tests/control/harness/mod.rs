@@ -31,9 +31,13 @@ pub fn shared_dir() -> PathBuf {
 pub fn test_config() -> ControlConfig {
     ControlConfig {
         lease: Duration::from_secs(3600),
+        sandbox_domain: Some(TEST_DOMAIN.into()),
         ..ControlConfig::default()
     }
 }
+
+/// The sandbox domain of the test servers (`{port}-{id}.hearth.test`).
+pub const TEST_DOMAIN: &str = "hearth.test";
 
 /// A host agent on a fresh data directory sharing the test image cache.
 pub async fn host() -> Arc<Host> {
@@ -247,7 +251,15 @@ impl RawRequest {
         out.extend_from_slice(self.method.as_bytes());
         out.push(b' ');
         out.extend_from_slice(&self.target);
-        out.extend_from_slice(b" HTTP/1.1\r\nhost: 127.0.0.1\r\n");
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        // A Host of the request's own, else loopback's.
+        if !self
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("host"))
+        {
+            out.extend_from_slice(b"host: 127.0.0.1\r\n");
+        }
         // One request per connection, unless the request speaks of its
         // connection itself (an upgrade).
         if !self

@@ -1,0 +1,253 @@
+//! Sandbox hosts by name: `{port}-{sandboxID}.{domain}`, what E2B's
+//! `get_host(port)` returns and where its SDKs send envd's calls and
+//! `e2b-code-interpreter`'s when no single sandbox URL is configured.
+//!
+//! A request whose `Host` names a sandbox's port under the configured
+//! domain ([`crate::ControlConfig::sandbox_domain`]) is answered for that
+//! sandbox: envd's port (49983) by envd's routes as if it had named the
+//! sandbox in `E2b-Sandbox-Id` (they check its `X-Access-Token`), any
+//! other port by proxying HTTP (and upgrades) to that port in the guest.
+//! A request on the single sandbox URL (`E2B_SANDBOX_URL`) that names a
+//! port other than envd's in `E2b-Sandbox-Port` (code-interpreter does,
+//! for its port 49999) is proxied the same way. Any other `Host`
+//! (`api.{domain}`, the public URL's) reaches the API as usual.
+//!
+//! Who may reach a port: anyone, for a sandbox made public (E2B's
+//! `network.allowPublicTraffic`, its default); else only a request
+//! carrying the sandbox's traffic access token in
+//! `E2B-Traffic-Access-Token` ([`traffic_token`], handed out by create
+//! and connect). A sandbox made through LangSmith's API is never public:
+//! its ports are reached with its traffic token or a service URL.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hearth_db::SandboxStatus;
+use hearth_types::SandboxId;
+
+use super::{door_of, Door, E2bError};
+use crate::service::spec_of;
+use crate::services::{forward_to_port, wants_upgrade, SharedOrigin};
+use crate::Control;
+
+/// envd's port: a host naming it reaches envd's routes.
+pub const ENVD_PORT: u16 = 49983;
+
+/// A sandbox's port named by a request's `Host`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SandboxHost {
+    pub port: u16,
+    pub id: SandboxId,
+}
+
+/// The name part of `host[:port]` (an IPv6 literal keeps its brackets),
+/// lower-cased.
+fn name_of(authority: &str) -> String {
+    let name = match authority.strip_prefix('[') {
+        Some(v6) => {
+            return format!("[{}]", v6.split(']').next().unwrap_or(v6)).to_ascii_lowercase()
+        }
+        None => authority
+            .split_once(':')
+            .map_or(authority, |(name, _)| name),
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The sandbox port `host` names under `domain` (both `name[:port]`), if
+/// it names one: `{port}-{sandbox id}.{domain}`.
+pub(crate) fn parse_host(host: &str, domain: &str) -> Option<SandboxHost> {
+    let host = name_of(host);
+    let domain = name_of(domain);
+    let label = host.strip_suffix(&domain)?.strip_suffix('.')?;
+    if label.contains('.') {
+        return None;
+    }
+    let (port, id) = label.split_once('-')?;
+    if port.is_empty() || port.len() > 5 || !port.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    Some(SandboxHost {
+        port: port.parse().ok().filter(|p| *p != 0)?,
+        id: id.parse().ok()?,
+    })
+}
+
+/// The traffic access token of a sandbox: what opens its ports when it is
+/// not public. Derived like envd's access token, under its own context.
+pub(crate) fn traffic_token(c: &Control, id: SandboxId) -> String {
+    c.links
+        .derived_mac(TRAFFIC_CONTEXT, id.to_string().as_bytes())
+}
+
+const TRAFFIC_CONTEXT: &str = "hearth e2b traffic access token v1";
+
+fn header_str<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+/// The middleware: a request for a sandbox's port by name goes to that
+/// port; anything else goes on.
+pub(crate) async fn route(State(c): State<Arc<Control>>, mut req: Request, next: Next) -> Response {
+    let host = header_str(&req, "host")
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()));
+    let named = match (&c.cfg.sandbox_domain, host) {
+        (Some(domain), Some(host)) => parse_host(&host, domain),
+        _ => None,
+    };
+    match named {
+        Some(SandboxHost {
+            port: ENVD_PORT,
+            id,
+        }) => {
+            if door_of(req.uri().path()).is_none() || !is_envd_path(req.uri().path()) {
+                return E2bError::not_found(format!(
+                    "no route for {} on envd's host",
+                    req.uri().path()
+                ))
+                .into_response();
+            }
+            match HeaderValue::from_str(&id.to_string()) {
+                Ok(v) => {
+                    req.headers_mut().insert("e2b-sandbox-id", v);
+                }
+                Err(_) => return E2bError::bad_request("bad sandbox id").into_response(),
+            }
+            next.run(req).await
+        }
+        Some(SandboxHost { port, id }) => to_port(&c, id, port, req).await,
+        None => {
+            // The single sandbox URL: a port named in a header.
+            let port = header_str(&req, "e2b-sandbox-port").map(str::parse::<u16>);
+            let id = header_str(&req, "e2b-sandbox-id").map(str::parse::<SandboxId>);
+            match (port, id) {
+                (None, _) | (Some(Ok(ENVD_PORT)), _) => next.run(req).await,
+                (Some(Ok(port)), Some(Ok(id))) if port != 0 => to_port(&c, id, port, req).await,
+                (Some(_), _) => E2bError::bad_request(
+                    "E2b-Sandbox-Port must be a port (1-65535) with the sandbox in E2b-Sandbox-Id",
+                )
+                .into_response(),
+            }
+        }
+    }
+}
+
+/// Whether `path` is one of envd's (and not the control API's).
+fn is_envd_path(path: &str) -> bool {
+    door_of(path) == Some(Door::Connect) || path == "/files" || path == "/health"
+}
+
+/// Proxies `req` to `port` of sandbox `id`, if the request may reach it.
+async fn to_port(c: &Arc<Control>, id: SandboxId, port: u16, mut req: Request) -> Response {
+    match to_port_checked(c, id, port, &mut req).await {
+        Ok(guest) => {
+            let client_side = wants_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+            let path_and_query = req
+                .uri()
+                .path_and_query()
+                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+            match forward_to_port(
+                &guest,
+                port,
+                &path_and_query,
+                req,
+                client_side,
+                SharedOrigin::No,
+            )
+            .await
+            {
+                Ok(resp) => resp,
+                Err(e) => E2bError::from(e).into_response(),
+            }
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn to_port_checked(
+    c: &Arc<Control>,
+    id: SandboxId,
+    port: u16,
+    req: &mut Request,
+) -> Result<hearth_hostapi::GuestClient, E2bError> {
+    // E2B's edge answers 502 for a sandbox it cannot reach, found or not
+    // (its SDKs read it as "the sandbox timed out").
+    let unreachable = || E2bError::new(502, format!("sandbox {id} is not running"));
+    let row =
+        c.db.get_sandbox_by_id(id)
+            .await
+            .map_err(|_| unreachable())?;
+    let public = spec_of(&row).is_ok_and(|s| s.public_ports);
+    if !public {
+        let ok = header_str(req, "e2b-traffic-access-token").is_some_and(|t| {
+            c.links
+                .verify_derived_mac(TRAFFIC_CONTEXT, id.to_string().as_bytes(), t)
+        });
+        if !ok {
+            return Err(E2bError::new(
+                403,
+                format!(
+                    "port {port} of sandbox {id} is not public: send its traffic access token in E2B-Traffic-Access-Token"
+                ),
+            ));
+        }
+    }
+    if row.status != SandboxStatus::Ready {
+        return Err(unreachable());
+    }
+    let guest = c.ready_guest(&row).await.map_err(|_| unreachable())?;
+    c.touch(&row).await;
+    // The request's own Host named the sandbox; the service sees its own.
+    req.headers_mut().remove(header::HOST);
+    Ok(guest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_name_a_port_of_a_sandbox_under_the_domain() {
+        let id = SandboxId::new();
+        let d = "hearth.localhost:8080";
+        let h = |s: String| parse_host(&s, d);
+        let want = Some(SandboxHost { port: 49999, id });
+        assert_eq!(h(format!("49999-{id}.hearth.localhost:8080")), want);
+        assert_eq!(h(format!("49999-{id}.hearth.localhost")), want);
+        assert_eq!(h(format!("49999-{id}.HEARTH.localhost.")), want);
+        assert_eq!(
+            parse_host(&format!("3000-{id}.sb.example.com"), "sb.example.com").map(|h| h.port),
+            Some(3000)
+        );
+        // Not a sandbox's port: the API's host, another domain, a deeper
+        // name, a bad port or id.
+        assert_eq!(h("api.hearth.localhost:8080".into()), None);
+        assert_eq!(h("hearth.localhost:8080".into()), None);
+        assert_eq!(h(format!("49999-{id}.other.localhost")), None);
+        assert_eq!(h(format!("49999-{id}xhearth.localhost")), None);
+        assert_eq!(h(format!("a.49999-{id}.hearth.localhost")), None);
+        assert_eq!(h(format!("0-{id}.hearth.localhost")), None);
+        assert_eq!(h(format!("65536-{id}.hearth.localhost")), None);
+        assert_eq!(h(format!("+80-{id}.hearth.localhost")), None);
+        assert_eq!(h("80-not-an-id.hearth.localhost".into()), None);
+        assert_eq!(h("127.0.0.1:8080".into()), None);
+        assert_eq!(h("[::1]:8080".into()), None);
+    }
+
+    #[test]
+    fn envd_paths_are_envds_only() {
+        assert!(is_envd_path("/files"));
+        assert!(is_envd_path("/health"));
+        assert!(is_envd_path("/process.Process/Start"));
+        assert!(is_envd_path("/filesystem.Filesystem/Stat"));
+        assert!(!is_envd_path("/sandboxes"));
+        assert!(!is_envd_path("/api/v2/sandboxes/boxes"));
+    }
+}
