@@ -2,13 +2,18 @@
 `hearth up` (issue 20). Run by crates/hearth-cli/tests/cli/vm/sdk.rs with
 E2B_API_KEY (a Hearth API key), E2B_API_URL and E2B_SANDBOX_URL (both
 Hearth's address), HEARTH_E2B_OTHER_KEY (a key of another workspace) and
-HEARTH_E2B_TEMPLATE (a snapshot to create from).
+HEARTH_E2B_TEMPLATE (a snapshot to create from), HEARTH_E2B_DOMAIN (the
+sandbox domain, `hearth.localhost:<port>`) and SSL_CERT_FILE (the CA of
+Hearth's TLS).
 
 Each test prints PASS or FAIL; the exit status is 1 if any failed.
 """
 
 import os
+import ssl
 import sys
+import urllib.error
+import urllib.request
 import threading
 import time
 import traceback
@@ -493,6 +498,65 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     created.remove(src.sandbox_id)
 
 
+def test_sandbox_hosts_by_name_over_tls():
+    """Without E2B_API_URL and E2B_SANDBOX_URL, as the SDK is meant to be
+    used: E2B_DOMAIN only, every call over https to `api.{domain}` and
+    `49983-{id}.{domain}`, and a port of the sandbox at get_host(port)."""
+    domain = os.environ["HEARTH_E2B_DOMAIN"]
+    saved = {k: os.environ.pop(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL")}
+    os.environ["E2B_DOMAIN"] = domain
+    try:
+        sb = new()
+        check(sb.connection_config.api_url == f"https://api.{domain}",
+              f"the API by name: {sb.connection_config.api_url}")
+        check(sb.sandbox_domain == domain, f"the sandbox's domain {sb.sandbox_domain}")
+        r = sb.commands.run("echo over-tls")
+        check(r.stdout == "over-tls\n", f"envd by name: {r.stdout!r}")
+        sb.files.write("/tmp/www/index.html", "hello from port 3000")
+        sb.commands.run("busybox httpd -f -p 3000 -h /tmp/www", background=True)
+        ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+        url = f"https://{sb.get_host(3000)}/index.html"
+        check(url.startswith(f"https://3000-{sb.sandbox_id}.{domain}"), url)
+        body = None
+        for _ in range(50):
+            try:
+                body = urllib.request.urlopen(url, context=ctx, timeout=10).read()
+                break
+            except urllib.error.HTTPError as e:
+                if e.code != 502:
+                    raise
+                time.sleep(0.2)  # httpd not listening yet
+        check(body == b"hello from port 3000", f"the port by name: {body!r}")
+        # A sandbox that is not public: its port needs its traffic token.
+        closed = new(network={"allow_public_traffic": False})
+        check(closed.traffic_access_token, "a traffic token for a closed sandbox")
+        closed.files.write("/tmp/www/index.html", "closed")
+        closed.commands.run("busybox httpd -f -p 3000 -h /tmp/www", background=True)
+        closed_url = f"https://{closed.get_host(3000)}/index.html"
+        try:
+            urllib.request.urlopen(closed_url, context=ctx, timeout=10)
+            raise AssertionError("a closed sandbox's port answered without its token")
+        except urllib.error.HTTPError as e:
+            check(e.code == 403, f"without the token: {e.code}")
+        req = urllib.request.Request(
+            closed_url, headers={"e2b-traffic-access-token": closed.traffic_access_token})
+        for _ in range(50):
+            try:
+                body = urllib.request.urlopen(req, context=ctx, timeout=10).read()
+                break
+            except urllib.error.HTTPError as e:
+                if e.code != 502:
+                    raise
+                time.sleep(0.2)
+        check(body == b"closed", f"with the token: {body!r}")
+        for x in (sb, closed):
+            x.kill()
+            created.remove(x.sandbox_id)
+    finally:
+        os.environ.pop("E2B_DOMAIN", None)
+        os.environ.update(saved)
+
+
 TESTS = [
     test_create_run_files_and_kill,
     test_pause_keeps_processes_and_connect_resumes,
@@ -504,6 +568,7 @@ TESTS = [
     test_a_watcher_sees_changes_under_its_directory,
     test_stream_input_feeds_a_running_process_as_it_comes,
     test_one_sandbox_through_both_doors,
+    test_sandbox_hosts_by_name_over_tls,
     test_the_async_sdk,
 ]
 

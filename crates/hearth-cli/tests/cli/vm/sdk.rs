@@ -896,6 +896,14 @@ fn e2b_sdk_against_hearth_up() {
         .env("LANGSMITH_API_KEY", &server.api_key)
         .env("HEARTH_E2B_OTHER_KEY", &other_key)
         .env("HEARTH_E2B_TEMPLATE", "busybox")
+        // Sandbox hosts by name: `hearth up`'s default domain on
+        // loopback, over TLS from its own CA (which pyqwest, under the
+        // SDK, loads from SSL_CERT_FILE).
+        .env(
+            "HEARTH_E2B_DOMAIN",
+            format!("hearth.localhost:{}", server.port),
+        )
+        .env("SSL_CERT_FILE", dir.join("tls").join("ca.pem"))
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::null())
         .output()
