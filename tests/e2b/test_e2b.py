@@ -10,6 +10,7 @@ Each test prints PASS or FAIL; the exit status is 1 if any failed.
 """
 
 import os
+import re
 import ssl
 import sys
 import urllib.error
@@ -557,6 +558,57 @@ def test_sandbox_hosts_by_name_over_tls():
         os.environ.update(saved)
 
 
+def test_code_interpreter_keeps_state_and_returns_rich_results():
+    """e2b-code-interpreter's Sandbox on Hearth's code-interpreter-v1
+    template (Jupyter's kernel behind Hearth's server on port 49999): state
+    across calls, streamed output, an error with its traceback, a plot as
+    PNG, a DataFrame as HTML, separate contexts, per-run environment."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+    t = time.monotonic()
+    sb = CodeSandbox.create(timeout=300)
+    created.append(sb.sandbox_id)
+    print(f"  created in {time.monotonic() - t:.1f}s", flush=True)
+    t = time.monotonic()
+    first = sb.run_code("x = 41")
+    print(f"  first run in {time.monotonic() - t:.1f}s", flush=True)
+    check(first.error is None, f"x = 41: {first.error}")
+    check(sb.run_code("x + 1").text == "42", "state kept across calls")
+    out, err = [], []
+    e = sb.run_code("import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)",
+                    on_stdout=lambda m: out.append(m.line), on_stderr=lambda m: err.append(m.line))
+    check(e.logs.stdout == ["to stdout\n"] and e.logs.stderr == ["to stderr\n"], f"logs {e.logs}")
+    check(out == ["to stdout\n"] and err == ["to stderr\n"], f"streamed {out} {err}")
+    e = sb.run_code("def f():\n    return 1 / 0\nf()")
+    check(e.error is not None and e.error.name == "ZeroDivisionError", f"error {e.error}")
+    check("division by zero" in e.error.value, f"value {e.error.value!r}")
+    # Jupyter's traceback, colours and all (as E2B's): its frames are there.
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", e.error.traceback)
+    check("----> 3 f()" in plain and "return 1 / 0" in plain, f"traceback {plain!r}")
+    e = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    pngs = [r.png for r in e.results if r.png]
+    check(len(pngs) == 1, f"a plot: {[list(r.formats()) for r in e.results]} {e.error}")
+    import base64
+    check(base64.b64decode(pngs[0])[:8] == b"\x89PNG\r\n\x1a\n", "the plot is a PNG")
+    e = sb.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+    main = [r for r in e.results if r.is_main_result]
+    check(len(main) == 1 and main[0].html and "<table" in main[0].html, f"a DataFrame: {e}")
+    check("a" in main[0].text and "b" in main[0].text, f"its text {main[0].text!r}")
+    e = sb.run_code("import os\nos.environ.get('ONLY_HERE')", envs={"ONLY_HERE": "yes"})
+    check(e.text == "'yes'", f"a run's environment: {e.text!r}")
+    check(sb.run_code("import os\nos.environ.get('ONLY_HERE')").text is None,
+          "and only that run's")
+    ctx = sb.create_code_context(cwd="/tmp")
+    check(ctx.cwd == "/tmp" and ctx.language == "python", f"context {ctx}")
+    e = sb.run_code("x", context=ctx)
+    check(e.error is not None and e.error.name == "NameError", "a context has its own state")
+    check(sb.run_code("import os\nos.getcwd()", context=ctx).text == "'/tmp'", "its cwd")
+    check(ctx.id in [c.id for c in sb.list_code_contexts()], "listed")
+    sb.remove_code_context(ctx)
+    check(ctx.id not in [c.id for c in sb.list_code_contexts()], "removed")
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 TESTS = [
     test_create_run_files_and_kill,
     test_pause_keeps_processes_and_connect_resumes,
@@ -569,6 +621,7 @@ TESTS = [
     test_stream_input_feeds_a_running_process_as_it_comes,
     test_one_sandbox_through_both_doors,
     test_sandbox_hosts_by_name_over_tls,
+    test_code_interpreter_keeps_state_and_returns_rich_results,
     test_the_async_sdk,
 ]
 

@@ -91,7 +91,7 @@ enum Command {
 enum ImageCommand {
     /// Build (or verify the cache of) the kernel, initramfs and root images.
     Build {
-        /// `busybox`, `default` or `all`.
+        /// `busybox`, `default`, `code-interpreter` (comma-separated) or `all`.
         #[arg(long, default_value = "all")]
         image: String,
     },
@@ -250,7 +250,7 @@ fn main() -> std::process::ExitCode {
 
 fn parse_images(s: &str) -> anyhow::Result<Vec<ImageName>> {
     if s == "all" {
-        return Ok(vec![ImageName::Busybox, ImageName::Default]);
+        return Ok(ImageName::ALL.to_vec());
     }
     s.split(',')
         .map(|p| p.trim().parse::<ImageName>().map_err(anyhow::Error::from))

@@ -244,9 +244,12 @@ impl Control {
             })
             .await?;
         }
+        // Built-in images as snapshots; `code-interpreter-v1` is named as
+        // `e2b-code-interpreter`'s default template.
         for (name, image, capacity) in [
             ("default", "default", ByteSize::gib(2)),
             ("busybox", "busybox", ByteSize::mib(64)),
+            ("code-interpreter-v1", "code-interpreter", ByteSize::gib(4)),
         ] {
             db.upsert_builtin_snapshot(&SnapshotRow {
                 id: SnapshotId::from_uuid(builtin_snapshot_id(name)),

@@ -141,3 +141,102 @@ fn mount_runtime_filesystems() {
         let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
     }
 }
+
+/// Where an image keeps what runs at every boot: each executable file is
+/// started once the root disk is up, in its own process group, with its
+/// output in `/var/log/hearth/<name>.log` (an image's services: the
+/// code-interpreter image's server). A service with a `<name>.port` file
+/// beside it is waited for (up to [`READY_WAIT`]) until that port accepts
+/// connections on loopback before the agent answers the host, so its
+/// sandbox is ready only once the service is (E2B's template "ready
+/// command"). A resumed VM does not boot: what ran at its boot runs on.
+const BOOT_DIR: &str = "/etc/hearth/boot.d";
+const BOOT_LOG_DIR: &str = "/var/log/hearth";
+/// How long a boot waits for its services' ports.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Starts the image's boot services (see [`BOOT_DIR`]); a service that
+/// cannot start is logged and skipped.
+pub fn start_boot_services() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let Ok(dir) = fs::read_dir(BOOT_DIR) else {
+        return;
+    };
+    let mut services: Vec<_> = dir
+        .flatten()
+        .filter(|e| {
+            e.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .map(|e| e.path())
+        .collect();
+    services.sort();
+    if let Err(e) = fs::create_dir_all(BOOT_LOG_DIR) {
+        log(&format!("{BOOT_LOG_DIR}: {e}"));
+    }
+    for path in services {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let log_path = format!("{BOOT_LOG_DIR}/{name}.log");
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path);
+        let (stdout, stderr) = match out.and_then(|f| Ok((f.try_clone()?, f))) {
+            Ok((a, b)) => (std::process::Stdio::from(a), std::process::Stdio::from(b)),
+            Err(e) => {
+                log(&format!("{log_path}: {e}"));
+                (std::process::Stdio::null(), std::process::Stdio::null())
+            }
+        };
+        let started = std::process::Command::new(&path)
+            .env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .env("HOME", "/root")
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0)
+            .spawn();
+        match started {
+            // The reaper collects it when it ends.
+            Ok(child) => log(&format!("boot service {name} started (pid {})", child.id())),
+            Err(e) => {
+                log(&format!("boot service {name}: {e}"));
+                continue;
+            }
+        }
+        let port = fs::read_to_string(format!("{BOOT_DIR}/{name}.port"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u16>().ok());
+        if let Some(port) = port {
+            wait_for_port(&name, port);
+        }
+    }
+}
+
+/// Waits until `port` accepts a connection on loopback, or [`READY_WAIT`].
+fn wait_for_port(name: &str, port: u16) {
+    let started = std::time::Instant::now();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    while started.elapsed() < READY_WAIT {
+        if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).is_ok() {
+            log(&format!(
+                "boot service {name} listens on {port} after {} ms",
+                started.elapsed().as_millis()
+            ));
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    log(&format!(
+        "boot service {name}: port {port} not open after {READY_WAIT:?}; going on"
+    ));
+}

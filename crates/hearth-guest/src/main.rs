@@ -34,9 +34,13 @@ const PORT_NAME: &str = "hearth.agent";
 fn main() {
     let pid1 = std::process::id() == 1;
     if pid1 {
-        if let Err(e) = init::boot() {
-            eprintln!("hearth-guest: boot failed: {e}");
-            sys::power_off();
+        match init::boot() {
+            Ok(args) if !args.no_root => init::start_boot_services(),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("hearth-guest: boot failed: {e}");
+                sys::power_off();
+            }
         }
     }
     let rt = match tokio::runtime::Builder::new_current_thread()

@@ -306,6 +306,7 @@ fn image_disk(image: ImageName) -> ByteSize {
     match image {
         ImageName::Busybox => ByteSize::mib(64),
         ImageName::Default => ByteSize::gib(2),
+        ImageName::CodeInterpreter => ByteSize::gib(4),
     }
 }
 

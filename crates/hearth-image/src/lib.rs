@@ -117,17 +117,26 @@ pub enum ImageName {
     /// Debian minbase with bash, python/python3, pip, venv, git, curl, jq,
     /// ripgrep, unzip, iproute2, procps and CA certificates.
     Default,
+    /// `default` plus Jupyter's Python kernel, matplotlib, pandas and the
+    /// server `e2b-code-interpreter` talks to on port 49999.
+    #[serde(rename = "code-interpreter")]
+    CodeInterpreter,
 }
 
 impl ImageName {
     /// Every image.
-    pub const ALL: [ImageName; 2] = [ImageName::Busybox, ImageName::Default];
+    pub const ALL: [ImageName; 3] = [
+        ImageName::Busybox,
+        ImageName::Default,
+        ImageName::CodeInterpreter,
+    ];
 
     /// `"busybox"` or `"default"`.
     pub fn as_str(self) -> &'static str {
         match self {
             ImageName::Busybox => "busybox",
             ImageName::Default => "default",
+            ImageName::CodeInterpreter => "code-interpreter",
         }
     }
 
@@ -136,6 +145,7 @@ impl ImageName {
         match self {
             ImageName::Busybox => rootfs::BUSYBOX_RECIPE,
             ImageName::Default => rootfs::DEFAULT_RECIPE,
+            ImageName::CodeInterpreter => rootfs::CODE_INTERPRETER_RECIPE,
         }
     }
 
@@ -144,6 +154,7 @@ impl ImageName {
         match self {
             ImageName::Busybox => "4e8a7f31-6b1d-4c52-9a0e-000000000001",
             ImageName::Default => "4e8a7f31-6b1d-4c52-9a0e-000000000002",
+            ImageName::CodeInterpreter => "4e8a7f31-6b1d-4c52-9a0e-000000000003",
         }
     }
 }

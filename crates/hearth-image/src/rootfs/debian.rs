@@ -36,6 +36,7 @@ pub(super) const INCLUDE: [&str; 14] = [
 pub(super) fn populate(
     cfg: &ImageConfig,
     tree: &Path,
+    extra: &[&str],
     p: &dyn Progress,
 ) -> Result<String, ImageError> {
     let mirror = cfg.resolved_mirror();
@@ -61,6 +62,9 @@ pub(super) fn populate(
     // debootstrap mounts proc/sys in the target; never let mkfs copy them.
     cache::unmount_below(tree)?;
     result?;
+    if !extra.is_empty() {
+        install_extra(tree, extra, p)?;
+    }
 
     add_user(tree)?;
     write_file(&tree.join("etc/hostname"), "hearth\n", 0o644)?;
@@ -70,6 +74,35 @@ pub(super) fn populate(
     allow_pip_install(tree)?;
     shrink(tree)?;
     Ok(mirror)
+}
+
+/// Installs `extra` packages with the tree's own apt, in a chroot (its
+/// maintainer scripts ordered by dpkg, which a long debootstrap
+/// `--include` is not: python3-zmq failed to configure there).
+fn install_extra(tree: &Path, extra: &[&str], p: &dyn Progress) -> Result<(), ImageError> {
+    p.step(&format!("apt-get install {}", extra.join(" ")));
+    command::run(
+        Command::new("mount")
+            .args(["-t", "proc", "proc"])
+            .arg(tree.join("proc")),
+    )?;
+    let apt = |args: &[&str]| {
+        command::run(
+            Command::new("chroot")
+                .arg(tree)
+                .arg("apt-get")
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+        .map(|_| ())
+    };
+    let result = apt(&["update", "-q"]).and_then(|()| {
+        let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+        args.extend_from_slice(extra);
+        apt(&args)
+    });
+    cache::unmount_below(tree)?;
+    result
 }
 
 /// Turns debootstrap's `I:` lines into a few progress lines and a count:

@@ -8,6 +8,7 @@
 //! existing sandboxes may still be layered on them.
 
 mod busybox;
+mod code_interpreter;
 mod debian;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,9 @@ pub(crate) const BUSYBOX_RECIPE: u32 = 2;
 /// Recipe version of the default image (its package list is an input of
 /// its own: changing it rebuilds the image without a bump).
 pub(crate) const DEFAULT_RECIPE: u32 = 2;
+/// Recipe version of the code-interpreter image (its packages and its
+/// server are inputs of their own).
+pub(crate) const CODE_INTERPRETER_RECIPE: u32 = 1;
 
 const MIB: u64 = 1024 * 1024;
 const IMAGE_FILE: &str = "rootfs.ext4";
@@ -92,12 +96,17 @@ pub fn ensure_rootfs(
             busybox::populate(&tree)?;
             None
         }
-        ImageName::Default => Some(debian::populate(cfg, &tree, p)?),
+        ImageName::Default => Some(debian::populate(cfg, &tree, &[], p)?),
+        ImageName::CodeInterpreter => {
+            let mirror = debian::populate(cfg, &tree, &code_interpreter::EXTRA, p)?;
+            code_interpreter::install(&tree)?;
+            Some(mirror)
+        }
     };
     let tree_bytes = ext4::disk_usage(&tree)?;
     let (size, times) = match name {
         ImageName::Busybox => (64 * MIB, Times::AllFixed),
-        ImageName::Default => (
+        ImageName::Default | ImageName::CodeInterpreter => (
             (tree_bytes + 1024 * MIB).div_ceil(256 * MIB) * 256 * MIB,
             Times::KeepMtime,
         ),
@@ -153,6 +162,13 @@ fn recipe_inputs(
             inputs.insert("suite".to_owned(), cfg.suite.clone());
             inputs.insert("variant".to_owned(), debian::VARIANT.to_owned());
             inputs.insert("include".to_owned(), debian::INCLUDE.join(","));
+        }
+        ImageName::CodeInterpreter => {
+            inputs.insert("suite".to_owned(), cfg.suite.clone());
+            inputs.insert("variant".to_owned(), debian::VARIANT.to_owned());
+            inputs.insert("include".to_owned(), debian::INCLUDE.join(","));
+            inputs.insert("extra".to_owned(), code_interpreter::EXTRA.join(","));
+            inputs.insert("files_blake3".to_owned(), code_interpreter::fingerprint());
         }
     }
     Ok(inputs)

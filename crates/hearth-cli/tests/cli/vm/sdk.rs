@@ -874,6 +874,8 @@ fn e2b_sdk_against_hearth_up() {
     let python = common::sdk_python();
     let dir = data_dir("e2b");
     let server = Server::start(&dir, &[]);
+    // The code interpreter's image, built before any create waits for it.
+    hearth(&dir, &["image", "build", "--image", "code-interpreter"]);
     let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "e2b-other"]);
     let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
     let mut cmd = Command::new(&python);
