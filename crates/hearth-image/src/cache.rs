@@ -122,7 +122,11 @@ pub(crate) fn remove_all(path: &Path) -> Result<(), ImageError> {
 }
 
 /// Lazily unmounts every mount point at or below `dir`, deepest first.
+/// `dir` is compared as the kernel names it (resolved: a path through a
+/// symlink or `..` is not what mountinfo shows).
 pub(crate) fn unmount_below(dir: &Path) -> Result<(), ImageError> {
+    let resolved = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
+    let dir = resolved.as_path();
     let mountinfo = Path::new("/proc/self/mountinfo");
     let text = match fs::read_to_string(mountinfo) {
         Ok(t) => t,
