@@ -10,7 +10,9 @@
 //! hyper's limits well above the ones here, so every head between the two
 //! gets the envelope; only those past hyper's hard limits are answered bare.
 
-use axum::extract::Request;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hearth_api::ApiError;
@@ -34,11 +36,11 @@ pub const HEAD_BUFFER: usize = 1 << 20;
 pub const HEAD_MAX_FIELDS: usize = 512;
 
 /// The middleware: refuses a request over a limit, else runs it.
-pub async fn guard(req: Request, next: Next) -> Response {
+pub async fn guard(State(c): State<Arc<crate::Control>>, req: Request, next: Next) -> Response {
     match check(&req) {
         Ok(()) => next.run(req).await,
         // E2B's door answers in its own shapes.
-        Err(e) => match crate::e2b::door_of(req.uri().path()) {
+        Err(e) => match crate::e2b::door_of_request(&c, &req) {
             Some(door) => door.refuse(e),
             None => HttpError(e).into_response(),
         },

@@ -448,7 +448,10 @@ pub fn router(control: Arc<Control>) -> Router {
             control.clone(),
             e2b::hosts::route,
         ))
-        .layer(axum::middleware::from_fn(guard::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            control.clone(),
+            guard::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             control.clone(),
             metrics::count,

@@ -57,15 +57,33 @@ fn name_of(authority: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// The sandbox port `host` names under `domain` (both `name[:port]`), if
-/// it names one: `{port}-{sandbox id}.{domain}`.
-pub(crate) fn parse_host(host: &str, domain: &str) -> Option<SandboxHost> {
+/// What a request's `Host` is under the sandbox domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HostKind {
+    /// Not a sandbox's: the API's (`api.{domain}`, the public URL's, any
+    /// other name).
+    Api,
+    /// `{port}-{sandbox id}.{domain}`.
+    Sandbox(SandboxHost),
+    /// A name under the domain that names no sandbox's port.
+    Bad,
+}
+
+/// What `host` names under `domain` (both `name[:port]`).
+pub(crate) fn classify_host(host: &str, domain: &str) -> HostKind {
     let host = name_of(host);
     let domain = name_of(domain);
-    let label = host.strip_suffix(&domain)?.strip_suffix('.')?;
-    if label.contains('.') {
-        return None;
+    let Some(label) = host.strip_suffix(&domain).and_then(|l| l.strip_suffix('.')) else {
+        return HostKind::Api;
+    };
+    if label == "api" {
+        return HostKind::Api;
     }
+    parse_label(label).map_or(HostKind::Bad, HostKind::Sandbox)
+}
+
+/// `{port}-{sandbox id}`.
+fn parse_label(label: &str) -> Option<SandboxHost> {
     let (port, id) = label.split_once('-')?;
     if port.is_empty() || port.len() > 5 || !port.chars().all(|c| c.is_ascii_digit()) {
         return None;
@@ -74,6 +92,36 @@ pub(crate) fn parse_host(host: &str, domain: &str) -> Option<SandboxHost> {
         port: port.parse().ok().filter(|p| *p != 0)?,
         id: id.parse().ok()?,
     })
+}
+
+/// The sandbox port `host` names under `domain`, if it names one.
+#[cfg(test)]
+fn parse_host(host: &str, domain: &str) -> Option<SandboxHost> {
+    match classify_host(host, domain) {
+        HostKind::Sandbox(h) => Some(h),
+        _ => None,
+    }
+}
+
+/// The request's `Host` (or its target's authority).
+fn host_of(req: &Request) -> Option<String> {
+    header_str(req, "host")
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+}
+
+/// What the request's host is under the configured domain.
+fn kind_of(c: &Control, req: &Request) -> HostKind {
+    match (&c.cfg.sandbox_domain, host_of(req)) {
+        (Some(domain), Some(host)) => classify_host(&host, domain),
+        _ => HostKind::Api,
+    }
+}
+
+/// Whether a request is for a sandbox's port (by name, or by E2B's
+/// `E2b-Sandbox-Port` on the single URL): E2B's door, whatever its path.
+pub(crate) fn names_sandbox(c: &Control, req: &Request) -> bool {
+    kind_of(c, req) != HostKind::Api || req.headers().contains_key("e2b-sandbox-port")
 }
 
 /// The traffic access token of a sandbox: what opens its ports when it is
@@ -95,24 +143,19 @@ fn header_str<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
 /// The middleware: a request for a sandbox's port by name goes to that
 /// port; anything else goes on.
 pub(crate) async fn route(State(c): State<Arc<Control>>, mut req: Request, next: Next) -> Response {
-    let host = header_str(&req, "host")
-        .map(str::to_owned)
-        .or_else(|| req.uri().authority().map(|a| a.to_string()));
-    let named = match (&c.cfg.sandbox_domain, host) {
-        (Some(domain), Some(host)) => parse_host(&host, domain),
-        _ => None,
-    };
-    match named {
-        Some(SandboxHost {
+    match kind_of(&c, &req) {
+        HostKind::Bad => E2bError::not_found(format!(
+            "{} names no sandbox's port: sandbox hosts are {{port}}-{{sandbox id}}.{}",
+            host_of(&req).unwrap_or_default(),
+            c.cfg.sandbox_domain.as_deref().unwrap_or_default()
+        ))
+        .into_response(),
+        HostKind::Sandbox(SandboxHost {
             port: ENVD_PORT,
             id,
         }) => {
-            if door_of(req.uri().path()).is_none() || !is_envd_path(req.uri().path()) {
-                return E2bError::not_found(format!(
-                    "no route for {} on envd's host",
-                    req.uri().path()
-                ))
-                .into_response();
+            if !is_envd_path(req.uri().path()) {
+                return not_envd(&req);
             }
             match HeaderValue::from_str(&id.to_string()) {
                 Ok(v) => {
@@ -122,13 +165,15 @@ pub(crate) async fn route(State(c): State<Arc<Control>>, mut req: Request, next:
             }
             next.run(req).await
         }
-        Some(SandboxHost { port, id }) => to_port(&c, id, port, req).await,
-        None => {
+        HostKind::Sandbox(SandboxHost { port, id }) => to_port(&c, id, port, req).await,
+        HostKind::Api => {
             // The single sandbox URL: a port named in a header.
             let port = header_str(&req, "e2b-sandbox-port").map(str::parse::<u16>);
             let id = header_str(&req, "e2b-sandbox-id").map(str::parse::<SandboxId>);
             match (port, id) {
-                (None, _) | (Some(Ok(ENVD_PORT)), _) => next.run(req).await,
+                (None, _) => next.run(req).await,
+                (Some(Ok(ENVD_PORT)), _) if !is_envd_path(req.uri().path()) => not_envd(&req),
+                (Some(Ok(ENVD_PORT)), _) => next.run(req).await,
                 (Some(Ok(port)), Some(Ok(id))) if port != 0 => to_port(&c, id, port, req).await,
                 (Some(_), _) => E2bError::bad_request(
                     "E2b-Sandbox-Port must be a port (1-65535) with the sandbox in E2b-Sandbox-Id",
@@ -137,6 +182,11 @@ pub(crate) async fn route(State(c): State<Arc<Control>>, mut req: Request, next:
             }
         }
     }
+}
+
+/// E2B's 404 for a path envd does not serve.
+fn not_envd(req: &Request) -> Response {
+    E2bError::not_found(format!("no route for {} on envd's port", req.uri().path())).into_response()
 }
 
 /// Whether `path` is one of envd's (and not the control API's).
@@ -239,6 +289,28 @@ mod tests {
         assert_eq!(h("80-not-an-id.hearth.localhost".into()), None);
         assert_eq!(h("127.0.0.1:8080".into()), None);
         assert_eq!(h("[::1]:8080".into()), None);
+    }
+
+    /// A name under the domain is a sandbox's port or a mistake (E2B's
+    /// door answers it); `api.` and names elsewhere are the API's.
+    #[test]
+    fn names_under_the_domain_are_sandbox_hosts_or_bad() {
+        let d = "hearth.localhost:8080";
+        let id = SandboxId::new();
+        assert_eq!(classify_host("api.hearth.localhost:8080", d), HostKind::Api);
+        assert_eq!(classify_host("127.0.0.1:8080", d), HostKind::Api);
+        assert_eq!(classify_host("hearth.localhost", d), HostKind::Api);
+        assert_eq!(classify_host("x.other.test", d), HostKind::Api);
+        assert_eq!(classify_host("0-x.hearth.localhost", d), HostKind::Bad);
+        assert_eq!(classify_host("www.hearth.localhost", d), HostKind::Bad);
+        assert_eq!(
+            classify_host(&format!("a.3000-{id}.hearth.localhost"), d),
+            HostKind::Bad
+        );
+        assert!(matches!(
+            classify_host(&format!("3000-{id}.hearth.localhost"), d),
+            HostKind::Sandbox(SandboxHost { port: 3000, .. })
+        ));
     }
 
     #[test]

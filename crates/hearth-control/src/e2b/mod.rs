@@ -160,6 +160,13 @@ pub(crate) fn door_of(path: &str) -> Option<Door> {
     control.then_some(Door::Control)
 }
 
+/// The door of a request: E2B's for its paths, and for any request that
+/// names a sandbox's port (by host or `E2b-Sandbox-Port`, see
+/// [`hosts`]); `None` for LangSmith's.
+pub(crate) fn door_of_request(c: &Control, req: &axum::extract::Request) -> Option<Door> {
+    door_of(req.uri().path()).or_else(|| hosts::names_sandbox(c, req).then_some(Door::Control))
+}
+
 /// E2B's routes, merged into the public router.
 pub(crate) fn routes() -> Router<Arc<Control>> {
     Router::new()

@@ -14,7 +14,7 @@
 
 use serde_json::{json, Value};
 
-use crate::harness::{send, RawRequest, Resp, Rng, Server};
+use crate::harness::{send, RawRequest, Resp, Rng, Server, TEST_DOMAIN};
 
 const SEED: u64 = 0x6532_6266_757a_7a00;
 
@@ -37,6 +37,7 @@ const CONTROL: &[(&str, &str, bool)] = &[
     ("POST", "/sandboxes/{id}/fork", true),
     ("GET", "/snapshots", false),
     ("DELETE", "/templates/{id}", false),
+    ("PUT", "/sandboxes/{id}/network", true),
 ];
 
 const PROCESS: &[&str] = &[
@@ -353,6 +354,58 @@ async fn e2b_routes_answer_malformed_input_in_e2bs_shape_and_never_5xx() {
             } else if r.status >= 400 {
                 if let Some(p) = control_error(&r) {
                     problems.push(format!("{method} {target:.60}: {} {p}", r.status));
+                }
+            }
+        }
+    }
+    // Sandbox hosts by name and E2b-Sandbox-Port: bad ports, bad and
+    // unknown ids, odd paths, with and without tokens. A port that is
+    // reached answers what the sandbox answers; everything else is E2B's
+    // error, and a 5xx only the 502 of a port that cannot be reached.
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let host_ids = [live.as_str(), unknown.as_str(), "nope", "%00", "a.b"];
+    let ports = [
+        "8000", "9000", "49983", "0", "65536", "-1", "x", "", "08000",
+    ];
+    let paths = [
+        "/",
+        "/health",
+        // A path the guest never sees: the simulated guest reads no files.
+        "/files?path=%00",
+        "/%00",
+        "/a/../../b",
+    ];
+    for id in host_ids {
+        for port in ports {
+            for path in paths {
+                for (name, value) in [
+                    ("host", format!("{port}-{id}.{TEST_DOMAIN}")),
+                    ("e2b-sandbox-port", port.to_owned()),
+                ] {
+                    let mut headers = vec![(name.to_owned(), value.clone())];
+                    if name == "e2b-sandbox-port" {
+                        headers.push(("e2b-sandbox-id".to_owned(), id.to_owned()));
+                    }
+                    if rng.below(2) == 0 {
+                        headers.push(("x-access-token".to_owned(), token.clone()));
+                    }
+                    if rng.below(2) == 0 {
+                        headers.push(("e2b-traffic-access-token".to_owned(), "forged".into()));
+                    }
+                    let r = send(
+                        s.addr,
+                        &RawRequest::new("GET", path, &headers, Vec::new()).bytes(),
+                    )
+                    .await;
+                    asked += 1;
+                    let label = format!("GET {path} {name}: {value:.60}");
+                    if r.status >= 500 && r.status != 502 {
+                        problems.push(format!("{label}: {} {}", r.status, r.text()));
+                    } else if r.status >= 400 {
+                        if let Some(p) = control_error(&r) {
+                            problems.push(format!("{label}: {} {p}", r.status));
+                        }
+                    }
                 }
             }
         }
