@@ -6,6 +6,9 @@ Run against a live `hearth up` (LANGSMITH_ENDPOINT / LANGSMITH_API_KEY and
 E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY set, as `hearth up` prints):
     python tests/sdk/bench_doors.py [runs] [snapshot]
 Default: 50 exec round trips per door, busybox. Deletes what it creates.
+With E2B_DOMAIN too (and SSL_CERT_FILE at Hearth's CA, `<data>/tls/ca.pem`),
+a third door: E2B's SDK without the single URLs, over https to the sandbox's
+host by name (`49983-{id}.{domain}`).
 """
 
 import os
@@ -33,6 +36,17 @@ def timed(f, n):
     return out
 
 
+def by_name(sandbox_id):
+    """The sandbox through E2B's SDK configured by E2B_DOMAIN alone (its
+    connection config is read now, so the single URLs are hidden only
+    meanwhile)."""
+    saved = {k: os.environ.pop(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL") if k in os.environ}
+    try:
+        return Sandbox.connect(sandbox_id)
+    finally:
+        os.environ.update(saved)
+
+
 def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     snap = sys.argv[2] if len(sys.argv) > 2 else "busybox"
@@ -40,26 +54,37 @@ def main():
     sb = ls.create_sandbox(snapshot_name=snap, timeout=300)
     try:
         e2b = Sandbox.connect(str(sb.id))
-        # Warm both paths up first.
+        named = by_name(str(sb.id)) if os.environ.get("E2B_DOMAIN") else None
+        # Warm the paths up first.
         sb.run("true")
         e2b.commands.run("true")
-        rows = []
-        for door, run in (
+        doors = [
             ("langsmith", lambda: sb.run("true")),
             ("e2b", lambda: e2b.commands.run("true")),
-        ):
+        ]
+        if named is not None:
+            named.commands.run("true")
+            doors.append(("e2b-named", lambda: named.commands.run("true")))
+        rows = []
+        for door, run in doors:
             xs = timed(run, runs)
             rows.append((door, statistics.median(xs) * 1000, pct(xs, 99) * 1000))
         for door, p50, p99 in rows:
             print(f"exec `true` via {door:9}: p50 {p50:.1f} ms, p99 {p99:.1f} ms (n={runs})", flush=True)
         print(f"e2b / langsmith exec p50: {rows[1][1] / rows[0][1]:.2f}", flush=True)
+        if named is not None:
+            print(f"e2b-named (TLS) / e2b exec p50: {rows[2][1] / rows[1][1]:.2f}", flush=True)
 
         data = os.urandom(32 * MIB)
         speeds = {}
-        for door, write, read in (
+        transfers = [
             ("langsmith", lambda p: sb.write(p, data), lambda p: sb.read(p)),
             ("e2b", lambda p: e2b.files.write(p, data), lambda p: e2b.files.read(p, format="bytes")),
-        ):
+        ]
+        if named is not None:
+            transfers.append(("e2b-named", lambda p: named.files.write(p, data),
+                              lambda p: named.files.read(p, format="bytes")))
+        for door, write, read in transfers:
             path = f"/root/bench-{door}.bin"
             t = time.monotonic()
             write(path)
@@ -76,6 +101,12 @@ def main():
             f"read {speeds['e2b'][1] / speeds['langsmith'][1]:.2f}",
             flush=True,
         )
+        if named is not None:
+            print(
+                f"e2b-named (TLS) / e2b: write {speeds['e2b-named'][0] / speeds['e2b'][0]:.2f}, "
+                f"read {speeds['e2b-named'][1] / speeds['e2b'][1]:.2f}",
+                flush=True,
+            )
     finally:
         ls.delete_sandbox(sb.name)
 

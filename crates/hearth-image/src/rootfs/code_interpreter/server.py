@@ -345,6 +345,11 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     global CONTEXTS
     CONTEXTS = Contexts()
+    # Listen once the default kernel runs: the guest agent holds the
+    # sandbox's readiness until this port opens, so a ready sandbox runs
+    # its first code at once. A kernel that failed to start is reported
+    # by the executions, so the server listens anyway.
+    CONTEXTS.default.ready.wait(KERNEL_READY_TIMEOUT)
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     server.daemon_threads = True
     log("listening on", PORT)
