@@ -499,6 +499,19 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     created.remove(src.sandbox_id)
 
 
+def fetch_once_listening(req, ctx):
+    """The body at `req` (a URL or a Request), retried while the sandbox's
+    server is not listening yet (Hearth's 502); None if it never does."""
+    for _ in range(50):
+        try:
+            return urllib.request.urlopen(req, context=ctx, timeout=10).read()
+        except urllib.error.HTTPError as e:
+            if e.code != 502:
+                raise
+            time.sleep(0.2)
+    return None
+
+
 def test_sandbox_hosts_by_name_over_tls():
     """Without E2B_API_URL and E2B_SANDBOX_URL, as the SDK is meant to be
     used: E2B_DOMAIN only, every call over https to `api.{domain}` and
@@ -518,15 +531,7 @@ def test_sandbox_hosts_by_name_over_tls():
         ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
         url = f"https://{sb.get_host(3000)}/index.html"
         check(url.startswith(f"https://3000-{sb.sandbox_id}.{domain}"), url)
-        body = None
-        for _ in range(50):
-            try:
-                body = urllib.request.urlopen(url, context=ctx, timeout=10).read()
-                break
-            except urllib.error.HTTPError as e:
-                if e.code != 502:
-                    raise
-                time.sleep(0.2)  # httpd not listening yet
+        body = fetch_once_listening(url, ctx)
         check(body == b"hello from port 3000", f"the port by name: {body!r}")
         # A sandbox that is not public: its port needs its traffic token.
         closed = new(network={"allow_public_traffic": False})
@@ -541,14 +546,7 @@ def test_sandbox_hosts_by_name_over_tls():
             check(e.code == 403, f"without the token: {e.code}")
         req = urllib.request.Request(
             closed_url, headers={"e2b-traffic-access-token": closed.traffic_access_token})
-        for _ in range(50):
-            try:
-                body = urllib.request.urlopen(req, context=ctx, timeout=10).read()
-                break
-            except urllib.error.HTTPError as e:
-                if e.code != 502:
-                    raise
-                time.sleep(0.2)
+        body = fetch_once_listening(req, ctx)
         check(body == b"closed", f"with the token: {body!r}")
         for x in (sb, closed):
             x.kill()
