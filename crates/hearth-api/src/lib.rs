@@ -22,6 +22,7 @@
 //! word on the wire format; module docs cite what each choice follows.
 
 pub mod boxes;
+pub mod bucket;
 mod de;
 pub mod error;
 pub mod exec;

@@ -16,7 +16,9 @@ use hearth_types::egress::{
 };
 use std::time::Duration;
 
-use hearth_types::sandbox::{GitMount, GitRef, GitRefKind, MountSource, MountSpec, RunSpec};
+use hearth_types::sandbox::{
+    BucketOptions, GitMount, GitRef, GitRefKind, MountSource, MountSpec, RunSpec,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -1200,12 +1202,21 @@ pub struct MountConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MountAuth {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub aws: Option<JsonObject>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub gcp: Option<JsonObject>,
+    /// Signs the S3 mounts' requests: static keys or `role_arn`, as in a
+    /// proxy rule's `aws`.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub aws: Option<ProxyAws>,
+    /// Authenticates the GCS mounts' requests: `service_account_json`.
+    #[serde(
+        default,
+        deserialize_with = "crate::de::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gcp: Option<ProxyGcp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub azure: Option<JsonObject>,
@@ -1275,26 +1286,60 @@ pub struct MountEncryption {
     pub kms_key: String,
 }
 
+/// What a `mount_config` becomes: the mounts, and the proxy rules their
+/// credentials became.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MountPlan {
+    pub mounts: Vec<MountSpec>,
+    pub rules: Vec<RuleSpec>,
+}
+
 impl MountConfig {
-    /// The mounts as Hearth runs them: git mounts are made; bucket mounts
-    /// (`s3`, `gcs`, `azure_blob`), `contexthub` and mount credentials
-    /// (`auth`) are refused with a 422 naming them, never a silent yes.
-    pub fn to_specs(&self) -> Result<Vec<MountSpec>, ApiError> {
-        if let Some(auth) = &self.auth {
-            for (key, set) in [
-                ("aws", auth.aws.is_some()),
-                ("gcp", auth.gcp.is_some()),
-                ("azure", auth.azure.is_some()),
-            ] {
-                if set {
-                    let field = format!("mount_config.auth.{key}");
-                    return Err(ApiError::validation(
-                        &field,
-                        format!("{field}: bucket mounts and their credentials are not supported by Hearth yet (git mounts are; give a private repository's credentials with a proxy_config header rule)"),
-                    ));
-                }
+    /// The mounts as Hearth runs them: git, S3 and GCS mounts are made,
+    /// and `auth`'s credentials become proxy rules scoped to their mounts'
+    /// buckets; `contexthub` and `azure_blob` mounts and `azure`
+    /// credentials are refused with a 422 naming them, never a silent yes.
+    /// `proxy`: the sandbox's proxy config (an enabled `aws` rule there
+    /// signs S3 mounts that `auth` does not).
+    pub fn to_specs(&self, proxy: Option<&ProxyConfig>) -> Result<MountPlan, ApiError> {
+        let auth = self.auth.clone().unwrap_or_default();
+        if auth.azure.is_some() {
+            return Err(ApiError::validation(
+                "mount_config.auth.azure",
+                "mount_config.auth.azure: azure_blob mounts and Azure credentials are not supported by Hearth yet",
+            ));
+        }
+        if let Some(aws) = &auth.aws {
+            let rule = ProxyRule {
+                name: "aws".into(),
+                aws: Some(aws.clone()),
+                ..ProxyRule::default()
+            };
+            rule.refuse_unsupported("mount_config.auth")?;
+        }
+        if let Some(gcp) = &auth.gcp {
+            gcp.check("mount_config.auth.gcp")?;
+        }
+        for (key, kind, set) in [
+            ("aws", MountKind::S3, auth.aws.is_some()),
+            ("gcp", MountKind::Gcs, auth.gcp.is_some()),
+        ] {
+            if set && !self.mounts.iter().any(|m| m.kind == kind) {
+                let field = format!("mount_config.auth.{key}");
+                return Err(ApiError::validation(
+                    &field,
+                    format!(
+                        "{field}: authenticates {} mounts, and mount_config has none",
+                        if key == "aws" { "s3" } else { "gcs" }
+                    ),
+                ));
             }
         }
+        let proxy_signs_aws = proxy.is_some_and(|p| {
+            p.rules
+                .iter()
+                .any(|r| r.enabled != Some(false) && r.aws.is_some())
+        });
         if self.mounts.is_empty() {
             return Err(ApiError::validation(
                 "mount_config.mounts",
@@ -1303,7 +1348,8 @@ impl MountConfig {
         }
         let mut ids = BTreeSet::new();
         let mut paths: Vec<&str> = Vec::new();
-        let mut specs = Vec::with_capacity(self.mounts.len());
+        let mut plan = MountPlan::default();
+        let mut rules = Vec::new();
         for (i, m) in self.mounts.iter().enumerate() {
             let at = format!("mount_config.mounts[{i}]");
             check_mount_id(&format!("{at}.id"), &m.id)?;
@@ -1337,10 +1383,8 @@ impl MountConfig {
                 ));
             }
             let refused = match m.kind {
-                MountKind::Git => None,
+                MountKind::Git | MountKind::S3 | MountKind::Gcs => None,
                 MountKind::Contexthub => Some("contexthub mounts are a LangSmith-hosted service"),
-                MountKind::S3 => Some("s3 mounts are not supported by Hearth yet"),
-                MountKind::Gcs => Some("gcs mounts are not supported by Hearth yet"),
                 MountKind::AzureBlob => Some("azure_blob mounts are not supported by Hearth yet"),
             };
             if let Some(why) = refused {
@@ -1351,53 +1395,89 @@ impl MountConfig {
                     format!("{at}: {why}; nothing would appear at {}", m.mount_path),
                 ));
             }
-            for (key, set) in [
+            // What the mount's type takes; anything else set is refused.
+            let takes: &[&str] = match m.kind {
+                MountKind::S3 => &["s3", "read_only", "cache", "encryption"],
+                MountKind::Gcs => &["gcs", "read_only", "cache"],
+                _ => &["git"],
+            };
+            for (field, set) in [
                 ("read_only", m.read_only.is_some()),
                 ("cache", m.cache.is_some()),
                 ("encryption", m.encryption.is_some()),
                 ("s3", m.s3.is_some()),
                 ("gcs", m.gcs.is_some()),
+                ("git", m.git.is_some()),
                 ("contexthub", m.contexthub.is_some()),
                 ("azure_blob", m.azure_blob.is_some()),
             ] {
-                if set {
-                    let field = format!("{at}.{key}");
-                    return Err(ApiError::validation(
-                        &field,
-                        format!("{field} does not apply to a git mount"),
-                    ));
+                if set && !takes.contains(&field) {
+                    let f = format!("{at}.{field}");
+                    let why = match field {
+                        "contexthub" => "contexthub mounts (a LangSmith-hosted service) are not supported by Hearth".to_owned(),
+                        "azure_blob" => "azure_blob mounts are not supported by Hearth yet".to_owned(),
+                        _ => format!("does not apply to a {key} mount"),
+                    };
+                    return Err(ApiError::validation(&f, format!("{f}: {why}")));
                 }
             }
-            let git = m.git.clone().unwrap_or_default();
-            let git: GitMountConfig = serde_json::from_value(Value::Object(git)).map_err(|e| {
-                ApiError::validation(&format!("{at}.git"), format!("{at}.git: {e}"))
-            })?;
-            specs.push(MountSpec {
+            let object = |o: &Option<JsonObject>| Value::Object(o.clone().unwrap_or_default());
+            let bad_object = |e: serde_json::Error| {
+                ApiError::validation(&format!("{at}.{key}"), format!("{at}.{key}: {e}"))
+            };
+            let source = match m.kind {
+                MountKind::S3 => {
+                    let s3: crate::bucket::S3MountConfig =
+                        serde_json::from_value(object(&m.s3)).map_err(bad_object)?;
+                    let opts = crate::bucket::options(&at, m.read_only, m.cache.as_ref())?;
+                    let signed = auth.aws.is_some() || proxy_signs_aws;
+                    let spec = s3.to_spec(&at, signed, m.encryption.as_ref(), opts)?;
+                    if let Some(aws) = &auth.aws {
+                        rules.push(crate::bucket::s3_rule(&m.id, &spec, aws));
+                    }
+                    MountSource::S3(spec)
+                }
+                MountKind::Gcs => {
+                    let gcs: crate::bucket::GcsMountConfig =
+                        serde_json::from_value(object(&m.gcs)).map_err(bad_object)?;
+                    let opts = crate::bucket::options(&at, m.read_only, m.cache.as_ref())?;
+                    let spec = gcs.to_spec(&at, opts)?;
+                    if let Some(gcp) = &auth.gcp {
+                        rules.push(crate::bucket::gcs_rule(&m.id, &spec, gcp));
+                    }
+                    MountSource::Gcs(spec)
+                }
+                _ => {
+                    let git: GitMountConfig =
+                        serde_json::from_value(object(&m.git)).map_err(bad_object)?;
+                    MountSource::Git(git.to_spec(&format!("{at}.git"))?)
+                }
+            };
+            plan.mounts.push(MountSpec {
                 id: m.id.clone(),
                 path: path.clone(),
-                source: MountSource::Git(git.to_spec(&format!("{at}.git"))?),
+                source,
             });
             paths.push(&m.mount_path);
         }
-        Ok(specs)
+        plan.rules = crate::bucket::to_rule_specs(rules);
+        Ok(plan)
     }
 
-    /// The mount config a sandbox's answer shows for its mounts.
-    pub fn from_specs(specs: &[MountSpec]) -> Option<Self> {
+    /// The mount config a sandbox's answer shows for its mounts, with the
+    /// credentials its rules hold (`opaque` values as `is_set` only).
+    pub fn from_specs(specs: &[MountSpec], rules: &[RuleSpec]) -> Option<Self> {
         if specs.is_empty() {
             return None;
         }
+        let as_object = |v: serde_json::Result<Value>| match v {
+            Ok(Value::Object(o)) => Some(o),
+            _ => None,
+        };
         let mounts = specs
             .iter()
             .map(|m| {
-                let MountSource::Git(g) = &m.source;
-                let git = serde_json::to_value(GitMountConfig::from_spec(g))
-                    .ok()
-                    .and_then(|v| match v {
-                        Value::Object(o) => Some(o),
-                        _ => None,
-                    });
-                Mount {
+                let mut out = Mount {
                     id: m.id.clone(),
                     kind: MountKind::Git,
                     mount_path: m.path.clone(),
@@ -1406,14 +1486,60 @@ impl MountConfig {
                     encryption: None,
                     s3: None,
                     gcs: None,
-                    git,
+                    git: None,
                     contexthub: None,
                     azure_blob: None,
+                };
+                let opts = |o: &BucketOptions, out: &mut Mount| {
+                    out.read_only = Some(o.read_only);
+                    if o.cache_max_bytes.is_some() || o.writeback.is_some() {
+                        out.cache = Some(MountCache {
+                            max_size_bytes: o.cache_max_bytes,
+                            writeback_seconds: o.writeback.map(|d| d.as_secs()),
+                        });
+                    }
+                };
+                match &m.source {
+                    MountSource::Git(g) => {
+                        out.git = as_object(serde_json::to_value(GitMountConfig::from_spec(g)));
+                    }
+                    MountSource::S3(s) => {
+                        out.kind = MountKind::S3;
+                        out.s3 = as_object(serde_json::to_value(
+                            crate::bucket::S3MountConfig::from_spec(s),
+                        ));
+                        out.encryption =
+                            s.kms_key.clone().map(|kms_key| MountEncryption { kms_key });
+                        opts(&s.options, &mut out);
+                    }
+                    MountSource::Gcs(g) => {
+                        out.kind = MountKind::Gcs;
+                        out.gcs = as_object(serde_json::to_value(
+                            crate::bucket::GcsMountConfig::from_spec(g),
+                        ));
+                        opts(&g.options, &mut out);
+                    }
                 }
+                out
             })
             .collect();
+        let shown = ProxyConfig::from_spec(&EgressSpec {
+            rules: rules.to_vec(),
+            ..EgressSpec::default()
+        })
+        .redacted();
+        let mut auth = MountAuth::default();
+        for r in shown.rules {
+            if let Some(aws) = r.aws {
+                auth.aws.get_or_insert(aws);
+            }
+            if let Some(mut gcp) = r.gcp {
+                gcp.scopes = None;
+                auth.gcp.get_or_insert(gcp);
+            }
+        }
         Some(Self {
-            auth: Some(MountAuth::default()),
+            auth: Some(auth),
             mounts,
         })
     }

@@ -177,8 +177,8 @@ pub fn resolve_create(
         pc.check_values_present()?;
     }
     let mounts = match &req.mount_config {
-        Some(mc) => mc.to_specs()?,
-        None => Vec::new(),
+        Some(mc) => mc.to_specs(req.proxy_config.as_ref())?,
+        None => crate::nested::MountPlan::default(),
     };
 
     let persistent = req.persistent.unwrap_or(true);
@@ -256,7 +256,8 @@ pub fn resolve_create(
                 .access_delegation
                 .as_ref()
                 .map(AccessDelegation::to_spec),
-            mounts,
+            mounts: mounts.mounts,
+            mount_rules: mounts.rules,
             public_ports: false,
         },
         restore_memory,
@@ -641,7 +642,7 @@ pub fn sandbox_response(spec: &SandboxSpec, meta: SandboxMeta) -> SandboxRespons
         preserve_memory_on_stop: spec.preserve_memory_on_stop,
         labels: spec.labels.clone(),
         run_config: spec.run.clone().into(),
-        mount_config: crate::nested::MountConfig::from_specs(&spec.mounts),
+        mount_config: crate::nested::MountConfig::from_specs(&spec.mounts, &spec.mount_rules),
         proxy_config: spec
             .egress
             .as_ref()
@@ -723,6 +724,7 @@ impl StoredSpecV1 {
             egress: self.proxy_config.as_ref().map(ProxyConfig::to_spec),
             delegation: None,
             mounts: Vec::new(),
+            mount_rules: Vec::new(),
             public_ports: false,
         }
     }

@@ -65,6 +65,7 @@ fn summary(p: &CreatePlan) -> Value {
         "env_vars": s.env_vars,
         "name": s.name,
         "mounts": s.mounts,
+        "mount_rules": s.mount_rules,
     })
 }
 
@@ -530,9 +531,86 @@ fn nested_objects() {
                 Field("description"),
             ),
             (json!({"proxy_config": []}), Field("proxy_config")),
+            // Bucket mounts act; their credentials become rules that sign
+            // only their bucket's requests.
             (
-                json!({"mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/mounts/m",
-                "s3": {"bucket": "b", "region": "r", "endpoint_url": "https://s3"}}]}}),
+                json!({"mount_config": {"auth": {"aws": {
+                    "access_key_id": {"type": "workspace_secret", "value": "{AWS_ID}"},
+                    "secret_access_key": {"type": "workspace_secret", "value": "{AWS_KEY}"}}},
+                    "mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/mounts/m/", "read_only": true,
+                    "cache": {"max_size_bytes": 1048576, "writeback_seconds": 2},
+                    "s3": {"bucket": "data", "region": "us-east-1", "endpoint_url": "https://s3.test:9000/",
+                           "prefix": "/in/", "path_style": true}}]}}),
+                Plan(json!({
+                    "mounts": [{"id": "m", "path": "/mnt/mounts/m", "source": {"s3": {
+                        "endpoint": "https://s3.test:9000", "region": "us-east-1", "bucket": "data",
+                        "prefix": "in", "path_style": true, "signed": true,
+                        "options": {"read_only": true, "cache_max_bytes": 1048576, "writeback": 2}}}}],
+                    "mount_rules": [{"name": "mount_config.auth.aws:m", "description": null, "enabled": true,
+                        "match_hosts": ["s3.test"], "match_paths": ["/data", "/data/*"], "match_headers": [],
+                        "headers": [], "env": {},
+                        "aws": {"access_key_id": {"template": "{AWS_ID}"},
+                                "secret_access_key": {"template": "{AWS_KEY}"}}}],
+                })),
+            ),
+            // Without credentials of its own, an enabled aws proxy rule
+            // signs; with neither, the client sends unsigned requests.
+            (
+                json!({"proxy_config": {"rules": [{"name": "a", "type": "aws", "aws": {
+                    "access_key_id": {"type": "opaque", "value": "k"},
+                    "secret_access_key": {"type": "opaque", "value": "s"}}}]},
+                    "mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/m",
+                    "s3": {"bucket": "data", "region": "us-east-1", "endpoint_url": "https://s3.amazonaws.com"}}]}}),
+                Plan(json!({"mount_rules": [],
+                    "mounts": [{"id": "m", "path": "/mnt/m", "source": {"s3": {
+                        "endpoint": "https://s3.amazonaws.com", "region": "us-east-1", "bucket": "data",
+                        "path_style": false, "signed": true, "options": {"read_only": false}}}}]})),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "g", "type": "gcs", "mount_path": "/mnt/g",
+                    "gcs": {"bucket": "pub-data"}}]}}),
+                Plan(json!({"mount_rules": [],
+                    "mounts": [{"id": "g", "path": "/mnt/g", "source": {"gcs": {
+                        "bucket": "pub-data", "options": {"read_only": false}}}}]})),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/m",
+                    "s3": {"bucket": "data", "region": "us-east-1", "endpoint_url": "http://s3.test"}}]}}),
+                Field("endpoint_url"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/m",
+                    "s3": {"bucket": "b", "region": "us-east-1", "endpoint_url": "https://s3.test"}}]}}),
+                Field("bucket"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/m",
+                    "s3": {"bucket": "data", "region": "us-east-1", "endpoint_url": "https://s3.test", "acl": "x"}}]}}),
+                Field("s3"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "m", "type": "gcs", "mount_path": "/mnt/m",
+                    "encryption": {"kms_key": "k"}, "gcs": {"bucket": "data"}}]}}),
+                Field("encryption"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "m", "type": "gcs", "mount_path": "/mnt/m",
+                    "cache": {"writeback_seconds": 7200}, "gcs": {"bucket": "data"}}]}}),
+                Field("writeback_seconds"),
+            ),
+            (
+                json!({"mount_config": {"auth": {"gcp": {"service_account_json": {"type": "opaque", "value": "{}"}}},
+                    "mounts": [git_mount("/mnt/a", json!({"remote_url": "https://git.test/r"}))]}}),
+                Field("gcp"),
+            ),
+            (
+                json!({"mount_config": {"auth": {"azure": {"tenant_id": "t"}},
+                    "mounts": [git_mount("/mnt/a", json!({"remote_url": "https://git.test/r"}))]}}),
+                Field("azure"),
+            ),
+            (
+                json!({"mount_config": {"mounts": [{"id": "c", "type": "contexthub", "mount_path": "/mnt/c",
+                    "contexthub": {"repo": "r"}}]}}),
                 Field("mounts"),
             ),
             // Git mounts act (the SDK's git_mount, with its `auth: {}`).

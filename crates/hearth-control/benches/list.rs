@@ -54,6 +54,7 @@ async fn run(label: &str, url: &str) {
         egress: None,
         delegation: None,
         mounts: Vec::new(),
+        mount_rules: Vec::new(),
         public_ports: false,
     })
     .unwrap();

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use hearth_api::nested::{ProxyConfig, ProxyHeader, SecretKind};
+use hearth_api::nested::{MountConfig, ProxyConfig, ProxyHeader, ProxyRule, SecretKind};
 use hearth_api::ApiError;
 use hearth_hostapi::SandboxNet;
 use hearth_types::egress::{EgressSpec, SecretValue};
@@ -93,6 +93,49 @@ pub(crate) fn seal_opaque(
     Ok(())
 }
 
+/// Seals the `opaque` credentials of a `mount_config.auth` that came from
+/// the API, as [`seal_opaque`] does a proxy config's.
+pub(crate) fn seal_mount_auth(
+    key: &MasterKey,
+    workspace: WorkspaceId,
+    mc: Option<&mut MountConfig>,
+) -> Result<(), ApiError> {
+    let Some(auth) = mc.and_then(|m| m.auth.as_mut()) else {
+        return Ok(());
+    };
+    // Sealed as the rules they become: one sealing for both kinds.
+    let mut cfg = ProxyConfig {
+        rules: vec![
+            ProxyRule {
+                aws: auth.aws.take(),
+                ..ProxyRule::default()
+            },
+            ProxyRule {
+                gcp: auth.gcp.take(),
+                ..ProxyRule::default()
+            },
+        ],
+        ..ProxyConfig::default()
+    };
+    seal_opaque(key, workspace, &mut cfg)?;
+    let mut rules = cfg.rules.into_iter();
+    auth.aws = rules.next().and_then(|r| r.aws);
+    auth.gcp = rules.next().and_then(|r| r.gcp);
+    Ok(())
+}
+
+/// The egress a sandbox's proxy enforces: its own, with the rules its
+/// mounts' credentials became first (each scoped to its mount's bucket).
+fn with_mount_rules(sandbox: &hearth_types::sandbox::SandboxSpec) -> Option<EgressSpec> {
+    if sandbox.mount_rules.is_empty() {
+        return sandbox.egress.clone();
+    }
+    let mut egress = sandbox.egress.clone().unwrap_or_default();
+    let own = std::mem::take(&mut egress.rules);
+    egress.rules = sandbox.mount_rules.iter().cloned().chain(own).collect();
+    Some(egress)
+}
+
 /// The `{NAME}` references of a `workspace_secret` value.
 fn template_names(value: &str) -> Vec<&str> {
     let mut names = Vec::new();
@@ -131,7 +174,8 @@ impl Control {
         workspace: WorkspaceId,
         sandbox: &hearth_types::sandbox::SandboxSpec,
     ) -> Result<SandboxNet, ApiError> {
-        let mut net = self.egress_net(workspace, sandbox.egress.as_ref()).await?;
+        let egress = with_mount_rules(sandbox);
+        let mut net = self.egress_net(workspace, egress.as_ref()).await?;
         net.mounts = sandbox.mounts.clone();
         if sandbox.delegation.is_some() {
             net.policy.delegation = true;

@@ -313,6 +313,11 @@ impl Control {
         who.require("sandboxes:create")?;
         let mut req: CreateSandboxRequest = hearth_api::parse_body(body)?;
         self.seal_proxy_config(who.workspace_id, req.proxy_config.as_mut())?;
+        crate::egress::seal_mount_auth(
+            &self.cfg.master_key,
+            who.workspace_id,
+            req.mount_config.as_mut(),
+        )?;
         let sel = snapshot_selector(&req)?;
         let snap = self.resolve_snapshot(who.workspace_id, &sel).await?;
         let facts = SnapshotFacts {

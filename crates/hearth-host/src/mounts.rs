@@ -14,13 +14,27 @@
 //! ref: it mirrors the ref, so changes made under it in the sandbox are
 //! lost then. A refresh that fails is logged and tried again at the next
 //! interval; the files stay as they were.
+//!
+//! A bucket mount (S3, GCS) is made by the image's `rclone` through FUSE,
+//! also through the sandbox's network: its client signs with a dummy key
+//! (S3) or sends no token (GCS), and the egress proxy's rules (the mount's
+//! own credentials, `SandboxSpec::mount_rules`, or the sandbox's proxy
+//! rules) sign or authenticate its requests; the keys never enter the
+//! guest. Before mounting, one request checks that the bucket is there and
+//! the credentials work, so a mount that cannot work fails the start with
+//! the remote's answer instead of leaving an empty directory. Files
+//! written are cached on the sandbox's disk and uploaded once closed
+//! (after `writeback`, 5 s by default); a file still waiting at a stop is
+//! uploaded after the next start.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use hearth_guest_proto::ExecRequest;
-use hearth_types::sandbox::{GitMount, GitRefKind, MountSource, MountSpec};
+use hearth_types::sandbox::{
+    BucketOptions, GcsMount, GitMount, GitRefKind, MountSource, MountSpec, S3Mount,
+};
 
 use crate::guest::GuestClient;
 use crate::host::HostError;
@@ -62,17 +76,165 @@ git fetch --quiet origin "$2"
 git reset --quiet --hard FETCH_HEAD
 "#;
 
-/// The command that makes mount `m` (a clone when it is absent).
+/// Mounts bucket remote `$3` at `$1` with `rclone mount` and the flags
+/// after it, unless `$1` is mounted already; `$2` names the mount's log,
+/// pid and cache. The remote's settings come in `RCLONE_*` variables.
+const BUCKET: &str = r#"set -eu
+p="$1"; key="$2"; remote="$3"; shift 3
+if mountpoint -q "$p" 2>/dev/null; then exit 0; fi
+if ! command -v rclone >/dev/null 2>&1; then
+  echo "rclone is not installed in this sandbox's image (Hearth's default image has it)" >&2
+  exit 127
+fi
+if [ ! -c /dev/fuse ]; then
+  echo "this sandbox's kernel has no FUSE device (/dev/fuse)" >&2
+  exit 1
+fi
+mkdir -p "$p"
+if [ -n "$(ls -A "$p")" ]; then
+  echo "$p already holds files" >&2
+  exit 1
+fi
+# rclone 1.60 cannot load a custom bundle; the system store has the proxy's CA.
+unset AWS_CA_BUNDLE
+export RCLONE_CONFIG=/dev/null
+if ! out=$(rclone lsjson --stat --low-level-retries 2 --retries 1 "$remote" 2>&1 >/dev/null); then
+  case "$out" in
+    *"directory not found"*) echo "the bucket does not exist, or these credentials cannot see it" >&2 ;;
+    *) printf '%s
+' "$out" >&2 ;;
+  esac
+  exit 1
+fi
+state=/run/hearth-mounts
+mkdir -p "$state"
+log="$state/$key.log"
+: > "$log"
+setsid rclone mount "$remote" "$p" --cache-dir "/var/cache/hearth-mounts/$key" \
+  --log-file "$log" --log-level NOTICE "$@" </dev/null >/dev/null 2>&1 &
+pid=$!
+i=0
+while ! mountpoint -q "$p"; do
+  if ! kill -0 "$pid" 2>/dev/null; then
+    echo "rclone mount ended: $(tail -c 600 "$log")" >&2
+    exit 1
+  fi
+  i=$((i + 1))
+  if [ "$i" -gt 300 ]; then
+    kill "$pid"
+    echo "not mounted after 60 s: $(tail -c 600 "$log")" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+echo "$pid" > "$state/$key.pid"
+"#;
+
+/// The dummy key an S3 mount's client signs with; the proxy signs again
+/// with the real one.
+pub const DUMMY_KEY: &str = "hearth-proxy-signs";
+
+/// The command that makes mount `m` (a clone, or a bucket mounted, when it
+/// is absent).
 pub fn make_request(m: &MountSpec) -> ExecRequest {
-    let MountSource::Git(g) = &m.source;
-    let name = g.git_ref.as_ref().map_or("", |r| r.name.as_str());
-    script(CLONE, &[&m.path, &g.remote_url, name], MAKE_TIMEOUT)
+    match &m.source {
+        MountSource::Git(g) => {
+            let name = g.git_ref.as_ref().map_or("", |r| r.name.as_str());
+            script(CLONE, &[&m.path, &g.remote_url, name], MAKE_TIMEOUT)
+        }
+        MountSource::S3(s3) => bucket_request(m, s3_remote(s3), &s3.options),
+        MountSource::Gcs(g) => bucket_request(m, gcs_remote(g), &g.options),
+    }
 }
 
-/// The command that refreshes mount `m`.
-pub fn refresh_request(m: &MountSpec) -> ExecRequest {
-    let MountSource::Git(g) = &m.source;
-    script(REFRESH, &[&m.path, &fetch_ref(g)], REFRESH_TIMEOUT)
+/// The command that refreshes mount `m`; `None` when it has nothing to
+/// refresh (a bucket mount reads through).
+pub fn refresh_request(m: &MountSpec) -> Option<ExecRequest> {
+    let MountSource::Git(g) = &m.source else {
+        return None;
+    };
+    Some(script(REFRESH, &[&m.path, &fetch_ref(g)], REFRESH_TIMEOUT))
+}
+
+/// The rclone remote of an S3 mount, and its settings.
+fn s3_remote(s3: &S3Mount) -> (String, Vec<(String, String)>) {
+    let mut env = vec![
+        ("RCLONE_S3_PROVIDER", "Other".to_owned()),
+        ("RCLONE_S3_ENDPOINT", s3.endpoint.clone()),
+        ("RCLONE_S3_REGION", s3.region.clone()),
+        ("RCLONE_S3_FORCE_PATH_STYLE", s3.path_style.to_string()),
+        ("RCLONE_S3_NO_CHECK_BUCKET", "true".to_owned()),
+        ("RCLONE_S3_ENV_AUTH", "false".to_owned()),
+    ];
+    if s3.signed {
+        env.push(("RCLONE_S3_ACCESS_KEY_ID", DUMMY_KEY.to_owned()));
+        env.push(("RCLONE_S3_SECRET_ACCESS_KEY", DUMMY_KEY.to_owned()));
+    }
+    if let Some(k) = &s3.kms_key {
+        env.push(("RCLONE_S3_SERVER_SIDE_ENCRYPTION", "aws:kms".to_owned()));
+        env.push(("RCLONE_S3_SSE_KMS_KEY_ID", k.clone()));
+    }
+    let remote = match &s3.prefix {
+        Some(p) => format!(":s3:{}/{p}", s3.bucket),
+        None => format!(":s3:{}", s3.bucket),
+    };
+    (
+        remote,
+        env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+    )
+}
+
+/// The rclone remote of a GCS mount, and its settings: no token of its
+/// own (the proxy adds one), no object ACLs (uniform bucket access).
+fn gcs_remote(g: &GcsMount) -> (String, Vec<(String, String)>) {
+    let env = [
+        ("RCLONE_GCS_ANONYMOUS", "true"),
+        ("RCLONE_GCS_BUCKET_POLICY_ONLY", "true"),
+    ];
+    let remote = match &g.prefix {
+        Some(p) => format!(":gcs:{}/{p}", g.bucket),
+        None => format!(":gcs:{}", g.bucket),
+    };
+    (
+        remote,
+        env.into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+/// A file name for mount `id` (its log, pid and cache): any id, one
+/// name, no path.
+fn state_key(id: &str) -> String {
+    blake3::hash(id.as_bytes()).to_hex()[..16].to_owned()
+}
+
+fn bucket_request(
+    m: &MountSpec,
+    (remote, env): (String, Vec<(String, String)>),
+    o: &BucketOptions,
+) -> ExecRequest {
+    let key = state_key(&m.id);
+    let mut args: Vec<String> = vec![m.path.clone(), key, remote];
+    // The sandbox is one tenant: every user in it may use the mount.
+    for flag in ["--allow-other", "--umask", "0", "--dir-cache-time", "10s"] {
+        args.push(flag.to_owned());
+    }
+    if o.read_only {
+        args.push("--read-only".to_owned());
+    } else {
+        args.extend(["--vfs-cache-mode".to_owned(), "writes".to_owned()]);
+    }
+    if let Some(max) = o.cache_max_bytes {
+        args.extend(["--vfs-cache-max-size".to_owned(), format!("{max}B")]);
+    }
+    if let Some(wb) = o.writeback {
+        args.extend(["--vfs-write-back".to_owned(), format!("{}s", wb.as_secs())]);
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut req = script(BUCKET, &argv, MAKE_TIMEOUT);
+    req.env.extend(env);
+    req
 }
 
 /// What a refresh fetches: the ref's full name, or the remote's default
@@ -193,14 +355,19 @@ pub(crate) async fn keep(vm: &Vm, guest: &GuestClient) -> Infallible {
             continue;
         }
         for m in mounts_of(vm) {
-            let MountSource::Git(g) = &m.source;
+            let MountSource::Git(g) = &m.source else {
+                continue;
+            };
             let Some(every) = g.refresh else { continue };
             // Made (or found) when the VM became ready: due one interval on.
             let since = *last.entry(m.id.clone()).or_insert_with(Instant::now);
             if since.elapsed() < every {
                 continue;
             }
-            match run(guest, refresh_request(&m)).await {
+            let Some(req) = refresh_request(&m) else {
+                continue;
+            };
+            match run(guest, req).await {
                 Ok(()) => tracing::debug!(vm = %vm.id, mount = %m.id, "mount refreshed"),
                 Err(why) => {
                     tracing::warn!(vm = %vm.id, mount = %m.id, path = %m.path, %why, "mount refresh failed; its files stay as they were")
@@ -247,7 +414,7 @@ mod tests {
 
     #[test]
     fn a_refresh_fetches_the_full_ref_or_the_default_branch() {
-        let fetched = |r| refresh_request(&git(r)).argv.unwrap()[5].clone();
+        let fetched = |r| refresh_request(&git(r)).unwrap().argv.unwrap()[5].clone();
         assert_eq!(fetched(None), "HEAD");
         let branch = GitRef {
             kind: GitRefKind::Branch,
@@ -329,7 +496,7 @@ mod tests {
         // A refresh mirrors the ref again.
         std::fs::write(origin.join("README"), "two\n").unwrap();
         git_in(&origin, &["commit", "-q", "-am", "two"]);
-        assert!(sh(&refresh_request(&m), &home).0);
+        assert!(sh(&refresh_request(&m).unwrap(), &home).0);
         assert_eq!(read(), "two\n");
 
         let (ok, why) = sh(

@@ -24,7 +24,7 @@ use crate::{command, ImageConfig, ImageError, Progress, Unit};
 pub const DEFAULT_KERNEL_PACKAGE: &str = "linux-image-6.1.0-50-cloud-amd64-unsigned";
 
 /// The modules the guest loads, in load order (dependencies first).
-pub const MODULE_LOAD_ORDER: [&str; 9] = [
+pub const MODULE_LOAD_ORDER: [&str; 10] = [
     "virtio",
     "virtio_ring",
     "virtio_mmio",
@@ -35,13 +35,15 @@ pub const MODULE_LOAD_ORDER: [&str; 9] = [
     "virtio_net",
     // Free page reporting: idle guests give memory back to the host.
     "virtio_balloon",
+    // FUSE: bucket mounts are made in the guest by a FUSE client.
+    "fuse",
 ];
 
 /// Modules without which the guest cannot work (root disk, host stream).
 const REQUIRED_MODULES: [&str; 2] = ["virtio_blk", "virtio_console"];
 
 /// Version of the kernel extraction recipe; bump to invalidate caches.
-const KERNEL_RECIPE: u32 = 2;
+const KERNEL_RECIPE: u32 = 3;
 
 /// One kernel module, ready to load.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

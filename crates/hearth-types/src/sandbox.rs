@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::egress::EgressSpec;
+use crate::egress::{EgressSpec, RuleSpec};
 use crate::{ByteSize, MilliCpu, SnapshotId};
 
 /// A sandbox's resolved configuration.
@@ -57,6 +57,11 @@ pub struct SandboxSpec {
     /// Directories filled from elsewhere before any user code runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<MountSpec>,
+    /// The proxy rules the mounts' own credentials became (LangSmith's
+    /// `mount_config.auth`), each scoped to its mounts' buckets; the proxy
+    /// applies them before `egress`'s rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_rules: Vec<RuleSpec>,
     /// Anyone may reach the sandbox's ports by name
     /// (`{port}-{id}.{domain}`, E2B's `allowPublicTraffic`); else only
     /// with its traffic token or a service URL.
@@ -83,6 +88,62 @@ pub struct MountSpec {
 pub enum MountSource {
     /// A clone of a git repository's ref, kept a mirror of it.
     Git(GitMount),
+    /// An S3 bucket (or a prefix of one), through a FUSE client in the
+    /// guest whose requests the egress proxy signs.
+    S3(S3Mount),
+    /// A Google Cloud Storage bucket (or a prefix of one), likewise; the
+    /// proxy adds its OAuth tokens.
+    Gcs(GcsMount),
+}
+
+/// An S3 bucket mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Mount {
+    /// `https://host[:port]`: the S3 API's endpoint.
+    pub endpoint: String,
+    pub region: String,
+    pub bucket: String,
+    /// Only the keys under `prefix/` (no leading or trailing `/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// `endpoint/bucket/key` instead of `bucket.endpoint/key`.
+    pub path_style: bool,
+    /// The client signs its requests (with a dummy key the proxy replaces);
+    /// else they go unsigned (a public bucket).
+    pub signed: bool,
+    /// Uploads are encrypted server side with this KMS key (SSE-KMS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kms_key: Option<String>,
+    #[serde(default)]
+    pub options: BucketOptions,
+}
+
+/// A Google Cloud Storage bucket mount (Google's JSON API at
+/// `storage.googleapis.com`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcsMount {
+    pub bucket: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub options: BucketOptions,
+}
+
+/// How a bucket mount behaves in the guest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketOptions {
+    /// Writes fail with EROFS.
+    #[serde(default)]
+    pub read_only: bool,
+    /// The most the local cache of written and read files may hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_max_bytes: Option<u64>,
+    /// How long a closed file waits in the cache before it is uploaded.
+    #[serde(default, with = "opt_secs", skip_serializing_if = "Option::is_none")]
+    pub writeback: Option<Duration>,
 }
 
 /// A git mount: `remote_url` cloned at `git_ref` (the remote's default
@@ -243,17 +304,43 @@ mod tests {
                 mode: DelegationMode::Explicit,
                 permissions: vec!["sandboxes:read".into()],
             }),
-            mounts: vec![MountSpec {
-                id: "repo".into(),
-                path: "/mnt/repo".into(),
-                source: MountSource::Git(GitMount {
-                    remote_url: "https://git.example/r.git".into(),
-                    git_ref: Some(GitRef {
-                        kind: GitRefKind::Tag,
-                        name: "v1".into(),
+            mounts: vec![
+                MountSpec {
+                    id: "repo".into(),
+                    path: "/mnt/repo".into(),
+                    source: MountSource::Git(GitMount {
+                        remote_url: "https://git.example/r.git".into(),
+                        git_ref: Some(GitRef {
+                            kind: GitRefKind::Tag,
+                            name: "v1".into(),
+                        }),
+                        refresh: Some(Duration::from_secs(30)),
                     }),
-                    refresh: Some(Duration::from_secs(30)),
-                }),
+                },
+                MountSpec {
+                    id: "data".into(),
+                    path: "/mnt/data".into(),
+                    source: MountSource::S3(S3Mount {
+                        endpoint: "https://s3.example".into(),
+                        region: "eu-west-1".into(),
+                        bucket: "b".into(),
+                        prefix: Some("p".into()),
+                        path_style: true,
+                        signed: true,
+                        kms_key: None,
+                        options: BucketOptions {
+                            read_only: true,
+                            cache_max_bytes: Some(1 << 20),
+                            writeback: Some(Duration::from_secs(2)),
+                        },
+                    }),
+                },
+            ],
+            mount_rules: vec![RuleSpec {
+                name: "mount_config.auth.aws".into(),
+                enabled: true,
+                match_hosts: vec!["s3.example".into()],
+                ..RuleSpec::default()
             }],
             public_ports: true,
         }

@@ -463,6 +463,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
             egress,
             delegation: None,
             mounts: Vec::new(),
+            mount_rules: Vec::new(),
             public_ports: Network::public(req.network.as_ref()),
         },
         restore_memory: RestoreMemory::IfPresent,

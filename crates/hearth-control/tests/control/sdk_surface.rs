@@ -324,6 +324,37 @@ fn exercises() -> Vec<(&'static str, Value)> {
             }}),
         ),
         (
+            "create",
+            json!({"name": "surface-buckets", "snapshot": "busybox", "mount_config": {
+                "auth": {
+                    "aws": {
+                        "access_key_id": {"type": "opaque", "value": "AKIAMOUNT"},
+                        "secret_access_key": {"type": "opaque", "value": "mount-secret"},
+                    },
+                    "gcp": {"service_account_json": {"type": "opaque", "value": service_account()}},
+                },
+                "mounts": [{
+                    "id": "data", "type": "s3", "mount_path": "/mnt/data", "read_only": true,
+                    "cache": {"max_size_bytes": 1 << 30, "writeback_seconds": 10},
+                    "encryption": {"kms_key": "arn:aws:kms:us-east-1:123456789012:key/k"},
+                    "s3": {"endpoint_url": "https://s3.example.com", "region": "us-east-1",
+                           "bucket": "surface-data", "prefix": "in", "path_style": true},
+                }, {
+                    "id": "media", "type": "gcs", "mount_path": "/mnt/media",
+                    "gcs": {"bucket": "surface-media", "prefix": "p"},
+                }],
+            }}),
+        ),
+        (
+            "create",
+            json!({"name": "surface-role", "snapshot": "busybox", "mount_config": {
+                "auth": {"aws": {"role_arn": "arn:aws:iam::123456789012:role/reader"}},
+                "mounts": [{"id": "data", "type": "s3", "mount_path": "/mnt/data",
+                            "s3": {"endpoint_url": "https://s3.amazonaws.com", "region": "eu-west-1",
+                                   "bucket": "surface-data"}}],
+            }}),
+        ),
+        (
             "update",
             json!({
                 "name": "surface-box", "idle_ttl_seconds": 1200, "delete_after_stop_seconds": 7200,

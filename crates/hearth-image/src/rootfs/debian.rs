@@ -13,8 +13,9 @@ pub(super) const VARIANT: &str = "minbase";
 /// Packages added to minbase (their dependencies, never their
 /// recommendations): what agents and their commands reach for. `python` is
 /// python-is-python3; `pip install` works without flags (see
-/// [`allow_pip_install`]); `rg` is ripgrep; `ip` and `ss` are iproute2.
-pub(super) const INCLUDE: [&str; 14] = [
+/// [`allow_pip_install`]); `rg` is ripgrep; `ip` and `ss` are iproute2;
+/// `rclone` and `fuse3` make bucket mounts (S3, GCS) in the guest.
+pub(super) const INCLUDE: [&str; 16] = [
     "bash",
     "coreutils",
     "procps",
@@ -29,6 +30,8 @@ pub(super) const INCLUDE: [&str; 14] = [
     "ripgrep",
     "unzip",
     "iproute2",
+    "rclone",
+    "fuse3",
 ];
 
 /// Runs debootstrap into `tree` and applies Hearth's changes; returns the
