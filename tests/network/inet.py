@@ -13,6 +13,11 @@ Serves, on every address of the namespace:
     POST /token           an OAuth token endpoint: {"access_token": "ya29.inet-<n>"}
     POST /callback/ok     {"headers": {"x-callback": "from-callback"}}
     POST /callback/fail   500
+    storage.googleapis.com's JSON API (/storage/v1/, /upload/storage/v1/,
+      /download/storage/v1/): forwarded to gcp-storage-emulator on
+      127.0.0.1:<--gcs> (buckets.py) when the request carries a token
+      minted by /token (401 without), its URLs answered as
+      https://storage.googleapis.com
   UDP :53 a DNS "resolver" that answers every query with 203.0.113.7
   (sandboxes must never reach it: only Hearth's DNS is allowed).
 
@@ -24,6 +29,7 @@ once listening.
 import argparse
 import base64
 import hashlib
+import http.client
 import http.server
 import io
 import json
@@ -64,8 +70,79 @@ WHEEL_NAME = "hearthdemo-1.0-py3-none-any.whl"
 WHEEL_SHA = hashlib.sha256(WHEEL).hexdigest()
 
 
+GCS_PATHS = ("/storage/v1/", "/upload/storage/v1/", "/download/storage/v1/")
+# Hop-by-hop headers, and what the forwarder sets itself.
+NOT_FORWARDED = {"host", "authorization", "connection", "transfer-encoding", "content-length",
+                 "keep-alive", "accept-encoding", "server", "date"}
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def body(self):
+        """The request's body, sent with a length or chunked."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def is_gcs(self):
+        host = self.headers.get("Host", "").split(":")[0]
+        return ARGS.gcs and host == "storage.googleapis.com" and self.path.startswith(GCS_PATHS)
+
+    def gcs(self, body):
+        """Google Cloud Storage: the emulator, behind the tokens /token mints."""
+        if not self.headers.get("Authorization", "").startswith("Bearer ya29.inet-"):
+            self.send(401, json.dumps({"error": {"code": 401, "message": "no access token"}}).encode())
+            return
+        conn = http.client.HTTPConnection("127.0.0.1", ARGS.gcs, timeout=120)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in NOT_FORWARDED}
+        if body or self.command in ("POST", "PUT", "PATCH"):
+            headers["Content-Length"] = str(len(body))
+        conn.request(self.command, self.path, body=body or None, headers=headers)
+        r = conn.getresponse()
+        data = r.read().replace(f"http://127.0.0.1:{ARGS.gcs}".encode(), b"https://storage.googleapis.com")
+        conn.close()
+        self.send_response(r.status)
+        for k, v in r.getheaders():
+            if k.lower() not in NOT_FORWARDED:
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def do_PUT(self):
+        body = self.body()
+        self.record(body)
+        if self.is_gcs():
+            self.gcs(body)
+        else:
+            self.send(404, b'{"error": "not found"}')
+
+    do_PATCH = do_PUT
+
+    def do_DELETE(self):
+        self.record()
+        if self.is_gcs():
+            self.gcs(b"")
+        else:
+            self.send(404, b'{"error": "not found"}')
+
+    def do_HEAD(self):
+        self.record()
+        if self.is_gcs():
+            self.gcs(b"")
+        else:
+            self.send(404, b"")
 
     def log_message(self, *args):
         pass
@@ -95,7 +172,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         entry = self.record()
         path = self.path.split("?")[0]
-        if path == "/echo":
+        if self.is_gcs():
+            self.gcs(b"")
+        elif path == "/echo":
             self.send(200, json.dumps(entry).encode())
         elif path in ("/simple", "/simple/"):
             self.send(200, b'<html><body><a href="hearthdemo/">hearthdemo</a></body></html>', "text/html")
@@ -138,11 +217,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send(200, f.read(), "application/octet-stream")
 
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        entry = self.record(body)
+        body = self.body()
+        entry = self.record(body if len(body) < 65536 else body[:65536])
         path = self.path.split("?")[0]
-        if path == "/echo":
+        if self.is_gcs():
+            self.gcs(body)
+        elif path == "/echo":
             self.send(200, json.dumps(entry).encode())
         elif path == "/token":
             # An OAuth token endpoint (GCP's JWT-bearer grant); the test
@@ -192,6 +272,8 @@ def main():
     p.add_argument("--key", required=True)
     p.add_argument("--http-only", type=int, metavar="PORT",
                    help="serve only HTTP on PORT and HTTPS on PORT+1 (the benchmark's bare-TAP server)")
+    p.add_argument("--gcs", type=int, metavar="PORT",
+                   help="serve storage.googleapis.com from gcp-storage-emulator on 127.0.0.1:PORT")
     ARGS = p.parse_args()
     if ARGS.http_only:
         srv = Server(("0.0.0.0", ARGS.http_only), Handler)

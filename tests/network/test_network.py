@@ -26,6 +26,7 @@ import sys
 import time
 import traceback
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from langsmith.sandbox import (
@@ -449,20 +450,29 @@ def test_callbacks_fail_closed_and_cache_their_headers():
     created.discard(sb.name)
 
 
+def service_account(token_uri, key=None):
+    """A service account key's JSON with a fresh RSA key (or `key`)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = key or rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    return json.dumps({
+        "type": "service_account", "project_id": "p", "private_key_id": "k1", "private_key": pem,
+        "client_email": "sa@p.iam.gserviceaccount.com", "token_uri": token_uri,
+    })
+
+
 def test_gcp_rule_sets_tokens_minted_from_the_service_account():
     # The SDK's gcp_auth with a service account key made here; the test
     # internet's /token is its token endpoint, storage.googleapis.com its API.
     import base64
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import padding, rsa
     from langsmith.sandbox import gcp_auth, opaque_secret, proxy_config
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
-    account = json.dumps({
-        "type": "service_account", "project_id": "p", "private_key_id": "k1", "private_key": pem,
-        "client_email": "sa@p.iam.gserviceaccount.com", "token_uri": f"http://{NET_IP}/token",
-    })
+    account = service_account(f"http://{NET_IP}/token", key)
     cfg = proxy_config(rules=[gcp_auth(service_account_json=opaque_secret(account), scopes=["https://www.googleapis.com/auth/devstorage.read_only"])])
     sb = create("net-gcp", proxy_config=cfg)
     status, body = raw("GET", f"/boxes/{sb.name}")
@@ -484,6 +494,124 @@ def test_gcp_rule_sets_tokens_minted_from_the_service_account():
     check(claims["scope"] == "https://www.googleapis.com/auth/devstorage.read_only", f"its scope: {claims}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
+
+
+S3_GET = r"""
+import sys, boto3, botocore
+url, ca, key_id, secret, bucket, key = sys.argv[1:]
+s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", verify=ca,
+                  aws_access_key_id=key_id, aws_secret_access_key=secret)
+try:
+    sys.stdout.write("200\n" + s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode())
+except botocore.exceptions.ClientError as e:
+    sys.stdout.write(str(e.response["ResponseMetadata"]["HTTPStatusCode"]) + "\n")
+"""
+
+
+def s3_get(s3, key):
+    """(HTTP status, body) of a GET of an object from moto, signed with the
+    real key by boto3 on the host (the test's side, not the sandbox's)."""
+    out = subprocess.run(
+        [s3["python"], "-c", S3_GET, f"https://{NET_IP}:{s3['port']}", os.environ["NET_CA"],
+         s3["key_id"], s3["secret"], s3["bucket"], key],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "NO_PROXY": "*"})
+    check(out.returncode == 0, f"boto3 on the host: {out.stderr}")
+    code, _, body = out.stdout.partition("\n")
+    return code, body
+
+
+def gcs_get(gcs, name):
+    """(HTTP status, body) of an object in the GCS emulator (no auth)."""
+    url = f"http://{NET_IP}:{gcs['port']}/download/storage/v1/b/{gcs['bucket']}/o/{urllib.parse.quote(name, safe='')}?alt=media"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=30) as r:
+            return str(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return str(e.code), ""
+
+
+def eventually(what, probe, want, limit=120):
+    deadline = time.monotonic() + limit
+    while True:
+        got = probe()
+        if got == want:
+            return
+        check(time.monotonic() < deadline, f"{what}: {got!r}")
+        time.sleep(2)
+
+
+def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
+    # moto (S3 with real signature checks) at https://s3.test:9000 and GCS's
+    # API behind storage.googleapis.com (tests/network/buckets.py); the
+    # mounts' credentials live only in the proxy.
+    from langsmith.sandbox import aws_auth, gcp_auth, gcs_mount, opaque_secret, s3_mount
+
+    with open(os.path.join(NET_DIR, "buckets.json")) as f:
+        buckets = json.load(f)
+    s3, gcs = buckets["s3"], buckets["gcs"]
+    status, body = raw("POST", "", [{"key": "MOUNT_S3_SECRET", "value": s3["secret"]}], api="/api/v1/workspaces/current/secrets")
+    check(status == 200, f"set the workspace secret: {status} {body}")
+    account = service_account(f"http://{NET_IP}/token")
+    endpoint = f"https://s3.test:{s3['port']}"
+
+    def config(secret):
+        return mount_config(
+            mounts=[
+                s3_mount(id="data", mount_path="/mnt/data", bucket=s3["bucket"], endpoint_url=endpoint,
+                         path_style=True, cache={"writeback_seconds": 1}),
+                s3_mount(id="ro", mount_path="/mnt/ro", bucket=s3["bucket"], endpoint_url=endpoint,
+                         path_style=True, prefix="data", read_only=True),
+                gcs_mount(id="media", mount_path="/mnt/media", bucket=gcs["bucket"]),
+            ],
+            auth=[aws_auth(access_key_id=opaque_secret(s3["key_id"]), secret_access_key=secret),
+                  gcp_auth(service_account_json=opaque_secret(account))],
+        )
+
+    sb = create("net-buckets", mount_config=config(workspace_secret("MOUNT_S3_SECRET")))
+    status, body = raw("GET", f"/boxes/{sb.name}")
+    shown = body["mount_config"]
+    check([m["type"] for m in shown["mounts"]] == ["s3", "s3", "gcs"] and shown["mounts"][1]["read_only"] is True, f"the mounts are shown: {shown}")
+    check(shown["auth"]["aws"]["secret_access_key"] == {"type": "workspace_secret", "value": "{MOUNT_S3_SECRET}"}
+          and shown["auth"]["aws"]["access_key_id"].get("is_set") is True and "value" not in shown["auth"]["aws"]["access_key_id"],
+          f"opaque credentials are never returned: {shown['auth']}")
+    # Read: the objects are there before any user code runs.
+    r = run(sb, "cat /mnt/data/data/hello.txt /mnt/ro/hello.txt /mnt/media/dir/hello.txt")
+    check(r.stdout.split("\n")[:3] == ["hi from moto", "hi from moto", "hi from gcs"], f"the buckets' objects: {r.stdout!r} {r.stderr!r}")
+    # Write: the objects appear in the buckets.
+    r = run(sb, "mkdir -p /mnt/data/out && echo written-in-sandbox > /mnt/data/out/new.txt && echo to-gcs > /mnt/media/new.txt && echo ok")
+    check(r.stdout.strip() == "ok", f"writes: {r.stdout!r} {r.stderr!r}")
+    eventually("the S3 object is in moto", lambda: s3_get(s3, "out/new.txt"), ("200", "written-in-sandbox\n"))
+    eventually("the GCS object is in the emulator", lambda: gcs_get(gcs, "new.txt"), ("200", "to-gcs\n"))
+    # Read only means read only.
+    r = run(sb, "echo no > /mnt/ro/nope.txt")
+    check(r.exit_code != 0 and "Read-only file system" in r.stderr, f"a read-only mount refuses writes: {r.stderr!r}")
+    check(s3_get(s3, "data/nope.txt")[0] == "404", "nothing was written through the read-only mount")
+    # The mounts come back after a stop and a start.
+    client.stop_sandbox(sb.name)
+    sb = client.start_sandbox(sb.name, timeout=CREATE_TIMEOUT)
+    r = run(sb, "cat /mnt/data/out/new.txt /mnt/media/new.txt /mnt/ro/hello.txt")
+    check(r.stdout.split("\n")[:3] == ["written-in-sandbox", "to-gcs", "hi from moto"], f"mounted again after a start: {r.stdout!r} {r.stderr!r}")
+    # The proxy added the tokens: every GCS request the emulator served
+    # carried one (inet.py refuses the others), and the guest's own
+    # requests carried none.
+    gcs_reqs = [e for e in requests_log() if e["host"].startswith("storage.googleapis.com") and "/b/" + gcs["bucket"] in e["path"]]
+    check(gcs_reqs and all(e["headers"].get("authorization", "").startswith("Bearer ya29.inet-") for e in gcs_reqs), f"tokens on {len(gcs_reqs)} GCS requests")
+    # The secret key is nowhere in the guest.
+    sb.write("/tmp/find.py", FIND_SCRIPT)
+    r = run(sb, f"python3 /tmp/find.py {s3['secret'][::-1]}", timeout=900)
+    check(r.exit_code == 0 and r.stdout.strip().endswith("FOUND NOTHING"), f"the secret is nowhere in the guest: {r.stdout!r} {r.stderr!r}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+    # A wrong key: the create fails and says why, never an empty directory.
+    try:
+        sb = create("net-buckets-denied", mount_config=config(opaque_secret("wrong-" + s3["secret"])))
+        raise AssertionError(f"a mount that cannot be made fails the create, got {sb.name} ready")
+    except AssertionError:
+        raise
+    except Exception as e:
+        log(f"refused as it should be: {e}")
+        check("mount 'data' at /mnt/data" in str(e) and "SignatureDoesNotMatch" in str(e), f"the failure names the mount and why: {e}")
 
 
 def test_access_delegation_calls_the_api_as_the_creator_within_its_grant():
@@ -531,6 +659,7 @@ TESTS = [
     test_callbacks_fail_closed_and_cache_their_headers,
     test_gcp_rule_sets_tokens_minted_from_the_service_account,
     test_access_delegation_calls_the_api_as_the_creator_within_its_grant,
+    test_bucket_mounts_s3_and_gcs_through_the_signing_proxy,
     test_git_mount_clones_a_private_repository_and_follows_its_branch,
     test_metrics_count_each_sandbox_traffic,
 ]

@@ -42,7 +42,12 @@ const NAMES: &[&str] = &[
     "re7.test",
     "re.test",
     "git.test",
+    "s3.test",
 ];
+
+/// Where `tests/network/buckets.py` serves GCS's API in the test internet
+/// (inet.py answers for storage.googleapis.com from it).
+const GCS_EMULATOR_PORT: &str = "9023";
 
 fn have(tool: &str) -> bool {
     Command::new("sh")
@@ -80,6 +85,8 @@ struct Inet {
     ns: String,
     veth: String,
     server: Option<Child>,
+    /// Object storage (`buckets.py`), for the tests that mount buckets.
+    buckets: Option<Child>,
     ip: String,
     subnet: String,
 }
@@ -97,6 +104,7 @@ impl Inet {
             ns: ns.clone(),
             veth: veth.clone(),
             server: None,
+            buckets: None,
             ip: ip.clone(),
             subnet: format!("10.99.{octet}.0/24"),
         };
@@ -123,16 +131,26 @@ impl Inet {
              && openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile srv.ext 2>/dev/null",
             san.join(",")
         ));
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/network/inet.py");
+        inet.server = Some(inet.serve(dir, "inet.py", &["--gcs", GCS_EMULATOR_PORT]));
+        inet
+    }
+
+    /// Starts `tests/network/<script>` in the namespace with the test
+    /// certificate and `extra` arguments; returns once it says READY.
+    fn serve(&self, dir: &Path, script: &str, extra: &[&str]) -> Child {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/network")
+            .join(script);
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3"])
-            .arg(&script)
+            .args(["netns", "exec", &self.ns, "python3"])
+            .arg(&path)
             .arg("--dir")
             .arg(dir)
             .arg("--cert")
             .arg(dir.join("srv.pem"))
             .arg("--key")
             .arg(dir.join("srv.key"))
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -140,14 +158,36 @@ impl Inet {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert_eq!(line.trim(), "READY", "inet.py did not start");
-        inet.server = Some(child);
-        inet
+        assert_eq!(line.trim(), "READY", "{script} did not start");
+        child
+    }
+
+    /// Object storage in the test internet: S3 (moto, with signature
+    /// checks) at https://s3.test:9000 and GCS's API behind
+    /// storage.googleapis.com; what the tests need is in
+    /// `<dir>/buckets.json`.
+    fn start_buckets(&mut self, dir: &Path) {
+        let ca = dir.join("ca.pem");
+        let child = self.serve(
+            dir,
+            "buckets.py",
+            &["--ca", ca.to_str().unwrap(), "--ip", &self.ip],
+        );
+        self.buckets = Some(child);
     }
 }
 
 impl Drop for Inet {
     fn drop(&mut self) {
+        if let Some(c) = self.buckets.take() {
+            // SIGTERM: it stops its servers, then itself.
+            // SAFETY: kill has no memory preconditions; the pid is our child's.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let mut c = c;
+            if let Err(e) = c.wait() {
+                eprintln!("buckets.py: {e}");
+            }
+        }
         if let Some(mut c) = self.server.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -178,12 +218,16 @@ struct Setup {
 }
 
 impl Setup {
-    /// The `k`th setup of this process, in data directory `tag`.
-    fn start(tag: &str, k: u32) -> Self {
+    /// The `k`th setup of this process, in data directory `tag`; with
+    /// object storage when `buckets`.
+    fn start(tag: &str, k: u32, buckets: bool) -> Self {
         let dir = common::data_dir(tag);
         let inet_dir = dir.join("inet");
         std::fs::create_dir_all(&inet_dir).unwrap();
-        let inet = Inet::start(&inet_dir, k);
+        let mut inet = Inet::start(&inet_dir, k);
+        if buckets {
+            inet.start_buckets(&inet_dir);
+        }
         let hosts: Vec<String> = NAMES
             .iter()
             .map(|n| format!("\"{n}\" = [\"{}\"]", inet.ip))
@@ -216,7 +260,8 @@ fn network_suite(tag: &str, k: u32, tests: &[&str]) {
     if !usable() {
         return;
     }
-    let setup = Setup::start(tag, k);
+    let buckets = tests.iter().any(|t| t.contains("bucket"));
+    let setup = Setup::start(tag, k, buckets);
     let (inet, server, inet_dir) = (&setup.inet, &setup.server, setup.inet_dir());
     let port = server.endpoint.rsplit(':').next().unwrap().to_owned();
     let prefix = inet.subnet.trim_end_matches("0/24").to_owned();
@@ -263,14 +308,15 @@ const FIRST_HALF: &[&str] = &[
 ];
 
 /// Credentials in the proxy: header rules with secrets, callbacks, GCP
-/// tokens, delegated API access (after the first test, which makes the
-/// sandbox they share).
+/// tokens, delegated API access, S3 and GCS bucket mounts (after the
+/// first test, which makes the sandbox they share).
 const SECOND_HALF: &[&str] = &[
     "test_names_resolve_through_hearth_dns_and_both_proxy_paths_work",
     "test_header_rule_with_a_workspace_secret_never_enters_the_guest",
     "test_callbacks_fail_closed_and_cache_their_headers",
     "test_gcp_rule_sets_tokens_minted_from_the_service_account",
     "test_access_delegation_calls_the_api_as_the_creator_within_its_grant",
+    "test_bucket_mounts_s3_and_gcs_through_the_signing_proxy",
 ];
 
 #[test]
@@ -324,7 +370,7 @@ fn bench_download_and_connection_setup_through_the_proxy_and_the_bare_tap() {
     if !usable() {
         return;
     }
-    let setup = Setup::start("netbench", 0);
+    let setup = Setup::start("netbench", 0, false);
     let server = &setup.server;
     server.ok(&["create", "netbench", "--vcpus", "1", "--memory", "2G"]);
     let vm = server.json(&["get", "netbench"])["id"]
