@@ -603,6 +603,22 @@ def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
     check(r.exit_code == 0 and r.stdout.strip().endswith("FOUND NOTHING"), f"the secret is nowhere in the guest: {r.stdout!r} {r.stderr!r}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
+    # Any S3 client in the sandbox, with dummy keys only, works through a
+    # proxy_config aws rule: not while the rule is disabled, at once when
+    # a PATCH enables it.
+    rule = aws_auth(access_key_id=opaque_secret(s3["key_id"]), secret_access_key=opaque_secret(s3["secret"]), enabled=False)
+    rule["match_hosts"] = ["s3.test"]
+    sb = create("net-s3-client", proxy_config={"rules": [rule]})
+    ls = ("unset AWS_CA_BUNDLE; RCLONE_CONFIG=/dev/null RCLONE_S3_PROVIDER=Other RCLONE_S3_REGION=us-east-1 "
+          f"RCLONE_S3_ENDPOINT={endpoint} RCLONE_S3_FORCE_PATH_STYLE=true RCLONE_S3_ACCESS_KEY_ID=dummy "
+          f"RCLONE_S3_SECRET_ACCESS_KEY=dummy rclone lsf --retries 1 :s3:{s3['bucket']}/data")
+    r = run(sb, ls)
+    check(r.exit_code != 0 and "InvalidAccessKeyId" in r.stderr, f"a dummy key is refused without the rule: {r.stderr!r}")
+    patch_proxy(sb, {"rules": [{**rule, "enabled": True}]})
+    r = run(sb, ls)
+    check(r.exit_code == 0 and r.stdout.split() == ["hello.txt"], f"re-signed by the enabled rule: {r.stdout!r} {r.stderr!r}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
     # A wrong key: the create fails and says why, never an empty directory.
     try:
         sb = create("net-buckets-denied", mount_config=config(opaque_secret("wrong-" + s3["secret"])))
@@ -612,6 +628,68 @@ def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
     except Exception as e:
         log(f"refused as it should be: {e}")
         check("mount 'data' at /mnt/data" in str(e) and "SignatureDoesNotMatch" in str(e), f"the failure names the mount and why: {e}")
+
+
+S3_PUT_AND_PRESIGN = r"""
+import sys, boto3
+url, ca, key_id, secret, bucket, key, kib, public = sys.argv[1:]
+kw = dict(region_name="us-east-1", aws_access_key_id=key_id, aws_secret_access_key=secret)
+s3 = boto3.client("s3", endpoint_url=url, verify=ca, **kw)
+s3.put_object(Bucket=bucket, Key=key, Body=bytes(int(kib) << 10))
+# Presigned for the name the sandbox uses (path style, like the mount).
+from botocore.config import Config
+pub = boto3.client("s3", endpoint_url=public, config=Config(s3={"addressing_style": "path"}), **kw)
+print(pub.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=3600))
+"""
+
+
+def bench_bucket_mount_read():
+    """`docs/benchmarks.md`: reading an object through an S3 mount (rclone
+    through FUSE, its requests re-signed by the proxy) against reading it
+    with curl through the same proxy (a presigned URL: no re-signing), and
+    a small object's read through each (the re-signing per request)."""
+    from langsmith.sandbox import aws_auth, opaque_secret, s3_mount
+
+    with open(os.path.join(NET_DIR, "buckets.json")) as f:
+        s3 = json.load(f)["s3"]
+    endpoint = f"https://s3.test:{s3['port']}"
+    urls = {}
+    for key, kib in (("bench/big.bin", 64 << 10), ("bench/small.bin", 1)):
+        out = subprocess.run(
+            [s3["python"], "-c", S3_PUT_AND_PRESIGN, f"https://{NET_IP}:{s3['port']}", os.environ["NET_CA"],
+             s3["key_id"], s3["secret"], s3["bucket"], key, str(kib), endpoint],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "NO_PROXY": "*"})
+        check(out.returncode == 0, f"upload: {out.stderr}")
+        urls[key] = out.stdout.strip()
+    cfg = mount_config(
+        mounts=[s3_mount(id="data", mount_path="/mnt/data", bucket=s3["bucket"], endpoint_url=endpoint,
+                         path_style=True, read_only=True)],
+        auth=[aws_auth(access_key_id=opaque_secret(s3["key_id"]), secret_access_key=opaque_secret(s3["secret"]))],
+    )
+    sb = create("net-mount-bench", mount_config=cfg, vcpus=1)
+    timed = "s=$(date +%s%N); {cmd} >/dev/null; e=$(date +%s%N); echo $(( (e - s) / 1000 ))"
+
+    def best_us(cmd, n):
+        r = run(sb, "; ".join([timed.format(cmd=cmd)] * n), timeout=600)
+        got = [int(x) for x in r.stdout.split()]
+        check(r.exit_code == 0 and len(got) == n, f"{cmd}: {r.stdout!r} {r.stderr!r}")
+        return sorted(got)
+
+    big_mount = best_us("cat /mnt/data/bench/big.bin", 3)[0]
+    big_curl = best_us(f"curl -sS -o /dev/null '{urls['bench/big.bin']}'", 3)[0]
+    mib_s = lambda us: 64 / (us / 1e6)
+    small_mount = best_us("cat /mnt/data/bench/small.bin", 20)
+    small_curl = best_us(f"curl -sS -o /dev/null '{urls['bench/small.bin']}'", 20)
+    med = lambda v: v[len(v) // 2] / 1000
+    print(f"BENCH 64 MiB object: S3 mount {mib_s(big_mount):.1f} MiB/s, curl through the proxy {mib_s(big_curl):.1f} MiB/s "
+          f"(mount/curl {mib_s(big_mount) / mib_s(big_curl):.2f}), best of 3", flush=True)
+    print(f"BENCH 1 KiB object, median of 20: S3 mount {med(small_mount):.1f} ms (re-signed), "
+          f"curl through the proxy {med(small_curl):.1f} ms (presigned, not re-signed)", flush=True)
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+
+
+BENCHES = [bench_bucket_mount_read]
 
 
 def test_access_delegation_calls_the_api_as_the_creator_within_its_grant():
@@ -668,7 +746,9 @@ TESTS = [
 def main(argv):
     only = set(argv[1:])
     failed = 0
-    for t in TESTS:
+    for t in TESTS + BENCHES:
+        if t in BENCHES and t.__name__ not in only:
+            continue
         if only and t.__name__ not in only:
             continue
         started = time.monotonic()

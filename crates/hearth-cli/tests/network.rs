@@ -352,6 +352,17 @@ fn the_two_halves_are_the_whole_network_suite() {
     );
 }
 
+/// The bucket-mount benchmark of `docs/benchmarks.md` (`cargo test -p
+/// hearth-cli --test network -- --ignored --nocapture bench_bucket`): an
+/// S3 mount's read throughput and small-object latency against curl
+/// through the same proxy (`bench_bucket_mount_read` in
+/// `tests/network/test_network.py`).
+#[test]
+#[ignore = "benchmark: prints numbers"]
+fn bench_bucket_mount_read_against_curl_through_the_proxy() {
+    network_suite("netmountbench", 2, &["bench_bucket_mount_read"]);
+}
+
 /// Runs `script` in the sandbox; its stdout.
 fn exec(server: &common::Server, name: &str, script: &str) -> String {
     let out = server.ok(&["exec", name, "--", "sh", "-c", script]);
