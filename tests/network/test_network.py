@@ -609,7 +609,11 @@ def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
     rule = aws_auth(access_key_id=opaque_secret(s3["key_id"]), secret_access_key=opaque_secret(s3["secret"]), enabled=False)
     rule["match_hosts"] = ["s3.test"]
     sb = create("net-s3-client", proxy_config={"rules": [rule]})
-    ls = ("unset AWS_CA_BUNDLE; RCLONE_CONFIG=/dev/null RCLONE_S3_PROVIDER=Other RCLONE_S3_REGION=us-east-1 "
+    # Trusting moto's CA too, so that without the rule (the connection is
+    # then spliced, not intercepted) it is the signature that fails.
+    sb.write("/tmp/testca.pem", NET_CA.encode())
+    ls = ("cat /etc/ssl/certs/ca-certificates.crt /tmp/testca.pem > /tmp/both.pem; export SSL_CERT_FILE=/tmp/both.pem; "
+          "unset AWS_CA_BUNDLE; RCLONE_CONFIG=/dev/null RCLONE_S3_PROVIDER=Other RCLONE_S3_REGION=us-east-1 "
           f"RCLONE_S3_ENDPOINT={endpoint} RCLONE_S3_FORCE_PATH_STYLE=true RCLONE_S3_ACCESS_KEY_ID=dummy "
           f"RCLONE_S3_SECRET_ACCESS_KEY=dummy rclone lsf --retries 1 :s3:{s3['bucket']}/data")
     r = run(sb, ls)

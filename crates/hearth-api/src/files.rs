@@ -309,8 +309,9 @@ pub struct ServiceUrlRequest {
     /// Token lifetime (1..86400, default 600); the SDK refreshes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_in_seconds: Option<i64>,
-    /// LangSmith's login mode (`restricted`, `workspace`): not supported by
-    /// Hearth, which serves token mode only.
+    /// Login mode: `restricted` (keys of the sandbox's workspace with
+    /// `sandboxes:read`) or `workspace` (any key of it), signed in through
+    /// the browser; the URL carries no token and does not expire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<String>,
     /// Origins allowed to embed the service in a frame.
@@ -351,10 +352,10 @@ impl ServiceUrlRequest {
                 ),
             ));
         }
-        if let Some(a) = &self.access {
+        if self.access.is_some() && self.expires_in_seconds.is_some() {
             return Err(ApiError::validation(
-                "access",
-                format!("access {a:?} (login mode) is not supported; omit it for a token URL"),
+                "expires_in_seconds",
+                "expires_in_seconds does not apply to a login URL (access): it carries no token and does not expire",
             ));
         }
         for o in self.embed_origins.iter().flatten() {
@@ -371,6 +372,32 @@ impl ServiceUrlRequest {
         }
         Ok((port, secs))
     }
+
+    /// Login mode: who may open the URL (`None`: token mode).
+    pub fn access(&self) -> Result<Option<hearth_types::sandbox::ServiceAccess>, ApiError> {
+        use hearth_types::sandbox::ServiceAccess;
+        match self.access.as_deref() {
+            None => Ok(None),
+            Some("restricted") => Ok(Some(ServiceAccess::Restricted)),
+            Some("workspace") => Ok(Some(ServiceAccess::Workspace)),
+            Some(other) => Err(ApiError::validation(
+                "access",
+                format!("access must be \"restricted\" or \"workspace\", got {other:?}"),
+            )),
+        }
+    }
+}
+
+/// Answer of `POST /boxes/{name}/service-url` in login mode (`access`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceLoginUrlResponse {
+    /// Opens in a browser signed in to Hearth (the URL holds no token).
+    pub browser_url: String,
+    /// The same URL.
+    pub service_url: String,
+    /// `restricted` or `workspace`.
+    pub access: String,
+    pub embed_origins: Vec<String>,
 }
 
 #[cfg(test)]
@@ -401,8 +428,8 @@ mod service_tests {
                 "expires_in_seconds",
             ),
             (
-                serde_json::json!({"port": 1, "access": "restricted"}),
-                "access",
+                serde_json::json!({"port": 1, "access": "restricted", "expires_in_seconds": 60}),
+                "expires_in_seconds",
             ),
             (
                 serde_json::json!({"port": 1, "embed_origins": ["javascript:x"]}),
@@ -416,5 +443,13 @@ mod service_tests {
             let e = req(v).validate().err();
             assert_eq!(e.as_ref().and_then(|e| e.field()), Some(field), "{e:?}");
         }
+        use hearth_types::sandbox::ServiceAccess;
+        let access = |a: &str| req(serde_json::json!({"port": 1, "access": a})).access();
+        assert_eq!(
+            access("restricted").unwrap(),
+            Some(ServiceAccess::Restricted)
+        );
+        assert_eq!(access("workspace").unwrap(), Some(ServiceAccess::Workspace));
+        assert_eq!(access("public").unwrap_err().field(), Some("access"));
     }
 }

@@ -47,7 +47,7 @@ pub use error::{parse_body, ApiError, CreationFailure, ErrorBody, ErrorDetail, Q
 pub use exec::{ClientFrame, ExecuteRequest, ExecuteResponse, ServerFrame};
 pub use files::{
     DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
-    ServiceUrlRequest, ServiceUrlResponse,
+    ServiceLoginUrlResponse, ServiceUrlRequest, ServiceUrlResponse,
 };
 pub use nested::RunConfig;
 pub use openapi::openapi;

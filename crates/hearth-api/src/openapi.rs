@@ -20,7 +20,7 @@ use crate::exec::{
 };
 use crate::files::{
     DownloadUrlRequest, DownloadUrlResponse, GlobRequest, GlobResponse, GrepRequest, GrepResponse,
-    ServiceUrlRequest, ServiceUrlResponse,
+    ServiceLoginUrlResponse, ServiceUrlRequest, ServiceUrlResponse,
 };
 use crate::fork::{ForkRequest, ForkResponse};
 use crate::pools::{CreatePoolRequest, PoolResponse, UpdatePoolRequest};
@@ -103,7 +103,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         list_hosts,
         console_page, console_asset,
     ),
-    components(schemas(ClientFrame, ServerFrame, ErrorBody)),
+    components(schemas(ClientFrame, ServerFrame, ErrorBody, ServiceLoginUrlResponse)),
     modifiers(&ApiKeyAuth),
     security(("api_key" = [])),
     tags(
@@ -341,16 +341,20 @@ fn stop_box() {}
 fn download_url() {}
 
 /// Mint a service URL: HTTP to a port inside the sandbox, by token (token
-/// mode; login mode, `access`, is not supported). Needs runtime access.
+/// mode), or for signed-in members of the sandbox's workspace (login mode,
+/// `access`: a durable grant; the service gets `X-Langsmith-User-Token`,
+/// which verifies against `/.well-known/jwks.json`). Needs runtime access;
+/// a login grant also needs `sandboxes:update`.
 #[utoipa::path(
     post, path = "/api/v2/sandboxes/boxes/{name}/service-url", tag = "boxes",
     params(("name" = String, Path, description = "Sandbox name or id")),
     request_body = ServiceUrlRequest,
     responses(
-        (status = 200, description = "The URLs and token", body = ServiceUrlResponse),
+        (status = 200, description = "The URLs and token (token mode), or the login URL (login mode: ServiceLoginUrlResponse)", body = ServiceUrlResponse),
         (status = 401, description = "Missing or unknown API key", body = ErrorBody),
         (status = 403, description = "Not the creator and missing sandboxes:exec", body = ErrorBody),
         (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Token mode on a port with a login grant", body = ErrorBody),
         (status = 422, description = "Invalid port, expiry, access or embed origins"),
     ),
 )]

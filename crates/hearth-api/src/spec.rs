@@ -259,6 +259,7 @@ pub fn resolve_create(
             mounts: mounts.mounts,
             mount_rules: mounts.rules,
             public_ports: false,
+            service_grants: Default::default(),
         },
         restore_memory,
         wait_for_ready,
@@ -726,6 +727,7 @@ impl StoredSpecV1 {
             mounts: Vec::new(),
             mount_rules: Vec::new(),
             public_ports: false,
+            service_grants: Default::default(),
         }
     }
 }

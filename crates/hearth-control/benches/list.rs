@@ -55,6 +55,7 @@ async fn run(label: &str, url: &str) {
         delegation: None,
         mounts: Vec::new(),
         mount_rules: Vec::new(),
+        service_grants: Default::default(),
         public_ports: false,
     })
     .unwrap();

@@ -38,6 +38,7 @@ mod guard;
 mod hosts;
 mod links;
 mod list;
+mod login;
 mod metrics;
 mod pools;
 mod reap;
@@ -413,6 +414,16 @@ pub fn router(control: Arc<Control>) -> Router {
         .route("/dataplane/{id}/grep", post(dataplane::grep))
         .route("/dataplane/{id}/tunnel", get(dataplane::tunnel))
         .route("/downloads/{token}", get(links::fetch))
+        .route(
+            "/services/login/signin",
+            get(login::sign_in_page).post(login::sign_in),
+        )
+        .route("/services/login/{sandbox}/{port}", any(login::proxy_root))
+        .route("/services/login/{sandbox}/{port}/", any(login::proxy_root))
+        .route(
+            "/services/login/{sandbox}/{port}/{*rest}",
+            any(login::proxy),
+        )
         .route("/services/{token}", any(services::proxy_root))
         .route("/services/{token}/", any(services::proxy_root))
         .route("/services/{token}/{*rest}", any(services::proxy));

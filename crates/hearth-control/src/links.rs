@@ -302,7 +302,8 @@ impl Control {
 }
 
 /// `POST /boxes/{name}/service-url`: a token URL for an HTTP server in the
-/// sandbox (LangSmith's token mode).
+/// sandbox (LangSmith's token mode), or with `access` a login URL (see
+/// [`crate::login`]).
 pub async fn mint_service(
     State(c): State<Arc<Control>>,
     who: Principal,
@@ -311,10 +312,16 @@ pub async fn mint_service(
 ) -> HttpResult<Response> {
     let req: ServiceUrlRequest = hearth_api::parse_body(&body)?;
     let (port, secs) = req.validate()?;
+    let access = req.access()?;
     let row = c.find(who.workspace_id, &name).await?;
     who.require_runtime(&row)?;
-    let expires = Timestamp::now().plus(std::time::Duration::from_secs(secs as u64));
     let origins = req.embed_origins.unwrap_or_default();
+    if let Some(access) = access {
+        let answer = crate::login::grant(&c, &who, &row, port, access, origins).await?;
+        return Ok(Json(answer).into_response());
+    }
+    crate::login::refuse_token_mode(&row, port)?;
+    let expires = Timestamp::now().plus(std::time::Duration::from_secs(secs as u64));
     let token = c.links.mint(&Claims {
         v: CLAIMS_VERSION,
         ws: row.workspace_id,

@@ -121,6 +121,7 @@ async fn forward(
         req,
         client_side,
         SharedOrigin::Yes,
+        None,
     )
     .await?;
     if let Some(origins) = embed_origins(&claims) {
@@ -149,7 +150,8 @@ pub(crate) enum SharedOrigin {
 /// Forwards `req` to `port` in the sandbox behind `guest` as
 /// `path_and_query`, and its answer back; `client_side` is the request's
 /// upgrade, taken before its handler consumed anything, when it asks for
-/// one.
+/// one. The service sees `host` as the request's `Host` (default
+/// `localhost:{port}`).
 pub(crate) async fn forward_to_port(
     guest: &hearth_hostapi::GuestClient,
     port: u16,
@@ -157,6 +159,7 @@ pub(crate) async fn forward_to_port(
     req: Request,
     client_side: Option<hyper::upgrade::OnUpgrade>,
     origin: SharedOrigin,
+    host: Option<&str>,
 ) -> HttpResult<Response> {
     let upgrade = client_side.is_some();
     let conn = guest.dial(port).await.map_err(|e| {
@@ -186,7 +189,8 @@ pub(crate) async fn forward_to_port(
         SharedOrigin::No => (OWN_ORIGIN_REQUEST_DROPPED, OWN_ORIGIN_RESPONSE_DROPPED),
     };
     strip_hops(&mut parts.headers, upgrade, request_dropped);
-    if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
+    let host = host.map_or_else(|| format!("localhost:{port}"), str::to_owned);
+    if let Ok(host) = HeaderValue::from_str(&host) {
         parts.headers.insert(header::HOST, host);
     }
     parts.version = axum::http::Version::HTTP_11;

@@ -761,9 +761,13 @@ async fn answer(
             let head = String::from_utf8_lossy(&head);
             let mut lines = head.split("\r\n");
             let request_line = lines.next().unwrap_or_default();
+            // Names lowercased, values as sent (a token's case matters).
             let headers: Vec<String> = lines
                 .take_while(|l| !l.is_empty())
-                .map(|l| l.to_ascii_lowercase())
+                .map(|l| match l.split_once(':') {
+                    Some((name, value)) => format!("{}:{value}", name.to_ascii_lowercase()),
+                    None => l.to_owned(),
+                })
                 .collect();
             let body = serde_json::json!({"request": request_line, "headers": headers}).to_string();
             let answer = format!(

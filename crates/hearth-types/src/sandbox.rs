@@ -67,6 +67,38 @@ pub struct SandboxSpec {
     /// with its traffic token or a service URL.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub public_ports: bool,
+    /// Ports served to signed-in members of the workspace (LangSmith's
+    /// login-mode service URLs), by port: durable until the sandbox goes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub service_grants: BTreeMap<u16, ServiceGrant>,
+}
+
+/// Who may open a port through its login URL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceGrant {
+    pub access: ServiceAccess,
+    /// Origins whose pages may frame the service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub embed_origins: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceAccess {
+    /// Keys of the sandbox's workspace with `sandboxes:read`.
+    Restricted,
+    /// Any key of the sandbox's workspace.
+    Workspace,
+}
+
+impl ServiceAccess {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceAccess::Restricted => "restricted",
+            ServiceAccess::Workspace => "workspace",
+        }
+    }
 }
 
 /// A directory of the sandbox whose files come from elsewhere: made in the
@@ -343,6 +375,13 @@ mod tests {
                 ..RuleSpec::default()
             }],
             public_ports: true,
+            service_grants: BTreeMap::from([(
+                8080,
+                ServiceGrant {
+                    access: ServiceAccess::Workspace,
+                    embed_origins: vec!["https://app.example".into()],
+                },
+            )]),
         }
     }
 

@@ -465,6 +465,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
             mounts: Vec::new(),
             mount_rules: Vec::new(),
             public_ports: Network::public(req.network.as_ref()),
+            service_grants: Default::default(),
         },
         restore_memory: RestoreMemory::IfPresent,
         wait_for_ready: Some(CREATE_WAIT),

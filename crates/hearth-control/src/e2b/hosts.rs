@@ -210,6 +210,7 @@ async fn to_port(c: &Arc<Control>, id: SandboxId, port: u16, mut req: Request) -
                 req,
                 client_side,
                 SharedOrigin::No,
+                None,
             )
             .await
             {

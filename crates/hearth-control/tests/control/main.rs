@@ -27,6 +27,7 @@ mod e2b;
 mod e2b_fuzz;
 mod fork;
 mod isolation;
+mod login;
 mod pools;
 mod reapers;
 mod registries;

@@ -33,7 +33,7 @@ use tower::ServiceExt;
 use crate::harness;
 
 #[path = "../../../../tests/sdk/python.rs"]
-mod python;
+pub(crate) mod python;
 
 const GIB: u64 = 1 << 30;
 
@@ -49,8 +49,14 @@ async fn env() -> Env {
     let db = Db::connect(&url.url).await.unwrap();
     let (_, key) = crate::harness::workspace_key(&db, "surface", Quotas::default()).await;
     // The operator gave its hosts an AWS identity: role rules act.
+    // A signing key, as `hearth up` has: login-mode service URLs act.
+    let signer = hearth_fence::Signer::new(
+        hearth_fence::KeyPair::generate().unwrap(),
+        std::time::Duration::from_secs(60),
+    );
     let cfg = hearth_control::ControlConfig {
         aws_roles: true,
+        signer: Some(Arc::new(signer)),
         ..hearth_control::ControlConfig::default()
     };
     let (control, host) = harness::sim_control_with(db, cfg).await;
@@ -417,6 +423,10 @@ fn exercises() -> Vec<(&'static str, Value)> {
         (
             "service_url",
             json!({"port": 8080, "expires_in_seconds": 600, "embed_origins": ["https://app.test"]}),
+        ),
+        (
+            "service_url",
+            json!({"port": 8081, "access": "restricted", "embed_origins": ["https://app.test"]}),
         ),
         (
             "download_url",

@@ -141,7 +141,33 @@ impl Server {
         (Self::start_with(hosts).await, sim)
     }
 
+    /// [`Self::on_sim`] with a control-plane signing key (as `hearth up`
+    /// has: its tokens verify against `/.well-known/jwks.json`).
+    pub async fn on_sim_signed() -> (Server, Arc<hearth_hostapi::SimHost>) {
+        let sim = Arc::new(hearth_hostapi::SimHost::new());
+        let hosts = vec![LocalHost {
+            id: HostId::new(),
+            host: sim.clone(),
+            capacity_cpu: MilliCpu(64_000),
+            capacity_mem: ByteSize::gib(256),
+            store_url: String::new(),
+        }];
+        let signer = hearth_fence::Signer::new(
+            hearth_fence::KeyPair::generate().unwrap(),
+            Duration::from_secs(60),
+        );
+        let cfg = ControlConfig {
+            signer: Some(Arc::new(signer)),
+            ..test_config()
+        };
+        (Self::start_with_config(hosts, cfg).await, sim)
+    }
+
     async fn start_with(hosts: Vec<LocalHost>) -> Server {
+        Self::start_with_config(hosts, test_config()).await
+    }
+
+    async fn start_with_config(hosts: Vec<LocalHost>, cfg: ControlConfig) -> Server {
         let url = hearth_db::testing::sqlite_url();
         let db = Db::connect(&url.url).await.unwrap();
         let mut keys = Vec::new();
@@ -165,7 +191,7 @@ impl Server {
         }
         let cfg = ControlConfig {
             default_snapshot: ("busybox".into(), "latest".into()),
-            ..test_config()
+            ..cfg
         };
         let control = Control::open(db, cfg, hosts).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
