@@ -508,6 +508,16 @@ except botocore.exceptions.ClientError as e:
 """
 
 
+BOTO3_LS = r"""
+import sys, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1", aws_access_key_id="dummy",
+                  aws_secret_access_key="dummy", config=Config(s3={"addressing_style": "path"}))
+for o in s3.list_objects_v2(Bucket=sys.argv[2], Prefix="data/").get("Contents", []):
+    print(o["Key"])
+"""
+
+
 def s3_get(s3, key):
     """(HTTP status, body) of a GET of an object from moto, signed with the
     real key by boto3 on the host (the test's side, not the sandbox's)."""
@@ -603,24 +613,25 @@ def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
     check(r.exit_code == 0 and r.stdout.strip().endswith("FOUND NOTHING"), f"the secret is nowhere in the guest: {r.stdout!r} {r.stderr!r}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
-    # Any S3 client in the sandbox, with dummy keys only, works through a
-    # proxy_config aws rule: not while the rule is disabled, at once when
-    # a PATCH enables it.
+    # Any S3 client in the sandbox (boto3 here), with dummy keys only, works
+    # through a proxy_config aws rule: not while the rule is disabled, at
+    # once when a PATCH enables it.
     rule = aws_auth(access_key_id=opaque_secret(s3["key_id"]), secret_access_key=opaque_secret(s3["secret"]), enabled=False)
     rule["match_hosts"] = ["s3.test"]
     sb = create("net-s3-client", proxy_config={"rules": [rule]})
     # Trusting moto's CA too, so that without the rule (the connection is
     # then spliced, not intercepted) it is the signature that fails.
     sb.write("/tmp/testca.pem", NET_CA.encode())
-    ls = ("cat /etc/ssl/certs/ca-certificates.crt /tmp/testca.pem > /tmp/both.pem; export SSL_CERT_FILE=/tmp/both.pem; "
-          "unset AWS_CA_BUNDLE; RCLONE_CONFIG=/dev/null RCLONE_S3_PROVIDER=Other RCLONE_S3_REGION=us-east-1 "
-          f"RCLONE_S3_ENDPOINT={endpoint} RCLONE_S3_FORCE_PATH_STYLE=true RCLONE_S3_ACCESS_KEY_ID=dummy "
-          f"RCLONE_S3_SECRET_ACCESS_KEY=dummy rclone lsf --retries 1 :s3:{s3['bucket']}/data")
+    sb.write("/tmp/ls.py", BOTO3_LS.encode())
+    ls = ("cat /etc/ssl/certs/ca-certificates.crt /tmp/testca.pem > /tmp/both.pem; "
+          f"AWS_CA_BUNDLE=/tmp/both.pem python3 /tmp/ls.py {endpoint} {s3['bucket']}")
     r = run(sb, ls)
-    check(r.exit_code != 0 and "InvalidAccessKeyId" in r.stderr, f"a dummy key is refused without the rule: {r.stderr!r}")
+    check(r.exit_code != 0 and "InvalidAccessKeyId" in r.stderr, f"a dummy key is refused without the rule: {r.stderr[-300:]!r}")
     patch_proxy(sb, {"rules": [{**rule, "enabled": True}]})
     r = run(sb, ls)
-    check(r.exit_code == 0 and r.stdout.split() == ["hello.txt"], f"re-signed by the enabled rule: {r.stdout!r} {r.stderr!r}")
+    check(r.exit_code == 0 and r.stdout.split() == ["data/hello.txt"], f"re-signed by the enabled rule: {r.stdout!r} {r.stderr[-300:]!r}")
+    r = run(sb, "node -e 'console.log(typeof fetch)'")
+    check(r.stdout.strip() == "function", f"the image has node: {r.stdout!r} {r.stderr!r}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
     # A wrong key: the create fails and says why, never an empty directory.

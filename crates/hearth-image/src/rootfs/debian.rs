@@ -14,8 +14,11 @@ pub(super) const VARIANT: &str = "minbase";
 /// recommendations): what agents and their commands reach for. `python` is
 /// python-is-python3; `pip install` works without flags (see
 /// [`allow_pip_install`]); `rg` is ripgrep; `ip` and `ss` are iproute2;
-/// `rclone` and `fuse3` make bucket mounts (S3, GCS) in the guest.
-pub(super) const INCLUDE: [&str; 16] = [
+/// `rclone` and `fuse3` make bucket mounts (S3, GCS) in the guest; `node`
+/// and boto3 are what the SDKs' examples run in a sandbox. (Debian's `npm`
+/// is not here: it pulls node-gyp and a C++ toolchain, some 390 packages,
+/// three times the rest of the image.)
+pub(super) const INCLUDE: [&str; 18] = [
     "bash",
     "coreutils",
     "procps",
@@ -32,6 +35,8 @@ pub(super) const INCLUDE: [&str; 16] = [
     "iproute2",
     "rclone",
     "fuse3",
+    "nodejs",
+    "python3-boto3",
 ];
 
 /// Runs debootstrap into `tree` and applies Hearth's changes; returns the
