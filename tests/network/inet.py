@@ -13,6 +13,8 @@ Serves, on every address of the namespace:
     POST /token           an OAuth token endpoint: {"access_token": "ya29.inet-<n>"}
     POST /callback/ok     {"headers": {"x-callback": "from-callback"}}
     POST /callback/fail   500
+    GET  /ws              a WebSocket: first a text message with the
+                          handshake's headers (JSON), then each message echoed
     storage.googleapis.com's JSON API (/storage/v1/, /upload/storage/v1/,
       /download/storage/v1/): forwarded to gcp-storage-emulator on
       127.0.0.1:<--gcs> (buckets.py) when the request carries a token
@@ -174,6 +176,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         if self.is_gcs():
             self.gcs(b"")
+        elif path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
+            self.websocket(entry)
         elif path == "/echo":
             self.send(200, json.dumps(entry).encode())
         elif path in ("/simple", "/simple/"):
@@ -196,6 +200,49 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
         else:
             self.send(404, b'{"error": "not found"}')
+
+    def websocket(self, entry):
+        """RFC 6455, text messages only: the handshake's headers, then an
+        echo of each message until the client closes."""
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+
+        def send(opcode, payload):
+            head = bytes([0x80 | opcode])
+            n = len(payload)
+            if n < 126:
+                head += bytes([n])
+            elif n < 65536:
+                head += bytes([126]) + struct.pack(">H", n)
+            else:
+                head += bytes([127]) + struct.pack(">Q", n)
+            self.wfile.write(head + payload)
+            self.wfile.flush()
+
+        send(1, json.dumps({"headers": entry["headers"]}).encode())
+        while True:
+            head = self.rfile.read(2)
+            if len(head) < 2:
+                return
+            opcode, n = head[0] & 0x0F, head[1] & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", self.rfile.read(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", self.rfile.read(8))[0]
+            mask = self.rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(n)))
+            if opcode == 8:
+                send(8, payload[:2])
+                return
+            if opcode == 1:
+                send(1, payload)
 
     def git(self, path):
         """A private git repository over git's dumb HTTP: the files under

@@ -630,8 +630,8 @@ def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
     patch_proxy(sb, {"rules": [{**rule, "enabled": True}]})
     r = run(sb, ls)
     check(r.exit_code == 0 and r.stdout.split() == ["data/hello.txt"], f"re-signed by the enabled rule: {r.stdout!r} {r.stderr[-300:]!r}")
-    r = run(sb, "node -e 'console.log(typeof fetch)'")
-    check(r.stdout.strip() == "function", f"the image has node: {r.stdout!r} {r.stderr!r}")
+    r = run(sb, "node -e 'console.log(typeof fetch)'; npm --version")
+    check(r.stdout.split() == ["function", "10.8.2"], f"the image has node and npm: {r.stdout!r} {r.stderr!r}")
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
     # A wrong key: the create fails and says why, never an empty directory.
@@ -707,6 +707,59 @@ def bench_bucket_mount_read():
 BENCHES = [bench_bucket_mount_read]
 
 
+WS_CLIENT = r"""
+import base64, json, os, socket, ssl, struct, sys
+host = sys.argv[1]
+ctx = ssl.create_default_context(cafile="/etc/ssl/certs/ca-certificates.crt")
+s = ctx.wrap_socket(socket.create_connection((host, 443), timeout=30), server_hostname=host)
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall((f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+buf = b""
+while b"\r\n\r\n" not in buf:
+    buf += s.recv(4096)
+head, buf = buf.split(b"\r\n\r\n", 1)
+def read(n):
+    global buf
+    while len(buf) < n:
+        buf += s.recv(4096)
+    out, buf = buf[:n], buf[n:]
+    return out
+def recv():
+    b0, b1 = read(2)
+    n = b1 & 0x7F
+    if n == 126:
+        n = struct.unpack(">H", read(2))[0]
+    return read(n).decode()
+def send(text, opcode=1):
+    data, mask = text.encode(), os.urandom(4)
+    s.sendall(bytes([0x80 | opcode, 0x80 | len(data)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+first = json.loads(recv())
+send("hello over a websocket")
+echo = recv()
+send("", 8)
+print(json.dumps({"status": head.split(b"\r\n")[0].decode(), "handshake": first["headers"], "echo": echo}))
+"""
+
+
+def test_websocket_through_an_intercepted_connection_gets_the_rules_headers():
+    # A header rule on ws.test: the proxy intercepts the guest's TLS, adds
+    # the rule's header to the WebSocket handshake, and then relays the
+    # upgraded connection both ways.
+    token = "ws-" + os.urandom(8).hex()
+    rule = {"name": "ws", "match_hosts": ["ws.test"], "headers": [{"name": "X-Ws-Token", "type": "opaque", "value": token}]}
+    sb = create("net-ws", proxy_config={"rules": [rule]})
+    sb.write("/tmp/ws.py", WS_CLIENT.encode())
+    r = run(sb, "python3 /tmp/ws.py ws.test")
+    check(r.exit_code == 0, f"the WebSocket client: {r.stderr[-400:]!r}")
+    got = json.loads(r.stdout)
+    check(got["status"].startswith("HTTP/1.1 101"), f"switched protocols: {got}")
+    check(got["handshake"].get("x-ws-token") == token, f"the rule's header on the handshake: {got['handshake']}")
+    check(got["echo"] == "hello over a websocket", f"messages relayed both ways: {got}")
+    client.delete_sandbox(sb.name)
+    created.discard(sb.name)
+
+
 def test_access_delegation_calls_the_api_as_the_creator_within_its_grant():
     sb = create("net-deleg", access_delegation={"mode": "EXPLICIT", "permissions": ["sandboxes:read"]})
     check(sb.name, "created")
@@ -753,6 +806,7 @@ TESTS = [
     test_gcp_rule_sets_tokens_minted_from_the_service_account,
     test_access_delegation_calls_the_api_as_the_creator_within_its_grant,
     test_bucket_mounts_s3_and_gcs_through_the_signing_proxy,
+    test_websocket_through_an_intercepted_connection_gets_the_rules_headers,
     test_git_mount_clones_a_private_repository_and_follows_its_branch,
     test_metrics_count_each_sandbox_traffic,
 ]

@@ -43,6 +43,7 @@ const NAMES: &[&str] = &[
     "re.test",
     "git.test",
     "s3.test",
+    "ws.test",
 ];
 
 /// Where `tests/network/buckets.py` serves GCS's API in the test internet
@@ -308,8 +309,9 @@ const FIRST_HALF: &[&str] = &[
 ];
 
 /// Credentials in the proxy: header rules with secrets, callbacks, GCP
-/// tokens, delegated API access, S3 and GCS bucket mounts (after the
-/// first test, which makes the sandbox they share).
+/// tokens, delegated API access, S3 and GCS bucket mounts, a WebSocket
+/// through an intercepted connection (after the first test, which makes
+/// the sandbox they share).
 const SECOND_HALF: &[&str] = &[
     "test_names_resolve_through_hearth_dns_and_both_proxy_paths_work",
     "test_header_rule_with_a_workspace_secret_never_enters_the_guest",
@@ -317,6 +319,7 @@ const SECOND_HALF: &[&str] = &[
     "test_gcp_rule_sets_tokens_minted_from_the_service_account",
     "test_access_delegation_calls_the_api_as_the_creator_within_its_grant",
     "test_bucket_mounts_s3_and_gcs_through_the_signing_proxy",
+    "test_websocket_through_an_intercepted_connection_gets_the_rules_headers",
 ];
 
 #[test]

@@ -15,9 +15,8 @@ pub(super) const VARIANT: &str = "minbase";
 /// python-is-python3; `pip install` works without flags (see
 /// [`allow_pip_install`]); `rg` is ripgrep; `ip` and `ss` are iproute2;
 /// `rclone` and `fuse3` make bucket mounts (S3, GCS) in the guest; `node`
-/// and boto3 are what the SDKs' examples run in a sandbox. (Debian's `npm`
-/// is not here: it pulls node-gyp and a C++ toolchain, some 390 packages,
-/// three times the rest of the image.)
+/// and boto3 are what the SDKs' examples run in a sandbox (npm comes from
+/// its own registry package: see `npm.rs`).
 pub(super) const INCLUDE: [&str; 18] = [
     "bash",
     "coreutils",
@@ -73,6 +72,7 @@ pub(super) fn populate(
     if !extra.is_empty() {
         install_extra(tree, extra, p)?;
     }
+    super::npm::install(tree, p)?;
 
     add_user(tree)?;
     write_file(&tree.join("etc/hostname"), "hearth\n", 0o644)?;

@@ -10,6 +10,7 @@
 mod busybox;
 mod code_interpreter;
 mod debian;
+mod npm;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -162,12 +163,20 @@ fn recipe_inputs(
             inputs.insert("suite".to_owned(), cfg.suite.clone());
             inputs.insert("variant".to_owned(), debian::VARIANT.to_owned());
             inputs.insert("include".to_owned(), debian::INCLUDE.join(","));
+            inputs.insert(
+                "npm".to_owned(),
+                format!("{} {}", npm::VERSION, npm::INTEGRITY),
+            );
         }
         ImageName::CodeInterpreter => {
             inputs.insert("suite".to_owned(), cfg.suite.clone());
             inputs.insert("variant".to_owned(), debian::VARIANT.to_owned());
             inputs.insert("include".to_owned(), debian::INCLUDE.join(","));
             inputs.insert("extra".to_owned(), code_interpreter::EXTRA.join(","));
+            inputs.insert(
+                "npm".to_owned(),
+                format!("{} {}", npm::VERSION, npm::INTEGRITY),
+            );
             inputs.insert("files_blake3".to_owned(), code_interpreter::fingerprint());
         }
     }
