@@ -88,6 +88,16 @@ def create(name, **kwargs):
     return sb
 
 
+def create_fails(name, **kwargs):
+    """A create that must fail (a mount that cannot be made): its error."""
+    try:
+        sb = create(name, **kwargs)
+    except Exception as e:
+        log(f"refused as it should be: {e}")
+        return str(e)
+    raise AssertionError(f"a mount that cannot be made fails the create, got {sb.name} ready")
+
+
 def run(sb, cmd, timeout=120):
     r = sb.run(cmd, timeout=timeout)
     log(f"$ {cmd[:100]} -> {r.exit_code}: {r.stdout.strip()[:160]!r} {r.stderr.strip()[:160]!r}")
@@ -338,14 +348,8 @@ def test_git_mount_clones_a_private_repository_and_follows_its_branch():
     # With a wrong token the server refuses the clone: the create fails and
     # says why, never an empty directory.
     wrong = {**rule, "headers": [{"name": "X-Git-Token", "type": "opaque", "value": "wrong"}]}
-    try:
-        sb = create("net-git-denied", proxy_config={"rules": [wrong]}, mount_config=mounts)
-        raise AssertionError(f"a mount that cannot be made fails the create, got {sb.name} ready")
-    except AssertionError:
-        raise
-    except Exception as e:
-        log(f"refused as it should be: {e}")
-        check("mount 'repo' at /mnt/repo" in str(e) and "403" in str(e), f"the failure names the mount and why: {e}")
+    e = create_fails("net-git-denied", proxy_config={"rules": [wrong]}, mount_config=mounts)
+    check("mount 'repo' at /mnt/repo" in e and "403" in e, f"the failure names the mount and why: {e}")
 
 
 FIND_SCRIPT = r"""
@@ -635,14 +639,8 @@ def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
     client.delete_sandbox(sb.name)
     created.discard(sb.name)
     # A wrong key: the create fails and says why, never an empty directory.
-    try:
-        sb = create("net-buckets-denied", mount_config=config(opaque_secret("wrong-" + s3["secret"])))
-        raise AssertionError(f"a mount that cannot be made fails the create, got {sb.name} ready")
-    except AssertionError:
-        raise
-    except Exception as e:
-        log(f"refused as it should be: {e}")
-        check("mount 'data' at /mnt/data" in str(e) and "SignatureDoesNotMatch" in str(e), f"the failure names the mount and why: {e}")
+    e = create_fails("net-buckets-denied", mount_config=config(opaque_secret("wrong-" + s3["secret"])))
+    check("mount 'data' at /mnt/data" in e and "SignatureDoesNotMatch" in e, f"the failure names the mount and why: {e}")
 
 
 S3_PUT_AND_PRESIGN = r"""

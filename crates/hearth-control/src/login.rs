@@ -38,7 +38,7 @@ use crate::auth::Principal;
 use crate::error::HttpResult;
 use crate::extract::Path;
 use crate::service::{spec_of, SandboxChange};
-use crate::services::{forward_to_port, wants_upgrade, SharedOrigin};
+use crate::services::{allow_framing, forward_to_port, under_prefix, wants_upgrade, SharedOrigin};
 use crate::Control;
 
 /// The sign-in cookie.
@@ -126,8 +126,11 @@ fn session_value(c: &Control, key: ApiKeyId, exp: u64) -> String {
 }
 
 /// The key a request's sign-in cookie names, if it is genuine, current,
-/// and the key is not revoked.
-async fn signed_in(c: &Control, headers: &HeaderMap) -> Result<Option<Principal>, ApiError> {
+/// and the key is not revoked; with the key's description.
+async fn signed_in(
+    c: &Control,
+    headers: &HeaderMap,
+) -> Result<Option<(Principal, String)>, ApiError> {
     let value = headers
         .get_all(header::COOKIE)
         .iter()
@@ -158,11 +161,14 @@ async fn signed_in(c: &Control, headers: &HeaderMap) -> Result<Option<Principal>
         c.db.active_api_key(key)
             .await
             .map_err(crate::error::db_error)?;
-    Ok(found.map(|k| Principal {
-        key_id: k.id,
-        workspace_id: k.workspace_id,
-        permissions: k.permissions,
-        delegated: false,
+    Ok(found.map(|k| {
+        let who = Principal {
+            key_id: k.id,
+            workspace_id: k.workspace_id,
+            permissions: k.permissions,
+            delegated: false,
+        };
+        (who, k.description)
     }))
 }
 
@@ -218,7 +224,7 @@ async fn forward(
     };
     let spec = spec_of(&row)?;
     let grant = spec.service_grants.get(&port).ok_or_else(not_found)?;
-    let Some(who) = signed_in(&c, req.headers()).await? else {
+    let Some((who, description)) = signed_in(&c, req.headers()).await? else {
         return Ok(to_sign_in(req.uri()));
     };
     let allowed = who.workspace_id == row.workspace_id
@@ -247,17 +253,13 @@ async fn forward(
         c.cfg.sandbox_domain.as_deref().unwrap_or("hearth.internal")
     );
     let iat = now_secs();
-    let key =
-        c.db.active_api_key(who.key_id)
-            .await
-            .map_err(crate::error::db_error)?;
     let token = hearth_fence::jwt::sign(
         signer.key(),
         &UserClaims {
             iss: &c.cfg.public_url,
             aud: &host,
             sub: who.key_id.to_string(),
-            name: key.map(|k| k.description).filter(|d| !d.trim().is_empty()),
+            name: Some(description).filter(|d| !d.trim().is_empty()),
             iat,
             exp: iat + USER_TOKEN_SECS,
         },
@@ -268,10 +270,7 @@ async fn forward(
     })?;
     let value = HeaderValue::from_str(&token).map_err(|_| ApiError::internal())?;
     req.headers_mut().insert(USER_TOKEN_HEADER, value);
-    let path_and_query = match req.uri().query() {
-        Some(q) => format!("/{rest}?{q}"),
-        None => format!("/{rest}"),
-    };
+    let path_and_query = under_prefix(&rest, req.uri());
     let mut resp = forward_to_port(
         &guest,
         port,
@@ -283,12 +282,7 @@ async fn forward(
     )
     .await?;
     if !grant.embed_origins.is_empty() {
-        let policy = format!("frame-ancestors 'self' {}", grant.embed_origins.join(" "));
-        if let Ok(v) = HeaderValue::from_str(&policy) {
-            resp.headers_mut()
-                .insert(header::CONTENT_SECURITY_POLICY, v);
-        }
-        resp.headers_mut().remove(header::X_FRAME_OPTIONS);
+        allow_framing(&mut resp, &grant.embed_origins.join(" "));
     }
     Ok(resp)
 }

@@ -110,10 +110,7 @@ async fn forward(
     let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (claims, guest) = c.redeem(&token, true).await?;
     let port = service_port(&claims);
-    let path_and_query = match req.uri().query() {
-        Some(q) => format!("/{rest}?{q}"),
-        None => format!("/{rest}"),
-    };
+    let path_and_query = under_prefix(&rest, req.uri());
     let mut resp = forward_to_port(
         &guest,
         port,
@@ -125,13 +122,27 @@ async fn forward(
     )
     .await?;
     if let Some(origins) = embed_origins(&claims) {
-        if let Ok(v) = HeaderValue::from_str(&format!("frame-ancestors 'self' {origins}")) {
-            resp.headers_mut()
-                .insert(header::CONTENT_SECURITY_POLICY, v);
-        }
-        resp.headers_mut().remove(header::X_FRAME_OPTIONS);
+        allow_framing(&mut resp, origins);
     }
     Ok(resp)
+}
+
+/// The service's own path for `rest` (what follows a service URL's
+/// prefix), with the request's query.
+pub(crate) fn under_prefix(rest: &str, uri: &Uri) -> String {
+    match uri.query() {
+        Some(q) => format!("/{rest}?{q}"),
+        None => format!("/{rest}"),
+    }
+}
+
+/// Lets pages of `origins` (space-separated) frame the answer.
+pub(crate) fn allow_framing(resp: &mut Response, origins: &str) {
+    if let Ok(v) = HeaderValue::from_str(&format!("frame-ancestors 'self' {origins}")) {
+        resp.headers_mut()
+            .insert(header::CONTENT_SECURITY_POLICY, v);
+    }
+    resp.headers_mut().remove(header::X_FRAME_OPTIONS);
 }
 
 /// Whether the origin a request came in on is shared with the control

@@ -96,6 +96,20 @@ pub async fn sim_control_with(
     (control, host)
 }
 
+/// One simulated host (64 vCPUs, 256 GiB) as the control plane's only
+/// host, and the host.
+fn one_sim_host() -> (Vec<LocalHost>, Arc<hearth_hostapi::SimHost>) {
+    let sim = Arc::new(hearth_hostapi::SimHost::new());
+    let hosts = vec![LocalHost {
+        id: HostId::new(),
+        host: sim.clone(),
+        capacity_cpu: MilliCpu(64_000),
+        capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
+    }];
+    (hosts, sim)
+}
+
 /// A served control plane and the keys of its two workspaces.
 pub struct Server {
     pub addr: SocketAddr,
@@ -130,28 +144,14 @@ impl Server {
     /// Starts the server over one simulated host (`SimHost`, 64 vCPUs and
     /// 256 GiB), which it returns too.
     pub async fn on_sim() -> (Server, Arc<hearth_hostapi::SimHost>) {
-        let sim = Arc::new(hearth_hostapi::SimHost::new());
-        let hosts = vec![LocalHost {
-            id: HostId::new(),
-            host: sim.clone(),
-            capacity_cpu: MilliCpu(64_000),
-            capacity_mem: ByteSize::gib(256),
-            store_url: String::new(),
-        }];
+        let (hosts, sim) = one_sim_host();
         (Self::start_with(hosts).await, sim)
     }
 
     /// [`Self::on_sim`] with a control-plane signing key (as `hearth up`
     /// has: its tokens verify against `/.well-known/jwks.json`).
     pub async fn on_sim_signed() -> (Server, Arc<hearth_hostapi::SimHost>) {
-        let sim = Arc::new(hearth_hostapi::SimHost::new());
-        let hosts = vec![LocalHost {
-            id: HostId::new(),
-            host: sim.clone(),
-            capacity_cpu: MilliCpu(64_000),
-            capacity_mem: ByteSize::gib(256),
-            store_url: String::new(),
-        }];
+        let (hosts, sim) = one_sim_host();
         let signer = hearth_fence::Signer::new(
             hearth_fence::KeyPair::generate().unwrap(),
             Duration::from_secs(60),
