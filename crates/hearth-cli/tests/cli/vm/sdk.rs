@@ -845,9 +845,16 @@ fn suite(part: &str, tests: &[&str]) {
         Ok(left) => failures.push(format!("sandboxes left after the suite: {left:?}")),
         Err(e) => failures.push(e),
     }
-    let vms = qemu_children(server.pid());
+    // A deleted pool's members are removed in the background, by the next
+    // pass of its reconciler: their VMs get that long to go.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut vms = qemu_children(server.pid());
+    while !vms.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        vms = qemu_children(server.pid());
+    }
     if !vms.is_empty() {
-        failures.push(format!("VMs left after the suite: {vms:?}"));
+        failures.push(format!("VMs left after the suite (30 s on): {vms:?}"));
     }
 
     match server.interrupt() {
