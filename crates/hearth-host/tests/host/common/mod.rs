@@ -85,6 +85,17 @@ impl Resp {
 
 /// One HTTP/1.1 request on its own connection, with `headers` added. An
 /// upgrade's answer (101) is read up to the end of its head.
+/// Whether `have` bytes after a response head are its whole body (it says
+/// its `Content-Length`).
+fn complete_body(head: &[u8], have: usize) -> bool {
+    String::from_utf8_lossy(head)
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .is_some_and(|len| have >= len)
+}
+
 pub async fn request(
     addr: std::net::SocketAddr,
     method: &str,
@@ -120,8 +131,14 @@ pub async fn request(
             }
             raw.extend_from_slice(&buf[..n]);
             // An upgraded connection stays open: its head is the answer.
-            if raw.starts_with(b"HTTP/1.1 101") && raw.windows(4).any(|w| w == b"\r\n\r\n") {
-                break;
+            // So does a refused upgrade (it asked for `Connection:
+            // Upgrade`, not `close`): its head and body are the answer.
+            if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                if raw.starts_with(b"HTTP/1.1 101")
+                    || complete_body(&raw[..end], raw.len() - end - 4)
+                {
+                    break;
+                }
             }
         }
     };
