@@ -469,6 +469,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             let cfg = hearth_image::ImageConfig::new(&cli.data_dir);
             let p = progress::reporter();
             tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                // What every VM needs first, then the root images in
+                // order, together: the Debian ones share one debootstrap
+                // when both are missing.
+                let agent = hearth_image::guest_agent_binary(&cfg, p.as_ref())?;
+                let kernel = hearth_image::ensure_kernel(&cfg, p.as_ref())?;
+                hearth_image::ensure_initramfs(&cfg, &kernel, &agent, p.as_ref())?;
+                hearth_image::ensure_rootfs_all(&cfg, &images, p.as_ref())
+                    .context("build the root images")?;
                 for image in images {
                     let a = hearth_image::ensure_all(&cfg, image, p.as_ref())
                         .with_context(|| format!("build the {image} image"))?;

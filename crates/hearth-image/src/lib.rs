@@ -66,7 +66,7 @@ pub use oci::{
     import_oci, reference_registry, OciError, OciImage, OciSource, RegistryAuth, RunConfig,
 };
 pub use progress::{under_way, Progress, QuietProgress, StderrProgress, Unit};
-pub use rootfs::{ensure_rootfs, RootfsArtifact, ROOTFS_LABEL};
+pub use rootfs::{ensure_rootfs, ensure_rootfs_all, RootfsArtifact, ROOTFS_LABEL};
 
 /// Where and from what the artifacts are built.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -38,12 +38,24 @@ pub(super) const INCLUDE: [&str; 18] = [
     "python3-boto3",
 ];
 
-/// Runs debootstrap into `tree` and applies Hearth's changes; returns the
-/// mirror used.
+/// Runs debootstrap into `tree` and applies Hearth's changes with `extra`
+/// packages; returns the mirror used.
 pub(super) fn populate(
     cfg: &ImageConfig,
     tree: &Path,
     extra: &[&str],
+    p: &dyn Progress,
+) -> Result<String, ImageError> {
+    let mirror = bootstrap(cfg, tree, p)?;
+    finish(tree, extra, p)?;
+    Ok(mirror)
+}
+
+/// Runs debootstrap into `tree` (the part every Debian image shares, and
+/// most of a build's time); returns the mirror used.
+pub(super) fn bootstrap(
+    cfg: &ImageConfig,
+    tree: &Path,
     p: &dyn Progress,
 ) -> Result<String, ImageError> {
     let mirror = cfg.resolved_mirror();
@@ -69,6 +81,25 @@ pub(super) fn populate(
     // debootstrap mounts proc/sys in the target; never let mkfs copy them.
     cache::unmount_below(tree)?;
     result?;
+    Ok(mirror)
+}
+
+/// Copies a bootstrapped tree (owners, modes, times, links, extended
+/// attributes) into the empty directory `to`, so a second image can be
+/// finished from it without a second debootstrap.
+pub(super) fn copy_tree(from: &Path, to: &Path) -> Result<(), ImageError> {
+    command::run(
+        Command::new("cp")
+            .args(["-a", "--"])
+            .arg(from.join("."))
+            .arg(to),
+    )
+    .map(|_| ())
+}
+
+/// Applies Hearth's changes to a bootstrapped `tree`: the `extra` packages,
+/// npm, user `user`, and what a sandbox must not inherit from the build.
+pub(super) fn finish(tree: &Path, extra: &[&str], p: &dyn Progress) -> Result<(), ImageError> {
     if !extra.is_empty() {
         install_extra(tree, extra, p)?;
     }
@@ -80,8 +111,7 @@ pub(super) fn populate(
     // nothing inside a sandbox; the guest side configures its own.
     cache::remove_all(&tree.join("etc/resolv.conf"))?;
     allow_pip_install(tree)?;
-    shrink(tree)?;
-    Ok(mirror)
+    shrink(tree)
 }
 
 /// Installs `extra` packages with the tree's own apt, in a chroot (its

@@ -77,7 +77,7 @@ pub fn ensure_rootfs(
 ) -> Result<RootfsArtifact, ImageError> {
     let inputs = recipe_inputs(cfg, name)?;
     let artifacts = cfg.artifacts_dir();
-    let dir = artifacts.join(format!("rootfs-{name}-v{}", name.recipe_version()));
+    let dir = image_dir(&artifacts, name);
     if let Some(hit) = cached(&dir, name, &inputs) {
         return Ok(hit);
     }
@@ -88,64 +88,161 @@ pub fn ensure_rootfs(
     cache::require_root(&format!("the {name} root image"))?;
 
     let started = Instant::now();
-    p.step(&format!("building {name} root image"));
-    let staging = Staging::new(&artifacts, &format!("rootfs-{name}"))?;
-    let tree = staging.path().join("root");
-    make_dir(&tree, 0o755)?;
+    let build = Build::new(&artifacts, name, p)?;
     let mirror = match name {
         ImageName::Busybox => {
-            busybox::populate(&tree)?;
+            busybox::populate(&build.tree)?;
             None
         }
-        ImageName::Default => Some(debian::populate(cfg, &tree, &[], p)?),
+        ImageName::Default => Some(debian::populate(cfg, &build.tree, &[], p)?),
         ImageName::CodeInterpreter => {
-            let mirror = debian::populate(cfg, &tree, &code_interpreter::EXTRA, p)?;
-            code_interpreter::install(&tree)?;
+            let mirror = debian::populate(cfg, &build.tree, &code_interpreter::EXTRA, p)?;
+            code_interpreter::install(&build.tree)?;
             Some(mirror)
         }
     };
-    let tree_bytes = ext4::disk_usage(&tree)?;
-    let (size, times) = match name {
-        ImageName::Busybox => (64 * MIB, Times::AllFixed),
-        ImageName::Default | ImageName::CodeInterpreter => (
-            (tree_bytes + 1024 * MIB).div_ceil(256 * MIB) * 256 * MIB,
-            Times::KeepMtime,
-        ),
-    };
+    build.finish(inputs, mirror, &dir, started, p)
+}
 
-    p.step(&format!(
-        "building {name} root image: mkfs.ext4 ({} MiB)",
-        size / MIB
-    ));
-    let out = staging.path().join("out");
-    make_dir(&out, 0o755)?;
-    let img = out.join(IMAGE_FILE);
-    ext4::make_image(&tree, &img, size, name.fs_uuid(), times)?;
-    cache::remove_all(&tree)?;
-    let manifest = RootfsManifest {
-        name,
-        recipe: name.recipe_version(),
-        inputs,
-        file: IMAGE_FILE.to_owned(),
-        size: cache::file_len(&img)?,
-        blake3: cache::hash_file(&img)?,
-        tree_bytes,
-        mirror,
-        built_at_unix: cache::unix_now(),
-        build_seconds: started.elapsed().as_secs_f64(),
+/// Returns the root images `names`, in that order, building those missing.
+/// When both Debian images are missing, one debootstrap makes both: the
+/// code interpreter's tree is a copy of the default's taken before either
+/// is finished, so each image holds what its own build would (about a
+/// minute of debootstrap saved, `hearth image build --image all`).
+pub fn ensure_rootfs_all(
+    cfg: &ImageConfig,
+    names: &[ImageName],
+    p: &dyn Progress,
+) -> Result<Vec<RootfsArtifact>, ImageError> {
+    let pair = [ImageName::Default, ImageName::CodeInterpreter];
+    let both_wanted = pair.iter().all(|n| names.contains(n));
+    let artifacts = cfg.artifacts_dir();
+    let both_missing = || -> Result<bool, ImageError> {
+        for name in pair {
+            let inputs = recipe_inputs(cfg, name)?;
+            if cached(&image_dir(&artifacts, name), name, &inputs).is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     };
-    cache::write_manifest(&out.join("manifest.json"), &manifest)?;
-    cache::replace(&out, &dir)?;
-    drop(staging);
-    p.done(
-        &format!(
-            "{name} root image ({} MiB, {} MiB used)",
-            manifest.size / MIB,
-            manifest.tree_bytes.div_ceil(MIB)
-        ),
-        started.elapsed(),
-    );
-    Ok(artifact(&dir, manifest))
+    let mut built = Vec::with_capacity(names.len());
+    for &name in names {
+        if both_wanted && pair.contains(&name) && both_missing()? {
+            let _lock = cache::lock(&artifacts, p)?;
+            if both_missing()? {
+                build_debian_pair(cfg, p)?;
+            }
+        }
+        built.push(ensure_rootfs(cfg, name, p)?);
+    }
+    Ok(built)
+}
+
+/// Builds the default and code-interpreter images from one debootstrap
+/// (the caller holds the cache lock and found both missing).
+fn build_debian_pair(cfg: &ImageConfig, p: &dyn Progress) -> Result<(), ImageError> {
+    cache::require_root("the default and code-interpreter root images")?;
+    let artifacts = cfg.artifacts_dir();
+    let started = Instant::now();
+    let default = Build::new(&artifacts, ImageName::Default, p)?;
+    let interp = Build::new(&artifacts, ImageName::CodeInterpreter, p)?;
+    let mirror = debian::bootstrap(cfg, &default.tree, p)?;
+    p.step("copying the bootstrapped tree for the code-interpreter image");
+    debian::copy_tree(&default.tree, &interp.tree)?;
+    debian::finish(&default.tree, &[], p)?;
+    let inputs = recipe_inputs(cfg, ImageName::Default)?;
+    let dir = image_dir(&artifacts, ImageName::Default);
+    default.finish(inputs, Some(mirror.clone()), &dir, started, p)?;
+
+    debian::finish(&interp.tree, &code_interpreter::EXTRA, p)?;
+    code_interpreter::install(&interp.tree)?;
+    let inputs = recipe_inputs(cfg, ImageName::CodeInterpreter)?;
+    let dir = image_dir(&artifacts, ImageName::CodeInterpreter);
+    interp.finish(inputs, Some(mirror), &dir, started, p)?;
+    Ok(())
+}
+
+fn image_dir(artifacts: &Path, name: ImageName) -> PathBuf {
+    artifacts.join(format!("rootfs-{name}-v{}", name.recipe_version()))
+}
+
+/// An image being built: its staging directory (removed unless the image
+/// lands) and the tree that becomes the ext4 file.
+struct Build {
+    name: ImageName,
+    staging: Staging,
+    tree: PathBuf,
+}
+
+impl Build {
+    fn new(artifacts: &Path, name: ImageName, p: &dyn Progress) -> Result<Build, ImageError> {
+        p.step(&format!("building {name} root image"));
+        let staging = Staging::new(artifacts, &format!("rootfs-{name}"))?;
+        let tree = staging.path().join("root");
+        make_dir(&tree, 0o755)?;
+        Ok(Build {
+            name,
+            staging,
+            tree,
+        })
+    }
+
+    /// Makes the ext4 image of the populated tree and moves it, with its
+    /// manifest, into `dir`.
+    fn finish(
+        self,
+        inputs: BTreeMap<String, String>,
+        mirror: Option<String>,
+        dir: &Path,
+        started: Instant,
+        p: &dyn Progress,
+    ) -> Result<RootfsArtifact, ImageError> {
+        let name = self.name;
+        let tree = &self.tree;
+        let tree_bytes = ext4::disk_usage(tree)?;
+        let (size, times) = match name {
+            ImageName::Busybox => (64 * MIB, Times::AllFixed),
+            ImageName::Default | ImageName::CodeInterpreter => (
+                (tree_bytes + 1024 * MIB).div_ceil(256 * MIB) * 256 * MIB,
+                Times::KeepMtime,
+            ),
+        };
+
+        p.step(&format!(
+            "building {name} root image: mkfs.ext4 ({} MiB)",
+            size / MIB
+        ));
+        let out = self.staging.path().join("out");
+        make_dir(&out, 0o755)?;
+        let img = out.join(IMAGE_FILE);
+        ext4::make_image(tree, &img, size, name.fs_uuid(), times)?;
+        cache::remove_all(tree)?;
+        let manifest = RootfsManifest {
+            name,
+            recipe: name.recipe_version(),
+            inputs,
+            file: IMAGE_FILE.to_owned(),
+            size: cache::file_len(&img)?,
+            blake3: cache::hash_file(&img)?,
+            tree_bytes,
+            mirror,
+            built_at_unix: cache::unix_now(),
+            build_seconds: started.elapsed().as_secs_f64(),
+        };
+        cache::write_manifest(&out.join("manifest.json"), &manifest)?;
+        cache::replace(&out, dir)?;
+        drop(self.staging);
+        p.done(
+            &format!(
+                "{name} root image ({} MiB, {} MiB used)",
+                manifest.size / MIB,
+                manifest.tree_bytes.div_ceil(MIB)
+            ),
+            started.elapsed(),
+        );
+        Ok(artifact(dir, manifest))
+    }
 }
 
 /// What the image content depends on, besides the recipe version.
