@@ -696,11 +696,16 @@ fn check_after_burst(server: &Server, checkpoint_json: &Path) -> Result<String, 
 
 /// The names in the script's `TESTS = [...]` list, in order.
 fn script_tests() -> Vec<String> {
-    let script = std::fs::read_to_string(repo().join("tests/sdk/test_sdk.py")).unwrap();
-    let list = script
+    listed_tests("tests/sdk/test_sdk.py")
+}
+
+/// The names in `script`'s `TESTS = [...]` list, in order.
+fn listed_tests(script: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join(script)).unwrap();
+    let list = text
         .split_once("\nTESTS = [")
         .and_then(|(_, rest)| rest.split_once(']'))
-        .expect("a TESTS = [...] list in tests/sdk/test_sdk.py")
+        .unwrap_or_else(|| panic!("a TESTS = [...] list in {script}"))
         .0;
     list.split(',')
         .map(str::trim)
@@ -871,22 +876,73 @@ fn suite(part: &str, tests: &[&str]) {
     conclude(server, &dir, started, &failures);
 }
 
+/// The E2B script's tests on busybox sandboxes: commands, files,
+/// terminals, watchers, both doors, hosts by name, the async SDK, pause
+/// and snapshots with memory (about 70 s here).
+const E2B_FIRST_HALF: &[&str] = &[
+    "test_create_run_files_and_kill",
+    "test_pause_keeps_processes_and_connect_resumes",
+    "test_a_snapshot_resumes_its_processes_in_new_sandboxes",
+    "test_metrics_are_the_guests_own",
+    "test_a_terminal_takes_input_and_resizes",
+    "test_connect_follows_a_running_process_beside_its_starter",
+    "test_a_watcher_sees_changes_under_its_directory",
+    "test_stream_input_feeds_a_running_process_as_it_comes",
+    "test_one_sandbox_through_both_doors",
+    "test_sandbox_hosts_by_name_over_tls",
+    "test_the_async_sdk",
+];
+
+/// The rest: fork, and the code interpreter on its own image (about 55 s
+/// once the image is built).
+const E2B_SECOND_HALF: &[&str] = &[
+    "test_fork_children_resume_the_parent_each_on_its_own",
+    "test_code_interpreter_keeps_state_and_returns_rich_results",
+];
+
+#[test]
+fn the_two_halves_of_the_e2b_suite_are_the_whole_suite() {
+    let mut halves: Vec<String> = E2B_FIRST_HALF
+        .iter()
+        .chain(E2B_SECOND_HALF)
+        .map(|t| t.to_string())
+        .collect();
+    let mut listed = listed_tests("tests/e2b/test_e2b.py");
+    halves.sort();
+    listed.sort();
+    assert_eq!(halves, listed, "E2B_FIRST_HALF and E2B_SECOND_HALF");
+}
+
 /// Issue 20: the unmodified `e2b` SDK (tests/e2b/test_e2b.py) against
 /// `hearth up`'s E2B API: create, streamed commands, files, list, timeout,
-/// pause and resume with the processes running, kill; another workspace
-/// sees nothing.
+/// terminals, watchers, hosts by name, pause and resume with the processes
+/// running, snapshots; another workspace sees nothing. In two halves side
+/// by side, like LangSmith's suite.
 #[test]
-fn e2b_sdk_against_hearth_up() {
+fn e2b_sdk_against_hearth_up_commands_files_terminals_pause_and_snapshots() {
+    e2b_suite("e2b-a", E2B_FIRST_HALF);
+}
+
+/// The E2B suite's other half: fork, and the code interpreter.
+#[test]
+fn e2b_sdk_against_hearth_up_fork_and_the_code_interpreter() {
+    e2b_suite("e2b-b", E2B_SECOND_HALF);
+}
+
+/// Runs `tests` of the E2B script against a `hearth up` of their own.
+fn e2b_suite(part: &str, tests: &[&str]) {
     let started = Instant::now();
     let python = common::sdk_python();
-    let dir = data_dir("e2b");
+    let dir = data_dir(part);
     let server = Server::start(&dir, &[]);
-    // The code interpreter's image, built before any create waits for it.
-    hearth(&dir, &["image", "build", "--image", "code-interpreter"]);
+    if tests.contains(&"test_code_interpreter_keeps_state_and_returns_rich_results") {
+        // The code interpreter's image, built before any create waits for it.
+        hearth(&dir, &["image", "build", "--image", "code-interpreter"]);
+    }
     let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "e2b-other"]);
     let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
     let mut cmd = Command::new(&python);
-    cmd.arg(repo().join("tests/e2b/test_e2b.py"));
+    cmd.arg(repo().join("tests/e2b/test_e2b.py")).args(tests);
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
         if k.starts_with("E2B_") || k.starts_with("LANGSMITH_") || k.starts_with("LANGCHAIN_") {
