@@ -931,6 +931,7 @@ pub fn guest_images(dir: &Path) -> io::Result<GuestImages> {
     }
     Ok(GuestImages::Fixed(Arc::new(GuestArtifacts {
         kernel: KernelArtifact {
+            boot_image: kernel.clone(),
             vmlinuz: kernel,
             release: "fake".into(),
             package: "fake".into(),

@@ -348,7 +348,7 @@ impl Host {
             None => {
                 let accel = hearth_vmm::probe_accel(
                     &cfg.qemu_binary,
-                    &base.kernel.vmlinuz,
+                    &base.kernel.boot_image,
                     &base.initramfs.path,
                     &cfg.accel_cache,
                     hearth_vmm::accel::DEFAULT_PROBE_DEADLINE,
@@ -825,7 +825,7 @@ impl Host {
         }
         if self.cfg.jail.is_some() {
             self.take_jail_slot(vm)?;
-            for file in [&artifacts.kernel.vmlinuz, &artifacts.initramfs.path] {
+            for file in [&artifacts.kernel.boot_image, &artifacts.initramfs.path] {
                 world_readable(file).map_err(|source| HostError::Io {
                     id,
                     what: format!("make {} readable to jailed VMMs", file.display()),
@@ -921,7 +921,7 @@ impl Host {
             id: vm.id,
             cpu: rec.cpu,
             memory: rec.memory,
-            kernel: artifacts.kernel.vmlinuz.clone(),
+            kernel: artifacts.kernel.boot_image.clone(),
             initrd: artifacts.initramfs.path.clone(),
             cmdline: vec![format!("hearth.image={}", rec.image)],
             disks: vec![root],

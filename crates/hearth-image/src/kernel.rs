@@ -43,7 +43,7 @@ pub const MODULE_LOAD_ORDER: [&str; 10] = [
 const REQUIRED_MODULES: [&str; 2] = ["virtio_blk", "virtio_console"];
 
 /// Version of the kernel extraction recipe; bump to invalidate caches.
-const KERNEL_RECIPE: u32 = 3;
+const KERNEL_RECIPE: u32 = 4;
 
 /// One kernel module, ready to load.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,8 +59,12 @@ pub struct KernelModule {
 /// A cached kernel with its modules.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelArtifact {
-    /// The bzImage to boot.
+    /// The package's bzImage.
     pub vmlinuz: PathBuf,
+    /// What QEMU boots: the uncompressed kernel (`vmlinux-*`, entered
+    /// through PVH, no decompression at boot) when the bzImage's payload
+    /// could be unpacked, else the bzImage itself.
+    pub boot_image: PathBuf,
     /// The kernel release, e.g. `6.1.0-50-cloud-amd64`.
     pub release: String,
     /// The Debian package actually used (may differ from the configured one
@@ -89,6 +93,11 @@ struct KernelManifest {
     vmlinuz: String,
     vmlinuz_size: u64,
     vmlinuz_blake3: String,
+    /// The uncompressed kernel beside it, when it could be unpacked.
+    #[serde(default)]
+    vmlinux: Option<String>,
+    #[serde(default)]
+    vmlinux_size: u64,
     modules: Vec<ManifestModule>,
     builtin_modules: Vec<String>,
     built_at_unix: u64,
@@ -152,6 +161,16 @@ fn artifact_from_manifest(dir: &Path, m: &KernelManifest) -> Option<KernelArtifa
     if !cache::file_has_len(&vmlinuz, m.vmlinuz_size) {
         return None;
     }
+    let boot_image = match &m.vmlinux {
+        Some(name) => {
+            let path = dir.join(name);
+            if !cache::file_has_len(&path, m.vmlinux_size) {
+                return None;
+            }
+            path
+        }
+        None => vmlinuz.clone(),
+    };
     let modules_dir = dir.join("modules");
     let mut modules = Vec::with_capacity(m.modules.len());
     for module in &m.modules {
@@ -167,6 +186,7 @@ fn artifact_from_manifest(dir: &Path, m: &KernelManifest) -> Option<KernelArtifa
     }
     Some(KernelArtifact {
         vmlinuz,
+        boot_image,
         release: m.release.clone(),
         package: m.package.clone(),
         package_version: m.package_version.clone(),
@@ -232,6 +252,22 @@ fn build(
     let vmlinuz_name = format!("vmlinuz-{release}");
     let vmlinuz = out.join(&vmlinuz_name);
     copy(&vmlinuz_src, &vmlinuz)?;
+    let vmlinux_name = format!("vmlinux-{release}");
+    let bzimage = fs::read(&vmlinuz).map_err(|e| ImageError::io("read", &vmlinuz, e))?;
+    let vmlinux = match crate::vmlinux::extract(&bzimage) {
+        Ok(elf) => {
+            let path = out.join(&vmlinux_name);
+            fs::write(&path, &elf).map_err(|e| ImageError::io("write", &path, e))?;
+            Some((vmlinux_name, elf.len() as u64))
+        }
+        Err(reason) => {
+            p.warn(&format!(
+                "kernel {release}: guests boot the bzImage, which decompresses itself at every boot ({reason})"
+            ));
+            None
+        }
+    };
+    drop(bzimage);
 
     let mut modules = Vec::new();
     let mut builtin_modules = Vec::new();
@@ -280,6 +316,8 @@ fn build(
         vmlinuz_size: cache::file_len(&vmlinuz)?,
         vmlinuz_blake3: cache::hash_file(&vmlinuz)?,
         vmlinuz: vmlinuz_name,
+        vmlinux_size: vmlinux.as_ref().map_or(0, |(_, len)| *len),
+        vmlinux: vmlinux.map(|(name, _)| name),
         modules,
         builtin_modules,
         built_at_unix: cache::unix_now(),

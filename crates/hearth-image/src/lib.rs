@@ -48,6 +48,7 @@ pub mod mirror;
 pub mod oci;
 mod progress;
 mod rootfs;
+mod vmlinux;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

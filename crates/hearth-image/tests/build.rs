@@ -113,6 +113,12 @@ fn kernel_and_initramfs() {
 
     let (kernel, _) = timed("kernel build", || ensure_kernel(&cfg, &p).unwrap());
     assert!(fs::metadata(&kernel.vmlinuz).unwrap().len() > 1_000_000);
+    // Debian's LZ4 bzImage is unpacked once: guests boot the ELF inside
+    // (PVH) and never decompress it themselves.
+    assert_ne!(kernel.boot_image, kernel.vmlinuz);
+    let elf = fs::read(&kernel.boot_image).unwrap();
+    assert_eq!(&elf[..4], b"\x7fELF");
+    assert!(elf.len() > fs::metadata(&kernel.vmlinuz).unwrap().len() as usize);
     assert_eq!(kernel.release, "6.1.0-50-cloud-amd64");
     assert_eq!(kernel.package, cfg.kernel_package);
     assert!(!kernel.package_version.is_empty());
