@@ -876,6 +876,19 @@ impl Drop for Fleet {
         for h in &mut self.hosts {
             h.proc.reap(deadline);
         }
+        // A host killed by its test never removed its run directory on
+        // tmpfs (its VMs' memory files among it).
+        for h in &self.hosts {
+            let canonical = std::fs::canonicalize(&h.dir).unwrap_or_else(|_| h.dir.clone());
+            for dir in [&h.dir, &canonical] {
+                let run = hearth_host::HostConfig::new(dir).run_root;
+                if let Err(e) = std::fs::remove_dir_all(&run) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        eprintln!("cannot remove {}: {e}", run.display());
+                    }
+                }
+            }
+        }
         self.hosts.clear();
         for r in &self.replicas {
             r.proc.interrupt();

@@ -34,7 +34,39 @@ pub fn test_config() -> HostConfig {
     }
     let mut cfg = HostConfig::new(&data);
     cfg.accel_cache = shared.join("accel.json");
+    cfg.run_root = run_root(&cfg.run_root);
     cfg
+}
+
+/// `default` moved under one directory of this test process's own
+/// (`/dev/shm/hearth-test-<pid>/`), so that what a test leaves on tmpfs (a
+/// host dropped without `shutdown`, the memory file of a VM whose test
+/// failed) goes at the next run of the suite, once this process is gone.
+fn run_root(default: &std::path::Path) -> PathBuf {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(remove_dead_processes_runs);
+    let tag = default.file_name().expect("a run root has a name");
+    PathBuf::from(format!("/dev/shm/hearth-test-{}", std::process::id())).join(tag)
+}
+
+fn remove_dead_processes_runs() {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("hearth-test-") else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                eprintln!(
+                    "cannot remove {} (left by an earlier run): {e}",
+                    entry.path().display()
+                );
+            }
+        }
+    }
 }
 
 pub async fn host() -> Arc<Host> {
