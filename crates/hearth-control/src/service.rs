@@ -1417,7 +1417,32 @@ impl Control {
             let by_id: std::collections::HashMap<VmId, &hearth_hostapi::VmRecord> =
                 vms.iter().map(|v| (v.id, v)).collect();
             for row in &rows {
-                let vm = by_id.get(&vm_id(row.id)).copied();
+                let listed = by_id.get(&vm_id(row.id)).copied();
+                let running = matches!(
+                    listed.map(|v| v.state),
+                    Some(VmState::Ready | VmState::Paused)
+                );
+                // The rows were read after the VMs: a boot that ended in
+                // between shows a ready row beside its VM still booting
+                // (or not yet created). A ready sandbox whose VM looks
+                // stopped or gone is asked about again, after its row was
+                // read, before it is recorded stopped or failed.
+                let asked;
+                let vm = if row.status == SandboxStatus::Ready && !running {
+                    match host.get_vm(vm_id(row.id), row.generation).await {
+                        Ok(now) => {
+                            asked = now;
+                            Some(&asked)
+                        }
+                        Err(e) if e.is_not_found() => None,
+                        Err(e) => {
+                            tracing::debug!(sandbox = %row.id, error = %e, "cannot read the VM of a ready sandbox again; the next pass looks");
+                            continue;
+                        }
+                    }
+                } else {
+                    listed
+                };
                 let running = matches!(vm.map(|v| v.state), Some(VmState::Ready | VmState::Paused));
                 match row.status {
                     SandboxStatus::Ready if running => {

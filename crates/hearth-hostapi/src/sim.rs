@@ -90,6 +90,7 @@ struct Knobs {
     boot_time: Duration,
     unavailable: bool,
     disk_available: ByteSize,
+    list_delay: Duration,
 }
 
 impl Drop for SimHost {
@@ -117,6 +118,7 @@ impl SimHost {
                 boot_time: Duration::ZERO,
                 unavailable: false,
                 disk_available: ByteSize::gib(1024),
+                list_delay: Duration::ZERO,
             }),
             next_pid: AtomicU32::new(1000),
             gc_runs: AtomicU32::new(0),
@@ -146,6 +148,13 @@ impl SimHost {
     /// unreachable, fenced or draining host); the VMs are kept.
     pub fn set_unavailable(&self, unavailable: bool) {
         self.knobs().unavailable = unavailable;
+    }
+
+    /// A listing of the VMs is taken at once but answered this much later
+    /// (a loaded host, a slow network): its states are that old when the
+    /// caller reads them.
+    pub fn set_list_delay(&self, delay: Duration) {
+        self.knobs().list_delay = delay;
     }
 
     /// The free disk [`HostApi::status`] reports.
@@ -473,6 +482,10 @@ impl HostApi for SimHost {
         self.enter().await?;
         let mut all: Vec<VmRecord> = self.state().vms.values().cloned().collect();
         all.sort_by_key(|r| (r.created_at_ms, r.id));
+        let delay = self.knobs().list_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         Ok(all)
     }
 

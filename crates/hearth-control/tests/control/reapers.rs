@@ -462,3 +462,87 @@ async fn a_boot_whose_replica_died_is_failed_after_orphan_after() {
     assert_eq!(got(1).await.status, SandboxStatus::Provisioning);
     assert_eq!(got(2).await.status, SandboxStatus::Provisioning);
 }
+
+/// Reconciliation lists a host's VMs before it reads their rows, so a boot
+/// that ends in between shows a `ready` row beside its VM still booting,
+/// or beside no VM at all when the VM was created after the listing. Such
+/// a sandbox is not failed: its VM is asked about again after the row was
+/// read (a `ready` sandbox whose VM was listed booting was once recorded
+/// `failed` while it ran, after a `hearth up` restart and a start). A
+/// sandbox whose VM really died is still failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_that_ends_while_its_host_is_listed_is_not_failed() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let sim = Arc::new(SimHost::new());
+    let host = HostId::new();
+    let hosts = vec![LocalHost {
+        id: host,
+        host: sim.clone(),
+        capacity_cpu: MilliCpu::vcpus(64),
+        capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
+    }];
+    let control = Control::open(db.clone(), ControlConfig::default(), hosts)
+        .await
+        .unwrap();
+    let ws = workspace(&db).await;
+    let crashed = sandbox(&db, &sim, row(ws, host, "crashed", SandboxStatus::Ready)).await;
+    assert!(sim.crash(vm(crashed.id), "test"));
+    let booting = row(ws, host, "booting", SandboxStatus::Provisioning);
+    let created = row(ws, host, "created", SandboxStatus::Provisioning);
+    for r in [&booting, &created] {
+        db.insert_sandbox(r).await.unwrap();
+    }
+    // A boot of 300 ms begins before the listing (taken at once, answered
+    // 600 ms later); the other VM is created just after it.
+    sim.set_boot_time(Duration::from_millis(300));
+    sim.set_list_delay(Duration::from_millis(600));
+    let boot = |r: &SandboxRow| {
+        let (db, sim, r) = (db.clone(), sim.clone(), r.clone());
+        async move {
+            sim.create_vm(CreateVm {
+                id: Some(vm(r.id)),
+                fence: r.generation,
+                memory: r.mem,
+                ..CreateVm::default()
+            })
+            .await
+            .unwrap();
+            // What the replica driving the boot records.
+            let done = hearth_db::StatusExtra {
+                expect_generation: Some(r.generation),
+                expect_status: vec![SandboxStatus::Provisioning],
+                ..Default::default()
+            };
+            db.set_status(r.id, SandboxStatus::Ready, None, done)
+                .await
+                .unwrap();
+        }
+    };
+    let first = tokio::spawn(boot(&booting));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let listing = tokio::spawn({
+        let control = control.clone();
+        async move { control.reconcile(false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = tokio::spawn(boot(&created));
+    for task in [first, second, listing] {
+        task.await.unwrap();
+    }
+    sim.set_list_delay(Duration::ZERO);
+    for r in [&booting, &created] {
+        let now = db.get_sandbox_by_id(r.id).await.unwrap();
+        assert_eq!(
+            (now.status, now.status_message.as_deref()),
+            (SandboxStatus::Ready, None),
+            "{}",
+            r.name
+        );
+        assert_eq!(sim.vm(vm(r.id)).unwrap().state, VmState::Ready);
+    }
+    let now = db.get_sandbox_by_id(crashed.id).await.unwrap();
+    assert_eq!(now.status, SandboxStatus::Failed, "{now:?}");
+    db.close().await;
+}
