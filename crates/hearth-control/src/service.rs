@@ -1599,10 +1599,22 @@ impl Control {
                 .iter()
                 .filter(|m| after_restart || m.status == hearth_db::MemberStatus::Ready)
             {
-                let vm = by_id.get(&vm_id(m.id)).copied();
-                if !vm.is_some_and(|v| v.pooled && v.state == VmState::Paused) {
-                    self.remove_member(m, "its VM is no longer a paused member")
-                        .await;
+                let member = |v: &hearth_hostapi::VmRecord| v.pooled && v.state == VmState::Paused;
+                if by_id.get(&vm_id(m.id)).is_some_and(|v| member(v)) {
+                    continue;
+                }
+                // Listed before the member's row was read: a member that
+                // finished warming in between is asked about again.
+                match host.get_vm(vm_id(m.id), m.generation).await {
+                    Ok(v) if member(&v) => {}
+                    Ok(_) => {
+                        self.remove_member(m, "its VM is no longer a paused member")
+                            .await
+                    }
+                    Err(e) if e.is_not_found() => self.remove_member(m, "its VM is gone").await,
+                    Err(e) => {
+                        tracing::debug!(member = %m.id, error = %e, "cannot read a pool member's VM again; the next pass looks");
+                    }
                 }
             }
             let members: std::collections::HashSet<VmId> =
@@ -1613,17 +1625,28 @@ impl Control {
                 if known || members.contains(&rec.id) {
                     continue;
                 }
-                let elsewhere = self
+                let sandbox = self
                     .db
                     .get_sandbox_by_id(hearth_types::SandboxId::from_uuid(rec.id.as_uuid()))
-                    .await
-                    .is_ok();
-                let done = if elsewhere {
-                    tracing::info!(vm = %rec.id, "forgetting a vm whose sandbox moved to another host");
-                    host.forget_vm(rec.id, rec.fence).await
-                } else {
-                    tracing::info!(vm = %rec.id, "removing a vm with no sandbox");
-                    host.delete_vm(rec.id, rec.fence).await
+                    .await;
+                let done = match sandbox {
+                    // Placed here since the rows were read (a pool member
+                    // claimed meanwhile): the next pass sees it.
+                    Ok(s) if s.host_id == Some(*host_id) => continue,
+                    Ok(_) => {
+                        tracing::info!(vm = %rec.id, "forgetting a vm whose sandbox moved to another host");
+                        host.forget_vm(rec.id, rec.fence).await
+                    }
+                    Err(hearth_db::DbError::NotFound { .. }) => {
+                        tracing::info!(vm = %rec.id, "removing a vm with no sandbox");
+                        host.delete_vm(rec.id, rec.fence).await
+                    }
+                    // Never removed on a database error: it may be a live
+                    // sandbox's.
+                    Err(e) => {
+                        tracing::warn!(vm = %rec.id, error = %e, "cannot tell whether a vm unknown here has a sandbox; the next pass looks");
+                        continue;
+                    }
                 };
                 if let Err(e) = done {
                     tracing::warn!(vm = %rec.id, error = %e, "cannot clean up a vm with no sandbox here");

@@ -445,3 +445,35 @@ async fn a_shrinking_pool_never_removes_a_claimed_member() {
     }
     s.stop().await;
 }
+
+/// A member that finishes warming while its host is being listed is kept:
+/// the listing (taken before the members' rows are read) shows its VM
+/// still booting beside a `ready` row, and the member is asked about again
+/// instead of removed as dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_warms_while_its_host_is_listed_is_kept() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let body = json!({"name": "py", "snapshot": "busybox", "size": 1, "mem_bytes": 2u64 << 30});
+    let r = s.json("POST", POOLS, Some(&key), &body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    sim.set_boot_time(Duration::from_millis(300));
+    sim.set_list_delay(Duration::from_millis(600));
+    // The member begins warming; the listing is taken while it boots and
+    // answered after it is ready.
+    s.control.tend_pools_now().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let members = s.control.db.list_members().await.unwrap();
+    assert_eq!(members.len(), 1);
+    let member = hearth_types::VmId::from(*members[0].id.as_uuid());
+    assert_eq!(sim.vm(member).map(|v| v.state), Some(VmState::Provisioning));
+    s.control.reconcile(false).await;
+    sim.set_list_delay(Duration::ZERO);
+    let p = until_ready(&s, "py", 1).await;
+    assert_eq!(
+        sim.vm(member).map(|v| v.state),
+        Some(VmState::Paused),
+        "the member warmed during the listing is still there: {p}"
+    );
+    s.stop().await;
+}
