@@ -5,8 +5,9 @@
 //! per run) and watched from outside: the control plane's database (leases,
 //! placement, generations, the usage counters), `/metrics`, and `/proc`
 //! (which QEMU runs under which host agent). The fixture is
-//! `common/fleet.rs`; each test builds its own fleet, and they run one at a
-//! time (two cores, guests under TCG).
+//! `common/fleet.rs`; each test builds its own fleet, and two run at a time
+//! (two cores, guests under TCG; each fleet's namespaces and subnets are
+//! its own).
 //!
 //! - **Three replicas** (the hosts are given every replica's URL and hold
 //!   their leases through replica 1 first), two places per host: 30 SDK
@@ -51,7 +52,7 @@ mod common;
 mod fleet;
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use fleet::{poll, Created, Fleet, Shape, FAILOVER_GRACE, LEASE_TTL};
@@ -64,10 +65,33 @@ use serde_json::{json, Value};
 /// elsewhere (under TCG, next to other boots).
 const REBOOT_LIMIT: Duration = Duration::from_secs(240);
 
-/// One fleet at a time: each is four processes and several guests.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static FLEETS: Mutex<()> = Mutex::new(());
-    FLEETS.lock().unwrap_or_else(|e| e.into_inner())
+/// Fleets at once: each is four processes and several guests. One left a
+/// third of the two cores idle (its tests wait on leases, failover and
+/// boots); two fill them.
+const FLEETS_AT_ONCE: usize = 2;
+
+/// A place among the [`FLEETS_AT_ONCE`] fleets that may run, held until
+/// dropped.
+struct Turn;
+
+static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+fn a_turn() -> Turn {
+    let (count, freed) = &RUNNING;
+    let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+    while *n >= FLEETS_AT_ONCE {
+        n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
+    }
+    *n += 1;
+    Turn
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let (count, freed) = &RUNNING;
+        *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        freed.notify_one();
+    }
 }
 
 fn names(tag: &str, n: usize) -> Vec<String> {
@@ -113,7 +137,7 @@ const BURST_HOST_VCPUS: u32 = 2;
 #[test]
 fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_survive_a_replica_kill_9_and_each_host_serves_exec_files_and_tunnels(
 ) {
-    let _one = one_at_a_time();
+    let _turn = a_turn();
     let Some(mut fleet) = Fleet::start_with(
         "replicas",
         Shape {
@@ -412,7 +436,7 @@ fn sdk_bursts_through_three_replicas_fill_the_hosts_within_capacity_and_quota_su
 
 #[test]
 fn kill_9_of_a_host_keeps_creates_working_and_its_sandboxes_return_elsewhere_with_their_disks() {
-    let _one = one_at_a_time();
+    let _turn = a_turn();
     let Some(mut fleet) = Fleet::start("kill", 3) else {
         return;
     };
@@ -577,7 +601,7 @@ fn kill_9_of_a_host_keeps_creates_working_and_its_sandboxes_return_elsewhere_wit
 #[test]
 fn a_partitioned_host_fences_itself_before_its_lease_expires_and_refuses_stale_commands_after_rejoining(
 ) {
-    let _one = one_at_a_time();
+    let _turn = a_turn();
     let Some(mut fleet) = Fleet::start("part", 3) else {
         return;
     };
@@ -879,7 +903,7 @@ fn a_partitioned_host_fences_itself_before_its_lease_expires_and_refuses_stale_c
 
 #[test]
 fn a_drained_host_takes_no_more_sandboxes_and_its_sandboxes_resume_or_restart_elsewhere() {
-    let _one = one_at_a_time();
+    let _turn = a_turn();
     let Some(fleet) = Fleet::start("drain", 3) else {
         return;
     };

@@ -195,8 +195,7 @@ impl Fleet {
         // leaves nothing running.
         let nets: Vec<Netns> = net::free_octets(shape.hosts)
             .into_iter()
-            .enumerate()
-            .map(|(i, o)| Netns::create(i + 1, o))
+            .map(Netns::create)
             .collect();
 
         // All at once, as a Deployment starts them: one migrates the

@@ -2,10 +2,19 @@
 //! joined to the root namespace by a veth pair, and one-shot HTTP/1.1
 //! requests (to the control plane's `/metrics` and the hosts' private API).
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// Subnets this process has taken (two fleets may start at once: the
+/// second must not pick what the first picked before creating it).
+static TAKEN: Mutex<BTreeSet<u8>> = Mutex::new(BTreeSet::new());
+/// Namespace and veth names are `hf<pid>x<n>`, `n` unique in the process.
+static NEXT_INDEX: AtomicUsize = AtomicUsize::new(1);
 
 fn sh(cmd: &str) {
     let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
@@ -24,12 +33,18 @@ pub struct Netns {
     pub veth: String,
     pub root_ip: String,
     pub ip: String,
+    /// The third octet of its subnet, `10.97.N.0/24`, taken by this process
+    /// until the namespace is dropped.
+    octet: u8,
 }
 
 impl Netns {
-    pub fn create(index: usize, octet: u8) -> Self {
+    /// A namespace on `octet`'s subnet (from [`free_octets`]).
+    pub fn create(octet: u8) -> Self {
         let pid = std::process::id();
+        let index = NEXT_INDEX.fetch_add(1, Ordering::Relaxed);
         let net = Self {
+            octet,
             name: format!("hf{pid}x{index}"),
             veth: format!("hf{pid}v{index}"),
             root_ip: format!("10.97.{octet}.1"),
@@ -71,21 +86,29 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .stderr(Stdio::null())
             .status();
+        TAKEN
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.octet);
     }
 }
 
-/// Third octets `10.97.N.0/24` that no address or route here uses yet.
+/// Third octets `10.97.N.0/24` that no address or route here uses yet,
+/// nor another fleet of this process has taken; taken until each
+/// [`Netns`] made on one is dropped.
 pub fn free_octets(n: usize) -> Vec<u8> {
+    let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
     let text = |args: &[&str]| {
         let out = Command::new("ip").args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let used = text(&["-o", "-4", "addr", "show"]) + &text(&["-4", "route", "show"]);
     let free: Vec<u8> = (1..=254u8)
-        .filter(|o| !used.contains(&format!("10.97.{o}.")))
+        .filter(|o| !taken.contains(o) && !used.contains(&format!("10.97.{o}.")))
         .take(n)
         .collect();
     assert_eq!(free.len(), n, "no free 10.97.N.0/24 subnets:\n{used}");
+    taken.extend(&free);
     free
 }
 
