@@ -6,13 +6,13 @@
 //! the host agent does, and delete them afterwards. They need root; without
 //! it (or without QEMU) they skip like every other VM test.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{fixture, initramfs, skip_missing, small_spec, wait_for_text, Fixture, TestDirs};
+use crate::common::{
+    fixture, initramfs, skip_missing, small_spec, wait_for_text, Fixture, TestDirs,
+};
 use hearth_types::VmId;
 use hearth_types::{ByteSize, MilliCpu};
 use hearth_vmm::{
@@ -108,7 +108,7 @@ impl Drop for NetNs {
 fn kernel_module(fx: &Fixture, rel: &str) -> PathBuf {
     fx.kernel_root
         .join("lib/modules")
-        .join(common::KERNEL_RELEASE)
+        .join(crate::common::KERNEL_RELEASE)
         .join("kernel")
         .join(rel)
 }

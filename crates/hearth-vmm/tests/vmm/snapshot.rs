@@ -8,13 +8,11 @@
 //! (`COUNT <pid> <n>` on the console every 0.2 s, also written to the first
 //! disk when there is one) and checks the fill's md5 every 3 s (`MD5 …`).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{fixture, initramfs, module, skip_missing, small_spec, Fixture, TestDirs};
+use crate::common::{fixture, initramfs, module, skip_missing, small_spec, Fixture, TestDirs};
 use hearth_types::{ByteSize, VmId};
 use hearth_vmm::{
     Accel, DiskSpec, Qemu, QemuConfig, QemuInstance, RestoreFrom, VmInstance, VmSpec, Vmm, VmmError,

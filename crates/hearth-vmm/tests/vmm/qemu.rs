@@ -4,13 +4,11 @@
 //! Every VM is killed by PID through its handle; a VM a failed test leaves
 //! behind dies with the test thread (PR_SET_PDEATHSIG).
 
-mod common;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     fixture, initramfs, module, skip_missing, small_spec, wait_for_text, Fixture, TestDirs,
 };
 use hearth_types::VmId;
