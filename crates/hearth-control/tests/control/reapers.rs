@@ -94,6 +94,12 @@ async fn workspace(db: &hearth_db::Db) -> WorkspaceId {
 /// A sandbox row and, when it runs, its VM on the host.
 async fn sandbox(db: &hearth_db::Db, sim: &SimHost, r: SandboxRow) -> SandboxRow {
     db.insert_sandbox(&r).await.unwrap();
+    boot_vm(sim, &r).await;
+    r
+}
+
+/// The sandbox's VM, created on the host at its generation and booted.
+async fn boot_vm(sim: &SimHost, r: &SandboxRow) {
     sim.create_vm(CreateVm {
         id: Some(vm(r.id)),
         fence: r.generation,
@@ -102,7 +108,6 @@ async fn sandbox(db: &hearth_db::Db, sim: &SimHost, r: SandboxRow) -> SandboxRow
     })
     .await
     .unwrap();
-    r
 }
 
 async fn replicas_share_the_fleet_duties(url: hearth_db::testing::TestUrl) {
@@ -501,14 +506,7 @@ async fn a_boot_that_ends_while_its_host_is_listed_is_not_failed() {
     let boot = |r: &SandboxRow| {
         let (db, sim, r) = (db.clone(), sim.clone(), r.clone());
         async move {
-            sim.create_vm(CreateVm {
-                id: Some(vm(r.id)),
-                fence: r.generation,
-                memory: r.mem,
-                ..CreateVm::default()
-            })
-            .await
-            .unwrap();
+            boot_vm(&sim, &r).await;
             // What the replica driving the boot records.
             let done = hearth_db::StatusExtra {
                 expect_generation: Some(r.generation),
