@@ -2046,7 +2046,17 @@ mod tests {
         assert!(lock_jail_uid(&dir, 1_600_000_000).unwrap().is_none());
         assert!(lock_jail_uid(&dir, 1_600_000_001).unwrap().is_some());
         drop(first);
-        assert!(lock_jail_uid(&dir, 1_600_000_000).unwrap().is_some());
+        // Free again, though not always at once: a process another test
+        // forks meanwhile holds a copy of the descriptor (and so the lock)
+        // until it execs, which closes it (`O_CLOEXEC`). Once failed in CI.
+        let t = std::time::Instant::now();
+        while lock_jail_uid(&dir, 1_600_000_000).unwrap().is_none() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(5),
+                "the uid's lock outlived its holder"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
