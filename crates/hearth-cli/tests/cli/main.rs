@@ -8,9 +8,9 @@
 //! `scripts/test-fast` runs it with `--skip vm::`.
 //!
 //! `fleet.rs` and `network.rs` stay binaries of their own: each builds
-//! network namespaces, veths and nftables rules of its own under fixed
-//! names and runs several `hearth` processes with guests, one test at a
-//! time.
+//! network namespaces, veths and nftables rules of its own and runs
+//! several `hearth` processes with guests, a few tests at a time (two
+//! fleets; the network suite's two halves).
 
 #[path = "../common/mod.rs"]
 mod common;
