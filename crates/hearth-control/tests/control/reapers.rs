@@ -52,6 +52,24 @@ fn row(ws: WorkspaceId, host: HostId, name: &str, status: SandboxStatus) -> Sand
     }
 }
 
+/// A replica over `db` whose one host is `sim` (64 vCPUs, 256 GiB) as
+/// `host`; replicas opened on the same `sim` and `host` share it.
+async fn replica(
+    db: &hearth_db::Db,
+    cfg: &ControlConfig,
+    sim: &Arc<SimHost>,
+    host: HostId,
+) -> Arc<Control> {
+    let hosts = vec![LocalHost {
+        id: host,
+        host: sim.clone(),
+        capacity_cpu: MilliCpu::vcpus(64),
+        capacity_mem: ByteSize::gib(256),
+        store_url: String::new(),
+    }];
+    Control::open(db.clone(), cfg.clone(), hosts).await.unwrap()
+}
+
 /// Two replicas over `db` and one simulated host both can command.
 async fn two_replicas(db: &hearth_db::Db) -> (Arc<Control>, Arc<Control>, Arc<SimHost>, HostId) {
     let sim = Arc::new(SimHost::new());
@@ -63,19 +81,8 @@ async fn two_replicas(db: &hearth_db::Db) -> (Arc<Control>, Arc<Control>, Arc<Si
         lease: Duration::from_secs(24 * 3600),
         ..ControlConfig::default()
     };
-    let mut replicas = Vec::new();
-    for _ in 0..2 {
-        let hosts = vec![LocalHost {
-            id: host,
-            host: sim.clone(),
-            capacity_cpu: MilliCpu::vcpus(64),
-            capacity_mem: ByteSize::gib(256),
-            store_url: String::new(),
-        }];
-        replicas.push(Control::open(db.clone(), cfg.clone(), hosts).await.unwrap());
-    }
-    let b = replicas.pop().unwrap();
-    let a = replicas.pop().unwrap();
+    let a = replica(db, &cfg, &sim, host).await;
+    let b = replica(db, &cfg, &sim, host).await;
     (a, b, sim, host)
 }
 
@@ -268,17 +275,8 @@ async fn store_gc_runs_once_per_interval_across_replicas() {
         gc_interval: Some(interval),
         ..ControlConfig::default()
     };
-    let open = || async {
-        let hosts = vec![LocalHost {
-            id: host,
-            host: sim.clone(),
-            capacity_cpu: MilliCpu::vcpus(64),
-            capacity_mem: ByteSize::gib(256),
-            store_url: String::new(),
-        }];
-        Control::open(db.clone(), cfg.clone(), hosts).await.unwrap()
-    };
-    let (a, b) = (open().await, open().await);
+    let a = replica(&db, &cfg, &sim, host).await;
+    let b = replica(&db, &cfg, &sim, host).await;
     let runs = |want: u32| {
         let sim = sim.clone();
         async move {
@@ -299,7 +297,7 @@ async fn store_gc_runs_once_per_interval_across_replicas() {
     b.reap_at(t0.plus(Duration::from_secs(10))).await;
     a.reap_at(t0.plus(Duration::from_secs(20))).await;
     // A replica restarted within the interval does not run it again.
-    let c = open().await;
+    let c = replica(&db, &cfg, &sim, host).await;
     c.reap_at(t0.plus(Duration::from_secs(30))).await;
     assert_eq!(runs(2).await, 1, "one run per interval");
     b.reap_at(t0.plus(interval + Duration::from_secs(1))).await;
@@ -371,14 +369,7 @@ async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
         orphan_after: Duration::ZERO,
         ..ControlConfig::default()
     };
-    let hosts = vec![LocalHost {
-        id: host,
-        host: sim.clone(),
-        capacity_cpu: MilliCpu::vcpus(64),
-        capacity_mem: ByteSize::gib(256),
-        store_url: String::new(),
-    }];
-    let control = Control::open(db.clone(), cfg, hosts).await.unwrap();
+    let control = replica(&db, &cfg, &sim, host).await;
     let ws = workspace(&db).await;
     let booted = sandbox(
         &db,
@@ -481,16 +472,7 @@ async fn a_boot_that_ends_while_its_host_is_listed_is_not_failed() {
     let db = Db::connect(&url.url).await.unwrap();
     let sim = Arc::new(SimHost::new());
     let host = HostId::new();
-    let hosts = vec![LocalHost {
-        id: host,
-        host: sim.clone(),
-        capacity_cpu: MilliCpu::vcpus(64),
-        capacity_mem: ByteSize::gib(256),
-        store_url: String::new(),
-    }];
-    let control = Control::open(db.clone(), ControlConfig::default(), hosts)
-        .await
-        .unwrap();
+    let control = replica(&db, &ControlConfig::default(), &sim, host).await;
     let ws = workspace(&db).await;
     let crashed = sandbox(&db, &sim, row(ws, host, "crashed", SandboxStatus::Ready)).await;
     assert!(sim.crash(vm(crashed.id), "test"));
