@@ -1429,17 +1429,12 @@ impl Control {
                 // read, before it is recorded stopped or failed.
                 let asked;
                 let vm = if row.status == SandboxStatus::Ready && !running {
-                    match host.get_vm(vm_id(row.id), row.generation).await {
-                        Ok(now) => {
-                            asked = now;
-                            Some(&asked)
-                        }
-                        Err(e) if e.is_not_found() => None,
-                        Err(e) => {
-                            tracing::debug!(sandbox = %row.id, error = %e, "cannot read the VM of a ready sandbox again; the next pass looks");
-                            continue;
-                        }
-                    }
+                    let Some(now) = ask_again(host.as_ref(), vm_id(row.id), row.generation).await
+                    else {
+                        continue;
+                    };
+                    asked = now;
+                    asked.as_ref()
                 } else {
                     listed
                 };
@@ -1605,16 +1600,14 @@ impl Control {
                 }
                 // Listed before the member's row was read: a member that
                 // finished warming in between is asked about again.
-                match host.get_vm(vm_id(m.id), m.generation).await {
-                    Ok(v) if member(&v) => {}
-                    Ok(_) => {
+                match ask_again(host.as_ref(), vm_id(m.id), m.generation).await {
+                    Some(Some(v)) if member(&v) => {}
+                    Some(Some(_)) => {
                         self.remove_member(m, "its VM is no longer a paused member")
                             .await
                     }
-                    Err(e) if e.is_not_found() => self.remove_member(m, "its VM is gone").await,
-                    Err(e) => {
-                        tracing::debug!(member = %m.id, error = %e, "cannot read a pool member's VM again; the next pass looks");
-                    }
+                    Some(None) => self.remove_member(m, "its VM is gone").await,
+                    None => {}
                 }
             }
             let members: std::collections::HashSet<VmId> =
@@ -1652,6 +1645,24 @@ impl Control {
                     tracing::warn!(vm = %rec.id, error = %e, "cannot clean up a vm with no sandbox here");
                 }
             }
+        }
+    }
+}
+
+/// A VM's record read again during reconcile (its listing is older than
+/// the rows read after it): `Some(None)` when the host has no such VM,
+/// `None` when the host could not say (logged; the next pass looks).
+async fn ask_again(
+    host: &dyn HostApi,
+    id: VmId,
+    fence: u64,
+) -> Option<Option<hearth_hostapi::VmRecord>> {
+    match host.get_vm(id, fence).await {
+        Ok(now) => Some(Some(now)),
+        Err(e) if e.is_not_found() => Some(None),
+        Err(e) => {
+            tracing::debug!(vm = %id, error = %e, "cannot read a VM again; the next pass looks");
+            None
         }
     }
 }
