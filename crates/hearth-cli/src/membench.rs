@@ -30,12 +30,6 @@ fn rss_bytes(pid: u32) -> u64 {
         * 1024
 }
 
-/// Bytes of the memory file the host really holds.
-fn file_bytes(path: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
-}
-
 fn mib(b: u64) -> String {
     format!("{} MiB", b >> 20)
 }
@@ -82,9 +76,9 @@ pub async fn memory(data_dir: PathBuf, memory: ByteSize) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))?;
         let g = vm.guest().context("guest")?;
         let pid = vm.record().pid.context("pid")?;
-        let mem_file = vm.run_dir.join("guest.mem");
+        // Guest RAM is the VMM's anonymous memory: its RSS is the cost.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let idle = (rss_bytes(pid), file_bytes(&mem_file));
+        let idle = rss_bytes(pid);
         let out = g
             .run(sh(&format!(
                 "mkdir -p /mnt/t && mount -t tmpfs -o size={}m t /mnt/t && \
@@ -94,11 +88,11 @@ pub async fn memory(data_dir: PathBuf, memory: ByteSize) -> anyhow::Result<()> {
             )))
             .await?;
         anyhow::ensure!(out.stdout == b"ok\n", "touch failed: {out:?}");
-        let touched = (rss_bytes(pid), file_bytes(&mem_file));
+        let touched = rss_bytes(pid);
         g.run(sh("rm /mnt/t/f && umount /mnt/t")).await?;
         let freed_at = Instant::now();
         // Sample until the footprint stops moving (or 60 s pass).
-        let mut last = (touched.0, Instant::now());
+        let mut last = (touched, Instant::now());
         let mut settled = None;
         while freed_at.elapsed() < Duration::from_secs(60) {
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -110,16 +104,13 @@ pub async fn memory(data_dir: PathBuf, memory: ByteSize) -> anyhow::Result<()> {
                 break;
             }
         }
-        let after = (rss_bytes(pid), file_bytes(&mem_file));
+        let after = rss_bytes(pid);
         println!(
-            "{name:>7} free page reporting: idle {} RSS ({} file) | touched {} RSS ({} file) | \
-             after freeing {} RSS ({} file), settled {}",
-            mib(idle.0),
-            mib(idle.1),
-            mib(touched.0),
-            mib(touched.1),
-            mib(after.0),
-            mib(after.1),
+            "{name:>7} free page reporting: idle {} RSS | touched {} RSS | \
+             after freeing {} RSS, settled {}",
+            mib(idle),
+            mib(touched),
+            mib(after),
             settled.map_or("not within 60 s".into(), |d| format!(
                 "{:.1} s after the free",
                 d.as_secs_f64()

@@ -39,7 +39,9 @@ use hearth_guest_proto::{
 };
 use hearth_image::{GuestArtifacts, ImageName, InitramfsArtifact, KernelArtifact, RootfsArtifact};
 use hearth_types::{ByteSize, VmId};
-use hearth_vmm::{Accel, ExitInfo, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError};
+use hearth_vmm::{
+    Accel, ExitInfo, LiveSaved, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError,
+};
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
@@ -378,15 +380,30 @@ impl Vmm for FakeVmm {
                 spec.memory.bytes()
             )));
         }
-        if !from.private && from.memory != spec.mem_path {
+        let Some(memory) = &from.memory else {
+            // The state holds the RAM (a live save): a fresh memory file.
+            if from.private {
+                return Err(invalid("a private restore needs a memory file".into()));
+            }
+            let vm = self.start(spec, true).await?;
+            write_memory(&spec.mem_path, saved.fake_vm, spec.memory).map_err(|source| {
+                VmmError::RunDir {
+                    vm: spec.id,
+                    path: spec.mem_path.clone(),
+                    source,
+                }
+            })?;
+            return Ok(vm);
+        };
+        if !from.private && *memory != spec.mem_path {
             return Err(invalid(
                 "a restore that takes the memory over must name the spec's memory file".into(),
             ));
         }
-        let len = std::fs::metadata(&from.memory)
+        let len = std::fs::metadata(memory)
             .map_err(|source| VmmError::RunDir {
                 vm: spec.id,
-                path: from.memory.clone(),
+                path: memory.clone(),
                 source,
             })?
             .len();
@@ -397,7 +414,7 @@ impl Vmm for FakeVmm {
             )));
         }
         let mut vm = self.start(spec, true).await?;
-        vm.mem_path = from.memory.clone();
+        vm.mem_path = memory.clone();
         Ok(vm)
     }
 
@@ -620,7 +637,7 @@ impl VmInstance for FakeInstance {
     }
 
     async fn save(&self, state_path: &Path) -> Result<SavedState, VmmError> {
-        let saved = self.save_frozen(state_path).await?;
+        let saved = self.freeze_saving(state_path).await?;
         self.m.end(ExitInfo {
             code: Some(0),
             signal: None,
@@ -628,7 +645,20 @@ impl VmInstance for FakeInstance {
         Ok(saved)
     }
 
-    async fn save_frozen(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+    async fn save_live(&self, state_path: &Path) -> Result<LiveSaved, VmmError> {
+        let saved = self.freeze_saving(state_path).await?;
+        Ok(LiveSaved {
+            state: saved.state,
+            state_size: saved.state_size,
+            frozen: Duration::ZERO,
+        })
+    }
+}
+
+impl FakeInstance {
+    /// Writes the state a restore checks and freezes the VM, as QEMU after
+    /// a migration: the guest answers nothing until it is resumed.
+    async fn freeze_saving(&self, state_path: &Path) -> Result<SavedState, VmmError> {
         self.alive("save")?;
         let fail = self.m.vmm.upgrade().is_some_and(|v| v.state().fail_saves);
         if fail {
@@ -660,14 +690,12 @@ impl VmInstance for FakeInstance {
         Ok(SavedState {
             state: state_path.to_owned(),
             state_size: ByteSize(state.len() as u64),
-            memory: self.mem_path.clone(),
+            memory: Some(self.mem_path.clone()),
             memory_size: self.memory,
             memory_allocated: ByteSize(allocated.min(self.memory.bytes())),
         })
     }
-}
 
-impl FakeInstance {
     fn alive(&self, op: &'static str) -> Result<(), VmmError> {
         match *self.m.exit.borrow() {
             None => Ok(()),

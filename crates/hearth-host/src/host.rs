@@ -927,6 +927,8 @@ impl Host {
             disks: vec![root],
             run_dir: vm.run_dir.clone(),
             mem_path: vm.run_dir.join("guest.mem"),
+            // Anonymous: captures save while the guest runs.
+            memory_file: false,
             raw_ports: self.cfg.raw_ports.clone(),
             free_page_reporting: self.cfg.free_page_reporting,
             net: vm
@@ -1170,11 +1172,14 @@ impl Host {
         } else {
             vm.dir.join("saved")
         };
-        let (memory, state) = crate::memory::fetch(store, volumes, &dir).await?;
-        copy_memory(vm.id, &memory, &spec.mem_path, "copy saved memory to tmpfs").await?;
+        let fetched = crate::memory::fetch(store, volumes, &dir).await?;
+        // A live save's RAM is in its state: QEMU loads it into a new file.
+        if let Some(memory) = &fetched.memory {
+            copy_memory(vm.id, memory, &spec.mem_path, "copy saved memory to tmpfs").await?;
+        }
         let from = hearth_vmm::RestoreFrom {
-            state,
-            memory: spec.mem_path.clone(),
+            state: fetched.state,
+            memory: fetched.memory.map(|_| spec.mem_path.clone()),
             private: false,
         };
         Ok(self.vmm.restore(spec, &from).await?)
@@ -1245,14 +1250,30 @@ impl Host {
             what: "create the saved-memory dir".into(),
             source,
         })?;
+        // Which files the directory holds says which kind of save it is.
+        let live = crate::memory::live_path(dir);
+        match std::fs::remove_file(&live) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(HostError::Io {
+                    id,
+                    what: "remove an earlier saved memory".into(),
+                    source: e,
+                })
+            }
+            _ => {}
+        }
         let saved = inst.save(&dir.join("state")).await?;
-        copy_memory(
-            id,
-            &saved.memory,
-            &dir.join("memory"),
-            "keep the saved memory",
-        )
-        .await?;
+        match &saved.memory {
+            Some(memory) => {
+                copy_memory(id, memory, &dir.join("memory"), "keep the saved memory").await?;
+            }
+            // The RAM is in the state (it was in no file of the VM's own).
+            None => std::fs::rename(&saved.state, &live).map_err(|source| HostError::Io {
+                id,
+                what: "keep the saved memory".into(),
+                source,
+            })?,
+        };
         // The VMM is gone: commit the disk the memory belongs with, and
         // free the tmpfs copy.
         self.after_exit(vm).await?;
@@ -1263,15 +1284,24 @@ impl Host {
         let scope = format!("vm-{id}-mem")
             .parse()
             .map_err(|_| HostError::Invalid("scope".into()))?;
-        let volumes = crate::memory::import(
-            store,
-            &scope,
-            &format!("vm-{id}"),
-            &dir.join("memory"),
-            &dir.join("state"),
-            rec.fence,
-        )
-        .await?;
+        let prefix = format!("vm-{id}");
+        let volumes = match saved.memory {
+            Some(_) => {
+                crate::memory::import(
+                    store,
+                    &scope,
+                    &prefix,
+                    &dir.join("memory"),
+                    &dir.join("state"),
+                    rec.fence,
+                )
+                .await?
+            }
+            None => {
+                crate::memory::import_live(store, &scope, &prefix, &live, rec.memory, rec.fence)
+                    .await?
+            }
+        };
         Ok(volumes)
     }
 
@@ -1382,31 +1412,35 @@ impl Host {
         if let Err(e) = gens.commit(id).await {
             tracing::warn!(vm = %id, error = %error_chain(&e), "commit before a memory capture failed; the frozen commit tries again");
         }
-        // While frozen, RAM is copied within tmpfs (a memory copy); to the
-        // data disk only once the VM runs again.
-        let ram_copy = vm.run_dir.join("capture.mem");
-        let frozen = Instant::now();
+        // RAM and device state are written while the guest runs; frozen
+        // only for the last pages and the disk's last writes. The file
+        // stays as this host's copy of the snapshot's memory.
+        let state = crate::memory::live_path(&dir);
         let result = async {
-            let saved = inst.save_frozen(&dir.join("state")).await?;
-            copy_memory(
-                id,
-                &saved.memory,
-                &ram_copy,
-                "copy the memory for the snapshot",
-            )
-            .await?;
+            let saved = inst.save_live(&state).await?;
+            let frozen = Instant::now();
             // The disk as of the freeze: nothing writes while it lasts.
             let disk = gens
                 .commit(id)
                 .await?
                 .ok_or_else(|| HostError::Invalid(format!("vm {id} has no disk attached")))?;
-            Ok::<_, HostError>(disk)
+            Ok::<_, HostError>((disk, saved.frozen, frozen))
         }
         .await;
         // Whatever happened, the VM runs on from its own memory (a failed
         // save left it running; `cont` of a running VM changes nothing).
         let resumed = inst.resume().await;
-        let paused = frozen.elapsed();
+        // QEMU's own timing of the freeze when it gave one; else ours, an
+        // upper bound (its downtime rounded up, the poll that saw its end,
+        // the commit).
+        let bound = match &result {
+            Ok((_, before, frozen)) => *before + frozen.elapsed(),
+            Err(_) => Duration::ZERO,
+        };
+        let paused = inst
+            .last_freeze()
+            .filter(|qemu| result.is_ok() && *qemu <= bound)
+            .unwrap_or(bound);
         match resumed {
             Ok(()) => {
                 vm.transition(VmState::Provisioning, None);
@@ -1430,35 +1464,18 @@ impl Host {
                 );
             }
         }
-        let kept = match result {
-            Ok(disk) => copy_memory(
-                id,
-                &ram_copy,
-                &dir.join("memory"),
-                "keep the memory for the snapshot",
-            )
-            .await
-            .map(|_| disk),
-            Err(e) => Err(e),
-        };
-        remove_file_logged(&ram_copy);
-        let disk = kept?;
+        let (disk, _, _) = result?;
         tracing::info!(
             vm = %id,
             ms = started.elapsed().as_millis() as u64,
             paused_ms = paused.as_millis() as u64,
+            paused_bound_ms = bound.as_millis() as u64,
             "captured memory"
         );
         let scope = disk.scope.clone();
-        let volumes = crate::memory::import(
-            gens.store(),
-            &scope,
-            name,
-            &dir.join("memory"),
-            &dir.join("state"),
-            0,
-        )
-        .await?;
+        let volumes =
+            crate::memory::import_live(gens.store(), &scope, name, &state, vm.record().memory, 0)
+                .await?;
         Ok((disk, Some(volumes), paused))
     }
 

@@ -148,30 +148,99 @@ pub async fn import(
     Ok(volumes)
 }
 
+/// The `kind` of a state volume that holds guest RAM too (a live save,
+/// [`import_live`]); there is no memory volume beside it.
+const KIND_LIVE: &str = "memory-and-device-state";
+
+/// Imports a live save (guest RAM and device state in one stream) into
+/// the store as the volume `<prefix>-state`; the returned `memory`
+/// volume is not written (the state's `kind` says the RAM is in it).
+pub async fn import_live(
+    store: &Store,
+    scope: &ScopeId,
+    prefix: &str,
+    state: &Path,
+    memory_size: ByteSize,
+    fence: u64,
+) -> Result<MemoryVolumes, HostError> {
+    let volumes = MemoryVolumes {
+        memory: format!("{prefix}-mem"),
+        state: format!("{prefix}-state"),
+        memory_size,
+    };
+    let volume: VolumeId = volumes.state.parse()?;
+    let meta = BTreeMap::from([("kind".to_owned(), KIND_LIVE.to_owned())]);
+    store
+        .import_file(scope, &volume, state, CHUNK_SIZE, fence, meta)
+        .await?;
+    Ok(volumes)
+}
+
+/// Where a live save's stream is kept in a directory of saved memory: a
+/// name of its own, so that the files a directory holds say what they are
+/// without asking the store.
+pub fn live_path(dir: &Path) -> PathBuf {
+    dir.join("live")
+}
+
+/// Saved memory as local files.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Guest RAM; `None` when `state` holds it too (a live save).
+    pub memory: Option<PathBuf>,
+    pub state: PathBuf,
+}
+
 /// Local files of saved memory: fetched from the store into `dir` unless
-/// already there. Returns (RAM file, device-state file).
+/// already there.
 pub async fn fetch(
     store: &Store,
     volumes: &MemoryVolumes,
     dir: &Path,
-) -> Result<(PathBuf, PathBuf), HostError> {
+) -> Result<Fetched, HostError> {
     let io = |e: io::Error| HostError::Invalid(format!("saved memory in {}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
     let memory = dir.join("memory");
     let state = dir.join("state");
-    for (volume, path) in [(&volumes.memory, &memory), (&volumes.state, &state)] {
-        if path.exists() {
-            continue;
-        }
-        let volume: VolumeId = volume.parse()?;
-        let head = store.head(&volume).await?.ok_or_else(|| {
-            HostError::Invalid(format!("saved memory {volume} is not in the store"))
-        })?;
-        let partial = path.with_extension("partial");
-        store.export_to_file(&head, &partial).await?;
-        std::fs::rename(&partial, path).map_err(io)?;
+    let live = live_path(dir);
+    if live.exists() {
+        return Ok(Fetched {
+            memory: None,
+            state: live,
+        });
     }
-    Ok((memory, state))
+    let head = |volume: &String| {
+        let volume = volume.parse::<VolumeId>();
+        async move {
+            let volume = volume?;
+            store.head(&volume).await?.ok_or_else(|| {
+                HostError::Invalid(format!("saved memory {volume} is not in the store"))
+            })
+        }
+    };
+    let export = |manifest: hearth_store::Manifest, path: PathBuf| async move {
+        let partial = path.with_extension("partial");
+        store.export_to_file(&manifest, &partial).await?;
+        std::fs::rename(&partial, &path).map_err(io)
+    };
+    if !state.exists() {
+        let manifest = head(&volumes.state).await?;
+        if manifest.meta.get("kind").map(String::as_str) == Some(KIND_LIVE) {
+            export(manifest, live.clone()).await?;
+            return Ok(Fetched {
+                memory: None,
+                state: live,
+            });
+        }
+        export(manifest, state.clone()).await?;
+    }
+    if !memory.exists() {
+        export(head(&volumes.memory).await?, memory.clone()).await?;
+    }
+    Ok(Fetched {
+        memory: Some(memory),
+        state,
+    })
 }
 
 /// Removes the store's copy of saved memory (both volumes).

@@ -372,6 +372,26 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     );
     host.delete(second.id).await.unwrap();
 
+    // The memory was saved live, RAM and device state in one stream; a
+    // host without its local copy fetches that stream from the store.
+    let local = dir.path().join("data/snapshots/snap-fake-mem");
+    assert!(local.join("live").is_file() && !local.join("memory").exists());
+    std::fs::remove_dir_all(&local).unwrap();
+    let third = host
+        .create_vm(CreateVm {
+            from: Some(hearth_host::BootFrom {
+                disk: captured.disk.clone(),
+                memory: captured.memory.clone(),
+                require_memory: true,
+            }),
+            ..small()
+        })
+        .await
+        .expect("a vm resumes from the stored live save");
+    assert_eq!((fake.boots(), fake.restores()), (1, 3));
+    assert!(local.join("live").is_file() && !local.join("memory").exists());
+    host.delete(third.id).await.unwrap();
+
     // A hard stop, and a stop of a paused vm.
     assert_eq!(host.kill(vm.id).await.unwrap().state, VmState::Stopped);
     assert!(!fake.is_running(vm.id));

@@ -201,6 +201,7 @@ pub async fn run_probe_guest(
         disks: Vec::new(),
         run_dir: run_dir.clone(),
         mem_path: mem_path.clone(),
+        memory_file: false,
         raw_ports: Vec::new(),
         free_page_reporting: false,
         net: None,

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use hearth_types::VmId;
 
-use crate::{Accel, ExitInfo, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError};
+use crate::{
+    Accel, ExitInfo, LiveSaved, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError,
+};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -100,11 +102,10 @@ pub trait DynInstance: Send + Sync + 'static {
     fn wait_exit(&self) -> BoxFuture<'_, ExitInfo>;
     /// [`VmInstance::save`].
     fn save<'a>(&'a self, state_path: &'a Path) -> BoxFuture<'a, Result<SavedState, VmmError>>;
-    /// [`VmInstance::save_frozen`].
-    fn save_frozen<'a>(
-        &'a self,
-        state_path: &'a Path,
-    ) -> BoxFuture<'a, Result<SavedState, VmmError>>;
+    /// [`VmInstance::last_freeze`].
+    fn last_freeze(&self) -> Option<Duration>;
+    /// [`VmInstance::save_live`].
+    fn save_live<'a>(&'a self, state_path: &'a Path) -> BoxFuture<'a, Result<LiveSaved, VmmError>>;
 }
 
 impl<I: VmInstance> DynInstance for I {
@@ -144,10 +145,10 @@ impl<I: VmInstance> DynInstance for I {
     fn save<'a>(&'a self, state_path: &'a Path) -> BoxFuture<'a, Result<SavedState, VmmError>> {
         Box::pin(VmInstance::save(self, state_path))
     }
-    fn save_frozen<'a>(
-        &'a self,
-        state_path: &'a Path,
-    ) -> BoxFuture<'a, Result<SavedState, VmmError>> {
-        Box::pin(VmInstance::save_frozen(self, state_path))
+    fn last_freeze(&self) -> Option<Duration> {
+        VmInstance::last_freeze(self)
+    }
+    fn save_live<'a>(&'a self, state_path: &'a Path) -> BoxFuture<'a, Result<LiveSaved, VmmError>> {
+        Box::pin(VmInstance::save_live(self, state_path))
     }
 }

@@ -12,10 +12,12 @@
 //!   really boot and under TCG everywhere else. Its QMP client
 //!   ([`QmpClient`]) is public for commands beyond the trait's.
 //!
-//! A VM can be saved ([`VmInstance::save`]: device state to a small file,
-//! RAM left in its memory file) and restored ([`Vmm::restore`] from a
-//! [`RestoreFrom`]), also copy-on-write so that many VMs start from one
-//! snapshot. Disks are image files or NBD exports ([`DiskSource`]).
+//! A VM can be saved ([`VmInstance::save`]; [`VmInstance::save_live`]
+//! while it runs on: RAM and device state in one stream, or with
+//! [`VmSpec::memory_file`] device state alone, RAM left in its file) and
+//! restored ([`Vmm::restore`] from a [`RestoreFrom`]), a memory file also
+//! copy-on-write so that many VMs start from one snapshot. Disks are image
+//! files or NBD exports ([`DiskSource`]).
 //!
 //! A VM may have a NIC ([`NetAttach`]: a TAP the caller prepared in a
 //! network namespace; the backend opens it and the VMM inherits it) and a
@@ -75,11 +77,20 @@ pub struct VmSpec {
     /// file, VMM log). The caller creates it before boot and removes it after
     /// the VM has exited.
     pub run_dir: PathBuf,
-    /// File that backs guest RAM (normally on tmpfs). The backend replaces
-    /// any file already there (a cold boot starts from zeroed memory), creates
-    /// and sizes it; the caller removes it after the VM has exited. A restore
-    /// maps [`RestoreFrom::memory`] instead and never replaces a file.
+    /// File that backs guest RAM (normally on tmpfs) when `memory_file`.
+    /// The backend replaces any file already there (a cold boot starts
+    /// from zeroed memory), creates and sizes it; the caller removes it
+    /// after the VM has exited. A restore maps [`RestoreFrom::memory`]
+    /// instead and never replaces a file.
     pub mem_path: PathBuf,
+    /// Guest RAM is the file at `mem_path`, a shared mapping: a save
+    /// writes the device state alone and leaves the RAM in the file, which
+    /// private restores can map copy-on-write. `false`: anonymous memory,
+    /// which every save writes into the state with the device state; a
+    /// save can then run while the guest runs ([`VmInstance::save_live`]),
+    /// which on a file would allocate all of it (QEMU's pre-copy reads
+    /// every page, and reading a hole of a tmpfs file allocates it).
+    pub memory_file: bool,
     /// Extra raw virtio-serial ports, by name (diagnostics and benchmarks:
     /// a byte pipe into the guest with no protocol on it). The guest sees
     /// each under `/sys/class/virtio-ports/*/name`; the host end is the unix
@@ -343,6 +354,11 @@ pub trait VmInstance: Send + Sync + 'static {
     fn pause(&self) -> impl Future<Output = Result<(), VmmError>> + Send;
     /// Continue after [`VmInstance::pause`].
     fn resume(&self) -> impl Future<Output = Result<(), VmmError>> + Send;
+    /// How long the vCPUs were frozen the last time they were stopped and
+    /// resumed, as the VMM itself timed it; `None` when it cannot say.
+    fn last_freeze(&self) -> Option<Duration> {
+        None
+    }
     /// Ask the VMM to quit, wait up to `grace` for it to exit, then SIGKILL it.
     fn stop(&self, grace: Duration) -> impl Future<Output = Result<(), VmmError>> + Send;
     /// SIGKILL the VMM process and wait until it has exited.
@@ -356,17 +372,32 @@ pub trait VmInstance: Send + Sync + 'static {
     /// written again (restore it with [`RestoreFrom::private`] to share
     /// it). On failure the VM is left running as it was.
     fn save(&self, state_path: &Path) -> impl Future<Output = Result<SavedState, VmmError>> + Send;
-    /// Save the VM and keep it: freeze it and write its device state to
-    /// `state_path`, leaving the VMM in place with the vCPUs frozen and
-    /// guest RAM in the memory file as of the freeze. The caller copies
-    /// what it needs (the memory file's data, the disk) while it is
-    /// frozen, then [`VmInstance::resume`]s it (it runs on from the same
-    /// RAM, its connections, the guest agent's stream included, never cut)
-    /// or stops it. On failure the VM is left running as it was.
-    fn save_frozen(
+    /// Save the VM live and keep it: its RAM and device state are written
+    /// to `state_path` (created or replaced) while the guest runs on (the
+    /// VMM's pre-copy: RAM is copied and re-copied as the guest writes it);
+    /// the vCPUs are frozen only for the last pages written and the device
+    /// state, and are still frozen when this returns, so that the caller
+    /// can take what must match the memory (the disk) before it
+    /// [`VmInstance::resume`]s the VM (it runs on from the same RAM, its
+    /// connections, the guest agent's stream included, never cut) or stops
+    /// it. Works whatever backs guest RAM (a private restore's too). The
+    /// file is not synced (the caller copies it where it must last). On
+    /// failure the VM is left running as it was.
+    fn save_live(
         &self,
         state_path: &Path,
-    ) -> impl Future<Output = Result<SavedState, VmmError>> + Send;
+    ) -> impl Future<Output = Result<LiveSaved, VmmError>> + Send;
+}
+
+/// What [`VmInstance::save_live`] wrote: guest RAM and device state in
+/// one file, restored with [`RestoreFrom::memory`] `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveSaved {
+    pub state: PathBuf,
+    pub state_size: ByteSize,
+    /// How long the vCPUs had been frozen when the save completed, as the
+    /// VMM measured it (they stay frozen until resumed).
+    pub frozen: Duration,
 }
 
 /// What [`VmInstance::save`] wrote.
@@ -375,11 +406,15 @@ pub struct SavedState {
     /// Device state (vCPUs, devices, the guest's view of its disks).
     pub state: PathBuf,
     pub state_size: ByteSize,
-    /// Guest RAM, exactly the VM's memory size.
-    pub memory: PathBuf,
+    /// Guest RAM, exactly the VM's memory size: the VM's own memory file.
+    /// `None` when RAM was not a file of its own (a private mapping of a
+    /// snapshot, or anonymous memory after a restore from a live save):
+    /// then `state` holds the RAM too, as a [`VmInstance::save_live`]'s.
+    pub memory: Option<PathBuf>,
     pub memory_size: ByteSize,
-    /// Bytes of `memory` the filesystem really holds (the rest are holes:
-    /// pages the guest never touched or gave back).
+    /// Bytes of guest RAM the save holds: what the memory file really
+    /// holds (the rest are holes: pages the guest never touched or gave
+    /// back), or the state's size when the RAM is in it.
     pub memory_allocated: ByteSize,
 }
 
@@ -388,8 +423,11 @@ pub struct SavedState {
 pub struct RestoreFrom {
     /// Device state written by [`VmInstance::save`].
     pub state: PathBuf,
-    /// Guest RAM saved with it.
-    pub memory: PathBuf,
+    /// Guest RAM saved with it; `None` when `state` holds the RAM too (a
+    /// [`VmInstance::save_live`]): the restore loads it into anonymous
+    /// memory (no file: a fresh tmpfs file would be allocated whole, since
+    /// the load reads every page it is told is zero).
+    pub memory: Option<PathBuf>,
     /// `false`: the VM takes the memory file over and writes it as its RAM
     /// (it must then be the spec's [`VmSpec::mem_path`]). `true`: the file
     /// is mapped copy-on-write and never written, so any number of VMs may

@@ -876,7 +876,7 @@ impl Drop for Fleet {
             h.proc.reap(deadline);
         }
         // A host killed by its test never removed its run directory on
-        // tmpfs (its VMs' memory files among it).
+        // tmpfs (its VMs' sockets and logs among it).
         for h in &self.hosts {
             let canonical = std::fs::canonicalize(&h.dir).unwrap_or_else(|_| h.dir.clone());
             for dir in [&h.dir, &canonical] {

@@ -6,8 +6,9 @@
 //!   The same machine options are used under KVM, where they are harmless,
 //!   so both accelerators run one machine model.
 //! - `acpi=on` describes the virtio-mmio devices to the guest.
-//! - Guest RAM is a shared file mapping from the start, so it can later be
-//!   saved with `x-ignore-shared` and restored copy-on-write.
+//! - Guest RAM is anonymous (`memory-backend-ram`), or with
+//!   `VmSpec::memory_file` a shared file mapping, which can be saved with
+//!   `x-ignore-shared` and restored copy-on-write.
 //! - Every file and socket path goes through QEMU's option parser as
 //!   `key=value`, where a comma is written `,,`; the console and QMP use the
 //!   `-chardev` form (rather than `-serial file:` / `-qmp unix:`) so that one
@@ -212,11 +213,17 @@ pub fn build_args(
     let kernel = utf8("kernel", &spec.kernel)?;
     let initrd = utf8("initrd", &spec.initrd)?;
     let (mem_path, mem_share, console_append) = match start {
-        Start::Cold => (utf8("memory", &spec.mem_path)?, "on", ""),
-        Start::Restore(from) => {
-            let share = if from.private { "off" } else { "on" };
-            (utf8("memory", &from.memory)?, share, ",append=on")
+        Start::Cold if spec.memory_file => (utf8("memory", &spec.mem_path)?, "on", ""),
+        Start::Cold => (String::new(), "", ""),
+        Start::Restore(RestoreFrom {
+            memory: Some(memory),
+            private,
+            ..
+        }) => {
+            let share = if *private { "off" } else { "on" };
+            (utf8("memory", memory)?, share, ",append=on")
         }
+        Start::Restore(_) => (String::new(), "", ",append=on"),
     };
     let console = utf8("console log", &files.console_log)?;
     let agent_sock = utf8("agent socket", &files.agent_sock)?;
@@ -261,13 +268,16 @@ pub fn build_args(
     }
     push("-smp", vcpus.to_string());
     push("-m", format!("{mem_mib}M"));
-    push(
-        "-object",
+    let backend = if mem_path.is_empty() {
+        // Anonymous RAM: a save writes it into the state.
+        format!("memory-backend-ram,id=mem,size={mem_mib}M")
+    } else {
         format!(
             "memory-backend-file,id=mem,size={mem_mib}M,mem-path={},share={mem_share}",
             escape(&mem_path)
-        ),
-    );
+        )
+    };
+    push("-object", backend);
     for flag in ["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"] {
         args.push(flag.to_owned());
     }
@@ -421,6 +431,7 @@ mod tests {
             ],
             run_dir: "/run/hearth/vm1".into(),
             mem_path: "/dev/shm/hearth/vm1.mem".into(),
+            memory_file: true,
             raw_ports: Vec::new(),
             free_page_reporting: false,
             net: None,
@@ -643,7 +654,7 @@ mod tests {
         }
         let from = RestoreFrom {
             state: "/s".into(),
-            memory: "/m".into(),
+            memory: Some("/m".into()),
             private: true,
         };
         let restored =
@@ -663,7 +674,7 @@ mod tests {
         for private in [false, true] {
             let from = RestoreFrom {
                 state: "/snap/state".into(),
-                memory: "/snap/mem,0".into(),
+                memory: Some("/snap/mem,0".into()),
                 private,
             };
             let got = build_args(&spec(), Accel::Tcg, Some(1), Start::Restore(&from), None)

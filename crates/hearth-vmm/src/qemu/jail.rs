@@ -59,7 +59,7 @@ use hearth_types::VmId;
 use super::cgroup::{Cgroups, CGROUP_ROOT};
 use super::cmdline::Start;
 use super::sys::{self, ChildJail, ChildMount};
-use crate::{Accel, DiskSource, JailSpec, VmSpec, VmmError};
+use crate::{Accel, DiskSource, JailSpec, RestoreFrom, VmSpec, VmmError};
 
 /// The jail's root directory inside the run directory.
 pub const JAIL_DIR: &str = "jail";
@@ -452,6 +452,26 @@ pub async fn prepare(
 
     // Guest RAM.
     match start {
+        Start::Restore(RestoreFrom {
+            memory: Some(memory),
+            private,
+            ..
+        }) => {
+            if *private {
+                check_access(vm, jail, "snapshot memory file", memory, Want::ReadWrite)?;
+            } else {
+                chown(vm, jail, memory)?;
+            }
+            entries.push(Entry::Bind {
+                path: memory.clone(),
+                dir: false,
+                read_only: false,
+            });
+        }
+        // Anonymous memory (a restore whose state holds the RAM, or a cold
+        // boot without a memory file): no file.
+        Start::Restore(_) => {}
+        Start::Cold if !spec.memory_file => {}
         Start::Cold => {
             // The stale file is gone: create it for QEMU, owned by the jail
             // user, so QEMU needs no write access to the directory.
@@ -469,24 +489,6 @@ pub async fn prepare(
             chown(vm, jail, &spec.mem_path)?;
             entries.push(Entry::Bind {
                 path: spec.mem_path.clone(),
-                dir: false,
-                read_only: false,
-            });
-        }
-        Start::Restore(from) => {
-            if from.private {
-                check_access(
-                    vm,
-                    jail,
-                    "snapshot memory file",
-                    &from.memory,
-                    Want::ReadWrite,
-                )?;
-            } else {
-                chown(vm, jail, &from.memory)?;
-            }
-            entries.push(Entry::Bind {
-                path: from.memory.clone(),
                 dir: false,
                 read_only: false,
             });

@@ -32,12 +32,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use hearth_types::VmId;
+use hearth_types::{ByteSize, VmId};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 
-use crate::{Accel, ExitInfo, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError};
+use crate::{
+    Accel, ExitInfo, LiveSaved, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError,
+};
 use cmdline::{RunFiles, Start};
 use qmp::{QmpClient, QmpError};
 use snapshot::SnapshotError;
@@ -147,11 +149,20 @@ impl Qemu {
     ) -> Result<QemuInstance, VmmError> {
         let vm = spec.id;
         let invalid = |reason: String| VmmError::InvalidSpec { vm, reason };
-        if !from.private && from.memory != spec.mem_path {
-            return Err(invalid(format!(
-                "a shared restore takes the memory file over, so it must be the spec's mem_path {:?}, not {:?}",
-                spec.mem_path, from.memory
-            )));
+        let failed = |e: SnapshotError| VmmError::backend(vm, "restore", e);
+        match &from.memory {
+            Some(memory) if !from.private && *memory != spec.mem_path => {
+                return Err(invalid(format!(
+                    "a shared restore takes the memory file over, so it must be the spec's mem_path {:?}, not {:?}",
+                    spec.mem_path, memory
+                )));
+            }
+            None if from.private => {
+                return Err(invalid(
+                    "a private restore maps a memory file; this state holds its ram".to_owned(),
+                ));
+            }
+            _ => {}
         }
         if from.private && spec.free_page_reporting {
             // QEMU 7.2 discards reported pages with fallocate(PUNCH_HOLE)
@@ -162,16 +173,17 @@ impl Qemu {
                     .to_owned(),
             ));
         }
-        let failed = |e: SnapshotError| VmmError::backend(vm, "restore", e);
-        // QEMU refuses a smaller file and silently maps part of a larger
-        // one; only an exact size is the saved VM's memory.
-        let (found, _) = snapshot::file_sizes(&from.memory, "stat memory file").map_err(failed)?;
-        if found.bytes() != spec.memory.bytes() {
-            return Err(failed(SnapshotError::MemorySize {
-                path: from.memory.clone(),
-                found: found.bytes(),
-                expected: spec.memory.bytes(),
-            }));
+        if let Some(memory) = &from.memory {
+            // QEMU refuses a smaller file and silently maps part of a
+            // larger one; only an exact size is the saved VM's memory.
+            let (found, _) = snapshot::file_sizes(memory, "stat memory file").map_err(failed)?;
+            if found.bytes() != spec.memory.bytes() {
+                return Err(failed(SnapshotError::MemorySize {
+                    path: memory.clone(),
+                    found: found.bytes(),
+                    expected: spec.memory.bytes(),
+                }));
+            }
         }
         let state = std::fs::File::open(&from.state).map_err(|source| {
             failed(SnapshotError::File {
@@ -184,11 +196,15 @@ impl Qemu {
         let started = Instant::now();
         let mut inst = self.launch(spec, Start::Restore(from)).await?;
         inst.private_memory = from.private;
-        inst.mem_path = from.memory.clone();
+        inst.anonymous_memory = from.memory.is_none();
+        if let Some(memory) = &from.memory {
+            inst.mem_path = memory.clone();
+        }
         // Until the VM runs, a dropped restore must not leave QEMU behind.
         let guard = KillOnDrop(Some(&inst.process));
         let incoming = async {
-            snapshot::set_ignore_shared(&inst.qmp).await?;
+            // A stream with RAM in it loads it; otherwise RAM is the file's.
+            snapshot::set_ignore_shared(&inst.qmp, from.memory.is_some()).await?;
             snapshot::pass_state_fd(&inst.qmp, &state).await?;
             inst.qmp
                 .execute(
@@ -421,6 +437,8 @@ impl Qemu {
             ready_in,
             mem_path: spec.mem_path.clone(),
             private_memory: false,
+            anonymous_memory: !spec.memory_file,
+            memory_size: spec.memory,
             migrate_timeout: self.cfg.migrate_timeout,
             vmm_pid,
         })
@@ -680,6 +698,9 @@ pub struct QemuInstance {
     mem_path: PathBuf,
     /// RAM is a private copy-on-write mapping of a snapshot file.
     private_memory: bool,
+    /// RAM is anonymous memory (restored from a live save), in no file.
+    anonymous_memory: bool,
+    memory_size: ByteSize,
     migrate_timeout: Duration,
     /// QEMU's own PID (the spawned process's under a jail is the jail's
     /// intermediate process).
@@ -762,7 +783,24 @@ impl QemuInstance {
             .map_err(|e| VmmError::backend(self.id, op, e))
     }
 
+    /// Whether guest RAM is in no file of this VM's own.
+    pub fn anonymous_memory(&self) -> bool {
+        self.anonymous_memory
+    }
+
     async fn save_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+        if self.private_memory || self.anonymous_memory {
+            // No memory file to keep: the RAM goes into the state.
+            let live = self.save_live_qemu(state_path).await?;
+            self.stop_qemu(SAVE_QUIT_GRACE).await?;
+            return Ok(SavedState {
+                state: live.state,
+                state_size: live.state_size,
+                memory: None,
+                memory_size: self.memory_size,
+                memory_allocated: live.state_size,
+            });
+        }
         let saved = self.save_frozen_qemu(state_path).await?;
         // The memory file now belongs to the snapshot: this QEMU must not
         // run the guest again.
@@ -770,18 +808,19 @@ impl QemuInstance {
         Ok(saved)
     }
 
-    /// Freezes the VM and writes its device state; QEMU stays, frozen
-    /// (`postmigrate`), its RAM in the memory file as of the freeze.
+    /// Freezes the VM and writes its device state ([`VmInstance::save`]'s
+    /// first half); QEMU stays, frozen (`postmigrate`), its RAM in the
+    /// memory file as of the freeze.
     async fn save_frozen_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
         let vm = self.id;
         let failed = |e: SnapshotError| VmmError::backend(vm, "save", e);
-        if self.private_memory {
+        if self.private_memory || self.anonymous_memory {
             return Err(failed(SnapshotError::PrivateMemory));
         }
         let was_running = self.query_status().await?.running;
         let started = Instant::now();
         let saved = async {
-            snapshot::set_ignore_shared(&self.qmp).await?;
+            snapshot::set_ignore_shared(&self.qmp, true).await?;
             self.qmp
                 .execute(
                     "migrate-set-parameters",
@@ -809,13 +848,12 @@ impl QemuInstance {
                     Some(serde_json::json!({ "uri": format!("fd:{}", snapshot::STATE_FD_NAME) })),
                 )
                 .await?;
-            snapshot::wait_outgoing(
-                &self.qmp,
-                &self.process,
-                &self.files.qemu_log,
-                self.migrate_timeout,
-            )
-            .await?;
+            let watch = snapshot::Watch {
+                deadline: self.migrate_timeout,
+                poll: snapshot::POLL,
+                converge: None,
+            };
+            snapshot::wait_outgoing(&self.qmp, &self.process, &self.files.qemu_log, watch).await?;
             snapshot::sync_file(state_path, "sync state file")?;
             snapshot::sync_file(&self.mem_path, "sync memory file")
         };
@@ -837,9 +875,85 @@ impl QemuInstance {
         Ok(SavedState {
             state: state_path.to_owned(),
             state_size,
-            memory: self.mem_path.clone(),
+            memory: Some(self.mem_path.clone()),
             memory_size,
             memory_allocated,
+        })
+    }
+
+    /// [`VmInstance::save_live`]: a pre-copy migration with the RAM in
+    /// the stream; QEMU stays `postmigrate` (frozen) when it completes.
+    async fn save_live_qemu(&self, state_path: &Path) -> Result<LiveSaved, VmmError> {
+        let vm = self.id;
+        let failed = |e: SnapshotError| VmmError::backend(vm, "save", e);
+        let was_running = self.query_status().await?.running;
+        let started = Instant::now();
+        let saved = async {
+            snapshot::set_ignore_shared(&self.qmp, false).await?;
+            self.qmp
+                .execute(
+                    "migrate-set-parameters",
+                    Some(serde_json::json!({
+                        "max-bandwidth": snapshot::MAX_BANDWIDTH,
+                        "downtime-limit": snapshot::LIVE_DOWNTIME_MS,
+                    })),
+                )
+                .await?;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(state_path)
+                .map_err(|source| SnapshotError::File {
+                    what: "create state file",
+                    path: state_path.to_owned(),
+                    source,
+                })?;
+            snapshot::pass_state_fd(&self.qmp, &file).await?;
+            // QEMU owns its copy of the descriptor now.
+            drop(file);
+            self.qmp
+                .execute(
+                    "migrate",
+                    Some(serde_json::json!({ "uri": format!("fd:{}", snapshot::STATE_FD_NAME) })),
+                )
+                .await?;
+            let watch = snapshot::Watch {
+                deadline: self.migrate_timeout,
+                poll: snapshot::LIVE_POLL,
+                converge: Some(snapshot::LIVE_CONVERGE),
+            };
+            let (done, asked) =
+                snapshot::wait_outgoing(&self.qmp, &self.process, &self.files.qemu_log, watch)
+                    .await?;
+            // QEMU's own measure (whole ms) runs from the freeze to the end
+            // of the stream, which came at most one poll before the answer
+            // that saw it: counted whole, an upper bound. The file is not
+            // synced here: that would lengthen the freeze by a write-back
+            // of the whole stream, and the caller keeps it elsewhere (the
+            // store) anyway.
+            let downtime_ms = done.get("downtime").and_then(Value::as_u64).unwrap_or(0);
+            Ok::<_, SnapshotError>(Duration::from_millis(downtime_ms + 1) + asked.elapsed())
+        };
+        let frozen = match saved.await {
+            Ok(d) => d,
+            Err(e) => {
+                if was_running && self.process.exit_info().is_none() {
+                    if let Err(cont_err) = self.qmp.execute("cont", None).await {
+                        tracing::warn!(%vm, error = %cont_err, "cannot resume the vm after a failed live save");
+                    }
+                }
+                return Err(failed(e));
+            }
+        };
+        let (state_size, _) =
+            snapshot::file_sizes(state_path, "stat state file").map_err(failed)?;
+        tracing::info!(%vm, state_bytes = state_size.bytes(), migrate_ms = started.elapsed().as_millis() as u64, frozen_ms = frozen.as_millis() as u64, "vm saved live");
+        Ok(LiveSaved {
+            state: state_path.to_owned(),
+            state_size,
+            frozen,
         })
     }
 
@@ -915,6 +1029,10 @@ impl VmInstance for QemuInstance {
         self.stop_qemu(grace).await
     }
 
+    fn last_freeze(&self) -> Option<Duration> {
+        self.qmp.last_stop()
+    }
+
     async fn kill(&self) -> Result<(), VmmError> {
         self.process.kill_and_wait().await.map(drop)
     }
@@ -927,7 +1045,7 @@ impl VmInstance for QemuInstance {
         self.save_qemu(state_path).await
     }
 
-    async fn save_frozen(&self, state_path: &Path) -> Result<SavedState, VmmError> {
-        self.save_frozen_qemu(state_path).await
+    async fn save_live(&self, state_path: &Path) -> Result<LiveSaved, VmmError> {
+        self.save_live_qemu(state_path).await
     }
 }

@@ -90,6 +90,17 @@ pub struct QmpClient {
     path: PathBuf,
     timeout: Duration,
     conn: Mutex<Conn>,
+    /// When QEMU last said the vCPUs stopped and ran again (its `STOP`
+    /// and `RESUME` events' timestamps, seen while waiting for replies).
+    run_events: std::sync::Mutex<RunEvents>,
+}
+
+/// Timestamps (QEMU's wall clock, seconds) of the last `STOP` and
+/// `RESUME` events.
+#[derive(Debug, Default, Clone, Copy)]
+struct RunEvents {
+    stop: Option<f64>,
+    resume: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -143,9 +154,19 @@ impl QmpClient {
                 broken: None,
                 closed: false,
             }),
+            run_events: Default::default(),
         };
         client.greet().await?;
         Ok(client)
+    }
+
+    /// How long the vCPUs were last stopped, by QEMU's own `STOP` and
+    /// `RESUME` events, once both were seen (in replies' wake) in that
+    /// order.
+    pub fn last_stop(&self) -> Option<Duration> {
+        let seen = *self.run_events.lock().unwrap_or_else(|p| p.into_inner());
+        let (stop, resume) = (seen.stop?, seen.resume?);
+        (resume >= stop).then(|| Duration::from_secs_f64(resume - stop))
     }
 
     /// Replaces the default per-request timeout.
@@ -360,6 +381,17 @@ impl QmpClient {
         let msg = self.parse(line, command)?;
         if let Some(event) = msg.get("event") {
             tracing::debug!(qmp = %self.path.display(), event = %event, "qmp event");
+            let at = msg.get("timestamp").and_then(|t| {
+                let secs = t.get("seconds")?.as_f64()?;
+                let micros = t.get("microseconds")?.as_f64()?;
+                Some(secs + micros / 1e6)
+            });
+            let mut seen = self.run_events.lock().unwrap_or_else(|p| p.into_inner());
+            match event.as_str() {
+                Some("STOP") => seen.stop = at,
+                Some("RESUME") => seen.resume = at,
+                _ => {}
+            }
             return Ok(Message::Skip);
         }
         let is_reply = msg.contains_key("return") || msg.contains_key("error");
@@ -562,7 +594,10 @@ mod tests {
             ),
             (
                 "cont",
-                vec![r#"{"error": {"class": "GenericError", "desc": "nope"}, "id": $ID}"#],
+                vec![
+                    r#"{"timestamp": {"seconds": 1, "microseconds": 500002}, "event": "RESUME"}"#,
+                    r#"{"error": {"class": "GenericError", "desc": "nope"}, "id": $ID}"#,
+                ],
             ),
             ("stop", vec!["this is not json"]),
             ("stop", vec!["[1,2,3]"]),
@@ -580,12 +615,19 @@ mod tests {
             .await
             .expect("query-status");
         assert_eq!(status["status"], "paused");
+        // A STOP was seen, no RESUME yet.
+        assert_eq!(qmp.last_stop(), None);
 
         match qmp.execute("cont", None).await {
             Err(QmpError::Command { class, desc, .. }) => {
                 assert_eq!((class.as_str(), desc.as_str()), ("GenericError", "nope"))
             }
             other => panic!("expected a command error, got {other:?}"),
+        }
+        // QEMU's own timestamps, 1.000002 s and 1.500002 s.
+        match qmp.last_stop() {
+            Some(d) => assert!((d.as_secs_f64() - 0.5).abs() < 1e-6, "{d:?}"),
+            None => panic!("the STOP and RESUME events were not timed"),
         }
         for _ in 0..4 {
             let got = qmp.execute("stop", None).await;

@@ -1,22 +1,33 @@
-//! Save and restore of a QEMU VM through `fd:` migration with
-//! `x-ignore-shared` (qemu-facts §3, §6).
+//! Save and restore of a QEMU VM through `fd:` migration (qemu-facts §3,
+//! §6).
 //!
-//! Guest RAM is a shared file mapping (`memory-backend-file,share=on`), so
-//! with `x-ignore-shared` the migration stream holds only device state (tens
-//! of KiB) and RAM stays where it is. QEMU runs under `-sandbox
+//! Anonymous guest RAM travels in the stream with the device state. RAM
+//! in a shared file mapping (`memory-backend-file,share=on`) is left out
+//! with `x-ignore-shared`: the stream holds only device state (tens of
+//! KiB) and RAM stays where it is. QEMU runs under `-sandbox
 //! spawn=deny`, which rules out `exec:` migration, and QEMU 7.2 has no
 //! `file:` URI; so the host opens the state file itself and hands QEMU a
 //! descriptor with `getfd` over the QMP socket.
 //!
-//! Save: `migrate-set-capabilities x-ignore-shared`, `migrate-set-parameters
+//! Save of a memory file: `migrate-set-capabilities x-ignore-shared`, `migrate-set-parameters
 //! max-bandwidth` (the 128 MiB/s default would throttle), `stop`, `getfd`,
 //! `migrate fd:…`, poll `query-migrate` until `completed`, fsync, `quit`.
+//!
+//! Live save (a capture that keeps the VM, and the save of anonymous RAM,
+//! which then quits): no `stop` and no `x-ignore-shared`: QEMU's pre-copy sends the RAM into the stream while
+//! the guest runs, re-sending what it dirties, and freezes it only once
+//! what is left fits in `downtime-limit` (5 ms); `query-migrate` is polled
+//! every millisecond, so the freeze is noticed at once and the caller
+//! commits the disk and `cont`s. A guest that dirties memory faster than
+//! it is copied gets a 500 ms limit after 5 s. Measured under TCG: QEMU's
+//! downtime 0–1 ms, the freeze as the host sees it ~2 ms.
 //!
 //! Restore: QEMU with the same devices and `-incoming defer`, RAM from the
 //! saved file (`share=off`: a private copy-on-write mapping that never
 //! writes the file), then `migrate-set-capabilities x-ignore-shared`,
 //! `getfd`, `migrate-incoming fd:…`, poll until `paused` (the saved VM was
-//! stopped, and that run state travels with it), `cont`.
+//! stopped, and that run state travels with it), `cont`. A live save's
+//! stream is loaded into anonymous RAM without `x-ignore-shared`.
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -35,7 +46,11 @@ pub const MAX_BANDWIDTH: u64 = 100 << 30;
 /// The name the state file's descriptor gets in QEMU (`getfd`).
 pub const STATE_FD_NAME: &str = "hearth-state";
 /// How often migration progress is polled.
-const POLL: Duration = Duration::from_millis(5);
+pub(super) const POLL: Duration = Duration::from_millis(5);
+/// How often a live save is polled: its end is noticed this late at most.
+pub(super) const LIVE_POLL: Duration = Duration::from_millis(1);
+/// How long a live save may copy before it accepts a longer freeze.
+pub(super) const LIVE_CONVERGE: Duration = Duration::from_secs(5);
 /// How long to wait for QEMU's exit status once QMP went away mid-migration.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
@@ -61,7 +76,7 @@ pub enum SnapshotError {
         expected: u64,
     },
 
-    #[error("guest memory is a private copy-on-write mapping of a snapshot; only a vm whose memory file is its own can be saved")]
+    #[error("guest memory is not a file of the vm's own (a private mapping of a snapshot, or anonymous memory); its ram must travel in the state")]
     PrivateMemory,
 
     #[error("migration {status}: {desc}")]
@@ -80,11 +95,13 @@ pub enum SnapshotError {
     },
 }
 
-/// Sends the capabilities both ends of an `x-ignore-shared` migration need.
-pub(super) async fn set_ignore_shared(qmp: &QmpClient) -> Result<(), QmpError> {
+/// Sets `x-ignore-shared` on one end of a migration: `true` leaves a
+/// shared RAM file out of the stream, `false` sends (or loads) the RAM in
+/// it. Both ends must agree.
+pub(super) async fn set_ignore_shared(qmp: &QmpClient, on: bool) -> Result<(), QmpError> {
     qmp.execute(
         "migrate-set-capabilities",
-        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]})),
+        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": on}]})),
     )
     .await
     .map(drop)
@@ -101,42 +118,77 @@ pub(super) async fn pass_state_fd(qmp: &QmpClient, file: &File) -> Result<(), Qm
     .map(drop)
 }
 
+/// How [`wait_outgoing`] watches a migration.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Watch {
+    /// Give up (and cancel) after this long.
+    pub deadline: Duration,
+    /// Poll this often: how late the end of a live save is noticed, which
+    /// the guest spends frozen.
+    pub poll: Duration,
+    /// A live save still running after this long has its downtime limit
+    /// raised to [`LIVE_DOWNTIME_FALLBACK_MS`], so that a guest writing
+    /// memory faster than it is copied still gets saved.
+    pub converge: Option<Duration>,
+}
+
+/// `downtime-limit` of a live save, in ms: QEMU freezes the guest for its
+/// last pass only once what is left can be sent within it.
+pub const LIVE_DOWNTIME_MS: u64 = 5;
+/// `downtime-limit` once a live save has not converged in time.
+pub const LIVE_DOWNTIME_FALLBACK_MS: u64 = 500;
+
 /// Polls `query-migrate` on the saving side until the migration completes,
-/// fails, QEMU exits or `deadline` passes (then the migration is cancelled).
+/// fails, QEMU exits or the deadline passes (then the migration is
+/// cancelled); the completed migration's `query-migrate` answer, and when
+/// the poll before it was sent (the migration ended after that).
 pub(super) async fn wait_outgoing(
     qmp: &QmpClient,
     process: &Process,
     qemu_log: &Path,
-    deadline: Duration,
-) -> Result<(), SnapshotError> {
+    watch: Watch,
+) -> Result<(Value, Instant), SnapshotError> {
     let started = Instant::now();
+    let mut converge = watch.converge;
+    let mut previous = started;
     loop {
-        let (answer, status) = query_status(qmp, process, qemu_log, "query-migrate").await?;
-        let status = status.as_str();
-        match status {
-            "completed" => return Ok(()),
+        let asked = Instant::now();
+        let (answer, status) =
+            query_status(qmp, process, qemu_log, "query-migrate", qmp.timeout()).await?;
+        match status.as_str() {
+            "completed" => return Ok((answer, previous)),
             "failed" | "cancelled" => {
                 let desc = answer
                     .get("error-desc")
                     .and_then(Value::as_str)
                     .unwrap_or("qemu gave no reason");
                 return Err(SnapshotError::Failed {
-                    status: status.to_owned(),
+                    status,
                     desc: desc.to_owned(),
                 });
             }
             _ => {}
         }
-        if started.elapsed() >= deadline {
+        if started.elapsed() >= watch.deadline {
             if let Err(e) = qmp.execute("migrate_cancel", None).await {
                 tracing::warn!(error = %e, "migrate_cancel after the save deadline failed");
             }
             return Err(SnapshotError::Deadline {
                 waited: started.elapsed(),
-                last: status.to_owned(),
+                last: status,
             });
         }
-        tokio::time::sleep(POLL).await;
+        if let Some(after) = converge.filter(|after| started.elapsed() >= *after) {
+            converge = None;
+            tracing::warn!(after_ms = after.as_millis() as u64, limit_ms = LIVE_DOWNTIME_FALLBACK_MS, "a live save has not converged: the guest writes memory faster than it is copied; allowing a longer freeze");
+            qmp.execute(
+                "migrate-set-parameters",
+                Some(json!({ "downtime-limit": LIVE_DOWNTIME_FALLBACK_MS })),
+            )
+            .await?;
+        }
+        previous = asked;
+        tokio::time::sleep(watch.poll).await;
     }
 }
 
@@ -147,8 +199,9 @@ async fn query_status(
     process: &Process,
     qemu_log: &Path,
     command: &'static str,
+    timeout: Duration,
 ) -> Result<(Value, String), SnapshotError> {
-    let answer = match qmp.execute(command, None).await {
+    let answer = match qmp.execute_with_timeout(command, None, timeout).await {
         Ok(v) => v,
         Err(e) => return Err(exited_or(process, qemu_log, e.into()).await),
     };
@@ -187,7 +240,12 @@ pub(super) async fn wait_incoming(
             )
             .await);
         }
-        let (_, status) = query_status(qmp, process, qemu_log, "query-status").await?;
+        // QEMU answers nothing while it loads a state (the load holds its
+        // main loop): a stream with RAM in it may take seconds.
+        let left = deadline
+            .saturating_sub(started.elapsed())
+            .max(qmp.timeout());
+        let (_, status) = query_status(qmp, process, qemu_log, "query-status", left).await?;
         let status = status.as_str();
         match status {
             "paused" | "running" => return Ok(()),

@@ -239,7 +239,7 @@ async fn save_and_restore_keep_the_counting_process() {
         saved.memory_allocated
     );
     assert_eq!(saved.state, state);
-    assert_eq!(saved.memory, dirs.mem_path);
+    assert_eq!(saved.memory.as_ref(), Some(&dirs.mem_path));
     assert_eq!(saved.memory_size, MEMORY);
     assert!(
         saved.state_size.bytes() < 1 << 20,
@@ -310,7 +310,8 @@ async fn private_restores_share_one_snapshot() {
         saved.state_size.bytes(),
         saved.memory_allocated
     );
-    let mem_before = std::fs::metadata(&saved.memory).expect("stat memory");
+    let memory = saved.memory.clone().expect("the vm's own memory file");
+    let mem_before = std::fs::metadata(&memory).expect("stat memory");
 
     // A truncated state fails the restore quickly and leaves no QEMU.
     let truncated = dirs.run_dir.join("state.truncated");
@@ -318,7 +319,7 @@ async fn private_restores_share_one_snapshot() {
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write truncated");
     let bad = RestoreFrom {
         state: truncated,
-        memory: saved.memory.clone(),
+        memory: Some(memory.clone()),
         private: true,
     };
     expect_failed_restore(&qemu, &fx, &initrd, &bad).await;
@@ -326,7 +327,7 @@ async fn private_restores_share_one_snapshot() {
     // Two forks from the one memory file, side by side.
     let from = RestoreFrom {
         state: state.clone(),
-        memory: saved.memory.clone(),
+        memory: Some(memory.clone()),
         private: true,
     };
     let (id_a, id_b) = (VmId::new(), VmId::new());
@@ -356,18 +357,56 @@ async fn private_restores_share_one_snapshot() {
         assert_continues(a.console_log(), 0, pid, last, &fill),
         assert_continues(b.console_log(), 0, pid, last, &fill),
     );
-    // A fork's memory is not its own file: it cannot be saved.
-    let got = a.save(&dirs_a.run_dir.join("state")).await;
-    assert!(
-        matches!(got, Err(VmmError::Backend { op: "save", .. })),
-        "{got:?}"
+    // A live save works whatever backs the RAM (it travels in the
+    // stream): the fork runs on, and a third VM restored from the stream
+    // alone counts on from the freeze, with the same memory.
+    let live = dirs_a.run_dir.join("live");
+    let saved_live = a.save_live(&live).await.expect("live save");
+    let returned = Instant::now();
+    let at_freeze = console(a.console_log());
+    let &(_, at) = counts(&at_freeze).last().expect("a counted");
+    a.resume().await.expect("resume after the live save");
+    let bound = saved_live.frozen + returned.elapsed();
+    // QEMU's own STOP and RESUME events time the freeze, within our bound.
+    let freeze = a.last_freeze().expect("qemu timed the freeze");
+    eprintln!(
+        "live save of a private restore: frozen {freeze:?} (bound {bound:?}), stream {} bytes",
+        saved_live.state_size.bytes()
     );
-    assert!(a.query_status().await.expect("status").running);
+    assert!(freeze <= bound, "{freeze:?} > {bound:?}");
+    assert!(
+        saved_live.state_size.bytes() >= u64::from(FILL_MIB) << 20,
+        "the stream holds no ram: {saved_live:?}"
+    );
+    let id_c = VmId::new();
+    let dirs_c = TestDirs::new(id_c);
+    let from_live = RestoreFrom {
+        state: live,
+        memory: None,
+        private: false,
+    };
+    let c = qemu
+        .restore(&spec(id_c, &fx, &initrd, &dirs_c), &from_live)
+        .await
+        .expect("restore from a live save");
+    assert!(!c.private_memory() && c.anonymous_memory());
+    tokio::join!(
+        assert_continues(a.console_log(), at_freeze.len(), pid, at, &fill),
+        assert_continues(c.console_log(), 0, pid, at, &fill),
+    );
+    // RAM in no file of its own is saved into the state.
+    let saved_c = c
+        .save(&dirs_c.run_dir.join("state"))
+        .await
+        .expect("save of anonymous memory");
+    assert_eq!(saved_c.memory, None);
+    assert!(saved_c.state_size.bytes() >= u64::from(FILL_MIB) << 20);
+    assert!(c.exit_info().is_some(), "qemu quit after the save");
 
     a.kill().await.expect("kill a");
     b.kill().await.expect("kill b");
     // Neither fork wrote the snapshot.
-    let mem_after = std::fs::metadata(&saved.memory).expect("stat memory");
+    let mem_after = std::fs::metadata(&memory).expect("stat memory");
     assert_eq!(mem_after.len(), mem_before.len());
     assert_eq!(
         mem_after.modified().ok(),
@@ -402,7 +441,7 @@ async fn restore_from_garbage_state_fails_and_reaps_qemu() {
             .expect("state file");
         let from = RestoreFrom {
             state,
-            memory: memory.clone(),
+            memory: Some(memory.clone()),
             private: true,
         };
         expect_failed_restore(&tcg(), &fx, &initrd, &from).await;
@@ -426,7 +465,7 @@ async fn restore_refuses_mismatched_inputs_before_starting_qemu() {
     std::fs::write(&state, b"x").expect("state");
     let from = |memory: &Path, private| RestoreFrom {
         state: state.clone(),
-        memory: memory.to_owned(),
+        memory: Some(memory.to_owned()),
         private,
     };
 

@@ -40,7 +40,7 @@ pub fn test_config() -> HostConfig {
 
 /// `default` moved under one directory of this test process's own
 /// (`/dev/shm/hearth-test-<pid>/`), so that what a test leaves on tmpfs (a
-/// host dropped without `shutdown`, the memory file of a VM whose test
+/// host dropped without `shutdown`, the run directory of a VM whose test
 /// failed) goes at the next run of the suite, once this process is gone.
 fn run_root(default: &std::path::Path) -> PathBuf {
     static SWEEP: std::sync::Once = std::sync::Once::new();

@@ -256,6 +256,7 @@ pub fn small_spec(id: VmId, kernel: &Path, initrd: &Path, dirs: &TestDirs) -> Vm
         disks: Vec::new(),
         run_dir: dirs.run_dir.clone(),
         mem_path: dirs.mem_path.clone(),
+        memory_file: true,
         raw_ports: Vec::new(),
         free_page_reporting: false,
         net: None,
