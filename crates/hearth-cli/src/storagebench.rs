@@ -419,7 +419,12 @@ async fn resume(data_dir: &Path, opts: &Options) -> anyhow::Result<Table> {
                 "memory was not saved: {:?}",
                 rec.reason
             );
-            let saved = file_data_bytes(&vm.dir.join("saved/memory"));
+            // One stream of RAM and device state (`live`); an older save
+            // kept the RAM file's data as `memory`.
+            let saved = ["live", "memory", "state"]
+                .iter()
+                .map(|f| file_data_bytes(&vm.dir.join("saved").join(f)))
+                .sum::<u64>();
             let resume = start_timed(&bh.host, &vm).await?;
             anyhow::ensure!(
                 vm.record().saved.is_none(),
