@@ -332,16 +332,17 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     assert!(!fake.is_paused(vm.id));
     let out = guest.run(echo("still")).await.unwrap();
     assert_eq!(out.stdout, b"still\n");
+    let from_snapshot = || CreateVm {
+        from: Some(hearth_host::BootFrom {
+            disk: captured.disk.clone(),
+            memory: captured.memory.clone(),
+            require_memory: true,
+        }),
+        ..small()
+    };
 
     let child = host
-        .create_vm(CreateVm {
-            from: Some(hearth_host::BootFrom {
-                disk: captured.disk.clone(),
-                memory: captured.memory.clone(),
-                require_memory: true,
-            }),
-            ..small()
-        })
+        .create_vm(from_snapshot())
         .await
         .expect("a vm resumes from the snapshot");
     assert_eq!(child.state(), VmState::Ready);
@@ -354,17 +355,7 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     // CRNG state and ids: each gets its own; the original keeps its own.
     let fresh = fake.identity(child.id).expect("the child took an identity");
     assert!(fake.identity(vm.id).is_none());
-    let second = host
-        .create_vm(CreateVm {
-            from: Some(hearth_host::BootFrom {
-                disk: captured.disk.clone(),
-                memory: captured.memory.clone(),
-                require_memory: true,
-            }),
-            ..small()
-        })
-        .await
-        .unwrap();
+    let second = host.create_vm(from_snapshot()).await.unwrap();
     let other = fake.identity(second.id).unwrap();
     assert_ne!(
         (fresh.entropy, fresh.machine_id),
@@ -378,14 +369,7 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     assert!(local.join("live").is_file() && !local.join("memory").exists());
     std::fs::remove_dir_all(&local).unwrap();
     let third = host
-        .create_vm(CreateVm {
-            from: Some(hearth_host::BootFrom {
-                disk: captured.disk.clone(),
-                memory: captured.memory.clone(),
-                require_memory: true,
-            }),
-            ..small()
-        })
+        .create_vm(from_snapshot())
         .await
         .expect("a vm resumes from the stored live save");
     assert_eq!((fake.boots(), fake.restores()), (1, 3));

@@ -27,7 +27,6 @@ mod sys;
 
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -828,26 +827,7 @@ impl QemuInstance {
                 )
                 .await?;
             self.qmp.execute("stop", None).await?;
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(state_path)
-                .map_err(|source| SnapshotError::File {
-                    what: "create state file",
-                    path: state_path.to_owned(),
-                    source,
-                })?;
-            snapshot::pass_state_fd(&self.qmp, &file).await?;
-            // QEMU owns its copy of the descriptor now.
-            drop(file);
-            self.qmp
-                .execute(
-                    "migrate",
-                    Some(serde_json::json!({ "uri": format!("fd:{}", snapshot::STATE_FD_NAME) })),
-                )
-                .await?;
+            snapshot::migrate_to_file(&self.qmp, state_path).await?;
             let watch = snapshot::Watch {
                 deadline: self.migrate_timeout,
                 poll: snapshot::POLL,
@@ -899,26 +879,7 @@ impl QemuInstance {
                     })),
                 )
                 .await?;
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(state_path)
-                .map_err(|source| SnapshotError::File {
-                    what: "create state file",
-                    path: state_path.to_owned(),
-                    source,
-                })?;
-            snapshot::pass_state_fd(&self.qmp, &file).await?;
-            // QEMU owns its copy of the descriptor now.
-            drop(file);
-            self.qmp
-                .execute(
-                    "migrate",
-                    Some(serde_json::json!({ "uri": format!("fd:{}", snapshot::STATE_FD_NAME) })),
-                )
-                .await?;
+            snapshot::migrate_to_file(&self.qmp, state_path).await?;
             let watch = snapshot::Watch {
                 deadline: self.migrate_timeout,
                 poll: snapshot::LIVE_POLL,

@@ -118,6 +118,35 @@ pub(super) async fn pass_state_fd(qmp: &QmpClient, file: &File) -> Result<(), Qm
     .map(drop)
 }
 
+/// Starts an outgoing migration into `state_path` (created or replaced,
+/// owner-only), handed to QEMU as a descriptor.
+pub(super) async fn migrate_to_file(
+    qmp: &QmpClient,
+    state_path: &Path,
+) -> Result<(), SnapshotError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(state_path)
+        .map_err(|source| SnapshotError::File {
+            what: "create state file",
+            path: state_path.to_owned(),
+            source,
+        })?;
+    pass_state_fd(qmp, &file).await?;
+    // QEMU owns its copy of the descriptor now.
+    drop(file);
+    qmp.execute(
+        "migrate",
+        Some(json!({ "uri": format!("fd:{STATE_FD_NAME}") })),
+    )
+    .await?;
+    Ok(())
+}
+
 /// How [`wait_outgoing`] watches a migration.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Watch {
