@@ -268,12 +268,16 @@ pub fn build_args(
     }
     push("-smp", vcpus.to_string());
     push("-m", format!("{mem_mib}M"));
+    // `merge=off`: anonymous RAM is otherwise offered to KSM, whose
+    // merging of equal pages across VMs is a side channel between tenants
+    // wherever an operator runs it. `dump=off`: a VMM's core dump must not
+    // carry a tenant's memory.
     let backend = if mem_path.is_empty() {
         // Anonymous RAM: a save writes it into the state.
-        format!("memory-backend-ram,id=mem,size={mem_mib}M")
+        format!("memory-backend-ram,id=mem,size={mem_mib}M,merge=off,dump=off")
     } else {
         format!(
-            "memory-backend-file,id=mem,size={mem_mib}M,mem-path={},share={mem_share}",
+            "memory-backend-file,id=mem,size={mem_mib}M,mem-path={},share={mem_share},merge=off,dump=off",
             escape(&mem_path)
         )
     };
@@ -482,6 +486,19 @@ mod tests {
     }
 
     #[test]
+    fn ram_without_a_memory_file_is_anonymous_and_kept_from_ksm_and_core_dumps() {
+        let mut spec = spec();
+        spec.memory_file = false;
+        let args = build_args(&spec, Accel::Tcg, Some(1), Start::Cold, None).unwrap();
+        assert!(
+            args.iter()
+                .any(|a| a == "memory-backend-ram,id=mem,size=256M,merge=off,dump=off"),
+            "{args:?}"
+        );
+        assert!(!args.iter().any(|a| a.contains("mem-path")), "{args:?}");
+    }
+
+    #[test]
     fn tcg_args_are_exact() {
         let name = format!("hearth-vm-{ID},process=hearth-vm-{ID}");
         let mut want: Vec<&str> = vec![
@@ -498,7 +515,7 @@ mod tests {
             "-m",
             "256M",
             "-object",
-            "memory-backend-file,id=mem,size=256M,mem-path=/dev/shm/hearth/vm1.mem,share=on",
+            "memory-backend-file,id=mem,size=256M,mem-path=/dev/shm/hearth/vm1.mem,share=on,merge=off,dump=off",
         ];
         want.extend(tail());
         want.extend([
@@ -532,7 +549,7 @@ mod tests {
             "-m",
             "1024M",
             "-object",
-            "memory-backend-file,id=mem,size=1024M,mem-path=/dev/shm/hearth/vm1.mem,share=on",
+            "memory-backend-file,id=mem,size=1024M,mem-path=/dev/shm/hearth/vm1.mem,share=on,merge=off,dump=off",
         ];
         want.extend(tail());
         // No tsc_early_khz under KVM, even when a value is known.
@@ -681,7 +698,7 @@ mod tests {
                 .unwrap_or_default();
             let share = if private { "off" } else { "on" };
             let want_mem =
-                format!("memory-backend-file,id=mem,size=256M,mem-path=/snap/mem,,0,share={share}");
+                format!("memory-backend-file,id=mem,size=256M,mem-path=/snap/mem,,0,share={share},merge=off,dump=off");
             // Exactly three differences: memory backend, console append,
             // and -incoming at the end; devices stay identical.
             let mut expect = cold.clone();
