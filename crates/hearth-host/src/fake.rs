@@ -40,7 +40,8 @@ use hearth_guest_proto::{
 use hearth_image::{GuestArtifacts, ImageName, InitramfsArtifact, KernelArtifact, RootfsArtifact};
 use hearth_types::{ByteSize, VmId};
 use hearth_vmm::{
-    Accel, ExitInfo, LiveSaved, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError,
+    Accel, ExitInfo, LiveSaved, RestoreFrom, RestoreMemory, SavedState, VmInstance, VmSpec, Vmm,
+    VmmError,
 };
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
@@ -380,22 +381,32 @@ impl Vmm for FakeVmm {
                 spec.memory.bytes()
             )));
         }
-        let Some(memory) = &from.memory else {
-            // The state holds the RAM (a live save): a fresh memory file.
-            if from.private {
-                return Err(invalid("a private restore needs a memory file".into()));
-            }
-            let vm = self.start(spec, true).await?;
-            write_memory(&spec.mem_path, saved.fake_vm, spec.memory).map_err(|source| {
-                VmmError::RunDir {
-                    vm: spec.id,
-                    path: spec.mem_path.clone(),
-                    source,
+        let memory = match &from.memory {
+            RestoreMemory::File(path) | RestoreMemory::Private(path) => path,
+            // The state holds the RAM (a live save), or a sealed template
+            // is mapped: a fresh memory file stands for it.
+            RestoreMemory::InState | RestoreMemory::Template(_) => {
+                if let RestoreMemory::Template(t) = &from.memory {
+                    if t.size() != spec.memory {
+                        return Err(invalid(format!(
+                            "the template holds {} bytes, the vm has {}",
+                            t.size().bytes(),
+                            spec.memory.bytes()
+                        )));
+                    }
                 }
-            })?;
-            return Ok(vm);
+                let vm = self.start(spec, true).await?;
+                write_memory(&spec.mem_path, saved.fake_vm, spec.memory).map_err(|source| {
+                    VmmError::RunDir {
+                        vm: spec.id,
+                        path: spec.mem_path.clone(),
+                        source,
+                    }
+                })?;
+                return Ok(vm);
+            }
         };
-        if !from.private && *memory != spec.mem_path {
+        if !from.memory.is_private() && *memory != spec.mem_path {
             return Err(invalid(
                 "a restore that takes the memory over must name the spec's memory file".into(),
             ));

@@ -1179,8 +1179,10 @@ impl Host {
         }
         let from = hearth_vmm::RestoreFrom {
             state: fetched.state,
-            memory: fetched.memory.map(|_| spec.mem_path.clone()),
-            private: false,
+            memory: match fetched.memory {
+                Some(_) => hearth_vmm::RestoreMemory::File(spec.mem_path.clone()),
+                None => hearth_vmm::RestoreMemory::InState,
+            },
         };
         Ok(self.vmm.restore(spec, &from).await?)
     }

@@ -1,12 +1,14 @@
 //! Saved guest memory: local copies and the store's.
 //!
-//! A VM's RAM is a file on tmpfs while it runs. A stop that preserves
-//! memory saves the device state (a small file), copies the RAM file to
-//! the VM's directory (only its data: holes stay holes) and imports both
-//! into the store, so that the next start resumes on this host from the
-//! local copy or on any host from the store. A snapshot with memory keeps
-//! one copy per host under `<data>/snapshots/`, which every VM booted from
-//! it maps copy-on-write.
+//! A VM's RAM is the VMM's anonymous memory while it runs. A stop that
+//! preserves memory, and a capture with memory, write one stream of RAM
+//! (its data pages) and device state, kept in the VM's (or the snapshot's)
+//! directory as `live` and imported into the store as the `-state` volume
+//! (its `kind` says it holds the RAM), so that the next start resumes on
+//! this host from the local copy or on any host from the store. Saves made
+//! before that are a RAM file (`memory`, data only: holes stay holes) and
+//! a device state (`state`), two volumes; they still resume. A snapshot
+//! with memory keeps one copy per host under `<data>/snapshots/`.
 
 use std::collections::BTreeMap;
 use std::io;

@@ -51,11 +51,13 @@ pub mod accel;
 pub mod dynamic;
 pub mod host;
 pub mod qemu;
+pub mod template;
 
 pub use accel::{probe_accel, ProbeOutcome};
 pub use dynamic::{DynInstance, DynVmm};
 pub use qemu::qmp::{QmpClient, QmpError};
 pub use qemu::{Qemu, QemuConfig, QemuInstance, QemuStatus};
+pub use template::MemoryTemplate;
 
 /// Everything a backend needs to boot one VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -369,7 +371,7 @@ pub trait VmInstance: Send + Sync + 'static {
     /// Save the VM: freeze it, write its device state to `state_path`
     /// (created or replaced) and end the VMM. Guest RAM stays in the memory
     /// file, which from then on belongs to the snapshot and must not be
-    /// written again (restore it with [`RestoreFrom::private`] to share
+    /// written again (restore it with [`RestoreMemory::Private`] to share
     /// it). On failure the VM is left running as it was.
     fn save(&self, state_path: &Path) -> impl Future<Output = Result<SavedState, VmmError>> + Send;
     /// Save the VM live and keep it: its RAM and device state are written
@@ -390,7 +392,7 @@ pub trait VmInstance: Send + Sync + 'static {
 }
 
 /// What [`VmInstance::save_live`] wrote: guest RAM and device state in
-/// one file, restored with [`RestoreFrom::memory`] `None`.
+/// one file, restored with [`RestoreMemory::InState`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveSaved {
     pub state: PathBuf,
@@ -419,20 +421,40 @@ pub struct SavedState {
 }
 
 /// Where [`Vmm::restore`] takes a VM from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct RestoreFrom {
     /// Device state written by [`VmInstance::save`].
     pub state: PathBuf,
-    /// Guest RAM saved with it; `None` when `state` holds the RAM too (a
-    /// [`VmInstance::save_live`]): the restore loads it into anonymous
-    /// memory (no file: a fresh tmpfs file would be allocated whole, since
-    /// the load reads every page it is told is zero).
-    pub memory: Option<PathBuf>,
-    /// `false`: the VM takes the memory file over and writes it as its RAM
-    /// (it must then be the spec's [`VmSpec::mem_path`]). `true`: the file
-    /// is mapped copy-on-write and never written, so any number of VMs may
-    /// restore from it at once; each one's changes are private memory.
-    pub private: bool,
+    /// Where the guest RAM saved with it is.
+    pub memory: RestoreMemory,
+}
+
+/// The RAM of a [`RestoreFrom`].
+#[derive(Debug, Clone)]
+pub enum RestoreMemory {
+    /// `state` holds it (a [`VmInstance::save_live`], or a save of RAM in
+    /// no file of its own): loaded into anonymous memory (not a fresh
+    /// tmpfs file, which the load would allocate whole: it reads every
+    /// page it is told is zero).
+    InState,
+    /// This file, which the VM takes over and writes as its RAM (it must
+    /// be the spec's [`VmSpec::mem_path`]).
+    File(PathBuf),
+    /// This file mapped copy-on-write and never written, so any number of
+    /// VMs may restore from it at once; each one's changes are private
+    /// memory. The VMM opens it read-write (QEMU 7.2), so it must be
+    /// trusted by every VM mapping it: see [`RestoreMemory::Template`].
+    Private(PathBuf),
+    /// A sealed [`MemoryTemplate`] mapped copy-on-write: shared like
+    /// [`RestoreMemory::Private`], and no VMM can change it.
+    Template(std::sync::Arc<MemoryTemplate>),
+}
+
+impl RestoreMemory {
+    /// Whether the RAM is a copy-on-write mapping of something shared.
+    pub fn is_private(&self) -> bool {
+        matches!(self, Self::Private(_) | Self::Template(_))
+    }
 }
 
 /// Errors of the VMM layer.

@@ -25,7 +25,7 @@ pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,re
 
 use std::path::{Path, PathBuf};
 
-use crate::{Accel, DiskSource, RestoreFrom, VmSpec, VmmError};
+use crate::{Accel, DiskSource, RestoreFrom, RestoreMemory, VmSpec, VmmError};
 
 /// How a VM's QEMU starts.
 #[derive(Debug, Clone, Copy)]
@@ -215,15 +215,15 @@ pub fn build_args(
     let (mem_path, mem_share, console_append) = match start {
         Start::Cold if spec.memory_file => (utf8("memory", &spec.mem_path)?, "on", ""),
         Start::Cold => (String::new(), "", ""),
-        Start::Restore(RestoreFrom {
-            memory: Some(memory),
-            private,
-            ..
-        }) => {
-            let share = if *private { "off" } else { "on" };
-            (utf8("memory", memory)?, share, ",append=on")
-        }
-        Start::Restore(_) => (String::new(), "", ",append=on"),
+        Start::Restore(from) => match &from.memory {
+            RestoreMemory::File(path) => (utf8("memory", path)?, "on", ",append=on"),
+            RestoreMemory::Private(path) => (utf8("memory", path)?, "off", ",append=on"),
+            // The descriptor the VMM inherits, under its own /proc.
+            RestoreMemory::Template(t) => {
+                (format!("/proc/self/fd/{}", t.raw_fd()), "off", ",append=on")
+            }
+            RestoreMemory::InState => (String::new(), "", ",append=on"),
+        },
     };
     let console = utf8("console log", &files.console_log)?;
     let agent_sock = utf8("agent socket", &files.agent_sock)?;
@@ -671,8 +671,7 @@ mod tests {
         }
         let from = RestoreFrom {
             state: "/s".into(),
-            memory: Some("/m".into()),
-            private: true,
+            memory: RestoreMemory::Private("/m".into()),
         };
         let restored =
             build_args(&s, Accel::Tcg, Some(1), Start::Restore(&from), Some(7)).unwrap_or_default();
@@ -689,10 +688,14 @@ mod tests {
     fn restore_maps_the_saved_memory_and_waits_for_state() {
         let cold = build_args(&spec(), Accel::Tcg, Some(1), Start::Cold, None).unwrap_or_default();
         for private in [false, true] {
+            let path = "/snap/mem,0".into();
             let from = RestoreFrom {
                 state: "/snap/state".into(),
-                memory: Some("/snap/mem,0".into()),
-                private,
+                memory: if private {
+                    RestoreMemory::Private(path)
+                } else {
+                    RestoreMemory::File(path)
+                },
             };
             let got = build_args(&spec(), Accel::Tcg, Some(1), Start::Restore(&from), None)
                 .unwrap_or_default();

@@ -59,7 +59,7 @@ use hearth_types::VmId;
 use super::cgroup::{Cgroups, CGROUP_ROOT};
 use super::cmdline::Start;
 use super::sys::{self, ChildJail, ChildMount};
-use crate::{Accel, DiskSource, JailSpec, RestoreFrom, VmSpec, VmmError};
+use crate::{Accel, DiskSource, JailSpec, RestoreFrom, RestoreMemory, VmSpec, VmmError};
 
 /// The jail's root directory inside the run directory.
 pub const JAIL_DIR: &str = "jail";
@@ -353,7 +353,7 @@ pub async fn prepare(
     start: Start<'_>,
     accel: Accel,
     binary: &Path,
-    tap: Option<std::os::fd::RawFd>,
+    inherit: &[std::os::fd::RawFd],
 ) -> Result<Prepared, VmmError> {
     let vm = spec.id;
     let invalid = |reason: String| VmmError::InvalidSpec { vm, reason };
@@ -453,11 +453,10 @@ pub async fn prepare(
     // Guest RAM.
     match start {
         Start::Restore(RestoreFrom {
-            memory: Some(memory),
-            private,
+            memory: RestoreMemory::File(memory) | RestoreMemory::Private(memory),
             ..
         }) => {
-            if *private {
+            if matches!(start, Start::Restore(f) if f.memory.is_private()) {
                 check_access(vm, jail, "snapshot memory file", memory, Want::ReadWrite)?;
             } else {
                 chown(vm, jail, memory)?;
@@ -469,7 +468,8 @@ pub async fn prepare(
             });
         }
         // Anonymous memory (a restore whose state holds the RAM, or a cold
-        // boot without a memory file): no file.
+        // boot without a memory file), or a template the VMM inherits as a
+        // descriptor: no file.
         Start::Restore(_) => {}
         Start::Cold if !spec.memory_file => {}
         Start::Cold => {
@@ -537,7 +537,7 @@ pub async fn prepare(
             step: format!("create cgroups: {e}"),
             source: e.source,
         })?;
-    let child = child_plan(vm, spec, jail, &plan, &cgroups, tap);
+    let child = child_plan(vm, spec, jail, &plan, &cgroups, inherit);
     let child = match child {
         Ok(c) => c,
         Err(e) => {
@@ -561,7 +561,7 @@ fn child_plan(
     jail: &JailSpec,
     plan: &MountPlan,
     cgroups: &Cgroups,
-    tap: Option<std::os::fd::RawFd>,
+    inherit: &[std::os::fd::RawFd],
 ) -> Result<(ChildJail, OwnedFd), VmmError> {
     let io_err = |step: &str| {
         let step = step.to_owned();
@@ -620,7 +620,7 @@ fn child_plan(
             mounts,
             uid: jail.uid,
             gid: jail.gid,
-            tap,
+            inherit: inherit.to_vec(),
         },
         report_read,
     ))

@@ -26,7 +26,7 @@ pub mod snapshot;
 mod sys;
 
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -37,7 +37,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 
 use crate::{
-    Accel, ExitInfo, LiveSaved, RestoreFrom, SavedState, VmInstance, VmSpec, Vmm, VmmError,
+    Accel, ExitInfo, LiveSaved, RestoreFrom, RestoreMemory, SavedState, VmInstance, VmSpec, Vmm,
+    VmmError,
 };
 use cmdline::{RunFiles, Start};
 use qmp::{QmpClient, QmpError};
@@ -149,36 +150,41 @@ impl Qemu {
         let vm = spec.id;
         let invalid = |reason: String| VmmError::InvalidSpec { vm, reason };
         let failed = |e: SnapshotError| VmmError::backend(vm, "restore", e);
-        match &from.memory {
-            Some(memory) if !from.private && *memory != spec.mem_path => {
+        let private = from.memory.is_private();
+        if let RestoreMemory::File(memory) = &from.memory {
+            if *memory != spec.mem_path {
                 return Err(invalid(format!(
                     "a shared restore takes the memory file over, so it must be the spec's mem_path {:?}, not {:?}",
                     spec.mem_path, memory
                 )));
             }
-            None if from.private => {
-                return Err(invalid(
-                    "a private restore maps a memory file; this state holds its ram".to_owned(),
-                ));
-            }
-            _ => {}
         }
-        if from.private && spec.free_page_reporting {
+        if private && spec.free_page_reporting {
             // QEMU 7.2 discards reported pages with fallocate(PUNCH_HOLE)
             // on the memory file even when the mapping is private, which
-            // would zero pages of the snapshot under every other restore.
+            // would zero pages of the snapshot under every other restore
+            // (a template refuses it, and QEMU would log every refusal).
             return Err(invalid(
                 "a private restore cannot have free page reporting: qemu 7.2 would punch holes in the shared snapshot file"
                     .to_owned(),
             ));
         }
-        if let Some(memory) = &from.memory {
-            // QEMU refuses a smaller file and silently maps part of a
-            // larger one; only an exact size is the saved VM's memory.
-            let (found, _) = snapshot::file_sizes(memory, "stat memory file").map_err(failed)?;
+        // QEMU refuses a smaller file and silently maps part of a larger
+        // one; only an exact size is the saved VM's memory.
+        let found = match &from.memory {
+            RestoreMemory::File(path) | RestoreMemory::Private(path) => Some((
+                snapshot::file_sizes(path, "stat memory file")
+                    .map_err(failed)?
+                    .0,
+                path.clone(),
+            )),
+            RestoreMemory::Template(t) => Some((t.size(), PathBuf::from("(template)"))),
+            RestoreMemory::InState => None,
+        };
+        if let Some((found, path)) = found {
             if found.bytes() != spec.memory.bytes() {
                 return Err(failed(SnapshotError::MemorySize {
-                    path: memory.clone(),
+                    path,
                     found: found.bytes(),
                     expected: spec.memory.bytes(),
                 }));
@@ -194,16 +200,17 @@ impl Qemu {
 
         let started = Instant::now();
         let mut inst = self.launch(spec, Start::Restore(from)).await?;
-        inst.private_memory = from.private;
-        inst.anonymous_memory = from.memory.is_none();
-        if let Some(memory) = &from.memory {
-            inst.mem_path = memory.clone();
+        inst.private_memory = private;
+        inst.anonymous_memory = matches!(from.memory, RestoreMemory::InState);
+        if let RestoreMemory::File(path) | RestoreMemory::Private(path) = &from.memory {
+            inst.mem_path = path.clone();
         }
         // Until the VM runs, a dropped restore must not leave QEMU behind.
         let guard = KillOnDrop(Some(&inst.process));
         let incoming = async {
             // A stream with RAM in it loads it; otherwise RAM is the file's.
-            snapshot::set_ignore_shared(&inst.qmp, from.memory.is_some()).await?;
+            let ram_in_state = matches!(from.memory, RestoreMemory::InState);
+            snapshot::set_ignore_shared(&inst.qmp, !ram_in_state).await?;
             snapshot::pass_state_fd(&inst.qmp, &state).await?;
             inst.qmp
                 .execute(
@@ -229,7 +236,7 @@ impl Qemu {
             return Err(failed(e));
         }
         guard.disarm();
-        tracing::info!(%vm, pid = inst.process.pid, private = from.private, restore_ms = started.elapsed().as_millis() as u64, "qemu restored");
+        tracing::info!(%vm, pid = inst.process.pid, private, restore_ms = started.elapsed().as_millis() as u64, "qemu restored");
         Ok(inst)
     }
 
@@ -253,6 +260,15 @@ impl Qemu {
         };
         let tap_fd = tap.as_ref().map(|fd| fd.as_raw_fd());
         let args = self.start_args(spec, start, tap_fd)?;
+        // What QEMU inherits: the TAP, and a memory template it maps.
+        let template_fd = match start {
+            Start::Restore(RestoreFrom {
+                memory: RestoreMemory::Template(t),
+                ..
+            }) => Some(t.raw_fd()),
+            _ => None,
+        };
+        let inherit: Vec<RawFd> = tap_fd.into_iter().chain(template_fd).collect();
         let files = RunFiles::new(&spec.run_dir);
         let run_dir_err = |path: &Path| {
             let path = path.to_owned();
@@ -284,9 +300,9 @@ impl Qemu {
         let log2 = log.try_clone().map_err(run_dir_err(&files.qemu_log))?;
         let mut jailed = match &spec.jail {
             None => None,
-            Some(j) => {
-                Some(jail::prepare(spec, j, start, self.cfg.accel, &self.cfg.binary, tap_fd).await?)
-            }
+            Some(j) => Some(
+                jail::prepare(spec, j, start, self.cfg.accel, &self.cfg.binary, &inherit).await?,
+            ),
         };
         let program = jailed
             .as_ref()
@@ -304,14 +320,15 @@ impl Qemu {
         let parent = std::process::id();
         let (report, cgroups, plan) = match jailed.take() {
             None => {
+                let inherit = inherit.clone();
                 // SAFETY: the closure runs in the forked child before exec.
                 // It calls only async-signal-safe functions (prctl, getppid,
-                // fcntl) and builds errors from raw OS codes, which does not
-                // allocate.
+                // fcntl), reads a vector allocated before the fork, and
+                // builds errors from raw OS codes, which does not allocate.
                 unsafe {
                     cmd.pre_exec(move || {
                         sys::die_with_parent(parent)?;
-                        if let Some(fd) = tap_fd {
+                        for &fd in &inherit {
                             sys::inherit_fd(fd)?;
                         }
                         Ok(())
@@ -747,7 +764,7 @@ impl QemuInstance {
     }
 
     /// Whether guest RAM is a private copy-on-write mapping (a
-    /// [`RestoreFrom::private`] restore).
+    /// [`RestoreMemory::Private`] or [`RestoreMemory::Template`] restore).
     pub fn private_memory(&self) -> bool {
         self.private_memory
     }

@@ -193,7 +193,7 @@ pub enum JailStep {
     SetUid,
     ClearCapabilities,
     NoNewPrivs,
-    InheritTap,
+    InheritFd,
 }
 
 impl JailStep {
@@ -217,7 +217,7 @@ impl JailStep {
         Self::SetUid,
         Self::ClearCapabilities,
         Self::NoNewPrivs,
-        Self::InheritTap,
+        Self::InheritFd,
     ];
 
     pub fn from_code(code: u32) -> Option<Self> {
@@ -245,7 +245,7 @@ impl JailStep {
             Self::SetUid => "set the jail uid",
             Self::ClearCapabilities => "clear capabilities",
             Self::NoNewPrivs => "set no_new_privs",
-            Self::InheritTap => "pass the tap descriptor",
+            Self::InheritFd => "pass a descriptor (tap, memory template)",
         }
     }
 }
@@ -291,8 +291,8 @@ pub struct ChildJail {
     pub mounts: Vec<ChildMount>,
     pub uid: u32,
     pub gid: u32,
-    /// The TAP descriptor QEMU inherits, if any.
-    pub tap: Option<RawFd>,
+    /// Descriptors QEMU inherits (a NIC's TAP, a memory template).
+    pub inherit: Vec<RawFd>,
 }
 
 const TMPFS: &std::ffi::CStr = c"tmpfs";
@@ -642,12 +642,12 @@ fn vmm_child(j: &ChildJail) -> io::Result<()> {
         }
         libc::close(j.alive_read.as_raw_fd());
     }
-    if let Some(fd) = j.tap {
+    for &fd in &j.inherit {
         if let Err(e) = inherit_fd(fd) {
             report(
                 rep,
                 REPORT_ERR,
-                JailStep::InheritTap as u32,
+                JailStep::InheritFd as u32,
                 e.raw_os_error().unwrap_or(0),
             );
             return Err(e);

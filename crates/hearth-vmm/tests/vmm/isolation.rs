@@ -6,8 +6,10 @@
 //! the host agent does, and delete them afterwards. They need root; without
 //! it (or without QEMU) they skip like every other VM test.
 
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{
@@ -16,8 +18,8 @@ use crate::common::{
 use hearth_types::VmId;
 use hearth_types::{ByteSize, MilliCpu};
 use hearth_vmm::{
-    Accel, JailSpec, Limits, NetAttach, Qemu, QemuConfig, QemuInstance, RestoreFrom, VmInstance,
-    Vmm, VmmError,
+    Accel, JailSpec, Limits, MemoryTemplate, NetAttach, Qemu, QemuConfig, QemuInstance,
+    RestoreFrom, RestoreMemory, VmInstance, Vmm, VmmError,
 };
 
 /// TCG boots are CPU-bound and this machine may have 2 cores: one VM at a time.
@@ -535,10 +537,12 @@ async fn a_jailed_vm_saves_and_restores() {
         );
     }
 
+    let memory = saved.memory.clone().expect("a memory file");
+    // The same RAM sealed, before the restore below takes the file over.
+    let template = Arc::new(MemoryTemplate::from_file(&memory).expect("seal a template"));
     let from = RestoreFrom {
         state: saved.state.clone(),
-        memory: saved.memory.clone(),
-        private: false,
+        memory: RestoreMemory::File(memory),
     };
     let restored = qemu.restore(&spec, &from).await.expect("jailed restore");
     assert_eq!(status_field(restored.vmm_pid(), "NoNewPrivs"), "1");
@@ -551,6 +555,48 @@ async fn a_jailed_vm_saves_and_restores() {
         "the guest rebooted"
     );
     restored.kill().await.expect("kill");
+
+    // Two more jailed VMs (other uids) from the sealed template: each maps
+    // it copy-on-write through a descriptor it inherits, runs on from the
+    // save, and neither changes it.
+    let digest = |t: &MemoryTemplate| {
+        use std::os::unix::fs::FileExt;
+        let f = t.file().expect("template handle");
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < t.size().bytes() {
+            f.read_exact_at(&mut buf, at).expect("read template");
+            buf.hash(&mut h);
+            at += buf.len() as u64;
+        }
+        h.finish()
+    };
+    let sealed = digest(&template);
+    let from = RestoreFrom {
+        state: saved.state.clone(),
+        memory: RestoreMemory::Template(template.clone()),
+    };
+    let mut forks = Vec::new();
+    for _ in 0..2 {
+        let id = VmId::new();
+        let dirs = TestDirs::new(id);
+        let mut spec = small_spec(id, &fx.kernel, &initrd, &dirs);
+        spec.jail = Some(jail_for(id));
+        let vm = qemu
+            .restore(&spec, &from)
+            .await
+            .expect("restore from the template");
+        assert!(vm.private_memory());
+        forks.push((vm, dirs));
+    }
+    for (vm, _) in &forks {
+        wait_ticks(vm, before + 2).await;
+    }
+    for (vm, _) in forks {
+        vm.kill().await.expect("kill");
+    }
+    assert_eq!(digest(&template), sealed, "a vm changed the template");
 }
 
 #[tokio::test]

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use crate::common::{fixture, initramfs, module, skip_missing, small_spec, Fixture, TestDirs};
 use hearth_types::{ByteSize, VmId};
 use hearth_vmm::{
-    Accel, DiskSpec, Qemu, QemuConfig, QemuInstance, RestoreFrom, VmInstance, VmSpec, Vmm, VmmError,
+    Accel, DiskSpec, Qemu, QemuConfig, QemuInstance, RestoreFrom, RestoreMemory, VmInstance,
+    VmSpec, Vmm, VmmError,
 };
 
 /// TCG is CPU-bound and this machine may have 2 cores: one test at a time.
@@ -257,8 +258,7 @@ async fn save_and_restore_keep_the_counting_process() {
     spec.disks = vec![DiskSpec::nbd(&sock2, "disk")];
     let from = RestoreFrom {
         state: saved.state.clone(),
-        memory: saved.memory.clone(),
-        private: false,
+        memory: RestoreMemory::File(saved.memory.clone().expect("a memory file")),
     };
     let t = Instant::now();
     let vm = qemu.restore(&spec, &from).await.expect("restore");
@@ -319,16 +319,14 @@ async fn private_restores_share_one_snapshot() {
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write truncated");
     let bad = RestoreFrom {
         state: truncated,
-        memory: Some(memory.clone()),
-        private: true,
+        memory: RestoreMemory::Private(memory.clone()),
     };
     expect_failed_restore(&qemu, &fx, &initrd, &bad).await;
 
     // Two forks from the one memory file, side by side.
     let from = RestoreFrom {
         state: state.clone(),
-        memory: Some(memory.clone()),
-        private: true,
+        memory: RestoreMemory::Private(memory.clone()),
     };
     let (id_a, id_b) = (VmId::new(), VmId::new());
     let (dirs_a, dirs_b) = (TestDirs::new(id_a), TestDirs::new(id_b));
@@ -382,8 +380,7 @@ async fn private_restores_share_one_snapshot() {
     let dirs_c = TestDirs::new(id_c);
     let from_live = RestoreFrom {
         state: live,
-        memory: None,
-        private: false,
+        memory: RestoreMemory::InState,
     };
     let c = qemu
         .restore(&spec(id_c, &fx, &initrd, &dirs_c), &from_live)
@@ -441,8 +438,7 @@ async fn restore_from_garbage_state_fails_and_reaps_qemu() {
             .expect("state file");
         let from = RestoreFrom {
             state,
-            memory: Some(memory.clone()),
-            private: true,
+            memory: RestoreMemory::Private(memory.clone()),
         };
         expect_failed_restore(&tcg(), &fx, &initrd, &from).await;
     }
@@ -465,8 +461,11 @@ async fn restore_refuses_mismatched_inputs_before_starting_qemu() {
     std::fs::write(&state, b"x").expect("state");
     let from = |memory: &Path, private| RestoreFrom {
         state: state.clone(),
-        memory: Some(memory.to_owned()),
-        private,
+        memory: if private {
+            RestoreMemory::Private(memory.to_owned())
+        } else {
+            RestoreMemory::File(memory.to_owned())
+        },
     };
 
     // A shared restore takes the spec's own memory file over.
