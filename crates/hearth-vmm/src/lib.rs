@@ -383,8 +383,10 @@ pub trait VmInstance: Send + Sync + 'static {
     /// [`VmInstance::resume`]s the VM (it runs on from the same RAM, its
     /// connections, the guest agent's stream included, never cut) or stops
     /// it. Works whatever backs guest RAM (a private restore's too). The
-    /// file is not synced (the caller copies it where it must last). On
-    /// failure the VM is left running as it was.
+    /// file is not synced (the caller copies it where it must last). A
+    /// backend that cannot track the guest's writes while it copies
+    /// (QEMU 7.2 under TCG) freezes the VM for the whole save instead.
+    /// On failure the VM is left running as it was.
     fn save_live(
         &self,
         state_path: &Path,

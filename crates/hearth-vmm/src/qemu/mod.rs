@@ -807,7 +807,8 @@ impl QemuInstance {
     async fn save_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
         if self.private_memory || self.anonymous_memory {
             // No memory file to keep: the RAM goes into the state.
-            let live = self.save_live_qemu(state_path).await?;
+            // Frozen first: this QEMU ends anyway.
+            let live = self.save_stream(state_path, true).await?;
             self.stop_qemu(SAVE_QUIT_GRACE).await?;
             return Ok(SavedState {
                 state: live.state,
@@ -878,9 +879,14 @@ impl QemuInstance {
         })
     }
 
-    /// [`VmInstance::save_live`]: a pre-copy migration with the RAM in
-    /// the stream; QEMU stays `postmigrate` (frozen) when it completes.
-    async fn save_live_qemu(&self, state_path: &Path) -> Result<LiveSaved, VmmError> {
+    /// RAM and device state into one stream; QEMU stays `postmigrate`
+    /// (frozen) when it completes. `stop_first`: frozen for the whole
+    /// save; otherwise a pre-copy while the guest runs.
+    async fn save_stream(
+        &self,
+        state_path: &Path,
+        stop_first: bool,
+    ) -> Result<LiveSaved, VmmError> {
         let vm = self.id;
         let failed = |e: SnapshotError| VmmError::backend(vm, "save", e);
         let was_running = self.query_status().await?.running;
@@ -896,6 +902,10 @@ impl QemuInstance {
                     })),
                 )
                 .await?;
+            let stopped_at = Instant::now();
+            if stop_first {
+                self.qmp.execute("stop", None).await?;
+            }
             snapshot::migrate_to_file(&self.qmp, state_path).await?;
             let watch = snapshot::Watch {
                 deadline: self.migrate_timeout,
@@ -912,7 +922,11 @@ impl QemuInstance {
             // of the whole stream, and the caller keeps it elsewhere (the
             // store) anyway.
             let downtime_ms = done.get("downtime").and_then(Value::as_u64).unwrap_or(0);
-            Ok::<_, SnapshotError>(Duration::from_millis(downtime_ms + 1) + asked.elapsed())
+            Ok::<_, SnapshotError>(if stop_first {
+                stopped_at.elapsed()
+            } else {
+                Duration::from_millis(downtime_ms + 1) + asked.elapsed()
+            })
         };
         let frozen = match saved.await {
             Ok(d) => d,
@@ -1024,6 +1038,12 @@ impl VmInstance for QemuInstance {
     }
 
     async fn save_live(&self, state_path: &Path) -> Result<LiveSaved, VmmError> {
-        self.save_live_qemu(state_path).await
+        // QEMU 7.2 under TCG loses writes made during a pre-copy: clearing
+        // a page's dirty bit leaves the TLB entry that writes it without
+        // marking it (fixed in QEMU 8.2.2 and 9.0), and a VM restored from
+        // the stream ran on torn memory (a guest kernel oops, seen here).
+        // Under TCG the guest is frozen for the whole save; under KVM the
+        // kernel tracks its writes.
+        self.save_stream(state_path, self.accel == Accel::Tcg).await
     }
 }

@@ -13,14 +13,20 @@
 //! max-bandwidth` (the 128 MiB/s default would throttle), `stop`, `getfd`,
 //! `migrate fd:…`, poll `query-migrate` until `completed`, fsync, `quit`.
 //!
-//! Live save (a capture that keeps the VM, and the save of anonymous RAM,
-//! which then quits): no `stop` and no `x-ignore-shared`: QEMU's pre-copy sends the RAM into the stream while
-//! the guest runs, re-sending what it dirties, and freezes it only once
-//! what is left fits in `downtime-limit` (5 ms); `query-migrate` is polled
-//! every millisecond, so the freeze is noticed at once and the caller
-//! commits the disk and `cont`s. A guest that dirties memory faster than
-//! it is copied gets a 500 ms limit after 5 s. Measured under TCG: QEMU's
-//! downtime 0–1 ms, the freeze as the host sees it ~2 ms.
+//! Save into a stream (anonymous RAM, or RAM in no file of the VM's own):
+//! no `x-ignore-shared`, so the RAM goes into the stream with the device
+//! state. A `save` that ends QEMU stops the VM first. A live save (a
+//! capture that keeps the VM) does not: QEMU's pre-copy sends the RAM
+//! while the guest runs, re-sending what it dirties, and freezes it only
+//! once what is left fits in `downtime-limit` (5 ms); `query-migrate` is
+//! polled every millisecond, so the freeze is noticed at once and the
+//! caller commits the disk and `cont`s. A guest that dirties memory faster
+//! than it is copied gets a 500 ms limit after 5 s. Under TCG, QEMU 7.2
+//! loses writes made during a pre-copy (a page's dirty bit is cleared
+//! while a TLB entry goes on writing it unmarked; fixed in QEMU 8.2.2 and
+//! 9.0): a guest restored from such a stream oopsed in a CI run, so under
+//! TCG a live save stops the VM first too. Measured under TCG with the
+//! pre-copy: QEMU's downtime 0–2 ms.
 //!
 //! Restore: QEMU with the same devices and `-incoming defer`, RAM from the
 //! saved file (`share=off`: a private copy-on-write mapping that never
