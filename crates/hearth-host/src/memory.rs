@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use hearth_store::{ScopeId, Store, VolumeId};
@@ -37,84 +36,10 @@ pub fn copy_sparse(src: &Path, dst: &Path) -> io::Result<u64> {
         .truncate(true)
         .open(&tmp)?;
     to.set_len(len)?;
-    let mut copied = 0u64;
-    let mut pos: i64 = 0;
-    let end = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    while pos < end {
-        // SAFETY: lseek on a descriptor we own, plain integers.
-        let data = unsafe { libc::lseek(from.as_raw_fd(), pos, libc::SEEK_DATA) };
-        if data < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENXIO) {
-                break; // only a hole remains
-            }
-            return Err(e);
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(from.as_raw_fd(), data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut off_in = data;
-        let mut off_out = data;
-        while off_in < hole {
-            let want = usize::try_from(hole - off_in)
-                .unwrap_or(usize::MAX)
-                .min(1 << 30);
-            // SAFETY: both descriptors are open files we own; the offsets
-            // are valid pointers to i64 that the kernel advances.
-            let n = unsafe {
-                libc::copy_file_range(
-                    from.as_raw_fd(),
-                    &mut off_in,
-                    to.as_raw_fd(),
-                    &mut off_out,
-                    want,
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
-                ) {
-                    // Across filesystems (tmpfs to the data disk) on kernels
-                    // that refuse it: copy through a buffer.
-                    copied += copy_range(&from, &to, off_in as u64, (hole - off_in) as u64)?;
-                    off_in = hole;
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("{} shrank while being copied", src.display()),
-                ));
-            }
-            copied += n as u64;
-        }
-        pos = hole;
-    }
+    let copied = hearth_vmm::template::copy_data(&from, &to, len)?;
     to.sync_all()?;
     std::fs::rename(&tmp, dst)?;
     Ok(copied)
-}
-
-/// Copies `len` bytes at `offset` from one file to the same offset of
-/// another, through a buffer.
-fn copy_range(from: &std::fs::File, to: &std::fs::File, offset: u64, len: u64) -> io::Result<u64> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        from.read_exact_at(&mut buf[..n], offset + done)?;
-        to.write_all_at(&buf[..n], offset + done)?;
-        done += n as u64;
-    }
-    Ok(done)
 }
 
 /// Imports a saved RAM file and device-state file into the store as the
