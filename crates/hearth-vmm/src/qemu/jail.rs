@@ -59,7 +59,7 @@ use hearth_types::VmId;
 use super::cgroup::{Cgroups, CGROUP_ROOT};
 use super::cmdline::Start;
 use super::sys::{self, ChildJail, ChildMount};
-use crate::{Accel, DiskSource, JailSpec, RestoreFrom, RestoreMemory, VmSpec, VmmError};
+use crate::{Accel, DiskSource, JailSpec, RestoreMemory, VmSpec, VmmError};
 
 /// The jail's root directory inside the run directory.
 pub const JAIL_DIR: &str = "jail";
@@ -452,25 +452,25 @@ pub async fn prepare(
 
     // Guest RAM.
     match start {
-        Start::Restore(RestoreFrom {
-            memory: RestoreMemory::File(memory) | RestoreMemory::Private(memory),
-            ..
-        }) => {
-            if matches!(start, Start::Restore(f) if f.memory.is_private()) {
-                check_access(vm, jail, "snapshot memory file", memory, Want::ReadWrite)?;
-            } else {
-                chown(vm, jail, memory)?;
+        Start::Restore(from) => match &from.memory {
+            RestoreMemory::File(memory) | RestoreMemory::Private(memory) => {
+                if from.memory.is_private() {
+                    // Shared with other VMs: it must already be theirs to map.
+                    check_access(vm, jail, "snapshot memory file", memory, Want::ReadWrite)?;
+                } else {
+                    chown(vm, jail, memory)?;
+                }
+                entries.push(Entry::Bind {
+                    path: memory.clone(),
+                    dir: false,
+                    read_only: false,
+                });
             }
-            entries.push(Entry::Bind {
-                path: memory.clone(),
-                dir: false,
-                read_only: false,
-            });
-        }
-        // Anonymous memory (a restore whose state holds the RAM, or a cold
-        // boot without a memory file), or a template the VMM inherits as a
-        // descriptor: no file.
-        Start::Restore(_) => {}
+            // Anonymous memory, or a template the VMM inherits as a
+            // descriptor: no file.
+            RestoreMemory::InState | RestoreMemory::Template(_) => {}
+        },
+        // Anonymous memory: no file.
         Start::Cold if !spec.memory_file => {}
         Start::Cold => {
             // The stale file is gone: create it for QEMU, owned by the jail

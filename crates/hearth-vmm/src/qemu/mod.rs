@@ -200,11 +200,11 @@ impl Qemu {
 
         let started = Instant::now();
         let mut inst = self.launch(spec, Start::Restore(from)).await?;
-        inst.private_memory = private;
-        inst.anonymous_memory = matches!(from.memory, RestoreMemory::InState);
-        if let RestoreMemory::File(path) | RestoreMemory::Private(path) = &from.memory {
-            inst.mem_path = path.clone();
-        }
+        inst.ram = match &from.memory {
+            RestoreMemory::File(path) => Ram::File(path.clone()),
+            RestoreMemory::Private(_) | RestoreMemory::Template(_) => Ram::Private,
+            RestoreMemory::InState => Ram::Anonymous,
+        };
         // Until the VM runs, a dropped restore must not leave QEMU behind.
         let guard = KillOnDrop(Some(&inst.process));
         let incoming = async {
@@ -451,9 +451,11 @@ impl Qemu {
             process,
             args,
             ready_in,
-            mem_path: spec.mem_path.clone(),
-            private_memory: false,
-            anonymous_memory: !spec.memory_file,
+            ram: if spec.memory_file {
+                Ram::File(spec.mem_path.clone())
+            } else {
+                Ram::Anonymous
+            },
             memory_size: spec.memory,
             migrate_timeout: self.cfg.migrate_timeout,
             vmm_pid,
@@ -700,6 +702,17 @@ pub struct QemuStatus {
     pub running: bool,
 }
 
+/// What backs a QEMU VM's guest RAM.
+#[derive(Debug)]
+enum Ram {
+    /// Its own shared file: a save leaves the RAM there.
+    File(PathBuf),
+    /// A private copy-on-write mapping of a shared file or template.
+    Private,
+    /// Anonymous memory of the VMM.
+    Anonymous,
+}
+
 /// A running QEMU VM.
 #[derive(Debug)]
 pub struct QemuInstance {
@@ -710,12 +723,8 @@ pub struct QemuInstance {
     process: Process,
     args: Vec<String>,
     ready_in: Duration,
-    /// The file behind guest RAM (the spec's, or a restore's snapshot file).
-    mem_path: PathBuf,
-    /// RAM is a private copy-on-write mapping of a snapshot file.
-    private_memory: bool,
-    /// RAM is anonymous memory (restored from a live save), in no file.
-    anonymous_memory: bool,
+    /// What backs guest RAM.
+    ram: Ram,
     memory_size: ByteSize,
     migrate_timeout: Duration,
     /// QEMU's own PID (the spawned process's under a jail is the jail's
@@ -758,15 +767,10 @@ impl QemuInstance {
         self.process.exit_info()
     }
 
-    /// The file behind guest RAM.
-    pub fn mem_path(&self) -> &Path {
-        &self.mem_path
-    }
-
     /// Whether guest RAM is a private copy-on-write mapping (a
     /// [`RestoreMemory::Private`] or [`RestoreMemory::Template`] restore).
     pub fn private_memory(&self) -> bool {
-        self.private_memory
+        matches!(self.ram, Ram::Private)
     }
 
     pub async fn query_status(&self) -> Result<QemuStatus, VmmError> {
@@ -799,14 +803,14 @@ impl QemuInstance {
             .map_err(|e| VmmError::backend(self.id, op, e))
     }
 
-    /// Whether guest RAM is in no file of this VM's own.
+    /// Whether guest RAM is the VMM's anonymous memory.
     pub fn anonymous_memory(&self) -> bool {
-        self.anonymous_memory
+        matches!(self.ram, Ram::Anonymous)
     }
 
     async fn save_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
-        if self.private_memory || self.anonymous_memory {
-            // No memory file to keep: the RAM goes into the state.
+        let Ram::File(mem_path) = &self.ram else {
+            // No memory file of its own: the RAM goes into the state.
             // Frozen first: this QEMU ends anyway.
             let live = self.save_stream(state_path, true).await?;
             self.stop_qemu(SAVE_QUIT_GRACE).await?;
@@ -817,8 +821,8 @@ impl QemuInstance {
                 memory_size: self.memory_size,
                 memory_allocated: live.state_size,
             });
-        }
-        let saved = self.save_frozen_qemu(state_path).await?;
+        };
+        let saved = self.save_frozen_qemu(state_path, mem_path).await?;
         // The memory file now belongs to the snapshot: this QEMU must not
         // run the guest again.
         self.stop_qemu(SAVE_QUIT_GRACE).await?;
@@ -828,12 +832,13 @@ impl QemuInstance {
     /// Freezes the VM and writes its device state ([`VmInstance::save`]'s
     /// first half); QEMU stays, frozen (`postmigrate`), its RAM in the
     /// memory file as of the freeze.
-    async fn save_frozen_qemu(&self, state_path: &Path) -> Result<SavedState, VmmError> {
+    async fn save_frozen_qemu(
+        &self,
+        state_path: &Path,
+        mem_path: &Path,
+    ) -> Result<SavedState, VmmError> {
         let vm = self.id;
         let failed = |e: SnapshotError| VmmError::backend(vm, "save", e);
-        if self.private_memory || self.anonymous_memory {
-            return Err(failed(SnapshotError::PrivateMemory));
-        }
         let was_running = self.query_status().await?.running;
         let started = Instant::now();
         let saved = async {
@@ -853,7 +858,7 @@ impl QemuInstance {
             };
             snapshot::wait_outgoing(&self.qmp, &self.process, &self.files.qemu_log, watch).await?;
             snapshot::sync_file(state_path, "sync state file")?;
-            snapshot::sync_file(&self.mem_path, "sync memory file")
+            snapshot::sync_file(mem_path, "sync memory file")
         };
         if let Err(e) = saved.await {
             // Leave the VM as it was: running if it ran.
@@ -868,12 +873,12 @@ impl QemuInstance {
         let (state_size, _) =
             snapshot::file_sizes(state_path, "stat state file").map_err(failed)?;
         let (memory_size, memory_allocated) =
-            snapshot::file_sizes(&self.mem_path, "stat memory file").map_err(failed)?;
+            snapshot::file_sizes(mem_path, "stat memory file").map_err(failed)?;
         tracing::info!(%vm, state_bytes = state_size.bytes(), migrate_ms = migrated_in.as_millis() as u64, "vm saved");
         Ok(SavedState {
             state: state_path.to_owned(),
             state_size,
-            memory: Some(self.mem_path.clone()),
+            memory: Some(mem_path.to_owned()),
             memory_size,
             memory_allocated,
         })

@@ -82,9 +82,6 @@ pub enum SnapshotError {
         expected: u64,
     },
 
-    #[error("guest memory is not a file of the vm's own (a private mapping of a snapshot, or anonymous memory); its ram must travel in the state")]
-    PrivateMemory,
-
     #[error("migration {status}: {desc}")]
     Failed { status: String, desc: String },
 
