@@ -955,8 +955,8 @@ def metric(name):
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(req, timeout=60) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.split()[-1])
     return 0.0
 
 
@@ -998,6 +998,9 @@ def test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own():
     check(status == 201, f"create pool: {status} {p}")
     try:
         log(f"pool of 3 ready in {wait_pool(pool, 3, 300):.1f}s")
+        # Its members are copies of one template, whose RAM they share.
+        check(metric("hearth_pool_templates") >= 1, "no pool template on the host")
+        check(metric("hearth_pool_template_memory_bytes") > 0, "the template holds no memory")
         claims0 = metric("hearth_pool_claims_total")
         boxes, took = [], []
         for _ in range(3):

@@ -182,14 +182,30 @@ pub async fn render(
 async fn egress_metrics(c: &Control, out: &mut String) {
     let mut rows = Vec::new();
     let mut usage = Vec::new();
-    for (_, host) in c.live_hosts().await {
+    let mut templates = Vec::new();
+    for (host_id, host) in c.live_hosts().await {
         match host.status().await {
             Ok(status) => {
                 rows.extend(status.egress);
                 usage.extend(status.usage);
+                templates.push((host_id, status.templates));
             }
             Err(e) => tracing::debug!(error = %e, "a host's per-VM figures are unavailable"),
         }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP hearth_pool_templates Pool templates a host holds (the memory and disk its pool members are restored from).
+# TYPE hearth_pool_templates gauge
+# HELP hearth_pool_template_memory_bytes Guest RAM a host's pool templates hold, shared by the members restored from them.
+# TYPE hearth_pool_template_memory_bytes gauge"
+    );
+    for (host_id, t) in &templates {
+        let _ = writeln!(
+            out,
+            "hearth_pool_templates{{host_id=\"{host_id}\"}} {}\nhearth_pool_template_memory_bytes{{host_id=\"{host_id}\"}} {}",
+            t.count, t.memory_bytes
+        );
     }
     let id_of =
         |vm: &str| uuid::Uuid::parse_str(vm).map_or_else(|_| vm.to_owned(), |u| u.to_string());

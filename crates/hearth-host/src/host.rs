@@ -17,6 +17,9 @@ use hearth_vmm::{Accel, DynInstance, DynVmm, VmSpec};
 /// [`Host::start_with`]: any other, such as the fake of its tests).
 pub(crate) type Instance = dyn DynInstance;
 
+mod templates;
+pub use templates::TEMPLATE_IDLE;
+
 use crate::block::GenerationDisks;
 use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
 use crate::guest::GuestClient;
@@ -270,6 +273,8 @@ pub struct Host {
     boot_turns: tokio::sync::Semaphore,
     /// Jail uids in use (offsets from `JailSettings::uid_base`).
     jail_slots: Mutex<std::collections::BTreeMap<u32, std::fs::File>>,
+    /// Pool templates, one per member shape (`host/templates.rs`).
+    templates: templates::Templates,
     /// The last check of the store (`store_check.rs`).
     pub(crate) store_health: crate::store_check::HealthCell,
     /// This agent's hold on its data directory; the last field, so it is
@@ -415,9 +420,21 @@ impl Host {
             disks,
             generations,
             store_health: crate::store_check::HealthCell::new(),
+            templates: templates::Templates::default(),
             _lock: lock,
         });
         host.recover().await;
+        host.remove_stale_templates().await;
+        let weak = Arc::downgrade(&host);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TEMPLATE_IDLE / 10);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(host) = weak.upgrade() else { return };
+                host.sweep_templates(TEMPLATE_IDLE).await;
+            }
+        });
         Ok(host)
     }
 
@@ -557,27 +574,27 @@ impl Host {
         ));
         *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = req.network.clone();
         self.vms().insert(id, vm.clone());
-        let vm = self.boot_or_fail(vm, &artifacts, !req.existing).await?;
-        if req.pooled {
-            // One command first, as a sandbox's first exec would run it:
-            // the shell's pages and (under emulation) its translated code
-            // are then warm, which otherwise is most of a claimed
-            // sandbox's first exec (107 of 157 ms under TCG).
-            if let Some(g) = vm.guest() {
-                let warm = hearth_guest_proto::ExecRequest {
-                    command: "true".into(),
-                    ..Default::default()
-                };
-                match tokio::time::timeout(self.cfg.boot_timeout, g.run(warm)).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(vm = %id, error = %e, "a pool member's warm-up exec failed")
-                    }
-                    Err(_) => {
-                        tracing::warn!(vm = %id, "a pool member's warm-up exec did not finish")
-                    }
+        // A pool member is its shape's template's copy (see
+        // `host/templates.rs`), else booted like any VM.
+        let template = match req.pooled {
+            true => self.pool_template(&req, &artifacts).await,
+            false => None,
+        };
+        let how = template.as_deref().map_or(BootAs::Sandbox, BootAs::Member);
+        let vm = match self.boot_or_fail(vm, &artifacts, !req.existing, how).await {
+            Ok(vm) => vm,
+            Err(e) => {
+                if let Some(t) = &template {
+                    self.discard_template(&req, t).await;
                 }
+                return Err(e);
             }
+        };
+        if let Some(t) = &template {
+            tracing::info!(vm = %id, template = %t.source(), boot_ms = vm.record().boot_ms, "pool member restored from its template");
+        }
+        if req.pooled {
+            self.warm_up(&vm).await;
             // Nothing runs in a member until its claim; a pause that fails
             // leaves no half-made member behind.
             if let Err(e) = self.pause(id).await {
@@ -588,6 +605,23 @@ impl Host {
             }
         }
         Ok(vm)
+    }
+
+    /// Runs one command, as a sandbox's first exec would: the shell's
+    /// pages and (under emulation) its translated code are then warm,
+    /// which otherwise is most of a claimed sandbox's first exec (107 of
+    /// 157 ms under TCG). Logged when it fails: a warm-up is no promise.
+    async fn warm_up(&self, vm: &Vm) {
+        let Some(g) = vm.guest() else { return };
+        let warm = hearth_guest_proto::ExecRequest {
+            command: "true".into(),
+            ..Default::default()
+        };
+        match tokio::time::timeout(self.cfg.boot_timeout, g.run(warm)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(vm = %vm.id, error = %e, "a warm-up exec failed"),
+            Err(_) => tracing::warn!(vm = %vm.id, "a warm-up exec did not finish"),
+        }
     }
 
     /// Binds the paused pool member `id` to its sandbox (see
@@ -739,7 +773,8 @@ impl Host {
         if let Some(net) = resize.network {
             *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
         }
-        self.boot_or_fail(vm, &artifacts, !rec.persistent).await
+        self.boot_or_fail(vm, &artifacts, !rec.persistent, BootAs::Sandbox)
+            .await
     }
 
     async fn boot_or_fail(
@@ -747,8 +782,9 @@ impl Host {
         vm: Arc<Vm>,
         artifacts: &GuestArtifacts,
         fresh_disk: bool,
+        how: BootAs<'_>,
     ) -> Result<Arc<Vm>, HostError> {
-        match self.boot(&vm, artifacts, fresh_disk).await {
+        match self.boot(&vm, artifacts, fresh_disk, how).await {
             Ok(()) => Ok(vm),
             Err(e) => {
                 let reason = self.redact(&error_chain(&e));
@@ -771,6 +807,7 @@ impl Host {
         vm: &Arc<Vm>,
         artifacts: &GuestArtifacts,
         fresh_disk: bool,
+        how: BootAs<'_>,
     ) -> Result<(), HostError> {
         let started = Instant::now();
         let id = vm.id;
@@ -778,6 +815,8 @@ impl Host {
         // Resume from memory: what the last stop saved, else (first boot
         // only) the snapshot's.
         let resume = match (&rec.saved, &rec.from) {
+            // A member's memory is its template's.
+            _ if matches!(how, BootAs::Member(_)) => None,
             (Some(saved), _) => Some((saved.clone(), false, false)),
             (
                 None,
@@ -789,10 +828,12 @@ impl Host {
             ) if rec.boot_ms.is_none() => Some((m.clone(), true, *require_memory)),
             _ => None,
         };
-        let from_disk: Option<&str> = match &rec.from {
-            Some(f) => Some(&f.disk),
-            None => None,
+        let from_disk: Option<&str> = match (how, &rec.from) {
+            (BootAs::Member(t), _) => Some(&t.disk),
+            (_, Some(f)) => Some(&f.disk),
+            (_, None) => None,
         };
+        let restoring = resume.is_some() || matches!(how, BootAs::Member(_));
         let root = self
             .disks
             .prepare(DiskRequest {
@@ -802,7 +843,7 @@ impl Host {
                 base: &artifacts.rootfs.path,
                 from: from_disk,
                 // The saved devices must match: no growth on a resume.
-                size: if resume.is_some() { None } else { rec.disk },
+                size: if restoring { None } else { rec.disk },
                 fresh: fresh_disk,
                 persistent: rec.persistent,
                 fence: rec.fence,
@@ -833,12 +874,15 @@ impl Host {
                 })?;
             }
         }
-        let spec = self.spec(vm, &rec, artifacts, root);
+        let spec = self.spec(vm, &rec, artifacts, root, how);
         // Whether the guest resumed memory other VMs may resume too.
         let mut shared_memory = false;
         // A cold boot holds its turn until the guest answers.
         let (instance, turn) = match resume {
-            None => self.boot_cold(vm, &spec).await?,
+            None => match how {
+                BootAs::Member(t) => (self.vmm.restore(&spec, &t.restore()).await?, None),
+                BootAs::Sandbox | BootAs::TemplateSource => self.boot_cold(vm, &spec).await?,
+            },
             Some((volumes, shared, required)) => {
                 match self.resume_from_memory(vm, &spec, &volumes, shared).await {
                     Ok(i) => {
@@ -863,6 +907,10 @@ impl Host {
         let resumed = rec.saved.is_some();
         vm.update(|r| {
             r.boot_ms = Some(boot_ms);
+            r.template = match how {
+                BootAs::Member(t) => Some(t.source()),
+                BootAs::Sandbox | BootAs::TemplateSource => None,
+            };
             // Resumed (or not): the saved memory no longer matches the disk.
             r.saved = None;
         });
@@ -916,6 +964,7 @@ impl Host {
         rec: &VmRecord,
         artifacts: &GuestArtifacts,
         root: hearth_vmm::DiskSpec,
+        how: BootAs<'_>,
     ) -> VmSpec {
         VmSpec {
             id: vm.id,
@@ -927,10 +976,13 @@ impl Host {
             disks: vec![root],
             run_dir: vm.run_dir.clone(),
             mem_path: vm.run_dir.join("guest.mem"),
-            // Anonymous: captures save while the guest runs.
-            memory_file: false,
+            // Anonymous (captures save while the guest runs), but for a
+            // pool template's source, whose RAM becomes the template.
+            memory_file: matches!(how, BootAs::TemplateSource),
             raw_ports: self.cfg.raw_ports.clone(),
-            free_page_reporting: self.cfg.free_page_reporting,
+            // Never where RAM is (or will be) a template's: QEMU would
+            // punch the reported pages out of the template's file.
+            free_page_reporting: self.cfg.free_page_reporting && matches!(how, BootAs::Sandbox),
             net: vm
                 .net
                 .lock()
@@ -1715,6 +1767,7 @@ impl Host {
                 tracing::warn!(n = id, error = %error_chain(&e), "stop at shutdown failed");
             }
         }
+        self.sweep_templates(Duration::ZERO).await;
         if let Err(e) = std::fs::remove_dir_all(&self.cfg.run_root) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(dir = %self.cfg.run_root.display(), error = %e, "cannot remove the run directory");
@@ -1767,6 +1820,19 @@ impl Host {
             self.vms().insert(rec.id, Arc::new(vm));
         }
     }
+}
+
+/// How [`Host::boot`] makes a VM's RAM.
+#[derive(Clone, Copy)]
+enum BootAs<'a> {
+    /// Anonymous memory: booted cold, or resumed from saved memory.
+    Sandbox,
+    /// A pool template's source: RAM in a file of its own, no free page
+    /// reporting (see `templates.rs`).
+    TemplateSource,
+    /// A pool member: the template's RAM mapped copy-on-write, its
+    /// device state restored, its disk from the template's.
+    Member(&'a templates::PoolTemplate),
 }
 
 /// Adds read permission for everyone to `path` (a kernel or initramfs:

@@ -160,6 +160,7 @@ impl HostApi for InProcessHost {
             egress: self.0.egress_metrics(),
             usage: self.0.vm_usage(),
             store: self.0.store_health(),
+            templates: self.0.template_usage(),
         })
     }
 

@@ -512,6 +512,10 @@ async fn pool_members_wait_paused_and_a_claim_gives_each_its_own_identity() {
         assert!(fake.is_paused(m.id), "a member waits paused");
         assert!(fake.identity(m.id).is_none());
     }
+    // One cold boot, the template's; both members are its copies.
+    assert_eq!((fake.boots(), fake.restores()), (1, 2));
+    assert_eq!(a.record().template, b.record().template);
+    assert!(a.record().template.is_some());
 
     let rec = host
         .claim(a.id, 3, hearth_host::SandboxNet::default())
@@ -554,6 +558,67 @@ async fn pool_members_wait_paused_and_a_claim_gives_each_its_own_identity() {
     assert_ne!(ia.boot_id, ib.boot_id);
     assert_ne!(ia.hostname, ib.hostname);
     host.shutdown().await;
+}
+
+/// Members of one shape share a template made once; another shape gets
+/// its own; a template that cannot be made leaves members booting cold;
+/// a shutdown drops every template (its volume and files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_members_of_a_shape_are_copies_of_one_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let cfg = fake_config(&dir);
+    let templates = cfg.data_dir.join("templates");
+    let host = start(cfg, &fake).await;
+    let pooled = |mib| CreateVm {
+        pooled: true,
+        memory: ByteSize::mib(mib),
+        ..small()
+    };
+    // Three at once: one template is made, while the others wait for it.
+    let (a, b, c) = tokio::join!(
+        host.create_vm(pooled(64)),
+        host.create_vm(pooled(64)),
+        host.create_vm(pooled(64))
+    );
+    let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+    assert_eq!((fake.boots(), fake.restores()), (1, 3));
+    let t = a.record().template.expect("restored from a template");
+    assert_eq!([b.record().template, c.record().template], [Some(t); 2]);
+    assert!(!fake.is_running(t), "the template's own vmm is gone");
+    // A member's claim and exec work as a cold member's.
+    host.claim(a.id, 1, Default::default())
+        .await
+        .expect("claim");
+    let out = host.guest(a.id).unwrap().run(echo("copy")).await.unwrap();
+    assert_eq!(out.stdout, b"copy\n");
+
+    let other = host.create_vm(pooled(96)).await.unwrap();
+    assert_eq!((fake.boots(), fake.restores()), (2, 4));
+    assert_ne!(other.record().template, Some(t));
+    assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 2);
+
+    // A VM that is no member has no template.
+    let plain = host.create_vm(small()).await.unwrap();
+    assert_eq!(plain.record().template, None);
+
+    // A template that cannot be saved: the member boots cold instead.
+    fake.fail_saves(true);
+    let cold = host.create_vm(pooled(128)).await.expect("a cold member");
+    fake.fail_saves(false);
+    assert_eq!(cold.record().template, None);
+    assert_eq!(cold.state(), VmState::Paused);
+    assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 2);
+
+    let gens = host.generations().expect("a store").clone();
+    let volume = hearth_host::block::GenerationDisks::volume_of(t);
+    assert!(gens.store().head(&volume).await.unwrap().is_some());
+    host.shutdown().await;
+    assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 0);
+    assert!(
+        gens.store().head(&volume).await.unwrap().is_none(),
+        "the template's volume is deleted"
+    );
 }
 
 /// A member whose guest does not answer its claim is killed within the

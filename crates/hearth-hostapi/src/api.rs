@@ -189,6 +189,17 @@ pub struct HostStatus {
     /// host: healthy).
     #[serde(default)]
     pub store: crate::fleet::StoreHealth,
+    /// The pool templates the host holds (absent from an older host: none).
+    #[serde(default)]
+    pub templates: TemplateUsage,
+}
+
+/// A host's pool templates: how many, and the guest RAM they hold (shared
+/// by the pool members restored from them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateUsage {
+    pub count: u32,
+    pub memory_bytes: u64,
 }
 
 /// The host agent's commands, as the control plane sees them.

@@ -29,7 +29,7 @@ pub mod types;
 
 pub use api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportAuth, ImportImage,
-    ImportedImage, StopVm, StoreGc, VmUsage,
+    ImportedImage, StopVm, StoreGc, TemplateUsage, VmUsage,
 };
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileReader, FileVersion, GuestClient, GuestError,

@@ -598,6 +598,7 @@ impl HostApi for SimHost {
             egress: Vec::new(),
             usage,
             store: Default::default(),
+            templates: Default::default(),
         })
     }
 

@@ -66,6 +66,10 @@ pub struct VmRecord {
     /// A pool member no sandbox has claimed yet (see [`CreateVm::pooled`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pooled: bool,
+    /// The pool template (the id of the VM it was saved from) whose
+    /// memory and disk this VM was restored from, instead of booting cold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<VmId>,
 }
 
 impl VmRecord {
@@ -92,6 +96,7 @@ impl VmRecord {
             from: req.from.clone(),
             saved: req.saved.clone(),
             pooled: req.pooled,
+            template: None,
         }
     }
 }

@@ -288,6 +288,18 @@ async fn claimed_pool_members_each_have_their_own_identity() {
     };
     let (a, b) = tokio::join!(host.create_vm(member()), host.create_vm(member()));
     let (a, b) = (a.expect("member a boots"), b.expect("member b boots"));
+    // Neither booted cold: both are copies of one template, whose RAM
+    // each VMM maps (sealed, copy-on-write) from a descriptor.
+    let template = a.record().template.expect("restored from a template");
+    assert_eq!(b.record().template, Some(template));
+    assert_eq!(host.template_usage().count, 1);
+    for m in [&a, &b] {
+        let pid = m.record().pid.unwrap();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(cmdline.contains("mem-path=/proc/self/fd/"), "{cmdline}");
+        assert!(!cmdline.contains("free-page-reporting=on"), "{cmdline}");
+    }
     let mut seen = Vec::new();
     for m in [&a, &b] {
         assert_eq!(m.state(), VmState::Paused);
@@ -332,7 +344,31 @@ async fn claimed_pool_members_each_have_their_own_identity() {
             "two claimed members share their {what}"
         );
     }
+    // The template's pages are shared (each VMM's resident set holds pages
+    // the other maps too), and a write is its writer's alone.
+    for m in [&a, &b] {
+        let shared = smaps_kib(m.record().pid.unwrap(), "Shared_Clean:");
+        eprintln!("member {}: {shared} KiB shared with the other", m.id);
+        assert!(shared >= 4 << 10, "{shared} KiB shared");
+    }
+    let (ga, gb) = (a.guest().unwrap(), b.guest().unwrap());
+    ga.run(sh("echo mine > /tmp/who; sync")).await.unwrap();
+    let other = gb.run(sh("cat /tmp/who 2>&1; true")).await.unwrap();
+    assert!(
+        !String::from_utf8_lossy(&other.stdout).contains("mine"),
+        "a member saw another's write"
+    );
     for m in [a, b] {
         host.delete(m.id).await.unwrap();
     }
+}
+
+/// A field of `/proc/<pid>/smaps_rollup`, in KiB.
+fn smaps_kib(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }

@@ -1,0 +1,370 @@
+//! Pool templates (issue 18): the memory a warm pool's members share.
+//!
+//! The first member a host is asked for, of one shape (image or snapshot
+//! disk, memory, CPUs, disk size), makes the shape's template: a VM of
+//! that shape boots cold with its RAM in a file of its own and no free
+//! page reporting, runs one command (as a member's warm-up does), and is
+//! saved: its device state to a file, its disk committed to its own
+//! volume in the store, its RAM sealed into a [`MemoryTemplate`] (a memfd
+//! no VMM can write, truncate or punch). Then it is gone, and every member
+//! of that shape, the first included, is restored from the template: the
+//! RAM mapped copy-on-write (pages shared until the guest writes them), the
+//! device state loaded, the disk a new volume on the template's
+//! generation (every chunk shared until written). No member boots cold.
+//!
+//! - Shared only as far as a pool's snapshot is: built-in images (public
+//!   contents), or one workspace's snapshot (its volume is the key): a
+//!   shared page cache is a side channel between tenants.
+//! - Members of a snapshot with memory resume the snapshot's memory as
+//!   before (each loads its own copy): that memory is a stream, saved with
+//!   free page reporting on, which a template cannot hold.
+//! - Members lose free page reporting until their next cold boot (QEMU
+//!   7.2 punches every reported page out of the file it maps, which the
+//!   seals refuse); their memory goes back to the host when they stop.
+//! - A template unused for [`TEMPLATE_IDLE`] is dropped (its memfd closed:
+//!   members that map it keep their mappings; its volume deleted: members'
+//!   disks keep the chunks they name, see the store's GC). A restart drops
+//!   every template, and removes what a killed agent left.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hearth_hostapi::types::CreateVm;
+use hearth_hostapi::TemplateUsage;
+use hearth_image::{GuestArtifacts, ImageName};
+use hearth_types::{ByteSize, MilliCpu, VmId};
+use hearth_vmm::MemoryTemplate;
+
+use super::{error_chain, private_dir, remove_dir_logged, BootAs, Host};
+use crate::block::GenerationDisks;
+use crate::vm::{Vm, VmRecord};
+use crate::HostError;
+
+/// How long a template is kept after it last made a member.
+pub const TEMPLATE_IDLE: Duration = Duration::from_secs(600);
+
+/// What members must share to share a template.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct TemplateKey {
+    image: ImageName,
+    /// The snapshot's disk volume (a workspace's), or none: the image's.
+    from: Option<String>,
+    memory: ByteSize,
+    cpu: MilliCpu,
+    disk: Option<ByteSize>,
+}
+
+impl TemplateKey {
+    /// The key of a pool member's create; `None` when its members cannot
+    /// share a template (they resume a snapshot's memory).
+    pub(crate) fn of(req: &CreateVm) -> Option<Self> {
+        if !req.pooled || req.existing || req.saved.is_some() {
+            return None;
+        }
+        if req.from.as_ref().is_some_and(|f| f.memory.is_some()) {
+            return None;
+        }
+        Some(Self {
+            image: req.image,
+            from: req.from.as_ref().map(|f| f.disk.clone()),
+            memory: req.memory,
+            cpu: req.cpu,
+            disk: req.disk,
+        })
+    }
+}
+
+/// One shape's template: what a member is restored from.
+pub(crate) struct PoolTemplate {
+    /// The VM it was saved from (its disk volume is the template's).
+    source: VmId,
+    dir: PathBuf,
+    state: PathBuf,
+    memory: Arc<MemoryTemplate>,
+    /// The volume of the template's disk generation.
+    pub(crate) disk: String,
+    last_used: Mutex<Instant>,
+}
+
+impl PoolTemplate {
+    /// What [`hearth_vmm::Vmm::restore`] takes a member from.
+    pub(crate) fn restore(&self) -> hearth_vmm::RestoreFrom {
+        self.touch();
+        hearth_vmm::RestoreFrom {
+            state: self.state.clone(),
+            memory: hearth_vmm::RestoreMemory::Template(self.memory.clone()),
+        }
+    }
+
+    /// The id of the VM it was saved from.
+    pub(crate) fn source(&self) -> VmId {
+        self.source
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_used
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
+
+    /// Bytes of guest RAM the template holds.
+    pub(crate) fn resident(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.memory
+            .file()
+            .and_then(|f| f.metadata())
+            .map_or(0, |m| m.blocks() * 512)
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<PoolTemplate>>>>;
+
+/// A host's templates, one slot per shape; a slot's lock is held while
+/// its template is made, so members of one shape wait for one template.
+#[derive(Default)]
+pub(crate) struct Templates {
+    slots: Mutex<HashMap<TemplateKey, Slot>>,
+}
+
+impl Templates {
+    fn slot(&self, key: &TemplateKey) -> Slot {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Takes out every template idle for `idle` or longer (all with
+    /// `Duration::ZERO`); a slot being filled is left alone.
+    fn take_idle(&self, idle: Duration) -> Vec<Arc<PoolTemplate>> {
+        let mut out = Vec::new();
+        let slots: Vec<Slot> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for slot in slots {
+            let Ok(mut held) = slot.try_lock() else {
+                continue;
+            };
+            if held.as_ref().is_some_and(|t| t.idle_for() >= idle) {
+                out.extend(held.take());
+            }
+        }
+        out
+    }
+
+    /// How many templates this host holds, and their bytes of RAM.
+    fn usage(&self) -> TemplateUsage {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .values()
+            .filter_map(|s| s.try_lock().ok().and_then(|t| t.clone()))
+            .fold(TemplateUsage::default(), |u, t| TemplateUsage {
+                count: u.count + 1,
+                memory_bytes: u.memory_bytes + t.resident(),
+            })
+    }
+}
+
+impl Host {
+    /// The pool templates this host holds.
+    pub fn template_usage(&self) -> TemplateUsage {
+        self.templates.usage()
+    }
+
+    /// The template a pool member of `req`'s shape is restored from, made
+    /// now if this host has none; `None` when members of this shape do
+    /// not share one (see [`TemplateKey::of`]), or this host keeps no
+    /// disks in the store, or the template cannot be made (logged: the
+    /// member boots cold, as without one).
+    pub(crate) async fn pool_template(
+        self: &Arc<Self>,
+        req: &CreateVm,
+        artifacts: &GuestArtifacts,
+    ) -> Option<Arc<PoolTemplate>> {
+        let key = TemplateKey::of(req)?;
+        let gens = self.generations.clone()?;
+        let slot = self.templates.slot(&key);
+        let mut held = slot.lock().await;
+        if let Some(t) = held.as_ref() {
+            // Used from now: the sweep leaves it to this member.
+            t.touch();
+            return Some(t.clone());
+        }
+        let started = Instant::now();
+        match self.make_template(req, artifacts, &gens).await {
+            Ok(t) => {
+                tracing::info!(
+                    image = %req.image,
+                    from = ?key.from,
+                    ms = started.elapsed().as_millis() as u64,
+                    resident_mib = t.resident() >> 20,
+                    "made a pool template"
+                );
+                let t = Arc::new(t);
+                *held = Some(t.clone());
+                Some(t)
+            }
+            Err(e) => {
+                tracing::warn!(image = %req.image, error = %error_chain(&e), "cannot make a pool template; the member boots cold");
+                None
+            }
+        }
+    }
+
+    /// A template failed a member's restore: the next member makes a new
+    /// one.
+    pub(crate) async fn discard_template(&self, req: &CreateVm, t: &Arc<PoolTemplate>) {
+        let Some(key) = TemplateKey::of(req) else {
+            return;
+        };
+        let slot = self.templates.slot(&key);
+        let mut held = slot.lock().await;
+        if held.as_ref().is_some_and(|h| Arc::ptr_eq(h, t)) {
+            held.take();
+            drop(held);
+            self.drop_template(t).await;
+        }
+    }
+
+    /// Boots the template's source VM, saves it, and seals its RAM.
+    async fn make_template(
+        self: &Arc<Self>,
+        req: &CreateVm,
+        artifacts: &GuestArtifacts,
+        gens: &GenerationDisks,
+    ) -> Result<PoolTemplate, HostError> {
+        let id = VmId::new();
+        let dir = self.cfg.data_dir.join("templates").join(id.to_string());
+        let run_dir = self.cfg.run_root.join(id.to_string());
+        for d in [&dir, &run_dir] {
+            private_dir(d).map_err(|source| HostError::Io {
+                id,
+                what: "create a template's dir".into(),
+                source,
+            })?;
+        }
+        let source_req = CreateVm {
+            id: Some(id),
+            persistent: true,
+            pooled: false,
+            network: None,
+            ..req.clone()
+        };
+        // Not one of the host's VMs: no API sees it, no restart recovers
+        // it (the templates directory is cleared instead).
+        let vm = Arc::new(Vm::new(
+            VmRecord::provisioning(id, &source_req, self.accel.to_string()),
+            dir.clone(),
+            run_dir,
+        ));
+        let made = self.save_template(&vm, artifacts, gens).await;
+        if made.is_err() {
+            if let Some(inst) = vm.instance() {
+                if let Err(e) = inst.kill().await {
+                    tracing::warn!(vm = %id, error = %error_chain(&e), "cannot kill a template's vmm");
+                }
+            }
+            if let Err(e) = self.after_exit(&vm).await {
+                tracing::warn!(vm = %id, error = %error_chain(&e), "cleaning up after a template that failed");
+            }
+            self.remove_template_files(id, &dir).await;
+        }
+        made
+    }
+
+    async fn save_template(
+        self: &Arc<Self>,
+        vm: &Arc<Vm>,
+        artifacts: &GuestArtifacts,
+        gens: &GenerationDisks,
+    ) -> Result<PoolTemplate, HostError> {
+        let id = vm.id;
+        self.boot(vm, artifacts, true, BootAs::TemplateSource)
+            .await?;
+        self.warm_up(vm).await;
+        // Members' disks name the template's chunks: its scope is left to
+        // GC, as a snapshot's is.
+        gens.share(id).await?;
+        super::guest_sync(vm).await;
+        let inst = self.running_instance(vm, crate::vm::VmState::Ready, "ready")?;
+        let state = vm.dir.join("state");
+        let saved = inst.save(&state).await?;
+        let Some(ram) = saved.memory else {
+            return Err(HostError::Invalid(
+                "the template's vmm saved no memory file".into(),
+            ));
+        };
+        let memory = tokio::task::spawn_blocking(move || MemoryTemplate::from_file(&ram))
+            .await
+            .map_err(|e| HostError::Invalid(format!("template task: {e}")))?
+            .map_err(|source| HostError::Io {
+                id,
+                what: "seal the template's memory".into(),
+                source,
+            })?;
+        // The VMM is gone: the disk is committed with what the memory
+        // holds, and the RAM file (now copied) removed.
+        self.after_exit(vm).await?;
+        Ok(PoolTemplate {
+            source: id,
+            dir: vm.dir.clone(),
+            state,
+            memory: Arc::new(memory),
+            disk: GenerationDisks::volume_of(id).to_string(),
+            last_used: Mutex::new(Instant::now()),
+        })
+    }
+
+    /// Drops templates idle for [`TEMPLATE_IDLE`].
+    pub(crate) async fn sweep_templates(&self, idle: Duration) {
+        for t in self.templates.take_idle(idle) {
+            tracing::info!(template = %t.source, idle_s = t.idle_for().as_secs(), "dropping an idle pool template");
+            self.drop_template(&t).await;
+        }
+    }
+
+    async fn drop_template(&self, t: &PoolTemplate) {
+        self.remove_template_files(t.source, &t.dir).await;
+    }
+
+    /// Deletes a template's volume and directory (its memfd closes with
+    /// its last handle).
+    async fn remove_template_files(&self, source: VmId, dir: &std::path::Path) {
+        if let Some(gens) = &self.generations {
+            if let Err(e) = gens
+                .store()
+                .delete_volume(&GenerationDisks::volume_of(source))
+                .await
+            {
+                tracing::warn!(template = %source, error = %e, "cannot delete a template's volume");
+            }
+        }
+        remove_dir_logged(dir);
+    }
+
+    /// After a restart: what templates a previous run made are gone.
+    pub(crate) async fn remove_stale_templates(&self) {
+        let Ok(dir) = std::fs::read_dir(self.cfg.data_dir.join("templates")) else {
+            return;
+        };
+        for entry in dir.flatten() {
+            match entry.file_name().to_string_lossy().parse::<VmId>() {
+                Ok(id) => self.remove_template_files(id, &entry.path()).await,
+                Err(_) => remove_dir_logged(&entry.path()),
+            }
+        }
+    }
+}
