@@ -270,6 +270,10 @@ async fn pool_runs(
     );
     let made: Vec<Made> = got.into_iter().map(|(m, _)| m).collect();
     let claimed_pss = pss_kib(&made);
+    // The pool's new members, idle and paused: every VMM on this machine
+    // but the sandboxes just made (run the bench with nothing else).
+    let claimed_ids: Vec<String> = made.iter().map(|s| s.id.replace('-', "")).collect();
+    let member_pss = pss_kib_where(|cmd| !claimed_ids.iter().any(|w| cmd.contains(w.as_str())));
     delete_all(api, &made).await;
     api.json(
         Method::PATCH,
@@ -291,6 +295,13 @@ async fn pool_runs(
             a as f64 / n1 as f64 / 1024.0,
             b as f64 / n2 as f64 / 1024.0
         );
+        if let Some((m, n3)) = member_pss {
+            println!(
+                "PSS per VM: pool member waiting paused {:.0} MiB (n={n3}); members / cold {:.2}",
+                m as f64 / n3 as f64 / 1024.0,
+                (m as f64 / n3 as f64) / (b as f64 / n2 as f64)
+            );
+        }
     }
     Ok(())
 }
@@ -403,6 +414,12 @@ async fn fork_runs(
 /// without dashes) on its command line.
 fn pss_kib(sandboxes: &[Made]) -> Option<(u64, usize)> {
     let want: Vec<String> = sandboxes.iter().map(|s| s.id.replace('-', "")).collect();
+    pss_kib_where(|cmd| want.iter().any(|w| cmd.contains(w.as_str())))
+}
+
+/// The summed PSS (KiB) of the VMMs on this machine whose command line
+/// `wanted` accepts, and how many.
+fn pss_kib_where(wanted: impl Fn(&str) -> bool) -> Option<(u64, usize)> {
     let mut total = 0;
     let mut found = 0;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -416,8 +433,7 @@ fn pss_kib(sandboxes: &[Made]) -> Option<(u64, usize)> {
         let Ok(cmd) = std::fs::read(pid.join("cmdline")) else {
             continue;
         };
-        let cmd = String::from_utf8_lossy(&cmd);
-        if !want.iter().any(|w| cmd.contains(w.as_str())) {
+        if !wanted(&String::from_utf8_lossy(&cmd)) {
             continue;
         }
         let Ok(rollup) = std::fs::read_to_string(pid.join("smaps_rollup")) else {

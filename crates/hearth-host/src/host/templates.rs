@@ -300,6 +300,17 @@ impl Host {
         gens.share(id).await?;
         super::guest_sync(vm).await;
         let inst = self.running_instance(vm, crate::vm::VmState::Ready, "ready")?;
+        // The save ends the VMM: its watcher must leave the rest to us.
+        if !vm.transition(
+            crate::vm::VmState::Stopping,
+            Some("saving a template".into()),
+        ) {
+            return Err(HostError::WrongState {
+                id,
+                state: vm.state(),
+                wanted: "ready",
+            });
+        }
         let state = vm.dir.join("state");
         let saved = inst.save(&state).await?;
         let Some(ram) = saved.memory else {
