@@ -666,7 +666,9 @@ impl Host {
             let identity = fresh_identity(id)?;
             inst.resume().await?;
             resumed_ms = started.elapsed().as_millis() as u64;
-            vm.transition_from(&[VmState::Paused], VmState::Ready, None);
+            // Its record says `paused` until it is bound: `ready` is what
+            // tells the control plane (its reconcile, too) that the
+            // sandbox may run code, which it must not before its identity.
             let guest = vm.guest().ok_or(HostError::WrongState {
                 id,
                 state: vm.state(),
@@ -688,6 +690,13 @@ impl Host {
             identified?;
             configured?;
             self.make_mounts(&vm).await?;
+            if !vm.transition_from(&[VmState::Paused], VmState::Ready, None) {
+                return Err(HostError::WrongState {
+                    id,
+                    state: vm.state(),
+                    wanted: "a member being claimed",
+                });
+            }
             Ok::<_, HostError>(())
         };
         // A guest that does not answer fails the claim like a boot's.

@@ -621,6 +621,41 @@ async fn pool_members_of_a_shape_are_copies_of_one_template() {
     );
 }
 
+/// A claimed member is `ready` only once it is bound (its clock the host's,
+/// its identity its own): the control plane's reconcile records a sandbox
+/// ready when its VM is, and a client may run code from then on (CI: a
+/// sandbox recorded ready mid-claim was deleted by its client before the
+/// claim ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_member_is_ready_only_once_it_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let mut cfg = fake_config(&dir);
+    cfg.boot_timeout = Duration::from_secs(20);
+    let host = start(cfg, &fake).await;
+    let m = host
+        .create_vm(CreateVm {
+            pooled: true,
+            ..small()
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(fake.slow_clock(m.id, 2, Duration::from_millis(300)));
+    let mut rx = m.subscribe();
+    let claim = tokio::spawn({
+        let host = host.clone();
+        let id = m.id;
+        async move { host.claim(id, 0, Default::default()).await }
+    });
+    rx.wait_for(|r| r.state == VmState::Ready).await.unwrap();
+    assert!(fake.identity(m.id).is_some(), "ready before its identity");
+    let off = fake.clock_offset_ns(m.id).unwrap();
+    assert!(off.abs() < 50_000_000, "ready with its clock {off} ns off");
+    claim.await.unwrap().expect("claim");
+    host.shutdown().await;
+}
+
 /// A member whose guest does not answer its claim is killed within the
 /// boot timeout: no sandbox gets a VM that kept another's identity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
