@@ -621,16 +621,11 @@ async fn pool_members_of_a_shape_are_copies_of_one_template() {
     );
 }
 
-/// A claimed member is `ready` only once it is bound (its clock the host's,
-/// its identity its own): the control plane's reconcile records a sandbox
-/// ready when its VM is, and a client may run code from then on (CI: a
-/// sandbox recorded ready mid-claim was deleted by its client before the
-/// claim ended).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claimed_member_is_ready_only_once_it_is_bound() {
-    let dir = tempfile::tempdir().unwrap();
+/// A host (20 s boot timeout) and one pool member that has waited paused
+/// for 300 ms, its clock that far behind.
+async fn member_paused_300ms(dir: &tempfile::TempDir) -> (FakeVmm, Arc<Host>, Arc<Vm>) {
     let fake = FakeVmm::new();
-    let mut cfg = fake_config(&dir);
+    let mut cfg = fake_config(dir);
     cfg.boot_timeout = Duration::from_secs(20);
     let host = start(cfg, &fake).await;
     let m = host
@@ -641,6 +636,18 @@ async fn a_claimed_member_is_ready_only_once_it_is_bound() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    (fake, host, m)
+}
+
+/// A claimed member is `ready` only once it is bound (its clock the host's,
+/// its identity its own): the control plane's reconcile records a sandbox
+/// ready when its VM is, and a client may run code from then on (CI: a
+/// sandbox recorded ready mid-claim was deleted by its client before the
+/// claim ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_member_is_ready_only_once_it_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, host, m) = member_paused_300ms(&dir).await;
     assert!(fake.slow_clock(m.id, 2, Duration::from_millis(300)));
     let mut rx = m.subscribe();
     let claim = tokio::spawn({
@@ -687,18 +694,7 @@ async fn a_member_that_cannot_take_its_identity_fails_its_claim_and_is_killed() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_members_clock_is_the_hosts_even_when_its_first_answers_are_slow() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = FakeVmm::new();
-    let mut cfg = fake_config(&dir);
-    cfg.boot_timeout = Duration::from_secs(20);
-    let host = start(cfg, &fake).await;
-    let m = host
-        .create_vm(CreateVm {
-            pooled: true,
-            ..small()
-        })
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (fake, host, m) = member_paused_300ms(&dir).await;
     let behind = fake.clock_offset_ns(m.id).unwrap();
     assert!(behind <= -300_000_000, "paused for 300 ms: {behind} ns");
     // Four answers 700 ms late: the first attempt's best reading is known
