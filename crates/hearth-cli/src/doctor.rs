@@ -322,6 +322,15 @@ fn kvm(env: &Env, qemu_version: Option<&str>) -> Check {
         return Check::warn("KVM", "cannot find QEMU to check KVM", "install QEMU");
     };
     match kvm_vcpu_starts(&bin) {
+        // A vCPU starts under PVM, and a guest kernel then hangs: only
+        // `hearth up`'s boot probe can tell, and on PVM it says TCG.
+        Ok(()) if !nested.is_empty() => Check::warn(
+            "KVM",
+            format!(
+                "likely unusable (nested PVM: kvm_pvm is loaded; a vCPU starts, but guest kernels hang under it, which `hearth up`'s boot probe checks); {TCG}"
+            ),
+            "nothing to do; HEARTH_ACCEL=kvm forces KVM",
+        ),
         Ok(()) => Check::ok(
             "KVM",
             "a KVM vCPU starts; `hearth up` confirms it with a boot probe",
@@ -335,9 +344,14 @@ fn kvm(env: &Env, qemu_version: Option<&str>) -> Check {
 }
 
 /// Starts QEMU paused under KVM with `-cpu host` (what a guest gets): on
-/// some nested hosts it aborts right away. Still running after 1.5 s means
-/// the vCPU was created.
+/// some nested hosts it aborts creating the vCPU. QEMU answers QMP only
+/// from its main loop, which it enters once the machine (its vCPUs
+/// included) is made: an answer to `query-status` means the vCPU was
+/// created, an exit first that it was not. (A timer, "still running
+/// after 1.5 s", passed a QEMU that had not yet got as far on a loaded
+/// machine.)
 fn kvm_vcpu_starts(qemu: &Path) -> Result<(), String> {
+    use std::io::{BufRead, Write};
     let mut child = Command::new(qemu)
         .args([
             "-machine",
@@ -354,38 +368,68 @@ fn kvm_vcpu_starts(qemu: &Path) -> Result<(), String> {
             "none",
             "-serial",
             "none",
+            "-qmp",
+            "stdio",
             "-S",
         ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", qemu.display()))?;
-    let deadline = Instant::now() + Duration::from_millis(1500);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let mut err = String::new();
-                if let Some(mut pipe) = child.stderr.take() {
-                    let _ = pipe.read_to_string(&mut err);
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
                 }
-                let first = err
-                    .lines()
-                    .map(|l| l.trim_start_matches("qemu-system-x86_64: ").trim())
-                    .find(|l| !l.is_empty())
-                    .unwrap_or("no message")
-                    .to_owned();
-                return Err(format!(
-                    "QEMU exits creating a KVM vCPU with -cpu host ({status}: {first})"
-                ));
             }
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Ok(());
+        });
+    }
+    if let Some(mut stdin) = child.stdin.take() {
+        // Read once QEMU's main loop runs; a write to a QEMU that already
+        // exited fails, and the exit below says why.
+        let _ = stdin
+            .write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-status\"}\n");
+        std::mem::forget(stdin);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answered = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("\"status\"") => break Ok(()),
+            Ok(_) => continue,
+            // Its stdout closed: QEMU exited (or is exiting).
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break Err(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                break Err(Some("QEMU did not answer within 30 s".to_owned()))
             }
-            Err(e) => return Err(format!("wait for QEMU: {e}")),
+        }
+    };
+    if let Err(e) = child.kill() {
+        if e.kind() != std::io::ErrorKind::InvalidInput {
+            return Err(format!("kill the QEMU of the KVM check: {e}"));
+        }
+    }
+    let status = child.wait().map_err(|e| format!("wait for QEMU: {e}"))?;
+    match answered {
+        Ok(()) => Ok(()),
+        Err(Some(why)) => Err(why),
+        Err(None) => {
+            let mut err = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut err);
+            }
+            let first = err
+                .lines()
+                .map(|l| l.trim_start_matches("qemu-system-x86_64: ").trim())
+                .find(|l| !l.is_empty())
+                .unwrap_or("no message")
+                .to_owned();
+            Err(format!(
+                "QEMU exits creating a KVM vCPU with -cpu host ({status}: {first})"
+            ))
         }
     }
 }
