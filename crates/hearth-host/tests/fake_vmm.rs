@@ -602,12 +602,17 @@ async fn pool_members_of_a_shape_are_copies_of_one_template() {
     let plain = host.create_vm(small()).await.unwrap();
     assert_eq!(plain.record().template, None);
 
-    // A template that cannot be saved: the member boots cold instead.
+    // A template that cannot be saved: the member boots cold instead,
+    // and so does the next of that shape, without trying again.
     fake.fail_saves(true);
     let cold = host.create_vm(pooled(128)).await.expect("a cold member");
     fake.fail_saves(false);
     assert_eq!(cold.record().template, None);
     assert_eq!(cold.state(), VmState::Paused);
+    let boots = fake.boots();
+    let again = host.create_vm(pooled(128)).await.expect("a cold member");
+    assert_eq!(again.record().template, None);
+    assert_eq!(fake.boots(), boots + 1, "one cold boot: no template tried");
     assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 2);
 
     let gens = host.generations().expect("a store").clone();

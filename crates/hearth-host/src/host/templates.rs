@@ -45,6 +45,10 @@ use crate::HostError;
 /// How long a template is kept after it last made a member.
 pub const TEMPLATE_IDLE: Duration = Duration::from_secs(600);
 
+/// How long after a shape's template could not be made its members boot
+/// cold without trying again (each try is a cold boot of its own).
+pub const TEMPLATE_RETRY: Duration = Duration::from_secs(300);
+
 /// What members must share to share a template.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct TemplateKey {
@@ -131,6 +135,8 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<PoolTemplate>>>>;
 #[derive(Default)]
 pub(crate) struct Templates {
     slots: Mutex<HashMap<TemplateKey, Slot>>,
+    /// When each shape's template last could not be made.
+    failed: Mutex<HashMap<TemplateKey, Instant>>,
 }
 
 impl Templates {
@@ -163,6 +169,16 @@ impl Templates {
             }
         }
         out
+    }
+
+    /// Whether the shape's template could not be made within
+    /// [`TEMPLATE_RETRY`].
+    fn failed_lately(&self, key: &TemplateKey) -> bool {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_some_and(|at| at.elapsed() < TEMPLATE_RETRY)
     }
 
     /// How many templates this host holds, and their bytes of RAM.
@@ -203,6 +219,9 @@ impl Host {
             t.touch();
             return Some(t.clone());
         }
+        if self.templates.failed_lately(&key) {
+            return None;
+        }
         let started = Instant::now();
         match self.make_template(req, artifacts, &gens).await {
             Ok(t) => {
@@ -218,7 +237,12 @@ impl Host {
                 Some(t)
             }
             Err(e) => {
-                tracing::warn!(image = %req.image, error = %error_chain(&e), "cannot make a pool template; the member boots cold");
+                tracing::warn!(image = %req.image, error = %error_chain(&e), retry_s = TEMPLATE_RETRY.as_secs(), "cannot make a pool template; members of this shape boot cold until the retry");
+                self.templates
+                    .failed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, Instant::now());
                 None
             }
         }
