@@ -584,7 +584,10 @@ impl Host {
         let vm = match self.boot_or_fail(vm, &artifacts, !req.existing, how).await {
             Ok(vm) => vm,
             Err(e) => {
-                if let Some(t) = &template {
+                // The VMM could not restore from it: the template is bad.
+                // Any other failure (the member deleted while it booted,
+                // its network, its guest) is the member's own.
+                if let (Some(t), HostError::Vmm(_)) = (&template, &e) {
                     self.discard_template(&req, t).await;
                 }
                 return Err(e);
