@@ -588,7 +588,7 @@ impl Host {
                 // Any other failure (the member deleted while it booted,
                 // its network, its guest) is the member's own.
                 if let (Some(t), HostError::Vmm(_)) = (&template, &e) {
-                    self.discard_template(&req, t).await;
+                    self.discard_template(t).await;
                 }
                 return Err(e);
             }

@@ -82,6 +82,8 @@ impl TemplateKey {
 
 /// One shape's template: what a member is restored from.
 pub(crate) struct PoolTemplate {
+    /// The shape it is the template of.
+    key: TemplateKey,
     /// The VM it was saved from (its disk volume is the template's).
     source: VmId,
     dir: PathBuf,
@@ -223,7 +225,7 @@ impl Host {
             return None;
         }
         let started = Instant::now();
-        match self.make_template(req, artifacts, &gens).await {
+        match self.make_template(req, &key, artifacts, &gens).await {
             Ok(t) => {
                 tracing::info!(
                     image = %req.image,
@@ -250,16 +252,13 @@ impl Host {
 
     /// A template failed a member's restore: the next member makes a new
     /// one.
-    pub(crate) async fn discard_template(&self, req: &CreateVm, t: &Arc<PoolTemplate>) {
-        let Some(key) = TemplateKey::of(req) else {
-            return;
-        };
-        let slot = self.templates.slot(&key);
+    pub(crate) async fn discard_template(&self, t: &Arc<PoolTemplate>) {
+        let slot = self.templates.slot(&t.key);
         let mut held = slot.lock().await;
         if held.as_ref().is_some_and(|h| Arc::ptr_eq(h, t)) {
             held.take();
             drop(held);
-            self.drop_template(t).await;
+            self.remove_template_files(t.source, &t.dir).await;
         }
     }
 
@@ -267,6 +266,7 @@ impl Host {
     async fn make_template(
         self: &Arc<Self>,
         req: &CreateVm,
+        key: &TemplateKey,
         artifacts: &GuestArtifacts,
         gens: &GenerationDisks,
     ) -> Result<PoolTemplate, HostError> {
@@ -294,7 +294,7 @@ impl Host {
             dir.clone(),
             run_dir,
         ));
-        let made = self.save_template(&vm, artifacts, gens).await;
+        let made = self.save_template(&vm, key, artifacts, gens).await;
         if made.is_err() {
             if let Some(inst) = vm.instance() {
                 if let Err(e) = inst.kill().await {
@@ -312,6 +312,7 @@ impl Host {
     async fn save_template(
         self: &Arc<Self>,
         vm: &Arc<Vm>,
+        key: &TemplateKey,
         artifacts: &GuestArtifacts,
         gens: &GenerationDisks,
     ) -> Result<PoolTemplate, HostError> {
@@ -354,6 +355,7 @@ impl Host {
         // holds, and the RAM file (now copied) removed.
         self.after_exit(vm).await?;
         Ok(PoolTemplate {
+            key: key.clone(),
             source: id,
             dir: vm.dir.clone(),
             state,
@@ -367,12 +369,8 @@ impl Host {
     pub(crate) async fn sweep_templates(&self, idle: Duration) {
         for t in self.templates.take_idle(idle) {
             tracing::info!(template = %t.source, idle_s = t.idle_for().as_secs(), "dropping an idle pool template");
-            self.drop_template(&t).await;
+            self.remove_template_files(t.source, &t.dir).await;
         }
-    }
-
-    async fn drop_template(&self, t: &PoolTemplate) {
-        self.remove_template_files(t.source, &t.dir).await;
     }
 
     /// Deletes a template's volume and directory (its memfd closes with
