@@ -297,7 +297,14 @@ impl Qemu {
             }
         }
         let log = std::fs::File::create(&files.qemu_log).map_err(run_dir_err(&files.qemu_log))?;
-        let log2 = log.try_clone().map_err(run_dir_err(&files.qemu_log))?;
+        // QEMU writes into a pipe; a thread copies it into the log up to a
+        // cap (a guest can make QEMU log: a template member's every free
+        // page report is a refused hole punch).
+        let (log_pipe, log_writer) = io::pipe().map_err(run_dir_err(&files.qemu_log))?;
+        let log_writer2 = log_writer
+            .try_clone()
+            .map_err(run_dir_err(&files.qemu_log))?;
+        capped_log(vm, log_pipe, log, QEMU_LOG_CAP).map_err(run_dir_err(&files.qemu_log))?;
         let mut jailed = match &spec.jail {
             None => None,
             Some(j) => Some(
@@ -311,8 +318,8 @@ impl Qemu {
         let mut cmd = Command::new(&program);
         cmd.args(&args)
             .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
+            .stdout(log_writer)
+            .stderr(log_writer2)
             .kill_on_drop(false)
             // Keep terminal signals (Ctrl-C on the host agent) away from VMs;
             // the host agent decides their fate.
@@ -517,6 +524,53 @@ async fn kill_if_ours(pid: u32, id: VmId) -> bool {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     true
+}
+
+/// The most of QEMU's own output kept in its log.
+pub const QEMU_LOG_CAP: u64 = 1 << 20;
+
+/// Copies what comes through `pipe` into `log`, up to `cap` bytes; past
+/// it, output is read and dropped (QEMU never blocks on a full pipe) and,
+/// once every writer has closed it, counted in a last line.
+fn capped_log(vm: VmId, pipe: io::PipeReader, log: std::fs::File, cap: u64) -> io::Result<()> {
+    use std::io::{Read, Write};
+    std::thread::Builder::new()
+        .name("qemu-log".into())
+        .stack_size(128 << 10)
+        .spawn(move || {
+            let (mut pipe, mut log) = (pipe, log);
+            let mut buf = vec![0u8; 64 << 10];
+            let (mut kept, mut dropped) = (0u64, 0u64);
+            loop {
+                let n = match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::warn!(%vm, error = %e, "cannot read qemu's output");
+                        break;
+                    }
+                };
+                let keep = (n as u64).min(cap - kept) as usize;
+                if keep > 0 {
+                    if let Err(e) = log.write_all(&buf[..keep]) {
+                        tracing::warn!(%vm, error = %e, "cannot write qemu's log");
+                    }
+                    kept += keep as u64;
+                }
+                dropped += (n - keep) as u64;
+            }
+            if dropped > 0 {
+                tracing::warn!(%vm, dropped, "qemu's output went past its log's cap");
+                if let Err(e) = writeln!(
+                    log,
+                    "[hearth: {dropped} more bytes of qemu's output dropped: the log keeps {cap}]"
+                ) {
+                    tracing::warn!(%vm, error = %e, "cannot write qemu's log");
+                }
+            }
+        })
+        .map(drop)
 }
 
 async fn wait_ready(
@@ -1050,5 +1104,48 @@ impl VmInstance for QemuInstance {
         // Under TCG the guest is frozen for the whole save; under KVM the
         // kernel tracks its writes.
         self.save_stream(state_path, self.accel == Accel::Tcg).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn qemu_output_past_the_cap_is_dropped_and_counted() {
+        let dir = std::env::temp_dir().join(format!("hearth-qemu-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("qemu.log");
+        let (reader, mut writer) = io::pipe().unwrap();
+        capped_log(
+            VmId::new(),
+            reader,
+            std::fs::File::create(&path).unwrap(),
+            1000,
+        )
+        .unwrap();
+        let line = [b'x'; 99];
+        for _ in 0..50 {
+            writer.write_all(&line).unwrap();
+            writer.write_all(b"\n").unwrap();
+        }
+        drop(writer);
+        // The copier ends when the last writer is gone.
+        let started = Instant::now();
+        let text = loop {
+            let text = std::fs::read_to_string(&path).unwrap();
+            if text.contains("[hearth:") || started.elapsed() > Duration::from_secs(10) {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let (kept, note) = text.split_at(1000);
+        assert!(kept.bytes().all(|b| b == b'x' || b == b'\n'));
+        assert_eq!(
+            note,
+            "[hearth: 4000 more bytes of qemu's output dropped: the log keeps 1000]\n"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
