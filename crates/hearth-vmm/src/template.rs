@@ -27,8 +27,8 @@ pub struct MemoryTemplate {
 }
 
 impl MemoryTemplate {
-    /// Copies the data of the RAM file at `path` (holes stay holes) into a
-    /// new memfd and seals it.
+    /// Copies the data of the RAM file at `path` (holes and pages of zeros
+    /// stay holes) into a new memfd and seals it.
     pub fn from_file(path: &Path) -> io::Result<Self> {
         let from = File::open(path)?;
         let len = from.metadata()?.len();
@@ -45,7 +45,7 @@ impl MemoryTemplate {
         // SAFETY: memfd_create returned a new descriptor nobody else owns.
         let to = unsafe { File::from_raw_fd(raw) };
         to.set_len(len)?;
-        copy_data(&from, &to, len)?;
+        copy_nonzero(&from, &to, len)?;
         let seals =
             libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
         // SAFETY: fcntl on a descriptor we own, with an integer argument.
@@ -80,26 +80,11 @@ impl MemoryTemplate {
 /// MiB costs 200 MiB. `to` must already be `len` long. Returns the bytes
 /// copied.
 pub fn copy_data(from: &File, to: &File, len: u64) -> io::Result<u64> {
-    let mut copied = 0u64;
-    let mut pos: i64 = 0;
-    let end = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    while pos < end {
-        // SAFETY: lseek on a descriptor the caller owns, plain integers.
-        let data = unsafe { libc::lseek(from.as_raw_fd(), pos, libc::SEEK_DATA) };
-        if data < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENXIO) {
-                break; // only a hole remains
-            }
-            return Err(e);
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(from.as_raw_fd(), data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut off_in = data;
-        let mut off_out = data;
+    for_each_extent(from, len, |data, hole| {
+        let mut copied = 0u64;
+        let mut off_in = data as i64;
+        let mut off_out = data as i64;
+        let hole = hole as i64;
         while off_in < hole {
             let want = usize::try_from(hole - off_in)
                 .unwrap_or(usize::MAX)
@@ -124,7 +109,7 @@ pub fn copy_data(from: &File, to: &File, len: u64) -> io::Result<u64> {
                 ) {
                     // Across filesystems (tmpfs to the data disk, a file to
                     // a memfd) on kernels that refuse it: through a buffer.
-                    copied += copy_range(from, to, off_in as u64, (hole - off_in) as u64)?;
+                    copied += copy_range(from, to, off_in as u64, (hole - off_in) as u64, false)?;
                     off_in = hole;
                     continue;
                 }
@@ -138,24 +123,90 @@ pub fn copy_data(from: &File, to: &File, len: u64) -> io::Result<u64> {
             }
             copied += n as u64;
         }
+        Ok(copied)
+    })
+}
+
+/// Like [`copy_data`], but pages of zeros are not copied either (they stay
+/// holes): a RAM file a migration stream was loaded into is allocated
+/// whole, mostly zeros.
+pub fn copy_nonzero(from: &File, to: &File, len: u64) -> io::Result<u64> {
+    for_each_extent(from, len, |data, hole| {
+        copy_range(from, to, data, hole - data, true)
+    })
+}
+
+/// Calls `copy(start, end)` for each extent of data of `file`'s first
+/// `len` bytes, in order; returns the sum of what it returned.
+fn for_each_extent(
+    file: &File,
+    len: u64,
+    mut copy: impl FnMut(u64, u64) -> io::Result<u64>,
+) -> io::Result<u64> {
+    let mut copied = 0u64;
+    let mut pos: i64 = 0;
+    let end = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    while pos < end {
+        // SAFETY: lseek on a descriptor the caller owns, plain integers.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole remains
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let hole = hole.min(end);
+        if data >= hole {
+            break;
+        }
+        copied += copy(data as u64, hole as u64)?;
         pos = hole;
     }
     Ok(copied)
 }
 
 /// Copies `len` bytes at `offset` from one file to the same offset of
-/// another, through a buffer.
-fn copy_range(from: &File, to: &File, offset: u64, len: u64) -> io::Result<u64> {
+/// another, through a buffer; with `skip_zeros`, 4 KiB pages of zeros are
+/// left out (holes in a new file). Returns the bytes written.
+fn copy_range(from: &File, to: &File, offset: u64, len: u64, skip_zeros: bool) -> io::Result<u64> {
     use std::os::unix::fs::FileExt;
+    const PAGE: usize = 4096;
     let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0;
+    let (mut done, mut written) = (0, 0);
     while done < len {
         let n = (len - done).min(buf.len() as u64) as usize;
-        from.read_exact_at(&mut buf[..n], offset + done)?;
-        to.write_all_at(&buf[..n], offset + done)?;
+        let at = offset + done;
+        from.read_exact_at(&mut buf[..n], at)?;
+        if !skip_zeros {
+            to.write_all_at(&buf[..n], at)?;
+            written += n as u64;
+        } else {
+            // Runs of pages with data, each written at once.
+            let mut i = 0;
+            while i < n {
+                let page_end = |i: usize| (i + PAGE).min(n);
+                if buf[i..page_end(i)].iter().all(|b| *b == 0) {
+                    i = page_end(i);
+                    continue;
+                }
+                let mut j = page_end(i);
+                while j < n && buf[j..page_end(j)].iter().any(|b| *b != 0) {
+                    j = page_end(j);
+                }
+                to.write_all_at(&buf[i..j], at + i as u64)?;
+                written += (j - i) as u64;
+                i = j;
+            }
+        }
         done += n as u64;
     }
-    Ok(done)
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -172,6 +223,8 @@ mod tests {
         f.set_len(64 << 20).unwrap();
         f.write_all_at(&[7u8; 8192], 4096).unwrap();
         f.write_all_at(&[9u8; 4096], 32 << 20).unwrap();
+        // Zeros written (as a stream's load leaves them) are not data.
+        f.write_all_at(&vec![0u8; 8 << 20], 40 << 20).unwrap();
         drop(f);
         let t = MemoryTemplate::from_file(&src).unwrap();
         assert_eq!(t.size(), ByteSize(64 << 20));
