@@ -90,6 +90,9 @@ struct FakeState {
     running: HashMap<VmId, Arc<Machine>>,
     boots: u32,
     restores: u32,
+    /// Restores left stopped ([`Vmm::restore_frozen`]), counted in
+    /// `restores` too.
+    frozen_restores: u32,
     reaped: Vec<VmId>,
     /// How long a cold-booted guest takes to answer the host's hello.
     boot_time: Duration,
@@ -227,6 +230,11 @@ impl FakeVmm {
     /// Restores so far (failed ones included).
     pub fn restores(&self) -> u32 {
         self.state().restores
+    }
+
+    /// How many of [`FakeVmm::restores`] were left stopped.
+    pub fn frozen_restores(&self) -> u32 {
+        self.state().frozen_restores
     }
 
     /// VMs whose VMM [`Vmm::reap_stale`] found running and ended.
@@ -385,7 +393,7 @@ impl Vmm for FakeVmm {
             RestoreMemory::File(path) | RestoreMemory::Private(path) => path,
             // The state holds the RAM (a live save), or a sealed template
             // is mapped: a fresh memory file stands for it.
-            RestoreMemory::InState | RestoreMemory::Template(_) => {
+            RestoreMemory::InState | RestoreMemory::Template(_) | RestoreMemory::Unpack(_) => {
                 if let RestoreMemory::Template(t) = &from.memory {
                     if t.size() != spec.memory {
                         return Err(invalid(format!(
@@ -426,6 +434,19 @@ impl Vmm for FakeVmm {
         }
         let mut vm = self.start(spec, true).await?;
         vm.mem_path = memory.clone();
+        Ok(vm)
+    }
+
+    async fn restore_frozen(
+        &self,
+        spec: &VmSpec,
+        from: &RestoreFrom,
+    ) -> Result<FakeInstance, VmmError> {
+        let vm = Vmm::restore(self, spec, from).await?;
+        // Stopped before its guest runs: it answers nothing until resumed.
+        vm.m.clock().pause();
+        vm.m.paused.send_replace(true);
+        self.state().frozen_restores += 1;
         Ok(vm)
     }
 

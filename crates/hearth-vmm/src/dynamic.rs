@@ -39,6 +39,12 @@ pub trait DynVmm: Send + Sync + 'static {
         spec: &'a VmSpec,
         from: &'a RestoreFrom,
     ) -> BoxFuture<'a, Result<Arc<dyn DynInstance>, VmmError>>;
+    /// [`Vmm::restore_frozen`].
+    fn restore_frozen<'a>(
+        &'a self,
+        spec: &'a VmSpec,
+        from: &'a RestoreFrom,
+    ) -> BoxFuture<'a, Result<Arc<dyn DynInstance>, VmmError>>;
     /// [`Vmm::accel`].
     fn accel(&self) -> Accel;
     /// [`Vmm::reap_stale`].
@@ -63,6 +69,17 @@ impl<V: Vmm> DynVmm for V {
     ) -> BoxFuture<'a, Result<Arc<dyn DynInstance>, VmmError>> {
         Box::pin(async move {
             let vm = Vmm::restore(self, spec, from).await?;
+            Ok(Arc::new(vm) as Arc<dyn DynInstance>)
+        })
+    }
+
+    fn restore_frozen<'a>(
+        &'a self,
+        spec: &'a VmSpec,
+        from: &'a RestoreFrom,
+    ) -> BoxFuture<'a, Result<Arc<dyn DynInstance>, VmmError>> {
+        Box::pin(async move {
+            let vm = Vmm::restore_frozen(self, spec, from).await?;
             Ok(Arc::new(vm) as Arc<dyn DynInstance>)
         })
     }

@@ -319,6 +319,15 @@ pub trait Vmm: Send + Sync + 'static {
         from: &RestoreFrom,
     ) -> impl Future<Output = Result<Self::Instance, VmmError>> + Send;
 
+    /// [`Vmm::restore`], but the vCPUs stay stopped: no guest code runs
+    /// until [`VmInstance::resume`] (or ever: [`VmInstance::save`] or
+    /// [`VmInstance::kill`] it). What a template's source is made with.
+    fn restore_frozen(
+        &self,
+        spec: &VmSpec,
+        from: &RestoreFrom,
+    ) -> impl Future<Output = Result<Self::Instance, VmmError>> + Send;
+
     /// How this backend's guests execute.
     fn accel(&self) -> Accel;
 
@@ -450,6 +459,12 @@ pub enum RestoreMemory {
     /// A sealed [`MemoryTemplate`] mapped copy-on-write: shared like
     /// [`RestoreMemory::Private`], and no VMM can change it.
     Template(std::sync::Arc<MemoryTemplate>),
+    /// `state` holds it, loaded into this new file (it must be the spec's
+    /// [`VmSpec::mem_path`] of a [`VmSpec::memory_file`] spec), which the
+    /// VM then owns as with [`RestoreMemory::File`]: a stream made into a
+    /// RAM file, as a template's source needs. The load allocates the
+    /// whole file on tmpfs (it reads every page it is told is zero).
+    Unpack(PathBuf),
 }
 
 impl RestoreMemory {

@@ -216,7 +216,9 @@ pub fn build_args(
         Start::Cold if spec.memory_file => (utf8("memory", &spec.mem_path)?, "on", ""),
         Start::Cold => (String::new(), "", ""),
         Start::Restore(from) => match &from.memory {
-            RestoreMemory::File(path) => (utf8("memory", path)?, "on", ",append=on"),
+            RestoreMemory::File(path) | RestoreMemory::Unpack(path) => {
+                (utf8("memory", path)?, "on", ",append=on")
+            }
             RestoreMemory::Private(path) => (utf8("memory", path)?, "off", ",append=on"),
             // The descriptor the VMM inherits, under its own /proc.
             RestoreMemory::Template(t) => {

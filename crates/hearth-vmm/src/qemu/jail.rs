@@ -288,6 +288,34 @@ fn check_access(
     })
 }
 
+/// Creates the VM's memory file for QEMU (the stale one is gone), owned by
+/// the jail's user, so QEMU needs no write access to the directory.
+fn new_memory_file(
+    vm: VmId,
+    jail: &JailSpec,
+    spec: &VmSpec,
+    entries: &mut Vec<Entry>,
+) -> Result<(), VmmError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&spec.mem_path)
+        .map_err(|source| VmmError::Jail {
+            vm,
+            step: format!("create memory file {}", spec.mem_path.display()),
+            source,
+        })?;
+    chown(vm, jail, &spec.mem_path)?;
+    entries.push(Entry::Bind {
+        path: spec.mem_path.clone(),
+        dir: false,
+        read_only: false,
+    });
+    Ok(())
+}
+
 fn chown(vm: VmId, jail: &JailSpec, path: &Path) -> Result<(), VmmError> {
     std::os::unix::fs::lchown(path, Some(jail.uid), Some(jail.gid)).map_err(|source| {
         VmmError::Jail {
@@ -469,30 +497,12 @@ pub async fn prepare(
             // Anonymous memory, or a template the VMM inherits as a
             // descriptor: no file.
             RestoreMemory::InState | RestoreMemory::Template(_) => {}
+            // A new file, as for a cold boot's.
+            RestoreMemory::Unpack(_) => new_memory_file(vm, jail, spec, &mut entries)?,
         },
         // Anonymous memory: no file.
         Start::Cold if !spec.memory_file => {}
-        Start::Cold => {
-            // The stale file is gone: create it for QEMU, owned by the jail
-            // user, so QEMU needs no write access to the directory.
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&spec.mem_path)
-                .map_err(io_err(format!(
-                    "create memory file {}",
-                    spec.mem_path.display()
-                )))?;
-            drop(file);
-            chown(vm, jail, &spec.mem_path)?;
-            entries.push(Entry::Bind {
-                path: spec.mem_path.clone(),
-                dir: false,
-                read_only: false,
-            });
-        }
+        Start::Cold => new_memory_file(vm, jail, spec, &mut entries)?,
     }
 
     for disk in &spec.disks {

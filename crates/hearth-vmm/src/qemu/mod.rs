@@ -142,28 +142,31 @@ impl Qemu {
         )
     }
 
+    /// [`Vmm::restore`] (`run`) or [`Vmm::restore_frozen`].
     async fn restore_qemu(
         &self,
         spec: &VmSpec,
         from: &RestoreFrom,
+        run: bool,
     ) -> Result<QemuInstance, VmmError> {
         let vm = spec.id;
         let invalid = |reason: String| VmmError::InvalidSpec { vm, reason };
         let failed = |e: SnapshotError| VmmError::backend(vm, "restore", e);
         let private = from.memory.is_private();
-        if let RestoreMemory::File(memory) = &from.memory {
-            if *memory != spec.mem_path {
+        if let RestoreMemory::File(memory) | RestoreMemory::Unpack(memory) = &from.memory {
+            if *memory != spec.mem_path || !spec.memory_file {
                 return Err(invalid(format!(
                     "a shared restore takes the memory file over, so it must be the spec's mem_path {:?}, not {:?}",
                     spec.mem_path, memory
                 )));
             }
         }
-        if private && spec.free_page_reporting {
+        if matches!(from.memory, RestoreMemory::Private(_)) && spec.free_page_reporting {
             // QEMU 7.2 discards reported pages with fallocate(PUNCH_HOLE)
             // on the memory file even when the mapping is private, which
-            // would zero pages of the snapshot under every other restore
-            // (a template refuses it, and QEMU would log every refusal).
+            // would zero pages of the snapshot under every other restore.
+            // A sealed template refuses the punch (the page stays; QEMU
+            // logs the refusal, and its log is capped).
             return Err(invalid(
                 "a private restore cannot have free page reporting: qemu 7.2 would punch holes in the shared snapshot file"
                     .to_owned(),
@@ -179,7 +182,7 @@ impl Qemu {
                 path.clone(),
             )),
             RestoreMemory::Template(t) => Some((t.size(), PathBuf::from("(template)"))),
-            RestoreMemory::InState => None,
+            RestoreMemory::InState | RestoreMemory::Unpack(_) => None,
         };
         if let Some((found, path)) = found {
             if found.bytes() != spec.memory.bytes() {
@@ -201,7 +204,7 @@ impl Qemu {
         let started = Instant::now();
         let mut inst = self.launch(spec, Start::Restore(from)).await?;
         inst.ram = match &from.memory {
-            RestoreMemory::File(path) => Ram::File(path.clone()),
+            RestoreMemory::File(path) | RestoreMemory::Unpack(path) => Ram::File(path.clone()),
             RestoreMemory::Private(_) | RestoreMemory::Template(_) => Ram::Private,
             RestoreMemory::InState => Ram::Anonymous,
         };
@@ -209,7 +212,10 @@ impl Qemu {
         let guard = KillOnDrop(Some(&inst.process));
         let incoming = async {
             // A stream with RAM in it loads it; otherwise RAM is the file's.
-            let ram_in_state = matches!(from.memory, RestoreMemory::InState);
+            let ram_in_state = matches!(
+                from.memory,
+                RestoreMemory::InState | RestoreMemory::Unpack(_)
+            );
             snapshot::set_ignore_shared(&inst.qmp, !ram_in_state).await?;
             snapshot::pass_state_fd(&inst.qmp, &state).await?;
             inst.qmp
@@ -225,7 +231,9 @@ impl Qemu {
                 self.cfg.migrate_timeout,
             )
             .await?;
-            inst.qmp.execute("cont", None).await?;
+            if run {
+                inst.qmp.execute("cont", None).await?;
+            }
             Ok::<_, SnapshotError>(())
         };
         if let Err(e) = incoming.await {
@@ -236,7 +244,7 @@ impl Qemu {
             return Err(failed(e));
         }
         guard.disarm();
-        tracing::info!(%vm, pid = inst.process.pid, private, restore_ms = started.elapsed().as_millis() as u64, "qemu restored");
+        tracing::info!(%vm, pid = inst.process.pid, private, run, restore_ms = started.elapsed().as_millis() as u64, "qemu restored");
         Ok(inst)
     }
 
@@ -286,7 +294,11 @@ impl Qemu {
             .collect();
         // A restore maps the saved memory file instead, and must keep it.
         let stale_mem = match start {
-            Start::Cold => Some(&spec.mem_path),
+            Start::Cold
+            | Start::Restore(RestoreFrom {
+                memory: RestoreMemory::Unpack(_),
+                ..
+            }) => Some(&spec.mem_path),
             Start::Restore(_) => None,
         };
         let stale_files = [&files.qmp_sock, &files.agent_sock];
@@ -478,7 +490,15 @@ impl Vmm for Qemu {
     }
 
     async fn restore(&self, spec: &VmSpec, from: &RestoreFrom) -> Result<QemuInstance, VmmError> {
-        self.restore_qemu(spec, from).await
+        self.restore_qemu(spec, from, true).await
+    }
+
+    async fn restore_frozen(
+        &self,
+        spec: &VmSpec,
+        from: &RestoreFrom,
+    ) -> Result<QemuInstance, VmmError> {
+        self.restore_qemu(spec, from, false).await
     }
 
     fn accel(&self) -> Accel {
