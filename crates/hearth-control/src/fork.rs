@@ -210,6 +210,9 @@ impl Control {
                 network: Some(net.clone()),
                 saved: None,
                 pooled: false,
+                // Several children share one template of the capture's
+                // memory; one resumes the stream itself (cheaper alone).
+                share_memory: count > 1,
             };
             let host = host.clone();
             let boot = async move {

@@ -457,6 +457,7 @@ impl Control {
             network: None,
             saved: None,
             pooled: true,
+            share_memory: false,
         };
         let control = self.clone();
         let name = pool.name.clone();

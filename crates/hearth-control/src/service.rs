@@ -651,6 +651,7 @@ impl Control {
             network: Some(net.clone()),
             saved: None,
             pooled: false,
+            share_memory: false,
         };
         // A start applies what a PATCH changed since the last boot.
         let resize = Resize {

@@ -574,9 +574,10 @@ impl Host {
         ));
         *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = req.network.clone();
         self.vms().insert(id, vm.clone());
-        // A pool member is its shape's template's copy (see
-        // `host/templates.rs`), else booted like any VM.
-        let template = match req.pooled {
+        // A pool member, or one of several VMs made from one snapshot's
+        // memory, is its shape's template's copy (see `host/templates.rs`),
+        // else booted like any VM.
+        let template = match req.pooled || req.share_memory {
             true => self.pool_template(&req, &artifacts).await,
             false => None,
         };
@@ -840,59 +841,20 @@ impl Host {
             ) if rec.boot_ms.is_none() => Some((m.clone(), true, *require_memory)),
             _ => None,
         };
-        let from_disk: Option<&str> = match (how, &rec.from) {
-            (BootAs::Member(t), _) => Some(&t.disk),
-            (_, Some(f)) => Some(&f.disk),
-            (_, None) => None,
-        };
         let restoring = resume.is_some() || matches!(how, BootAs::Member(_));
-        let root = self
-            .disks
-            .prepare(DiskRequest {
-                vm: id,
-                dir: &vm.dir,
-                run_dir: &vm.run_dir,
-                base: &artifacts.rootfs.path,
-                from: from_disk,
-                // The saved devices must match: no growth on a resume.
-                size: if restoring { None } else { rec.disk },
-                fresh: fresh_disk,
-                persistent: rec.persistent,
-                fence: rec.fence,
-            })
+        let spec = self
+            .machine(vm, &rec, artifacts, fresh_disk, how, restoring)
             .await?;
-        if let Some(network) = &self.network {
-            let cfg = vm
-                .net_config
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            let net = network
-                .setup(id, cfg.unwrap_or_default().policy)
-                .await
-                .map_err(|e| HostError::Boot {
-                    id,
-                    reason: format!("network: {e}"),
-                })?;
-            *vm.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
-        }
-        if self.cfg.jail.is_some() {
-            self.take_jail_slot(vm)?;
-            for file in [&artifacts.kernel.boot_image, &artifacts.initramfs.path] {
-                world_readable(file).map_err(|source| HostError::Io {
-                    id,
-                    what: format!("make {} readable to jailed VMMs", file.display()),
-                    source,
-                })?;
-            }
-        }
-        let spec = self.spec(vm, &rec, artifacts, root, how);
         // Whether the guest resumed memory other VMs may resume too.
         let mut shared_memory = false;
         // A cold boot holds its turn until the guest answers.
         let (instance, turn) = match resume {
             None => match how {
-                BootAs::Member(t) => (self.vmm.restore(&spec, &t.restore()).await?, None),
+                BootAs::Member(t) => {
+                    // A snapshot's memory, as every VM made from it has.
+                    shared_memory = t.of_memory();
+                    (self.vmm.restore(&spec, &t.restore()).await?, None)
+                }
                 BootAs::Sandbox | BootAs::TemplateSource => self.boot_cold(vm, &spec).await?,
             },
             Some((volumes, shared, required)) => {
@@ -937,6 +899,68 @@ impl Host {
         }
         tracing::info!(vm = %id, boot_ms, "vm ready");
         Ok(())
+    }
+
+    /// What a VM needs before its VMM starts: its disk (new, or the one it
+    /// had; grown only on a fresh start, not a `restoring` one: saved
+    /// devices must match), its network and its jail slot; and then its
+    /// machine.
+    async fn machine(
+        &self,
+        vm: &Arc<Vm>,
+        rec: &VmRecord,
+        artifacts: &GuestArtifacts,
+        fresh_disk: bool,
+        how: BootAs<'_>,
+        restoring: bool,
+    ) -> Result<VmSpec, HostError> {
+        let id = vm.id;
+        let from_disk: Option<&str> = match (how, &rec.from) {
+            (BootAs::Member(t), _) => Some(&t.disk),
+            (_, Some(f)) => Some(&f.disk),
+            (_, None) => None,
+        };
+        let root = self
+            .disks
+            .prepare(DiskRequest {
+                vm: id,
+                dir: &vm.dir,
+                run_dir: &vm.run_dir,
+                base: &artifacts.rootfs.path,
+                from: from_disk,
+                // The saved devices must match: no growth on a resume.
+                size: if restoring { None } else { rec.disk },
+                fresh: fresh_disk,
+                persistent: rec.persistent,
+                fence: rec.fence,
+            })
+            .await?;
+        if let Some(network) = &self.network {
+            let cfg = vm
+                .net_config
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let net = network
+                .setup(id, cfg.unwrap_or_default().policy)
+                .await
+                .map_err(|e| HostError::Boot {
+                    id,
+                    reason: format!("network: {e}"),
+                })?;
+            *vm.net.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
+        }
+        if self.cfg.jail.is_some() {
+            self.take_jail_slot(vm)?;
+            for file in [&artifacts.kernel.boot_image, &artifacts.initramfs.path] {
+                world_readable(file).map_err(|source| HostError::Io {
+                    id,
+                    what: format!("make {} readable to jailed VMMs", file.display()),
+                    source,
+                })?;
+            }
+        }
+        Ok(self.spec(vm, rec, artifacts, root, how))
     }
 
     /// Starts the VMM for a cold boot once a boot slot is free; the turn
@@ -993,8 +1017,14 @@ impl Host {
             memory_file: matches!(how, BootAs::TemplateSource),
             raw_ports: self.cfg.raw_ports.clone(),
             // Never where RAM is (or will be) a template's: QEMU would
-            // punch the reported pages out of the template's file.
-            free_page_reporting: self.cfg.free_page_reporting && matches!(how, BootAs::Sandbox),
+            // punch the reported pages out of the template's file. But a
+            // VM made from a snapshot's memory has the devices the stream
+            // was saved with: a template of it and its members too (their
+            // reports are refused by the template's seals: a page a guest
+            // frees there stays until the VM stops).
+            free_page_reporting: self.cfg.free_page_reporting
+                && (matches!(how, BootAs::Sandbox)
+                    || rec.from.as_ref().is_some_and(|f| f.memory.is_some())),
             net: vm
                 .net
                 .lock()
@@ -1609,6 +1639,7 @@ impl Host {
             store.delete_volume(&v).await?;
         }
         if let Some(m) = &captured.memory {
+            self.drop_templates_of_memory(&m.memory).await;
             crate::memory::delete(store, m).await?;
             remove_dir_logged(&self.cfg.data_dir.join("snapshots").join(&m.memory));
         }

@@ -386,6 +386,77 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     host.shutdown().await;
 }
 
+/// Issue 18: several VMs made at once from one snapshot's memory (a
+/// fork's children) are copies of one template of that memory, made with
+/// no guest code run (a frozen restore); each takes its own identity; the
+/// template goes with the snapshot's data. One VM alone resumes the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vms_made_together_from_a_snapshots_memory_share_one_template_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let cfg = fake_config(&dir);
+    let templates = cfg.data_dir.join("templates");
+    let host = start(cfg, &fake).await;
+    let parent = host.create_vm(small()).await.unwrap();
+    let captured = host.capture(parent.id, "snap-fork", true).await.unwrap();
+    let child = |share_memory| CreateVm {
+        from: Some(hearth_host::BootFrom {
+            disk: captured.disk.clone(),
+            memory: captured.memory.clone(),
+            require_memory: true,
+        }),
+        share_memory,
+        ..small()
+    };
+    let (a, b, c) = tokio::join!(
+        host.create_vm(child(true)),
+        host.create_vm(child(true)),
+        host.create_vm(child(true))
+    );
+    let kids = [a.unwrap(), b.unwrap(), c.unwrap()];
+    assert_eq!(fake.boots(), 1, "only the parent booted");
+    assert_eq!(
+        (fake.frozen_restores(), fake.restores()),
+        (1, 4),
+        "one frozen restore made the template, each child a restore of it"
+    );
+    let t = kids[0].record().template.expect("restored from a template");
+    assert!(!fake.is_running(t), "the template's own vmm is gone");
+    let mut entropies = std::collections::BTreeSet::new();
+    for k in &kids {
+        assert_eq!(k.record().template, Some(t));
+        assert_eq!(k.state(), VmState::Ready);
+        let identity = fake.identity(k.id).expect("each child took an identity");
+        entropies.insert(identity.entropy);
+        let out = host.guest(k.id).unwrap().run(echo("kid")).await.unwrap();
+        assert_eq!(out.stdout, b"kid\n");
+    }
+    assert_eq!(entropies.len(), 3, "identities differ");
+    assert!(
+        fake.identity(parent.id).is_none(),
+        "the parent keeps its own"
+    );
+    assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 1);
+
+    // One alone resumes the stream itself: no template.
+    let alone = host.create_vm(child(false)).await.unwrap();
+    assert_eq!(alone.record().template, None);
+    assert_eq!(fake.frozen_restores(), 1);
+    assert!(fake.identity(alone.id).is_some());
+
+    // The snapshot's data deleted (the fork done): its template too.
+    let gens = host.generations().expect("a store").clone();
+    let volume = hearth_host::block::GenerationDisks::volume_of(t);
+    host.delete_snapshot_data(&captured).await.unwrap();
+    assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 0);
+    assert!(gens.store().head(&volume).await.unwrap().is_none());
+    for k in &kids {
+        let out = host.guest(k.id).unwrap().run(echo("on")).await.unwrap();
+        assert_eq!(out.stdout, b"on\n", "children outlive their template");
+    }
+    host.shutdown().await;
+}
+
 /// The seam the control plane drives hosts through (`HostApi`, here in
 /// process) runs on the fake as it does on QEMU.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -176,6 +176,12 @@ pub struct CreateVm {
     /// absent (a claim brings the sandbox's).
     #[serde(default)]
     pub pooled: bool,
+    /// Several VMs are about to be made from this snapshot's memory (a
+    /// fork's children): the host makes one template of it, and each VM
+    /// maps its pages copy-on-write instead of loading the stream into
+    /// memory of its own. Ignored without `from.memory`.
+    #[serde(default)]
+    pub share_memory: bool,
 }
 
 /// What a claim binds to a pool member: the sandbox's egress policy and
@@ -215,6 +221,7 @@ impl Default for CreateVm {
             network: None,
             saved: None,
             pooled: false,
+            share_memory: false,
         }
     }
 }

@@ -15,9 +15,12 @@
 //! - Shared only as far as a pool's snapshot is: built-in images (public
 //!   contents), or one workspace's snapshot (its volume is the key): a
 //!   shared page cache is a side channel between tenants.
-//! - Members of a snapshot with memory resume the snapshot's memory as
-//!   before (each loads its own copy): that memory is a stream, saved with
-//!   free page reporting on, which a template cannot hold.
+//! - A snapshot's memory (a pool of a snapshot with memory, a fork's
+//!   children when there are several) makes a template too, with no
+//!   guest code run: the source's VMM loads the stream into a RAM file and
+//!   stays stopped ([`hearth_vmm::Vmm::restore_frozen`]), and is saved
+//!   again. Its members keep the balloon the stream was saved with (a
+//!   restore needs the same devices): the seals refuse what they report.
 //! - Members lose free page reporting until their next cold boot (QEMU
 //!   7.2 punches every reported page out of the file it maps, which the
 //!   seals refuse); their memory goes back to the host when they stop.
@@ -31,7 +34,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hearth_hostapi::types::CreateVm;
+use hearth_hostapi::types::{CreateVm, MemoryVolumes};
 use hearth_hostapi::TemplateUsage;
 use hearth_image::{GuestArtifacts, ImageName};
 use hearth_types::{ByteSize, MilliCpu, VmId};
@@ -55,24 +58,34 @@ pub(crate) struct TemplateKey {
     image: ImageName,
     /// The snapshot's disk volume (a workspace's), or none: the image's.
     from: Option<String>,
+    /// The snapshot's memory volume, when members resume its memory (the
+    /// template is that memory); none: the template is a fresh boot.
+    memory_from: Option<String>,
     memory: ByteSize,
     cpu: MilliCpu,
     disk: Option<ByteSize>,
 }
 
 impl TemplateKey {
-    /// The key of a pool member's create; `None` when its members cannot
-    /// share a template (they resume a snapshot's memory).
+    /// The key of a pool member's create, or of one of several VMs made
+    /// from one snapshot's memory (`share_memory`); `None` for any other.
     pub(crate) fn of(req: &CreateVm) -> Option<Self> {
-        if !req.pooled || req.existing || req.saved.is_some() {
+        if req.existing || req.saved.is_some() {
             return None;
         }
-        if req.from.as_ref().is_some_and(|f| f.memory.is_some()) {
+        let memory_from = req
+            .from
+            .as_ref()
+            .and_then(|f| f.memory.as_ref())
+            .map(|m| m.memory.clone());
+        let several_of_one_memory = req.share_memory && memory_from.is_some();
+        if !(req.pooled || several_of_one_memory) {
             return None;
         }
         Some(Self {
             image: req.image,
             from: req.from.as_ref().map(|f| f.disk.clone()),
+            memory_from,
             memory: req.memory,
             cpu: req.cpu,
             disk: req.disk,
@@ -107,6 +120,12 @@ impl PoolTemplate {
     /// The id of the VM it was saved from.
     pub(crate) fn source(&self) -> VmId {
         self.source
+    }
+
+    /// Whether it is a snapshot's memory (every VM made from it needs an
+    /// identity of its own at once), not a fresh boot.
+    pub(crate) fn of_memory(&self) -> bool {
+        self.key.memory_from.is_some()
     }
 
     fn touch(&self) {
@@ -169,6 +188,25 @@ impl Templates {
             if held.as_ref().is_some_and(|t| t.idle_for() >= idle) {
                 out.extend(held.take());
             }
+        }
+        out
+    }
+
+    /// Forgets the shapes `which` picks (their slots and failures), and
+    /// returns their templates, waiting for any being made.
+    async fn forget(&self, which: impl Fn(&TemplateKey) -> bool) -> Vec<Arc<PoolTemplate>> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| !which(k));
+        let slots: Vec<Slot> = {
+            let mut map = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let keys: Vec<TemplateKey> = map.keys().filter(|k| which(k)).cloned().collect();
+            keys.iter().filter_map(|k| map.remove(k)).collect()
+        };
+        let mut out = Vec::new();
+        for slot in slots {
+            out.extend(slot.lock().await.take());
         }
         out
     }
@@ -317,15 +355,27 @@ impl Host {
         gens: &GenerationDisks,
     ) -> Result<PoolTemplate, HostError> {
         let id = vm.id;
-        self.boot(vm, artifacts, true, BootAs::TemplateSource)
-            .await?;
-        self.warm_up(vm).await;
-        // Members' disks name the template's chunks: its scope is left to
-        // GC, as a snapshot's is.
-        gens.share(id).await?;
-        super::guest_sync(vm).await;
-        let inst = self.running_instance(vm, crate::vm::VmState::Ready, "ready")?;
-        // The save ends the VMM: its watcher must leave the rest to us.
+        let rec = vm.record();
+        let inst = match rec.from.as_ref().and_then(|f| f.memory.as_ref()) {
+            // The snapshot's memory as it was: no guest code runs.
+            Some(volumes) => {
+                let inst = self.unpack_memory(vm, &rec, artifacts, volumes).await?;
+                gens.share(id).await?;
+                inst
+            }
+            None => {
+                self.boot(vm, artifacts, true, BootAs::TemplateSource)
+                    .await?;
+                self.warm_up(vm).await;
+                // Members' disks name the template's chunks: its scope is
+                // left to GC, as a snapshot's is.
+                gens.share(id).await?;
+                super::guest_sync(vm).await;
+                self.running_instance(vm, crate::vm::VmState::Ready, "ready")?
+            }
+        };
+        // The save ends the VMM: its watcher (if any) must leave the rest
+        // to us.
         if !vm.transition(
             crate::vm::VmState::Stopping,
             Some("saving a template".into()),
@@ -363,6 +413,54 @@ impl Host {
             disk: GenerationDisks::volume_of(id).to_string(),
             last_used: Mutex::new(Instant::now()),
         })
+    }
+
+    /// A template's source VM made from a snapshot's memory (a stream):
+    /// its VMM loads the stream into a RAM file of its own and stays
+    /// stopped, so the template is the snapshot as it was (a fork's
+    /// children go on from the parent's moment, not from one the source
+    /// ran on to). The load allocates the whole file for as long as the
+    /// template is made (QEMU reads every page it is told is zero); the
+    /// template keeps only pages with data.
+    async fn unpack_memory(
+        self: &Arc<Self>,
+        vm: &Arc<Vm>,
+        rec: &VmRecord,
+        artifacts: &GuestArtifacts,
+        volumes: &MemoryVolumes,
+    ) -> Result<Arc<super::Instance>, HostError> {
+        let spec = self
+            .machine(vm, rec, artifacts, true, BootAs::TemplateSource, true)
+            .await?;
+        let store = self.store("making a template of a snapshot's memory")?;
+        let cache = self.cfg.data_dir.join("snapshots").join(&volumes.memory);
+        let fetched = crate::memory::fetch(store, volumes, &cache).await?;
+        if fetched.memory.is_some() {
+            return Err(HostError::Invalid(
+                "memory saved as a file of its own (before 2026-12-05) makes no template".into(),
+            ));
+        }
+        let from = hearth_vmm::RestoreFrom {
+            state: fetched.state,
+            memory: hearth_vmm::RestoreMemory::Unpack(spec.mem_path.clone()),
+        };
+        let inst = self.vmm.restore_frozen(&spec, &from).await?;
+        vm.update(|r| r.pid = Some(inst.vmm_pid()));
+        *vm.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(inst.clone());
+        Ok(inst)
+    }
+
+    /// A snapshot's memory is gone (a fork's capture, once its children
+    /// are made): so are the templates made of it.
+    pub(crate) async fn drop_templates_of_memory(&self, memory: &str) {
+        for t in self
+            .templates
+            .forget(|k| k.memory_from.as_deref() == Some(memory))
+            .await
+        {
+            tracing::info!(template = %t.source, "dropping the template of a deleted snapshot's memory");
+            self.remove_template_files(t.source, &t.dir).await;
+        }
     }
 
     /// Drops templates idle for [`TEMPLATE_IDLE`].
