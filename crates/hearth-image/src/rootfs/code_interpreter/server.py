@@ -34,6 +34,9 @@ DEFAULT_CWD = "/home/user"
 # How long an execution waits for its kernel to start (a boot under
 # emulation imports slowly).
 KERNEL_READY_TIMEOUT = 180
+# How long the server waits for its default kernel before it listens
+# anyway (well within the 60 s the guest agent waits for the port).
+LISTEN_WAIT = 25
 # The largest request body accepted (code and its environment).
 MAX_BODY = 16 << 20
 
@@ -346,10 +349,13 @@ def main():
     global CONTEXTS
     CONTEXTS = Contexts()
     # Listen once the default kernel runs: the guest agent holds the
-    # sandbox's readiness until this port opens, so a ready sandbox runs
-    # its first code at once. A kernel that failed to start is reported
-    # by the executions, so the server listens anyway.
-    CONTEXTS.default.ready.wait(KERNEL_READY_TIMEOUT)
+    # sandbox's readiness until this port opens (for up to 60 s), so a
+    # ready sandbox runs its first code at once. A kernel still starting
+    # after LISTEN_WAIT (a loaded host under emulation) or one that failed
+    # is waited for, or reported, by the executions: the server listens
+    # anyway, before the guest agent stops waiting, so that a ready
+    # sandbox always has its server.
+    CONTEXTS.default.ready.wait(LISTEN_WAIT)
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     server.daemon_threads = True
     log("listening on", PORT)
