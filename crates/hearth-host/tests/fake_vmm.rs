@@ -438,6 +438,20 @@ async fn vms_made_together_from_a_snapshots_memory_share_one_template_of_it() {
     );
     assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 1);
 
+    // A pool of that snapshot: its members are copies of the same
+    // template, paused until claimed.
+    let member = host
+        .create_vm(CreateVm {
+            pooled: true,
+            ..child(false)
+        })
+        .await
+        .unwrap();
+    assert_eq!(member.record().template, Some(t));
+    assert_eq!(member.state(), VmState::Paused);
+    assert_eq!((fake.frozen_restores(), fake.restores()), (1, 5));
+    host.delete(member.id).await.unwrap();
+
     // One alone resumes the stream itself: no template.
     let alone = host.create_vm(child(false)).await.unwrap();
     assert_eq!(alone.record().template, None);
