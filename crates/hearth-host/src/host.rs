@@ -1113,11 +1113,7 @@ impl Host {
         instance: Arc<Instance>,
     ) -> Result<(), HostError> {
         let id = vm.id;
-        // QEMU's own PID (under a jail, `pid()` is its parent): what the
-        // restart sweep looks for by command line.
-        let pid = instance.vmm_pid();
-        vm.update(|r| r.pid = Some(pid));
-        *vm.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance.clone());
+        hold_instance(vm, &instance);
 
         // The guest agent answers once the kernel has booted; QEMU dying
         // meanwhile ends the wait at once.
@@ -1260,13 +1256,7 @@ impl Host {
         volumes: &MemoryVolumes,
         shared: bool,
     ) -> Result<Arc<Instance>, HostError> {
-        let store = self.store("resuming from memory")?;
-        let dir = if shared {
-            self.cfg.data_dir.join("snapshots").join(&volumes.memory)
-        } else {
-            vm.dir.join("saved")
-        };
-        let fetched = crate::memory::fetch(store, volumes, &dir).await?;
+        let fetched = self.fetch_memory(vm, volumes, shared).await?;
         // A live save's RAM is in its state: QEMU loads it into a new file.
         if let Some(memory) = &fetched.memory {
             copy_memory(vm.id, memory, &spec.mem_path, "copy saved memory to tmpfs").await?;
@@ -1279,6 +1269,29 @@ impl Host {
             },
         };
         Ok(self.vmm.restore(spec, &from).await?)
+    }
+
+    /// Saved memory on this host, fetched from the store if it is not:
+    /// a snapshot's (`shared`, which every VM made from it resumes) or the
+    /// VM's own (its last stop's).
+    async fn fetch_memory(
+        &self,
+        vm: &Vm,
+        volumes: &MemoryVolumes,
+        shared: bool,
+    ) -> Result<crate::memory::Fetched, HostError> {
+        let store = self.store("resuming from memory")?;
+        let dir = match shared {
+            true => self.snapshot_memory_dir(&volumes.memory),
+            false => vm.dir.join("saved"),
+        };
+        crate::memory::fetch(store, volumes, &dir).await
+    }
+
+    /// Where this host keeps its copy of a snapshot's memory (named by its
+    /// memory volume).
+    fn snapshot_memory_dir(&self, memory_volume: &str) -> PathBuf {
+        self.cfg.data_dir.join("snapshots").join(memory_volume)
     }
 
     fn store(&self, what: &'static str) -> Result<&hearth_store::Store, HostError> {
@@ -1483,11 +1496,7 @@ impl Host {
     ) -> Result<(hearth_store::Manifest, Option<MemoryVolumes>, Duration), HostError> {
         let id = vm.id;
         let inst = self.running_instance(vm, vm.state(), "ready")?;
-        let dir = self
-            .cfg
-            .data_dir
-            .join("snapshots")
-            .join(format!("{name}-mem"));
+        let dir = self.snapshot_memory_dir(&format!("{name}-mem"));
         private_dir(&dir).map_err(|source| HostError::Io {
             id,
             what: "create the snapshot's memory dir".into(),
@@ -1641,7 +1650,7 @@ impl Host {
         if let Some(m) = &captured.memory {
             self.drop_templates_of_memory(&m.memory).await;
             crate::memory::delete(store, m).await?;
-            remove_dir_logged(&self.cfg.data_dir.join("snapshots").join(&m.memory));
+            remove_dir_logged(&self.snapshot_memory_dir(&m.memory));
         }
         Ok(())
     }
@@ -2156,6 +2165,15 @@ pub fn lock_jail_uid(dir: &Path, uid: u32) -> std::io::Result<Option<std::fs::Fi
         Err(std::fs::TryLockError::WouldBlock) => Ok(None),
         Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
+}
+
+/// Records `instance` as `vm`'s VMM: its PID (QEMU's own, under a jail
+/// the spawned process's child: what the restart sweep looks for by
+/// command line) and its handle.
+fn hold_instance(vm: &Vm, instance: &Arc<Instance>) {
+    let pid = instance.vmm_pid();
+    vm.update(|r| r.pid = Some(pid));
+    *vm.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance.clone());
 }
 
 #[cfg(test)]

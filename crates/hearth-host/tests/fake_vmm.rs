@@ -28,6 +28,15 @@ async fn start(cfg: HostConfig, fake: &FakeVmm) -> Arc<Host> {
         .expect("host starts on the fake vmm")
 }
 
+/// A host on a new fake VMM, and the directory its templates are in.
+async fn with_templates_dir(dir: &tempfile::TempDir) -> (FakeVmm, Arc<Host>, std::path::PathBuf) {
+    let fake = FakeVmm::new();
+    let cfg = fake_config(dir);
+    let templates = cfg.data_dir.join("templates");
+    let host = start(cfg, &fake).await;
+    (fake, host, templates)
+}
+
 fn small() -> CreateVm {
     CreateVm {
         memory: ByteSize::mib(64),
@@ -393,10 +402,7 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vms_made_together_from_a_snapshots_memory_share_one_template_of_it() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = FakeVmm::new();
-    let cfg = fake_config(&dir);
-    let templates = cfg.data_dir.join("templates");
-    let host = start(cfg, &fake).await;
+    let (fake, host, templates) = with_templates_dir(&dir).await;
     let parent = host.create_vm(small()).await.unwrap();
     let captured = host.capture(parent.id, "snap-fork", true).await.unwrap();
     let child = |share_memory| CreateVm {
@@ -651,10 +657,7 @@ async fn pool_members_wait_paused_and_a_claim_gives_each_its_own_identity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_members_of_a_shape_are_copies_of_one_template() {
     let dir = tempfile::tempdir().unwrap();
-    let fake = FakeVmm::new();
-    let cfg = fake_config(&dir);
-    let templates = cfg.data_dir.join("templates");
-    let host = start(cfg, &fake).await;
+    let (fake, host, templates) = with_templates_dir(&dir).await;
     let pooled = |mib| CreateVm {
         pooled: true,
         memory: ByteSize::mib(mib),

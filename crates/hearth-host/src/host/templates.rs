@@ -432,9 +432,7 @@ impl Host {
         let spec = self
             .machine(vm, rec, artifacts, true, BootAs::TemplateSource, true)
             .await?;
-        let store = self.store("making a template of a snapshot's memory")?;
-        let cache = self.cfg.data_dir.join("snapshots").join(&volumes.memory);
-        let fetched = crate::memory::fetch(store, volumes, &cache).await?;
+        let fetched = self.fetch_memory(vm, volumes, true).await?;
         if fetched.memory.is_some() {
             return Err(HostError::Invalid(
                 "memory saved as a file of its own (before 2026-12-05) makes no template".into(),
@@ -445,8 +443,7 @@ impl Host {
             memory: hearth_vmm::RestoreMemory::Unpack(spec.mem_path.clone()),
         };
         let inst = self.vmm.restore_frozen(&spec, &from).await?;
-        vm.update(|r| r.pid = Some(inst.vmm_pid()));
-        *vm.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(inst.clone());
+        super::hold_instance(vm, &inst);
         Ok(inst)
     }
 
