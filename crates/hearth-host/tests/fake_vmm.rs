@@ -28,6 +28,14 @@ async fn start(cfg: HostConfig, fake: &FakeVmm) -> Arc<Host> {
         .expect("host starts on the fake vmm")
 }
 
+/// A warm pool's member of [`small`]'s shape.
+fn pooled() -> CreateVm {
+    CreateVm {
+        pooled: true,
+        ..small()
+    }
+}
+
 /// A host on a new fake VMM, and the directory its templates are in.
 async fn with_templates_dir(dir: &tempfile::TempDir) -> (FakeVmm, Arc<Host>, std::path::PathBuf) {
     let fake = FakeVmm::new();
@@ -721,13 +729,7 @@ async fn member_paused_300ms(dir: &tempfile::TempDir) -> (FakeVmm, Arc<Host>, Ar
     let mut cfg = fake_config(dir);
     cfg.boot_timeout = Duration::from_secs(20);
     let host = start(cfg, &fake).await;
-    let m = host
-        .create_vm(CreateVm {
-            pooled: true,
-            ..small()
-        })
-        .await
-        .unwrap();
+    let m = host.create_vm(pooled()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     (fake, host, m)
 }
@@ -763,13 +765,7 @@ async fn a_member_that_cannot_take_its_identity_fails_its_claim_and_is_killed() 
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeVmm::new();
     let host = start(fake_config(&dir), &fake).await;
-    let m = host
-        .create_vm(CreateVm {
-            pooled: true,
-            ..small()
-        })
-        .await
-        .unwrap();
+    let m = host.create_vm(pooled()).await.unwrap();
     assert!(fake.wedge(m.id));
     let t = Instant::now();
     let claimed = host.claim(m.id, 0, Default::default()).await;
