@@ -263,6 +263,7 @@ pub fn resolve_create(
         },
         restore_memory,
         wait_for_ready,
+        lifetime: None,
     })
 }
 

@@ -34,7 +34,7 @@ pub(crate) fn routes() -> Router<Arc<Control>> {
 
 fn require_manage(who: &Principal) -> Result<(), ApiError> {
     let holds = who.permissions.iter().any(|p| p == "*" || p == MANAGE);
-    if holds && !who.delegated {
+    if holds && !who.is_delegated() {
         Ok(())
     } else {
         Err(ApiError::forbidden(format!(

@@ -29,9 +29,9 @@ pub struct Principal {
     pub key_id: ApiKeyId,
     pub workspace_id: WorkspaceId,
     pub permissions: Vec<String>,
-    /// A sandbox calling as its creator (`access_delegation`): being the
-    /// creator of a sandbox then grants nothing by itself.
-    pub delegated: bool,
+    /// The sandbox calling as its creator (`access_delegation`), if one
+    /// is: being the creator of a sandbox then grants nothing by itself.
+    pub delegated_by: Option<hearth_types::SandboxId>,
 }
 
 /// The audience of delegation tokens.
@@ -64,6 +64,11 @@ impl Principal {
             .any(|p| p == "*" || p == "sandboxes:*" || p == permission)
     }
 
+    /// Whether a sandbox calls as its creator (`access_delegation`).
+    pub fn is_delegated(&self) -> bool {
+        self.delegated_by.is_some()
+    }
+
     /// The identity recorded as `created_by` / `updated_by`.
     pub fn who(&self) -> String {
         self.key_id.to_string()
@@ -79,10 +84,23 @@ impl Principal {
         }
     }
 
-    /// Exec, files and tunnels: the creator, or `sandboxes:exec`.
+    /// Exec, files, tunnels, links, captures and runtime tokens: the
+    /// creator, or `sandboxes:exec`. The one rule of runtime access, for
+    /// both doors.
     pub fn require_runtime(&self, sandbox: &SandboxRow) -> Result<(), ApiError> {
-        let creator = sandbox.created_by == self.who() && !self.delegated;
-        if creator || self.can("sandboxes:exec") {
+        if sandbox.created_by == self.who() {
+            self.require_runtime_as_creator()
+        } else {
+            self.require("sandboxes:exec")
+                .map_err(|_| ApiError::forbidden_not_creator())
+        }
+    }
+
+    /// [`Self::require_runtime`] on a sandbox this principal creates: a
+    /// sandbox calling as its creator (`access_delegation`) is not the
+    /// creator for this rule, so it needs `sandboxes:exec`.
+    pub fn require_runtime_as_creator(&self) -> Result<(), ApiError> {
+        if !self.is_delegated() || self.can("sandboxes:exec") {
             Ok(())
         } else {
             Err(ApiError::forbidden_not_creator())
@@ -166,7 +184,7 @@ impl FromRequestParts<Arc<Control>> for Principal {
             key_id: key.id,
             workspace_id: key.workspace_id,
             permissions: key.permissions,
-            delegated: false,
+            delegated_by: None,
         })
     }
 }
@@ -241,34 +259,51 @@ async fn delegated(control: &Control, token: &str) -> Result<Principal, ApiError
         Err(hearth_db::DbError::NotFound { .. }) => return Err(refuse("the sandbox is gone")),
         Err(e) => return Err(crate::error::db_error(e)),
     };
-    if sandbox.status == hearth_db::SandboxStatus::Deleting {
-        return Err(refuse("the sandbox is being deleted"));
-    }
     // A host vouches only for the sandboxes it holds.
     if key.owner_kind == KeyOwnerKind::Host
         && sandbox.host_id.map(|h| h.to_string()).as_deref() != Some(key.owner_id.as_str())
     {
         return Err(refuse("the token's host does not hold the sandbox"));
     }
-    let spec = crate::service::spec_of(&sandbox)?;
-    let delegation = spec
-        .delegation
-        .ok_or_else(|| refuse("the sandbox was created without access_delegation"))?;
-    let creator_id: ApiKeyId = sandbox
-        .created_by
-        .parse()
-        .map_err(|_| refuse("the sandbox's creator is not an API key"))?;
-    let creator = control
+    delegation_of(control, &sandbox)
+        .await?
+        .map_err(|why| refuse(&why))
+}
+
+/// The principal a sandbox with `access_delegation` calls as, checked now:
+/// the sandbox is not being deleted and has a delegation, its creator's key
+/// is live, and the rights are that key's current ones capped by the
+/// delegation. `Ok(Err(why))` when it calls as no one. Delegation tokens
+/// and the runtime tokens a delegated sandbox obtained are both checked
+/// with it, so ending the delegation ends them.
+pub(crate) async fn delegation_of(
+    control: &Control,
+    sandbox: &SandboxRow,
+) -> Result<Result<Principal, String>, ApiError> {
+    let refuse = |why: &str| Ok(Err(why.to_owned()));
+    if sandbox.status == hearth_db::SandboxStatus::Deleting {
+        return refuse("the sandbox is being deleted");
+    }
+    let spec = crate::service::spec_of(sandbox)?;
+    let Some(delegation) = spec.delegation else {
+        return refuse("the sandbox was created without access_delegation");
+    };
+    let Ok(creator_id) = sandbox.created_by.parse::<ApiKeyId>() else {
+        return refuse("the sandbox's creator is not an API key");
+    };
+    let Some(creator) = control
         .db
         .active_api_key(creator_id)
         .await
         .map_err(crate::error::db_error)?
-        .ok_or_else(|| refuse("the sandbox's creator's API key was revoked"))?;
+    else {
+        return refuse("the sandbox's creator's API key was revoked");
+    };
     let as_creator = Principal {
         key_id: creator.id,
         workspace_id: creator.workspace_id,
         permissions: creator.permissions.clone(),
-        delegated: true,
+        delegated_by: Some(sandbox.id),
     };
     let permissions = match delegation.mode {
         hearth_types::sandbox::DelegationMode::Inherit => creator.permissions,
@@ -278,8 +313,26 @@ async fn delegated(control: &Control, token: &str) -> Result<Principal, ApiError
             .filter(|p| as_creator.can(p))
             .collect(),
     };
-    Ok(Principal {
+    Ok(Ok(Principal {
         permissions,
         ..as_creator
-    })
+    }))
+}
+
+/// The principal of API key `key`, if it is live (not revoked).
+pub(crate) async fn principal_of_key(
+    control: &Control,
+    key: ApiKeyId,
+) -> Result<Option<Principal>, ApiError> {
+    let found = control
+        .db
+        .active_api_key(key)
+        .await
+        .map_err(crate::error::db_error)?;
+    Ok(found.map(|k| Principal {
+        key_id: k.id,
+        workspace_id: k.workspace_id,
+        permissions: k.permissions,
+        delegated_by: None,
+    }))
 }

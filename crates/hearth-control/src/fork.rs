@@ -20,6 +20,7 @@ use hearth_api::fork::{ForkRequest, ForkResponse, MAX_FORK_COUNT};
 use hearth_api::ApiError;
 use hearth_db::{SandboxRow, SandboxStatus, Timestamp};
 use hearth_hostapi::{BootFrom, CreateVm};
+use hearth_types::sandbox::Lifetime;
 use hearth_types::SandboxId;
 
 use crate::auth::Principal;
@@ -45,7 +46,7 @@ impl Control {
     ) -> Result<ForkResponse, ApiError> {
         let req: ForkRequest = hearth_api::parse_body(body)?;
         let forked = self
-            .fork_sandbox(who, parent, req.count.unwrap_or(1), req.name)
+            .fork_sandbox(who, parent, req.count.unwrap_or(1), req.name, None)
             .await?;
         let sandboxes = forked
             .children
@@ -61,12 +62,37 @@ impl Control {
     /// Forks the caller's running sandbox `parent` (by name or id) into
     /// `count` children (1 to [`MAX_FORK_COUNT`]), named `name` (`name-1`,
     /// … when several) or after the parent. Both API doors use it.
+    ///
+    /// With `lifetime`, each child's deadline is written with its row. The
+    /// command runs to its end whether or not its caller waits (a client
+    /// cut off mid-fork must not leave children without VMs or deadlines).
     pub(crate) async fn fork_sandbox(
         self: &Arc<Self>,
         who: &Principal,
         parent: &str,
         count: i64,
         name: Option<String>,
+        lifetime: Option<Lifetime>,
+    ) -> Result<Forked, ApiError> {
+        let (this, who, parent) = (self.clone(), who.clone(), parent.to_owned());
+        tokio::spawn(async move {
+            this.fork_to_the_end(&who, &parent, count, name, lifetime)
+                .await
+        })
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "a fork's task ended without an answer");
+            ApiError::internal()
+        })?
+    }
+
+    async fn fork_to_the_end(
+        self: &Arc<Self>,
+        who: &Principal,
+        parent: &str,
+        count: i64,
+        name: Option<String>,
+        lifetime: Option<Lifetime>,
     ) -> Result<Forked, ApiError> {
         who.require("sandboxes:create")?;
         let req = ForkRequest {
@@ -161,6 +187,14 @@ impl Control {
             }
             self.bump(child.id);
             children.push(child);
+            if let Some(lifetime) = lifetime {
+                let child = children.last().expect("just pushed");
+                if let Err(e) = self.set_lifetime_or_delete(child, lifetime).await {
+                    children.pop();
+                    self.drop_rows(&children).await;
+                    return Err(e);
+                }
+            }
         }
 
         let Some(host) = self.host(host_id).await else {

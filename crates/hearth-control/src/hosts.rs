@@ -20,7 +20,7 @@ pub const FLEET_READ: &str = "fleet:read";
 /// Whether `who` may see the fleet: which hosts exist and where
 /// sandboxes run (never through a delegated token).
 pub(crate) fn reads_fleet(who: &Principal) -> bool {
-    !who.delegated && who.permissions.iter().any(|p| p == FLEET_READ)
+    !who.is_delegated() && who.permissions.iter().any(|p| p == FLEET_READ)
 }
 
 pub(crate) async fn list(

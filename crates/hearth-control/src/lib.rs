@@ -43,6 +43,7 @@ mod metrics;
 mod pools;
 mod reap;
 mod registries;
+mod runtime_tokens;
 pub mod secrets;
 mod service;
 mod services;

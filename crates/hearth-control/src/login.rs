@@ -166,7 +166,7 @@ async fn signed_in(
             key_id: k.id,
             workspace_id: k.workspace_id,
             permissions: k.permissions,
-            delegated: false,
+            delegated_by: None,
         };
         (who, k.description)
     }))

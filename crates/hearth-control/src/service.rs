@@ -351,9 +351,29 @@ impl Control {
     }
 
     /// Creates a sandbox from a plan any front door resolved against
-    /// `snap`: places it, stores it within the workspace's quota and boots
-    /// it, waiting for it when the plan says so. The stored row answers.
+    /// `snap`: places it, stores it within the workspace's quota (with its
+    /// deadline, if the plan gives it a lifetime) and boots it, waiting for
+    /// it when the plan says so. The stored row answers.
+    ///
+    /// The command runs to its end whether or not its caller waits: a
+    /// client that disconnects drops the request's future, and a create cut
+    /// off between its writes would leave a sandbox without its deadline.
     pub async fn create_sandbox(
+        self: &Arc<Self>,
+        who: &Principal,
+        snap: &SnapshotRow,
+        plan: SandboxPlan,
+    ) -> Result<SandboxRow, ApiError> {
+        let (this, who, snap) = (self.clone(), who.clone(), snap.clone());
+        tokio::spawn(async move { this.create_sandbox_to_the_end(&who, &snap, plan).await })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "a create's task ended without an answer");
+                ApiError::internal()
+            })?
+    }
+
+    async fn create_sandbox_to_the_end(
         self: &Arc<Self>,
         who: &Principal,
         snap: &SnapshotRow,
@@ -457,6 +477,9 @@ impl Control {
             }
             Err(other) => return Err(db_error(other)),
         };
+        if let Some(lifetime) = plan.lifetime {
+            self.set_lifetime_or_delete(&row, lifetime).await?;
+        }
         let id = row.id;
         self.metrics.created();
         // Subscribed before the boot starts: the row is `provisioning` as
@@ -480,6 +503,29 @@ impl Control {
                     .unwrap_or_else(|| "the sandbox failed to boot".into()),
             )),
         }
+    }
+
+    /// Gives a new sandbox its deadline, `lifetime` from now. The deadline
+    /// is part of the promise: a sandbox that cannot have one is deleted
+    /// rather than left running without it (and the error returned).
+    pub(crate) async fn set_lifetime_or_delete(
+        self: &Arc<Self>,
+        row: &SandboxRow,
+        lifetime: hearth_types::sandbox::Lifetime,
+    ) -> Result<(), ApiError> {
+        let deadline = hearth_db::Deadline {
+            sandbox_id: row.id,
+            expires_at: Timestamp::now().plus(lifetime.timeout),
+            on_expiry: lifetime.on_expiry,
+        };
+        let Err(e) = self.db.set_deadline(&deadline).await else {
+            return Ok(());
+        };
+        tracing::warn!(sandbox = %row.id, error = %e, "cannot set a new sandbox's deadline; deleting it");
+        if let Err(d) = self.delete_row(row).await {
+            tracing::warn!(sandbox = %row.id, error = %d.message, "cannot delete it either; the reaper will not expire it");
+        }
+        Err(db_error(e))
     }
 
     /// Waits until the sandbox leaves `provisioning` or `wait` passes.

@@ -66,6 +66,10 @@ impl Control {
         who.require("sandboxes:update")?;
         let reference = req.validate()?;
         let row = self.find(who.workspace_id, sandbox).await?;
+        // A capture holds the sandbox's files (and memory): its maker
+        // becomes the creator of whatever starts from it, so it needs the
+        // same right as reading them, as fork and links do.
+        who.require_runtime(&row)?;
         if !row.persistent {
             return Err(ApiError::conflict(format!(
                 "sandbox {} is not persistent: its writes are discarded, so it cannot be captured",

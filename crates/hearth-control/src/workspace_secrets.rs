@@ -475,7 +475,7 @@ mod tests {
                 key_id: hearth_types::ApiKeyId::new(),
                 workspace_id: id,
                 permissions: vec!["*".into()],
-                delegated: false,
+                delegated_by: None,
             });
         }
         let (a, b) = (&who[0], &who[1]);

@@ -13,32 +13,22 @@ use crate::sql::{RowExt, Sql};
 use crate::time::Timestamp;
 use crate::Db;
 
-/// What happens to a sandbox at its deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnExpiry {
-    /// It is deleted, disk and all.
-    Delete,
-    /// It is stopped with its memory saved (E2B's `autoPause`); a later
-    /// start resumes it.
-    Pause,
+pub use hearth_types::sandbox::OnExpiry;
+
+fn on_expiry_str(e: OnExpiry) -> &'static str {
+    match e {
+        OnExpiry::Delete => "delete",
+        OnExpiry::Pause => "pause",
+    }
 }
 
-impl OnExpiry {
-    fn as_str(self) -> &'static str {
-        match self {
-            OnExpiry::Delete => "delete",
-            OnExpiry::Pause => "pause",
-        }
-    }
-
-    fn parse(s: &str) -> Result<Self, sqlx::Error> {
-        match s {
-            "delete" => Ok(OnExpiry::Delete),
-            "pause" => Ok(OnExpiry::Pause),
-            other => Err(sqlx::Error::Decode(
-                format!("unknown on_expiry {other:?}").into(),
-            )),
-        }
+fn parse_on_expiry(s: &str) -> Result<OnExpiry, sqlx::Error> {
+    match s {
+        "delete" => Ok(OnExpiry::Delete),
+        "pause" => Ok(OnExpiry::Pause),
+        other => Err(sqlx::Error::Decode(
+            format!("unknown on_expiry {other:?}").into(),
+        )),
     }
 }
 
@@ -54,7 +44,7 @@ fn decode(r: &dyn RowExt) -> Result<Deadline, sqlx::Error> {
     Ok(Deadline {
         sandbox_id: r.parse("sandbox_id")?,
         expires_at: r.ts("expires_at")?,
-        on_expiry: OnExpiry::parse(&r.text("on_expiry")?)?,
+        on_expiry: parse_on_expiry(&r.text("on_expiry")?)?,
     })
 }
 
@@ -88,7 +78,7 @@ impl Db {
             )
             .arg(id.as_str())
             .arg(d.expires_at)
-            .arg(d.on_expiry.as_str()),
+            .arg(on_expiry_str(d.on_expiry)),
         )
         .await
         .map_err(DbError::backend(op))?;

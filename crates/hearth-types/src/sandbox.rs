@@ -276,6 +276,26 @@ pub struct SandboxPlan {
     /// Block until ready for at most this long; `None` = answer at once
     /// while the sandbox provisions.
     pub wait_for_ready: Option<Duration>,
+    /// A deadline from the sandbox's creation (E2B's `timeout`), written
+    /// with it: the sandbox never exists without it.
+    pub lifetime: Option<Lifetime>,
+}
+
+/// How long a sandbox lives whatever its activity, and what its end is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifetime {
+    pub timeout: Duration,
+    pub on_expiry: OnExpiry,
+}
+
+/// What happens to a sandbox at its deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnExpiry {
+    /// It is deleted, disk and all.
+    Delete,
+    /// It is stopped with its memory saved (E2B's `autoPause`); a later
+    /// start resumes it.
+    Pause,
 }
 
 /// Serde for `Option<Duration>` as whole seconds, 0 = `None`.

@@ -24,16 +24,16 @@ use hearth_api::spec::{
 use hearth_api::validate::{check_env_vars, check_labels};
 use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, SnapshotRow, Timestamp};
 use hearth_types::egress::{AccessSpec, EgressSpec};
-use hearth_types::sandbox::{RestoreMemory, SandboxPlan, SandboxSpec};
+use hearth_types::sandbox::{Lifetime, RestoreMemory, SandboxPlan, SandboxSpec};
 use hearth_types::SandboxId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::hosts::traffic_token;
-use super::{access_token, E2bError, E2bResult, ENVD_VERSION};
+use super::{E2bError, E2bResult, ENVD_VERSION};
 use crate::auth::Principal;
 use crate::error::{db_error, HttpError};
 use crate::extract::JsonBody;
+use crate::runtime_tokens::RuntimeTokens;
 use crate::service::{spec_of, SandboxChange};
 use crate::Control;
 
@@ -272,12 +272,13 @@ struct DetailBody {
 }
 
 /// E2B's state of a sandbox: `running` or `paused`; `None` for one being
-/// deleted (gone, as E2B sees it).
+/// deleted or failed (gone, as E2B sees it: it has no failed state, and a
+/// failed sandbox cannot be resumed as a paused one is).
 fn state(row: &SandboxRow) -> Option<&'static str> {
     match row.status {
         SandboxStatus::Provisioning | SandboxStatus::Ready => Some("running"),
-        SandboxStatus::Stopped | SandboxStatus::Failed => Some("paused"),
-        SandboxStatus::Deleting => None,
+        SandboxStatus::Stopped => Some("paused"),
+        SandboxStatus::Failed | SandboxStatus::Deleting => None,
     }
 }
 
@@ -308,7 +309,7 @@ impl Control {
         &self,
         row: &SandboxRow,
         deadline: Option<&Deadline>,
-        with_token: bool,
+        tokens: Option<&RuntimeTokens>,
     ) -> Option<DetailBody> {
         let state = state(row)?;
         let (template_id, alias) = self.e2b_snapshot(row).await;
@@ -325,47 +326,28 @@ impl Control {
             state,
             envd_version: ENVD_VERSION,
             metadata: row.labels.clone(),
-            envd_access_token: with_token.then(|| access_token(self, row.id)),
+            envd_access_token: tokens.map(|t| t.envd.clone()),
             domain: self.cfg.sandbox_domain.clone(),
         })
     }
 
-    fn e2b_sandbox(&self, row: &SandboxRow, snap: (String, String)) -> SandboxBody {
+    fn e2b_sandbox(
+        &self,
+        row: &SandboxRow,
+        snap: (String, String),
+        tokens: RuntimeTokens,
+    ) -> SandboxBody {
         SandboxBody {
             template_id: snap.0,
             sandbox_id: row.id.to_string(),
             client_id: CLIENT_ID,
             envd_version: ENVD_VERSION,
-            envd_access_token: access_token(self, row.id),
+            envd_access_token: tokens.envd,
             alias: snap.1,
             traffic_access_token: (!spec_of(row).is_ok_and(|s| s.public_ports))
-                .then(|| traffic_token(self, row.id)),
+                .then_some(tokens.traffic),
             domain: self.cfg.sandbox_domain.clone(),
         }
-    }
-
-    /// Gives an E2B sandbox its deadline, `timeout` from now. The deadline
-    /// is part of the promise: a sandbox that cannot have one is deleted
-    /// rather than left running without it (and the error returned).
-    async fn set_deadline_or_delete(
-        &self,
-        row: &SandboxRow,
-        timeout: Duration,
-        on_expiry: OnExpiry,
-    ) -> Result<(), hearth_db::DbError> {
-        let deadline = Deadline {
-            sandbox_id: row.id,
-            expires_at: Timestamp::now().plus(timeout),
-            on_expiry,
-        };
-        let Err(e) = self.db.set_deadline(&deadline).await else {
-            return Ok(());
-        };
-        tracing::warn!(sandbox = %row.id, error = %e, "cannot set an E2B sandbox's deadline; deleting it");
-        if let Err(d) = self.delete_row(row).await {
-            tracing::warn!(sandbox = %row.id, error = %d.message, "cannot delete it either; the reaper will not expire it");
-        }
-        Err(e)
     }
 
     /// A sandbox of the caller's workspace by its E2B id (Hearth's id; a
@@ -418,8 +400,9 @@ fn template(t: &str) -> E2bResult<SnapshotSelector> {
         .map_err(|e| E2bError::bad_request(format!("templateID: {e}")))
 }
 
-/// The plan of an E2B create against its template's snapshot.
-fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
+/// The plan of an E2B create against its template's snapshot, ending
+/// `lifetime` after its creation.
+fn plan(req: &NewSandbox, snap: &SnapshotRow, lifetime: Lifetime) -> E2bResult<SandboxPlan> {
     let sizing = resolve_sizing(&SizingRequest {
         vcpus: None,
         cpu_millicores: None,
@@ -469,6 +452,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow) -> E2bResult<SandboxPlan> {
         },
         restore_memory: RestoreMemory::IfPresent,
         wait_for_ready: Some(CREATE_WAIT),
+        lifetime: Some(lifetime),
     })
 }
 
@@ -481,13 +465,16 @@ pub async fn create(
     let who = who?;
     let req: NewSandbox = json_body(&body?.0)?;
     let (timeout, on_expiry) = req.lifetime()?;
+    // E2B's create hands out the sandbox's runtime tokens: its caller
+    // must be one who may use the sandbox it makes.
+    who.require_runtime_as_creator()?;
     let snap = c
         .resolve_snapshot(who.workspace_id, &template(&req.template_id)?)
         .await?;
-    let row = c.create_sandbox(&who, &snap, plan(&req, &snap)?).await?;
-    c.set_deadline_or_delete(&row, timeout, on_expiry)
-        .await
-        .map_err(db_error)?;
+    let lifetime = Lifetime { timeout, on_expiry };
+    let row = c
+        .create_sandbox(&who, &snap, plan(&req, &snap, lifetime)?)
+        .await?;
     if row.status != SandboxStatus::Ready {
         let why = row.status_message.clone().unwrap_or_default();
         return Err(E2bError::new(
@@ -499,7 +486,8 @@ pub async fn create(
             ),
         ));
     }
-    let body = c.e2b_sandbox(&row, (snap.id.to_string(), snap.name.clone()));
+    let tokens = c.runtime_tokens(&who, &row)?;
+    let body = c.e2b_sandbox(&row, (snap.id.to_string(), snap.name.clone()), tokens);
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -513,8 +501,19 @@ pub async fn detail(
     who.require("sandboxes:read")?;
     let row = c.e2b_find(&who, &id).await?;
     let deadline = deadline_of(&c, row.id).await?;
+    // The envd token only for a caller with runtime access (the creator,
+    // or sandboxes:exec); a reader sees the sandbox, not its insides.
+    let tokens = c.runtime_tokens(&who, &row).ok();
+    if row.status == SandboxStatus::Failed {
+        return Err(E2bError::not_found(format!(
+            "sandbox {id} failed: {}",
+            row.status_message
+                .as_deref()
+                .unwrap_or("no reason was recorded")
+        )));
+    }
     let body = c
-        .e2b_detail(&row, deadline.as_ref(), true)
+        .e2b_detail(&row, deadline.as_ref(), tokens.as_ref())
         .await
         .ok_or_else(|| E2bError::not_found(format!("sandbox {id} not found")))?;
     Ok(Json(body).into_response())
@@ -647,7 +646,7 @@ pub async fn list(
     let deadlines = c.db.deadlines_of(&ids).await.map_err(db_error)?;
     let mut out = Vec::with_capacity(page.items.len());
     for row in &page.items {
-        if let Some(d) = c.e2b_detail(row, deadlines.get(&row.id), false).await {
+        if let Some(d) = c.e2b_detail(row, deadlines.get(&row.id), None).await {
             out.push(d);
         }
     }
@@ -792,6 +791,9 @@ pub async fn connect(
     }
     let timeout = req.timeout.map(timeout_secs).transpose()?;
     let row = c.e2b_find(&who, &id).await?;
+    // Connecting is for using the sandbox: its answer is the runtime
+    // tokens, so it needs runtime access (checked before any resume).
+    who.require_runtime(&row)?;
     let resumed = row.status != SandboxStatus::Ready;
     let row = if resumed {
         who.require("sandboxes:update")?;
@@ -825,7 +827,8 @@ pub async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(c.e2b_sandbox(&row, snap))).into_response())
+    let tokens = c.runtime_tokens(&who, &row)?;
+    Ok((status, Json(c.e2b_sandbox(&row, snap, tokens))).into_response())
 }
 
 /// Body of `POST /sandboxes/{id}/fork`.
@@ -867,24 +870,24 @@ pub async fn fork(
     let timeout = timeout_secs(req.timeout.unwrap_or(FORK_DEFAULT_TIMEOUT_SECS))?;
     let parent = c.e2b_find(&who, &id).await?;
     let forked = c
-        .fork_sandbox(&who, &parent.id.to_string(), req.count.unwrap_or(1), None)
+        .fork_sandbox(
+            &who,
+            &parent.id.to_string(),
+            req.count.unwrap_or(1),
+            None,
+            Some(Lifetime {
+                timeout,
+                on_expiry: OnExpiry::Delete,
+            }),
+        )
         .await?;
     let snap = c.e2b_snapshot(&parent).await;
     let mut entries = Vec::with_capacity(forked.children.len());
     for child in &forked.children {
-        if let Err(e) = c
-            .set_deadline_or_delete(child, timeout, OnExpiry::Delete)
-            .await
-        {
-            entries.push(ForkEntry {
-                sandbox: None,
-                error: Some(serde_json::json!({"code": 500, "message": format!("cannot set its deadline: {e}")})),
-            });
-            continue;
-        }
+        let tokens = c.runtime_tokens(&who, child)?;
         entries.push(if child.status == SandboxStatus::Ready {
             ForkEntry {
-                sandbox: Some(c.e2b_sandbox(child, snap.clone())),
+                sandbox: Some(c.e2b_sandbox(child, snap.clone(), tokens)),
                 error: None,
             }
         } else {

@@ -41,7 +41,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::connect::{self, ConnectError};
-use super::{access_token_ok, E2bError, E2bResult};
+use super::{E2bError, E2bResult};
+use crate::runtime_tokens::RuntimeKind;
 use crate::service::spec_of;
 use crate::Control;
 
@@ -136,17 +137,12 @@ async fn target(c: &Arc<Control>, headers: &HeaderMap) -> E2bResult<Target> {
     let id: SandboxId = id
         .parse()
         .map_err(|_| E2bError::new(401, "the access token does not open this sandbox"))?;
-    if !access_token_ok(c, id, token) {
-        return Err(E2bError::new(
-            401,
-            "the access token does not open this sandbox",
-        ));
-    }
     let not_running = || E2bError::new(502, format!("sandbox {id} is not running"));
-    let row =
-        c.db.get_sandbox_by_id(id)
-            .await
-            .map_err(|_| not_running())?;
+    let row = match c.check_runtime_token(RuntimeKind::Envd, id, token).await? {
+        Ok(row) => row,
+        Err(crate::runtime_tokens::TokenRefusal::Gone) => return Err(not_running()),
+        Err(refused) => return Err(E2bError::new(401, refused.to_string())),
+    };
     if row.status != SandboxStatus::Ready {
         return Err(not_running());
     }

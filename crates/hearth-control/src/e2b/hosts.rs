@@ -29,6 +29,7 @@ use hearth_db::SandboxStatus;
 use hearth_types::SandboxId;
 
 use super::{door_of, Door, E2bError};
+use crate::runtime_tokens::RuntimeKind;
 use crate::service::spec_of;
 use crate::services::{forward_to_port, wants_upgrade, SharedOrigin};
 use crate::Control;
@@ -123,15 +124,6 @@ fn kind_of(c: &Control, req: &Request) -> HostKind {
 pub(crate) fn names_sandbox(c: &Control, req: &Request) -> bool {
     kind_of(c, req) != HostKind::Api || req.headers().contains_key("e2b-sandbox-port")
 }
-
-/// The traffic access token of a sandbox: what opens its ports when it is
-/// not public. Derived like envd's access token, under its own context.
-pub(crate) fn traffic_token(c: &Control, id: SandboxId) -> String {
-    c.links
-        .derived_mac(TRAFFIC_CONTEXT, id.to_string().as_bytes())
-}
-
-const TRAFFIC_CONTEXT: &str = "hearth e2b traffic access token v1";
 
 fn header_str<'a>(req: &'a Request, name: &str) -> Option<&'a str> {
     req.headers()
@@ -231,25 +223,36 @@ async fn to_port_checked(
     // E2B's edge answers 502 for a sandbox it cannot reach, found or not
     // (its SDKs read it as "the sandbox timed out").
     let unreachable = || E2bError::new(502, format!("sandbox {id} is not running"));
-    let row =
-        c.db.get_sandbox_by_id(id)
-            .await
-            .map_err(|_| unreachable())?;
-    let public = spec_of(&row).is_ok_and(|s| s.public_ports);
-    if !public {
-        let ok = header_str(req, "e2b-traffic-access-token").is_some_and(|t| {
-            c.links
-                .verify_derived_mac(TRAFFIC_CONTEXT, id.to_string().as_bytes(), t)
-        });
-        if !ok {
-            return Err(E2bError::new(
-                403,
-                format!(
-                    "port {port} of sandbox {id} is not public: send its traffic access token in E2B-Traffic-Access-Token"
-                ),
-            ));
+    let found = match c.db.get_sandbox_by_id(id).await {
+        Ok(row) => Some(row),
+        Err(hearth_db::DbError::NotFound { .. }) => None,
+        Err(e) => return Err(crate::error::db_error(e).into()),
+    };
+    // An unknown sandbox answers as a private one does: a host name is
+    // no oracle of which sandboxes exist.
+    let row = match found {
+        Some(row) if spec_of(&row).is_ok_and(|s| s.public_ports) => row,
+        _ => {
+            let refused = |why: String| {
+                E2bError::new(
+                    403,
+                    format!(
+                        "port {port} of sandbox {id} is not public: send its traffic access token in E2B-Traffic-Access-Token ({why})"
+                    ),
+                )
+            };
+            let Some(token) = header_str(req, "e2b-traffic-access-token") else {
+                return Err(refused("none was sent".into()));
+            };
+            match c
+                .check_runtime_token(RuntimeKind::Traffic, id, token)
+                .await?
+            {
+                Ok(row) => row,
+                Err(why) => return Err(refused(why.to_string())),
+            }
         }
-    }
+    };
     if row.status != SandboxStatus::Ready {
         return Err(unreachable());
     }

@@ -9,9 +9,9 @@
 //!
 //! Control calls authenticate with `X-API-KEY` (a Hearth API key: its
 //! workspace and permissions apply); envd calls name their sandbox in
-//! `E2b-Sandbox-Id` and carry its `X-Access-Token`, a MAC of the
-//! sandbox's id under the deployment's link key ([`access_token`]),
-//! handed out as `envdAccessToken` by create and connect. Errors are E2B's
+//! `E2b-Sandbox-Id` and carry its `X-Access-Token`, a runtime token
+//! ([`crate::runtime_tokens`]) handed out as `envdAccessToken` by create
+//! and connect, and by get to callers with runtime access. Errors are E2B's
 //! `{"code", "message"}` with the status its SDK maps.
 
 mod api;
@@ -103,23 +103,6 @@ impl IntoResponse for E2bError {
 }
 
 pub type E2bResult<T> = Result<T, E2bError>;
-
-/// The envd access token of a sandbox: a keyed hash of its id under a key
-/// derived from the deployment's link key, so it needs no storage, is the
-/// same through every replica, and dies with the sandbox (its id is never
-/// reused).
-pub(crate) fn access_token(c: &Control, id: hearth_types::SandboxId) -> String {
-    c.links
-        .derived_mac(TOKEN_CONTEXT, id.to_string().as_bytes())
-}
-
-/// Whether `token` is [`access_token`] of `id`.
-pub(crate) fn access_token_ok(c: &Control, id: hearth_types::SandboxId, token: &str) -> bool {
-    c.links
-        .verify_derived_mac(TOKEN_CONTEXT, id.to_string().as_bytes(), token)
-}
-
-const TOKEN_CONTEXT: &str = "hearth e2b envd access token v1";
 
 /// Which of E2B's two wires a request path is on, if either: refusals
 /// made before a handler runs (the request guard) answer in its shape.

@@ -61,7 +61,11 @@ async fn e2b_control_api_on_the_sim_host() {
     let d = r.json().unwrap();
     assert_eq!(d["state"], "running");
     assert_eq!(d["metadata"]["team"], "a");
-    assert_eq!(d["envdAccessToken"], token.as_str());
+    // Its creator gets a token of its own (each expires on its own).
+    assert!(
+        d["envdAccessToken"].as_str().is_some_and(|t| t.len() >= 40),
+        "{d}"
+    );
     ends_within(&d, before, 300);
 
     // Refusals name the field; nothing is created.
@@ -205,7 +209,12 @@ async fn e2b_control_api_on_the_sim_host() {
     )
     .await;
     assert_eq!(r.status, 201, "{}", r.text());
-    assert_eq!(r.json().unwrap()["envdAccessToken"], token.as_str());
+    // A fresh token, and the old one still opens the sandbox.
+    let fresh = r.json().unwrap()["envdAccessToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(fresh, token);
     let d = detail(&s, &key, &id).await;
     assert_eq!(d["state"], "running");
     ends_within(&d, Timestamp::now(), 120);
@@ -678,7 +687,8 @@ async fn e2b_sandbox_hosts_by_name_reach_its_ports() {
         "{}",
         r.text()
     );
-    // An unknown sandbox.
+    // An unknown sandbox answers as a private one (issue 39: no oracle of
+    // which sandboxes exist).
     let r = to_host(
         &s,
         &format!("8000-{}.{TEST_DOMAIN}", uuid::Uuid::now_v7()),
@@ -686,7 +696,8 @@ async fn e2b_sandbox_hosts_by_name_reach_its_ports() {
         &[],
     )
     .await;
-    assert_eq!(e2b_error(&r).0, 502, "{}", r.text());
+    assert_eq!(e2b_error(&r).0, 403, "{}", r.text());
+    assert!(r.text().contains("not public"), "{}", r.text());
 
     // envd's port: envd's routes (with its token), nothing else.
     let envd = format!("49983-{id}.{TEST_DOMAIN}");
@@ -945,4 +956,132 @@ async fn e2b_network_on_create_and_update() {
     )
     .await;
     assert_eq!(e2b_error(&r).0, 404, "{}", r.text());
+}
+
+/// Sends `body` to `path` and hangs up after `after`, as `curl -m` does.
+async fn abandon(s: &Server, path: &str, key: &str, body: Value, after: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let headers = vec![
+        ("content-type".to_owned(), "application/json".to_owned()),
+        ("x-api-key".to_owned(), key.to_owned()),
+    ];
+    let req = RawRequest::new("POST", path, &headers, body.to_string().into_bytes());
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(&req.bytes()).await.unwrap();
+    tokio::time::sleep(after).await;
+    drop(conn);
+}
+
+/// The E2B list (running and paused) of `key`'s workspace, polled until
+/// `n` sandboxes besides `except` are in it.
+async fn listed(s: &Server, key: &str, n: usize, except: &[&str]) -> Vec<Value> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = call(
+            s,
+            "GET",
+            "/v2/sandboxes?state=running,paused",
+            key,
+            json!({}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let got: Vec<Value> = r
+            .json()
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| !except.contains(&v["sandboxID"].as_str().unwrap_or_default()))
+            .cloned()
+            .collect();
+        if got.len() >= n || tokio::time::Instant::now() > until {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Issue 39, finding 3: a client that hangs up on a create or a fork
+/// (`curl -m 1`) still gets what it asked for: the sandbox, or each
+/// child, with the deadline it asked for, booted to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_create_or_fork_still_gets_its_deadline() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    sim.set_boot_time(Duration::from_secs(2));
+    let before = Timestamp::now();
+    abandon(
+        &s,
+        "/sandboxes",
+        &key,
+        json!({"templateID": "busybox", "timeout": 30}),
+        Duration::from_millis(300),
+    )
+    .await;
+    let got = listed(&s, &key, 1, &[]).await;
+    assert_eq!(
+        got.len(),
+        1,
+        "the abandoned create made its sandbox: {got:?}"
+    );
+    ends_within(&got[0], before, 30);
+    let id = got[0]["sandboxID"].as_str().unwrap().to_owned();
+    // It boots to the end: running, not failed for want of its driver.
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let row = loop {
+        let row = s
+            .control
+            .db
+            .get_sandbox_by_id(id.parse().unwrap())
+            .await
+            .unwrap();
+        if row.status != hearth_db::SandboxStatus::Provisioning
+            || tokio::time::Instant::now() > until
+        {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        row.status,
+        hearth_db::SandboxStatus::Ready,
+        "{:?}",
+        row.status_message
+    );
+
+    let before = Timestamp::now();
+    abandon(
+        &s,
+        &format!("/sandboxes/{id}/fork"),
+        &key,
+        json!({"count": 2, "timeout": 40}),
+        Duration::from_millis(300),
+    )
+    .await;
+    let children = listed(&s, &key, 2, &[&id]).await;
+    assert_eq!(children.len(), 2, "{children:?}");
+    for child in &children {
+        ends_within(child, before, 40);
+        let cid: hearth_types::SandboxId = child["sandboxID"].as_str().unwrap().parse().unwrap();
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let row = s.control.db.get_sandbox_by_id(cid).await.unwrap();
+            if row.status != hearth_db::SandboxStatus::Provisioning {
+                assert_eq!(
+                    row.status,
+                    hearth_db::SandboxStatus::Ready,
+                    "{:?}",
+                    row.status_message
+                );
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the child stayed provisioning"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    s.stop().await;
 }

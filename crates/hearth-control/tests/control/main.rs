@@ -32,6 +32,7 @@ mod pools;
 mod reapers;
 mod registries;
 mod replicas;
+mod runtime_tokens;
 mod sdk_surface;
 mod snapshot_quota;
 mod store_health;
