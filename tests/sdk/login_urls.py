@@ -6,15 +6,22 @@ way of signing in (a cookie jar, following redirects), and the SDK's own
 Driven by `crates/hearth-control/tests/control/login.rs` (a control plane on
 a simulated host, whose port 8000 answers with the request it got).
 
+Each service is on a host name of its own (`{port}-{id}.{domain}`,
+issue 39): the browser here connects every such name to the control plane's
+address, as `*.localhost` or a wildcard DNS name would, and sends what a
+browser sends (the Host, its cookies for that host, Origin on a POST).
+
 Environment: LANGSMITH_ENDPOINT, LANGSMITH_API_KEY (every permission in
 workspace 1), OTHER_API_KEY (workspace 2), SANDBOX (a ready sandbox of
 workspace 1). Prints PASS or raises.
 """
 
 import base64
+import http.client
 import http.cookiejar
 import json
 import os
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -45,28 +52,65 @@ def api(method, path, key, body=None):
         return json.loads(r.read())
 
 
+_API = urllib.parse.urlsplit(ENDPOINT)
+
+
+class _Loopback(http.client.HTTPConnection):
+    """Any host name, connected to the control plane's address."""
+
+    def connect(self):
+        self.sock = socket.create_connection((_API.hostname, _API.port or 80), self.timeout)
+
+
+class _LoopbackHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(_Loopback, req)
+
+
 class Browser:
-    """Cookies kept, redirects followed, like a browser."""
+    """Cookies kept per host, redirects followed, Origin on a POST: like a
+    browser."""
 
     def __init__(self):
         self.jar = http.cookiejar.CookieJar()
         self.opener = urllib.request.build_opener(
-            urllib.request.HTTPCookieProcessor(self.jar), urllib.request.ProxyHandler({}))
+            urllib.request.HTTPCookieProcessor(self.jar), urllib.request.ProxyHandler({}),
+            _LoopbackHandler())
 
-    def open(self, url, form=None):
+    def open(self, url, form=None, origin=None):
         data = None if form is None else urllib.parse.urlencode(form).encode()
+        req = urllib.request.Request(url, data=data)
+        if data is not None:
+            if origin is None:
+                parts = urllib.parse.urlsplit(url)
+                origin = f"{parts.scheme}://{parts.netloc}"
+            if origin:
+                req.add_header("Origin", origin)
         try:
-            with self.opener.open(url, data=data, timeout=30) as r:
+            with self.opener.open(req, timeout=30) as r:
                 return r.status, r.geturl(), r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.geturl(), e.read().decode()
 
-    def sign_in(self, url, key):
+    def form(self, url):
+        """Opens `url` unsigned-in: the sign-in form's URL and fields."""
         status, at, page = self.open(url)
-        check(status == 200 and "Sign in to Hearth" in page and "/services/login/signin" in at,
+        check(status == 200 and "Sign in to Hearth" in page and "/.hearth/signin" in at,
               f"not signed in: the sign-in form ({status} {at})")
+        check(urllib.parse.urlsplit(at).netloc == urllib.parse.urlsplit(url).netloc,
+              f"the form is on the service's own origin: {at}")
         nxt = urllib.parse.parse_qs(urllib.parse.urlsplit(at).query)["next"][0]
-        return self.open(ORIGIN + "/services/login/signin", {"api_key": key, "next": nxt})
+        csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        return at.split("?", 1)[0], {"next": nxt, "csrf": csrf}
+
+    def sign_in(self, url, key, origin=None):
+        action, fields = self.form(url)
+        return self.open(action, {"api_key": key, **fields}, origin=origin)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
 
 
 def seen(body):
@@ -78,8 +122,10 @@ def seen(body):
 def main():
     # A login grant, as the SDK asks for it.
     login = client.service(NAME, 8000, access="workspace")
-    check(login.access == "workspace" and "/services/login/" in login.url, f"the login URL: {login}")
-    url = ORIGIN + login.url[login.url.index("/services/login/"):]
+    url = login.url
+    host_name = urllib.parse.urlsplit(url).hostname
+    check(login.access == "workspace" and host_name.startswith("8000-") and url.endswith("/"),
+          f"the login URL is the port's own origin: {login}")
     # Token mode is refused while the grant is in place.
     try:
         client.service(NAME, 8000)
@@ -118,14 +164,41 @@ def main():
     check(status == 200 and json.loads(body)["request"] == "GET /deep/page?q=1 HTTP/1.1", f"a path: {body}")
     # Without signing in: the form; with a forged cookie: the form again.
     status, at, _ = Browser().open(url)
-    check("/services/login/signin" in at, f"not signed in: {at}")
+    check("/.hearth/signin" in at, f"not signed in: {at}")
+
+    def plant(browser, value, domain):
+        browser.jar.set_cookie(http.cookiejar.Cookie(
+            0, "hearth_login", value, None, False, domain, domain.startswith("."),
+            domain.startswith("."), "/", True, False, None, False, None, None, {}))
+
     forged_browser = Browser()
-    forged_browser.jar.set_cookie(http.cookiejar.Cookie(
-        0, "hearth_login", "0190a8c3-0000-7000-8000-000000000000.99999999999.AAAA", None, False,
-        urllib.parse.urlsplit(ORIGIN).hostname, False, False, "/services/login/", True, False,
-        None, False, None, None, {}))
+    plant(forged_browser, "0190a8c3-0000-7000-8000-000000000000.99999999999.AAAA", host_name)
     status, at, _ = forged_browser.open(url)
-    check("/services/login/signin" in at, f"a forged cookie signs no one in: {at}")
+    check("/.hearth/signin" in at, f"a forged cookie signs no one in: {at}")
+    # A junk cookie planted for the whole domain (a sibling sandbox's page
+    # can) signs no one out: every cookie is checked, none wins by order.
+    plant(b, "junk.1.AAAA", "." + host_name.split(".", 1)[1])
+    status, _, body = b.open(url)
+    check(status == 200 and "x-langsmith-user-token" in seen(body), f"a planted cookie signed the user out: {status}")
+    # Login CSRF: a form posted from another site, or with no Origin, or
+    # without the form's CSRF token, signs no one in.
+    for origin, what in (("http://evil.test", "another site"), ("", "no Origin")):
+        status, _, body = Browser().sign_in(url, KEY, origin=origin)
+        check(status == 403 and "Origin" in body, f"a sign-in from {what}: {status} {body[:200]}")
+    action, fields = Browser().form(url)
+    status, _, body = Browser().open(action, {"api_key": KEY, **fields})
+    check(status == 403 and "CSRF" in body, f"a sign-in without the form's cookie: {status} {body[:200]}")
+    # The old login URL on the API's origin only redirects to the service's.
+    sandbox_id = host_name.split(".", 1)[0].split("-", 1)[1]
+    old = f"{ORIGIN}/services/login/{sandbox_id}/8000/deep?q=1"
+    req = urllib.request.Request(old)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+    try:
+        opener.open(req, timeout=30)
+        raise AssertionError("the old login URL served something")
+    except urllib.error.HTTPError as e:
+        check(e.code == 308 and e.headers["Location"] == url + "deep?q=1",
+              f"the old login URL: {e.code} {e.headers.get('Location')}")
     # A wrong key: 401 and the form.
     status, _, page = Browser().sign_in(url, "hth_not-a-key")
     check(status == 401 and "not an API key" in page, f"a wrong key: {status}")
@@ -147,7 +220,7 @@ def main():
     req = urllib.request.Request(f"{ORIGIN}/api/v1/api-key/{reader['id']}", method="DELETE", headers={"X-Api-Key": KEY})
     urllib.request.urlopen(req, timeout=30).read()
     status, at, _ = rb.open(url)
-    check("/services/login/signin" in at, f"a revoked key is signed out: {status} {at}")
+    check("/.hearth/signin" in at, f"a revoked key is signed out: {status} {at}")
     print("PASS")
 
 

@@ -543,10 +543,14 @@ def check_service_upgrade(sb):
         wait_for_port(sb, 9100)
         svc = sb.service(port=9100)
         api = urlparse(os.environ["LANGSMITH_ENDPOINT"])
-        path = urlparse(svc.service_url).path + "/chat"
+        # The port's own origin (issue 39), reached at the API's address
+        # as its wildcard name resolves; the token in the SDK's header.
+        service = urlparse(svc.service_url)
+        check(service.hostname.startswith("9100-"), f"service URL {svc.service_url}")
         with socket.create_connection((api.hostname, api.port or 80), timeout=60) as c:
             c.sendall(
-                f"GET {path} HTTP/1.1\r\nHost: {api.netloc}\r\n"
+                f"GET /chat HTTP/1.1\r\nHost: {service.netloc}\r\n"
+                f"X-Langsmith-Sandbox-Service-Token: {svc.token}\r\n"
                 "Connection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode()
             )
             head = b""

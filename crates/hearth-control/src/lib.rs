@@ -417,7 +417,7 @@ pub fn router(control: Arc<Control>) -> Router {
         .route("/downloads/{token}", get(links::fetch))
         .route(
             "/services/login/signin",
-            get(login::sign_in_page).post(login::sign_in),
+            get(login::old_sign_in).post(login::old_sign_in),
         )
         .route("/services/login/{sandbox}/{port}", any(login::proxy_root))
         .route("/services/login/{sandbox}/{port}/", any(login::proxy_root))

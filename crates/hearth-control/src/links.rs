@@ -286,6 +286,18 @@ impl Control {
         token: &str,
         service: bool,
     ) -> Result<(Claims, hearth_hostapi::GuestClient), ApiError> {
+        let (claims, row) = self.redeem_claims(token, service).await?;
+        let (_, guest) = self.wake(row).await?;
+        Ok((claims, guest))
+    }
+
+    /// [`Self::redeem`] without waking the sandbox: the claims and the
+    /// sandbox's row.
+    pub(crate) async fn redeem_claims(
+        &self,
+        token: &str,
+        service: bool,
+    ) -> Result<(Claims, hearth_db::SandboxRow), ApiError> {
         let what = if service {
             "service URL"
         } else {
@@ -328,8 +340,7 @@ impl Control {
                     format!("the sandbox of this {what} no longer exists"),
                 )
             })?;
-        let (_, guest) = self.wake(row).await?;
-        Ok((claims, guest))
+        Ok((claims, row))
     }
 }
 
@@ -367,18 +378,19 @@ pub async fn mint_service(
         // Frame ancestors travel in the token, pinned like a link's headers.
         emb: (!origins.is_empty()).then(|| origins.join(" ")),
     });
-    let url = format!(
-        "{}/services/{token}",
-        c.cfg.public_url.trim_end_matches('/')
-    );
+    // The service's own origin: the token goes in a header (the SDK's
+    // helpers send it), or through the hand-off that sets it as a cookie
+    // of that origin only (a browser).
+    let origin = crate::services::service_origin(&c, row.id, port)?;
+    let hand_off = crate::services::hand_off_url(&origin, &token);
     Ok(Json(ServiceUrlResponse {
-        browser_url: format!("{url}/"),
+        browser_url: hand_off.clone(),
         embed_url: if origins.is_empty() {
             String::new()
         } else {
-            format!("{url}/")
+            hand_off
         },
-        service_url: url,
+        service_url: origin,
         token,
         expires_at: expires.to_rfc3339(),
         embed_origins: origins,
@@ -389,6 +401,16 @@ pub async fn mint_service(
 /// The frame ancestors a service token allows, if any.
 pub(crate) fn embed_origins(claims: &Claims) -> Option<&str> {
     claims.emb.as_deref()
+}
+
+/// The sandbox a token opens.
+pub(crate) fn token_sandbox(claims: &Claims) -> SandboxId {
+    claims.sb
+}
+
+/// When a token expires, unix milliseconds.
+pub(crate) fn token_expiry(claims: &Claims) -> i64 {
+    claims.exp
 }
 
 /// The port a service token opens.

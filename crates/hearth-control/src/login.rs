@@ -1,32 +1,38 @@
 //! Login-mode service URLs (LangSmith's `access: "restricted" |
 //! "workspace"`): a durable grant on a sandbox's port
-//! (`SandboxSpec::service_grants`) opens `{public_url}/services/login/
-//! {sandbox id}/{port}/…` to browsers signed in to Hearth as a key of the
-//! sandbox's workspace (`restricted`: one with `sandboxes:read`). The URL
-//! holds no token and does not expire; while a grant is in place, token
-//! URLs for that port are refused (409).
+//! (`SandboxSpec::service_grants`) opens the port's own origin,
+//! `{scheme}://{port}-{sandbox id}.{domain}/` (see [`crate::services`]), to
+//! browsers signed in there as a key of the sandbox's workspace
+//! (`restricted`: one with `sandboxes:read`). The URL holds no token and
+//! does not expire; while a grant is in place, token URLs for that port
+//! are refused (409).
 //!
-//! - **Signing in**: `GET /services/login/signin` is a form (no script)
-//!   that takes an API key; `POST` checks it and sets `hearth_login`, a
-//!   MAC'd cookie naming the key and an expiry (12 hours), `HttpOnly`,
-//!   `SameSite=Lax`, scoped to `/services/login/` (and `Secure` behind
-//!   https). Every request re-reads the key: a revoked key is signed out
-//!   at once. The cookie never reaches a service (service URLs drop the
-//!   browser's cookies).
+//! - **Signing in**, on that origin: `GET /.hearth/signin` is a form (no
+//!   script) that takes an API key, with a CSRF token bound to the origin
+//!   and to a `hearth_csrf` cookie; `POST` checks the `Origin` header (it
+//!   must be this origin), the CSRF token and the key, and sets
+//!   `hearth_login`, a MAC'd cookie naming the key, an expiry (12 hours)
+//!   and this origin's host (a cookie of another origin, even planted for
+//!   the whole domain, opens nothing here), host-only, `HttpOnly`,
+//!   `SameSite=Lax` (and `Secure` behind https). Every request re-reads the
+//!   key: a revoked key is signed out at once. Two valid sessions of
+//!   different keys are refused, not first-wins; junk ones are ignored.
+//!   Hearth's cookies never reach the service.
 //! - **Who the service sees**: each forwarded request carries
 //!   `X-Langsmith-User-Token`, an EdDSA JWT of the control plane's key
 //!   (`kid` in `/.well-known/jwks.json`): `sub` the key's id, `name` its
-//!   description, `aud` the `Host` the service is given
-//!   (`{port}-{sandbox id}.{domain}`, unique to the sandbox and port, so a
-//!   token one service receives is refused by every other), five minutes.
-//!   The SDK's `SandboxTokenVerifier.verify_user_token(token,
+//!   description, `aud` the service's host (`{port}-{sandbox id}.{domain}`,
+//!   unique to the sandbox and port, so a token one service receives is
+//!   refused by every other), five minutes. The SDK's
+//!   `SandboxTokenVerifier.verify_user_token(token,
 //!   audience=request.headers["Host"])` accepts it.
+//! - The old login URLs on the API's origin (`/services/login/{id}/{port}/…`)
+//!   redirect to the port's origin; nothing is served there.
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hearth_api::{ApiError, ServiceLoginUrlResponse};
 use hearth_db::SandboxRow;
@@ -38,19 +44,24 @@ use crate::auth::Principal;
 use crate::error::HttpResult;
 use crate::extract::Path;
 use crate::service::{spec_of, SandboxChange};
-use crate::services::{allow_framing, forward_to_port, under_prefix, wants_upgrade, SharedOrigin};
 use crate::Control;
 
 /// The sign-in cookie.
 const COOKIE: &str = "hearth_login";
-/// Where it is sent, and where login URLs live.
+/// The sign-in form's CSRF cookie.
+const CSRF_COOKIE: &str = "hearth_csrf";
+/// Where the old login URLs lived, on the API's origin.
 const PREFIX: &str = "/services/login/";
+/// The sign-in form, on a service's own origin.
+const SIGNIN_PATH: &str = "/.hearth/signin";
 /// How long a sign-in lasts.
 const SESSION_SECS: u64 = 12 * 3600;
 /// How long a user token lives.
 const USER_TOKEN_SECS: u64 = 300;
 /// The MAC context of sign-in cookies.
-const MAC_CONTEXT: &str = "hearth login session v1";
+const MAC_CONTEXT: &str = "hearth login session v2";
+/// The MAC context of sign-in forms' CSRF tokens.
+const CSRF_CONTEXT: &str = "hearth login csrf v1";
 /// The header the service reads.
 pub const USER_TOKEN_HEADER: &str = "x-langsmith-user-token";
 
@@ -92,11 +103,7 @@ pub(crate) async fn grant(
         },
     )
     .await?;
-    let url = format!(
-        "{}{PREFIX}{}/{port}/",
-        c.cfg.public_url.trim_end_matches('/'),
-        row.id
-    );
+    let url = format!("{}/", crate::services::service_origin(c, row.id, port)?);
     Ok(ServiceLoginUrlResponse {
         browser_url: url.clone(),
         service_url: url,
@@ -118,45 +125,61 @@ pub(crate) fn refuse_token_mode(row: &SandboxRow, port: u16) -> Result<(), ApiEr
     }
 }
 
-/// The cookie's value for key `key` until `exp`.
-fn session_value(c: &Control, key: ApiKeyId, exp: u64) -> String {
+/// The cookie's value for key `key` until `exp`, on `host` only.
+fn session_value(c: &Control, key: ApiKeyId, exp: u64, host: &str) -> String {
     let data = format!("{key}.{exp}");
-    let mac = c.links.derived_mac(MAC_CONTEXT, data.as_bytes());
+    let mac = c
+        .links
+        .derived_mac(MAC_CONTEXT, format!("{data}.{host}").as_bytes());
     format!("{data}.{mac}")
 }
 
-/// The key a request's sign-in cookie names, if it is genuine, current,
-/// and the key is not revoked; with the key's description.
-async fn signed_in(
-    c: &Control,
-    headers: &HeaderMap,
-) -> Result<Option<(Principal, String)>, ApiError> {
-    let value = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|p| p.trim().strip_prefix(COOKIE)?.strip_prefix('='));
-    let Some(value) = value else { return Ok(None) };
+/// The key of one sign-in cookie value, if it is genuine, for `host` and
+/// current.
+fn session_key(c: &Control, value: &str, host: &str) -> Option<ApiKeyId> {
     let mut parts = value.rsplitn(2, '.');
     let (Some(mac), Some(data)) = (parts.next(), parts.next()) else {
-        return Ok(None);
+        return None;
     };
     if !c
         .links
-        .verify_derived_mac(MAC_CONTEXT, data.as_bytes(), mac)
+        .verify_derived_mac(MAC_CONTEXT, format!("{data}.{host}").as_bytes(), mac)
     {
-        return Ok(None);
+        return None;
     }
-    let Some((key, exp)) = data.split_once('.') else {
-        return Ok(None);
-    };
-    let (Ok(key), Ok(exp)) = (key.parse::<ApiKeyId>(), exp.parse::<u64>()) else {
-        return Ok(None);
-    };
-    if exp < now_secs() {
-        return Ok(None);
+    let (key, exp) = data.split_once('.')?;
+    let (key, exp) = (key.parse::<ApiKeyId>().ok()?, exp.parse::<u64>().ok()?);
+    (exp >= now_secs()).then_some(key)
+}
+
+/// Why a request's sign-in is refused outright.
+fn ambiguous() -> ApiError {
+    ApiError::new(
+        400,
+        "AmbiguousSession",
+        "this request carries sign-ins of two different keys for this service; clear this site's cookies and sign in again",
+    )
+}
+
+/// The key a request's sign-in cookies name for service host `host`, if
+/// one is genuine, current, and the key is not revoked; with the key's
+/// description. Every `hearth_login` cookie is checked (none wins by
+/// coming first); two valid ones of different keys are refused.
+pub(crate) async fn signed_in(
+    c: &Control,
+    headers: &HeaderMap,
+    host: &str,
+) -> Result<Option<(Principal, String)>, ApiError> {
+    let mut key = None;
+    for value in crate::services::cookies(headers, COOKIE) {
+        match (key, session_key(c, value, host)) {
+            (_, None) => {}
+            (None, Some(k)) => key = Some(k),
+            (Some(a), Some(b)) if a == b => {}
+            (Some(_), Some(_)) => return Err(ambiguous()),
+        }
     }
+    let Some(key) = key else { return Ok(None) };
     let found =
         c.db.active_api_key(key)
             .await
@@ -172,61 +195,16 @@ async fn signed_in(
     }))
 }
 
-#[derive(Serialize)]
-struct UserClaims<'a> {
-    iss: &'a str,
-    aud: &'a str,
-    sub: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<String>,
-    iat: u64,
-    exp: u64,
-}
-
-/// `GET /services/login/{sandbox}/{port}` and `…/`.
-pub async fn proxy_root(
-    State(c): State<Arc<Control>>,
-    Path((sandbox, port)): Path<(String, u16)>,
-    req: Request,
-) -> HttpResult<Response> {
-    forward(c, sandbox, port, String::new(), req).await
-}
-
-/// `ANY /services/login/{sandbox}/{port}/{*rest}`.
-pub async fn proxy(
-    State(c): State<Arc<Control>>,
-    Path((sandbox, port, rest)): Path<(String, u16, String)>,
-    req: Request,
-) -> HttpResult<Response> {
-    forward(c, sandbox, port, rest, req).await
-}
-
-fn not_found() -> ApiError {
-    ApiError::new(
-        404,
-        "NotFound",
-        "no login URL here: the sandbox is gone or grants no login access to this port",
-    )
-}
-
-async fn forward(
-    c: Arc<Control>,
-    sandbox: String,
-    port: u16,
-    rest: String,
-    mut req: Request,
-) -> HttpResult<Response> {
-    let id: SandboxId = sandbox.parse().map_err(|_| not_found())?;
-    let row = match c.db.get_sandbox_by_id(id).await {
-        Ok(r) => r,
-        Err(hearth_db::DbError::NotFound { .. }) => return Err(not_found().into()),
-        Err(e) => return Err(crate::error::db_error(e).into()),
-    };
-    let spec = spec_of(&row)?;
-    let grant = spec.service_grants.get(&port).ok_or_else(not_found)?;
-    let Some((who, description)) = signed_in(&c, req.headers()).await? else {
-        return Ok(to_sign_in(req.uri()));
-    };
+/// Whether `who`, signed in, may use `grant` of `row`: the user token its
+/// service receives (audience `host`), or why not.
+pub(crate) fn admit(
+    c: &Control,
+    row: &SandboxRow,
+    grant: &ServiceGrant,
+    who: &Principal,
+    description: String,
+    host: &str,
+) -> Result<HeaderValue, ApiError> {
     let allowed = who.workspace_id == row.workspace_id
         && match grant.access {
             ServiceAccess::Workspace => true,
@@ -239,25 +217,17 @@ async fn forward(
                 ServiceAccess::Workspace => "keys",
                 ServiceAccess::Restricted => "keys with sandboxes:read",
             }
-        ))
-        .into());
+        )));
     }
     let Some(signer) = &c.cfg.signer else {
-        return Err(ApiError::internal().into());
+        return Err(ApiError::internal());
     };
-    let client_side = wants_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
-    let (row, guest) = c.wake(row).await?;
-    let host = format!(
-        "{port}-{}.{}",
-        row.id,
-        c.cfg.sandbox_domain.as_deref().unwrap_or("hearth.internal")
-    );
     let iat = now_secs();
     let token = hearth_fence::jwt::sign(
         signer.key(),
         &UserClaims {
             iss: &c.cfg.public_url,
-            aud: &host,
+            aud: host,
             sub: who.key_id.to_string(),
             name: Some(description).filter(|d| !d.trim().is_empty()),
             iat,
@@ -268,54 +238,86 @@ async fn forward(
         tracing::error!(error = %e, "cannot sign a user token");
         ApiError::internal()
     })?;
-    let value = HeaderValue::from_str(&token).map_err(|_| ApiError::internal())?;
-    req.headers_mut().insert(USER_TOKEN_HEADER, value);
-    let path_and_query = under_prefix(&rest, req.uri());
-    let mut resp = forward_to_port(
-        &guest,
-        port,
-        &path_and_query,
-        req,
-        client_side,
-        SharedOrigin::Yes,
-        Some(&host),
-    )
-    .await?;
-    if !grant.embed_origins.is_empty() {
-        allow_framing(&mut resp, &grant.embed_origins.join(" "));
-    }
-    Ok(resp)
+    HeaderValue::from_str(&token).map_err(|_| ApiError::internal())
 }
 
-/// A browser that is not signed in goes to the sign-in form, and back.
-fn to_sign_in(uri: &axum::http::Uri) -> Response {
-    let next = uri
-        .path_and_query()
-        .map_or(PREFIX, |p| p.as_str())
-        .to_owned();
+/// The attributes a Hearth cookie on a service's origin takes besides its
+/// value, path and age: `Secure` behind https, and `SameSite=None` (so a
+/// page of an allowed embedding origin can frame it) only there.
+pub(crate) fn cookie_attributes(c: &Control, embedded: bool) -> &'static str {
+    match (c.cfg.public_url.starts_with("https://"), embedded) {
+        (true, true) => "SameSite=None; Secure",
+        (true, false) => "SameSite=Lax; Secure",
+        (false, _) => "SameSite=Lax",
+    }
+}
+
+#[derive(Serialize)]
+struct UserClaims<'a> {
+    iss: &'a str,
+    aud: &'a str,
+    sub: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    iat: u64,
+    exp: u64,
+}
+
+/// `GET /services/login/{sandbox}/{port}` and `…/`: the old login URL,
+/// a redirect to the port's own origin.
+pub async fn proxy_root(
+    State(c): State<Arc<Control>>,
+    Path((sandbox, port)): Path<(String, u16)>,
+    req: Request,
+) -> HttpResult<Response> {
+    moved(&c, &sandbox, port, "", &req)
+}
+
+/// `ANY /services/login/{sandbox}/{port}/{*rest}`.
+pub async fn proxy(
+    State(c): State<Arc<Control>>,
+    Path((sandbox, port, rest)): Path<(String, u16, String)>,
+    req: Request,
+) -> HttpResult<Response> {
+    moved(&c, &sandbox, port, &rest, &req)
+}
+
+fn moved(c: &Control, sandbox: &str, port: u16, rest: &str, req: &Request) -> HttpResult<Response> {
+    let id: SandboxId = sandbox
+        .parse()
+        .map_err(|_| ApiError::new(404, "NotFound", "no login URL here: not a sandbox id"))?;
+    let origin = crate::services::service_origin(c, id, port)?;
+    let path = crate::services::under_prefix(rest, req.uri());
+    Ok(crate::services::redirect(
+        StatusCode::PERMANENT_REDIRECT,
+        &format!("{origin}{path}"),
+    ))
+}
+
+/// A browser that is not signed in goes to the sign-in form of the
+/// service's origin, and back.
+pub(crate) fn to_sign_in(uri: &axum::http::Uri) -> Response {
+    let next = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
     let mut q = form_urlencoded::Serializer::new(String::new());
     q.append_pair("next", &next);
-    let location = format!("{PREFIX}signin?{}", q.finish());
-    (
+    crate::services::redirect(
         StatusCode::SEE_OTHER,
-        [
-            (header::LOCATION, location),
-            (header::CACHE_CONTROL, "no-store".to_owned()),
-        ],
+        &format!("{SIGNIN_PATH}?{}", q.finish()),
     )
-        .into_response()
 }
 
-/// Only a login URL is a place to go back to (never another site).
-fn safe_next(next: &str) -> &str {
-    let ok = next.starts_with(PREFIX)
+/// Only a path of this origin is a place to go back to (never another
+/// site, nor Hearth's own paths).
+pub(crate) fn safe_next(next: &str) -> &str {
+    let ok = next.starts_with('/')
+        && !next.starts_with(crate::services::OWN_PREFIX)
         && !next.contains("//")
         && !next.contains('\\')
         && next.bytes().all(|b| b.is_ascii_graphic());
     if ok {
         next
     } else {
-        PREFIX
+        "/"
     }
 }
 
@@ -327,7 +329,17 @@ fn escape(s: &str) -> String {
         .replace('\'', "&#39;")
 }
 
-fn page(status: StatusCode, next: &str, note: &str) -> Response {
+/// The sign-in form: `next`, and a CSRF token bound to `host` and to the
+/// nonce of the `hearth_csrf` cookie it sets.
+fn page(c: &Control, host: &str, status: StatusCode, next: &str, note: &str) -> Response {
+    let nonce = match crate::secrets::random::<16>() {
+        Ok(n) => n.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        Err(e) => {
+            tracing::error!(error = %e, "no randomness for a sign-in form");
+            return crate::error::HttpError(ApiError::internal()).into_response();
+        }
+    };
+    let csrf = csrf_token(c, host, &nonce);
     let html = format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
@@ -335,14 +347,20 @@ fn page(status: StatusCode, next: &str, note: &str) -> Response {
          <main><h1>Sign in to Hearth</h1>\
          <p>This service is shared with the members of its sandbox's workspace. \
          Sign in with an API key of that workspace; it stays in this browser as a \
-         cookie for this page's services only.</p>{note}\
-         <form method=\"post\" action=\"{PREFIX}signin\">\
+         cookie of this service's address only.</p>{note}\
+         <form method=\"post\" action=\"{SIGNIN_PATH}\">\
          <input type=\"hidden\" name=\"next\" value=\"{}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
          <label>API key <input type=\"password\" name=\"api_key\" autocomplete=\"off\" required></label> \
          <button type=\"submit\">Sign in</button></form></main></body></html>\n",
-        escape(safe_next(next))
+        escape(safe_next(next)),
+        escape(&csrf)
     );
-    (
+    let cookie = format!(
+        "{CSRF_COOKIE}={nonce}; Path={SIGNIN_PATH}; Max-Age=3600; HttpOnly; {}",
+        cookie_attributes(c, false).replace("Lax", "Strict")
+    );
+    let mut resp = (
         status,
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -354,7 +372,16 @@ fn page(status: StatusCode, next: &str, note: &str) -> Response {
         ],
         html,
     )
-        .into_response()
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        resp.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    resp
+}
+
+fn csrf_token(c: &Control, host: &str, nonce: &str) -> String {
+    c.links
+        .derived_mac(CSRF_CONTEXT, format!("{host}\n{nonce}").as_bytes())
 }
 
 fn query_value(query: Option<&str>, name: &str) -> String {
@@ -364,18 +391,66 @@ fn query_value(query: Option<&str>, name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// `GET /services/login/signin?next=…`: the sign-in form.
-pub async fn sign_in_page(req: Request) -> Response {
-    let next = query_value(req.uri().query(), "next");
-    page(StatusCode::OK, &next, "")
+/// Hearth's own paths on a service host: `/.hearth/signin` (GET the form,
+/// POST it) and `/.hearth/auth` (a service token's hand-off).
+pub(crate) async fn own_path(
+    c: &Arc<Control>,
+    id: SandboxId,
+    port: u16,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let host = crate::services::service_host(c, id, port);
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    match (method.clone(), uri.path()) {
+        (_, "/.hearth/auth") => crate::services::hand_off(c, id, port, &method, &uri).await,
+        (Method::GET | Method::HEAD, SIGNIN_PATH) => {
+            let next = query_value(uri.query(), "next");
+            Ok(page(c, &host, StatusCode::OK, &next, ""))
+        }
+        (Method::POST, SIGNIN_PATH) => sign_in(c, id, port, &host, req).await,
+        (_, path) => Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("{path}: /.hearth/ on a service's address is Hearth's (signin, auth)"),
+        )),
+    }
 }
 
 /// The largest sign-in form accepted.
 const MAX_FORM: usize = 4096;
 
-/// `POST /services/login/signin` (`api_key`, `next`): signs in and goes
-/// back to `next`.
-pub async fn sign_in(State(c): State<Arc<Control>>, req: Request) -> HttpResult<Response> {
+/// Whether the request's `Origin` is the service's own: a form posted
+/// from any other page (login CSRF) is refused.
+fn same_origin(c: &Control, host: &str, headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let scheme = if c.cfg.public_url.starts_with("https://") {
+        "https"
+    } else {
+        "http"
+    };
+    origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
+}
+
+/// `POST /.hearth/signin` (`api_key`, `next`, `csrf`): signs in on this
+/// origin and goes back to `next`.
+async fn sign_in(
+    c: &Arc<Control>,
+    id: SandboxId,
+    port: u16,
+    host: &str,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let forbidden = |why: &str| ApiError::forbidden(format!("sign-in refused: {why}"));
+    if !same_origin(c, host, req.headers()) {
+        return Err(forbidden(
+            "the form was not posted from this service's own address (Origin)",
+        ));
+    }
+    let nonces: Vec<String> = crate::services::cookies(req.headers(), CSRF_COOKIE)
+        .map(str::to_owned)
+        .collect();
     let body = axum::body::to_bytes(req.into_body(), MAX_FORM)
         .await
         .map_err(|_| ApiError::invalid_request("the sign-in form is too large"))?;
@@ -388,7 +463,16 @@ pub async fn sign_in(State(c): State<Arc<Control>>, req: Request) -> HttpResult<
             .map(|(_, v)| v.trim().to_owned())
             .unwrap_or_default()
     };
-    let (key, next) = (field("api_key"), field("next"));
+    let (key, next, csrf) = (field("api_key"), field("next"), field("csrf"));
+    let csrf_ok = nonces.iter().any(|n| {
+        c.links
+            .verify_derived_mac(CSRF_CONTEXT, format!("{host}\n{n}").as_bytes(), &csrf)
+    });
+    if !csrf_ok {
+        return Err(forbidden(
+            "the form's CSRF token is missing or stale: load the form again",
+        ));
+    }
     let found = if key.is_empty() || key.len() > 256 {
         None
     } else {
@@ -398,34 +482,52 @@ pub async fn sign_in(State(c): State<Arc<Control>>, req: Request) -> HttpResult<
     };
     let Some(found) = found else {
         return Ok(page(
+            c,
+            host,
             StatusCode::UNAUTHORIZED,
             &next,
             "<p role=\"alert\">That is not an API key of this Hearth.</p>",
         ));
     };
+    tracing::debug!(sandbox = %id, port, key = %found.id, "signed in to a service");
     let exp = now_secs() + SESSION_SECS;
-    let secure = if c.cfg.public_url.starts_with("https://") {
-        "; Secure"
-    } else {
-        ""
-    };
     let cookie = format!(
-        "{COOKIE}={}; Path={PREFIX}; Max-Age={SESSION_SECS}; HttpOnly; SameSite=Lax{secure}",
-        session_value(&c, found.id, exp)
+        "{COOKIE}={}; Path=/; Max-Age={SESSION_SECS}; HttpOnly; {}",
+        session_value(c, found.id, exp, host),
+        cookie_attributes(c, false)
     );
-    let mut resp = Response::new(Body::empty());
-    *resp.status_mut() = StatusCode::SEE_OTHER;
-    let h = resp.headers_mut();
-    h.insert(
-        header::LOCATION,
-        HeaderValue::from_str(safe_next(&next)).map_err(|_| ApiError::internal())?,
-    );
-    h.insert(
+    let mut resp = crate::services::redirect(StatusCode::SEE_OTHER, safe_next(&next));
+    resp.headers_mut().insert(
         header::SET_COOKIE,
         HeaderValue::from_str(&cookie).map_err(|_| ApiError::internal())?,
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(resp)
+}
+
+/// `GET|POST /services/login/signin` (the old form, on the API's origin):
+/// a `next` that is an old login URL goes to its service's own form;
+/// nothing signs in here.
+pub async fn old_sign_in(State(c): State<Arc<Control>>, req: Request) -> HttpResult<Response> {
+    let next = query_value(req.uri().query(), "next");
+    let moved = next.strip_prefix(PREFIX).and_then(|rest| {
+        let mut parts = rest.splitn(3, '/');
+        let id: SandboxId = parts.next()?.parse().ok()?;
+        let port: u16 = parts.next()?.parse().ok()?;
+        let rest = parts.next().unwrap_or_default();
+        let origin = crate::services::service_origin(&c, id, port).ok()?;
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("next", &format!("/{rest}"));
+        Some(format!("{origin}{SIGNIN_PATH}?{}", q.finish()))
+    });
+    match (req.method(), moved) {
+        (&Method::GET | &Method::HEAD, Some(to)) => Ok(crate::services::redirect(StatusCode::SEE_OTHER, &to)),
+        _ => Err(ApiError::new(
+            410,
+            "Gone",
+            "services are signed in to on their own address ({port}-{sandbox id}.<domain>/.hearth/signin), not here",
+        )
+        .into()),
+    }
 }
 
 #[cfg(test)]
@@ -433,20 +535,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_login_urls_are_places_to_go_back_to() {
-        assert_eq!(
-            safe_next("/services/login/abc/8080/x?y=1"),
-            "/services/login/abc/8080/x?y=1"
-        );
+    fn only_paths_of_this_origin_are_places_to_go_back_to() {
+        assert_eq!(safe_next("/app/x?y=1"), "/app/x?y=1");
+        assert_eq!(safe_next("/"), "/");
         for bad in [
             "https://evil.example/",
             "//evil.example/",
-            "/services/login//evil.example",
-            "/api/v2/sandboxes/boxes",
-            "/services/login/\\evil",
-            "/services/login/a b",
+            "/a//evil.example",
+            "/.hearth/signin",
+            "/\\evil",
+            "/a b",
+            "",
+            "relative",
         ] {
-            assert_eq!(safe_next(bad), PREFIX, "{bad}");
+            assert_eq!(safe_next(bad), "/", "{bad}");
         }
         assert_eq!(escape("\"><script>"), "&quot;&gt;&lt;script&gt;");
     }

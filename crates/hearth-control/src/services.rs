@@ -1,57 +1,45 @@
-//! Service URLs: `{public_url}/services/{token}/…` proxies HTTP to a port
-//! inside the sandbox (LangSmith's token mode; the token comes from
-//! `POST /boxes/{name}/service-url`, see [`crate::links`]).
+//! Service URLs: each port of each sandbox is served on a host name of its
+//! own, `{port}-{sandbox id}.{sandbox domain}` (E2B's sandbox hosts), never
+//! on the API's or the console's origin, so one tenant's pages cannot read
+//! another's through the browser's same-origin rules.
 //!
-//! Each request is verified, wakes the sandbox, dials the port through the
-//! guest agent and is forwarded over HTTP/1.1 with hop-by-hop headers,
-//! Hearth's own credentials and the browser's cookies removed; the answer
-//! streams back without the cookies it sets (service URLs share the control
-//! plane's origin, see `docs/ARCHITECTURE.md`). Upgrades
-//! (WebSocket, or any protocol the service switches to with 101) are
-//! spliced: after the 101 the two connections are copied into each other.
+//! Who may reach a port there ([`port_access`], one decision for every
+//! kind of caller): anyone when the sandbox is public (E2B's default); a
+//! runtime token in `E2B-Traffic-Access-Token`; a LangSmith service token
+//! (`POST /boxes/{name}/service-url`, see [`crate::links`]) in
+//! `X-Langsmith-Sandbox-Service-Token`, or in the `hearth_service` cookie
+//! its hand-off (`/.hearth/auth?token=…`, the `browser_url`) sets on that
+//! origin only; a browser signed in to a login grant on that origin (see
+//! [`crate::login`]). `/.hearth/` on a service host is Hearth's.
+//!
+//! The old paths on the API's origin (`/services/{token}/…`,
+//! `/services/login/{id}/{port}/…`) only redirect to the new origin.
+//!
+//! A request is forwarded over HTTP/1.1 through the guest agent with
+//! hop-by-hop headers and Hearth's credentials and cookies removed; the
+//! answer streams back without cookies scoped to a domain or naming
+//! Hearth's. Upgrades (WebSocket, or any protocol the service switches to
+//! with 101) are spliced: after the 101 the two connections are copied
+//! into each other.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use hearth_api::ApiError;
+use hearth_db::SandboxRow;
 use hearth_guest_proto::OpErrorKind;
+use hearth_types::SandboxId;
 use hyper_util::rt::TokioIo;
 
 use crate::error::HttpResult;
 use crate::extract::Path;
-use crate::links::{embed_origins, service_port};
+use crate::links::{embed_origins, service_port, token_expiry, token_sandbox};
+use crate::runtime_tokens::RuntimeKind;
+use crate::service::spec_of;
 use crate::Control;
-
-/// Request headers dropped besides the hop-by-hop ones (RFC 9110
-/// §7.6.1): the framing hyper redoes, Hearth's own credentials, and the
-/// browser's `Cookie`. Service URLs share the control plane's origin, so
-/// that header carries whatever any page on the origin set — another
-/// sandbox's service included — and is no business of this one.
-/// `Authorization` passes: Hearth takes no credential in it on this path
-/// (only a host's enrollment token, on the fleet routes), and services
-/// use it for their own authentication.
-const REQUEST_DROPPED: &[&str] = &[
-    "transfer-encoding",
-    "x-api-key",
-    "x-langsmith-sandbox-service-token",
-    "cookie",
-];
-
-/// Response headers dropped besides the hop-by-hop ones: the framing,
-/// cookies (set on the shared origin they would reach every other
-/// sandbox's service and the control plane), and `Service-Worker-Allowed`,
-/// which would let a worker the service registers widen its scope from
-/// `/services/{token}/` to the whole origin (and see other sandboxes'
-/// service-URL tokens).
-const RESPONSE_DROPPED: &[&str] = &[
-    "transfer-encoding",
-    "set-cookie",
-    "set-cookie2",
-    "service-worker-allowed",
-];
 
 /// Whether a request asks to switch protocols (`Connection: upgrade`).
 pub(crate) fn wants_upgrade(headers: &HeaderMap) -> bool {
@@ -78,13 +66,14 @@ fn strip_hops(headers: &mut HeaderMap, upgrade: bool, dropped: &[&str]) {
     }
 }
 
-/// `ANY /services/{token}` and `/services/{token}/` (the service's `/`).
+/// `ANY /services/{token}` and `/services/{token}/`: the old token URL,
+/// a redirect to the service's own origin.
 pub async fn proxy_root(
     State(c): State<Arc<Control>>,
     Path(token): Path<String>,
     req: Request,
 ) -> HttpResult<Response> {
-    forward(c, token, String::new(), req).await
+    moved_token_url(c, token, String::new(), req).await
 }
 
 /// `ANY /services/{token}/{*rest}`.
@@ -93,38 +82,254 @@ pub async fn proxy(
     Path((token, rest)): Path<(String, String)>,
     req: Request,
 ) -> HttpResult<Response> {
-    forward(c, token, rest, req).await
+    moved_token_url(c, token, rest, req).await
 }
 
 fn bad_gateway(message: String) -> ApiError {
     ApiError::new(502, "ServiceUnavailable", message)
 }
 
-async fn forward(
+/// A token URL of the API's origin (minted before service hosts, or built
+/// by hand): 307 to the hand-off on the service's own origin, which sets
+/// the token as that origin's cookie and goes on to the same path. Nothing
+/// of the service is served here.
+async fn moved_token_url(
     c: Arc<Control>,
     token: String,
     rest: String,
-    mut req: Request,
+    req: Request,
 ) -> HttpResult<Response> {
-    let upgrade = wants_upgrade(req.headers());
-    let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (claims, guest) = c.redeem(&token, true).await?;
-    let port = service_port(&claims);
-    let path_and_query = under_prefix(&rest, req.uri());
-    let mut resp = forward_to_port(
-        &guest,
-        port,
-        &path_and_query,
-        req,
-        client_side,
-        SharedOrigin::Yes,
-        None,
-    )
-    .await?;
-    if let Some(origins) = embed_origins(&claims) {
-        allow_framing(&mut resp, origins);
+    let (claims, _) = c.redeem_claims(&token, true).await?;
+    let origin = service_origin(&c, token_sandbox(&claims), service_port(&claims))?;
+    let next = under_prefix(&rest, req.uri());
+    Ok(redirect(
+        StatusCode::TEMPORARY_REDIRECT,
+        &format!("{}&next={}", hand_off_url(&origin, &token), encode(&next)),
+    ))
+}
+
+/// The origin a sandbox's port is served on: `{scheme}://{port}-{id}.
+/// {domain}`; refused without a sandbox domain.
+pub(crate) fn service_origin(c: &Control, id: SandboxId, port: u16) -> Result<String, ApiError> {
+    let Some(domain) = c.cfg.sandbox_domain.as_deref() else {
+        return Err(ApiError::conflict(
+            "service URLs are served on a host name of their own per sandbox and port ({port}-{id}.<domain>), and this control plane has no sandbox domain: give it --sandbox-domain (a wildcard DNS name)",
+        ));
+    };
+    let scheme = if c.cfg.public_url.starts_with("https://") {
+        "https"
+    } else {
+        "http"
+    };
+    Ok(format!("{scheme}://{port}-{id}.{domain}"))
+}
+
+/// Hearth's own paths on a service host.
+pub(crate) const OWN_PREFIX: &str = "/.hearth/";
+/// The hand-off of a service token to a browser.
+const AUTH_PATH: &str = "/.hearth/auth";
+/// The cookie the hand-off sets: the service token itself.
+pub(crate) const TOKEN_COOKIE: &str = "hearth_service";
+
+/// The `browser_url` of a service token: its hand-off on `origin`.
+pub(crate) fn hand_off_url(origin: &str, token: &str) -> String {
+    format!("{origin}{AUTH_PATH}?token={}", encode(token))
+}
+
+fn encode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+pub(crate) fn redirect(status: StatusCode, location: &str) -> Response {
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// The values of every cookie named `name` the request carries (a page
+/// of a sibling host can plant one for the whole domain: each is checked,
+/// none wins by coming first).
+pub(crate) fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(move |p| p.trim().strip_prefix(name)?.strip_prefix('='))
+}
+
+/// Whether a request to a service host is for Hearth's own paths there.
+pub(crate) fn is_own_path(path: &str) -> bool {
+    path.starts_with(OWN_PREFIX) || path == "/.hearth"
+}
+
+/// `GET /.hearth/auth?token=…&next=…` (or `redirect=`, the SDK's embed
+/// URL) on a service host: a service token for this port becomes this
+/// origin's cookie, then on to `next`.
+pub(crate) async fn hand_off(
+    c: &Control,
+    id: SandboxId,
+    port: u16,
+    method: &Method,
+    uri: &Uri,
+) -> Result<Response, ApiError> {
+    if method != Method::GET && method != Method::HEAD {
+        return Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the hand-off of a service URL is a GET",
+        ));
+    }
+    let query = uri.query().unwrap_or_default();
+    let param = |name: &str| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    let token = param("token").unwrap_or_default();
+    let (claims, _) = c.redeem_claims(&token, true).await?;
+    if token_sandbox(&claims) != id || service_port(&claims) != port {
+        return Err(ApiError::new(404, "NotFound", "unknown service URL"));
+    }
+    let next = param("next")
+        .or_else(|| param("redirect"))
+        .unwrap_or_else(|| "/".into());
+    let next = crate::login::safe_next(&next);
+    let secs = (token_expiry(&claims) - hearth_db::Timestamp::now().unix_ms()).max(0) / 1000;
+    let cookie = format!(
+        "{TOKEN_COOKIE}={token}; Path=/; Max-Age={secs}; HttpOnly; {}",
+        crate::login::cookie_attributes(c, embed_origins(&claims).is_some())
+    );
+    let mut resp = redirect(StatusCode::SEE_OTHER, next);
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        resp.headers_mut().insert(header::SET_COOKIE, v);
     }
     Ok(resp)
+}
+
+/// Who reaches a port on its host, and how.
+pub(crate) struct PortAccess {
+    pub row: SandboxRow,
+    /// Wake a stopped sandbox (LangSmith's service URLs do; E2B's hosts
+    /// answer 502 for a sandbox not running).
+    pub wake: bool,
+    /// The frame ancestors the credential allows.
+    pub embed: Option<String>,
+    /// A login grant's user token for the service, and its `Host`.
+    pub user_token: Option<(HeaderValue, String)>,
+}
+
+/// Why a request does not reach a port.
+pub(crate) enum PortRefusal {
+    /// No credential that opens it (E2B's 403, the same for an unknown
+    /// sandbox).
+    NotPublic(String),
+    /// A login grant's port, and no one signed in on this origin.
+    SignIn,
+    Api(ApiError),
+}
+
+impl From<ApiError> for PortRefusal {
+    fn from(e: ApiError) -> Self {
+        PortRefusal::Api(e)
+    }
+}
+
+/// The one decision of who reaches `port` of sandbox `id` through its
+/// host (see the module's documentation). `own_origin`: the request came
+/// in on the port's own host name (a browser's cookies there are that
+/// origin's), not on the API's with `E2b-Sandbox-Port`.
+pub(crate) async fn port_access(
+    c: &Arc<Control>,
+    id: SandboxId,
+    port: u16,
+    headers: &HeaderMap,
+    own_origin: bool,
+) -> Result<PortAccess, PortRefusal> {
+    let found = match c.db.get_sandbox_by_id(id).await {
+        Ok(row) if row.status != hearth_db::SandboxStatus::Deleting => Some(row),
+        Ok(_) | Err(hearth_db::DbError::NotFound { .. }) => None,
+        Err(e) => return Err(crate::error::db_error(e).into()),
+    };
+    let pass = |row: SandboxRow, wake: bool, embed: Option<String>| PortAccess {
+        row,
+        wake,
+        embed,
+        user_token: None,
+    };
+    if let Some(row) = found
+        .as_ref()
+        .filter(|r| spec_of(r).is_ok_and(|s| s.public_ports))
+    {
+        return Ok(pass(row.clone(), false, None));
+    }
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let mut why = "none was sent".to_owned();
+    if let Some(token) = header("e2b-traffic-access-token") {
+        match c
+            .check_runtime_token(RuntimeKind::Traffic, id, token)
+            .await?
+        {
+            Ok(row) => return Ok(pass(row, false, None)),
+            Err(refused) => why = refused.to_string(),
+        }
+    }
+    let service_tokens = header(SERVICE_TOKEN_HEADER).into_iter().chain(
+        own_origin
+            .then(|| cookies(headers, TOKEN_COOKIE))
+            .into_iter()
+            .flatten(),
+    );
+    for token in service_tokens {
+        match c.redeem_claims(token, true).await {
+            Ok((claims, row)) if token_sandbox(&claims) == id && service_port(&claims) == port => {
+                let embed = embed_origins(&claims).map(str::to_owned);
+                return Ok(pass(row, true, embed));
+            }
+            Ok(_) => why = "the service token is for another sandbox or port".into(),
+            Err(e) => why = e.message,
+        }
+    }
+    if let (true, Some(row)) = (own_origin, found) {
+        let spec = spec_of(&row)?;
+        if let Some(grant) = spec.service_grants.get(&port) {
+            let host = service_host(c, id, port);
+            let Some((who, description)) = crate::login::signed_in(c, headers, &host).await? else {
+                return Err(PortRefusal::SignIn);
+            };
+            let user_token = crate::login::admit(c, &row, grant, &who, description, &host)?;
+            let embed = (!grant.embed_origins.is_empty()).then(|| grant.embed_origins.join(" "));
+            return Ok(PortAccess {
+                row,
+                wake: true,
+                embed,
+                user_token: Some((user_token, host)),
+            });
+        }
+    }
+    Err(PortRefusal::NotPublic(why))
+}
+
+/// The header LangSmith's SDK sends a service token in.
+const SERVICE_TOKEN_HEADER: &str = "x-langsmith-sandbox-service-token";
+
+/// `{port}-{id}.{domain}`: the host a port is served on, and the audience
+/// of the user tokens its service receives.
+pub(crate) fn service_host(c: &Control, id: SandboxId, port: u16) -> String {
+    format!(
+        "{port}-{id}.{}",
+        c.cfg.sandbox_domain.as_deref().unwrap_or("hearth.internal")
+    )
 }
 
 /// The service's own path for `rest` (what follows a service URL's
@@ -145,19 +350,6 @@ pub(crate) fn allow_framing(resp: &mut Response, origins: &str) {
     resp.headers_mut().remove(header::X_FRAME_OPTIONS);
 }
 
-/// Whether the origin a request came in on is shared with the control
-/// plane and other sandboxes (a service URL's path), or is this sandbox
-/// port's own (a sandbox host by name, `{port}-{id}.{domain}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SharedOrigin {
-    /// Cookies are dropped both ways (see [`REQUEST_DROPPED`]).
-    Yes,
-    /// The browser's cookies are the port's own and pass; a cookie the
-    /// service sets passes unless it names a `Domain` (which would reach
-    /// every other sandbox under the domain, and the API's host).
-    No,
-}
-
 /// Forwards `req` to `port` in the sandbox behind `guest` as
 /// `path_and_query`, and its answer back; `client_side` is the request's
 /// upgrade, taken before its handler consumed anything, when it asks for
@@ -169,7 +361,6 @@ pub(crate) async fn forward_to_port(
     path_and_query: &str,
     req: Request,
     client_side: Option<hyper::upgrade::OnUpgrade>,
-    origin: SharedOrigin,
     host: Option<&str>,
 ) -> HttpResult<Response> {
     let upgrade = client_side.is_some();
@@ -195,11 +386,8 @@ pub(crate) async fn forward_to_port(
         .path_and_query(path_and_query)
         .build()
         .map_err(|e| ApiError::invalid_request(format!("bad request path: {e}")))?;
-    let (request_dropped, response_dropped) = match origin {
-        SharedOrigin::Yes => (REQUEST_DROPPED, RESPONSE_DROPPED),
-        SharedOrigin::No => (OWN_ORIGIN_REQUEST_DROPPED, OWN_ORIGIN_RESPONSE_DROPPED),
-    };
-    strip_hops(&mut parts.headers, upgrade, request_dropped);
+    strip_hops(&mut parts.headers, upgrade, OWN_ORIGIN_REQUEST_DROPPED);
+    drop_hearth_cookies(&mut parts.headers);
     let host = host.map_or_else(|| format!("localhost:{port}"), str::to_owned);
     if let Ok(host) = HeaderValue::from_str(&host) {
         parts.headers.insert(header::HOST, host);
@@ -223,10 +411,8 @@ pub(crate) async fn forward_to_port(
         });
     }
     let (mut parts, body) = resp.into_parts();
-    strip_hops(&mut parts.headers, switched, response_dropped);
-    if origin == SharedOrigin::No {
-        drop_domain_cookies(&mut parts.headers);
-    }
+    strip_hops(&mut parts.headers, switched, OWN_ORIGIN_RESPONSE_DROPPED);
+    drop_domain_cookies(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)).into_response())
 }
 
@@ -243,20 +429,51 @@ const OWN_ORIGIN_REQUEST_DROPPED: &[&str] = &[
 /// their scope.
 const OWN_ORIGIN_RESPONSE_DROPPED: &[&str] = &["transfer-encoding", "service-worker-allowed"];
 
-/// Removes each `Set-Cookie` that names a `Domain`: such a cookie would
-/// reach every host under it (other sandboxes' ports, the API's host).
+/// Whether a cookie's name is one of Hearth's (`hearth_…`): the service
+/// never sees them, nor sets them.
+fn is_hearths(cookie: &str) -> bool {
+    cookie.trim_start().starts_with("hearth_")
+}
+
+/// Removes Hearth's cookies from the request's `Cookie` headers, keeping
+/// the service's own.
+fn drop_hearth_cookies(headers: &mut HeaderMap) {
+    let kept: Vec<String> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !is_hearths(c))
+        .map(str::to_owned)
+        .collect();
+    headers.remove(header::COOKIE);
+    if kept.is_empty() {
+        return;
+    }
+    if let Ok(v) = HeaderValue::from_str(&kept.join("; ")) {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
+/// Removes each `Set-Cookie` that names a `Domain` (such a cookie would
+/// reach every host under it: other sandboxes' ports, the API's host) or
+/// one of Hearth's cookies.
 fn drop_domain_cookies(headers: &mut HeaderMap) {
     let kept: Vec<HeaderValue> = headers
         .get_all(header::SET_COOKIE)
         .iter()
         .filter(|v| {
             let has_domain = v.to_str().map_or(true, |s| {
-                s.split(';')
-                    .skip(1)
-                    .any(|a| a.trim().to_ascii_lowercase().starts_with("domain"))
+                is_hearths(s)
+                    || s.split(';')
+                        .skip(1)
+                        .any(|a| a.trim().to_ascii_lowercase().starts_with("domain"))
             });
             if has_domain {
-                tracing::debug!("dropped a sandbox's cookie scoped to a domain");
+                tracing::debug!(
+                    "dropped a sandbox's cookie scoped to a domain or named as Hearth's"
+                );
             }
             !has_domain
         })
@@ -287,61 +504,13 @@ mod tests {
         n
     }
 
-    /// Service URLs share the control plane's origin: the browser's cookies
-    /// never reach a guest, and a guest's cookies never reach the browser.
-    #[test]
-    fn service_urls_strip_cookies_both_ways() {
-        let mut req = headers(&[
-            ("cookie", "other-tenant=secret"),
-            ("cookie", "evil=1"),
-            ("x-api-key", "hearth-key"),
-            ("x-langsmith-sandbox-service-token", "tok"),
-            ("authorization", "Bearer the-services-own"),
-            ("accept", "text/html"),
-            ("x-custom", "kept"),
-            ("transfer-encoding", "chunked"),
-            ("connection", "keep-alive"),
-        ]);
-        strip_hops(&mut req, false, REQUEST_DROPPED);
-        assert_eq!(names(&req), ["accept", "authorization", "x-custom"]);
-
-        let mut resp = headers(&[
-            ("set-cookie", "evil=1; Path=/"),
-            ("set-cookie", "more=2; Path=/services"),
-            ("set-cookie2", "old=3"),
-            ("service-worker-allowed", "/"),
-            ("content-type", "text/html"),
-            ("cache-control", "no-store"),
-            ("location", "/elsewhere"),
-        ]);
-        strip_hops(&mut resp, false, RESPONSE_DROPPED);
-        assert_eq!(names(&resp), ["cache-control", "content-type", "location"]);
-
-        // An upgrade keeps its handshake and still loses the cookies.
-        let mut ws = headers(&[
-            ("connection", "Upgrade"),
-            ("upgrade", "websocket"),
-            ("cookie", "evil=1"),
-            ("sec-websocket-key", "k"),
-        ]);
-        assert!(wants_upgrade(&ws));
-        strip_hops(&mut ws, true, REQUEST_DROPPED);
-        assert_eq!(names(&ws), ["connection", "sec-websocket-key", "upgrade"]);
-        let mut switched = headers(&[
-            ("connection", "upgrade"),
-            ("upgrade", "websocket"),
-            ("set-cookie", "evil=1; Path=/"),
-        ]);
-        strip_hops(&mut switched, true, RESPONSE_DROPPED);
-        assert_eq!(names(&switched), ["connection", "upgrade"]);
-    }
-
     /// On a port's own origin cookies pass, except one scoped to a
     /// domain (it would reach the other sandboxes under it).
     #[test]
     fn own_origins_keep_host_cookies_and_drop_domain_ones() {
         let mut resp = headers(&[
             ("set-cookie", "session=1; Path=/; HttpOnly"),
+            ("set-cookie", "hearth_login=forged; Path=/"),
             ("set-cookie", "wide=2; Domain=hearth.localhost; Path=/"),
             ("set-cookie", "wide2=3; path=/; domain=.hearth.localhost"),
             ("set-cookie2", "old=4"),
@@ -353,12 +522,18 @@ mod tests {
         assert_eq!(cookies, ["session=1; Path=/; HttpOnly"]);
         assert!(resp.get("set-cookie2").is_none());
         let mut req = headers(&[
-            ("cookie", "session=1"),
+            ("cookie", "session=1; hearth_login=k.1.m"),
+            ("cookie", "hearth_service=t; b=2"),
             ("x-access-token", "t"),
             ("e2b-traffic-access-token", "t"),
+            ("x-langsmith-sandbox-service-token", "t"),
             ("x-api-key", "k"),
+            ("upgrade", "websocket"),
+            ("connection", "Upgrade"),
         ]);
-        strip_hops(&mut req, false, OWN_ORIGIN_REQUEST_DROPPED);
-        assert_eq!(names(&req), ["cookie"]);
+        strip_hops(&mut req, true, OWN_ORIGIN_REQUEST_DROPPED);
+        drop_hearth_cookies(&mut req);
+        assert_eq!(names(&req), ["connection", "cookie", "upgrade"]);
+        assert_eq!(req.get("cookie").unwrap(), "session=1; b=2");
     }
 }

@@ -29,9 +29,7 @@ use hearth_db::SandboxStatus;
 use hearth_types::SandboxId;
 
 use super::{door_of, Door, E2bError};
-use crate::runtime_tokens::RuntimeKind;
-use crate::service::spec_of;
-use crate::services::{forward_to_port, wants_upgrade, SharedOrigin};
+use crate::services::{forward_to_port, wants_upgrade};
 use crate::Control;
 
 /// envd's port: a host naming it reaches envd's routes.
@@ -157,7 +155,15 @@ pub(crate) async fn route(State(c): State<Arc<Control>>, mut req: Request, next:
             }
             next.run(req).await
         }
-        HostKind::Sandbox(SandboxHost { port, id }) => to_port(&c, id, port, req).await,
+        HostKind::Sandbox(SandboxHost { port, id }) => {
+            if crate::services::is_own_path(req.uri().path()) {
+                return match crate::login::own_path(&c, id, port, req).await {
+                    Ok(resp) => resp,
+                    Err(e) => crate::error::HttpError(e).into_response(),
+                };
+            }
+            to_port(&c, id, port, req, true).await
+        }
         HostKind::Api => {
             // The single sandbox URL: a port named in a header.
             let port = header_str(&req, "e2b-sandbox-port").map(str::parse::<u16>);
@@ -166,7 +172,9 @@ pub(crate) async fn route(State(c): State<Arc<Control>>, mut req: Request, next:
                 (None, _) => next.run(req).await,
                 (Some(Ok(ENVD_PORT)), _) if !is_envd_path(req.uri().path()) => not_envd(&req),
                 (Some(Ok(ENVD_PORT)), _) => next.run(req).await,
-                (Some(Ok(port)), Some(Ok(id))) if port != 0 => to_port(&c, id, port, req).await,
+                (Some(Ok(port)), Some(Ok(id))) if port != 0 => {
+                    to_port(&c, id, port, req, false).await
+                }
                 (Some(_), _) => E2bError::bad_request(
                     "E2b-Sandbox-Port must be a port (1-65535) with the sandbox in E2b-Sandbox-Id",
                 )
@@ -186,81 +194,83 @@ fn is_envd_path(path: &str) -> bool {
     door_of(path) == Some(Door::Connect) || path == "/files" || path == "/health"
 }
 
-/// Proxies `req` to `port` of sandbox `id`, if the request may reach it.
-async fn to_port(c: &Arc<Control>, id: SandboxId, port: u16, mut req: Request) -> Response {
-    match to_port_checked(c, id, port, &mut req).await {
-        Ok(guest) => {
-            let client_side = wants_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
-            let path_and_query = req
-                .uri()
-                .path_and_query()
-                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-            match forward_to_port(
-                &guest,
-                port,
-                &path_and_query,
-                req,
-                client_side,
-                SharedOrigin::No,
-                None,
-            )
-            .await
-            {
-                Ok(resp) => resp,
-                Err(e) => E2bError::from(e).into_response(),
-            }
-        }
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn to_port_checked(
+/// Proxies `req` to `port` of sandbox `id`, if the request may reach it
+/// ([`crate::services::port_access`]); `own_origin`: it came in on the
+/// port's own host name.
+async fn to_port(
     c: &Arc<Control>,
     id: SandboxId,
     port: u16,
-    req: &mut Request,
-) -> Result<hearth_hostapi::GuestClient, E2bError> {
-    // E2B's edge answers 502 for a sandbox it cannot reach, found or not
-    // (its SDKs read it as "the sandbox timed out").
-    let unreachable = || E2bError::new(502, format!("sandbox {id} is not running"));
-    let found = match c.db.get_sandbox_by_id(id).await {
-        Ok(row) => Some(row),
-        Err(hearth_db::DbError::NotFound { .. }) => None,
-        Err(e) => return Err(crate::error::db_error(e).into()),
+    mut req: Request,
+    own_origin: bool,
+) -> Response {
+    use crate::services::PortRefusal;
+    let access = match crate::services::port_access(c, id, port, req.headers(), own_origin).await {
+        Ok(a) => a,
+        Err(PortRefusal::NotPublic(why)) => {
+            return E2bError::new(
+                403,
+                format!(
+                    "port {port} of sandbox {id} is not public: send its traffic access token in E2B-Traffic-Access-Token ({why})"
+                ),
+            )
+            .into_response()
+        }
+        Err(PortRefusal::SignIn) => return crate::login::to_sign_in(req.uri()),
+        Err(PortRefusal::Api(e)) => return crate::error::HttpError(e).into_response(),
     };
-    // An unknown sandbox answers as a private one does: a host name is
-    // no oracle of which sandboxes exist.
-    let row = match found {
-        Some(row) if spec_of(&row).is_ok_and(|s| s.public_ports) => row,
-        _ => {
-            let refused = |why: String| {
-                E2bError::new(
-                    403,
-                    format!(
-                        "port {port} of sandbox {id} is not public: send its traffic access token in E2B-Traffic-Access-Token ({why})"
-                    ),
-                )
-            };
-            let Some(token) = header_str(req, "e2b-traffic-access-token") else {
-                return Err(refused("none was sent".into()));
-            };
-            match c
-                .check_runtime_token(RuntimeKind::Traffic, id, token)
-                .await?
-            {
-                Ok(row) => row,
-                Err(why) => return Err(refused(why.to_string())),
-            }
+    // E2B's edge answers 502 for a sandbox it cannot reach (its SDKs read
+    // it as "the sandbox timed out"); a service URL wakes it.
+    let unreachable = || E2bError::new(502, format!("sandbox {id} is not running")).into_response();
+    let guest = if access.wake {
+        match c.wake(access.row.clone()).await {
+            Ok((_, guest)) => guest,
+            Err(e) => return crate::error::HttpError(e).into_response(),
+        }
+    } else {
+        if access.row.status != SandboxStatus::Ready {
+            return unreachable();
+        }
+        match c.ready_guest(&access.row).await {
+            Ok(g) => g,
+            Err(_) => return unreachable(),
         }
     };
-    if row.status != SandboxStatus::Ready {
-        return Err(unreachable());
-    }
-    let guest = c.ready_guest(&row).await.map_err(|_| unreachable())?;
-    c.touch(&row).await;
-    // The request's own Host named the sandbox; the service sees its own.
+    c.touch(&access.row).await;
+    // The request's own Host named the sandbox; the service sees its own
+    // (a login grant's service, the host its user token names).
     req.headers_mut().remove(header::HOST);
-    Ok(guest)
+    let service_host = match access.user_token {
+        Some((token, host)) => {
+            req.headers_mut()
+                .insert(crate::login::USER_TOKEN_HEADER, token);
+            Some(host)
+        }
+        None => None,
+    };
+    let client_side = wants_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    match forward_to_port(
+        &guest,
+        port,
+        &path_and_query,
+        req,
+        client_side,
+        service_host.as_deref(),
+    )
+    .await
+    {
+        Ok(mut resp) => {
+            if let Some(origins) = &access.embed {
+                crate::services::allow_framing(&mut resp, origins);
+            }
+            resp
+        }
+        Err(e) => E2bError::from(e).into_response(),
+    }
 }
 
 #[cfg(test)]

@@ -620,25 +620,70 @@ async fn service_urls(e: &Env, a: &str, id: &str) {
     for k in ["browser_url", "service_url", "token", "expires_at"] {
         assert!(v[k].as_str().is_some_and(|x| !x.is_empty()), "{k}: {v}");
     }
+    // The port's own origin (issue 39), the token in the SDK's header.
     let url = v["service_url"].as_str().unwrap();
-    let base = url[url.find("/services/").unwrap()..].to_owned();
+    let host = url.strip_prefix("http://").unwrap().to_owned();
+    assert!(host.starts_with(&format!("8081-{id}.")), "{url}");
+    let token = v["token"].as_str().unwrap().to_owned();
+    let with_token = [
+        ("host", host.as_str()),
+        ("x-langsmith-sandbox-service-token", token.as_str()),
+    ];
     let (s, h, body) = e
-        .fetch(Method::GET, &format!("{base}/sub/index.html?x=1"), "", &[])
+        .fetch(Method::GET, "/sub/index.html?x=1", "", &with_token)
         .await;
     assert_eq!(
         (s, body.as_slice()),
         (StatusCode::OK, &b"hello from httpd\n"[..])
     );
     assert!(h.get("content-type").is_some());
-    let (s, _, _) = e
-        .fetch(Method::GET, &format!("{base}/missing.html"), "", &[])
-        .await;
+    let (s, _, _) = e.fetch(Method::GET, "/missing.html", "", &with_token).await;
     assert_eq!(s, StatusCode::NOT_FOUND, "the app's own 404 passes through");
+    let (s, _, _) = e
+        .fetch(
+            Method::GET,
+            "/sub/index.html",
+            "",
+            &[("host", host.as_str())],
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "no token, no service");
+    // The old URL on the API's origin only redirects to the hand-off.
+    let (s, h, _) = e
+        .fetch(
+            Method::GET,
+            &format!("/services/{token}/sub/index.html"),
+            "",
+            &[],
+        )
+        .await;
+    assert_eq!(s, StatusCode::TEMPORARY_REDIRECT);
+    let to = h.get("location").unwrap().to_str().unwrap();
+    assert!(
+        to.starts_with(&format!("{url}/.hearth/auth?token="))
+            && to.ends_with("&next=%2Fsub%2Findex.html"),
+        "{to}"
+    );
     // Nothing on the port: 502. A download-link token is not a service token.
     let (_, v) = mint(json!({"port": 9})).await;
-    let url = v["service_url"].as_str().unwrap();
-    let closed = &url[url.find("/services/").unwrap()..];
-    let (s, _, body) = e.fetch(Method::GET, &format!("{closed}/"), "", &[]).await;
+    let closed = v["service_url"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("http://")
+        .unwrap()
+        .to_owned();
+    let closed_token = v["token"].as_str().unwrap().to_owned();
+    let (s, _, body) = e
+        .fetch(
+            Method::GET,
+            "/",
+            "",
+            &[
+                ("host", closed.as_str()),
+                ("x-langsmith-sandbox-service-token", closed_token.as_str()),
+            ],
+        )
+        .await;
     assert_eq!(
         s,
         StatusCode::BAD_GATEWAY,

@@ -57,7 +57,7 @@ async fn env() -> Env {
     let cfg = hearth_control::ControlConfig {
         aws_roles: true,
         signer: Some(Arc::new(signer)),
-        ..hearth_control::ControlConfig::default()
+        ..harness::test_config()
     };
     let (control, host) = harness::sim_control_with(db, cfg).await;
     Env {

@@ -76,7 +76,7 @@ pub async fn workspace_key(db: &Db, name: &str, quotas: Quotas) -> (WorkspaceId,
 /// A control plane over `db` and one simulated host (`SimHost`) with room
 /// for whatever a test asks (64 vCPUs, 256 GiB).
 pub async fn sim_control(db: Db) -> (Arc<Control>, Arc<hearth_hostapi::SimHost>) {
-    sim_control_with(db, ControlConfig::default()).await
+    sim_control_with(db, test_config()).await
 }
 
 /// [`sim_control`] with `cfg`.
