@@ -69,13 +69,19 @@ fn echo_through(port: u16, payload: &[u8]) -> Option<Vec<u8>> {
 /// A plain HTTP/1.1 GET of an `http://127.0.0.1:…` URL with no
 /// credentials; the raw answer (head and body).
 fn http_get(url: &str) -> String {
+    http_get_with(url, "")
+}
+
+/// A GET of `url` with `extra` header lines (each ending in CRLF).
+fn http_get_with(url: &str, extra: &str) -> String {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
     let mut s = TcpStream::connect(authority).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n{extra}\r\n"
     )
     .unwrap();
     let mut out = Vec::new();
@@ -212,9 +218,19 @@ fn client_commands_drive_one_sandbox_through_its_life() {
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.ends_with("\r\n\r\na note\n"), "{body}");
     assert!(body.contains("attachment; filename=\"note.txt\""), "{body}");
+    // The port's own origin: the browser URL hands the token over as
+    // that origin's cookie, which then opens the port.
     let svc = srv.json(&["service", n, "--port", "9", "--expires", "60"]);
     let url = svc["browser_url"].as_str().unwrap_or_default();
     let body = http_get(url);
+    assert!(body.starts_with("HTTP/1.1 303"), "the hand-off: {body}");
+    let cookie = body
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: hearth_service="))
+        .and_then(|v| v.split(';').next())
+        .unwrap_or_else(|| panic!("the hand-off sets the port's cookie: {body}"));
+    let origin = svc["service_url"].as_str().unwrap_or_default();
+    let body = http_get_with(origin, &format!("Cookie: hearth_service={cookie}\r\n"));
     assert!(
         body.starts_with("HTTP/1.1 502"),
         "nothing listens on 9: {body}"
