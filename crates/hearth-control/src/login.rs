@@ -425,12 +425,7 @@ fn same_origin(c: &Control, host: &str, headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let scheme = if c.cfg.public_url.starts_with("https://") {
-        "https"
-    } else {
-        "http"
-    };
-    origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
+    origin.eq_ignore_ascii_case(&format!("{}://{host}", crate::services::scheme(c)))
 }
 
 /// `POST /.hearth/signin` (`api_key`, `next`, `csrf`): signs in on this

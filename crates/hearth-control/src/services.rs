@@ -116,12 +116,16 @@ pub(crate) fn service_origin(c: &Control, id: SandboxId, port: u16) -> Result<St
             "service URLs are served on a host name of their own per sandbox and port ({port}-{id}.<domain>), and this control plane has no sandbox domain: give it --sandbox-domain (a wildcard DNS name)",
         ));
     };
-    let scheme = if c.cfg.public_url.starts_with("https://") {
+    Ok(format!("{}://{port}-{id}.{domain}", scheme(c)))
+}
+
+/// The scheme sandbox hosts are served with: the public URL's.
+pub(crate) fn scheme(c: &Control) -> &'static str {
+    if c.cfg.public_url.starts_with("https://") {
         "https"
     } else {
         "http"
-    };
-    Ok(format!("{scheme}://{port}-{id}.{domain}"))
+    }
 }
 
 /// Hearth's own paths on a service host.
