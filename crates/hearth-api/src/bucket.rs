@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use hearth_types::egress::RuleSpec;
+use hearth_types::egress::{BucketApi, BucketScope, RuleSpec};
 use hearth_types::sandbox::{BucketOptions, GcsMount, S3Mount};
 use serde::{Deserialize, Serialize};
 
@@ -299,6 +299,32 @@ pub fn gcs_rule(id: &str, m: &GcsMount, gcp: &ProxyGcp) -> ProxyRule {
             ..gcp.clone()
         }),
         ..ProxyRule::default()
+    }
+}
+
+/// What S3 mount `m`'s rule may sign: reads only when it is read-only,
+/// keys under its prefix only.
+pub fn s3_scope(m: &S3Mount) -> BucketScope {
+    BucketScope {
+        api: if m.path_style {
+            BucketApi::S3PathStyle
+        } else {
+            BucketApi::S3VirtualHost
+        },
+        bucket: m.bucket.clone(),
+        read_only: m.options.read_only,
+        prefix: m.prefix.clone(),
+    }
+}
+
+/// What GCS mount `m`'s rule may sign (its token's scope is read-only as
+/// well when the mount is).
+pub fn gcs_scope(m: &GcsMount) -> BucketScope {
+    BucketScope {
+        api: BucketApi::Gcs,
+        bucket: m.bucket.clone(),
+        read_only: m.options.read_only,
+        prefix: m.prefix.clone(),
     }
 }
 

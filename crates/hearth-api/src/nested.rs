@@ -759,6 +759,7 @@ impl ProxyConfig {
                             _ => Credentials::Strip,
                         },
                     }),
+                    scope: None,
                 })
                 .collect(),
             callbacks: self
@@ -1350,6 +1351,7 @@ impl MountConfig {
         let mut paths: Vec<&str> = Vec::new();
         let mut plan = MountPlan::default();
         let mut rules = Vec::new();
+        let mut scopes = Vec::new();
         for (i, m) in self.mounts.iter().enumerate() {
             let at = format!("mount_config.mounts[{i}]");
             check_mount_id(&format!("{at}.id"), &m.id)?;
@@ -1434,6 +1436,7 @@ impl MountConfig {
                     let spec = s3.to_spec(&at, signed, m.encryption.as_ref(), opts)?;
                     if let Some(aws) = &auth.aws {
                         rules.push(crate::bucket::s3_rule(&m.id, &spec, aws));
+                        scopes.push(crate::bucket::s3_scope(&spec));
                     }
                     MountSource::S3(spec)
                 }
@@ -1444,6 +1447,7 @@ impl MountConfig {
                     let spec = gcs.to_spec(&at, opts)?;
                     if let Some(gcp) = &auth.gcp {
                         rules.push(crate::bucket::gcs_rule(&m.id, &spec, gcp));
+                        scopes.push(crate::bucket::gcs_scope(&spec));
                     }
                     MountSource::Gcs(spec)
                 }
@@ -1461,6 +1465,10 @@ impl MountConfig {
             paths.push(&m.mount_path);
         }
         plan.rules = crate::bucket::to_rule_specs(rules);
+        // Each mount's rule signs only what the mount may do.
+        for (rule, scope) in plan.rules.iter_mut().zip(scopes) {
+            rule.scope = Some(scope);
+        }
         Ok(plan)
     }
 

@@ -550,7 +550,9 @@ fn nested_objects() {
                         "match_hosts": ["s3.test"], "match_paths": ["/data", "/data/*"], "match_headers": [],
                         "headers": [], "env": {},
                         "aws": {"access_key_id": {"template": "{AWS_ID}"},
-                                "secret_access_key": {"template": "{AWS_KEY}"}}}],
+                                "secret_access_key": {"template": "{AWS_KEY}"}},
+                        // Issue 39, finding 5: reads only, keys under the prefix only.
+                        "scope": {"api": "s3_path_style", "bucket": "data", "read_only": true, "prefix": "in"}}],
                 })),
             ),
             // Without credentials of its own, an enabled aws proxy rule

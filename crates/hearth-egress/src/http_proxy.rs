@@ -253,6 +253,22 @@ impl Conn {
         if crate::pattern::same_host(&name, crate::DELEGATION_HOST) {
             return self.delegate(req, &policy, tls).await;
         }
+        // A bucket mount's rule signs only what the mount may do; anything
+        // else it matches is refused here, neither signed nor sent.
+        if let Some(rule) = policy.rule_for(&name, req.uri().path(), req.headers()) {
+            if let Some(scope) = &rule.scope {
+                if let Err(why) =
+                    crate::bucket_scope::check(scope, req.method(), req.uri(), req.headers())
+                {
+                    tracing::debug!(sandbox = %sb.id, host = %name, rule = %rule.name, %why, "request outside a mount's scope refused");
+                    Counters::inc(&sb.counters.connections_refused);
+                    return text(
+                        StatusCode::FORBIDDEN,
+                        format!("Hearth egress proxy: {why}\n"),
+                    );
+                }
+            }
+        }
         // A rewrite rule sends the request to its own HTTPS destination:
         // the name the guest asked for must pass access control, the
         // destination the private-address gate.

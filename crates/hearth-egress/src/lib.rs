@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
+pub mod bucket_scope;
 mod callback;
 mod dns;
 mod gcp;

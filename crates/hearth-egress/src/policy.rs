@@ -94,6 +94,10 @@ pub struct HeaderRule {
     /// tokens; only over TLS, like every secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gcp: Option<GcpKey>,
+    /// A bucket mount's limits: a matching request outside them is refused
+    /// ([`crate::bucket_scope`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<hearth_types::egress::BucketScope>,
 }
 
 /// A GCP rule's service account key (its JSON, resolved) and scopes.
@@ -383,6 +387,7 @@ impl Policy {
                 aws_role,
                 rewrite,
                 gcp,
+                scope: rule.scope.clone(),
             });
         }
         let mut callbacks = Vec::new();

@@ -3342,4 +3342,70 @@ async fn aws_requests_are_re_signed_with_the_rules_keys() {
     ));
     let (status, body) = run(sts).await;
     assert_eq!(status, 403, "{body}");
+
+    // Issue 39, finding 5: a bucket mount's rule signs only what the mount
+    // may do; the rest is refused by the proxy itself, never sent.
+    let scoped = |read_only: bool, prefix: Option<&str>| {
+        let mut spec = ProxyConfig {
+            rules: vec![aws_rule(&["secure.test"], &moto.key_id, &moto.secret)],
+            ..Default::default()
+        }
+        .to_spec();
+        spec.rules[0].scope = Some(hearth_types::egress::BucketScope {
+            api: hearth_types::egress::BucketApi::S3VirtualHost,
+            bucket: "secure".into(),
+            read_only,
+            prefix: prefix.map(str::to_owned),
+        });
+        Policy::from_spec(&spec, &mut |v| {
+            let (SecretValue::Plain(s) | SecretValue::Sealed(s) | SecretValue::Template(s)) = v;
+            Ok(s.clone())
+        })
+        .unwrap()
+    };
+    let put = |path: &str| {
+        let mut a = s3(path);
+        let url = a.pop().unwrap();
+        a.extend([
+            "-X".into(),
+            "PUT".into(),
+            // Not a form: moto's server would read a form body as fields.
+            "-H".into(),
+            "content-type: application/octet-stream".into(),
+            "--data-binary".into(),
+            "written".into(),
+            url,
+        ]);
+        a
+    };
+    assert!(w.egress.set_policy(SANDBOX, scoped(true, None)));
+    let (status, body) = run(s3("/hello.txt")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "hi from moto"),
+        "a read-only mount reads"
+    );
+    let (status, body) = run(put("/new.txt")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("Hearth egress proxy") && body.contains("read-only"),
+        "refused by the proxy: {body}"
+    );
+    assert!(w.egress.set_policy(SANDBOX, scoped(false, Some("team"))));
+    let (status, body) = run(s3("/hello.txt")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("outside the mount's prefix"), "{body}");
+    let (status, body) = run(s3("/?list-type=2&prefix=hel")).await;
+    assert_eq!(status, 403, "a listing outside the prefix: {body}");
+    let (status, body) = run(put("/team/new.txt")).await;
+    assert_eq!(status, 200, "a write under the prefix is signed: {body}");
+    let (status, body) = run(s3("/?list-type=2&prefix=team")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("<Key>team/new.txt</Key>"), "{body}");
+    let (status, body) = run(s3("/team/new.txt")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "written"),
+        "a read under the prefix is signed"
+    );
 }

@@ -64,6 +64,37 @@ pub struct RuleSpec {
     /// Send matching requests to another HTTPS destination instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<RewriteSpec>,
+    /// What a bucket mount's rule may sign: a request the rule matches
+    /// outside it is refused by the proxy (never sent, signed or not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<BucketScope>,
+}
+
+/// A bucket mount's limits on its rule's credential: its `read_only` and
+/// its key `prefix`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketScope {
+    pub api: BucketApi,
+    pub bucket: String,
+    /// Only reads (`GET`, `HEAD`) are signed.
+    pub read_only: bool,
+    /// Only keys under this prefix (no surrounding slashes) are signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+/// How a bucket's requests name the bucket and its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BucketApi {
+    /// S3, `/{bucket}/{key}` (path style).
+    S3PathStyle,
+    /// S3, `{bucket}.host/{key}` (virtual-hosted).
+    S3VirtualHost,
+    /// GCS's JSON API (`/storage/v1/b/{bucket}/o/{object}` and its upload
+    /// and download paths).
+    Gcs,
 }
 
 /// A GCP service account key (its JSON, sealed or templated) and the
