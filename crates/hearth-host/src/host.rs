@@ -2027,6 +2027,10 @@ fn check_resources(memory: ByteSize, cpu: MilliCpu) -> Result<(), HostError> {
     Ok(())
 }
 
+/// How long a watcher waits for a boot in progress to record its own
+/// failure before recording the one it saw.
+const BOOT_SETTLES: Duration = Duration::from_secs(30);
+
 /// Marks the VM failed the moment its VMM exits or its guest channel breaks
 /// while it should be running.
 async fn watch_vm(host: Arc<Host>, vm: Arc<Vm>, instance: Arc<Instance>, guest: GuestClient) {
@@ -2037,6 +2041,25 @@ async fn watch_vm(host: Arc<Host>, vm: Arc<Vm>, instance: Arc<Instance>, guest: 
         never = crate::clock::keep(&vm, &guest, host.cfg.clock_interval) => match never {},
         never = crate::mounts::keep(&vm, &guest) => match never {},
     };
+    // A boot still in progress owns its failure: it reports the first
+    // cause (a mount that could not be made, say), and its killing the VMM
+    // for it is what this watcher saw. Wait for the boot to settle; only
+    // a boot that went on to `ready` (or never settles) leaves the failure
+    // to this watcher.
+    if vm.state() == VmState::Provisioning {
+        let mut rx = vm.subscribe();
+        let settled = tokio::time::timeout(
+            BOOT_SETTLES,
+            rx.wait_for(|r| r.state != VmState::Provisioning),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|r| r.state);
+        if settled.is_some_and(|s| s != VmState::Ready) {
+            return;
+        }
+    }
     // The VMM watched here is no longer the VM's (it was stopped or saved,
     // and the VM may be starting or running on another already): the
     // state is not this watcher's to change, nor the disk and run

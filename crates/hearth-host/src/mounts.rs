@@ -100,7 +100,13 @@ unset AWS_CA_BUNDLE
 export RCLONE_CONFIG=/dev/null
 if ! out=$(rclone lsjson --stat --low-level-retries 2 --retries 1 "$remote" 2>&1 >/dev/null); then
   case "$out" in
-    *"directory not found"*) echo "the bucket does not exist, or these credentials cannot see it" >&2 ;;
+    *"directory not found"*)
+      # rclone says only that; the remote's own answer (its status, error
+      # code and message, the bucket it named) is what explains it.
+      said=$(rclone lsjson --stat --low-level-retries 1 --retries 1 -vv --dump responses "$remote" 2>&1 >/dev/null \
+        | grep -oE 'HTTP/[0-9.]+ [3-5][0-9][0-9][^<]*|<(Code|Message|BucketName)>[^<]*</[A-Za-z]+>|"(code|message)": *("[^"]*"|[0-9]+)' \
+        | sed -e 's/<[A-Za-z]*>//; s/<\/[A-Za-z]*>//' | tr -d '\r' | head -n 6 | tr '\n' ' ' | cut -c1-400)
+      echo "the bucket does not exist, or these credentials cannot see it${said:+ (the remote answered: $said)}" >&2 ;;
     *) printf '%s
 ' "$out" >&2 ;;
   esac

@@ -867,3 +867,57 @@ fn boot_slots_follow_the_cpus_and_the_accelerator() {
     assert_eq!(hearth_host::host::boot_slots(Accel::Tcg, 0), 1);
     assert_eq!(hearth_host::host::boot_slots(Accel::Kvm, 8), 32);
 }
+
+/// Issue 39, finding 8: a boot that fails (here a mount that cannot be
+/// made) is reported with its own first cause, never with the lost guest
+/// channel or the VMM's exit its killing the VM caused (the VM's watcher
+/// raced it for the reason). Ten boots, so a race would show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_boot_reports_its_first_cause_not_what_followed_it() {
+    use hearth_types::sandbox::{GitMount, MountSource, MountSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let mount = MountSpec {
+        id: "src".into(),
+        path: "/mnt/src".into(),
+        source: MountSource::Git(GitMount {
+            remote_url: "https://git.test/repo.git".into(),
+            git_ref: None,
+            refresh: None,
+        }),
+    };
+    for _ in 0..10 {
+        let req = CreateVm {
+            network: Some(hearth_host::SandboxNet {
+                mounts: vec![mount.clone()],
+                ..Default::default()
+            }),
+            ..small()
+        };
+        let err = host
+            .create_vm(req)
+            .await
+            .err()
+            .expect("the mount fails the boot");
+        let HostError::Boot { id, reason } = err else {
+            panic!("not a boot error: {err:?}")
+        };
+        assert!(reason.contains("mount 'src'"), "{reason}");
+        let vm = host.get(id).unwrap();
+        // Long enough for the watcher to have seen the VMM killed.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let rec = vm.record();
+        assert_eq!(rec.state, VmState::Failed);
+        assert!(
+            rec.reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains("mount 'src'"),
+            "the first cause, not what followed it: {:?}",
+            rec.reason
+        );
+        assert!(!fake.is_running(id));
+    }
+    host.shutdown().await;
+}
