@@ -994,6 +994,20 @@ def check_clock(name, guest_s, before, after):
           f"{name}'s clock read {guest_s}; the exec ran from {before:.1f} to {after:.1f} on the host")
 
 
+def fork_ready(parent, count, what):
+    """Forks `parent` into `count` children, each ready and running."""
+    t = time.monotonic()
+    status, out = raw("POST", f"/boxes/{parent.name}/fork", {"count": count})
+    check(status == 201, f"fork of {what}: {status} {out}")
+    kids = [client.get_sandbox(k["name"]) for k in out["sandboxes"]]
+    for k in kids:
+        created.add(k.name)
+        check(k.status == "ready", f"{what}'s child {k.name} is {k.status}")
+        check(k.run("echo forked").stdout == "forked\n", f"{what}'s child {k.name} runs")
+    log(f"forked {what} into {count} in {time.monotonic() - t:.1f}s")
+    return kids
+
+
 def test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own():
     pool = unique("pool")
     status, p = raw(
@@ -1049,9 +1063,14 @@ def test_pool_hands_out_sandboxes_without_a_boot_each_a_machine_of_its_own():
         for i, what in enumerate(["host name", "machine id", "boot id", "urandom"]):
             values = [s[i] for s in seen]
             check(len(set(values)) == 3, f"claimed sandboxes share a {what}: {values}")
+        # Issue 39, finding 7: a claimed sandbox forks like any other (its
+        # memory is saved with the devices it runs with), and so does a
+        # child of that fork.
+        kids = fork_ready(boxes[0], 2, "a claimed sandbox")
+        grandkids = fork_ready(kids[0], 2, "a fork's child")
         # Refilled to its size in the background.
         log(f"refilled to 3 in {wait_pool(pool, 3, 300):.1f}s")
-        for sb in boxes + [cold]:
+        for sb in boxes + [cold] + kids + grandkids:
             delete(sb.name)
     finally:
         status, body = raw("DELETE", f"/pools/{pool}")

@@ -336,6 +336,7 @@ impl FakeVmm {
             console,
             mem_path: spec.mem_path.clone(),
             memory: spec.memory,
+            devices: devices(spec),
             m: machine,
         })
     }
@@ -352,6 +353,23 @@ impl Shared {
 struct SavedFake {
     fake_vm: VmId,
     memory_bytes: u64,
+    /// The devices the VM had ([`devices`]): as QEMU, a restore must have
+    /// the same ones.
+    #[serde(default)]
+    devices: Vec<String>,
+}
+
+/// The devices a spec gives a VM besides its disks and channel (whose
+/// absence or presence changes what a saved state holds).
+fn devices(spec: &VmSpec) -> Vec<String> {
+    let mut d = Vec::new();
+    if spec.free_page_reporting {
+        d.push("virtio-balloon".to_owned());
+    }
+    if spec.net.is_some() {
+        d.push("virtio-net".to_owned());
+    }
+    d
 }
 
 /// Creates (replacing) the VM's RAM file, sparse and `memory` long, with
@@ -387,6 +405,13 @@ impl Vmm for FakeVmm {
                 "saved with {} bytes of memory, restored with {}",
                 saved.memory_bytes,
                 spec.memory.bytes()
+            )));
+        }
+        if saved.devices != devices(spec) {
+            return Err(invalid(format!(
+                "saved with devices {:?}, restored with {:?} (QEMU: unknown savevm section; make sure your current VM setup matches your saved VM setup)",
+                saved.devices,
+                devices(spec)
             )));
         }
         let memory = match &from.memory {
@@ -600,6 +625,7 @@ pub struct FakeInstance {
     console: PathBuf,
     mem_path: PathBuf,
     memory: ByteSize,
+    devices: Vec<String>,
     m: Arc<Machine>,
 }
 
@@ -707,6 +733,7 @@ impl FakeInstance {
         let state = serde_json::to_vec(&SavedFake {
             fake_vm: self.m.id,
             memory_bytes: self.memory.bytes(),
+            devices: self.devices.clone(),
         })
         .map_err(|e| VmmError::backend(self.m.id, "save", e))?;
         std::fs::write(state_path, &state).map_err(io_err(state_path))?;

@@ -1016,15 +1016,15 @@ impl Host {
             // pool template's source, whose RAM becomes the template.
             memory_file: matches!(how, BootAs::TemplateSource),
             raw_ports: self.cfg.raw_ports.clone(),
-            // Never where RAM is (or will be) a template's: QEMU would
-            // punch the reported pages out of the template's file. But a
-            // VM made from a snapshot's memory has the devices the stream
-            // was saved with: a template of it and its members too (their
-            // reports are refused by the template's seals: a page a guest
-            // frees there stays until the VM stops).
-            free_page_reporting: self.cfg.free_page_reporting
-                && (matches!(how, BootAs::Sandbox)
-                    || rec.from.as_ref().is_some_and(|f| f.memory.is_some())),
+            // One device set for every VM of this host, however it is
+            // made: a saved VM is restored with the devices it was saved
+            // with (a pool member claimed and then forked, a fork of a
+            // fork), or QEMU refuses the stream. Where RAM is a template's,
+            // the guest's reports are refused by the template's seals (a
+            // page a guest frees there stays until the VM stops); a
+            // template's source, not sealed yet, leaves what its guest
+            // freed out of the template.
+            free_page_reporting: self.cfg.free_page_reporting,
             net: vm
                 .net
                 .lock()

@@ -921,3 +921,60 @@ async fn a_failed_boot_reports_its_first_cause_not_what_followed_it() {
     }
     host.shutdown().await;
 }
+
+/// Issue 39, finding 7: a sandbox claimed from a pool is forked like any
+/// other. Its memory is saved with the devices it runs with, and every VM
+/// resumed from that memory (one child loading the stream, or two children
+/// copies of one template of it) has the same devices: the fake refuses a
+/// restore whose devices differ, as QEMU does ("Unknown savevm section").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_pool_member_forks_like_any_vm() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let member = host.create_vm(pooled()).await.expect("a member boots");
+    host.claim(member.id, 1, hearth_host::SandboxNet::default())
+        .await
+        .expect("claim");
+    let captured = host
+        .capture(member.id, "snap-claimed", true)
+        .await
+        .expect("the claimed vm's memory is captured");
+    let child = |share_memory: bool| CreateVm {
+        from: Some(hearth_host::BootFrom {
+            disk: captured.disk.clone(),
+            memory: captured.memory.clone(),
+            require_memory: true,
+        }),
+        share_memory,
+        ..small()
+    };
+    // One child loads the stream itself.
+    let one = host
+        .create_vm(child(false))
+        .await
+        .expect("a child of a claimed vm resumes");
+    assert_eq!(one.state(), VmState::Ready);
+    // Two children: copies of one template of the stream.
+    let (a, b) = tokio::join!(host.create_vm(child(true)), host.create_vm(child(true)));
+    for vm in [a.expect("child a"), b.expect("child b")] {
+        assert_eq!(vm.state(), VmState::Ready);
+        let out = vm.guest().unwrap().run(echo("forked")).await.unwrap();
+        assert_eq!(out.stdout, b"forked\n");
+    }
+    // And a child of a child (a fork of a fork).
+    let grand = host.capture(one.id, "snap-child", true).await.unwrap();
+    let g = host
+        .create_vm(CreateVm {
+            from: Some(hearth_host::BootFrom {
+                disk: grand.disk.clone(),
+                memory: grand.memory.clone(),
+                require_memory: true,
+            }),
+            ..small()
+        })
+        .await
+        .expect("a child of a child resumes");
+    assert_eq!(g.state(), VmState::Ready);
+    host.shutdown().await;
+}
