@@ -89,7 +89,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         create_box, list_boxes, get_box, update_box, delete_box, box_status, box_metrics,
         box_events,
         start_box, stop_box,
-        download_url, fetch_download, service_url, service_proxy,
+        download_url, fetch_download, service_url, service_proxy, revoke_service_urls,
         list_snapshots, get_snapshot, snapshots_by_name, create_snapshot, capture_snapshot,
         delete_snapshot,
         fork_box,
@@ -361,9 +361,11 @@ fn download_url() {}
 #[allow(dead_code)]
 fn service_url() {}
 
-/// Any method under a service URL is forwarded (HTTP/1.1) to the port in
-/// the sandbox, which it wakes; a 101 upgrade (WebSocket) is spliced
-/// through. No API key: the token is the grant.
+/// A service URL of the API's origin (minted before each port had an
+/// origin of its own): a redirect to the hand-off on the port's own origin
+/// (`{port}-{sandbox id}.{sandbox domain}/.hearth/auth?token=…`), which
+/// serves the service there. Nothing of the service is served on the API's
+/// origin. No API key: the token is the grant.
 #[utoipa::path(
     get, path = "/services/{token}/{path}", tag = "boxes",
     params(
@@ -372,14 +374,32 @@ fn service_url() {}
     ),
     security(()),
     responses(
-        (status = 200, description = "The service's own answer (any status)"),
+        (status = 307, description = "To the port's own origin"),
         (status = 404, description = "Unknown token or sandbox deleted", body = ErrorBody),
         (status = 410, description = "The token has expired (error LinkExpired)", body = ErrorBody),
-        (status = 502, description = "Nothing answers on the port (error ServiceUnavailable)", body = ErrorBody),
     ),
 )]
 #[allow(dead_code)]
 fn service_proxy() {}
+
+/// Stop sharing a port with signed-in users (or every port without
+/// `port`), at once. Token URLs already minted stay valid until they
+/// expire (or their key is revoked). Needs `sandboxes:update`.
+#[utoipa::path(
+    delete, path = "/api/v2/sandboxes/boxes/{name}/service-urls", tag = "boxes",
+    params(
+        ("name" = String, Path, description = "Sandbox name or id"),
+        ("port" = Option<u16>, Query, description = "The port; every port when absent"),
+    ),
+    responses(
+        (status = 204, description = "Not shared with signed-in users any more"),
+        (status = 403, description = "Missing sandboxes:update", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 422, description = "Invalid port"),
+    ),
+)]
+#[allow(dead_code)]
+fn revoke_service_urls() {}
 
 /// Fetch the file of a download link (`GET` or `HEAD`; `Range` supported).
 /// Wakes a stopped sandbox. No API key: the token is the grant.

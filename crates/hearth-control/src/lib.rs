@@ -366,6 +366,10 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         .route("/boxes/{name}/download-url", post(links::mint))
         .route("/boxes/{name}/service-url", post(links::mint_service))
         .route(
+            "/boxes/{name}/service-urls",
+            get(login::list_not_served).delete(login::revoke),
+        )
+        .route(
             "/snapshots",
             get(boxes::list_snapshots).post(boxes::create_snapshot),
         )

@@ -112,6 +112,61 @@ pub(crate) async fn grant(
     })
 }
 
+/// `DELETE /boxes/{name}/service-urls?port=`: stops sharing `port` (every
+/// port without it) with signed-in users, at once: the grant goes, so the
+/// next request of a signed-in browser is refused. Token URLs already
+/// minted are not revoked (LangSmith's rule): they live until they expire,
+/// or until the key that minted them is revoked.
+pub async fn revoke(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    Path(name): Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> HttpResult<StatusCode> {
+    let port = match query_value(query.as_deref(), "port").as_str() {
+        "" => None,
+        p => Some(p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+            ApiError::invalid_query("port", format!("port must be 1 to 65535, got {p:?}"))
+        })?),
+    };
+    let row = c.find(who.workspace_id, &name).await?;
+    let mut spec = spec_of(&row)?;
+    let before = spec.service_grants.len();
+    match port {
+        Some(p) => {
+            spec.service_grants.remove(&p);
+        }
+        None => spec.service_grants.clear(),
+    }
+    if spec.service_grants.len() != before {
+        c.update_sandbox(
+            &who,
+            &row,
+            SandboxChange {
+                name: None,
+                spec,
+                network: false,
+            },
+        )
+        .await?;
+        tracing::info!(sandbox = %row.id, ?port, by = %who.key_id, "login grants revoked");
+    } else {
+        who.require("sandboxes:update")?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /boxes/{name}/service-urls`: not served yet (token grants are not
+/// recorded); a 501 that says so, never a 404.
+pub async fn list_not_served() -> HttpResult<StatusCode> {
+    Err(ApiError::new(
+        501,
+        "NotImplemented",
+        "GET /boxes/{name}/service-urls (listing a sandbox's shared ports) is not served by Hearth yet; DELETE on it revokes login grants",
+    )
+    .into())
+}
+
 /// The 409 a token URL gets on a port with a login grant.
 pub(crate) fn refuse_token_mode(row: &SandboxRow, port: u16) -> Result<(), ApiError> {
     let spec = spec_of(row)?;

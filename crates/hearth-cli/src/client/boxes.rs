@@ -315,6 +315,23 @@ pub async fn service(
     Ok(0)
 }
 
+/// `hearth service NAME --port P --revoke`: the port's login grant goes.
+pub async fn revoke_service(api: &Api, name: &str, port: u16, json: bool) -> anyhow::Result<u8> {
+    let path = format!("{}?port={port}", api.path(&["boxes", name, "service-urls"]));
+    api.json(Method::DELETE, &path, None::<&()>)
+        .await
+        .with_context(|| format!("revoke the login grant of {name} port {port}"))?;
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({ "name": name, "port": port, "revoked": true })
+        );
+    } else {
+        outln!("port {port} of {name} is no longer shared with signed-in users");
+    }
+    Ok(0)
+}
+
 /// `hearth fork NAME [--count N] [--as CHILD]`: the children, ready.
 pub async fn fork(
     api: &Api,

@@ -141,6 +141,10 @@ pub enum ClientCommand {
         /// Token lifetime in seconds (default 600, at most 86400).
         #[arg(long, value_name = "SECS")]
         expires: Option<u64>,
+        /// Stop sharing the port with signed-in users (revokes its login
+        /// grant at once) instead of printing a URL.
+        #[arg(long, conflicts_with = "expires")]
+        revoke: bool,
     },
     /// Fork a running sandbox: children that resume its memory and
     /// processes, each with its own identity; prints them.
@@ -193,7 +197,14 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
         ClientCommand::Service {
             name,
             port,
+            revoke: true,
+            ..
+        } => boxes::revoke_service(&api, &name, port, json).await,
+        ClientCommand::Service {
+            name,
+            port,
             expires,
+            revoke: false,
         } => boxes::service(&api, &name, port, expires, json).await,
         ClientCommand::Fork { name, count, child } => {
             boxes::fork(&api, &name, count, child, json).await

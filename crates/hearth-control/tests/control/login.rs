@@ -215,4 +215,36 @@ async fn login_sessions_live_on_their_own_origin_and_a_token_url_page_cannot_rea
     );
     let r = get(&s, &other_port, "/", &format!("hearth_login={session}")).await;
     assert_eq!(r.status, 403, "{}", r.text());
+
+    // Issue 39, item 6: a login grant is revoked through the API, at once.
+    let path = format!("/api/v2/sandboxes/boxes/tenant-b/service-urls?port={SIM_HTTP_PORT}");
+    let r = s.json("DELETE", &path, Some(&s.admin), &json!({})).await;
+    assert_eq!(r.status, 404, "another workspace's: {}", r.text());
+    let r = s.json("DELETE", &path, Some(&s.other), &json!({})).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = get(&s, &b_host, "/", &format!("hearth_login={session}")).await;
+    assert_eq!(
+        r.status,
+        403,
+        "the revoked grant admits no one: {}",
+        r.text()
+    );
+    let r = s
+        .json(
+            "DELETE",
+            "/api/v2/sandboxes/boxes/tenant-b/service-urls?port=0",
+            Some(&s.other),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes/tenant-b/service-urls",
+            Some(&s.other),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 501, "{}", r.text());
 }

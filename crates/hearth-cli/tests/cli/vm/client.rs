@@ -236,6 +236,9 @@ fn client_commands_drive_one_sandbox_through_its_life() {
         "nothing listens on 9: {body}"
     );
     assert_fails(&srv.run(&["service", n, "--port", "0"]), "port");
+    // Revoking a port's login grant (none here: nothing to revoke, done).
+    let out = srv.ok(&["service", n, "--port", "9", "--revoke"]);
+    assert!(stdout(&out).contains("no longer shared"), "{}", show(&out));
 
     // stop, start: the file survives.
     let t = Instant::now();
