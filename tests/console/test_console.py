@@ -325,12 +325,20 @@ def test_upload_then_download_is_byte_identical(d):
     # browser gets the token as that origin's cookie and goes on to the page.
     assert "/.hearth/auth?token=" in url and "://8000-" in url, url
 
-    def served(d):
-        d.get(url + "&next=%2Findex.html")
-        return "hello-from-42" in d.page_source and d.current_url
+    # In a tab of its own, as a click on the link opens it; the console's
+    # tab goes on.
+    console = d.current_window_handle
+    d.switch_to.new_window("tab")
+    try:
+        def served(d):
+            d.get(url + "&next=%2Findex.html")
+            return "hello-from-42" in d.page_source and d.current_url
 
-    at = wait(d, served, 30, "the service to answer")
-    assert at.split("/")[2].startswith("8000-"), f"served on the port's own origin: {at}"
+        at = wait(d, served, 30, "the service to answer")
+        assert at.split("/")[2].startswith("8000-"), f"served on the port's own origin: {at}"
+    finally:
+        d.close()
+        d.switch_to.window(console)
 
 
 def answer_prompt(d, text):
@@ -516,6 +524,77 @@ def test_a_revoked_key_is_signed_out(d):
     shot(d, "signed-out")
 
 
+def execute(key, box, command):
+    """Runs `command` in sandbox `box` (its id) through the data plane."""
+    status, out = api("POST", f"/dataplane/{box}/execute", key=key, body={"command": command, "timeout": 60})
+    assert status == 200 and out.get("exit_code") == 0, (status, out)
+
+
+EVIL_PAGE = """<!doctype html><title>waiting</title><script>
+fetch(%(victim)s, {credentials: "include"})
+  .then(r => r.text()).then(t => { document.title = "READ:" + t; }, e => { document.title = "BLOCKED"; });
+</script>"""
+
+CSRF_PAGE = """<!doctype html><form method="post" action=%(action)s>
+<input name="api_key" value=%(key)s><input name="next" value="/"><input name="csrf" value="x"></form>
+<script>document.forms[0].submit();</script>"""
+
+
+def test_a_token_url_page_cannot_read_another_tenants_login_service(d):
+    """Issue 39, finding 2: every sandbox port is its own origin. A user
+    signed in to workspace B's restricted service opens workspace A's
+    token URL, whose page tries to read B's service with the user's
+    cookies: the browser's same-origin rule refuses. A cross-site sign-in
+    form posted at B's service is refused by Hearth."""
+    made = {}
+    for key, name in ((OTHER_KEY, "console-b"), (KEY, "console-a")):
+        s, body = api("POST", "/api/v2/sandboxes/boxes", key=key,
+                      body={"name": name, "snapshot_name": IMAGE, "mem_bytes": 2 << 30,
+                            "wait_for_ready": True, "timeout": BOOT})
+        assert s == 201, (s, body)
+        made[name] = (key, body["id"])
+    try:
+        b_key, b_id = made["console-b"]
+        execute(b_key, b_id, "mkdir -p /srv && echo secret-of-b > /srv/index.html && busybox httpd -p 8000 -h /srv")
+        s, grant = api("POST", "/api/v2/sandboxes/boxes/console-b/service-url", key=b_key,
+                       body={"port": 8000, "access": "restricted"})
+        assert s == 200, (s, grant)
+        victim = grant["browser_url"]
+        assert "://8000-" in victim and "/services/" not in victim, victim
+        # The user signs in to B's service on its own origin.
+        d.get(victim)
+        field = wait(d, EC.presence_of_element_located((By.NAME, "api_key")), 60, "B's sign-in form")
+        field.send_keys(OTHER_KEY)
+        d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait(d, lambda d: "secret-of-b" in d.page_source, 60, "B's service after signing in")
+        # A's token URL serves a page that reads B's service (and the old
+        # login path on the API's origin) with the user's cookies.
+        a_key, a_id = made["console-a"]
+        victims = [victim, f"{URL}/services/login/{b_id}/8000/"]
+        for i, v in enumerate(victims):
+            page = EVIL_PAGE % {"victim": json.dumps(v)}
+            execute(a_key, a_id, f"mkdir -p /srv && cat > /srv/evil{i}.html <<'EOF'\n{page}\nEOF")
+        execute(a_key, a_id, "busybox httpd -p 8000 -h /srv")
+        s, token_url = api("POST", "/api/v2/sandboxes/boxes/console-a/service-url", key=a_key,
+                           body={"port": 8000})
+        assert s == 200, (s, token_url)
+        for i, v in enumerate(victims):
+            d.get(token_url["browser_url"] + f"&next=/evil{i}.html")
+            title = wait(d, lambda d: d.title if d.title != "waiting" else None, 30, f"the page's read of {v}")
+            assert title == "BLOCKED" and "secret-of-b" not in d.page_source, (v, title)
+        # A cross-site sign-in form (login CSRF) posted at B's service.
+        signin = victim.rstrip("/") + "/.hearth/signin"
+        csrf = CSRF_PAGE % {"action": json.dumps(signin), "key": json.dumps(KEY)}
+        execute(a_key, a_id, f"cat > /srv/csrf.html <<'EOF'\n{csrf}\nEOF")
+        d.get(token_url["browser_url"] + "&next=/csrf.html")
+        wait(d, lambda d: "sign-in refused" in d.page_source, 30, "the cross-site sign-in refused")
+        assert "Origin" in d.page_source, d.page_source[:300]
+        shot(d, "cross-site-sign-in-refused")
+    finally:
+        for name, (key, _) in made.items():
+            api("DELETE", f"/api/v2/sandboxes/boxes/{name}", key=key)
+
+
 TESTS = [
     test_sign_in_refuses_a_wrong_key_then_accepts_the_right_one,
     test_create_a_sandbox_and_watch_it_become_ready,
@@ -529,6 +608,7 @@ TESTS = [
     test_an_operator_sees_the_hosts,
     test_another_workspace_sees_none_of_the_first,
     test_a_revoked_key_is_signed_out,
+    test_a_token_url_page_cannot_read_another_tenants_login_service,
 ]
 
 

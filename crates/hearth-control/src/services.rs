@@ -294,7 +294,8 @@ pub(crate) async fn port_access(
             .into_iter()
             .flatten(),
     );
-    for token in service_tokens {
+    // A few at most: each genuine one costs reads of the records.
+    for token in service_tokens.take(MAX_TOKENS_TRIED) {
         match c.redeem_claims(token, true).await {
             Ok((claims, row)) if token_sandbox(&claims) == id && service_port(&claims) == port => {
                 let embed = embed_origins(&claims).map(str::to_owned);
@@ -323,6 +324,9 @@ pub(crate) async fn port_access(
     }
     Err(PortRefusal::NotPublic(why))
 }
+
+/// The most service tokens (header and cookies) one request has checked.
+const MAX_TOKENS_TRIED: usize = 4;
 
 /// The header LangSmith's SDK sends a service token in.
 const SERVICE_TOKEN_HEADER: &str = "x-langsmith-sandbox-service-token";
