@@ -28,6 +28,10 @@ use crate::error::db_error;
 use crate::service::{snapshot_image, spec_of, vm_id, vm_memory};
 use crate::Control;
 
+/// How long a fork's child may take to boot before its lifetime's clock
+/// starts anyway (its deadline, written with its row, allows for it).
+const FORK_BOOT_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// What a fork made: the children's rows (ready, or failed with their
 /// reason) and how long the parent was paused.
 pub(crate) struct Forked {
@@ -189,7 +193,10 @@ impl Control {
             children.push(child);
             if let Some(lifetime) = lifetime {
                 let child = children.last().expect("just pushed");
-                if let Err(e) = self.set_lifetime_or_delete(child, lifetime).await {
+                if let Err(e) = self
+                    .set_lifetime_or_delete(child, lifetime, FORK_BOOT_ALLOWANCE)
+                    .await
+                {
                     children.pop();
                     self.drop_rows(&children).await;
                     return Err(e);
@@ -271,6 +278,11 @@ impl Control {
                 .get_sandbox_by_id(child.id)
                 .await
                 .map_err(db_error)?;
+            // A child's clock starts once it runs.
+            if let (Some(lifetime), SandboxStatus::Ready) = (lifetime, now.status) {
+                self.set_lifetime_or_delete(&now, lifetime, std::time::Duration::ZERO)
+                    .await?;
+            }
             out.push(now);
         }
         for _ in 0..count {

@@ -477,8 +477,11 @@ impl Control {
             }
             Err(other) => return Err(db_error(other)),
         };
+        // The deadline exists from the first write; its clock starts once
+        // the sandbox is ready (below): until then it allows the boot too.
         if let Some(lifetime) = plan.lifetime {
-            self.set_lifetime_or_delete(&row, lifetime).await?;
+            let booting = plan.wait_for_ready.unwrap_or_default();
+            self.set_lifetime_or_delete(&row, lifetime, booting).await?;
         }
         let id = row.id;
         self.metrics.created();
@@ -491,7 +494,13 @@ impl Control {
         };
         let row = self.wait_while_provisioning(id, wait, changed).await?;
         match row.status {
-            SandboxStatus::Ready => Ok(row),
+            SandboxStatus::Ready => {
+                if let Some(lifetime) = plan.lifetime {
+                    self.set_lifetime_or_delete(&row, lifetime, Duration::ZERO)
+                        .await?;
+                }
+                Ok(row)
+            }
             SandboxStatus::Provisioning => Err(ApiError::create_timeout(
                 &name,
                 wait.as_secs_f64(),
@@ -505,17 +514,19 @@ impl Control {
         }
     }
 
-    /// Gives a new sandbox its deadline, `lifetime` from now. The deadline
-    /// is part of the promise: a sandbox that cannot have one is deleted
-    /// rather than left running without it (and the error returned).
+    /// Gives a new sandbox its deadline, `lifetime` (and `booting`, while
+    /// it may still be booting) from now. The deadline is part of the
+    /// promise: a sandbox that cannot have one is deleted rather than left
+    /// running without it (and the error returned).
     pub(crate) async fn set_lifetime_or_delete(
         self: &Arc<Self>,
         row: &SandboxRow,
         lifetime: hearth_types::sandbox::Lifetime,
+        booting: Duration,
     ) -> Result<(), ApiError> {
         let deadline = hearth_db::Deadline {
             sandbox_id: row.id,
-            expires_at: Timestamp::now().plus(lifetime.timeout),
+            expires_at: Timestamp::now().plus(lifetime.timeout + booting),
             on_expiry: lifetime.on_expiry,
         };
         let Err(e) = self.db.set_deadline(&deadline).await else {

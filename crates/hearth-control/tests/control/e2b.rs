@@ -1010,7 +1010,6 @@ async fn an_abandoned_create_or_fork_still_gets_its_deadline() {
     let (s, sim) = Server::on_sim().await;
     let key = s.other.clone();
     sim.set_boot_time(Duration::from_secs(2));
-    let before = Timestamp::now();
     abandon(
         &s,
         "/sandboxes",
@@ -1025,32 +1024,14 @@ async fn an_abandoned_create_or_fork_still_gets_its_deadline() {
         1,
         "the abandoned create made its sandbox: {got:?}"
     );
-    ends_within(&got[0], before, 30);
+    // A deadline from the first write (allowing for the boot meanwhile).
+    let end = got[0]["endAt"].as_str().unwrap_or_default().to_owned();
+    assert!(end.as_str() < "9999", "no deadline while it boots: {end}");
     let id = got[0]["sandboxID"].as_str().unwrap().to_owned();
-    // It boots to the end: running, not failed for want of its driver.
-    let until = tokio::time::Instant::now() + Duration::from_secs(20);
-    let row = loop {
-        let row = s
-            .control
-            .db
-            .get_sandbox_by_id(id.parse().unwrap())
-            .await
-            .unwrap();
-        if row.status != hearth_db::SandboxStatus::Provisioning
-            || tokio::time::Instant::now() > until
-        {
-            break row;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(
-        row.status,
-        hearth_db::SandboxStatus::Ready,
-        "{:?}",
-        row.status_message
-    );
+    // It boots to the end, and its 30 s count from then.
+    ready(&s, &id).await;
+    counts_from_now(&s, &key, &id, 30).await;
 
-    let before = Timestamp::now();
     abandon(
         &s,
         &format!("/sandboxes/{id}/fork"),
@@ -1062,26 +1043,54 @@ async fn an_abandoned_create_or_fork_still_gets_its_deadline() {
     let children = listed(&s, &key, 2, &[&id]).await;
     assert_eq!(children.len(), 2, "{children:?}");
     for child in &children {
-        ends_within(child, before, 40);
-        let cid: hearth_types::SandboxId = child["sandboxID"].as_str().unwrap().parse().unwrap();
-        let until = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let row = s.control.db.get_sandbox_by_id(cid).await.unwrap();
-            if row.status != hearth_db::SandboxStatus::Provisioning {
-                assert_eq!(
-                    row.status,
-                    hearth_db::SandboxStatus::Ready,
-                    "{:?}",
-                    row.status_message
-                );
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < until,
-                "the child stayed provisioning"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let cid = child["sandboxID"].as_str().unwrap();
+        ready(&s, cid).await;
+        counts_from_now(&s, &key, cid, 40).await;
     }
     s.stop().await;
+}
+
+/// Waits (at most 5 s: the create's task moves it just after the sandbox
+/// turns ready) until sandbox `id`'s deadline is `secs` from now.
+async fn counts_from_now(s: &Server, key: &str, id: &str, secs: u64) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let d = detail(s, key, id).await;
+        let end = d["endAt"].as_str().unwrap_or_default().to_owned();
+        let at = Timestamp::now().plus(Duration::from_secs(secs));
+        let lo = at.minus(Duration::from_secs(5)).to_rfc3339();
+        let hi = at.plus(Duration::from_secs(5)).to_rfc3339();
+        if lo <= end && end <= hi {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "endAt {end} not within {lo}..{hi}: {d}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (at most 20 s) until sandbox `id` has left `provisioning`;
+/// asserts it is ready.
+async fn ready(s: &Server, id: &str) {
+    let id: hearth_types::SandboxId = id.parse().unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let row = s.control.db.get_sandbox_by_id(id).await.unwrap();
+        if row.status != hearth_db::SandboxStatus::Provisioning {
+            assert_eq!(
+                row.status,
+                hearth_db::SandboxStatus::Ready,
+                "{:?}",
+                row.status_message
+            );
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{id} stayed provisioning"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
