@@ -28,9 +28,15 @@ pub struct UpArgs {
     /// Configuration file (TOML); flags and environment win over it.
     #[arg(long, env = "HEARTH_CONFIG")]
     config: Option<PathBuf>,
-    /// Skip building the Debian image now (it is built on first use).
+    /// Skip building the Debian image now (it is built on first use); the
+    /// code interpreter's too.
     #[arg(long)]
     no_default_image: bool,
+    /// Skip building the code interpreter's image now (`code-interpreter-v1`,
+    /// E2B's code interpreter template; built on first use, which then
+    /// takes minutes, longer than the e2b SDK waits for a create).
+    #[arg(long)]
+    no_code_interpreter_image: bool,
     /// Run no host agent in this process: only remote hosts (`hearth host
     /// serve --control`, enrolled with HEARTH_HOST_TOKEN) run sandboxes.
     #[arg(long)]
@@ -295,6 +301,15 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
                 .await
                 .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
                 .context("build the default image")?;
+            // Before the exports are printed: the README's code interpreter
+            // line then works the first time (a first use would build it
+            // inside a create, for longer than the SDK waits).
+            if !args.no_code_interpreter_image {
+                host.artifacts(ImageName::CodeInterpreter, crate::progress::reporter())
+                    .await
+                    .map_err(|e| anyhow::anyhow!(hearth_host::error_chain(&e)))
+                    .context("build the code interpreter's image")?;
+            }
         }
         Some(host)
     };

@@ -69,7 +69,10 @@ impl Up {
         let port = free_port();
         let log = dir.join(format!("hearth-up-{n}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hearth"));
+        // The code interpreter's image is built by the test that uses
+        // it, on first use; the others need not wait for it.
         cmd.args(["up", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--no-code-interpreter-image")
             .env("HEARTH_DATA_DIR", dir)
             .env("NO_COLOR", "1")
             .env("HEARTH_LOG", "info")
