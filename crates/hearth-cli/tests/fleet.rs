@@ -1072,6 +1072,19 @@ fn a_drained_host_takes_no_more_sandboxes_and_its_sandboxes_resume_or_restart_el
         "pid {pid} is not running after the resume: {bg}"
     );
 
+    // The creates after the drain have shown what they show; their room
+    // goes to the fork's child below, which must be on its parent's host
+    // (which host the parent resumed on depends on the order of the wakes:
+    // with both of them there, it was full).
+    for sb in &more {
+        let (status, out) = fleet.api_json(
+            "DELETE",
+            &format!("/api/v2/sandboxes/boxes/{}", sb.name),
+            &Value::Null,
+        );
+        assert!(status < 300, "delete {}: {status} {out}", sb.name);
+    }
+
     // A fork on a remote host (issue 18): the child resumes the parent's
     // processes, on the parent's host.
     let (status, out) = fleet.api_json(
