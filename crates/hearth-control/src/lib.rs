@@ -57,7 +57,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{Json, Router};
 use hearth_db::{Db, HostRow, HostState, SnapshotRow, SnapshotStatus, Timestamp};
 use hearth_hostapi::HostApi;
@@ -365,10 +365,9 @@ fn sandbox_routes() -> Router<Arc<Control>> {
         .route("/boxes/{name}/stop", post(boxes::stop))
         .route("/boxes/{name}/download-url", post(links::mint))
         .route("/boxes/{name}/service-url", post(links::mint_service))
-        .route(
-            "/boxes/{name}/service-urls",
-            get(login::list_not_served).delete(login::revoke),
-        )
+        // Listing shared ports is not served: GET is a 405 naming the
+        // path, never a 404.
+        .route("/boxes/{name}/service-urls", delete(login::revoke))
         .route(
             "/snapshots",
             get(boxes::list_snapshots).post(boxes::create_snapshot),

@@ -156,17 +156,6 @@ pub async fn revoke(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /boxes/{name}/service-urls`: not served yet (token grants are not
-/// recorded); a 501 that says so, never a 404.
-pub async fn list_not_served() -> HttpResult<StatusCode> {
-    Err(ApiError::new(
-        501,
-        "NotImplemented",
-        "GET /boxes/{name}/service-urls (listing a sandbox's shared ports) is not served by Hearth yet; DELETE on it revokes login grants",
-    )
-    .into())
-}
-
 /// The 409 a token URL gets on a port with a login grant.
 pub(crate) fn refuse_token_mode(row: &SandboxRow, port: u16) -> Result<(), ApiError> {
     let spec = spec_of(row)?;

@@ -246,5 +246,10 @@ async fn login_sessions_live_on_their_own_origin_and_a_token_url_page_cannot_rea
             &json!({}),
         )
         .await;
-    assert_eq!(r.status, 501, "{}", r.text());
+    assert_eq!(
+        r.status,
+        405,
+        "listing is not served, and says so: {}",
+        r.text()
+    );
 }
