@@ -1388,11 +1388,7 @@ impl Host {
         self.after_exit(vm).await?;
         let store = self.store("saving memory")?;
         let rec = vm.record();
-        // Its own scope: the disk's commits sweep the disk's scope, and a
-        // memory chunk deduplicated against a disk chunk there could go.
-        let scope = format!("vm-{id}-mem")
-            .parse()
-            .map_err(|_| HostError::Invalid("scope".into()))?;
+        let scope = crate::memory::scope_of(id)?;
         let prefix = format!("vm-{id}");
         let volumes = match saved.memory {
             Some(_) => {
@@ -1758,8 +1754,13 @@ impl Host {
     pub async fn delete(&self, id: VmId) -> Result<(), HostError> {
         let vm = self.forget_inner(id).await?;
         self.disks.remove(id).await?;
-        if let (Some(saved), Ok(store)) = (vm.record().saved, self.store("")) {
-            crate::memory::delete(store, &saved).await?;
+        if let Some(g) = &self.generations {
+            if let Some(saved) = vm.record().saved {
+                crate::memory::delete(g.store(), &saved).await?;
+            }
+            // What its saved memories (this one and older generations)
+            // put, now that no volume of it names them.
+            g.retire(vec![crate::memory::scope_of(id)?]);
         }
         Ok(())
     }

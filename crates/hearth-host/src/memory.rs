@@ -15,7 +15,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use hearth_store::{ScopeId, Store, VolumeId};
-use hearth_types::ByteSize;
+use hearth_types::{ByteSize, VmId};
 
 use crate::host::HostError;
 use crate::vm::MemoryVolumes;
@@ -168,6 +168,15 @@ pub async fn fetch(
         memory: Some(memory),
         state,
     })
+}
+
+/// The key scope of a VM's saved memory: its own, apart from its disk's
+/// (whose commits sweep their scope, and a memory chunk deduplicated
+/// against a disk chunk there could go).
+pub fn scope_of(id: VmId) -> Result<ScopeId, HostError> {
+    format!("vm-{id}-mem")
+        .parse()
+        .map_err(|_| HostError::Invalid(format!("no memory scope for vm {id}")))
 }
 
 /// Removes the store's copy of saved memory (both volumes).

@@ -331,6 +331,64 @@ async fn memory_is_saved_at_stop_and_resumed_at_start() {
     host.shutdown().await;
 }
 
+/// Files under `dir` (none when it does not exist).
+fn files_under(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => files_under(&e.path()),
+            _ => 1,
+        })
+        .sum()
+}
+
+/// Issue 39, finding 6: what a deleted sandbox put in the store (here,
+/// two saved memories) is gone within seconds of the delete, not at the
+/// next hourly collection; another sandbox's is not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_sandboxs_chunks_are_freed_at_once_and_no_one_elses() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let chunks = dir.path().join("data/store/chunks");
+    let (vm, other) = (
+        host.create_vm(small()).await.unwrap(),
+        host.create_vm(small()).await.unwrap(),
+    );
+    for id in [vm.id, vm.id, other.id] {
+        host.stop_saving_memory(id).await.unwrap();
+        host.start_vm(id).await.unwrap();
+    }
+    host.stop_saving_memory(vm.id).await.unwrap();
+    host.stop_saving_memory(other.id).await.unwrap();
+    let mine = chunks.join(format!("vm-{}-mem", vm.id));
+    let theirs = chunks.join(format!("vm-{}-mem", other.id));
+    let (before, kept) = (files_under(&mine), files_under(&theirs));
+    assert!(
+        before > 0 && kept > 0,
+        "saved memory is in the store: {before}, {kept}"
+    );
+
+    host.delete(vm.id).await.unwrap();
+    let t = Instant::now();
+    while files_under(&mine) > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} of {before} chunks left",
+            files_under(&mine)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(files_under(&theirs), kept);
+    // The one left still resumes from its memory.
+    let other = host.start_vm(other.id).await.unwrap();
+    assert_eq!(other.state(), VmState::Ready);
+    host.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -96,6 +96,49 @@ impl Store {
             .filter_map(|m| parse_chunk_path(&m.location).map(|r| (r, m)))
             .collect();
 
+        // 3. Everything a journal record or manifest names.
+        let referenced = self.referenced_chunks().await?;
+
+        // 4. Delete the unreferenced ones older than grace, re-checking each
+        //    one's age just before deleting it.
+        for (r, meta) in chunks {
+            // Ages are measured against our clock at listing time; skew
+            // between us and the object store eats into the grace.
+            let old =
+                |t: SystemTime| listed_at.duration_since(t).unwrap_or(Duration::ZERO) > opts.grace;
+            if referenced.contains(&r) || !old(SystemTime::from(meta.last_modified)) {
+                report.chunks_kept += 1;
+                continue;
+            }
+            match self.inner.os.head(&meta.location).await {
+                Ok(now) if !old(SystemTime::from(now.last_modified)) => {
+                    report.chunks_kept += 1;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => {
+                    return Err(backend(format!(
+                        "head chunk {} of scope {}",
+                        r.hex(),
+                        r.scope
+                    ))(e))
+                }
+            }
+            self.delete_chunk(&r).await?;
+            report.chunks_deleted += 1;
+            report.bytes_deleted += meta.size;
+        }
+        Ok(report)
+    }
+
+    /// Every chunk a flush journal record or a manifest names. Records are
+    /// read before manifests: a record folded into a generation after the
+    /// listing is found as a record, one folded before as a generation. A
+    /// record appended after the caller listed chunks names chunks put
+    /// just before it, so young (the writer's puts refresh old ones, as
+    /// for commits).
+    async fn referenced_chunks(&self) -> Result<HashSet<ChunkRef>, StoreError> {
         let mut referenced: HashSet<ChunkRef> = HashSet::new();
         // 3. Everything the flush journals name, read before the manifests:
         //    a record folded into a generation after this point is found
@@ -137,50 +180,79 @@ impl Store {
             }
         }
 
-        // 4. Delete the unreferenced ones older than grace, re-checking each
-        //    one's age just before deleting it.
-        for (r, meta) in chunks {
-            // Ages are measured against our clock at listing time; skew
-            // between us and the object store eats into the grace.
-            let old =
-                |t: SystemTime| listed_at.duration_since(t).unwrap_or(Duration::ZERO) > opts.grace;
-            if referenced.contains(&r) || !old(SystemTime::from(meta.last_modified)) {
-                report.chunks_kept += 1;
+        Ok(referenced)
+    }
+
+    /// Deletes, at once and without GC's grace, the chunks of `scopes` that
+    /// no manifest or journal record names: the scopes of a deleted
+    /// sandbox (its disk's, its saved memory's), which is what lets a
+    /// deleted sandbox's data go within minutes instead of at the next GC
+    /// run. An unshared scope is named by its own volume only (see
+    /// `sweep.rs`), so once that volume is deleted all its chunks go
+    /// without reading any manifest; a shared one keeps what snapshots and
+    /// other volumes name.
+    ///
+    /// The caller guarantees that no writer puts chunks to these scopes any
+    /// more (their volumes are deleted and fenced) and that no copy of
+    /// their volumes is in flight: that, not the grace, is what makes
+    /// deleting young chunks safe here.
+    pub async fn retire_scopes(&self, scopes: &[ScopeId]) -> Result<GcReport, StoreError> {
+        let mut report = GcReport::default();
+        let mut listed = Vec::new();
+        let mut any_shared = false;
+        for scope in scopes {
+            let chunks: Vec<(ChunkRef, ObjectMeta)> = self
+                .list(
+                    ObjPath::from(format!("chunks/{scope}")),
+                    format!("list the chunks of scope {scope}").as_str(),
+                )
+                .await?
+                .into_iter()
+                .filter_map(|m| parse_chunk_path(&m.location).map(|r| (r, m)))
+                .filter(|(r, _)| &r.scope == scope)
+                .collect();
+            if chunks.is_empty() {
                 continue;
             }
-            match self.inner.os.head(&meta.location).await {
-                Ok(now) if !old(SystemTime::from(now.last_modified)) => {
+            let shared = self.is_shared(scope).await?;
+            any_shared |= shared;
+            listed.push((shared, chunks));
+        }
+        let referenced = if any_shared {
+            self.referenced_chunks().await?
+        } else {
+            HashSet::new()
+        };
+        for (shared, chunks) in listed {
+            for (r, meta) in chunks {
+                if shared && referenced.contains(&r) {
                     report.chunks_kept += 1;
                     continue;
                 }
-                Ok(_) => {}
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => {
-                    return Err(backend(format!(
-                        "head chunk {} of scope {}",
-                        r.hex(),
-                        r.scope
-                    ))(e))
-                }
-            }
-            match self.inner.os.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                    // A writer sharing this instance must upload it again
-                    // rather than trust its memory of having put it.
-                    self.forget_put(&r);
-                    report.chunks_deleted += 1;
-                    report.bytes_deleted += meta.size;
-                }
-                Err(e) => {
-                    return Err(backend(format!(
-                        "delete chunk {} of scope {}",
-                        r.hex(),
-                        r.scope
-                    ))(e))
-                }
+                self.delete_chunk(&r).await?;
+                report.chunks_deleted += 1;
+                report.bytes_deleted += meta.size;
             }
         }
         Ok(report)
+    }
+
+    /// Deletes one chunk object (gone already is fine), and forgets it as
+    /// recently put and cached: a writer sharing this instance uploads it
+    /// again rather than trust its memory of having put it.
+    async fn delete_chunk(&self, r: &ChunkRef) -> Result<(), StoreError> {
+        match self.inner.os.delete(&crate::store::chunk_path(r)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                self.forget_put(r);
+                self.inner.cache.remove(r).await;
+                Ok(())
+            }
+            Err(e) => Err(backend(format!(
+                "delete chunk {} of scope {}",
+                r.hex(),
+                r.scope
+            ))(e)),
+        }
     }
 
     async fn list(&self, prefix: ObjPath, op: &str) -> Result<Vec<ObjectMeta>, StoreError> {

@@ -77,7 +77,7 @@ pub struct Store {
 pub(crate) struct Inner {
     pub(crate) os: Arc<dyn ObjectStore>,
     kek: Arc<dyn Kek>,
-    cache: Arc<Cache>,
+    pub(crate) cache: Arc<Cache>,
     keys: Mutex<HashMap<ScopeId, Arc<ScopeKeys>>>,
     /// Chunks this instance PUT recently, and when.
     recent: Mutex<HashMap<ChunkRef, Instant>>,

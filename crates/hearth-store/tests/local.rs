@@ -329,6 +329,79 @@ async fn gc_deletes_unreferenced_old_chunks_only() {
     assert!(files_under(&url.join("chunks")).is_empty());
 }
 
+/// A deleted volume's scopes go at once, without GC's grace: an unshared
+/// one entirely, a shared one except what another volume (a snapshot)
+/// names; another volume's scope is untouched.
+#[tokio::test]
+async fn retiring_a_deleted_volumes_scopes_frees_them_at_once_but_what_a_snapshot_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("store");
+    let store = open(url.to_str().unwrap(), &dir.path().join("c"), 1).await;
+    let draft = |s: &hearth_store::ScopeId, parent, chunks: &[&ChunkRef]| ManifestDraft {
+        scope: s.clone(),
+        parent,
+        fence: 0,
+        size: chunks.len() as u64 * 4096,
+        chunk_size: 4096,
+        meta: BTreeMap::new(),
+        chunks: chunks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as u64, (*r).clone()))
+            .collect(),
+    };
+    // A disk nobody copied, a disk a snapshot copied, and a bystander.
+    let (alone, shared, other) = (scope("vm-a"), scope("vm-b"), scope("vm-c"));
+    let mut put = Vec::new();
+    for (s, b) in [
+        (&alone, 1u8),
+        (&alone, 2),
+        (&shared, 3),
+        (&shared, 4),
+        (&other, 5),
+    ] {
+        put.push(store.put_chunk(s, &vec![b; 4096]).await.unwrap());
+    }
+    store
+        .commit(&volume("vm-a"), draft(&alone, None, &[&put[0]]))
+        .await
+        .unwrap();
+    store
+        .commit(&volume("vm-b"), draft(&shared, None, &[&put[2], &put[3]]))
+        .await
+        .unwrap();
+    store
+        .commit(&volume("vm-c"), draft(&other, None, &[&put[4]]))
+        .await
+        .unwrap();
+    // A snapshot of vm-b's disk, since rewritten: it names chunk 3 only.
+    store.mark_shared(&shared).await.unwrap();
+    store
+        .commit(&volume("snap"), draft(&shared, None, &[&put[2]]))
+        .await
+        .unwrap();
+    for v in ["vm-a", "vm-b"] {
+        store.delete_volume(&volume(v)).await.unwrap();
+    }
+    let report = store
+        .retire_scopes(&[alone.clone(), shared.clone()])
+        .await
+        .unwrap();
+    // Chunks 1 and 2 (unshared: the unreferenced one too), and chunk 4.
+    assert_eq!((report.chunks_deleted, report.chunks_kept), (3, 1));
+    for (i, gone) in [true, true, false, true, false].into_iter().enumerate() {
+        let got = store.get_chunk(&put[i]).await;
+        assert_eq!(
+            matches!(got, Err(StoreError::MissingChunk { .. })),
+            gone,
+            "chunk {i}: {got:?}"
+        );
+    }
+    // Nothing left to do the second time.
+    let again = store.retire_scopes(&[alone, shared]).await.unwrap();
+    assert_eq!((again.chunks_deleted, again.chunks_kept), (0, 1));
+}
+
 /// A file with real holes (a guest memory file; import walks its data
 /// with SEEK_DATA): only the chunks holding data are stored, and the
 /// export has the same bytes.

@@ -51,6 +51,16 @@ pub struct GenerationDisks {
     attached: Mutex<HashMap<VmId, Attached>>,
     /// Serializes image imports (one import per image, ever).
     importing: tokio::sync::Mutex<()>,
+    /// Scopes of deleted volumes waiting for [`GenerationDisks::retire`]'s
+    /// pass.
+    retiring: Arc<Mutex<Retiring>>,
+}
+
+/// Scopes to retire, and whether a pass is running (it takes them all).
+#[derive(Default)]
+struct Retiring {
+    pending: Vec<ScopeId>,
+    running: bool,
 }
 
 struct Attached {
@@ -76,7 +86,79 @@ impl GenerationDisks {
             commit_interval,
             attached: Mutex::new(HashMap::new()),
             importing: tokio::sync::Mutex::new(()),
+            retiring: Arc::default(),
         }
+    }
+
+    /// Frees the chunks of deleted volumes' scopes in the background, at
+    /// once rather than at the next GC run ([`Store::retire_scopes`]: all
+    /// of an unshared scope, what nothing names of a shared one). Scopes
+    /// that arrive while a pass runs wait for the next, which takes them
+    /// all: a burst of deletes reads the store's manifests once or twice,
+    /// not once each. A failure is logged; GC frees what is left.
+    pub fn retire(&self, scopes: Vec<ScopeId>) {
+        if scopes.is_empty() {
+            return;
+        }
+        let mut r = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
+        r.pending.extend(scopes);
+        if std::mem::replace(&mut r.running, true) {
+            return;
+        }
+        drop(r);
+        let (store, retiring) = (self.store.clone(), self.retiring.clone());
+        tokio::spawn(async move {
+            loop {
+                let scopes = {
+                    let mut r = retiring.lock().unwrap_or_else(|p| p.into_inner());
+                    if r.pending.is_empty() {
+                        r.running = false;
+                        return;
+                    }
+                    let mut s = std::mem::take(&mut r.pending);
+                    s.sort();
+                    s.dedup();
+                    s
+                };
+                match store.retire_scopes(&scopes).await {
+                    Ok(r) => tracing::debug!(
+                        scopes = scopes.len(),
+                        deleted = r.chunks_deleted,
+                        bytes = r.bytes_deleted,
+                        kept = r.chunks_kept,
+                        "retired the scopes of deleted volumes"
+                    ),
+                    Err(e) => tracing::warn!(
+                        scopes = scopes.len(),
+                        error = %e,
+                        "cannot retire the scopes of deleted volumes; GC will free them"
+                    ),
+                }
+            }
+        });
+    }
+
+    /// Scopes that are `volume`'s own (see [`volume::is_own_scope`]) among
+    /// those its generations and journal name.
+    async fn own_scopes(&self, volume: &VolumeId) -> Result<Vec<ScopeId>, StoreError> {
+        let mut scopes = std::collections::BTreeSet::new();
+        for seq in self.store.generations(volume).await? {
+            match self.store.manifest(volume, seq).await {
+                Ok(m) => {
+                    scopes.insert(m.scope);
+                    scopes.extend(m.chunks.into_values().map(|r| r.scope));
+                }
+                Err(StoreError::NoSuchGeneration { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(head) = self.store.head(volume).await? {
+            scopes.insert(head.scope);
+        }
+        Ok(scopes
+            .into_iter()
+            .filter(|s| volume::is_own_scope(volume, s))
+            .collect())
     }
 
     pub fn store(&self) -> &Store {
@@ -222,12 +304,7 @@ impl GenerationDisks {
         // New chunks go where the last generation's did, unless a snapshot
         // shares that scope (or it is not the disk's own): then to a fresh
         // one, so the disk's commits can delete their own garbage.
-        let own = head.scope == target.scope
-            || head
-                .scope
-                .as_str()
-                .strip_prefix(target.volume.as_str())
-                .is_some_and(|rest| rest.starts_with("-s"));
+        let own = volume::is_own_scope(&target.volume, &head.scope);
         let target = if own && !self.store.is_shared(&head.scope).await? {
             Target {
                 scope: head.scope.clone(),
@@ -374,7 +451,10 @@ impl DiskProvider for GenerationDisks {
             if let Some(a) = self.attached().remove(&vm) {
                 a.volume.discard();
             }
-            self.store.delete_volume(&Self::volume_of(vm)).await?;
+            let volume = Self::volume_of(vm);
+            let scopes = self.own_scopes(&volume).await?;
+            self.store.delete_volume(&volume).await?;
+            self.retire(scopes);
             Ok(())
         })
     }

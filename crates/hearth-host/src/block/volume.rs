@@ -735,3 +735,14 @@ fn punch_hole(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
 pub fn fresh_scope(volume: &VolumeId, seq: u64) -> Result<ScopeId, StoreError> {
     ScopeId::new(format!("{volume}-s{seq}"))
 }
+
+/// Whether `scope` is one only `volume`'s writer puts chunks to: the scope
+/// named after the volume, or a fresh one of it ([`fresh_scope`]).
+pub fn is_own_scope(volume: &VolumeId, scope: &ScopeId) -> bool {
+    scope.as_str() == volume.as_str()
+        || scope
+            .as_str()
+            .strip_prefix(volume.as_str())
+            .and_then(|rest| rest.strip_prefix("-s"))
+            .is_some_and(|seq| !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()))
+}
