@@ -26,6 +26,7 @@ mod dependency_graph;
 mod e2b;
 mod e2b_fuzz;
 mod fork;
+mod held;
 mod isolation;
 mod login;
 mod pools;
