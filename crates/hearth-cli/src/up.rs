@@ -364,6 +364,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
+    let operator = operator_socket(&data_dir.join(OPERATOR_SOCKET)).await?;
     for p in &file.pools {
         control
             .ensure_pool(keys::default_workspace(), p)
@@ -403,6 +404,7 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
         println!("export E2B_API_KEY={secret}");
         print_domain(&data_dir, domain.as_deref(), tls.is_some());
+        print_socket(operator.as_ref());
     } else {
         eprintln!("Use an existing API key, or create one: hearth keys create");
         eprintln!();
@@ -410,14 +412,39 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         eprintln!("and for the e2b SDKs (E2B_API_KEY: the same key):");
         println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
         print_domain(&data_dir, domain.as_deref(), tls.is_some());
+        print_socket(operator.as_ref());
     }
     eprintln!();
     eprintln!("Ctrl-C (or SIGTERM) stops the sandboxes and exits.");
 
-    let shutdown = crate::stop_signal();
-    hearth_control::serve(control.clone(), listener, shutdown)
+    // One stop for both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        crate::stop_signal().await;
+        stop.send_replace(true);
+    });
+    let on_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        // Err: the sender is gone, which only happens after the stop.
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let operator = operator.map(|(path, listener)| {
+        let serving =
+            hearth_control::serve_unix(control.clone(), listener, on_stop(stopped.clone()));
+        (path, tokio::spawn(serving))
+    });
+    hearth_control::serve(control.clone(), listener, on_stop(stopped))
         .await
         .context("serve")?;
+    if let Some((path, serving)) = operator {
+        match serving.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "the operator socket failed"),
+            Err(e) => tracing::warn!(error = %e, "the operator socket's task failed"),
+        }
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove the operator socket");
+        }
+    }
     eprintln!("[hearth] stopping sandboxes…");
     control.stop_all().await;
     // Another replica takes the fleet's reapers at its next pass.
@@ -427,6 +454,49 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     }
     eprintln!("[hearth] bye");
     Ok(0)
+}
+
+/// The operator's socket in the data directory.
+const OPERATOR_SOCKET: &str = "api.sock";
+
+/// Binds the operator's unix socket (`hearth_control::serve_unix`), mode
+/// 0600: the CLI reaches the API through it past the TCP listener's
+/// connection caps. A socket another live `hearth up` answers on is an
+/// error; one a previous run left is replaced. A path too long for a unix
+/// socket is a warning, and no socket.
+async fn operator_socket(
+    path: &Path,
+) -> anyhow::Result<Option<(PathBuf, tokio::net::UnixListener)>> {
+    if tokio::net::UnixStream::connect(path).await.is_ok() {
+        anyhow::bail!(
+            "another hearth up serves this data directory (its operator socket {} answers)",
+            path.display()
+        );
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("remove the stale {}", path.display())),
+    }
+    let listener = match tokio::net::UnixListener::bind(path) {
+        Ok(l) => l,
+        Err(e) if path.as_os_str().len() >= 100 => {
+            tracing::warn!(path = %path.display(), error = %e, "no operator socket: the data directory's path is too long for a unix socket");
+            return Ok(None);
+        }
+        Err(e) => return Err(e).with_context(|| format!("listen on {}", path.display())),
+    };
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("make {} the operator's only", path.display()))?;
+    Ok(Some((path.to_owned(), listener)))
+}
+
+/// The CLI's way past the TCP listener's caps (`--socket`).
+fn print_socket(operator: Option<&(PathBuf, tokio::net::UnixListener)>) {
+    if let Some((path, _)) = operator {
+        println!("export HEARTH_SOCKET={}", path.display());
+    }
 }
 
 /// Where sandboxes' ports are named, and what a client trusts to reach

@@ -511,9 +511,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let mut options = hearth_listen::Options::new("api", control.cfg.listener);
-    options.max_buf_size = Some(guard::HEAD_BUFFER);
-    options.max_headers = Some(guard::HEAD_MAX_FIELDS);
+    let mut options = listen_options(&control, "api");
     options.counters = control.metrics.connections.clone();
     options.tls = control.cfg.tls.clone();
     let app = router(control.clone());
@@ -522,4 +520,24 @@ pub async fn serve(
         control.begin_shutdown();
     };
     hearth_listen::serve(listener, app, options, shutdown).await
+}
+
+/// Serves the same API on the operator's unix socket
+/// ([`hearth_listen::serve_unix`]: caps of its own, so a flood of TCP
+/// connections cannot lock the operator's CLI out) until `shutdown`. Keys
+/// are checked as on TCP: the socket only spares its callers the TCP caps.
+pub async fn serve_unix(
+    control: Arc<Control>,
+    listener: tokio::net::UnixListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let options = listen_options(&control, "operator socket");
+    hearth_listen::serve_unix(listener, router(control), options, shutdown).await
+}
+
+fn listen_options(control: &Control, name: &'static str) -> hearth_listen::Options {
+    let mut options = hearth_listen::Options::new(name, control.cfg.listener);
+    options.max_buf_size = Some(guard::HEAD_BUFFER);
+    options.max_headers = Some(guard::HEAD_MAX_FIELDS);
+    options
 }

@@ -30,4 +30,4 @@ pub use limits::{
 };
 /// A TLS server configuration ([`Options::tls`]).
 pub use rustls::ServerConfig as TlsConfig;
-pub use serve::{peer_key, serve, Counters, Options};
+pub use serve::{peer_key, serve, serve_unix, Counters, Options, OPERATOR_CONNECTIONS};

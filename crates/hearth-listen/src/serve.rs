@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::Limits;
@@ -186,14 +186,21 @@ impl Drop for Slot {
     }
 }
 
-/// The socket and its slots: hyper moves it into an upgraded connection
-/// (a WebSocket), so the slots live exactly as long as the descriptor.
-struct Counted {
-    tcp: TcpStream,
-    _slot: Slot,
+/// What a connection holds of its listener's caps: a TCP connection its
+/// two slots, an operator-socket one its permit.
+enum Hold {
+    Tcp(#[allow(dead_code)] Slot),
+    Unix(#[allow(dead_code)] OwnedSemaphorePermit),
 }
 
-impl AsyncRead for Counted {
+/// The socket and its slots: hyper moves it into an upgraded connection
+/// (a WebSocket), so the slots live exactly as long as the descriptor.
+struct Counted<S = TcpStream> {
+    tcp: S,
+    _hold: Hold,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -203,7 +210,7 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -262,7 +269,10 @@ impl Gate {
             peer,
             counters: self.counters.clone(),
         };
-        Some(Counted { tcp, _slot: slot })
+        Some(Counted {
+            tcp,
+            _hold: Hold::Tcp(slot),
+        })
     }
 }
 
@@ -283,16 +293,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let limits = options.limits;
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
-    if let Some(n) = options.max_buf_size {
-        http.max_buf_size(n);
-    }
-    if let Some(n) = options.max_headers {
-        http.max_headers(n);
-    }
-    let http = Arc::new(http);
+    let http = http_builder(&options);
     let gate = Gate {
         total: Arc::new(Semaphore::new(limits.max_connections)),
         peers: Arc::default(),
@@ -371,6 +372,89 @@ pub async fn serve(
         });
     }
     drop(listener);
+    drain(&options, stop, open).await;
+    Ok(())
+}
+
+/// Connections the operator's socket holds at once ([`serve_unix`]).
+pub const OPERATOR_CONNECTIONS: usize = 32;
+
+/// Serves `app` on a unix socket as [`serve`] does on TCP (same head
+/// limits and timeouts, no TLS), for the operator: the socket's file mode
+/// says who may connect, so no peer shares it with a stranger, and it
+/// holds [`OPERATOR_CONNECTIONS`] of its own — a client filling the TCP
+/// listener's caps (5,000 idle connections from 127.0.0.1) cannot lock
+/// the operator's CLI out. Past its own cap a connection gets the same
+/// 503 as on TCP.
+pub async fn serve_unix(
+    listener: UnixListener,
+    app: axum::Router,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let http = http_builder(&options);
+    let slots = Arc::new(Semaphore::new(OPERATOR_CONNECTIONS));
+    let (stop, stopped) = watch::channel(false);
+    let (open, _) = watch::channel(());
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::error!(server = options.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            if let Err(e) = stream.try_write(REFUSED) {
+                tracing::debug!(server = options.name, error = %e, "refused connection not told why");
+            }
+            continue;
+        };
+        let io = Counted {
+            tcp: stream,
+            _hold: Hold::Unix(permit),
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let (http, stopped, held, name) = (
+            http.clone(),
+            stopped.clone(),
+            open.subscribe(),
+            options.name,
+        );
+        tokio::spawn(async move {
+            if let Err(e) = serve_one(&http, io, service, stopped).await {
+                tracing::debug!(server = name, error = %e, "connection ended");
+            }
+            drop(held);
+        });
+    }
+    drop(listener);
+    drain(&options, stop, open).await;
+    Ok(())
+}
+
+/// hyper's connection builder with the server's head limits and timeout.
+fn http_builder(options: &Options) -> Arc<hyper::server::conn::http1::Builder> {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(options.limits.header_read_timeout);
+    if let Some(n) = options.max_buf_size {
+        http.max_buf_size(n);
+    }
+    if let Some(n) = options.max_headers {
+        http.max_headers(n);
+    }
+    Arc::new(http)
+}
+
+/// After the accept loop: tells open connections the server stopped and
+/// waits for their requests (within [`Options::grace`] if set).
+async fn drain(options: &Options, stop: watch::Sender<bool>, open: watch::Sender<()>) {
     stop.send_replace(true);
     match options.grace {
         None => open.closed().await,
@@ -383,7 +467,6 @@ pub async fn serve(
             }
         }
     }
-    Ok(())
 }
 
 /// A connection as it is served: over TLS, or as it came.

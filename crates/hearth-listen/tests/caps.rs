@@ -274,4 +274,88 @@ async fn tls_and_plain_http_share_a_port() {
         .is_some());
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     wait_open(&counters, 0).await;
+
+    // So is one whose first record is larger than TLS allows (2^14 bytes
+    // and a little): refused at its header, not read to its end.
+    let mut huge = connect("127.0.0.1", addr).await;
+    let mut hello = vec![0x16, 0x03, 0x01, 0xff, 0xff];
+    hello.extend(std::iter::repeat_n(0x41, 64 << 10));
+    // The server may close before it has read it all.
+    let _ = huge.write_all(&hello).await;
+    let t = Instant::now();
+    assert!(until_closed(&mut huge, Duration::from_secs(5))
+        .await
+        .is_some());
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    wait_open(&counters, 0).await;
+}
+
+/// Issue 39, finding 6: a local client holding every connection the TCP
+/// listener allows its address does not lock the operator out: the same
+/// app on the operator's unix socket answers, with a cap of its own.
+#[tokio::test]
+async fn the_operator_socket_answers_while_tcp_is_full() {
+    let (addr, counters) = start(Limits {
+        header_read_timeout: Duration::from_secs(60),
+        max_connections: 4,
+        max_per_peer: 2,
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    let unix = tokio::net::UnixListener::bind(&path).unwrap();
+    let app = axum::Router::new().route("/", get(|| async { "ok" }));
+    tokio::spawn(hearth_listen::serve_unix(
+        unix,
+        app,
+        Options::new("operator", Limits::for_descriptors(4096)),
+        std::future::pending(),
+    ));
+    let _held = [
+        connect("127.0.0.1", addr).await,
+        connect("127.0.0.1", addr).await,
+    ];
+    wait_open(&counters, 2).await;
+    assert!(get_ok("127.0.0.1", addr).await.starts_with("HTTP/1.1 503 "));
+
+    let get = || async {
+        let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let answer = get().await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+        "{answer}"
+    );
+
+    // Its own cap: past it, the same 503; a slot given back is reusable.
+    let mut idle = Vec::new();
+    for _ in 0..hearth_listen::OPERATOR_CONNECTIONS {
+        idle.push(tokio::net::UnixStream::connect(&path).await.unwrap());
+    }
+    // The server takes each as it accepts it: wait for the refusals.
+    let t = Instant::now();
+    let refused = loop {
+        let answer = get().await;
+        if answer.starts_with("HTTP/1.1 503 ") || t.elapsed() > Duration::from_secs(5) {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(refused.contains("TooManyConnections"), "{refused}");
+    idle.pop();
+    let t = Instant::now();
+    loop {
+        let answer = get().await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{answer}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

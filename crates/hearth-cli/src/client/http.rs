@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, Uri};
 use hyper_util::rt::TokioIo;
@@ -80,6 +81,23 @@ impl Target {
     pub fn origin(&self) -> String {
         format!("http://{}", self.authority)
     }
+}
+
+/// A connection to the server, over TCP or the operator's socket.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {}
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> Io for S {}
+
+/// An HTTP/1.1 connection on `stream`, driven in the background.
+async fn handshake(stream: Box<dyn Io>, unreachable: &str) -> anyhow::Result<SendRequest<Body>> {
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .with_context(|| unreachable.to_owned())?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "http connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// An error answer of the server, already put into words.
@@ -189,6 +207,8 @@ pub struct Api {
     /// Path of the sandbox API, e.g. `/api/v2/sandboxes`.
     base_path: String,
     pub api_key: Option<String>,
+    /// The operator's socket, for requests to `target`'s authority.
+    socket: Option<std::path::PathBuf>,
 }
 
 impl Api {
@@ -207,6 +227,7 @@ impl Api {
             endpoint,
             target,
             api_key: ep.api_key.clone().filter(|k| !k.is_empty()),
+            socket: ep.socket.clone().filter(|p| !p.as_os_str().is_empty()),
         })
     }
 
@@ -220,6 +241,38 @@ impl Api {
         p
     }
 
+    /// A connection to `target`: the server's own authority (its API, and
+    /// the data planes it names on it) through the operator's socket when
+    /// there is one, anything else over TCP.
+    pub async fn open(&self, target: &Target, unreachable: &str) -> anyhow::Result<Box<dyn Io>> {
+        let timed_out = |_| anyhow!("{unreachable}: connection timed out");
+        match &self.socket {
+            Some(path) if target.authority == self.target.authority => {
+                let connect = tokio::net::UnixStream::connect(path);
+                let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+                    .await
+                    .map_err(timed_out)?
+                    .map_err(|e| {
+                        anyhow!(
+                            "{unreachable} through the operator socket {} (HEARTH_SOCKET): {}",
+                            path.display(),
+                            io_reason(&e)
+                        )
+                    })?;
+                Ok(Box::new(stream))
+            }
+            _ => {
+                let connect = tokio::net::TcpStream::connect((target.host.as_str(), target.port));
+                let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+                    .await
+                    .map_err(timed_out)?
+                    .map_err(|e| anyhow!("{unreachable}: {}", io_reason(&e)))?;
+                let _ = stream.set_nodelay(true);
+                Ok(Box::new(stream))
+            }
+        }
+    }
+
     /// Sends one request to `target` (the server or a data plane).
     pub async fn send_to(
         &self,
@@ -230,22 +283,7 @@ impl Api {
         content_type: Option<&str>,
         body: Body,
     ) -> anyhow::Result<Response<Incoming>> {
-        let stream = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            tokio::net::TcpStream::connect((target.host.as_str(), target.port)),
-        )
-        .await
-        .map_err(|_| anyhow!("{unreachable}: connection timed out"))?
-        .map_err(|e| anyhow!("{unreachable}: {}", io_reason(&e)))?;
-        let _ = stream.set_nodelay(true);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .with_context(|| unreachable.to_owned())?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "http connection ended");
-            }
-        });
+        let mut sender = handshake(self.open(target, unreachable).await?, unreachable).await?;
         let mut req = Request::builder()
             .method(method)
             .uri(path_and_query)
@@ -408,6 +446,7 @@ mod tests {
         assert!(Target::parse("https://h").is_err());
         let api = Api::new(&Endpoint {
             endpoint: "http://h:8080/api/".into(),
+            socket: None,
             api_key: Some(String::new()),
             json: false,
         })

@@ -73,6 +73,12 @@ pub struct Endpoint {
     /// API key (the SDK's LANGSMITH_API_KEY).
     #[arg(long, global = true, env = "LANGSMITH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// The operator's unix socket `hearth up` serves the same API on
+    /// (it prints `export HEARTH_SOCKET=…`): requests to the endpoint go
+    /// through it, where the TCP listener's connection caps do not reach,
+    /// so a local flood of connections cannot lock the operator out.
+    #[arg(long, global = true, env = "HEARTH_SOCKET", value_name = "PATH")]
+    pub socket: Option<std::path::PathBuf>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,

@@ -131,6 +131,7 @@ mod tests {
     fn api(endpoint: &str) -> Api {
         Api::new(&Endpoint {
             endpoint: endpoint.into(),
+            socket: None,
             api_key: None,
             json: false,
         })

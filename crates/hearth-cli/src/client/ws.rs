@@ -3,15 +3,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Error as WsError;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::WebSocketStream;
 
-use super::http::{io_reason, Api, ServerError, Target};
+use super::http::{io_reason, Api, Io, ServerError, Target};
 
-pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub type Ws = WebSocketStream<Box<dyn Io>>;
 
 /// How long a handshake may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,10 +33,21 @@ pub async fn connect(api: &Api, dp: &Target, suffix: &str) -> anyhow::Result<Ws>
             let v = HeaderValue::from_str(key).context("the API key is not a valid header")?;
             req.headers_mut().insert("x-api-key", v);
         }
-        let open = tokio_tungstenite::connect_async_with_config(req, None, true);
-        let result = tokio::time::timeout(OPEN_TIMEOUT, open)
+        let unreachable = format!("cannot reach the data plane at {}", dp.origin());
+        let open = async {
+            let stream = api.open(dp, &unreachable).await.map_err(WsOpen::Connect)?;
+            tokio_tungstenite::client_async_with_config(req, stream, None)
+                .await
+                .map_err(WsOpen::Ws)
+        };
+        let result = match tokio::time::timeout(OPEN_TIMEOUT, open)
             .await
-            .map_err(|_| anyhow!("opening {url} timed out"))?;
+            .map_err(|_| anyhow!("opening {url} timed out"))?
+        {
+            Err(WsOpen::Connect(e)) => return Err(e),
+            Err(WsOpen::Ws(e)) => Err(e),
+            Ok(ok) => Ok(ok),
+        };
         let err = match result {
             Ok((ws, _)) => return Ok(ws),
             Err(e) => e,
@@ -72,4 +82,10 @@ pub async fn connect(api: &Api, dp: &Target, suffix: &str) -> anyhow::Result<Ws>
             other => return Err(anyhow!(other).context(format!("open {url}"))),
         }
     }
+}
+
+/// Why opening a WebSocket failed: no connection, or the handshake.
+enum WsOpen {
+    Connect(anyhow::Error),
+    Ws(WsError),
 }

@@ -125,13 +125,25 @@ impl Server {
         server
     }
 
+    /// The CLI against this server, through its operator socket (as
+    /// `hearth up`'s `export HEARTH_SOCKET=` line has it) when it has one.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.args(args)
             .env("LANGSMITH_ENDPOINT", &self.endpoint)
             .env("LANGSMITH_API_KEY", &self.key)
             .env_remove("HEARTH_LOG");
+        match self.socket() {
+            Some(socket) => c.env("HEARTH_SOCKET", socket),
+            None => c.env_remove("HEARTH_SOCKET"),
+        };
         c
+    }
+
+    /// The operator socket, if `hearth up` made one (a data directory's
+    /// path can be too long for a unix socket).
+    pub fn socket(&self) -> Option<PathBuf> {
+        Some(self.dir.join("api.sock")).filter(|p| p.exists())
     }
 
     /// Runs the CLI with stdin from `/dev/null`.

@@ -93,6 +93,47 @@ fn timed(label: &str, t: Instant) {
     eprintln!("[client test] {label}: {:.1}s", t.elapsed().as_secs_f64());
 }
 
+/// Issue 39, finding 6: a local process holding every connection the API
+/// allows 127.0.0.1 (here 4; 5,000 in the review) does not lock the
+/// operator out: the CLI goes through `hearth up`'s operator socket,
+/// which has caps of its own, and is refused over TCP.
+#[test]
+fn the_cli_gets_in_through_the_operator_socket_while_loopback_is_full() {
+    let srv = Server::start_with("opsock", &[("HEARTH_MAX_CONNECTIONS_PER_PEER", "4")]);
+    let socket = srv.socket().expect("hearth up made its operator socket");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the operator's only");
+    let port: u16 = srv.endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let over_tcp = || {
+        srv.cmd(&["list"])
+            .env_remove("HEARTH_SOCKET")
+            .output()
+            .unwrap()
+    };
+    // Served over TCP first: the accept loop runs, and the connections
+    // that waited for it (the harness's probe) are gone.
+    let out = over_tcp();
+    assert!(out.status.success(), "{}", show(&out));
+    let held: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    // The server admits them as it accepts them.
+    std::thread::sleep(Duration::from_millis(500));
+    let out = over_tcp();
+    // The refusal is a 503, unless the close outran it (a reset).
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        err.contains("503") || err.contains("cannot reach"),
+        "{}",
+        show(&out)
+    );
+    let table = stdout(&srv.ok(&["list"]));
+    assert!(table.starts_with("NAME"), "{table}");
+    drop(held);
+}
+
 #[test]
 fn client_commands_drive_one_sandbox_through_its_life() {
     let t_all = Instant::now();
