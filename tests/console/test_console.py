@@ -365,6 +365,31 @@ def test_rename_and_capture_a_snapshot(d):
     wait(d, captured, BOOT, "the captured snapshot ready")
 
 
+def test_share_a_port_with_signed_in_users_then_stop_sharing(d):
+    """Issue 39, finding 6: a login grant is revocable from the console too.
+    While port 8000 is shared with signed-in users a token link for it is
+    refused (409); once the console stops sharing it, the grant is gone."""
+    box = f"/api/v2/sandboxes/boxes/{RENAMED}"
+    form = d.find_element(By.CSS_SELECTOR, "form[aria-label='Service URL']")
+    port = form.find_element(By.NAME, "port")
+    clear_field(port)
+    port.send_keys("8000")
+    Select(form.find_element(By.NAME, "access")).select_by_value("workspace")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, lambda d: d.find_elements(By.PARTIAL_LINK_TEXT, "port 8000 (signed-in"), 20, "the login link")
+    status, body = api("POST", f"{box}/service-url", body={"port": 8000})
+    assert status == 409, f"a token link beside a login grant: {status} {body}"
+
+    form = d.find_element(By.CSS_SELECTOR, "form[aria-label='Stop sharing']")
+    form.find_element(By.NAME, "port").send_keys("8000")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
+    wait(d, lambda d: "no longer shared" in (text_of(d, ".unshared") or ""), 20, "the notice")
+    assert not d.find_elements(By.PARTIAL_LINK_TEXT, "port 8000 (signed-in")
+    status, body = api("POST", f"{box}/service-url", body={"port": 8000})
+    assert status == 200, f"the grant outlived its revocation: {status} {body}"
+
+
 def test_stop_start_then_delete(d):
     d.find_element(By.XPATH, "//button[normalize-space()='Stop']").click()
     status = lambda d: text_of(d, ".heading .status")
@@ -601,6 +626,7 @@ TESTS = [
     test_terminal_runs_commands_resizes_and_survives_a_dropped_connection,
     test_upload_then_download_is_byte_identical,
     test_rename_and_capture_a_snapshot,
+    test_share_a_port_with_signed_in_users_then_stop_sharing,
     test_stop_start_then_delete,
     test_snapshots_and_secrets_pages,
     test_keys_page_creates_a_key_that_works_then_revokes_it,

@@ -603,12 +603,31 @@ function Pools() {
 function Links({ path }) {
   const [run, busy, error] = useAction();
   const [links, setLinks] = useState([]);
+  const [notice, setNotice] = useState("");
   const service = (e) => {
     e.preventDefault();
-    const port = Number(new FormData(e.target).get("port"));
+    const f = new FormData(e.target);
+    const port = Number(f.get("port"));
+    // "": a token link; otherwise the port is shared with signed-in keys.
+    const access = String(f.get("access") || "");
     run(async () => {
-      const r = await api("POST", `${path}/service-url`, { body: { port } });
-      setLinks((l) => [{ label: `port ${port}`, url: r.browser_url, expires: r.expires_at }, ...l]);
+      const body = access ? { port, access } : { port };
+      const r = await api("POST", `${path}/service-url`, { body });
+      const label = access ? `port ${port} (signed-in, ${access})` : `port ${port}`;
+      setNotice("");
+      setLinks((l) => [{ label, url: r.browser_url, expires: r.expires_at, port, signedIn: !!access }, ...l]);
+    });
+  };
+  const unshare = (e) => {
+    e.preventDefault();
+    const raw = String(new FormData(e.target).get("port") || "");
+    const what = raw ? `port ${raw}` : "every port";
+    if (!confirm(`Stop sharing ${what} with signed-in users? Their next request is refused.`)) return;
+    run(async () => {
+      await api("DELETE", `${path}/service-urls${raw ? `?port=${enc(raw)}` : ""}`);
+      setLinks((l) => l.filter((x) => !(x.signedIn && (!raw || x.port === Number(raw)))));
+      setNotice(`${what[0].toUpperCase()}${what.slice(1)} is no longer shared with signed-in users.`);
+      e.target.reset();
     });
   };
   const download = (e) => {
@@ -621,11 +640,20 @@ function Links({ path }) {
   };
   return html`<div class="card">
     <h2>Links</h2>
-    <p class="hint">Anyone holding one of these links reaches the service or file until it expires, without a key.</p>
+    <p class="hint">Anyone holding a link reaches the service or file until it expires, without a key; a port shared with signed-in users opens to them on its own origin until you stop sharing it.</p>
     <div class="filters">
       <form class="filters" onSubmit=${service} aria-label="Service URL">
         <label>Service URL for port <input name="port" type="number" min="1" max="65535" required /></label>
+        <label>Access <select name="access">
+          <option value="">anyone with the link</option>
+          <option value="workspace">signed-in keys of this workspace</option>
+          <option value="restricted">signed-in keys that may read sandboxes</option>
+        </select></label>
         <button type="submit" disabled=${busy}>Make link</button>
+      </form>
+      <form class="filters" onSubmit=${unshare} aria-label="Stop sharing">
+        <label>Stop sharing port <input name="port" type="number" min="1" max="65535" placeholder="all" /></label>
+        <button type="submit" class="danger" disabled=${busy}>Stop sharing</button>
       </form>
       <form class="filters" onSubmit=${download} aria-label="Download link">
         <label>Download link for file <input name="file" required placeholder="/root/out.txt" /></label>
@@ -633,6 +661,7 @@ function Links({ path }) {
       </form>
     </div>
     <${Alert} error=${error} />
+    ${notice && html`<p class="notice unshared" role="status">${notice}</p>`}
     <ul class="files">${links.map((l) => html`<li><a href=${l.url} target="_blank" rel="noopener noreferrer">${l.label}</a>
       ${l.expires && html`<span class="hint"> until ${l.expires}</span>`}</li>`)}</ul>
   </div>`;
