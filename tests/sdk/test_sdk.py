@@ -808,6 +808,20 @@ def test_preserve_memory_on_stop_resumes_processes_on_start():
     check(after is not None and after >= before, f"/tmp/count {after} after start, was {before}")
     later = wait_count_above(sb, max(after, before) + 2)
     log(f"/tmp/count {before} before stop, {after} after start, then {later}: pid {pid} kept running")
+    # A sandbox resumed from its memory forks like any other (issue 39:
+    # the device set of a restore is the saved VM's, never assumed).
+    t = time.monotonic()
+    status, out = raw("POST", f"/boxes/{sb.name}/fork", {"count": 2})
+    check(status == 201, f"fork of a resumed sandbox: {status} {out}")
+    kids = [client.get_sandbox(k["name"]) for k in out["sandboxes"]]
+    for k in kids:
+        created.add(k.name)
+    log(f"forked the resumed sandbox into 2 children in {time.monotonic() - t:.1f}s")
+    for k in kids:
+        check(k.status == "ready", f"child {k.name} is {k.status}")
+        check(process_alive(k, pid), f"the counter {pid} does not run in {k.name}")
+    for k in kids:
+        delete(k.name)
     delete(sb.name)
 
 

@@ -994,10 +994,35 @@ async fn a_claimed_pool_member_forks_like_any_vm() {
     host.claim(member.id, 1, hearth_host::SandboxNet::default())
         .await
         .expect("claim");
+    let one = forks_two(&host, member.id, "snap-claimed").await;
+    // And the children of a child (a fork of a fork).
+    forks_two(&host, one, "snap-child").await;
+    host.shutdown().await;
+}
+
+/// A VM stopped with its memory and resumed (a start that restores, not a
+/// boot) forks like any other: its device set is the host's one, restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_resumed_vm_forks_like_any_vm() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeVmm::new();
+    let host = start(fake_config(&dir), &fake).await;
+    let vm = host.create_vm(small()).await.unwrap();
+    host.stop_saving_memory(vm.id).await.unwrap();
+    host.start_vm(vm.id).await.unwrap();
+    assert_eq!((fake.boots(), fake.restores()), (1, 1), "resumed");
+    forks_two(&host, vm.id, "snap-resumed").await;
+    host.shutdown().await;
+}
+
+/// Captures `parent` with its memory and makes children of it as a fork
+/// does: one that loads the stream itself, then two copies of one shared
+/// template; all resume ready and run a command. Returns the first child.
+async fn forks_two(host: &Arc<Host>, parent: hearth_types::VmId, name: &str) -> hearth_types::VmId {
     let captured = host
-        .capture(member.id, "snap-claimed", true)
+        .capture(parent, name, true)
         .await
-        .expect("the claimed vm's memory is captured");
+        .expect("the parent's memory is captured");
     let child = |share_memory: bool| CreateVm {
         from: Some(hearth_host::BootFrom {
             disk: captured.disk.clone(),
@@ -1007,32 +1032,13 @@ async fn a_claimed_pool_member_forks_like_any_vm() {
         share_memory,
         ..small()
     };
-    // One child loads the stream itself.
-    let one = host
-        .create_vm(child(false))
-        .await
-        .expect("a child of a claimed vm resumes");
+    let one = host.create_vm(child(false)).await.expect("a child resumes");
     assert_eq!(one.state(), VmState::Ready);
-    // Two children: copies of one template of the stream.
     let (a, b) = tokio::join!(host.create_vm(child(true)), host.create_vm(child(true)));
     for vm in [a.expect("child a"), b.expect("child b")] {
         assert_eq!(vm.state(), VmState::Ready);
         let out = vm.guest().unwrap().run(echo("forked")).await.unwrap();
         assert_eq!(out.stdout, b"forked\n");
     }
-    // And a child of a child (a fork of a fork).
-    let grand = host.capture(one.id, "snap-child", true).await.unwrap();
-    let g = host
-        .create_vm(CreateVm {
-            from: Some(hearth_host::BootFrom {
-                disk: grand.disk.clone(),
-                memory: grand.memory.clone(),
-                require_memory: true,
-            }),
-            ..small()
-        })
-        .await
-        .expect("a child of a child resumes");
-    assert_eq!(g.state(), VmState::Ready);
-    host.shutdown().await;
+    one.id
 }
