@@ -121,6 +121,26 @@ def test_create_run_files_and_kill():
     check(not sb.files.make_dir("/tmp/e2b/newdir"), "make_dir of an existing dir is False")
     sb.files.remove("/tmp/e2b/deep")
     check(not sb.files.exists("/tmp/e2b/deep/data.bin"), "removed")
+    # Hostile names are names (issue 39, held): rename, make_dir and
+    # remove run no shell; had one run, a file named pwned would exist.
+    for i, hostile in enumerate(["a;touch pwned", "$(touch pwned)", "`touch pwned`",
+                                 "q'\"; touch pwned; '", "line\ntouch pwned", "--help"]):
+        d = f"/tmp/e2b/{hostile}"
+        check(sb.files.make_dir(d), f"make_dir {hostile!r}")
+        sb.files.write(f"{d}/f", "x")
+        moved = f"/tmp/e2b/moved-{i}-{hostile}"
+        sb.files.rename(d, moved)
+        check(sb.files.read(f"{moved}/f") == "x" and not sb.files.exists(d), f"rename {hostile!r}")
+        sb.files.remove(moved)
+        check(not sb.files.exists(moved), f"remove {hostile!r}")
+    # Relative names that look like options are names too.
+    sb.files.write("--help", "h")
+    sb.files.rename("--help", "-rf")
+    check(sb.files.read("-rf") == "h" and not sb.files.exists("--help"), "rename of option-like names")
+    sb.files.remove("-rf")
+    check(not sb.files.exists("-rf"), "remove of an option-like name")
+    found = sb.commands.run("find / -xdev -name pwned 2>/dev/null; true").stdout.strip()
+    check(found == "", f"a hostile file name ran a command: {found!r}")
     try:
         sb.files.read("/tmp/e2b/missing")
         raise AssertionError("reading a missing file did not raise")

@@ -641,6 +641,15 @@ def test_bucket_mounts_s3_and_gcs_through_the_signing_proxy():
     # A wrong key: the create fails and says why, never an empty directory.
     e = create_fails("net-buckets-denied", mount_config=config(opaque_secret("wrong-" + s3["secret"])))
     check("mount 'data' at /mnt/data" in e and "SignatureDoesNotMatch" in e, f"the failure names the mount and why: {e}")
+    # A bucket that does not exist: the remote's own answer (issue 39,
+    # finding 8: the error used to drop it) reaches the SDK.
+    missing = mount_config(
+        mounts=[s3_mount(id="gone", mount_path="/mnt/gone", bucket="hearth-no-such-bucket",
+                         endpoint_url=endpoint, path_style=True)],
+        auth=[aws_auth(access_key_id=opaque_secret(s3["key_id"]), secret_access_key=opaque_secret(s3["secret"]))],
+    )
+    e = create_fails("net-buckets-missing", mount_config=missing)
+    check("mount 'gone' at /mnt/gone" in e and "NoSuchBucket" in e, f"the failure names the mount and the remote's answer: {e}")
 
 
 S3_PUT_AND_PRESIGN = r"""
