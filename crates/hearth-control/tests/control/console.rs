@@ -39,6 +39,12 @@ async fn the_console_is_served_with_its_policy_and_the_terminal_socket_takes_a_b
     assert!(!csp.contains("unsafe-eval"), "{csp}");
     assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
     assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    // A page the console opens cannot reach back into it (window.opener).
+    assert_eq!(
+        page.header("cross-origin-opener-policy"),
+        Some("same-origin")
+    );
+    assert_eq!(page.header("referrer-policy"), Some("no-referrer"));
 
     // Each asset the page names: cached for good, same policy.
     let text = page.text();

@@ -35,6 +35,7 @@ mod registries;
 mod replicas;
 mod runtime_tokens;
 mod sdk_surface;
+mod secrets_in_logs;
 mod snapshot_quota;
 mod store_health;
 mod workspace_secrets;
