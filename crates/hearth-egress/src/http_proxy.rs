@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hearth_types::egress::BucketScope;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::Body as _;
@@ -27,10 +28,15 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Mutex;
 
+use crate::bucket_scope::BodyNamed;
 use crate::policy::Policy;
 use crate::{callback, lock, Counters, RouteError, Sandbox};
 
 type Body = BoxBody<Bytes, hyper::Error>;
+/// A request body on its way upstream: the guest's, or one the proxy read
+/// the start of, whose checks of the rest may end it with an error.
+type Outgoing = BoxBody<Bytes, BoxError>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// (name, port, TLS) of an upstream connection.
 type UpstreamKey = (String, u16, bool);
 
@@ -121,7 +127,7 @@ struct Target {
 struct Conn {
     sb: Arc<Sandbox>,
     mode: Mode,
-    upstream: Mutex<Option<(UpstreamKey, SendRequest<Body>)>>,
+    upstream: Mutex<Option<(UpstreamKey, SendRequest<Outgoing>)>>,
     /// Upgraded connections being spliced; the guest connection's task
     /// waits for them (so they hold its slot and end with the sandbox).
     splices: std::sync::Mutex<tokio::task::JoinSet<()>>,
@@ -253,19 +259,51 @@ impl Conn {
         if crate::pattern::same_host(&name, crate::DELEGATION_HOST) {
             return self.delegate(req, &policy, tls).await;
         }
+        let mut req = req.map(|b| b.map_err(BoxError::from).boxed());
         // A bucket mount's rule signs only what the mount may do; anything
         // else it matches is refused here, neither signed nor sent.
-        if let Some(rule) = policy.rule_for(&name, req.uri().path(), req.headers()) {
-            if let Some(scope) = &rule.scope {
-                if let Err(why) =
-                    crate::bucket_scope::check(scope, req.method(), req.uri(), req.headers())
-                {
-                    tracing::debug!(sandbox = %sb.id, host = %name, rule = %rule.name, %why, "request outside a mount's scope refused");
-                    Counters::inc(&sb.counters.connections_refused);
-                    return text(
-                        StatusCode::FORBIDDEN,
-                        format!("Hearth egress proxy: {why}\n"),
-                    );
+        let scoped = policy
+            .rule_for(&name, req.uri().path(), req.headers())
+            .and_then(|r| Some((r.name.as_str(), r.scope.as_ref()?)));
+        if let Some((rule, scope)) = scoped {
+            let outside = |why: &str| {
+                tracing::debug!(sandbox = %sb.id, host = %name, %rule, %why, "request outside a mount's scope refused");
+                Counters::inc(&sb.counters.connections_refused);
+                text(
+                    StatusCode::FORBIDDEN,
+                    format!("Hearth egress proxy: {why}\n"),
+                )
+            };
+            match crate::bucket_scope::check(scope, req.method(), req.uri(), req.headers()) {
+                Ok(None) => {}
+                Err(why) => return outside(&why),
+                // An upload that names its object in its body: the name
+                // is read there before anything is signed.
+                Ok(Some(upload)) => {
+                    req = match tokio::time::timeout(
+                        UPLOAD_NAME_TIMEOUT,
+                        upload_named(req, scope, &upload),
+                    )
+                    .await
+                    {
+                        Ok(Ok(req)) => req,
+                        Ok(Err(UploadError::Refused(why, rest))) => {
+                            drain(rest).await;
+                            return outside(&why);
+                        }
+                        Ok(Err(UploadError::Read(e))) => {
+                            return text(
+                                StatusCode::BAD_REQUEST,
+                                format!("Hearth egress proxy: reading the request body failed: {e}\n"),
+                            )
+                        }
+                        Err(_) => {
+                            return text(
+                                StatusCode::REQUEST_TIMEOUT,
+                                format!("Hearth egress proxy: the part of the upload that names its object did not arrive within {UPLOAD_NAME_TIMEOUT:?}\n"),
+                            )
+                        }
+                    };
                 }
             }
         }
@@ -320,7 +358,7 @@ impl Conn {
                 }
             }
         } else {
-            (req.map(BodyExt::boxed), None)
+            (req, None)
         };
         let inject = match self
             // A rewrite's upstream is always TLS.
@@ -522,7 +560,7 @@ impl Conn {
                 )
             }
         };
-        let req = Request::from_parts(parts, body.boxed());
+        let req = Request::from_parts(parts, body.map_err(BoxError::from).boxed());
         match self.send(req, (host.clone(), port, up_tls), &addrs).await {
             Ok(resp) => resp.map(|b| b.boxed()),
             Err(e) => text(
@@ -627,7 +665,7 @@ impl Conn {
 
     async fn send(
         &self,
-        req: Request<Body>,
+        req: Request<Outgoing>,
         key: UpstreamKey,
         addrs: &[SocketAddr],
     ) -> Result<Response<Incoming>, String> {
@@ -653,7 +691,7 @@ impl Conn {
         &self,
         (name, _, tls): &UpstreamKey,
         addrs: &[SocketAddr],
-    ) -> Result<SendRequest<Body>, String> {
+    ) -> Result<SendRequest<Outgoing>, String> {
         let tcp = self
             .sb
             .shared
@@ -675,7 +713,7 @@ impl Conn {
     }
 }
 
-async fn handshake<I>(io: I) -> Result<SendRequest<Body>, String>
+async fn handshake<I>(io: I) -> Result<SendRequest<Outgoing>, String>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -697,10 +735,10 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(30);
 /// for a `full_request` callback: the request as the guest sent it, and
 /// the request again with its whole body (what was read, then the rest).
 async fn snapshot(
-    req: Request<Incoming>,
+    req: Request<Outgoing>,
     name: &str,
     port: u16,
-) -> Result<(Request<Body>, callback::RequestSnapshot), hyper::Error> {
+) -> Result<(Request<Outgoing>, callback::RequestSnapshot), BoxError> {
     use base64::Engine;
     let (parts, mut body) = req.into_parts();
     let mut frames = std::collections::VecDeque::new();
@@ -756,17 +794,17 @@ async fn snapshot(
 /// A body read in part: the frames already read, then the rest.
 struct Replay {
     frames: std::collections::VecDeque<http_body::Frame<Bytes>>,
-    rest: Option<Incoming>,
+    rest: Option<Outgoing>,
 }
 
 impl http_body::Body for Replay {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
         if let Some(f) = self.frames.pop_front() {
             return std::task::Poll::Ready(Some(Ok(f)));
         }
@@ -781,6 +819,162 @@ impl http_body::Body for Replay {
     }
 }
 
+/// How long a guest may take to send the part of an upload's body that
+/// names its object.
+const UPLOAD_NAME_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why an upload whose body names its object is not sent on.
+enum UploadError {
+    /// The object is outside the mount's scope, or the body does not say
+    /// which it is in a way the proxy can be sure of: a scope refusal. The
+    /// rest of the body, to [`drain`] first.
+    Refused(String, Outgoing),
+    /// The guest's body failed.
+    Read(BoxError),
+}
+
+/// Reads the start of an upload whose body names its object
+/// ([`crate::bucket_scope::BodyNamed`]) until the name is known, checks it
+/// is inside `scope`, and gives the request back with its whole body as
+/// the guest sent it: the frames read, then the rest, streamed. At most
+/// [`crate::bucket_scope::MAX_METADATA`] bytes (and what arrived with them)
+/// are held, whatever the upload's size.
+async fn upload_named(
+    req: Request<Outgoing>,
+    scope: &BucketScope,
+    upload: &BodyNamed,
+) -> Result<Request<Outgoing>, UploadError> {
+    let (parts, mut body) = req.into_parts();
+    let mut frames = std::collections::VecDeque::new();
+    let mut data = Vec::new();
+    let mut ended = false;
+    let forbidden = loop {
+        match named(scope, upload, &data, ended) {
+            Ok(Some(forbidden)) => break forbidden,
+            Ok(None) => {}
+            Err(why) => return Err(UploadError::Refused(why, body)),
+        }
+        match body.frame().await {
+            None => ended = true,
+            Some(frame) => {
+                let frame = frame.map_err(UploadError::Read)?;
+                if let Some(d) = frame.data_ref() {
+                    data.extend_from_slice(d);
+                }
+                frames.push_back(frame);
+            }
+        }
+    };
+    if let Some(pattern) = forbidden {
+        let mut watch = crate::bucket_scope::DelimiterWatch::new(pattern);
+        if watch.seen_in(&data) {
+            return Err(UploadError::Refused(CRLF_IN_LF.into(), body));
+        }
+        body = Watched { body, watch }.boxed();
+    }
+    let rest = (!ended).then_some(body);
+    Ok(Request::from_parts(parts, Replay { frames, rest }.boxed()))
+}
+
+/// Most of a refused upload's body read and dropped before the refusal
+/// is sent, and for how long: a client still sending when the connection
+/// closes may never see the answer (the data left unread resets the
+/// connection). Multipart uploads are small (Google's Go client sends up
+/// to 16 MiB in one, its Python client up to 8 MiB; larger files go as
+/// resumable uploads).
+const DRAIN_MAX: usize = 16 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// Reads and drops what is left of `body`, within [`DRAIN_MAX`] and
+/// [`DRAIN_TIME`].
+async fn drain(mut body: Outgoing) {
+    let mut left = DRAIN_MAX;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let n = frame.data_ref().map_or(0, Bytes::len);
+            if n >= left {
+                break;
+            }
+            left -= n;
+        }
+    })
+    .await;
+}
+
+/// Whether the start of an upload's body, `data` (all of it if `ended`),
+/// names an object inside `scope`: `Ok(None)` while it does not say yet;
+/// once it does, what must occur nowhere in the body
+/// ([`crate::bucket_scope::FirstPart::forbidden`]).
+fn named(
+    scope: &BucketScope,
+    upload: &BodyNamed,
+    data: &[u8],
+    ended: bool,
+) -> Result<Option<Option<Vec<u8>>>, String> {
+    use crate::bucket_scope::{self as bs, UploadBody, MAX_METADATA};
+    match &upload.body {
+        UploadBody::Metadata if data.len() > MAX_METADATA => Err(format!(
+            "the upload's metadata (its body) is longer than {} KiB",
+            MAX_METADATA >> 10
+        )),
+        UploadBody::Metadata if ended => {
+            bs::check_metadata(scope, upload, data).map(|()| Some(None))
+        }
+        UploadBody::Metadata => Ok(None),
+        UploadBody::Multipart { boundary } => match bs::multipart_metadata(data, boundary)? {
+            Some(part) => {
+                bs::check_metadata(scope, upload, part.metadata)?;
+                Ok(Some(part.forbidden))
+            }
+            None if ended => {
+                Err("a multipart upload's body ends before its first part does".into())
+            }
+            None => Ok(None),
+        },
+    }
+}
+
+/// Why a multipart body of LF lines is not sent on (see
+/// [`crate::bucket_scope`]'s docs).
+const CRLF_IN_LF: &str =
+    "a multipart upload whose lines end in LF has a boundary line ending in CRLF";
+
+/// The rest of a multipart body whose lines end in LF alone: it fails
+/// where a CRLF boundary line appears, so the upstream never gets a whole
+/// request it might read other parts from.
+struct Watched {
+    body: Outgoing,
+    watch: crate::bucket_scope::DelimiterWatch,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let frame = std::task::ready!(std::pin::Pin::new(&mut this.body).poll_frame(cx));
+        if let Some(Ok(f)) = &frame {
+            if f.data_ref().is_some_and(|d| this.watch.seen_in(d)) {
+                tracing::debug!("{CRLF_IN_LF}: the upload is cut off");
+                return std::task::Poll::Ready(Some(Err(CRLF_IN_LF.into())));
+            }
+        }
+        std::task::Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Most of a body the proxy reads to hash it for an AWS signature (when
 /// the guest did not send `x-amz-content-sha256`; AWS's JSON and query
 /// APIs take small bodies, S3 always sends the header).
@@ -790,9 +984,9 @@ const MAX_SIGNED_BODY: usize = 8 << 20;
 /// request not signed with SigV4 goes as it is (AWS answers it); one
 /// that cannot be re-signed is answered here, never sent half-signed.
 async fn resign_aws(
-    req: Request<Body>,
+    req: Request<Outgoing>,
     keys: &crate::policy::AwsKeys,
-) -> Result<Request<Body>, Response<Body>> {
+) -> Result<Request<Outgoing>, Response<Body>> {
     use crate::sigv4;
     let refuse =
         |status: StatusCode, why: &str| text(status, format!("Hearth egress proxy: {why}\n"));
@@ -819,12 +1013,9 @@ async fn resign_aws(
             ))
         }
         None => {
-            let bytes = match http_body_util::Limited::new(body, MAX_SIGNED_BODY)
-                .collect()
-                .await
-            {
-                Ok(b) => b.to_bytes(),
-                Err(_) => {
+            let bytes = match read_whole(body, MAX_SIGNED_BODY).await {
+                Some(b) => b,
+                None => {
                     return Err(refuse(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         "the body of an AWS request without x-amz-content-sha256 is too large to sign (over 8 MiB)",
@@ -854,6 +1045,23 @@ async fn resign_aws(
         ));
     }
     Ok(Request::from_parts(parts, body))
+}
+
+/// All of `body` if it is at most `max` bytes; `None` if it is longer or
+/// fails. (Not `http_body_util::Limited`: the compiler cannot prove its
+/// collecting future over this boxed error `Send`, as the connection's
+/// task must be.)
+async fn read_whole(mut body: Outgoing, max: usize) -> Option<Bytes> {
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.ok()?.into_data() {
+            if bytes.len() + data.len() > max {
+                return None;
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Some(Bytes::from(bytes))
 }
 
 /// `Host` for a request to `name:port` (the port only when not the default).
