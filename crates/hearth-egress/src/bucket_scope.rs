@@ -173,7 +173,9 @@ fn s3_bucket_request(
     let params: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
-    let listed = params.iter().find(|(k, _)| k == "prefix").map(|(_, v)| v);
+    // Given twice, S3 and the proxy might each read another one.
+    let listed = param(query, "prefix")?;
+    let listed = listed.as_ref();
     let is_listing = params.is_empty()
         || params
             .iter()
@@ -833,6 +835,12 @@ mod tests {
             assert!(!allows(s, "GET", &format!("{root}/team/a/%2E%2E/b/x"), &[]));
             // Listings: within the prefix only.
             let list = if root.is_empty() { "/" } else { root };
+            assert!(!allows(
+                s,
+                "GET",
+                &format!("{list}?list-type=2&prefix=team%2Fa%2F&prefix=team%2Fb%2F"),
+                &[]
+            ));
             assert!(allows(
                 s,
                 "GET",
