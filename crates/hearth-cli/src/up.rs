@@ -364,7 +364,11 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
-    let operator = operator_socket(&data_dir.join(OPERATOR_SOCKET)).await?;
+    let operator = operator_socket(
+        &data_dir.join(OPERATOR_SOCKET),
+        &[public_url.clone(), format!("http://{listen}")],
+    )
+    .await?;
     for p in &file.pools {
         control
             .ensure_pool(keys::default_workspace(), p)
@@ -441,8 +445,10 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
             Ok(Err(e)) => tracing::warn!(error = %e, "the operator socket failed"),
             Err(e) => tracing::warn!(error = %e, "the operator socket's task failed"),
         }
-        if let Err(e) = std::fs::remove_file(&path) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove the operator socket");
+        for file in [crate::client::socket_endpoints(&path), path] {
+            if let Err(e) = std::fs::remove_file(&file) {
+                tracing::warn!(path = %file.display(), error = %e, "cannot remove the operator socket");
+            }
         }
     }
     eprintln!("[hearth] stopping sandboxes…");
@@ -466,6 +472,7 @@ const OPERATOR_SOCKET: &str = "api.sock";
 /// socket is a warning, and no socket.
 async fn operator_socket(
     path: &Path,
+    endpoints: &[String],
 ) -> anyhow::Result<Option<(PathBuf, tokio::net::UnixListener)>> {
     if tokio::net::UnixStream::connect(path).await.is_ok() {
         anyhow::bail!(
@@ -489,6 +496,11 @@ async fn operator_socket(
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("make {} the operator's only", path.display()))?;
+    // Which endpoints the socket stands for: a CLI pointed elsewhere
+    // (`--endpoint` another server) must not reach this one instead.
+    let named = crate::client::socket_endpoints(path);
+    std::fs::write(&named, endpoints.join("\n") + "\n")
+        .with_context(|| format!("write {}", named.display()))?;
     Ok(Some((path.to_owned(), listener)))
 }
 

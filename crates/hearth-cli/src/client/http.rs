@@ -83,6 +83,26 @@ impl Target {
     }
 }
 
+/// The file beside an operator socket that names the endpoints it stands
+/// for (`hearth up`'s public URL and listen address, one a line).
+pub fn socket_endpoints(socket: &std::path::Path) -> std::path::PathBuf {
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".endpoints");
+    name.into()
+}
+
+/// Whether the operator socket at `socket` serves `target`: only then do
+/// requests to it go through the socket (a CLI pointed at another server
+/// with `--endpoint` goes there, whatever `HEARTH_SOCKET` says).
+fn stands_for(socket: &std::path::Path, target: &Target) -> bool {
+    let Ok(text) = std::fs::read_to_string(socket_endpoints(socket)) else {
+        return false;
+    };
+    text.lines()
+        .filter_map(|l| Target::parse(l).ok())
+        .any(|t| t.authority.eq_ignore_ascii_case(&target.authority))
+}
+
 /// A connection to the server, over TCP or the operator's socket.
 pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {}
 impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> Io for S {}
@@ -222,12 +242,16 @@ impl Api {
             .strip_suffix("/api/v1")
             .or_else(|| prefix.strip_suffix("/api"))
             .unwrap_or(&prefix);
+        let socket = ep
+            .socket
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty() && stands_for(p, &target));
         Ok(Self {
             base_path: format!("{prefix}/api/v2/sandboxes"),
             endpoint,
             target,
             api_key: ep.api_key.clone().filter(|k| !k.is_empty()),
-            socket: ep.socket.clone().filter(|p| !p.as_os_str().is_empty()),
+            socket,
         })
     }
 
@@ -415,6 +439,25 @@ pub fn hint(err: anyhow::Error, api: &Api) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_operator_socket_serves_only_the_endpoints_it_names() {
+        let dir = std::env::temp_dir().join(format!("hearth-sock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("api.sock");
+        let target = |url: &str| Target::parse(url).unwrap();
+        // No file beside it: not ours to use.
+        assert!(!stands_for(&socket, &target("http://127.0.0.1:8080")));
+        std::fs::write(
+            socket_endpoints(&socket),
+            "https://hearth.example\nhttp://127.0.0.1:8080\n",
+        )
+        .unwrap();
+        assert!(stands_for(&socket, &target("http://127.0.0.1:8080/api/v1")));
+        assert!(!stands_for(&socket, &target("http://127.0.0.1:1")));
+        assert!(!stands_for(&socket, &target("http://localhost:8080")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn envelopes_become_one_line() {

@@ -48,6 +48,7 @@ mod boxes;
 mod exec;
 mod files;
 mod http;
+pub use http::socket_endpoints;
 mod pools;
 mod registries;
 mod secrets;
