@@ -4,28 +4,25 @@
 //! and up) or in `/metrics`.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
 use crate::harness::*;
 
-/// Everything this test binary logs from the first call on (DEBUG and
-/// up, every crate), kept in memory.
-fn captured() -> Arc<Mutex<Vec<u8>>> {
-    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let sink = buf.clone();
-        let installed = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || Sink(sink.clone()))
-            .try_init();
-        assert!(installed.is_ok(), "another subscriber took the logs");
-        buf
-    })
-    .clone()
+/// Installs, for this thread, a subscriber that keeps everything logged
+/// (DEBUG and up, every crate) in memory: the test runs on a
+/// current-thread runtime, so the server's tasks log through it too, and
+/// no other test's logs are touched.
+fn capture() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || Sink(sink.clone()))
+        .finish();
+    (buf, tracing::subscriber::set_default(subscriber))
 }
 
 struct Sink(Arc<Mutex<Vec<u8>>>);
@@ -45,9 +42,9 @@ async fn ok(r: Resp, status: u16, what: &str) -> Value {
     r.json().unwrap_or(Value::Null)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn no_secret_reaches_a_log_line_or_the_metrics() {
-    let log = captured();
+    let (log, _guard) = capture();
     let (s, _sim) = Server::on_sim().await;
     let admin = Some(s.admin.as_str());
     let mut secrets: Vec<(String, &str)> = Vec::new();
