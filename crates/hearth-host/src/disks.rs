@@ -15,7 +15,7 @@ use std::pin::Pin;
 use hearth_types::{ByteSize, VmId};
 use hearth_vmm::{DiskFormat, DiskSpec};
 
-use crate::host::HostError;
+use crate::error::HostError;
 
 /// What a boot asks of a [`DiskProvider`].
 #[derive(Clone, Copy, Debug)]

@@ -25,6 +25,7 @@ pub mod api;
 pub mod block;
 pub mod clock;
 pub mod disks;
+pub mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
 pub mod fleet;

@@ -10,7 +10,8 @@ use hearth_hostapi::{
 };
 use hearth_types::{ByteSize, VmId};
 
-use crate::host::{error_chain, Host, HostError};
+use crate::error::HostError;
+use crate::host::{error_chain, Host};
 
 /// A [`Host`] driven through [`HostApi`]. In one process the control
 /// plane's word is the only one, so the fences are not checked here; a

@@ -12,7 +12,7 @@ use std::io::{Read, Seek, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use crate::host::HostError;
+use crate::error::HostError;
 
 /// The held lock; released when dropped (or when the process exits).
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use hearth_store::{ScopeId, Store, VolumeId};
 use hearth_types::{ByteSize, VmId};
 
-use crate::host::HostError;
+use crate::error::HostError;
 use crate::vm::MemoryVolumes;
 
 /// Chunk size of memory images in the store.

@@ -36,8 +36,8 @@ use hearth_types::sandbox::{
     BucketOptions, GcsMount, GitMount, GitRefKind, MountSource, MountSpec, S3Mount,
 };
 
+use crate::error::HostError;
 use crate::guest::GuestClient;
-use crate::host::HostError;
 use crate::vm::{Vm, VmState};
 
 /// How long a clone may take before the start fails.

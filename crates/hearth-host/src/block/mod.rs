@@ -34,7 +34,7 @@ use hearth_types::VmId;
 use hearth_vmm::DiskSpec;
 
 use crate::disks::{DiskFuture, DiskProvider, DiskRequest, UnitFuture, DISK_RESERVE};
-use crate::host::HostError;
+use crate::error::HostError;
 pub use volume::{Target, Volume};
 
 /// The NBD export name of every root disk.
