@@ -97,9 +97,12 @@ pub struct CreateSandboxRequest {
     )]
     /// Mounts made before the sandbox is ready: git mounts (cloned at the
     /// ref, refreshed every `refresh_interval_seconds`; a private
-    /// repository's credentials come from a `proxy_config` header rule).
-    /// Bucket mounts (`s3`, `gcs`, `azure_blob`), `contexthub` and `auth`
-    /// are refused with a 422 naming them.
+    /// repository's credentials come from a `proxy_config` header rule),
+    /// and `s3` and `gcs` bucket mounts (rclone in the guest, its requests
+    /// signed by the egress proxy with the credentials of `auth`, limited
+    /// to the mount's bucket, prefix and, when `read_only`, reads).
+    /// `azure_blob` and `contexthub` mounts and Azure credentials are
+    /// refused with a 422 naming them.
     pub mount_config: Option<MountConfig>,
     /// Volumes to attach (beta), at most 4.
     #[serde(

@@ -193,7 +193,9 @@ pub struct ProxyConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub access_control: Option<AccessControl>,
-    /// Deprecated and ignored (there is no bypass list); kept for echo.
+    /// Deprecated; a non-empty list is refused with a 422 naming it
+    /// (Hearth has no bypass list: every connection goes through the
+    /// proxy). Answered empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub no_proxy: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -4,25 +4,31 @@
 //! and up) or in `/metrics`.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{json, Value};
 
 use crate::harness::*;
 
-/// Installs, for this thread, a subscriber that keeps everything logged
-/// (DEBUG and up, every crate) in memory: the test runs on a
-/// current-thread runtime, so the server's tasks log through it too, and
-/// no other test's logs are touched.
-fn capture() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
-    let buf = Arc::new(Mutex::new(Vec::new()));
-    let sink = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || Sink(sink.clone()))
-        .finish();
-    (buf, tracing::subscriber::set_default(subscriber))
+/// Everything this test binary logs from the first call on (DEBUG and
+/// up, every crate), kept in memory. Global, not scoped to the test's
+/// thread: tracing caches each callsite's interest process-wide, and a
+/// scoped subscriber missed events whose callsites other tests' threads
+/// (with no subscriber) had registered first (CI saw it).
+fn captured() -> Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let installed = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .try_init();
+        assert!(installed.is_ok(), "another subscriber took the logs");
+        buf
+    })
+    .clone()
 }
 
 struct Sink(Arc<Mutex<Vec<u8>>>);
@@ -42,9 +48,9 @@ async fn ok(r: Resp, status: u16, what: &str) -> Value {
     r.json().unwrap_or(Value::Null)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_reaches_a_log_line_or_the_metrics() {
-    let (log, _guard) = capture();
+    let log = captured();
     let (s, _sim) = Server::on_sim().await;
     let admin = Some(s.admin.as_str());
     let mut secrets: Vec<(String, &str)> = Vec::new();
