@@ -46,6 +46,7 @@ use hearth_hostapi::fleet::{
 use hearth_hostapi::{HostApi, HostCredentials, RemoteHost};
 use hearth_types::HostId;
 
+use crate::domain::state::Move;
 use crate::error::{db_error, HttpError, HttpResult};
 use crate::extract::{JsonBody, Path};
 use crate::Control;
@@ -340,7 +341,6 @@ impl Control {
         let extra = StatusExtra {
             stopped_at: Some(Some(Timestamp::now())),
             expect_generation: Some(row.generation),
-            expect_status: vec![SandboxStatus::Ready, SandboxStatus::Provisioning],
             ..StatusExtra::default()
         };
         if !shared && row.persistent {
@@ -349,8 +349,7 @@ impl Control {
                 host.id, host.store_url
             );
             if let Err(e) = self
-                .db
-                .set_status(row.id, SandboxStatus::Failed, Some(&message), extra)
+                .apply_move(row.id, Move::Stranded, Some(&message), extra)
                 .await
             {
                 tracing::warn!(sandbox = %row.id, error = %e, "cannot record a lost sandbox");
@@ -363,8 +362,7 @@ impl Control {
             host.id
         );
         let stopped = match self
-            .db
-            .set_status(row.id, SandboxStatus::Stopped, Some(&message), extra)
+            .apply_move(row.id, Move::FailOver, Some(&message), extra)
             .await
         {
             Ok(r) => r,

@@ -26,6 +26,7 @@ mod autoscale;
 mod boxes;
 mod console;
 mod dataplane;
+mod domain;
 mod dp;
 mod e2b;
 mod egress;

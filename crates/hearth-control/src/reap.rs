@@ -54,10 +54,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hearth_db::{SandboxStatus, StatusExtra, Timestamp};
+use hearth_db::{StatusExtra, Timestamp};
 use hearth_types::HostId;
 use tokio::time::Instant;
 
+use crate::domain::state::Move;
 use crate::Control;
 
 /// The reapers' name among leader leases.
@@ -437,12 +438,10 @@ impl Control {
         for row in rows {
             let extra = StatusExtra {
                 expect_generation: Some(row.generation),
-                expect_status: vec![SandboxStatus::Provisioning],
                 ..Default::default()
             };
             let failed = self
-                .db
-                .set_status(row.id, SandboxStatus::Failed, Some(message), extra)
+                .apply_move(row.id, Move::BootFailed, Some(message), extra)
                 .await;
             if failed.is_ok() {
                 tracing::warn!(sandbox = %row.id, "failed {what}");

@@ -24,6 +24,7 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::auth::Principal;
+use crate::domain::state::{Move, Verdict};
 use crate::error::db_error;
 use crate::Control;
 
@@ -771,12 +772,10 @@ impl Control {
                     host_id: Some(Some(host_id)),
                     bump_generation: true,
                     expect_generation: Some(row.generation),
-                    expect_status: vec![SandboxStatus::Provisioning],
                     host_room: true,
                     ..StatusExtra::default()
                 };
-                self.db
-                    .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+                self.apply_move(row.id, Move::PlaceAgain, None, extra)
             })
             .await;
         let (moved, host_id) = match placed {
@@ -796,20 +795,20 @@ impl Control {
 
     /// Records a boot's outcome; false when a newer decision won.
     pub(crate) async fn finish_boot(&self, row: &SandboxRow, result: Result<(), String>) -> bool {
-        let (status, message) = match &result {
-            Ok(()) => (SandboxStatus::Ready, None),
+        let (m, message) = match &result {
+            Ok(()) => (Move::Booted, None),
             Err(e) => {
                 tracing::warn!(sandbox = %row.id, error = %e, "sandbox boot failed");
                 self.metrics.boot_failed();
-                (SandboxStatus::Failed, Some(e.as_str()))
+                (Move::BootFailed, Some(e.as_str()))
             }
         };
+        let status = m.to();
         let extra = StatusExtra {
             expect_generation: Some(row.generation),
-            expect_status: vec![SandboxStatus::Provisioning],
             ..StatusExtra::default()
         };
-        let ok = match self.db.set_status(row.id, status, message, extra).await {
+        let ok = match self.apply_move(row.id, m, message, extra).await {
             Ok(now) => {
                 self.bump_row(now);
                 return true;
@@ -1101,13 +1100,7 @@ impl Control {
 
     pub(crate) async fn delete_row(&self, row: &SandboxRow) -> Result<(), ApiError> {
         match self
-            .db
-            .set_status(
-                row.id,
-                SandboxStatus::Deleting,
-                None,
-                StatusExtra::default(),
-            )
+            .apply_move(row.id, Move::Delete, None, StatusExtra::default())
             .await
         {
             Ok(_) => {}
@@ -1146,14 +1139,14 @@ impl Control {
         row: &SandboxRow,
         reason: Option<&str>,
     ) -> Result<SandboxRow, ApiError> {
-        match row.status {
-            SandboxStatus::Ready | SandboxStatus::Failed => {}
-            SandboxStatus::Stopped => return Ok(row.clone()),
-            s => {
+        match Move::Stop.verdict(row.status) {
+            Verdict::Go => {}
+            Verdict::Already => return Ok(row.clone()),
+            Verdict::Refused => {
                 return Err(ApiError::conflict(format!(
                     "sandbox {} is {}, it cannot be stopped now",
                     row.name,
-                    s.as_str()
+                    row.status.as_str()
                 )))
             }
         }
@@ -1193,8 +1186,7 @@ impl Control {
             ..StatusExtra::default()
         };
         let saved = self
-            .db
-            .set_status(row.id, SandboxStatus::Stopped, reason, extra)
+            .apply_move(row.id, Move::Stop, reason, extra)
             .await
             .map_err(db_error)?;
         self.bump(row.id);
@@ -1219,15 +1211,13 @@ impl Control {
         let extra = StatusExtra {
             stopped_at: Some(Some(Timestamp::now())),
             expect_generation: Some(row.generation),
-            expect_status: vec![SandboxStatus::Ready],
             saved_memory,
             ..StatusExtra::default()
         };
         let set = self
-            .db
-            .set_status(
+            .apply_move(
                 row.id,
-                SandboxStatus::Stopped,
+                Move::Stop,
                 Some("stopped (recorded after the replica that stopped it went away)"),
                 extra,
             )
@@ -1256,13 +1246,14 @@ impl Control {
         self: &Arc<Self>,
         row: &SandboxRow,
     ) -> Result<SandboxRow, ApiError> {
-        match row.status {
-            SandboxStatus::Stopped | SandboxStatus::Failed => {}
-            SandboxStatus::Ready | SandboxStatus::Provisioning => return Ok(row.clone()),
-            SandboxStatus::Deleting => {
+        match Move::Start.verdict(row.status) {
+            Verdict::Go => {}
+            Verdict::Already => return Ok(row.clone()),
+            Verdict::Refused => {
                 return Err(ApiError::conflict(format!(
-                    "sandbox {} is being deleted",
-                    row.name
+                    "sandbox {} is {}, it cannot be started now",
+                    row.name,
+                    row.status.as_str()
                 )))
             }
         }
@@ -1273,7 +1264,6 @@ impl Control {
                     host_id: Some(Some(host_id)),
                     bump_generation: true,
                     stopped_at: Some(None),
-                    expect_status: vec![SandboxStatus::Stopped, SandboxStatus::Failed],
                     // Live again: its CPU and memory count against the
                     // quotas, and the host's room is checked where it is
                     // committed.
@@ -1281,8 +1271,7 @@ impl Control {
                     host_room: true,
                     ..StatusExtra::default()
                 };
-                self.db
-                    .set_status(row.id, SandboxStatus::Provisioning, None, extra)
+                self.apply_move(row.id, Move::Start, None, extra)
             })
             .await?
             .map_err(db_error)?;
@@ -1511,17 +1500,10 @@ impl Control {
                         if unhealthy.as_deref() != shown {
                             let extra = StatusExtra {
                                 expect_generation: Some(row.generation),
-                                expect_status: vec![SandboxStatus::Ready],
                                 ..StatusExtra::default()
                             };
                             if let Err(e) = self
-                                .db
-                                .set_status(
-                                    row.id,
-                                    SandboxStatus::Ready,
-                                    unhealthy.as_deref(),
-                                    extra,
-                                )
+                                .apply_move(row.id, Move::HealthNoted, unhealthy.as_deref(), extra)
                                 .await
                             {
                                 tracing::debug!(sandbox = %row.id, error = %e, "health not recorded");
@@ -1550,31 +1532,24 @@ impl Control {
                     SandboxStatus::Ready if !running => {
                         // Host loss: memory is gone, the disk is kept; the
                         // next start or data-plane request cold boots it.
-                        let (status, msg) = if after_restart {
+                        let (m, msg) = if after_restart {
                             (
-                                SandboxStatus::Stopped,
+                                Move::HostRestarted,
                                 "the host restarted; the sandbox will cold boot from its disk",
                             )
                         } else {
-                            (
-                                SandboxStatus::Failed,
-                                "the sandbox's VM stopped unexpectedly",
-                            )
+                            (Move::VmLost, "the sandbox's VM stopped unexpectedly")
                         };
                         let extra = StatusExtra {
                             stopped_at: Some(Some(Timestamp::now())),
                             expect_generation: Some(row.generation),
-                            expect_status: vec![SandboxStatus::Ready],
                             ..StatusExtra::default()
                         };
                         let reason = vm
                             .and_then(|v| v.reason.clone())
                             .map(|r| format!("{msg}: {r}"))
                             .unwrap_or_else(|| msg.to_owned());
-                        let set = self
-                            .db
-                            .set_status(row.id, status, Some(&reason), extra)
-                            .await;
+                        let set = self.apply_move(row.id, m, Some(&reason), extra).await;
                         crate::error::log_status_error(row.id, "reconciled with its host", set);
                         self.bump(row.id);
                     }
@@ -1588,24 +1563,20 @@ impl Control {
                                 && matches!(v.state, VmState::Ready | VmState::Failed)
                         }) =>
                     {
-                        let (status, reason) = match vm {
+                        let (m, reason) = match vm {
                             Some(v) if v.state == VmState::Failed => (
-                                SandboxStatus::Failed,
+                                Move::BootFailed,
                                 Some(v.reason.clone().unwrap_or_else(|| "the boot failed".into())),
                             ),
-                            _ => (SandboxStatus::Ready, None),
+                            _ => (Move::Booted, None),
                         };
                         let extra = StatusExtra {
                             expect_generation: Some(row.generation),
-                            expect_status: vec![SandboxStatus::Provisioning],
                             ..StatusExtra::default()
                         };
-                        let set = self
-                            .db
-                            .set_status(row.id, status, reason.as_deref(), extra)
-                            .await;
+                        let set = self.apply_move(row.id, m, reason.as_deref(), extra).await;
                         if set.is_ok() {
-                            tracing::info!(sandbox = %row.id, host = %host_id, status = status.as_str(), "recorded a boot its host ended (the replica that drove it did not)");
+                            tracing::info!(sandbox = %row.id, host = %host_id, status = m.to().as_str(), "recorded a boot its host ended (the replica that drove it did not)");
                         }
                         crate::error::log_status_error(row.id, "recorded from its host", set);
                         self.bump(row.id);
@@ -1613,14 +1584,12 @@ impl Control {
                     SandboxStatus::Provisioning if after_restart => {
                         let extra = StatusExtra {
                             expect_generation: Some(row.generation),
-                            expect_status: vec![SandboxStatus::Provisioning],
                             ..StatusExtra::default()
                         };
                         let set = self
-                            .db
-                            .set_status(
+                            .apply_move(
                                 row.id,
-                                SandboxStatus::Failed,
+                                Move::BootFailed,
                                 Some("the host restarted during boot"),
                                 extra,
                             )
