@@ -652,10 +652,15 @@ impl ProxyConfig {
         }
         for (i, cb) in self.callbacks.iter().enumerate() {
             let at = format!("proxy_config.callbacks[{i}]");
-            if !(60..=3600).contains(&cb.ttl_seconds) {
+            let ttl = hearth_types::egress::CallbackSpec::TTL_SECONDS;
+            if !ttl.contains(&cb.ttl_seconds) {
                 return Err(ApiError::validation(
                     &format!("{at}.ttl_seconds"),
-                    format!("{at}.ttl_seconds must be between 60 and 3600"),
+                    format!(
+                        "{at}.ttl_seconds must be between {} and {}",
+                        ttl.start(),
+                        ttl.end()
+                    ),
                 ));
             }
             if cb.url.trim().is_empty() {

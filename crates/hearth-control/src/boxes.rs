@@ -126,21 +126,9 @@ pub async fn list_snapshots(
         cursor: q.cursor.clone(),
         ..hearth_db::SnapshotFilter::default()
     };
-    let page = crate::list::skip_then_page(
-        q.offset.unwrap_or(0),
-        filter.page_size,
-        |cursor, page_size| {
-            let f = hearth_db::SnapshotFilter {
-                cursor: cursor.or_else(|| filter.cursor.clone()),
-                page_size,
-                ..filter.clone()
-            };
-            let db = c.db.clone();
-            async move { db.list_snapshots(who.workspace_id, &f).await }
-        },
-    )
-    .await
-    .map_err(db_error)?;
+    let page = c
+        .snapshot_page(&who, &filter, q.offset.unwrap_or(0))
+        .await?;
     let items = page
         .items
         .iter()
@@ -158,8 +146,7 @@ pub async fn get_snapshot(
     who: Principal,
     Path(reference): Path<String>,
 ) -> HttpResult<Response> {
-    who.require("sandboxes:read")?;
-    let snap = c.resolve_any_snapshot(who.workspace_id, &reference).await?;
+    let snap = c.snapshot(&who, &reference).await?;
     Ok(Json(snapshot_response(&snap, vec![snap.tag.clone()])).into_response())
 }
 

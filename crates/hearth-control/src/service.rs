@@ -939,21 +939,9 @@ impl Control {
         let q =
             ListSandboxesQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
         let filter = crate::list::sandbox_filter(&q, who)?;
-        let page = crate::list::skip_then_page(
-            q.offset.unwrap_or(0),
-            filter.page_size,
-            |cursor, page_size| {
-                let f = hearth_db::SandboxFilter {
-                    cursor: cursor.or_else(|| filter.cursor.clone()),
-                    page_size,
-                    ..filter.clone()
-                };
-                let db = self.db.clone();
-                async move { db.list_sandboxes(who.workspace_id, &f).await }
-            },
-        )
-        .await
-        .map_err(db_error)?;
+        let page = self
+            .sandbox_page(who, &filter, q.offset.unwrap_or(0))
+            .await?;
         let items = page
             .items
             .iter()

@@ -395,10 +395,16 @@ impl Policy {
             let at = format!("callbacks[{i}]");
             let match_hosts = patterns(&format!("{at}.match_hosts"), &cb.match_hosts)?;
             check_callback_url(&format!("{at}.url"), &cb.url)?;
-            let ttl_seconds = u64::try_from(cb.ttl_seconds)
-                .ok()
-                .filter(|t| (1..=86_400).contains(t))
-                .ok_or_else(|| err(format!("{at}.ttl_seconds"), "must be a positive duration"))?;
+            let range = hearth_types::egress::CallbackSpec::TTL_SECONDS;
+            let ttl_seconds = Some(cb.ttl_seconds)
+                .filter(|t| range.contains(t))
+                .and_then(|t| u64::try_from(t).ok())
+                .ok_or_else(|| {
+                    err(
+                        format!("{at}.ttl_seconds"),
+                        format!("must be between {} and {}", range.start(), range.end()),
+                    )
+                })?;
             let request_headers = resolve_headers(
                 &format!("{at}.request_headers"),
                 &cb.request_headers,

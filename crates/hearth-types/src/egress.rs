@@ -188,6 +188,12 @@ pub struct CallbackSpec {
     pub full_request: bool,
 }
 
+impl CallbackSpec {
+    /// How long a callback's answer may be cached, in seconds: the one
+    /// range both the API doors and the egress proxy hold it to.
+    pub const TTL_SECONDS: std::ops::RangeInclusive<i64> = 60..=3600;
+}
+
 impl EgressSpec {
     /// The guest's environment from the enabled rules (the first rule that
     /// sets a name wins).

@@ -4,4 +4,33 @@
 //! parses its wire format and renders results; what a sandbox may become
 //! is decided here.
 
+mod lifetime;
+mod queries;
 pub(crate) mod state;
+
+#[cfg(test)]
+mod tests {
+    /// A door reads through the domain, never the database: no file of
+    /// E2B's door names the control plane's `db`.
+    #[test]
+    fn the_e2b_door_reads_no_rows_itself() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/e2b");
+        let mut offenders = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("read src/e2b") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("read");
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                let t = code.trim_start();
+                if code.contains(".db.") || code.trim_end().ends_with(".db") || t.starts_with(".db")
+                {
+                    offenders.push(format!("{}:{}", path.display(), i + 1));
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "the E2B door reads the database: {offenders:?}"
+        );
+    }
+}

@@ -30,6 +30,8 @@ pub(crate) enum Move {
     HealthNoted,
     /// A stop, asked for or by a lifetime: the VM ends, the disk stays.
     Stop,
+    /// A pause (E2B's): a stop of a running sandbox that keeps its memory.
+    Pause,
     /// A ready sandbox's VM ended on its own.
     VmLost,
     /// A ready sandbox's host restarted: it cold boots from its disk.
@@ -59,13 +61,14 @@ const ANY: &[SandboxStatus] = &[Provisioning, Ready, Failed, Stopped, Deleting];
 
 impl Move {
     #[cfg(test)]
-    const ALL: [Move; 11] = [
+    const ALL: [Move; 12] = [
         Move::Start,
         Move::PlaceAgain,
         Move::Booted,
         Move::BootFailed,
         Move::HealthNoted,
         Move::Stop,
+        Move::Pause,
         Move::VmLost,
         Move::HostRestarted,
         Move::FailOver,
@@ -89,6 +92,7 @@ impl Move {
             Move::BootFailed => (&[Provisioning], Failed, &[]),
             Move::HealthNoted => (&[Ready], Ready, &[]),
             Move::Stop => (&[Ready, Failed], Stopped, &[Stopped]),
+            Move::Pause => (&[Ready], Stopped, &[Stopped]),
             Move::VmLost => (&[Ready], Failed, &[]),
             Move::HostRestarted => (&[Ready], Stopped, &[]),
             Move::FailOver => (&[Ready, Provisioning], Stopped, &[]),
@@ -195,6 +199,7 @@ mod tests {
                 | Move::BootFailed
                 | Move::HealthNoted
                 | Move::Stop
+                | Move::Pause
                 | Move::VmLost
                 | Move::HostRestarted
                 | Move::FailOver
@@ -239,6 +244,8 @@ mod tests {
         assert_eq!(Move::Start.verdict(Ready), Verdict::Already);
         assert_eq!(Move::Stop.verdict(Provisioning), Verdict::Refused);
         assert_eq!(Move::Stop.verdict(Failed), Verdict::Go);
+        assert_eq!(Move::Pause.verdict(Failed), Verdict::Refused);
+        assert_eq!(Move::Pause.verdict(Stopped), Verdict::Already);
     }
 
     /// One home: no other file of the crate fences a status write by hand.

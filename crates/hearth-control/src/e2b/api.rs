@@ -22,7 +22,7 @@ use hearth_api::spec::{
     resolve_sizing, SizingRequest, SnapshotSelector, DEFAULT_DELETE_AFTER_STOP,
 };
 use hearth_api::validate::{check_env_vars, check_labels};
-use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, SnapshotRow, Timestamp};
+use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, SnapshotRow};
 use hearth_types::egress::{AccessSpec, EgressSpec};
 use hearth_types::sandbox::{Lifetime, RestoreMemory, SandboxPlan, SandboxSpec};
 use hearth_types::SandboxId;
@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use super::{E2bError, E2bResult, ENVD_VERSION};
 use crate::auth::Principal;
-use crate::error::{db_error, HttpError};
+use crate::error::HttpError;
 use crate::extract::JsonBody;
 use crate::runtime_tokens::RuntimeTokens;
 use crate::service::{spec_of, SandboxChange};
@@ -295,13 +295,9 @@ fn end_at(row: &SandboxRow, deadline: Option<&Deadline>) -> String {
 
 impl Control {
     async fn e2b_snapshot(&self, row: &SandboxRow) -> (String, String) {
-        match self
-            .db
-            .get_snapshot(row.workspace_id, row.snapshot_id)
-            .await
-        {
-            Ok(s) => (s.id.to_string(), s.name),
-            Err(_) => (row.snapshot_id.to_string(), String::new()),
+        match self.made_from(row).await {
+            Some(s) => (s.id.to_string(), s.name),
+            None => (row.snapshot_id.to_string(), String::new()),
         }
     }
 
@@ -379,12 +375,6 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> E2bRe
     } else {
         json_body(body)
     }
-}
-
-/// The sandbox's deadline, if it has one.
-async fn deadline_of(c: &Control, id: SandboxId) -> E2bResult<Option<Deadline>> {
-    let mut found = c.db.deadlines_of(&[id]).await.map_err(db_error)?;
-    Ok(found.remove(&id))
 }
 
 /// The template of a create as a snapshot selector.
@@ -500,7 +490,7 @@ pub async fn detail(
     let who = who?;
     who.require("sandboxes:read")?;
     let row = c.e2b_find(&who, &id).await?;
-    let deadline = deadline_of(&c, row.id).await?;
+    let deadline = c.deadline(row.id).await?;
     // The envd token only for a caller with runtime access (the creator,
     // or sandboxes:exec); a reader sees the sandbox, not its insides.
     let tokens = c.runtime_tokens(&who, &row).ok();
@@ -595,12 +585,12 @@ fn page_limit(v: &str) -> E2bResult<u32> {
 
 /// A list's failure: a `nextToken` this server did not give is the
 /// caller's mistake.
-fn page_error(e: hearth_db::DbError) -> E2bError {
-    match e {
-        hearth_db::DbError::InvalidCursor => {
+fn page_error(e: hearth_api::ApiError) -> E2bError {
+    match e.loc.last() {
+        Some(hearth_api::error::LocSegment::Key(k)) if k == "cursor" => {
             E2bError::bad_request("nextToken: not a token this list gave")
         }
-        e => db_error(e).into(),
+        _ => e.into(),
     }
 }
 
@@ -638,12 +628,9 @@ pub async fn list(
         cursor: q.next_token,
         ..hearth_db::SandboxFilter::default()
     };
-    let page =
-        c.db.list_sandboxes(who.workspace_id, &filter)
-            .await
-            .map_err(page_error)?;
+    let page = c.sandbox_page(&who, &filter, 0).await.map_err(page_error)?;
     let ids: Vec<SandboxId> = page.items.iter().map(|r| r.id).collect();
-    let deadlines = c.db.deadlines_of(&ids).await.map_err(db_error)?;
+    let deadlines = c.deadlines(&ids).await?;
     let mut out = Vec::with_capacity(page.items.len());
     for row in &page.items {
         if let Some(d) = c.e2b_detail(row, deadlines.get(&row.id), None).await {
@@ -681,20 +668,10 @@ pub async fn set_timeout(
     body: Result<JsonBody, HttpError>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
-    who.require("sandboxes:update")?;
     let req: TimeoutBody = json_body(&body?.0)?;
     let timeout = timeout_secs(req.timeout)?;
     let row = c.e2b_find(&who, &id).await?;
-    let on_expiry = deadline_of(&c, row.id)
-        .await?
-        .map_or(OnExpiry::Delete, |d| d.on_expiry);
-    c.db.set_deadline(&Deadline {
-        sandbox_id: row.id,
-        expires_at: Timestamp::now().plus(timeout),
-        on_expiry,
-    })
-    .await
-    .map_err(db_error)?;
+    c.end_in(&who, &row, timeout).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -716,7 +693,6 @@ pub async fn pause(
     body: Result<JsonBody, HttpError>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
-    who.require("sandboxes:update")?;
     let req: PauseBody = optional_body(&body?.0)?;
     if req.memory == Some(false) {
         return Err(not_served(
@@ -725,41 +701,13 @@ pub async fn pause(
         ));
     }
     let row = c.e2b_find(&who, &id).await?;
-    match row.status {
-        SandboxStatus::Stopped => {
-            return Err(E2bError::new(
-                409,
-                format!("sandbox {id} is already paused"),
-            ))
-        }
-        SandboxStatus::Ready => {}
-        s => {
-            return Err(E2bError::new(
-                409,
-                format!(
-                    "sandbox {id} is {}; only a running sandbox pauses",
-                    s.as_str()
-                ),
-            ))
-        }
-    }
-    if !row.preserve_memory_on_stop {
-        return Err(E2bError::new(
-            409,
-            format!(
-                "sandbox {id} was created without preserve_memory_on_stop: its memory cannot be kept; stop it through the LangSmith API"
-            ),
-        ));
-    }
-    if req.require_healthy_guest == Some(true) {
-        // A ready sandbox's guest answered its host; one that does not
-        // answer now cannot be paused healthy.
-        c.ready_guest(&row)
-            .await
-            .map_err(|_| E2bError::new(409, format!("sandbox {id}'s guest does not answer")))?;
-    }
-    c.stop_row(&row, Some("paused through the E2B API")).await?;
-    c.db.clear_deadline(row.id).await.map_err(db_error)?;
+    c.pause(
+        &who,
+        &row,
+        req.require_healthy_guest == Some(true),
+        "paused through the E2B API",
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -803,24 +751,7 @@ pub async fn connect(
         who.require("sandboxes:read")?;
         row
     };
-    let deadline = match (timeout, deadline_of(&c, row.id).await?) {
-        (Some(t), Some(d)) => {
-            let at = Timestamp::now().plus(t);
-            (resumed || at > d.expires_at).then_some(Deadline {
-                expires_at: at,
-                ..d
-            })
-        }
-        (Some(t), None) if resumed && row.idle_ttl.is_zero() => Some(Deadline {
-            sandbox_id: row.id,
-            expires_at: Timestamp::now().plus(t),
-            on_expiry: OnExpiry::Delete,
-        }),
-        _ => None,
-    };
-    if let Some(d) = deadline {
-        c.db.set_deadline(&d).await.map_err(db_error)?;
-    }
+    c.extend_on_connect(&row, timeout, resumed).await?;
     let snap = c.e2b_snapshot(&row).await;
     let status = if resumed {
         StatusCode::CREATED
@@ -978,10 +909,7 @@ pub async fn create_snapshot(
     let building = c.capture(&who, &row.id.to_string(), &capture).await?;
     let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
     loop {
-        let now =
-            c.db.get_snapshot(who.workspace_id, building.id)
-                .await
-                .map_err(db_error)?;
+        let now = c.snapshot(&who, &building.id.to_string()).await?;
         match now.status {
             hearth_db::SnapshotStatus::Ready => {
                 return Ok((StatusCode::CREATED, Json(snapshot_info(&now))).into_response())
@@ -1047,17 +975,12 @@ pub async fn list_snapshots(
     }
     if let Some(n) = name {
         // One snapshot by id or name[:tag], when it is one of the listed.
-        let found = match n.parse::<uuid::Uuid>() {
-            Ok(id) => c.db.get_snapshot(who.workspace_id, id.into()).await.ok(),
-            Err(_) => match n.parse::<hearth_api::validate::SnapshotRef>() {
-                Ok(r) => {
-                    c.db.find_snapshot_by_ref(who.workspace_id, &r.name, &r.tag)
-                        .await
-                        .ok()
-                }
-                Err(e) => return Err(E2bError::bad_request(format!("name: {e}"))),
-            },
-        };
+        // A name that is not one is the caller's mistake, said as such.
+        if n.parse::<uuid::Uuid>().is_err() {
+            n.parse::<hearth_api::validate::SnapshotRef>()
+                .map_err(|e| E2bError::bad_request(format!("name: {e}")))?;
+        }
+        let found = c.snapshot(&who, &n).await.ok();
         let listed = found.filter(|s| {
             s.status == hearth_db::SnapshotStatus::Ready
                 && s.source_sandbox_id.is_some()
@@ -1067,10 +990,10 @@ pub async fn list_snapshots(
         });
         return Ok(Json(listed.iter().map(snapshot_info).collect::<Vec<_>>()).into_response());
     }
-    let page =
-        c.db.list_snapshots(who.workspace_id, &filter)
-            .await
-            .map_err(page_error)?;
+    let page = c
+        .snapshot_page(&who, &filter, 0)
+        .await
+        .map_err(page_error)?;
     let items: Vec<_> = page.items.iter().map(snapshot_info).collect();
     Ok(page_response(items, page.next_cursor))
 }

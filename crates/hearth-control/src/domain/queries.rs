@@ -1,0 +1,85 @@
+//! What a caller may read, for both doors: pages of the workspace's
+//! sandboxes and snapshots, behind the read permission.
+
+use hearth_api::ApiError;
+use hearth_db::{Page, SandboxFilter, SandboxRow, SnapshotFilter, SnapshotRow};
+
+use crate::auth::Principal;
+use crate::error::db_error;
+use crate::list::skip_then_page;
+use crate::Control;
+
+impl Control {
+    /// The page of the caller's workspace's sandboxes that `filter` asks
+    /// for, after skipping `offset` of them. A cursor the list did not
+    /// give is invalid at `cursor`.
+    pub(crate) async fn sandbox_page(
+        &self,
+        who: &Principal,
+        filter: &SandboxFilter,
+        offset: u64,
+    ) -> Result<Page<SandboxRow>, ApiError> {
+        who.require("sandboxes:read")?;
+        skip_then_page(offset, filter.page_size, |cursor, page_size| {
+            let f = SandboxFilter {
+                cursor: cursor.or_else(|| filter.cursor.clone()),
+                page_size,
+                ..filter.clone()
+            };
+            let db = self.db.clone();
+            async move { db.list_sandboxes(who.workspace_id, &f).await }
+        })
+        .await
+        .map_err(db_error)
+    }
+
+    /// The page of the caller's workspace's snapshots that `filter` asks
+    /// for, after skipping `offset` of them.
+    pub(crate) async fn snapshot_page(
+        &self,
+        who: &Principal,
+        filter: &SnapshotFilter,
+        offset: u64,
+    ) -> Result<Page<SnapshotRow>, ApiError> {
+        who.require("sandboxes:read")?;
+        skip_then_page(offset, filter.page_size, |cursor, page_size| {
+            let f = SnapshotFilter {
+                cursor: cursor.or_else(|| filter.cursor.clone()),
+                page_size,
+                ..filter.clone()
+            };
+            let db = self.db.clone();
+            async move { db.list_snapshots(who.workspace_id, &f).await }
+        })
+        .await
+        .map_err(db_error)
+    }
+
+    /// One of the caller's workspace's (or the built-in) snapshots, by id
+    /// or `name[:tag]`, in any status.
+    pub(crate) async fn snapshot(
+        &self,
+        who: &Principal,
+        reference: &str,
+    ) -> Result<SnapshotRow, ApiError> {
+        who.require("sandboxes:read")?;
+        self.resolve_any_snapshot(who.workspace_id, reference).await
+    }
+
+    /// The snapshot a sandbox was made from, while it exists (it may have
+    /// been deleted since; a failure to read it is logged).
+    pub(crate) async fn made_from(&self, row: &SandboxRow) -> Option<SnapshotRow> {
+        match self
+            .db
+            .get_snapshot(row.workspace_id, row.snapshot_id)
+            .await
+        {
+            Ok(s) => Some(s),
+            Err(hearth_db::DbError::NotFound { .. }) => None,
+            Err(e) => {
+                tracing::warn!(sandbox = %row.id, error = %e, "cannot read the snapshot the sandbox was made from");
+                None
+            }
+        }
+    }
+}
