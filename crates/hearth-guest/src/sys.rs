@@ -1,5 +1,7 @@
 //! The few raw system calls the guest agent needs, each wrapped once.
-//! All `unsafe` of this crate lives in this module.
+//! Most of this crate's `unsafe` lives here; the rest sits beside the one
+//! use it serves (`exec.rs`, `watch.rs`), as docs/architecture/invariants.md
+//! lists.
 
 use std::ffi::CString;
 use std::io;

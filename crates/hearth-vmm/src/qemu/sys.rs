@@ -1,6 +1,6 @@
-//! Every raw system call of the QEMU backend, and so every `unsafe` block of
-//! it: the TAP device of a NIC, descriptor inheritance, pidfds, and the
-//! steps of a jailed spawn that run between fork and exec
+//! The raw system calls of the QEMU backend's spawn and devices: the TAP
+//! device of a NIC, descriptor inheritance, pidfds, and the steps of a
+//! jailed spawn that run between fork and exec
 //! ([`jail_pre_exec`]).
 //!
 //! Code that runs in a forked child of a multi-threaded process may only
