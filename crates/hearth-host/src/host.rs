@@ -51,7 +51,7 @@ pub struct Host {
     images: ImageConfig,
     vmm: Arc<dyn DynVmm>,
     accel: Accel,
-    artifacts: tokio::sync::Mutex<HashMap<ImageName, Arc<GuestArtifacts>>>,
+    artifacts: images::ArtifactCache,
     vms: Mutex<HashMap<VmId, Arc<Vm>>>,
     /// Root disks (see `disks.rs`).
     disks: Arc<dyn DiskProvider>,
@@ -206,7 +206,7 @@ impl Host {
             images,
             vmm,
             accel,
-            artifacts: tokio::sync::Mutex::new(artifacts),
+            artifacts: images::ArtifactCache::new(artifacts),
             vms: Mutex::new(HashMap::new()),
             disks,
             generations,

@@ -13,19 +13,12 @@ impl Host {
         if let GuestImages::Fixed(a) = &self.cfg.images {
             return Ok(a.clone());
         }
-        let mut cache = self.artifacts.lock().await;
-        if let Some(a) = cache.get(&image) {
-            return Ok(a.clone());
-        }
         let images = self.images.clone();
-        let built = tokio::task::spawn_blocking(move || {
-            hearth_image::ensure_all(&images, image, progress.as_ref())
-        })
-        .await
-        .map_err(|e| HostError::Invalid(format!("artifact task: {e}")))??;
-        let built = Arc::new(built);
-        cache.insert(image, built.clone());
-        Ok(built)
+        self.artifacts
+            .get_or_build(image, move || {
+                Ok(hearth_image::ensure_all(&images, image, progress.as_ref())?)
+            })
+            .await
     }
 
     /// Builds a snapshot from an OCI image (a registry reference or a
@@ -97,5 +90,160 @@ impl Host {
             remove_dir_logged(&self.snapshot_memory_dir(&m.memory));
         }
         Ok(())
+    }
+}
+
+/// The built guest artifacts, by image. Finding a built image never waits
+/// for a build: a create of the default image goes on while another image
+/// builds. Builds run one at a time (images share the kernel, the
+/// initramfs and the build tools, and a build takes the machine's cores);
+/// a caller for an image being built waits for that build. A build runs
+/// on its own blocking thread to the end even if the caller that started
+/// it goes away, so the next caller finds its files.
+pub(crate) struct ArtifactCache {
+    built: Mutex<HashMap<ImageName, Arc<GuestArtifacts>>>,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl ArtifactCache {
+    pub(crate) fn new(built: HashMap<ImageName, Arc<GuestArtifacts>>) -> Self {
+        Self {
+            built: Mutex::new(built),
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn get(&self, image: ImageName) -> Option<Arc<GuestArtifacts>> {
+        self.built
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&image)
+            .cloned()
+    }
+
+    /// `image`'s artifacts, built by `build` when no one has yet.
+    pub(crate) async fn get_or_build<F>(
+        &self,
+        image: ImageName,
+        build: F,
+    ) -> Result<Arc<GuestArtifacts>, HostError>
+    where
+        F: FnOnce() -> Result<GuestArtifacts, HostError> + Send + 'static,
+    {
+        if let Some(a) = self.get(image) {
+            return Ok(a);
+        }
+        let _turn = self.turn.lock().await;
+        // Built by the build this caller waited behind.
+        if let Some(a) = self.get(image) {
+            return Ok(a);
+        }
+        tracing::info!(%image, "building the image's guest artifacts");
+        let built = tokio::task::spawn_blocking(build)
+            .await
+            .map_err(|e| HostError::Invalid(format!("artifact task: {e}")))??;
+        let built = Arc::new(built);
+        self.built
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(image, built.clone());
+        Ok(built)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    /// The fake VMM's artifacts, told apart by their kernel's release.
+    fn artifacts(name: &str) -> GuestArtifacts {
+        let dir =
+            std::env::temp_dir().join(format!("hearth-artifact-cache-{}", std::process::id()));
+        match crate::fake::guest_images(&dir).expect("fake artifacts") {
+            GuestImages::Fixed(a) => {
+                let mut a = (*a).clone();
+                a.kernel.release = name.into();
+                a
+            }
+            GuestImages::Build => unreachable!("the fake's images are fixed"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_built_image_is_found_while_another_builds_and_a_build_runs_once() {
+        let mut seed = HashMap::new();
+        seed.insert(ImageName::Busybox, Arc::new(artifacts("busybox")));
+        let cache = Arc::new(ArtifactCache::new(seed));
+        let builds = Arc::new(AtomicU32::new(0));
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let first = {
+            let (cache, builds) = (cache.clone(), builds.clone());
+            tokio::spawn(async move {
+                cache
+                    .get_or_build(ImageName::Default, move || {
+                        builds.fetch_add(1, Ordering::SeqCst);
+                        let _ = started_tx.send(());
+                        held.recv().expect("released");
+                        Ok(artifacts("default"))
+                    })
+                    .await
+            })
+        };
+        started.await.expect("the build started");
+        // The default image is building and holds its turn: the built
+        // image answers at once.
+        let found = tokio::time::timeout(
+            Duration::from_secs(5),
+            cache.get_or_build(ImageName::Busybox, || panic!("built twice")),
+        )
+        .await
+        .expect("a built image waited for another image's build")
+        .unwrap();
+        assert_eq!(found.kernel.release, "busybox");
+        // A second caller for the image being built waits for that build
+        // and does not build again.
+        let second = {
+            let (cache, builds) = (cache.clone(), builds.clone());
+            tokio::spawn(async move {
+                cache
+                    .get_or_build(ImageName::Default, move || {
+                        builds.fetch_add(1, Ordering::SeqCst);
+                        Ok(artifacts("again"))
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "answered before the build ended");
+        release.send(()).unwrap();
+        let (a, b) = (
+            first.await.unwrap().unwrap(),
+            second.await.unwrap().unwrap(),
+        );
+        assert_eq!(
+            (a.kernel.release.as_str(), b.kernel.release.as_str()),
+            ("default", "default")
+        );
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_build_is_not_cached() {
+        let cache = ArtifactCache::new(HashMap::new());
+        let err = cache
+            .get_or_build(ImageName::CodeInterpreter, || {
+                Err(HostError::Invalid("no debootstrap".into()))
+            })
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("no debootstrap"), "{err}");
+        let ok = cache
+            .get_or_build(ImageName::CodeInterpreter, || Ok(artifacts("debian")))
+            .await
+            .unwrap();
+        assert_eq!(ok.kernel.release, "debian");
     }
 }
