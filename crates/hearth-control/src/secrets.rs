@@ -9,8 +9,6 @@
 //! associated data, so a sealed value moved to another name fails to open.
 //! Opening under the wrong master key fails closed.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
@@ -24,16 +22,8 @@ const NONCE: usize = 24;
 /// Why a master key or a sealed value could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
-    #[error("master key file {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("master key file {path} must hold exactly 32 bytes (it has {len})")]
-    BadKeyFile { path: String, len: usize },
-    #[error("master key file {path} is readable by others (mode {mode:o}); make it 0600")]
-    KeyFileMode { path: String, mode: u32 },
+    #[error(transparent)]
+    KeyFile(#[from] hearth_fence::keyfile::KeyFileError),
     #[error("secret {name} is not sealed")]
     NotSealed { name: String },
     #[error("secret {name} cannot be opened with this master key (wrong key or damaged value)")]
@@ -41,6 +31,9 @@ pub enum SecretError {
     #[error("no randomness: {0}")]
     Random(String),
 }
+
+/// What the master key's file is called in errors.
+const MASTER_KEY_FILE: &str = "master key file";
 
 /// The key that seals secrets at rest.
 #[derive(Clone)]
@@ -76,39 +69,16 @@ impl MasterKey {
     /// The key in `path`, created (0600, exclusively) when absent. A key
     /// file others can read is refused.
     pub fn load_or_create(path: &Path) -> Result<Self, SecretError> {
-        use std::os::unix::fs::PermissionsExt;
-        let shown = path.display().to_string();
-        let io = |source| SecretError::Io {
-            path: shown.clone(),
-            source,
-        };
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-        {
-            Ok(mut f) => {
-                let key = random::<32>()?;
-                f.write_all(&key).map_err(io)?;
-                f.sync_all().map_err(io)?;
-                return Ok(Self(key));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io(e)),
-        }
-        let mode = std::fs::metadata(path).map_err(io)?.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(SecretError::KeyFileMode { path: shown, mode });
-        }
-        let bytes = std::fs::read(path).map_err(io)?;
+        use hearth_fence::keyfile::{self, Size};
+        let bytes = keyfile::load_or_create(MASTER_KEY_FILE, path, Size::Exactly(32), || {
+            random::<32>()
+                .map(|k| keyfile::Zeroizing::new(k.to_vec()))
+                .map_err(std::io::Error::other)
+        })?;
         let key: [u8; 32] = bytes
             .as_slice()
             .try_into()
-            .map_err(|_| SecretError::BadKeyFile {
-                path: shown.clone(),
-                len: bytes.len(),
-            })?;
+            .map_err(|_| SecretError::Random("the key file's length changed".into()))?;
         Ok(Self(key))
     }
 
@@ -202,13 +172,17 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(
             MasterKey::load_or_create(&path),
-            Err(SecretError::KeyFileMode { .. })
+            Err(SecretError::KeyFile(
+                hearth_fence::keyfile::KeyFileError::Mode { .. }
+            ))
         ));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&path, b"short").unwrap();
         assert!(matches!(
             MasterKey::load_or_create(&path),
-            Err(SecretError::BadKeyFile { len: 5, .. })
+            Err(SecretError::KeyFile(
+                hearth_fence::keyfile::KeyFileError::Length { len: 5, .. }
+            ))
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }

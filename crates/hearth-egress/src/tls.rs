@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use hearth_fence::keyfile;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -32,6 +32,8 @@ pub enum TlsError {
     },
     #[error("key or certificate in {dir} is unusable: {message}")]
     BadCa { dir: PathBuf, message: String },
+    #[error(transparent)]
+    KeyFile(#[from] keyfile::KeyFileError),
     #[error("generate certificate: {0}")]
     Generate(#[from] rcgen::Error),
     #[error("no certificate in origin CA file {0}")]
@@ -43,6 +45,10 @@ pub enum TlsError {
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
+
+/// What the CA's key file is called in errors, and how large it may be.
+const CA_KEY_FILE: &str = "proxy CA key file";
+const CA_KEY_SIZE: keyfile::Size = keyfile::Size::AtMost(64 * 1024);
 
 /// The CA that signs leaf certificates for intercepted names.
 pub struct Ca {
@@ -93,23 +99,17 @@ impl Ca {
             message,
         };
         let (pem, key) = if key_path.exists() {
-            let key_pem = fs::read_to_string(&key_path).map_err(io(&key_path))?;
+            let key_pem = keyfile::read(CA_KEY_FILE, &key_path, CA_KEY_SIZE)?;
+            let key_pem =
+                std::str::from_utf8(&key_pem).map_err(|_| bad("ca.key is not PEM text".into()))?;
             let pem = fs::read_to_string(&cert_path).map_err(io(&cert_path))?;
-            let key = KeyPair::from_pem(&key_pem).map_err(|e| bad(e.to_string()))?;
+            let key = KeyPair::from_pem(key_pem).map_err(|e| bad(e.to_string()))?;
             (pem, key)
         } else {
             fs::create_dir_all(dir).map_err(io(dir))?;
             let key = KeyPair::generate()?;
             let cert = ca_params(name).self_signed(&key)?;
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&key_path)
-                .map_err(io(&key_path))?;
-            f.write_all(key.serialize_pem().as_bytes())
-                .and_then(|()| f.sync_all())
-                .map_err(io(&key_path))?;
+            keyfile::write_new(CA_KEY_FILE, &key_path, key.serialize_pem().as_bytes())?;
             let pem = cert.pem();
             fs::write(&cert_path, &pem).map_err(io(&cert_path))?;
             fs::set_permissions(&cert_path, fs::Permissions::from_mode(0o600))

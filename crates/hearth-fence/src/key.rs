@@ -2,14 +2,14 @@
 //! [`PublicKey`] others verify with, and the short [`KeyId`] naming it.
 
 use std::fmt;
-use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
 use zeroize::Zeroizing;
+
+use crate::keyfile::{self, KeyFileError, Size};
 
 /// Length of a [`KeyId`] in hex characters (8 bytes of BLAKE3).
 const KEY_ID_HEX: usize = 16;
@@ -29,21 +29,8 @@ pub(crate) fn random<const N: usize>() -> Result<[u8; N], RandomError> {
 /// Failures of loading, creating or decoding key material.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    #[error("key file {path}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "key file {path} is accessible by group or others (mode {mode:03o}); \
-         it must be 0600 (chmod 600 it, or delete it to make a new key)"
-    )]
-    Mode { path: PathBuf, mode: u32 },
-    #[error("key file {path} is not a regular file")]
-    NotAFile { path: PathBuf },
-    #[error("key file {path} holds {len} bytes, not a 32-byte seed")]
-    FileLength { path: PathBuf, len: u64 },
+    #[error(transparent)]
+    File(#[from] KeyFileError),
     #[error(transparent)]
     Random(#[from] RandomError),
     #[error("public key is not valid {0}")]
@@ -249,58 +236,25 @@ impl KeyPair {
     /// group nor others can access: a key others could read is refused
     /// rather than used, since anyone holding it can mint commands.
     pub fn load_or_create(path: &Path) -> Result<Self, KeyError> {
-        match Self::load(path) {
-            Err(KeyError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
-            other => return other,
-        }
-        let key = Self::generate()?;
-        match write_new(path, &key.signing.to_bytes()) {
-            Ok(()) => Ok(key),
-            // Another process created it first: use theirs.
-            Err(KeyError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::AlreadyExists =>
-            {
-                Self::load(path)
-            }
-            Err(e) => Err(e),
-        }
+        let seed = keyfile::load_or_create(WHAT, path, Size::Exactly(32), || {
+            let key = Self::generate().map_err(std::io::Error::other)?;
+            Ok(Zeroizing::new(key.signing.to_bytes().to_vec()))
+        })?;
+        Self::from_file_bytes(&seed)
     }
 
     /// Loads an existing key file (see [`KeyPair::load_or_create`]).
     pub fn load(path: &Path) -> Result<Self, KeyError> {
-        let io = |source| KeyError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut file = std::fs::File::open(path).map_err(io)?;
-        // Checked on the open file, so the file read is the one checked.
-        let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(KeyError::NotAFile {
-                path: path.to_path_buf(),
-            });
-        }
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(KeyError::Mode {
-                path: path.to_path_buf(),
-                mode,
-            });
-        }
-        let bad_len = |len| KeyError::FileLength {
-            path: path.to_path_buf(),
-            len,
-        };
-        if meta.len() != 32 {
-            return Err(bad_len(meta.len()));
-        }
-        let mut seed = Zeroizing::new([0u8; 32]);
-        file.read_exact(&mut seed[..]).map_err(io)?;
-        // The file may have grown since the fstat.
-        let mut extra = [0u8; 1];
-        if file.read(&mut extra).map_err(io)? != 0 {
-            return Err(bad_len(33));
-        }
+        let seed = keyfile::read(WHAT, path, Size::Exactly(32))?;
+        Self::from_file_bytes(&seed)
+    }
+
+    fn from_file_bytes(bytes: &[u8]) -> Result<Self, KeyError> {
+        let seed: Zeroizing<[u8; 32]> = Zeroizing::new(
+            bytes
+                .try_into()
+                .map_err(|_| KeyError::Encoding("seed: not 32 bytes"))?,
+        );
         Ok(Self::from_seed(&seed))
     }
 
@@ -323,46 +277,15 @@ impl fmt::Debug for KeyPair {
     }
 }
 
-/// Writes `seed` to a new file at `path` atomically: a 0600 temporary file
-/// in the same directory, synced, then hard-linked to `path` (which fails
-/// with `AlreadyExists` rather than replace a key someone else created).
-fn write_new(path: &Path, seed: &[u8; 32]) -> Result<(), KeyError> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| KeyError::Io { path: p, source }
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tag: [u8; 6] = random()?;
-    let tmp = dir.join(format!(".{name}.{}.tmp", B64.encode(tag)));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io(&tmp))?;
-        // The umask can only have removed bits; make it exactly 0600.
-        f.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(io(&tmp))?;
-        f.write_all(seed).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        std::fs::hard_link(&tmp, path).map_err(io(path))?;
-        // Make the new name durable.
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(dir))
-    })();
-    let _cleanup = std::fs::remove_file(&tmp);
-    result
-}
+/// What a signing key's file is called in errors.
+const WHAT: &str = "key file";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::path::PathBuf;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn scratch() -> PathBuf {
@@ -401,7 +324,7 @@ mod tests {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
             let err = KeyPair::load_or_create(&path).unwrap_err();
             assert!(
-                matches!(err, KeyError::Mode { mode: m, .. } if m == mode),
+                matches!(err, KeyError::File(KeyFileError::Mode { mode: m, .. }) if m == mode),
                 "{err}"
             );
             assert!(err.to_string().contains("group or others"), "{err}");
@@ -425,11 +348,11 @@ mod tests {
         f.write_all(b"short").unwrap();
         assert!(matches!(
             KeyPair::load_or_create(&path),
-            Err(KeyError::FileLength { len: 5, .. })
+            Err(KeyError::File(KeyFileError::Length { len: 5, .. }))
         ));
         assert!(matches!(
             KeyPair::load(&dir),
-            Err(KeyError::NotAFile { .. })
+            Err(KeyError::File(KeyFileError::NotAFile { .. }))
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -113,6 +113,7 @@
 mod header;
 pub mod jwt;
 mod key;
+pub mod keyfile;
 mod nonce;
 mod refusal;
 mod ring;

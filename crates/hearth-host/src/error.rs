@@ -36,6 +36,8 @@ pub enum HostError {
     Guest(#[from] crate::guest::GuestError),
     #[error("storage")]
     Store(#[from] hearth_store::StoreError),
+    #[error(transparent)]
+    KeyFile(#[from] hearth_fence::keyfile::KeyFileError),
     #[error("{0} needs the store (this host keeps qcow2 overlays)")]
     NeedsStore(&'static str),
 }

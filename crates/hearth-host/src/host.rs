@@ -163,12 +163,7 @@ impl Host {
         artifacts.insert(ImageName::Busybox, base);
         let (disks, generations): (Arc<dyn DiskProvider>, _) = match &cfg.storage {
             Storage::Store(s) => {
-                ensure_master_key(&s.master_key_file).map_err(|source| HostError::Io {
-                    id: VmId::new(),
-                    what: "create the master key".into(),
-                    source,
-                })?;
-                let kek = hearth_store::KeyFileKek::load(&s.master_key_file)?;
+                let kek = hearth_store::KeyFileKek::from_master(master_key(&s.master_key_file)?);
                 let store = hearth_store::Store::open(
                     hearth_store::StoreConfig {
                         url: s.url.clone(),

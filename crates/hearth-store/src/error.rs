@@ -19,9 +19,6 @@ pub enum StoreError {
     /// it may hold credentials).
     #[error("invalid store url: {reason}")]
     BadUrl { reason: String },
-    /// A KEK file that is not exactly 32 bytes or is readable by others.
-    #[error("key file {path}: {reason}")]
-    KeyFile { path: PathBuf, reason: String },
     /// Local file I/O (import/export files, key files, cache).
     #[error("{op} {path}")]
     Io {

@@ -1,7 +1,5 @@
 //! Key-encryption keys: the seam to a KMS.
 
-use std::path::Path;
-
 use chacha20poly1305::{KeyInit, XChaCha20Poly1305};
 
 use crate::crypto::{self, NONCE_LEN};
@@ -44,30 +42,6 @@ impl KeyFileKek {
             aead: XChaCha20Poly1305::new((&key).into()),
         }
     }
-
-    /// Reads a master key file: exactly 32 bytes, not readable by group or
-    /// others.
-    pub fn load(path: &Path) -> Result<Self, StoreError> {
-        use std::os::unix::fs::PermissionsExt;
-        let io = |source| StoreError::Io {
-            op: "read key file",
-            path: path.to_owned(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(io)?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            return Err(StoreError::KeyFile {
-                path: path.to_owned(),
-                reason: "readable by group or others (chmod 600 it)".into(),
-            });
-        }
-        let bytes = std::fs::read(path).map_err(io)?;
-        let master: [u8; 32] = bytes.try_into().map_err(|b: Vec<u8>| StoreError::KeyFile {
-            path: path.to_owned(),
-            reason: format!("expected 32 bytes, found {}", b.len()),
-        })?;
-        Ok(Self::from_master(master))
-    }
 }
 
 impl Kek for KeyFileKek {
@@ -109,28 +83,5 @@ mod tests {
         assert_eq!(a.unwrap(&w).unwrap(), [7; 32]);
         assert!(matches!(b.unwrap(&w), Err(StoreError::KekRejected { .. })));
         assert!(a.unwrap(&w[..10]).is_err());
-    }
-
-    #[test]
-    fn load_refuses_loose_permissions_and_bad_length() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("master.key");
-        std::fs::write(&p, [3u8; 32]).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(
-            KeyFileKek::load(&p),
-            Err(StoreError::KeyFile { .. })
-        ));
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(
-            KeyFileKek::load(&p).unwrap().id(),
-            KeyFileKek::from_master([3; 32]).id()
-        );
-        std::fs::write(&p, [3u8; 31]).unwrap();
-        assert!(matches!(
-            KeyFileKek::load(&p),
-            Err(StoreError::KeyFile { .. })
-        ));
     }
 }

@@ -13,12 +13,11 @@
 //! equality is constant-time, so an answer's timing says nothing of how
 //! much of a guess was right (nor of the token's length).
 
-use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
+use hearth_fence::keyfile::{self, KeyFileError, Size, Zeroizing};
 
 /// The token file's name in the data directory.
 pub const TOKEN_FILE: &str = "host-api.token";
@@ -31,26 +30,13 @@ const MAX_LEN: usize = 256;
 /// Failures of reading or creating the token file.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("host API token file {path}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "host API token file {path} is accessible by group or others (mode {mode:03o}); \
-         it must be 0600 (chmod 600 it, or delete it to make a new token)"
-    )]
-    Mode { path: PathBuf, mode: u32 },
-    #[error("host API token file {path} is not a regular file")]
-    NotAFile { path: PathBuf },
+    #[error(transparent)]
+    File(#[from] KeyFileError),
     #[error(
         "host API token file {path} does not hold a token ({MIN_LEN} to {MAX_LEN} visible \
          ASCII characters on one line); delete it to make a new one"
     )]
     Malformed { path: PathBuf },
-    #[error("the system random source failed")]
-    Random(#[source] std::io::Error),
 }
 
 /// The token a standalone host API requires, as the agent holds it: its
@@ -71,24 +57,15 @@ impl ApiToken {
     /// The token in `path`, made there first when there is none (see the
     /// module's documentation).
     pub fn load_or_create(path: &Path) -> Result<Self, TokenError> {
-        match read_token(path) {
-            Err(TokenError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            }
-            other => return other.map(|token| Self::new(&token, path)),
-        }
-        let mut raw = [0u8; 32];
-        getrandom::fill(&mut raw).map_err(|e| TokenError::Random(std::io::Error::other(e)))?;
-        let token = format!("{PREFIX}{}", B64.encode(raw));
-        match write_new(path, &token) {
-            Ok(()) => Ok(Self::new(&token, path)),
-            // Another process made it first: use theirs.
-            Err(TokenError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::AlreadyExists =>
-            {
-                read_token(path).map(|token| Self::new(&token, path))
-            }
-            Err(e) => Err(e),
-        }
+        let made = keyfile::load_or_create(WHAT, path, FILE_SIZE, || {
+            let mut raw = [0u8; 32];
+            getrandom::fill(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
+            Ok(Zeroizing::new(
+                format!("{PREFIX}{}\n", B64.encode(raw)).into_bytes(),
+            ))
+        });
+        let token = token_of(path, made)?;
+        Ok(Self::new(&token, path))
     }
 
     /// A token held in memory (tests; a token kept elsewhere).
@@ -115,37 +92,24 @@ impl ApiToken {
 /// (and the agent itself). The file must be a regular file of mode 0600
 /// (or stricter) holding one token.
 pub fn read_token(path: &Path) -> Result<String, TokenError> {
-    let io = |source| TokenError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    // Checked on the open file, so the file read is the one checked.
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(TokenError::NotAFile {
-            path: path.to_path_buf(),
-        });
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(TokenError::Mode {
-            path: path.to_path_buf(),
-            mode,
-        });
-    }
+    token_of(path, keyfile::read(WHAT, path, FILE_SIZE))
+}
+
+/// The token a read of its file found, checked.
+fn token_of(
+    path: &Path,
+    read: Result<Zeroizing<Vec<u8>>, KeyFileError>,
+) -> Result<String, TokenError> {
     let malformed = || TokenError::Malformed {
         path: path.to_path_buf(),
     };
-    let mut text = String::new();
-    // One byte past the longest token (and its newline) is enough to know.
-    file.take(MAX_LEN as u64 + 2)
-        .read_to_string(&mut text)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => malformed(),
-            _ => io(e),
-        })?;
-    let token = text.strip_suffix('\n').unwrap_or(&text);
+    let bytes = match read {
+        Ok(b) => b,
+        Err(KeyFileError::Length { .. }) => return Err(malformed()),
+        Err(e) => return Err(e.into()),
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|_| malformed())?;
+    let token = text.strip_suffix('\n').unwrap_or(text);
     let ok =
         (MIN_LEN..=MAX_LEN).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_graphic());
     if ok {
@@ -155,51 +119,16 @@ pub fn read_token(path: &Path) -> Result<String, TokenError> {
     }
 }
 
-/// Writes `token` (and a newline) to a new file at `path` atomically: a
-/// 0600 temporary file in the same directory, synced, then hard-linked to
-/// `path` (which fails with `AlreadyExists` rather than replace a token
-/// someone else made).
-fn write_new(path: &Path, token: &str) -> Result<(), TokenError> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| TokenError::Io { path: p, source }
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io(&tmp))?;
-        // The umask can only have removed bits; make it exactly 0600.
-        f.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(io(&tmp))?;
-        f.write_all(format!("{token}\n").as_bytes())
-            .map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        std::fs::hard_link(&tmp, path).map_err(io(path))?;
-        // Make the new name durable.
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(dir))
-    })();
-    if let Err(e) = std::fs::remove_file(&tmp) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(file = %tmp.display(), error = %e, "cannot remove a temporary token file");
-        }
-    }
-    result
-}
+/// What the token's file is called in errors.
+const WHAT: &str = "host API token file";
+
+/// The longest token file: the longest token and its newline.
+const FILE_SIZE: Size = Size::AtMost(MAX_LEN as u64 + 1);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn scratch() -> tempfile::TempDir {
         tempfile::tempdir().unwrap()
@@ -231,7 +160,10 @@ mod tests {
         std::fs::write(&path, "x".repeat(40)).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = ApiToken::load_or_create(&path).unwrap_err();
-        assert!(matches!(e, TokenError::Mode { mode: 0o644, .. }), "{e}");
+        assert!(
+            matches!(e, TokenError::File(KeyFileError::Mode { mode: 0o644, .. })),
+            "{e}"
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         // An operator's own token is taken as it is.
         assert!(ApiToken::load_or_create(&path)

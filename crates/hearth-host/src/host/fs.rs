@@ -19,27 +19,20 @@ pub(super) fn world_readable(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Creates the 32-byte master key file (mode 0600) unless it exists. The
-/// control plane seals its secrets under the same file, and every host of a
-/// fleet must be given the same one.
-pub(super) fn ensure_master_key(path: &Path) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut key = [0u8; 32];
-    getrandom::fill(&mut key).map_err(std::io::Error::other)?;
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(mut f) => {
-            f.write_all(&key)?;
-            f.sync_all()
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
+/// The 32-byte master key, its file (mode 0600) made first when there is
+/// none. The control plane seals its secrets under the same file, and
+/// every host of a fleet must be given the same one.
+pub(super) fn master_key(path: &Path) -> Result<[u8; 32], HostError> {
+    use hearth_fence::keyfile::{self, Size, Zeroizing};
+    let bytes = keyfile::load_or_create("master key file", path, Size::Exactly(32), || {
+        let mut key = Zeroizing::new(vec![0u8; 32]);
+        getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(key)
+    })?;
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| HostError::Invalid("the master key file changed length".into()))
 }
 
 /// Removes a file; one already gone is fine, other failures are logged.

@@ -248,7 +248,13 @@ impl Sandbox<'_> {
 /// The generation store of `dir`, opened as an operator would, with its
 /// own cache so that it never races the server's.
 async fn open_store(dir: &Path, scratch: &Path) -> Store {
-    let kek = KeyFileKek::load(&dir.join("master.key")).expect("load master.key");
+    let master = hearth_fence::keyfile::read(
+        "master key file",
+        &dir.join("master.key"),
+        hearth_fence::keyfile::Size::Exactly(32),
+    )
+    .expect("read master.key");
+    let kek = KeyFileKek::from_master(master.as_slice().try_into().expect("32 bytes"));
     Store::open(
         StoreConfig {
             url: format!("file://{}/store", dir.display()),
