@@ -66,6 +66,8 @@ use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, SnapshotId};
 use tokio::sync::{broadcast, watch};
 
 pub use autoscale::AutoscaleSetup;
+#[doc(hidden)]
+pub use e2b::{E2bRoute, ROUTES as E2B_ROUTES};
 pub use fleet::CONTROL_KEY_WINDOW;
 pub use gc::GC_INTERVAL;
 pub use metrics::Metrics;

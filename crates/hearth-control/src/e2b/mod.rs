@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, on, post, put, MethodFilter, MethodRouter};
 use axum::Router;
 use hearth_api::ApiError;
 
@@ -123,24 +123,110 @@ impl Door {
     }
 }
 
+/// One of E2B's routes: the one table the router, the request guard's
+/// choice of door, and the tests that walk every route are made from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct E2bRoute {
+    pub method: &'static str,
+    /// axum's pattern: `{name}` is one path segment.
+    pub path: &'static str,
+    /// Whether a request carries a body.
+    pub body: bool,
+    /// False for what E2B has and Hearth answers 501 naming it.
+    pub served: bool,
+}
+
+const fn route(method: &'static str, path: &'static str, body: bool) -> E2bRoute {
+    E2bRoute {
+        method,
+        path,
+        body,
+        served: true,
+    }
+}
+
+const fn unserved(method: &'static str, path: &'static str, body: bool) -> E2bRoute {
+    E2bRoute {
+        method,
+        path,
+        body,
+        served: false,
+    }
+}
+
+/// Every route of E2B's door.
+pub const ROUTES: &[E2bRoute] = &[
+    route("POST", "/sandboxes", true),
+    route("GET", "/sandboxes", false),
+    route("POST", "/v2/sandboxes", true),
+    route("GET", "/v2/sandboxes", false),
+    route("GET", "/sandboxes/{id}", false),
+    route("DELETE", "/sandboxes/{id}", false),
+    route("POST", "/sandboxes/{id}/timeout", true),
+    route("POST", "/sandboxes/{id}/pause", true),
+    route("POST", "/sandboxes/{id}/connect", true),
+    route("POST", "/sandboxes/{id}/resume", true),
+    route("POST", "/v2/sandboxes/{id}/connect", true),
+    route("GET", "/sandboxes/{id}/metrics", false),
+    unserved("GET", "/sandboxes/{id}/logs", false),
+    unserved("GET", "/v2/sandboxes/{id}/logs", false),
+    unserved("POST", "/sandboxes/{id}/refreshes", true),
+    route("POST", "/sandboxes/{id}/snapshots", true),
+    route("GET", "/snapshots", false),
+    route("DELETE", "/templates/{id}", false),
+    route("POST", "/sandboxes/{id}/fork", true),
+    route("PUT", "/sandboxes/{id}/network", true),
+    route("GET", "/health", false),
+    route("GET", "/files", false),
+    route("POST", "/files", true),
+    route("POST", "/process.Process/StreamInput", true),
+    route("POST", "/process.Process/{method}", true),
+    route("POST", "/filesystem.Filesystem/{method}", true),
+];
+
+/// First path segments LangSmith's API uses too: under them only E2B's
+/// own routes are E2B's door. Under E2B's other first segments every path
+/// is (an unknown one answers in E2B's shape).
+const SHARED_SEGMENTS: &[&str] = &["v2"];
+
+/// Whether `path` is one `pattern` describes.
+fn matches(pattern: &str, path: &str) -> bool {
+    let (mut p, mut q) = (pattern.split('/'), path.split('/'));
+    loop {
+        match (p.next(), q.next()) {
+            (None, None) => return true,
+            (Some(a), Some(b)) if a.starts_with('{') || a == b => {}
+            _ => return false,
+        }
+    }
+}
+
 /// The door of `path` (raw, as requested), `None` for LangSmith's.
 pub(crate) fn door_of(path: &str) -> Option<Door> {
-    if path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/") {
-        return Some(Door::Connect);
+    let door = |pattern: &str| {
+        if pattern.starts_with("/process.Process/")
+            || pattern.starts_with("/filesystem.Filesystem/")
+        {
+            Door::Connect
+        } else {
+            Door::Control
+        }
+    };
+    if let Some(r) = ROUTES.iter().find(|r| matches(r.path, path)) {
+        return Some(door(r.path));
     }
-    let control = [
-        "/sandboxes",
-        "/snapshots",
-        "/templates/",
-        "/files",
-        "/health",
-    ]
-    .iter()
-    .any(|p| path == p.trim_end_matches('/') || path.starts_with(p))
-        || path == "/v2/sandboxes"
-        || (path.starts_with("/v2/sandboxes/")
-            && (path.ends_with("/connect") || path.ends_with("/logs")));
-    control.then_some(Door::Control)
+    let first = |p: &str| {
+        p.trim_start_matches('/')
+            .split('/')
+            .next()
+            .unwrap_or("")
+            .to_owned()
+    };
+    let segment = first(path);
+    ROUTES
+        .iter()
+        .find(|r| !SHARED_SEGMENTS.contains(&segment.as_str()) && first(r.path) == segment)
+        .map(|r| door(r.path))
 }
 
 /// The door of a request: E2B's for its paths, and for any request that
@@ -150,43 +236,84 @@ pub(crate) fn door_of_request(c: &Control, req: &axum::extract::Request) -> Opti
     door_of(req.uri().path()).or_else(|| hosts::names_sandbox(c, req).then_some(Door::Control))
 }
 
-/// E2B's routes, merged into the public router.
+/// E2B's routes, merged into the public router: one per entry of
+/// [`ROUTES`].
 pub(crate) fn routes() -> Router<Arc<Control>> {
-    Router::new()
-        .route("/sandboxes", post(api::create).get(api::list))
-        .route("/v2/sandboxes", post(api::create).get(api::list))
-        .route("/sandboxes/{id}", get(api::detail).delete(api::kill))
-        .route("/sandboxes/{id}/timeout", post(api::set_timeout))
-        .route("/sandboxes/{id}/pause", post(api::pause))
-        .route("/sandboxes/{id}/connect", post(api::connect))
-        .route("/sandboxes/{id}/resume", post(api::connect))
-        .route("/v2/sandboxes/{id}/connect", post(api::connect))
-        .route("/sandboxes/{id}/metrics", get(metrics::metrics))
-        .route("/sandboxes/{id}/logs", get(api::not_served_route))
-        .route("/v2/sandboxes/{id}/logs", get(api::not_served_route))
-        .route("/sandboxes/{id}/refreshes", post(api::not_served_route))
-        .route("/sandboxes/{id}/snapshots", post(api::create_snapshot))
-        .route("/snapshots", get(api::list_snapshots))
-        .route(
-            "/templates/{id}",
-            axum::routing::delete(api::delete_template),
-        )
-        .route("/sandboxes/{id}/fork", post(api::fork))
-        .route(
-            "/sandboxes/{id}/network",
-            axum::routing::put(api::update_network),
-        )
-        .route("/health", get(envd::health))
-        .route(
-            "/files",
-            get(envd::download)
-                .post(envd::upload)
-                .layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/process.Process/StreamInput",
-            post(envd::stream_input).layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route("/process.Process/{method}", post(envd::process))
-        .route("/filesystem.Filesystem/{method}", post(envd::filesystem))
+    ROUTES
+        .iter()
+        .fold(Router::new(), |router, r| router.route(r.path, handler(r)))
+}
+
+/// The handler of a route of [`ROUTES`].
+fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
+    use axum::extract::DefaultBodyLimit;
+    if !r.served {
+        return on(method_filter(r.method), api::not_served_route);
+    }
+    match (r.method, r.path) {
+        ("POST", "/sandboxes" | "/v2/sandboxes") => post(api::create),
+        ("GET", "/sandboxes" | "/v2/sandboxes") => get(api::list),
+        ("GET", "/sandboxes/{id}") => get(api::detail),
+        ("DELETE", "/sandboxes/{id}") => delete(api::kill),
+        ("POST", "/sandboxes/{id}/timeout") => post(api::set_timeout),
+        ("POST", "/sandboxes/{id}/pause") => post(api::pause),
+        (
+            "POST",
+            "/sandboxes/{id}/connect" | "/sandboxes/{id}/resume" | "/v2/sandboxes/{id}/connect",
+        ) => post(api::connect),
+        ("GET", "/sandboxes/{id}/metrics") => get(metrics::metrics),
+        ("POST", "/sandboxes/{id}/snapshots") => post(api::create_snapshot),
+        ("GET", "/snapshots") => get(api::list_snapshots),
+        ("DELETE", "/templates/{id}") => delete(api::delete_template),
+        ("POST", "/sandboxes/{id}/fork") => post(api::fork),
+        ("PUT", "/sandboxes/{id}/network") => put(api::update_network),
+        ("GET", "/health") => get(envd::health),
+        ("GET", "/files") => get(envd::download).layer(DefaultBodyLimit::disable()),
+        ("POST", "/files") => post(envd::upload).layer(DefaultBodyLimit::disable()),
+        ("POST", "/process.Process/StreamInput") => {
+            post(envd::stream_input).layer(DefaultBodyLimit::disable())
+        }
+        ("POST", "/process.Process/{method}") => post(envd::process),
+        ("POST", "/filesystem.Filesystem/{method}") => post(envd::filesystem),
+        (method, path) => unreachable!("E2B route {method} {path} has no handler"),
+    }
+}
+
+fn method_filter(method: &str) -> MethodFilter {
+    match method {
+        "GET" => MethodFilter::GET,
+        "POST" => MethodFilter::POST,
+        "PUT" => MethodFilter::PUT,
+        "DELETE" => MethodFilter::DELETE,
+        other => unreachable!("E2B route method {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_has_a_handler_once_and_picks_its_door() {
+        // Building the router panics on a route without a handler or one
+        // given twice.
+        let _ = routes();
+        for (i, r) in ROUTES.iter().enumerate() {
+            assert!(
+                !ROUTES[..i]
+                    .iter()
+                    .any(|o| o.method == r.method && o.path == r.path),
+                "{r:?} twice"
+            );
+            let concrete = r.path.replace("{id}", "abc").replace("{method}", "Start");
+            assert!(door_of(&concrete).is_some(), "{concrete}");
+        }
+        assert_eq!(door_of("/process.Process/Start"), Some(Door::Connect));
+        assert_eq!(door_of("/sandboxes/abc/unknown"), Some(Door::Control));
+        assert_eq!(door_of("/v2/sandboxes/abc/connect"), Some(Door::Control));
+        // LangSmith's, under the segment both use.
+        assert_eq!(door_of("/v2/sandboxes/boxes"), None);
+        assert_eq!(door_of("/api/v2/sandboxes/boxes"), None);
+        assert_eq!(door_of("/healthz"), None);
+    }
 }

@@ -18,27 +18,17 @@ use crate::harness::{send, RawRequest, Resp, Rng, Server, TEST_DOMAIN};
 
 const SEED: u64 = 0x6532_6266_757a_7a00;
 
-/// E2B's control routes: method, path (`{id}` is replaced), whether a body
-/// goes with it.
-const CONTROL: &[(&str, &str, bool)] = &[
-    ("POST", "/sandboxes", true),
-    ("POST", "/v2/sandboxes", true),
-    ("GET", "/sandboxes", false),
-    ("GET", "/v2/sandboxes", false),
-    ("GET", "/sandboxes/{id}", false),
-    ("DELETE", "/sandboxes/{id}", false),
-    ("POST", "/sandboxes/{id}/timeout", true),
-    ("POST", "/sandboxes/{id}/pause", true),
-    ("POST", "/sandboxes/{id}/connect", true),
-    ("POST", "/sandboxes/{id}/resume", true),
-    ("POST", "/v2/sandboxes/{id}/connect", true),
-    ("GET", "/sandboxes/{id}/metrics", false),
-    ("POST", "/sandboxes/{id}/snapshots", true),
-    ("POST", "/sandboxes/{id}/fork", true),
-    ("GET", "/snapshots", false),
-    ("DELETE", "/templates/{id}", false),
-    ("PUT", "/sandboxes/{id}/network", true),
-];
+/// E2B's control routes that take an id or none (`{id}` is replaced):
+/// method, path, whether a body goes with it; from the table E2B's router
+/// is built from. envd's are walked below, by method.
+fn control_routes() -> Vec<(&'static str, &'static str, bool)> {
+    hearth_control::E2B_ROUTES
+        .iter()
+        .filter(|r| r.served && !r.path.contains("{method}") && !r.path.contains('.'))
+        .filter(|r| !matches!(r.path, "/files" | "/health"))
+        .map(|r| (r.method, r.path, r.body))
+        .collect()
+}
 
 const PROCESS: &[&str] = &[
     "Start",
@@ -166,7 +156,7 @@ async fn e2b_routes_answer_malformed_input_in_e2bs_shape_and_never_5xx() {
         "..%2f..%2fetc".to_owned(),
         "a".repeat(5000),
     ];
-    for (method, path, with_body) in CONTROL {
+    for (method, path, with_body) in control_routes().iter() {
         for id in &ids {
             let target = path.replace("{id}", id);
             let cases: Vec<(String, Vec<u8>)> = if *with_body {
