@@ -24,6 +24,7 @@ pub mod fleet;
 pub mod guest;
 pub mod pipe;
 pub mod remote;
+pub mod routes;
 pub mod sim;
 pub mod types;
 

@@ -20,6 +20,7 @@ use serde::Serialize;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::pipe::{Inbound, MAX_MESSAGE};
+use crate::routes::HostRoute;
 
 use crate::api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportImage, ImportedImage, StopVm,
@@ -225,9 +226,10 @@ impl RemoteHost {
     }
 
     async fn open_guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient> {
-        let path = format!("/v1/vms/{id}/guest");
+        let path = HostRoute::Guest.path(Some(id));
         let url = format!("{}{path}", self.base.replacen("http", "ws", 1));
-        let (name, value) = self.credentials("GET", &path, Some(id), fence, b"")?;
+        let (name, value) =
+            self.credentials(HostRoute::Guest.method(), &path, Some(id), fence, b"")?;
         let mut req =
             tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
                 url.as_str(),
@@ -324,56 +326,86 @@ impl HostApi for RemoteHost {
         let id = req
             .id
             .ok_or_else(|| HostApiError::new(ErrorKind::Invalid, "a remote create names its VM"))?;
-        let path = format!("/v1/vms/{id}");
-        self.json(Method::PUT, &path, Some(id), req.fence, Some(&req))
-            .await
+        let path = HostRoute::CreateVm.path(Some(id));
+        self.json(
+            method(HostRoute::CreateVm),
+            &path,
+            Some(id),
+            req.fence,
+            Some(&req),
+        )
+        .await
     }
 
     async fn start_vm(&self, id: VmId, fence: u64, mut resize: Resize) -> HostResult<VmRecord> {
         resize.fence = Some(fence);
-        let path = format!("/v1/vms/{id}/start");
-        self.json(Method::POST, &path, Some(id), fence, Some(&resize))
-            .await
+        let path = HostRoute::StartVm.path(Some(id));
+        self.json(
+            method(HostRoute::StartVm),
+            &path,
+            Some(id),
+            fence,
+            Some(&resize),
+        )
+        .await
     }
 
     async fn stop_vm(&self, id: VmId, fence: u64, how: StopVm) -> HostResult<VmRecord> {
-        let path = format!("/v1/vms/{id}/stop");
-        self.json(Method::POST, &path, Some(id), fence, Some(&how))
-            .await
+        let path = HostRoute::StopVm.path(Some(id));
+        self.json(
+            method(HostRoute::StopVm),
+            &path,
+            Some(id),
+            fence,
+            Some(&how),
+        )
+        .await
     }
 
     async fn delete_vm(&self, id: VmId, fence: u64) -> HostResult<()> {
         self.guests.lock().map(|mut g| g.remove(&id)).ok();
-        let path = format!("/v1/vms/{id}");
-        self.call::<()>(Method::DELETE, &path, Some(id), fence, None)
+        let path = HostRoute::DeleteVm.path(Some(id));
+        self.call::<()>(method(HostRoute::DeleteVm), &path, Some(id), fence, None)
             .await
             .map(drop)
     }
 
     async fn forget_vm(&self, id: VmId, fence: u64) -> HostResult<()> {
         self.guests.lock().map(|mut g| g.remove(&id)).ok();
-        let path = format!("/v1/vms/{id}/forget");
-        self.call::<()>(Method::POST, &path, Some(id), fence, None)
+        let path = HostRoute::ForgetVm.path(Some(id));
+        self.call::<()>(method(HostRoute::ForgetVm), &path, Some(id), fence, None)
             .await
             .map(drop)
     }
 
     async fn claim_vm(&self, id: VmId, fence: u64, claim: ClaimVm) -> HostResult<VmRecord> {
-        let path = format!("/v1/vms/{id}/claim");
-        self.json(Method::POST, &path, Some(id), fence, Some(&claim))
-            .await
+        let path = HostRoute::ClaimVm.path(Some(id));
+        self.json(
+            method(HostRoute::ClaimVm),
+            &path,
+            Some(id),
+            fence,
+            Some(&claim),
+        )
+        .await
     }
 
     async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()> {
-        let path = format!("/v1/vms/{id}/network");
-        self.call(Method::PUT, &path, Some(id), fence, Some(&net))
-            .await
-            .map(drop)
+        let path = HostRoute::SetNetwork.path(Some(id));
+        self.call(
+            method(HostRoute::SetNetwork),
+            &path,
+            Some(id),
+            fence,
+            Some(&net),
+        )
+        .await
+        .map(drop)
     }
 
     async fn get_vm(&self, id: VmId, fence: u64) -> HostResult<VmRecord> {
-        let path = format!("/v1/vms/{id}");
-        self.json::<_, ()>(Method::GET, &path, Some(id), fence, None)
+        let path = HostRoute::GetVm.path(Some(id));
+        self.json::<_, ()>(method(HostRoute::GetVm), &path, Some(id), fence, None)
             .await
     }
 
@@ -383,7 +415,13 @@ impl HostApi for RemoteHost {
             vms: Vec<VmRecord>,
         }
         let list: List = self
-            .json::<_, ()>(Method::GET, "/v1/vms", None, 0, None)
+            .json::<_, ()>(
+                method(HostRoute::ListVms),
+                &HostRoute::ListVms.path(None),
+                None,
+                0,
+                None,
+            )
             .await?;
         Ok(list.vms)
     }
@@ -395,21 +433,33 @@ impl HostApi for RemoteHost {
         volume: &str,
         include_memory: bool,
     ) -> HostResult<Captured> {
-        let path = format!("/v1/vms/{id}/capture");
+        let path = HostRoute::Capture.path(Some(id));
         let body = serde_json::json!({"volume": volume, "include_memory": include_memory});
-        self.json(Method::POST, &path, Some(id), fence, Some(&body))
-            .await
+        self.json(
+            method(HostRoute::Capture),
+            &path,
+            Some(id),
+            fence,
+            Some(&body),
+        )
+        .await
     }
 
     async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage> {
-        self.json(Method::POST, "/v1/images/import", None, 0, Some(&req))
-            .await
+        self.json(
+            method(HostRoute::ImportImage),
+            &HostRoute::ImportImage.path(None),
+            None,
+            0,
+            Some(&req),
+        )
+        .await
     }
 
     async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()> {
         self.call(
-            Method::POST,
-            "/v1/snapshots/delete",
+            method(HostRoute::DeleteSnapshot),
+            &HostRoute::DeleteSnapshot.path(None),
             None,
             0,
             Some(captured),
@@ -421,13 +471,25 @@ impl HostApi for RemoteHost {
     async fn collect_garbage(&self) -> HostResult<StoreGc> {
         // A run longer than the command timeout goes on at the host (its
         // handler is detached); this answer is then `Unavailable`.
-        self.json::<_, ()>(Method::POST, "/v1/store/gc", None, 0, None)
-            .await
+        self.json::<_, ()>(
+            method(HostRoute::CollectGarbage),
+            &HostRoute::CollectGarbage.path(None),
+            None,
+            0,
+            None,
+        )
+        .await
     }
 
     async fn status(&self) -> HostResult<HostStatus> {
-        self.json::<_, ()>(Method::GET, "/v1/status", None, 0, None)
-            .await
+        self.json::<_, ()>(
+            method(HostRoute::Status),
+            &HostRoute::Status.path(None),
+            None,
+            0,
+            None,
+        )
+        .await
     }
 
     async fn guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient> {
@@ -443,6 +505,16 @@ impl HostApi for RemoteHost {
             guests.insert(id, (fence, guest.clone()));
         }
         Ok(guest)
+    }
+}
+
+/// The request method of `route`.
+fn method(route: HostRoute) -> Method {
+    match route.method() {
+        "GET" => Method::GET,
+        "PUT" => Method::PUT,
+        "DELETE" => Method::DELETE,
+        _ => Method::POST,
     }
 }
 

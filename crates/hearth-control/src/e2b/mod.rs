@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, on, post, put, MethodFilter, MethodRouter};
+use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
 use hearth_api::ApiError;
 
@@ -247,34 +247,36 @@ pub(crate) fn routes() -> Router<Arc<Control>> {
 /// The handler of a route of [`ROUTES`].
 fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
     use axum::extract::DefaultBodyLimit;
+    // The method is the table's: only the handler is chosen here.
+    let m = method_filter(r.method);
     if !r.served {
-        return on(method_filter(r.method), api::not_served_route);
+        return on(m, api::not_served_route);
     }
     match (r.method, r.path) {
-        ("POST", "/sandboxes" | "/v2/sandboxes") => post(api::create),
-        ("GET", "/sandboxes" | "/v2/sandboxes") => get(api::list),
-        ("GET", "/sandboxes/{id}") => get(api::detail),
-        ("DELETE", "/sandboxes/{id}") => delete(api::kill),
-        ("POST", "/sandboxes/{id}/timeout") => post(api::set_timeout),
-        ("POST", "/sandboxes/{id}/pause") => post(api::pause),
+        ("POST", "/sandboxes" | "/v2/sandboxes") => on(m, api::create),
+        ("GET", "/sandboxes" | "/v2/sandboxes") => on(m, api::list),
+        ("GET", "/sandboxes/{id}") => on(m, api::detail),
+        ("DELETE", "/sandboxes/{id}") => on(m, api::kill),
+        ("POST", "/sandboxes/{id}/timeout") => on(m, api::set_timeout),
+        ("POST", "/sandboxes/{id}/pause") => on(m, api::pause),
         (
             "POST",
             "/sandboxes/{id}/connect" | "/sandboxes/{id}/resume" | "/v2/sandboxes/{id}/connect",
-        ) => post(api::connect),
-        ("GET", "/sandboxes/{id}/metrics") => get(metrics::metrics),
-        ("POST", "/sandboxes/{id}/snapshots") => post(api::create_snapshot),
-        ("GET", "/snapshots") => get(api::list_snapshots),
-        ("DELETE", "/templates/{id}") => delete(api::delete_template),
-        ("POST", "/sandboxes/{id}/fork") => post(api::fork),
-        ("PUT", "/sandboxes/{id}/network") => put(api::update_network),
-        ("GET", "/health") => get(envd::health),
-        ("GET", "/files") => get(envd::download).layer(DefaultBodyLimit::disable()),
-        ("POST", "/files") => post(envd::upload).layer(DefaultBodyLimit::disable()),
+        ) => on(m, api::connect),
+        ("GET", "/sandboxes/{id}/metrics") => on(m, metrics::metrics),
+        ("POST", "/sandboxes/{id}/snapshots") => on(m, api::create_snapshot),
+        ("GET", "/snapshots") => on(m, api::list_snapshots),
+        ("DELETE", "/templates/{id}") => on(m, api::delete_template),
+        ("POST", "/sandboxes/{id}/fork") => on(m, api::fork),
+        ("PUT", "/sandboxes/{id}/network") => on(m, api::update_network),
+        ("GET", "/health") => on(m, envd::health),
+        ("GET", "/files") => on(m, envd::download).layer(DefaultBodyLimit::disable()),
+        ("POST", "/files") => on(m, envd::upload).layer(DefaultBodyLimit::disable()),
         ("POST", "/process.Process/StreamInput") => {
-            post(envd::stream_input).layer(DefaultBodyLimit::disable())
+            on(m, envd::stream_input).layer(DefaultBodyLimit::disable())
         }
-        ("POST", "/process.Process/{method}") => post(envd::process),
-        ("POST", "/filesystem.Filesystem/{method}") => post(envd::filesystem),
+        ("POST", "/process.Process/{method}") => on(m, envd::process),
+        ("POST", "/filesystem.Filesystem/{method}") => on(m, envd::filesystem),
         (method, path) => unreachable!("E2B route {method} {path} has no handler"),
     }
 }

@@ -47,9 +47,10 @@ use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use futures_util::StreamExt;
+use hearth_hostapi::routes::HostRoute;
 use hearth_types::VmId;
 use serde::de::DeserializeOwned;
 
@@ -63,28 +64,44 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// The API's routes over `host`, every request but `/healthz`
 /// authenticated as `access` says.
 pub fn router(host: Arc<Host>, access: Access) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/v1/status", get(vms::status))
-        .route("/v1/vms", get(vms::list))
-        .route(
-            "/v1/vms/{id}",
-            get(vms::get).put(vms::create).delete(vms::delete),
-        )
-        .route("/v1/vms/{id}/start", post(vms::start))
-        .route("/v1/vms/{id}/stop", post(vms::stop))
-        .route("/v1/vms/{id}/forget", post(vms::forget))
-        .route("/v1/vms/{id}/claim", post(vms::claim))
-        .route("/v1/vms/{id}/network", put(vms::network))
-        .route("/v1/vms/{id}/capture", post(vms::capture))
-        .route("/v1/vms/{id}/guest", get(vms::guest))
-        .route("/v1/images/import", post(vms::import))
-        .route("/v1/snapshots/delete", post(vms::delete_snapshot))
-        .route("/v1/store/gc", post(vms::collect_garbage))
+    HostRoute::ALL
+        .iter()
+        .fold(Router::new(), |router, r| {
+            router.route(r.pattern(), handler(*r))
+        })
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(host)
         .layer(axum::middleware::from_fn_with_state(access, access::check))
+}
+
+/// The handler of a route of the table the client is written from too.
+fn handler(route: HostRoute) -> MethodRouter<Arc<Host>> {
+    // The method is the table's: only the handler is chosen here.
+    let m = match route.method() {
+        "GET" => MethodFilter::GET,
+        "PUT" => MethodFilter::PUT,
+        "DELETE" => MethodFilter::DELETE,
+        _ => MethodFilter::POST,
+    };
+    match route {
+        HostRoute::Health => on(m, healthz),
+        HostRoute::Status => on(m, vms::status),
+        HostRoute::ListVms => on(m, vms::list),
+        HostRoute::GetVm => on(m, vms::get),
+        HostRoute::CreateVm => on(m, vms::create),
+        HostRoute::DeleteVm => on(m, vms::delete),
+        HostRoute::StartVm => on(m, vms::start),
+        HostRoute::StopVm => on(m, vms::stop),
+        HostRoute::ForgetVm => on(m, vms::forget),
+        HostRoute::ClaimVm => on(m, vms::claim),
+        HostRoute::SetNetwork => on(m, vms::network),
+        HostRoute::Capture => on(m, vms::capture),
+        HostRoute::Guest => on(m, vms::guest),
+        HostRoute::ImportImage => on(m, vms::import),
+        HostRoute::DeleteSnapshot => on(m, vms::delete_snapshot),
+        HostRoute::CollectGarbage => on(m, vms::collect_garbage),
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` resolves; requests still

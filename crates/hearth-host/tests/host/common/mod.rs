@@ -234,31 +234,14 @@ pub fn every_route(vm: &str) -> Vec<(&'static str, String, Vec<u8>)> {
     ]
 }
 
-/// Every `(METHOD, path template)` the host API's router serves, read from
-/// its source, so a route added there and not to [`every_route`] fails the
-/// tests that walk every route.
+/// Every `(METHOD, path template)` the host API's router serves, from the
+/// table it is built from, so a route added there and not to
+/// [`every_route`] fails the tests that walk every route.
 pub fn router_routes() -> std::collections::BTreeSet<(String, String)> {
-    let src = include_str!("../../../src/api/mod.rs");
-    let start = src.find("pub fn router(").expect("the router function");
-    let end = start
-        + src[start..]
-            .find(".fallback(")
-            .expect("the router's fallback");
-    let mut routes = std::collections::BTreeSet::new();
-    for chunk in src[start..end].split(".route(").skip(1) {
-        let path = chunk.split('"').nth(1).expect("a route's path").to_owned();
-        for (token, method) in [
-            ("get(", "GET"),
-            ("put(", "PUT"),
-            ("post(", "POST"),
-            ("delete(", "DELETE"),
-        ] {
-            if chunk.contains(token) {
-                routes.insert((method.to_owned(), path.clone()));
-            }
-        }
-    }
-    routes
+    hearth_hostapi::routes::HostRoute::ALL
+        .iter()
+        .map(|r| (r.method().to_owned(), r.pattern().to_owned()))
+        .collect()
 }
 
 /// `path` with the VM id `vm` put back as `{id}`.
