@@ -583,6 +583,12 @@ fn strip_position(err: &serde_json::Error) -> String {
         .replace("expected f64", "expected a number")
 }
 
+impl From<hearth_types::rules::Invalid> for ApiError {
+    fn from(e: hearth_types::rules::Invalid) -> Self {
+        ApiError::validation(&e.field, e.message)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,37 +47,26 @@ use crate::error::ApiError;
 use crate::nested::{validate_volumes, AccessDelegation, ProxyConfig, RunConfig, VolumeAttachment};
 use crate::validate::{check_env_vars, check_labels, check_sandbox_name, check_ttl, SnapshotRef};
 
+use hearth_types::rules::show_cpu;
+pub use hearth_types::rules::SnapshotSelector;
+pub use hearth_types::rules::{
+    default_mem, mem_range, Sizing, SizingRequest, DEFAULT_DELETE_AFTER_STOP,
+    EPHEMERAL_DISK_PER_VCPU, MAX_CPU, MAX_EPHEMERAL_DISK, MAX_MEM, MEM_PER_VCPU,
+};
+
 const GIB: u64 = ByteSize::GIB;
 const MIB: u64 = ByteSize::MIB;
 
-/// Memory per vCPU of the default ratio.
-pub const MEM_PER_VCPU: ByteSize = ByteSize::gib(4);
-/// Largest memory of one sandbox.
-pub const MAX_MEM: ByteSize = ByteSize::gib(64);
-/// Largest CPU of one sandbox (64 GiB is the ratio's lower bound for it).
-pub const MAX_CPU: MilliCpu = MilliCpu(32_000);
-/// Disk per vCPU of a non-persistent sandbox.
-pub const EPHEMERAL_DISK_PER_VCPU: ByteSize = ByteSize::gib(16);
-/// Largest disk of a non-persistent sandbox.
-pub const MAX_EPHEMERAL_DISK: ByteSize = ByteSize::gib(256);
+/// [`hearth_types::rules::resolve_sizing`], as LangSmith's 422.
+pub fn resolve_sizing(req: &SizingRequest) -> Result<Sizing, ApiError> {
+    Ok(hearth_types::rules::resolve_sizing(req)?)
+}
+
 /// `idle_ttl_seconds` when omitted.
 pub const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(600);
-/// `delete_after_stop_seconds` when omitted: 14 days.
-pub const DEFAULT_DELETE_AFTER_STOP: Duration = Duration::from_secs(14 * 24 * 3600);
 /// How long a create with `wait_for_ready` and no `timeout` blocks (the
 /// SDK's default).
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Which snapshot a create asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SnapshotSelector {
-    /// None named: the server's default snapshot.
-    Default,
-    /// By id.
-    Id(Uuid),
-    /// By `name:tag` (a bare name already resolved to `name:latest`).
-    Ref(SnapshotRef),
-}
 
 /// Reads `snapshot_id`, `snapshot` and `snapshot_name`: at most one may be
 /// set (empty strings count as unset, like the SDK's truthiness checks;
@@ -286,233 +275,6 @@ fn check_tag_value_ids(ids: &[String]) -> Result<(), ApiError> {
         return Err(crate::boxes::tag_values_unsupported("tag_value_ids"));
     }
     Ok(())
-}
-
-/// The sizing fields of a create, as sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SizingRequest {
-    pub vcpus: Option<i64>,
-    pub cpu_millicores: Option<i64>,
-    pub mem_bytes: Option<i64>,
-    pub fs_capacity_bytes: Option<i64>,
-    pub persistent: bool,
-    pub snapshot_fs_capacity: ByteSize,
-}
-
-/// Resolved resources.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sizing {
-    pub cpu: MilliCpu,
-    pub mem: ByteSize,
-    pub fs_capacity: ByteSize,
-}
-
-/// Applies the sizing rules of the module docs.
-pub fn resolve_sizing(req: &SizingRequest) -> Result<Sizing, ApiError> {
-    // CPU as asked, with the field that asked for it.
-    let explicit_cpu: Option<(&str, u32)> = match (req.cpu_millicores, req.vcpus) {
-        (Some(m), _) => {
-            if m < 1 {
-                return Err(ApiError::validation(
-                    "cpu_millicores",
-                    format!("cpu_millicores must be at least 1, got {m}"),
-                ));
-            }
-            if m > i64::from(MAX_CPU.0) {
-                return Err(ApiError::validation(
-                    "cpu_millicores",
-                    format!("cpu_millicores must be at most {}, got {m}", MAX_CPU.0),
-                ));
-            }
-            Some(("cpu_millicores", m as u32))
-        }
-        (None, Some(v)) => {
-            if v < 1 {
-                return Err(ApiError::validation(
-                    "vcpus",
-                    format!("vcpus must be at least 1, got {v}"),
-                ));
-            }
-            if v > i64::from(MAX_CPU.whole_vcpus()) {
-                return Err(ApiError::validation(
-                    "vcpus",
-                    format!("vcpus must be at most {}, got {v}", MAX_CPU.whole_vcpus()),
-                ));
-            }
-            Some(("vcpus", v as u32 * 1000))
-        }
-        (None, None) => None,
-    };
-
-    let asked_mem = match req.mem_bytes {
-        None => None,
-        Some(b) if b < 1 => {
-            return Err(ApiError::validation(
-                "mem_bytes",
-                format!("mem_bytes must be positive, got {b}"),
-            ))
-        }
-        Some(b) if b as u64 > MAX_MEM.bytes() => {
-            return Err(ApiError::validation(
-                "mem_bytes",
-                format!(
-                    "mem_bytes must be at most {MAX_MEM}, got {}",
-                    show(b as u64)
-                ),
-            ))
-        }
-        Some(b) => Some(b as u64),
-    };
-
-    let snapshot_fs = req.snapshot_fs_capacity.bytes();
-    let fs = match req.fs_capacity_bytes {
-        None => snapshot_fs,
-        Some(b) if b < 1 => {
-            return Err(ApiError::validation(
-                "fs_capacity_bytes",
-                format!("fs_capacity_bytes must be positive, got {b}"),
-            ))
-        }
-        Some(b) if (b as u64) < snapshot_fs => {
-            return Err(ApiError::validation(
-                "fs_capacity_bytes",
-                format!(
-                    "fs_capacity_bytes cannot be smaller than the snapshot's {}, got {}",
-                    show(snapshot_fs),
-                    show(b as u64)
-                ),
-            ))
-        }
-        Some(b) => b as u64,
-    };
-    let fs_note = if req.fs_capacity_bytes.is_none() {
-        " (the snapshot's disk)"
-    } else {
-        ""
-    };
-    if !req.persistent && fs > MAX_EPHEMERAL_DISK.bytes() {
-        return Err(ApiError::validation(
-            "fs_capacity_bytes",
-            format!(
-                "fs_capacity_bytes: a non-persistent sandbox gets at most {MAX_EPHEMERAL_DISK} of disk, got {}{fs_note}",
-                show(fs)
-            ),
-        ));
-    }
-
-    let (cpu, derived_from) = match explicit_cpu {
-        Some((_, m)) => (m, None),
-        None => {
-            let from_mem = asked_mem.map_or(1, |b| b.div_ceil(MEM_PER_VCPU.bytes()));
-            let from_disk = if req.persistent {
-                1
-            } else {
-                fs.div_ceil(EPHEMERAL_DISK_PER_VCPU.bytes())
-            };
-            let vcpus = from_mem.max(from_disk).max(1);
-            let why = if asked_mem.is_none() && from_disk <= 1 {
-                None
-            } else if from_disk > from_mem {
-                Some("derived from fs_capacity_bytes at 16 GiB of disk per vCPU")
-            } else {
-                Some("derived from mem_bytes at 4 GiB per vCPU")
-            };
-            // Both bounds keep this within u32: mem ≤ 64 GiB, disk ≤ 256 GiB.
-            (vcpus as u32 * 1000, why)
-        }
-    };
-
-    let mem = match asked_mem {
-        Some(b) => {
-            let (lo, hi) = mem_range(cpu);
-            if b < lo || b > hi {
-                let derived = derived_from.map(|d| format!(", {d}")).unwrap_or_default();
-                let hint = if explicit_cpu.is_none() && b < 2 * GIB {
-                    "; for less memory set cpu_millicores (e.g. 500 accepts 1-3 GiB)"
-                } else {
-                    ""
-                };
-                return Err(ApiError::validation(
-                    "mem_bytes",
-                    format!(
-                        "mem_bytes {} is outside {}-{} allowed for {}{derived} (4 GiB per vCPU, within 50%){hint}",
-                        show(b),
-                        show(lo),
-                        show(hi.min(MAX_MEM.bytes())),
-                        show_cpu(cpu),
-                    ),
-                ));
-            }
-            b
-        }
-        None => {
-            let d = default_mem(cpu);
-            if d > MAX_MEM.bytes() {
-                let field = explicit_cpu.map_or("vcpus", |(f, _)| f);
-                let (lo, _) = mem_range(cpu);
-                return Err(ApiError::validation(
-                    field,
-                    format!(
-                        "{field}: {} defaults to {} of memory (4 GiB per vCPU), above the {MAX_MEM} maximum; set mem_bytes between {} and {MAX_MEM}",
-                        show_cpu(cpu),
-                        show(d),
-                        show(lo),
-                    ),
-                ));
-            }
-            d
-        }
-    };
-
-    if !req.persistent && explicit_cpu.is_some() {
-        let cap = u64::from(cpu) * EPHEMERAL_DISK_PER_VCPU.bytes() / 1000;
-        if fs > cap {
-            return Err(ApiError::validation(
-                "fs_capacity_bytes",
-                format!(
-                    "fs_capacity_bytes: a non-persistent sandbox gets at most 16 GiB of disk per vCPU: {} allows {}, got {}{fs_note}; request more CPU or a persistent sandbox",
-                    show_cpu(cpu),
-                    show(cap),
-                    show(fs)
-                ),
-            ));
-        }
-    }
-
-    Ok(Sizing {
-        cpu: MilliCpu(cpu),
-        mem: ByteSize(mem),
-        fs_capacity: ByteSize(fs),
-    })
-}
-
-/// Memory when only CPU is given: 4 GiB per vCPU, rounded up to a MiB.
-pub fn default_mem(millicores: u32) -> u64 {
-    (u64::from(millicores) * (MEM_PER_VCPU.bytes() / MIB)).div_ceil(1000) * MIB
-}
-
-/// Inclusive memory bounds for a CPU: 4 GiB per vCPU ± 50 %.
-pub fn mem_range(millicores: u32) -> (u64, u64) {
-    // ratio = 4 GiB × m / 1000; lo = ratio / 2 (rounded up), hi = 1.5 ratio
-    // (rounded down), exact in u128.
-    let m = u128::from(millicores);
-    let per = u128::from(MEM_PER_VCPU.bytes());
-    let lo = (per * m).div_ceil(2000);
-    let hi = per * m * 3 / 2000;
-    (lo as u64, hi as u64)
-}
-
-fn show(bytes: u64) -> String {
-    ByteSize(bytes).to_string()
-}
-
-fn show_cpu(millicores: u32) -> String {
-    if millicores.is_multiple_of(1000) {
-        format!("{} vCPU", millicores / 1000)
-    } else {
-        let frac = format!("{:03}", millicores % 1000);
-        format!("{}.{} vCPU", millicores / 1000, frac.trim_end_matches('0'))
-    }
 }
 
 /// Applies a PATCH body to a stored spec. Name uniqueness (409) and the

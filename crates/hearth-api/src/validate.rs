@@ -2,20 +2,27 @@
 //! environment variables, paths and snapshot references.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::ApiError;
 
+pub use hearth_types::rules::{
+    ParseSnapshotRefError, SnapshotRef, DEFAULT_TAG, MAX_LABELS, MAX_LABEL_KEY_LEN,
+    MAX_LABEL_VALUE_LEN,
+};
+
+/// [`hearth_types::rules::check_labels`], as LangSmith's 422.
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    Ok(hearth_types::rules::check_labels(labels)?)
+}
+
+/// [`hearth_types::rules::check_env_vars`], as LangSmith's 422.
+pub fn check_env_vars(field: &str, env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    Ok(hearth_types::rules::check_env_vars(field, env)?)
+}
+
 /// Longest sandbox name.
 pub const MAX_NAME_LEN: usize = 63;
-/// Most labels a request may set.
-pub const MAX_LABELS: usize = 64;
-/// Longest label key, in characters.
-pub const MAX_LABEL_KEY_LEN: usize = 128;
-/// Longest label value, in characters.
-pub const MAX_LABEL_VALUE_LEN: usize = 1024;
 /// Upper bound of `idle_ttl_seconds` (and, by analogy,
 /// `delete_after_stop_seconds`): the largest multiple of 60 that fits an
 /// `i32`, which is what LangSmith documents as the maximum.
@@ -50,37 +57,6 @@ pub fn check_sandbox_name(field: &str, name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Checks a request's labels: at most [`MAX_LABELS`] entries, keys 1–128 and
-/// values 0–1024 characters, no control characters. Only the labels the
-/// request sets are counted; labels inherited from a snapshot are not.
-pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    if labels.len() > MAX_LABELS {
-        return Err(ApiError::validation(
-            "labels",
-            format!("labels: at most {MAX_LABELS} labels, got {}", labels.len()),
-        ));
-    }
-    for (k, v) in labels {
-        let field = format!("labels.{k}");
-        let key_chars = k.chars().count();
-        if key_chars == 0 || key_chars > MAX_LABEL_KEY_LEN || k.chars().any(char::is_control) {
-            return Err(ApiError::validation(
-                &field,
-                format!("labels: key '{k}' must be 1-{MAX_LABEL_KEY_LEN} printable characters"),
-            ));
-        }
-        if v.chars().count() > MAX_LABEL_VALUE_LEN || v.chars().any(char::is_control) {
-            return Err(ApiError::validation(
-                &field,
-                format!(
-                    "{field}: the value must be at most {MAX_LABEL_VALUE_LEN} printable characters"
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Checks a TTL in seconds and turns it into a duration, `0` meaning
 /// disabled (`None`). Range 0..=[`MAX_TTL_SECONDS`], a multiple of 60: the
 /// SDK refuses other values before sending, so enforcing it here keeps other
@@ -99,26 +75,6 @@ pub fn check_ttl(field: &str, seconds: i64) -> Result<Option<Duration>, ApiError
         ));
     }
     Ok((seconds > 0).then(|| Duration::from_secs(seconds as u64)))
-}
-
-/// Environment names must be non-empty without `=` or NUL; values without
-/// NUL (neither can cross `execve`).
-pub fn check_env_vars(field: &str, env: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    for (k, v) in env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(ApiError::validation(
-                &format!("{field}.{k}"),
-                format!("{field}: invalid variable name '{k}'"),
-            ));
-        }
-        if v.contains('\0') {
-            return Err(ApiError::validation(
-                &format!("{field}.{k}"),
-                format!("{field}: value of '{k}' contains a NUL byte"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// An absolute path without NUL.
@@ -140,72 +96,6 @@ pub(crate) fn check_max_chars(field: &str, s: &str, max: usize) -> Result<(), Ap
         ));
     }
     Ok(())
-}
-
-/// A Docker-style snapshot reference, `name:tag`. A bare name means
-/// `name:latest`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SnapshotRef {
-    pub name: String,
-    pub tag: String,
-}
-
-/// The tag a bare snapshot name resolves to.
-pub const DEFAULT_TAG: &str = "latest";
-
-impl fmt::Display for SnapshotRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.name, self.tag)
-    }
-}
-
-/// The text is not a `name[:tag]` reference.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid snapshot reference '{input}': {why}")]
-pub struct ParseSnapshotRefError {
-    input: String,
-    why: &'static str,
-}
-
-impl FromStr for SnapshotRef {
-    type Err = ParseSnapshotRefError;
-
-    /// Splits at the last `:`. Names and tags may not be empty or contain
-    /// whitespace, control characters or `/`; tags follow Docker (letters,
-    /// digits, `_`, `.`, `-`, at most 128).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |why| ParseSnapshotRefError {
-            input: s.to_owned(),
-            why,
-        };
-        let (name, tag) = match s.rsplit_once(':') {
-            Some((n, t)) => (n, t),
-            None => (s, DEFAULT_TAG),
-        };
-        if name.is_empty() {
-            return Err(err("the name is empty"));
-        }
-        if name
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == ':')
-        {
-            return Err(err("the name contains whitespace, ':' or '/'"));
-        }
-        if tag.is_empty() {
-            return Err(err("the tag is empty"));
-        }
-        if tag.len() > 128
-            || !tag
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-        {
-            return Err(err("a tag is at most 128 letters, digits, '_', '.' or '-'"));
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            tag: tag.to_owned(),
-        })
-    }
 }
 
 #[cfg(test)]

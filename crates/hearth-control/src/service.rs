@@ -324,10 +324,7 @@ impl Control {
         let facts = SnapshotFacts {
             id: *snap.id.as_uuid(),
             fs_capacity: snap.fs_capacity,
-            run_config: snap
-                .run_config
-                .clone()
-                .and_then(|v| serde_json::from_value(v).ok()),
+            run_config: crate::domain::queries::snapshot_run(&snap),
             labels: snap.labels.clone(),
             has_memory: snap.memory_bytes.is_some(),
             supports_non_persistent: true,

@@ -35,11 +35,25 @@ use hearth_hostapi::{Captured, HostApi, ImportImage};
 use hearth_types::{HostId, SnapshotId, WorkspaceId};
 
 use crate::auth::Principal;
+use crate::domain::commands::Capture;
 use crate::error::db_error;
 use crate::list::snapshot_response;
 use crate::reap::BUILD_HEARTBEAT;
 use crate::service::{memory_volumes, vm_id};
 use crate::Control;
+
+/// A name for a snapshot its caller did not name: `snapshot-<12 hex>`,
+/// tagged `latest`.
+fn generated_reference() -> hearth_types::rules::SnapshotRef {
+    let hex = hearth_types::SnapshotId::new()
+        .as_uuid()
+        .simple()
+        .to_string();
+    hearth_types::rules::SnapshotRef {
+        name: format!("snapshot-{}", &hex[hex.len() - 12..]),
+        tag: hearth_types::rules::DEFAULT_TAG.to_owned(),
+    }
+}
 
 impl Control {
     /// `POST /boxes/{name}/snapshot`.
@@ -50,7 +64,19 @@ impl Control {
         body: &[u8],
     ) -> Result<SnapshotResponse, ApiError> {
         let req: CaptureSnapshotRequest = hearth_api::parse_body(body)?;
-        let snap = self.capture(who, sandbox, &req).await?;
+        let reference = req.validate()?;
+        if let Some(over) = &req.run_config {
+            over.validate("run_config")?;
+        }
+        let command = Capture {
+            reference: Some(reference),
+            include_memory: req.include_memory,
+            run_config: req.run_config,
+            fs_capacity_bytes: req.fs_capacity_bytes,
+            labels: req.labels,
+            description: req.description,
+        };
+        let snap = self.capture(who, sandbox, &command).await?;
         Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
     }
 
@@ -61,10 +87,16 @@ impl Control {
         self: &Arc<Self>,
         who: &Principal,
         sandbox: &str,
-        req: &CaptureSnapshotRequest,
+        req: &Capture,
     ) -> Result<SnapshotRow, ApiError> {
         who.require("sandboxes:update")?;
-        let reference = req.validate()?;
+        let reference = match &req.reference {
+            Some(r) => r.clone(),
+            None => generated_reference(),
+        };
+        if let Some(l) = &req.labels {
+            hearth_types::rules::check_labels(l)?;
+        }
         let row = self.find(who.workspace_id, sandbox).await?;
         // A capture holds the sandbox's files (and memory): its maker
         // becomes the creator of whatever starts from it, so it needs the
@@ -102,10 +134,7 @@ impl Control {
             .map_err(db_error)?;
         let base: RunConfig = serde_json::from_value(row.run_config.clone()).unwrap_or_default();
         let run_config = match &req.run_config {
-            Some(over) => {
-                over.validate("run_config")?;
-                over.merged_over(&base)
-            }
+            Some(over) => over.merged_over(&base),
             None => base,
         };
         // A larger disk for the sandboxes made from the snapshot (their

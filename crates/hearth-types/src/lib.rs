@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod egress;
 pub mod ids;
+pub mod rules;
 pub mod sandbox;
 pub use ids::{ApiKeyId, HostId, PoolId, SandboxId, SnapshotId, WorkspaceId};
 

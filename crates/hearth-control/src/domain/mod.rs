@@ -4,8 +4,9 @@
 //! parses its wire format and renders results; what a sandbox may become
 //! is decided here.
 
+pub(crate) mod commands;
 mod lifetime;
-mod queries;
+pub(crate) mod queries;
 pub(crate) mod state;
 
 #[cfg(test)]

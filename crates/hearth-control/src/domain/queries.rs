@@ -83,3 +83,17 @@ impl Control {
         }
     }
 }
+
+/// The run configuration a snapshot gives its sandboxes (entrypoint, user,
+/// working directory, environment), as stored with it; a stored value that
+/// does not read is logged and none is used.
+pub(crate) fn snapshot_run(snap: &SnapshotRow) -> Option<hearth_api::RunConfig> {
+    let v = snap.run_config.clone()?;
+    match serde_json::from_value(v) {
+        Ok(run) => Some(run),
+        Err(e) => {
+            tracing::warn!(snapshot = %snap.id, error = %e, "the snapshot's stored run configuration does not read; its sandboxes run without it");
+            None
+        }
+    }
+}

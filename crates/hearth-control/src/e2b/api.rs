@@ -18,12 +18,12 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_api::spec::{
-    resolve_sizing, SizingRequest, SnapshotSelector, DEFAULT_DELETE_AFTER_STOP,
-};
-use hearth_api::validate::{check_env_vars, check_labels};
 use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, SnapshotRow};
 use hearth_types::egress::{AccessSpec, EgressSpec};
+use hearth_types::rules::{
+    check_env_vars, check_labels, resolve_sizing, SizingRequest, SnapshotRef, SnapshotSelector,
+    DEFAULT_DELETE_AFTER_STOP, DEFAULT_TAG,
+};
 use hearth_types::sandbox::{Lifetime, RestoreMemory, SandboxPlan, SandboxSpec};
 use hearth_types::SandboxId;
 use serde::{Deserialize, Serialize};
@@ -31,6 +31,7 @@ use serde_json::Value;
 
 use super::{E2bError, E2bResult, ENVD_VERSION};
 use crate::auth::Principal;
+use crate::domain::commands::Capture;
 use crate::error::HttpError;
 use crate::extract::JsonBody;
 use crate::runtime_tokens::RuntimeTokens;
@@ -408,11 +409,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, lifetime: Lifetime) -> E2bResult<S
     }
     let env_vars = req.env_vars.clone().unwrap_or_default();
     check_env_vars("envVars", &env_vars)?;
-    let run: hearth_api::RunConfig = snap
-        .run_config
-        .clone()
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
+    let run = crate::domain::queries::snapshot_run(snap).unwrap_or_default();
     let egress = Network::access(req.network.as_ref(), req.allow_internet_access)?.map(|access| {
         EgressSpec {
             access: Some(access),
@@ -860,7 +857,7 @@ struct SnapshotInfo {
 fn snapshot_info(s: &SnapshotRow) -> SnapshotInfo {
     SnapshotInfo {
         snapshot_id: s.id.to_string(),
-        names: vec![if s.tag == hearth_api::validate::DEFAULT_TAG {
+        names: vec![if s.tag == DEFAULT_TAG {
             s.name.clone()
         } else {
             format!("{}:{}", s.name, s.tag)
@@ -885,26 +882,16 @@ pub async fn create_snapshot(
     let who = who?;
     let req: SnapshotBody = optional_body(&body?.0)?;
     let row = c.e2b_find(&who, &id).await?;
-    let reference: hearth_api::validate::SnapshotRef = match &req.name {
-        Some(n) => n
-            .parse()
-            .map_err(|e| E2bError::bad_request(format!("name: {e}")))?,
-        None => {
-            let hex = hearth_types::SnapshotId::new()
-                .as_uuid()
-                .simple()
-                .to_string();
-            hearth_api::validate::SnapshotRef {
-                name: format!("snapshot-{}", &hex[hex.len() - 12..]),
-                tag: hearth_api::validate::DEFAULT_TAG.to_owned(),
-            }
-        }
-    };
-    let capture = hearth_api::CaptureSnapshotRequest {
-        name: reference.name,
-        tag: Some(reference.tag),
+    let reference = req
+        .name
+        .as_deref()
+        .map(str::parse::<SnapshotRef>)
+        .transpose()
+        .map_err(|e| E2bError::bad_request(format!("name: {e}")))?;
+    let capture = Capture {
+        reference,
         include_memory: req.memory.unwrap_or(true),
-        ..Default::default()
+        ..Capture::default()
     };
     let building = c.capture(&who, &row.id.to_string(), &capture).await?;
     let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
@@ -977,7 +964,7 @@ pub async fn list_snapshots(
         // One snapshot by id or name[:tag], when it is one of the listed.
         // A name that is not one is the caller's mistake, said as such.
         if n.parse::<uuid::Uuid>().is_err() {
-            n.parse::<hearth_api::validate::SnapshotRef>()
+            n.parse::<SnapshotRef>()
                 .map_err(|e| E2bError::bad_request(format!("name: {e}")))?;
         }
         let found = c.snapshot(&who, &n).await.ok();

@@ -75,6 +75,13 @@ impl From<ApiError> for E2bError {
     }
 }
 
+impl From<hearth_types::rules::Invalid> for E2bError {
+    fn from(e: hearth_types::rules::Invalid) -> Self {
+        // The rule's message names the field, as E2B's SDK shows it.
+        Self::bad_request(e.message)
+    }
+}
+
 impl From<HttpError> for E2bError {
     fn from(e: HttpError) -> Self {
         e.0.into()

@@ -1,0 +1,25 @@
+//! Commands both doors parse into: what a caller asks of a sandbox, in
+//! Hearth's terms, checked by the door's parser for shape and by the
+//! domain for everything else.
+
+use std::collections::BTreeMap;
+
+use hearth_types::rules::SnapshotRef;
+
+/// Capture a sandbox as a new snapshot.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Capture {
+    /// The new snapshot's `name:tag`.
+    pub reference: Option<SnapshotRef>,
+    /// Capture the running memory too (a resume, not a boot, for what is
+    /// made from it).
+    pub include_memory: bool,
+    /// Replaces the captured run configuration's `user`/`work_dir` and
+    /// merges its `env_vars` (LangSmith's `run_config`, as stored).
+    pub run_config: Option<hearth_api::RunConfig>,
+    /// A larger disk for what is made from it; never smaller.
+    pub fs_capacity_bytes: Option<i64>,
+    /// The snapshot's labels; none: the sandbox's.
+    pub labels: Option<BTreeMap<String, String>>,
+    pub description: Option<String>,
+}

@@ -1,0 +1,447 @@
+//! The rules a sandbox is held to, whichever API door it came through:
+//! sizing, labels, environment variables and snapshot references, defined
+//! once. A door turns an [`Invalid`] into its own error shape (LangSmith's
+//! 422 with the field's location, E2B's 400 naming the field).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::{ByteSize, MilliCpu};
+
+const GIB: u64 = ByteSize::GIB;
+const MIB: u64 = ByteSize::MIB;
+
+/// A value a rule refuses: the field (a dotted path, as the API names it)
+/// and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Invalid {
+    pub field: String,
+    pub message: String,
+}
+
+impl Invalid {
+    pub fn new(field: &str, message: impl Into<String>) -> Self {
+        Self {
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Most labels a request may set.
+pub const MAX_LABELS: usize = 64;
+/// Longest label key, in characters.
+pub const MAX_LABEL_KEY_LEN: usize = 128;
+/// Longest label value, in characters.
+pub const MAX_LABEL_VALUE_LEN: usize = 1024;
+
+/// Checks a request's labels: at most [`MAX_LABELS`] entries, keys 1–128 and
+/// values 0–1024 characters, no control characters. Only the labels the
+/// request sets are counted; labels inherited from a snapshot are not.
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    if labels.len() > MAX_LABELS {
+        return Err(Invalid::new(
+            "labels",
+            format!("labels: at most {MAX_LABELS} labels, got {}", labels.len()),
+        ));
+    }
+    for (k, v) in labels {
+        let field = format!("labels.{k}");
+        let key_chars = k.chars().count();
+        if key_chars == 0 || key_chars > MAX_LABEL_KEY_LEN || k.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                &field,
+                format!("labels: key '{k}' must be 1-{MAX_LABEL_KEY_LEN} printable characters"),
+            ));
+        }
+        if v.chars().count() > MAX_LABEL_VALUE_LEN || v.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                &field,
+                format!(
+                    "{field}: the value must be at most {MAX_LABEL_VALUE_LEN} printable characters"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Environment names must be non-empty without `=` or NUL; values without
+/// NUL (neither can cross `execve`).
+pub fn check_env_vars(field: &str, env: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(Invalid::new(
+                &format!("{field}.{k}"),
+                format!("{field}: invalid variable name '{k}'"),
+            ));
+        }
+        if v.contains('\0') {
+            return Err(Invalid::new(
+                &format!("{field}.{k}"),
+                format!("{field}: value of '{k}' contains a NUL byte"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A Docker-style snapshot reference, `name:tag`. A bare name means
+/// `name:latest`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SnapshotRef {
+    pub name: String,
+    pub tag: String,
+}
+
+/// The tag a bare snapshot name resolves to.
+pub const DEFAULT_TAG: &str = "latest";
+
+impl fmt::Display for SnapshotRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.name, self.tag)
+    }
+}
+
+/// The text is not a `name[:tag]` reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid snapshot reference '{input}': {why}")]
+pub struct ParseSnapshotRefError {
+    input: String,
+    why: &'static str,
+}
+
+impl FromStr for SnapshotRef {
+    type Err = ParseSnapshotRefError;
+
+    /// Splits at the last `:`. Names and tags may not be empty or contain
+    /// whitespace, control characters or `/`; tags follow Docker (letters,
+    /// digits, `_`, `.`, `-`, at most 128).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why| ParseSnapshotRefError {
+            input: s.to_owned(),
+            why,
+        };
+        let (name, tag) = match s.rsplit_once(':') {
+            Some((n, t)) => (n, t),
+            None => (s, DEFAULT_TAG),
+        };
+        if name.is_empty() {
+            return Err(err("the name is empty"));
+        }
+        if name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == ':')
+        {
+            return Err(err("the name contains whitespace, ':' or '/'"));
+        }
+        if tag.is_empty() {
+            return Err(err("the tag is empty"));
+        }
+        if tag.len() > 128
+            || !tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        {
+            return Err(err("a tag is at most 128 letters, digits, '_', '.' or '-'"));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            tag: tag.to_owned(),
+        })
+    }
+}
+
+/// Which snapshot a create asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotSelector {
+    /// None named: the server's default snapshot.
+    Default,
+    /// By id.
+    Id(uuid::Uuid),
+    /// By `name:tag` (a bare name already resolved to `name:latest`).
+    Ref(SnapshotRef),
+}
+
+/// Memory per vCPU of the default ratio.
+pub const MEM_PER_VCPU: ByteSize = ByteSize::gib(4);
+/// Largest memory of one sandbox.
+pub const MAX_MEM: ByteSize = ByteSize::gib(64);
+/// Largest CPU of one sandbox (64 GiB is the ratio's lower bound for it).
+pub const MAX_CPU: MilliCpu = MilliCpu(32_000);
+/// Disk per vCPU of a non-persistent sandbox.
+pub const EPHEMERAL_DISK_PER_VCPU: ByteSize = ByteSize::gib(16);
+/// Largest disk of a non-persistent sandbox.
+pub const MAX_EPHEMERAL_DISK: ByteSize = ByteSize::gib(256);
+
+/// `delete_after_stop_seconds` when omitted: 14 days.
+pub const DEFAULT_DELETE_AFTER_STOP: Duration = Duration::from_secs(14 * 24 * 3600);
+
+/// The sizing fields of a create, as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizingRequest {
+    pub vcpus: Option<i64>,
+    pub cpu_millicores: Option<i64>,
+    pub mem_bytes: Option<i64>,
+    pub fs_capacity_bytes: Option<i64>,
+    pub persistent: bool,
+    pub snapshot_fs_capacity: ByteSize,
+}
+
+/// Resolved resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    pub cpu: MilliCpu,
+    pub mem: ByteSize,
+    pub fs_capacity: ByteSize,
+}
+
+/// Applies the sizing rules of the module docs.
+pub fn resolve_sizing(req: &SizingRequest) -> Result<Sizing, Invalid> {
+    // CPU as asked, with the field that asked for it.
+    let explicit_cpu: Option<(&str, u32)> = match (req.cpu_millicores, req.vcpus) {
+        (Some(m), _) => {
+            if m < 1 {
+                return Err(Invalid::new(
+                    "cpu_millicores",
+                    format!("cpu_millicores must be at least 1, got {m}"),
+                ));
+            }
+            if m > i64::from(MAX_CPU.0) {
+                return Err(Invalid::new(
+                    "cpu_millicores",
+                    format!("cpu_millicores must be at most {}, got {m}", MAX_CPU.0),
+                ));
+            }
+            Some(("cpu_millicores", m as u32))
+        }
+        (None, Some(v)) => {
+            if v < 1 {
+                return Err(Invalid::new(
+                    "vcpus",
+                    format!("vcpus must be at least 1, got {v}"),
+                ));
+            }
+            if v > i64::from(MAX_CPU.whole_vcpus()) {
+                return Err(Invalid::new(
+                    "vcpus",
+                    format!("vcpus must be at most {}, got {v}", MAX_CPU.whole_vcpus()),
+                ));
+            }
+            Some(("vcpus", v as u32 * 1000))
+        }
+        (None, None) => None,
+    };
+
+    let asked_mem = match req.mem_bytes {
+        None => None,
+        Some(b) if b < 1 => {
+            return Err(Invalid::new(
+                "mem_bytes",
+                format!("mem_bytes must be positive, got {b}"),
+            ))
+        }
+        Some(b) if b as u64 > MAX_MEM.bytes() => {
+            return Err(Invalid::new(
+                "mem_bytes",
+                format!(
+                    "mem_bytes must be at most {MAX_MEM}, got {}",
+                    show(b as u64)
+                ),
+            ))
+        }
+        Some(b) => Some(b as u64),
+    };
+
+    let snapshot_fs = req.snapshot_fs_capacity.bytes();
+    let fs = match req.fs_capacity_bytes {
+        None => snapshot_fs,
+        Some(b) if b < 1 => {
+            return Err(Invalid::new(
+                "fs_capacity_bytes",
+                format!("fs_capacity_bytes must be positive, got {b}"),
+            ))
+        }
+        Some(b) if (b as u64) < snapshot_fs => {
+            return Err(Invalid::new(
+                "fs_capacity_bytes",
+                format!(
+                    "fs_capacity_bytes cannot be smaller than the snapshot's {}, got {}",
+                    show(snapshot_fs),
+                    show(b as u64)
+                ),
+            ))
+        }
+        Some(b) => b as u64,
+    };
+    let fs_note = if req.fs_capacity_bytes.is_none() {
+        " (the snapshot's disk)"
+    } else {
+        ""
+    };
+    if !req.persistent && fs > MAX_EPHEMERAL_DISK.bytes() {
+        return Err(Invalid::new(
+            "fs_capacity_bytes",
+            format!(
+                "fs_capacity_bytes: a non-persistent sandbox gets at most {MAX_EPHEMERAL_DISK} of disk, got {}{fs_note}",
+                show(fs)
+            ),
+        ));
+    }
+
+    let (cpu, derived_from) = match explicit_cpu {
+        Some((_, m)) => (m, None),
+        None => {
+            let from_mem = asked_mem.map_or(1, |b| b.div_ceil(MEM_PER_VCPU.bytes()));
+            let from_disk = if req.persistent {
+                1
+            } else {
+                fs.div_ceil(EPHEMERAL_DISK_PER_VCPU.bytes())
+            };
+            let vcpus = from_mem.max(from_disk).max(1);
+            let why = if asked_mem.is_none() && from_disk <= 1 {
+                None
+            } else if from_disk > from_mem {
+                Some("derived from fs_capacity_bytes at 16 GiB of disk per vCPU")
+            } else {
+                Some("derived from mem_bytes at 4 GiB per vCPU")
+            };
+            // Both bounds keep this within u32: mem ≤ 64 GiB, disk ≤ 256 GiB.
+            (vcpus as u32 * 1000, why)
+        }
+    };
+
+    let mem = match asked_mem {
+        Some(b) => {
+            let (lo, hi) = mem_range(cpu);
+            if b < lo || b > hi {
+                let derived = derived_from.map(|d| format!(", {d}")).unwrap_or_default();
+                let hint = if explicit_cpu.is_none() && b < 2 * GIB {
+                    "; for less memory set cpu_millicores (e.g. 500 accepts 1-3 GiB)"
+                } else {
+                    ""
+                };
+                return Err(Invalid::new(
+                    "mem_bytes",
+                    format!(
+                        "mem_bytes {} is outside {}-{} allowed for {}{derived} (4 GiB per vCPU, within 50%){hint}",
+                        show(b),
+                        show(lo),
+                        show(hi.min(MAX_MEM.bytes())),
+                        show_cpu(cpu),
+                    ),
+                ));
+            }
+            b
+        }
+        None => {
+            let d = default_mem(cpu);
+            if d > MAX_MEM.bytes() {
+                let field = explicit_cpu.map_or("vcpus", |(f, _)| f);
+                let (lo, _) = mem_range(cpu);
+                return Err(Invalid::new(
+                    field,
+                    format!(
+                        "{field}: {} defaults to {} of memory (4 GiB per vCPU), above the {MAX_MEM} maximum; set mem_bytes between {} and {MAX_MEM}",
+                        show_cpu(cpu),
+                        show(d),
+                        show(lo),
+                    ),
+                ));
+            }
+            d
+        }
+    };
+
+    if !req.persistent && explicit_cpu.is_some() {
+        let cap = u64::from(cpu) * EPHEMERAL_DISK_PER_VCPU.bytes() / 1000;
+        if fs > cap {
+            return Err(Invalid::new(
+                "fs_capacity_bytes",
+                format!(
+                    "fs_capacity_bytes: a non-persistent sandbox gets at most 16 GiB of disk per vCPU: {} allows {}, got {}{fs_note}; request more CPU or a persistent sandbox",
+                    show_cpu(cpu),
+                    show(cap),
+                    show(fs)
+                ),
+            ));
+        }
+    }
+
+    Ok(Sizing {
+        cpu: MilliCpu(cpu),
+        mem: ByteSize(mem),
+        fs_capacity: ByteSize(fs),
+    })
+}
+
+/// Memory when only CPU is given: 4 GiB per vCPU, rounded up to a MiB.
+pub fn default_mem(millicores: u32) -> u64 {
+    (u64::from(millicores) * (MEM_PER_VCPU.bytes() / MIB)).div_ceil(1000) * MIB
+}
+
+/// Inclusive memory bounds for a CPU: 4 GiB per vCPU ± 50 %.
+pub fn mem_range(millicores: u32) -> (u64, u64) {
+    // ratio = 4 GiB × m / 1000; lo = ratio / 2 (rounded up), hi = 1.5 ratio
+    // (rounded down), exact in u128.
+    let m = u128::from(millicores);
+    let per = u128::from(MEM_PER_VCPU.bytes());
+    let lo = (per * m).div_ceil(2000);
+    let hi = per * m * 3 / 2000;
+    (lo as u64, hi as u64)
+}
+
+pub fn show(bytes: u64) -> String {
+    ByteSize(bytes).to_string()
+}
+
+pub fn show_cpu(millicores: u32) -> String {
+    if millicores.is_multiple_of(1000) {
+        format!("{} vCPU", millicores / 1000)
+    } else {
+        let frac = format!("{:03}", millicores % 1000);
+        format!("{}.{} vCPU", millicores / 1000, frac.trim_end_matches('0'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_its_field() {
+        let e = resolve_sizing(&SizingRequest {
+            vcpus: Some(0),
+            cpu_millicores: None,
+            mem_bytes: None,
+            fs_capacity_bytes: None,
+            persistent: true,
+            snapshot_fs_capacity: ByteSize::gib(1),
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "vcpus");
+        let mut env = BTreeMap::new();
+        env.insert("A=B".to_owned(), "x".to_owned());
+        assert_eq!(
+            check_env_vars("envVars", &env).unwrap_err().field,
+            "envVars.A=B"
+        );
+        // Nothing asked: one vCPU, 4 GiB, the snapshot's disk.
+        let s = resolve_sizing(&SizingRequest {
+            vcpus: None,
+            cpu_millicores: None,
+            mem_bytes: None,
+            fs_capacity_bytes: None,
+            persistent: true,
+            snapshot_fs_capacity: ByteSize::gib(1),
+        })
+        .unwrap();
+        assert_eq!(
+            (s.cpu, s.mem, s.fs_capacity),
+            (MilliCpu(1000), ByteSize::gib(4), ByteSize::gib(1))
+        );
+    }
+}
