@@ -284,7 +284,7 @@ pub(crate) async fn delegation_of(
     if sandbox.status == hearth_db::SandboxStatus::Deleting {
         return refuse("the sandbox is being deleted");
     }
-    let spec = crate::service::spec_of(sandbox)?;
+    let spec = crate::domain::queries::spec_of(sandbox)?;
     let Some(delegation) = spec.delegation else {
         return refuse("the sandbox was created without access_delegation");
     };

@@ -21,9 +21,10 @@ use hearth_guest_proto::ExecRequest;
 use serde::Deserialize;
 
 use crate::auth::Principal;
+use crate::domain::queries::spec_of;
 use crate::error::{HttpError, HttpResult};
 use crate::extract::{Multipart, Path, Query};
-use crate::service::{spec_of, vm_id};
+use crate::service::vm_id;
 use crate::Control;
 
 /// While a WebSocket stays open, its sandbox counts as active this often.

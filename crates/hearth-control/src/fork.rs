@@ -24,8 +24,9 @@ use hearth_types::sandbox::Lifetime;
 use hearth_types::SandboxId;
 
 use crate::auth::Principal;
+use crate::domain::queries::spec_of;
 use crate::error::db_error;
-use crate::service::{snapshot_image, spec_of, vm_id, vm_memory};
+use crate::service::{snapshot_image, vm_id, vm_memory};
 use crate::Control;
 
 /// How long a fork's child may take to boot before its lifetime's clock

@@ -41,9 +41,10 @@ use hearth_types::{ApiKeyId, SandboxId};
 use serde::Serialize;
 
 use crate::auth::Principal;
+use crate::domain::commands::SandboxChange;
+use crate::domain::queries::spec_of;
 use crate::error::HttpResult;
 use crate::extract::Path;
-use crate::service::{spec_of, SandboxChange};
 use crate::Control;
 
 /// The sign-in cookie.

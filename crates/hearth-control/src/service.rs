@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hearth_api::nested::ProxyConfig;
 use hearth_api::{
-    apply_update, read_stored_spec, resolve_create, sandbox_response, snapshot_selector, ApiError,
+    apply_update, resolve_create, sandbox_response, snapshot_selector, ApiError,
     CreateSandboxRequest, CreationFailure, ListSandboxesQuery, SandboxMeta, SandboxResponse,
     SnapshotFacts, SnapshotSelector, StatusResponse, UpdateSandboxRequest,
 };
@@ -24,6 +24,8 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::auth::Principal;
+use crate::domain::commands::SandboxChange;
+use crate::domain::queries::spec_of;
 use crate::domain::state::{Move, Verdict};
 use crate::error::db_error;
 use crate::Control;
@@ -82,15 +84,6 @@ fn check_delegation(
         }
     }
     Ok(())
-}
-
-/// The resolved spec stored with a sandbox (Hearth's own, whichever API
-/// created it).
-pub(crate) fn spec_of(row: &SandboxRow) -> Result<SandboxSpec, ApiError> {
-    read_stored_spec(&row.spec).map_err(|e| {
-        tracing::error!(sandbox = %row.id, error = %e, "stored sandbox spec does not parse");
-        ApiError::internal()
-    })
 }
 
 /// A value in its stored JSON form (a failure is a bug, reported as a 500
@@ -1724,13 +1717,6 @@ pub(crate) fn memory_volumes(disk: &str, size: ByteSize) -> MemoryVolumes {
 
 /// Records activity on a sandbox (what its idle timeout counts from); a
 /// failure is logged, since the sandbox may then be idle-stopped early.
-/// A change of a sandbox, as any door asks it: its new name (if any)
-/// and whole spec, and whether its network policy (egress) changed.
-pub(crate) struct SandboxChange {
-    pub name: Option<String>,
-    pub spec: SandboxSpec,
-    pub network: bool,
-}
 
 pub(crate) async fn touch_logged(db: &hearth_db::Db, id: hearth_types::SandboxId, now: Timestamp) {
     if let Err(e) = db.touch_activity(id, now).await {

@@ -34,11 +34,11 @@ use hearth_guest_proto::OpErrorKind;
 use hearth_types::SandboxId;
 use hyper_util::rt::TokioIo;
 
+use crate::domain::queries::spec_of;
 use crate::error::HttpResult;
 use crate::extract::Path;
 use crate::links::{embed_origins, service_port, token_expiry, token_sandbox};
 use crate::runtime_tokens::RuntimeKind;
-use crate::service::spec_of;
 use crate::Control;
 
 /// Whether a request asks to switch protocols (`Connection: upgrade`).

@@ -23,3 +23,11 @@ pub(crate) struct Capture {
     pub labels: Option<BTreeMap<String, String>>,
     pub description: Option<String>,
 }
+
+/// A change of a sandbox, as any door asks it: its new name (if any)
+/// and whole spec, and whether its network policy (egress) changed.
+pub(crate) struct SandboxChange {
+    pub name: Option<String>,
+    pub spec: hearth_types::sandbox::SandboxSpec,
+    pub network: bool,
+}

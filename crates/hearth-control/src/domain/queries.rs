@@ -97,3 +97,12 @@ pub(crate) fn snapshot_run(snap: &SnapshotRow) -> Option<hearth_api::RunConfig> 
         }
     }
 }
+
+/// The resolved spec stored with a sandbox (Hearth's own, whichever API
+/// created it).
+pub(crate) fn spec_of(row: &SandboxRow) -> Result<hearth_types::sandbox::SandboxSpec, ApiError> {
+    hearth_api::read_stored_spec(&row.spec).map_err(|e| {
+        tracing::error!(sandbox = %row.id, error = %e, "stored sandbox spec does not parse");
+        ApiError::internal()
+    })
+}

@@ -32,10 +32,11 @@ use serde_json::Value;
 use super::{E2bError, E2bResult, ENVD_VERSION};
 use crate::auth::Principal;
 use crate::domain::commands::Capture;
+use crate::domain::commands::SandboxChange;
+use crate::domain::queries::spec_of;
 use crate::error::HttpError;
 use crate::extract::JsonBody;
 use crate::runtime_tokens::RuntimeTokens;
-use crate::service::{spec_of, SandboxChange};
 use crate::Control;
 
 /// A sandbox's `timeout` when the create names none (E2B's API default).

@@ -42,8 +42,8 @@ use serde_json::json;
 
 use super::connect::{self, ConnectError};
 use super::{E2bError, E2bResult};
+use crate::domain::queries::spec_of;
 use crate::runtime_tokens::RuntimeKind;
-use crate::service::spec_of;
 use crate::Control;
 
 const B64: base64::engine::general_purpose::GeneralPurpose =

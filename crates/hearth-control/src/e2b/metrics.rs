@@ -182,7 +182,7 @@ pub async fn metrics(
             ),
         )
     })?;
-    let spec = crate::service::spec_of(&row)?;
+    let spec = crate::domain::queries::spec_of(&row)?;
     Ok(Json(vec![SandboxMetric {
         timestamp: now.to_rfc3339(),
         timestamp_unix: secs,
