@@ -1717,7 +1717,6 @@ pub(crate) fn memory_volumes(disk: &str, size: ByteSize) -> MemoryVolumes {
 
 /// Records activity on a sandbox (what its idle timeout counts from); a
 /// failure is logged, since the sandbox may then be idle-stopped early.
-
 pub(crate) async fn touch_logged(db: &hearth_db::Db, id: hearth_types::SandboxId, now: Timestamp) {
     if let Err(e) = db.touch_activity(id, now).await {
         tracing::warn!(sandbox = %id, error = %e, "cannot record activity; the idle timeout may stop it early");
