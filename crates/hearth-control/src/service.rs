@@ -1071,9 +1071,18 @@ impl Control {
     }
 
     pub async fn delete(&self, who: &Principal, name: &str) -> Result<(), ApiError> {
-        who.require("sandboxes:delete")?;
         let row = self.find(who.workspace_id, name).await?;
-        self.delete_row(&row).await
+        self.delete_sandbox(who, &row).await
+    }
+
+    /// Deletes the sandbox for `who`, either door's delete.
+    pub(crate) async fn delete_sandbox(
+        &self,
+        who: &Principal,
+        row: &SandboxRow,
+    ) -> Result<(), ApiError> {
+        who.require("sandboxes:delete")?;
+        self.delete_row(row).await
     }
 
     pub(crate) async fn delete_row(&self, row: &SandboxRow) -> Result<(), ApiError> {

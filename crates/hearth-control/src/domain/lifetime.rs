@@ -4,10 +4,11 @@
 //! stops; E2B's through these commands.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hearth_api::ApiError;
-use hearth_db::{Deadline, OnExpiry, SandboxRow, Timestamp};
+use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, Timestamp};
 use hearth_types::SandboxId;
 
 use super::state::{Move, Verdict};
@@ -97,6 +98,30 @@ impl Control {
         self.stop_row(row, Some(reason)).await?;
         self.db.clear_deadline(row.id).await.map_err(db_error)?;
         Ok(())
+    }
+
+    /// A connect: it is for using the sandbox (its answer is the runtime
+    /// tokens), so it needs runtime access, checked before anything else;
+    /// a paused sandbox resumes (an update), a running one is read. Its
+    /// deadline then follows [`Control::extend_on_connect`]. Whether it
+    /// resumed is the second value.
+    pub(crate) async fn connect(
+        self: &Arc<Self>,
+        who: &Principal,
+        row: SandboxRow,
+        timeout: Option<Duration>,
+    ) -> Result<(SandboxRow, bool), ApiError> {
+        who.require_runtime(&row)?;
+        let resumed = row.status != SandboxStatus::Ready;
+        let row = if resumed {
+            who.require("sandboxes:update")?;
+            self.wake(row).await?.0
+        } else {
+            who.require("sandboxes:read")?;
+            row
+        };
+        self.extend_on_connect(&row, timeout, resumed).await?;
+        Ok((row, resumed))
     }
 
     /// The deadline after a connect with `timeout`: a resumed sandbox ends

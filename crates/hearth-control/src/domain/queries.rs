@@ -66,6 +66,20 @@ impl Control {
         self.resolve_any_snapshot(who.workspace_id, reference).await
     }
 
+    /// A sandbox of the caller's workspace that is not being deleted, by
+    /// id (another workspace's is not found, as one that never was).
+    pub(crate) async fn live_sandbox(
+        &self,
+        who: &Principal,
+        id: hearth_types::SandboxId,
+    ) -> Result<SandboxRow, ApiError> {
+        let row = self.find(who.workspace_id, &id.to_string()).await?;
+        if row.status == hearth_db::SandboxStatus::Deleting {
+            return Err(ApiError::not_found("sandbox", &id.to_string()));
+        }
+        Ok(row)
+    }
+
     /// The snapshot a sandbox was made from, while it exists (it may have
     /// been deleted since; a failure to read it is logged).
     pub(crate) async fn made_from(&self, row: &SandboxRow) -> Option<SnapshotRow> {

@@ -353,14 +353,15 @@ impl Control {
     pub(super) async fn e2b_find(&self, who: &Principal, id: &str) -> E2bResult<SandboxRow> {
         let not_found = || E2bError::not_found(format!("sandbox {id} not found"));
         let id: SandboxId = id.parse().map_err(|_| not_found())?;
-        let row = self
-            .find(who.workspace_id, &id.to_string())
-            .await
-            .map_err(|_| not_found())?;
-        if row.status == SandboxStatus::Deleting {
-            return Err(not_found());
-        }
-        Ok(row)
+        // Another workspace's is not found, as one that never was; a
+        // failure to look is the failure it is.
+        self.live_sandbox(who, id).await.map_err(|e| {
+            if e.status == 404 {
+                not_found()
+            } else {
+                e.into()
+            }
+        })
     }
 }
 
@@ -609,7 +610,6 @@ pub async fn list(
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Response> {
     let who = who?;
-    who.require("sandboxes:read")?;
     let q = list_query(raw.as_deref())?;
     let filter = hearth_db::SandboxFilter {
         // One state is one status; both (the default) take every row and
@@ -645,9 +645,11 @@ pub async fn kill(
     Path(id): Path<String>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
+    // Refused before the lookup, so that a key that may not delete learns
+    // nothing of which ids exist (the domain checks again).
     who.require("sandboxes:delete")?;
     let row = c.e2b_find(&who, &id).await?;
-    c.delete_row(&row).await?;
+    c.delete_sandbox(&who, &row).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -737,19 +739,7 @@ pub async fn connect(
     }
     let timeout = req.timeout.map(timeout_secs).transpose()?;
     let row = c.e2b_find(&who, &id).await?;
-    // Connecting is for using the sandbox: its answer is the runtime
-    // tokens, so it needs runtime access (checked before any resume).
-    who.require_runtime(&row)?;
-    let resumed = row.status != SandboxStatus::Ready;
-    let row = if resumed {
-        who.require("sandboxes:update")?;
-        let (row, _guest) = c.wake(row).await?;
-        row
-    } else {
-        who.require("sandboxes:read")?;
-        row
-    };
-    c.extend_on_connect(&row, timeout, resumed).await?;
+    let (row, resumed) = c.connect(&who, row, timeout).await?;
     let snap = c.e2b_snapshot(&row).await;
     let status = if resumed {
         StatusCode::CREATED
@@ -935,7 +925,6 @@ pub async fn list_snapshots(
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Response> {
     let who = who?;
-    who.require("sandboxes:read")?;
     let mut filter = hearth_db::SnapshotFilter {
         captured_only: true,
         status: Some(hearth_db::SnapshotStatus::Ready),
@@ -1015,6 +1004,7 @@ pub async fn update_network(
     body: Result<JsonBody, HttpError>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
+    // Refused before the lookup (see `kill`).
     who.require("sandboxes:update")?;
     let net: Network = json_body(&body?.0)?;
     if net.allow_public_traffic.is_some() {
