@@ -43,6 +43,7 @@ mod login;
 mod metrics;
 mod pools;
 mod reap;
+mod reconcile;
 mod registries;
 mod runtime_tokens;
 pub mod secrets;

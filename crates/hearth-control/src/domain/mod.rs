@@ -5,6 +5,7 @@
 //! is decided here.
 
 pub(crate) mod commands;
+pub(crate) mod create;
 mod lifetime;
 pub(crate) mod queries;
 pub(crate) mod state;
