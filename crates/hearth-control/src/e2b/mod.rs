@@ -1,6 +1,6 @@
 //! E2B's API, a second front door over the same sandboxes (issue 20):
 //! the control REST API the `e2b` SDKs call (`api.rs`) and envd's data
-//! plane (`envd.rs`: `/health`, `/files` and the Connect-RPC process and
+//! plane (`envd/`: `/health`, `/files` and the Connect-RPC process and
 //! filesystem services), on the same listener as LangSmith's API. Each
 //! request is parsed here into Hearth's own types and commands
 //! ([`Control::create_sandbox`], stops, starts, deletes, deadlines, the
