@@ -337,7 +337,11 @@ async fn splice(sb: &Arc<Sandbox>, mut io: GuestIo, addrs: &[SocketAddr]) {
         }
     };
     Counters::inc(&sb.counters.connections_allowed);
-    let _ = tokio::io::copy_bidirectional(&mut io, &mut upstream).await;
+    // A connection ends with an error as often as without (a reset by
+    // either side): said at debug, with the sandbox, never dropped.
+    if let Err(e) = tokio::io::copy_bidirectional(&mut io, &mut upstream).await {
+        tracing::debug!(sandbox = %sb.id, error = %e, "spliced connection ended with an error");
+    }
 }
 
 /// TLS: spliced when allowed and no rule or callback could apply to the

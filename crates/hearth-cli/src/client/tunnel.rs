@@ -236,6 +236,8 @@ async fn relay(mut sock: TcpStream, stream: yamux::Stream, port: u16) -> anyhow:
         3 => bail!("the server does not speak tunnel protocol version {VERSION}"),
         s => bail!("unknown tunnel status {s}"),
     }
-    let _ = tokio::io::copy_bidirectional(&mut sock, &mut stream).await;
+    if let Err(e) = tokio::io::copy_bidirectional(&mut sock, &mut stream).await {
+        tracing::debug!(port, error = %e, "a tunnelled connection ended with an error");
+    }
     Ok(())
 }

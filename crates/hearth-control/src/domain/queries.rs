@@ -19,18 +19,17 @@ impl Control {
         filter: &SandboxFilter,
         offset: u64,
     ) -> Result<Page<SandboxRow>, ApiError> {
-        who.require("sandboxes:read")?;
-        skip_then_page(offset, filter.page_size, |cursor, page_size| {
+        let ws = who.workspace_id;
+        self.page(who, offset, filter.page_size, |cursor, page_size| {
             let f = SandboxFilter {
                 cursor: cursor.or_else(|| filter.cursor.clone()),
                 page_size,
                 ..filter.clone()
             };
             let db = self.db.clone();
-            async move { db.list_sandboxes(who.workspace_id, &f).await }
+            async move { db.list_sandboxes(ws, &f).await }
         })
         .await
-        .map_err(db_error)
     }
 
     /// The page of the caller's workspace's snapshots that `filter` asks
@@ -41,18 +40,36 @@ impl Control {
         filter: &SnapshotFilter,
         offset: u64,
     ) -> Result<Page<SnapshotRow>, ApiError> {
-        who.require("sandboxes:read")?;
-        skip_then_page(offset, filter.page_size, |cursor, page_size| {
+        let ws = who.workspace_id;
+        self.page(who, offset, filter.page_size, |cursor, page_size| {
             let f = SnapshotFilter {
                 cursor: cursor.or_else(|| filter.cursor.clone()),
                 page_size,
                 ..filter.clone()
             };
             let db = self.db.clone();
-            async move { db.list_snapshots(who.workspace_id, &f).await }
+            async move { db.list_snapshots(ws, &f).await }
         })
         .await
-        .map_err(db_error)
+    }
+
+    /// A page of a list the caller may read, `fetch` reading one page
+    /// from a cursor.
+    async fn page<T, F, Fut>(
+        &self,
+        who: &Principal,
+        offset: u64,
+        page_size: u32,
+        fetch: F,
+    ) -> Result<Page<T>, ApiError>
+    where
+        F: FnMut(Option<String>, u32) -> Fut,
+        Fut: std::future::Future<Output = Result<Page<T>, hearth_db::DbError>>,
+    {
+        who.require("sandboxes:read")?;
+        skip_then_page(offset, page_size, fetch)
+            .await
+            .map_err(db_error)
     }
 
     /// One of the caller's workspace's (or the built-in) snapshots, by id
