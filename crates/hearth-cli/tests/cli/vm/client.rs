@@ -113,11 +113,34 @@ fn the_cli_gets_in_through_the_operator_socket_while_loopback_is_full(srv: &Serv
     // that waited for it (the harness's probe) are gone.
     let out = over_tcp();
     assert!(out.status.success(), "{}", show(&out));
-    let held: Vec<_> = (0..8)
-        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
-        .collect();
-    // The server admits them as it accepts them.
-    std::thread::sleep(Duration::from_millis(500));
+    // Connections are held until the server refuses one: the share is
+    // then full whatever else of 127.0.0.1's still counted when they came
+    // (the last command's connection is released as its close is seen).
+    let mut held = Vec::new();
+    let mut full = false;
+    for _ in 0..16 {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        match std::io::Read::read(&mut c, &mut byte) {
+            // Admitted: the server waits for a request.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                held.push(c)
+            }
+            // Refused (its 503, or a close): the share is full.
+            _ => {
+                full = true;
+                break;
+            }
+        }
+    }
+    assert!(full, "127.0.0.1's share never filled ({} held)", held.len());
     let out = over_tcp();
     // The refusal is a 503, unless the close outran it (a reset).
     let err = stderr(&out);
