@@ -487,8 +487,19 @@ async fn readyz(State(c): State<Arc<Control>>) -> axum::response::Response {
     }
 }
 
-async fn not_found(uri: axum::http::Uri) -> error::HttpError {
-    hearth_api::ApiError::new(404, "NotFound", format!("no route for {}", uri.path())).into()
+/// No route: under E2B's paths a 501 in its shape naming the path (an
+/// SDK reads a 404 as "does not exist"), else LangSmith's 404.
+async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if e2b::door_of(uri.path()) == Some(e2b::Door::Control) {
+        return e2b::not_served_route(uri).await.into_response();
+    }
+    error::HttpError(hearth_api::ApiError::new(
+        404,
+        "NotFound",
+        format!("no route for {}", uri.path()),
+    ))
+    .into_response()
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> error::HttpError {

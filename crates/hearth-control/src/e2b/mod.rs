@@ -15,6 +15,7 @@
 //! `{"code", "message"}` with the status its SDK maps.
 
 mod api;
+pub(crate) use api::not_served_route;
 mod connect;
 mod envd;
 pub(crate) mod hosts;

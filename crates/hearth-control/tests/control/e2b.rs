@@ -1094,3 +1094,31 @@ async fn ready(s: &Server, id: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A path under E2B's own (`/sandboxes`, `/templates`, …) that Hearth has
+/// no route for is a 501 in E2B's shape naming it, never a 404 an SDK
+/// reads as "does not exist" (`Template.exists` of e2b 2.63 asks
+/// `/templates/aliases/{alias}`); LangSmith's paths keep their 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_e2b_path_is_a_501_naming_it() {
+    let s = Server::start(false).await;
+    let key = s.other.clone();
+    for path in [
+        "/templates/aliases/base",
+        "/v3/templates",
+        "/sandboxes/abc/unknown",
+        "/snapshots/x/y",
+    ] {
+        let r = call(&s, "GET", path, &key, json!({})).await;
+        let (code, message) = e2b_error(&r);
+        if path == "/v3/templates" {
+            // Not under E2B's first segments: LangSmith's 404.
+            assert_eq!(r.status, 404, "{path}: {}", r.text());
+            continue;
+        }
+        assert_eq!((r.status, code), (501, 501), "{path}: {}", r.text());
+        assert!(message.contains(path), "{path}: {message}");
+    }
+    let r = call(&s, "GET", "/api/v2/sandboxes/nothing-here", &key, json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+}
