@@ -7,35 +7,9 @@
 //! only accepts a JSON object. Field paths stay tracked for error messages
 //! because the map access handed to the inner type is the caller's own.
 
-use std::fmt;
-use std::marker::PhantomData;
-
-use serde::de::value::MapAccessDeserializer;
-use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-/// A `T` that was written as a JSON object.
-pub(crate) struct Obj<T>(pub T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ObjectOnly<T>(PhantomData<T>);
-
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectOnly<T> {
-            type Value = T;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-                T::deserialize(MapAccessDeserializer::new(map))
-            }
-        }
-
-        d.deserialize_map(ObjectOnly(PhantomData)).map(Obj)
-    }
-}
+pub(crate) use hearth_types::body::Obj;
 
 /// For `Option<T>` fields (`null` and absence mean `None`).
 pub(crate) fn opt_object<'de, D, T>(d: D) -> Result<Option<T>, D::Error>

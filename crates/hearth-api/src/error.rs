@@ -479,108 +479,17 @@ fn parse_field_path(path: &str) -> Vec<LocSegment> {
     out
 }
 
-/// Parses a JSON request body into `T`, turning every failure into a 422
-/// that names the offending field.
-///
-/// The body must be a JSON object. A field Hearth does not know is a 422
-/// naming it (never a silent yes: a field accepted either takes effect or
-/// is refused), and so is a known field of the wrong type. An empty body
-/// reads as `{}`,
-/// so bodiless POSTs (`/start`, `/stop`, a create with every default) work.
+/// Parses a JSON request body into `T` ([`hearth_types::body::parse_object`]),
+/// turning every failure into a 422 whose `loc` names the offending field.
 pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let bytes = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}".as_slice()
-    } else {
-        bytes
-    };
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let crate::de::Obj(value) = serde_path_to_error::deserialize(&mut de).map_err(path_error)?;
-    de.end().map_err(|e| {
-        ApiError::validation_at(
-            vec!["body".into()],
-            format!("body is not valid JSON: {}", strip_position(&e)),
-        )
-    })?;
-    Ok(value)
-}
-
-fn path_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
-    use serde_path_to_error::Segment;
-    let mut loc = vec![LocSegment::from("body")];
-    let mut shown = String::new();
-    for seg in err.path().iter() {
-        match seg {
-            Segment::Map { key } => {
-                if !shown.is_empty() {
-                    shown.push('.');
-                }
-                shown.push_str(key);
-                loc.push(LocSegment::Key(key.clone()));
-            }
-            Segment::Seq { index } => {
-                shown.push_str(&format!("[{index}]"));
-                loc.push(LocSegment::Index(*index as u64));
-            }
-            Segment::Enum { .. } | Segment::Unknown => {}
-        }
-    }
-    let inner = err.inner();
-    // A missing field is reported at its parent; FastAPI (and the SDK's
-    // `field = loc[-1]`) expect the field itself.
-    let text = strip_position(inner);
-    if let Some(missing) = text
-        .strip_prefix("missing field `")
-        .and_then(|rest| rest.strip_suffix('`'))
-    {
-        if !shown.is_empty() {
-            shown.push('.');
-        }
-        shown.push_str(missing);
-        loc.push(LocSegment::from(missing));
-        return ApiError::validation_at(loc, format!("{shown}: field required"));
-    }
-    if let Some(unknown) = text
-        .strip_prefix("unknown field `")
-        .and_then(|rest| rest.split_once('`'))
-        .map(|(name, _)| name)
-    {
-        // The path usually ends at the unknown key already.
-        if !matches!(loc.last(), Some(LocSegment::Key(k)) if k == unknown) {
-            if !shown.is_empty() {
-                shown.push('.');
-            }
-            shown.push_str(unknown);
-            loc.push(LocSegment::from(unknown));
-        }
-        return ApiError::validation_at(
-            loc,
-            format!("{shown}: unknown field; Hearth does not support it"),
-        );
-    }
-    let message = if inner.is_syntax() || inner.is_eof() {
-        format!("body is not valid JSON: {text}")
-    } else if shown.is_empty() {
-        format!("body: {text}")
-    } else {
-        format!("{shown}: {text}")
-    };
-    ApiError::validation_at(loc, message)
-}
-
-/// serde_json appends " at line L column C" (the path already says where)
-/// and names Rust types ("expected i64"); say it in JSON terms.
-fn strip_position(err: &serde_json::Error) -> String {
-    let s = err.to_string();
-    let s = match s.rfind(" at line ") {
-        Some(i) => &s[..i],
-        None => &s,
-    };
-    s.replace("expected i64", "expected an integer")
-        .replace("expected u64", "expected a non-negative integer")
-        .replace("expected u32", "expected a non-negative integer")
-        .replace("expected u16", "expected an integer from 0 to 65535")
-        .replace("expected i32", "expected an integer")
-        .replace("expected f64", "expected a number")
+    hearth_types::body::parse_object(bytes).map_err(|e| {
+        let mut loc = vec![LocSegment::from("body")];
+        loc.extend(e.path.into_iter().map(|step| match step {
+            hearth_types::body::Step::Key(k) => LocSegment::Key(k),
+            hearth_types::body::Step::Index(i) => LocSegment::Index(i as u64),
+        }));
+        ApiError::validation_at(loc, e.message)
+    })
 }
 
 impl From<hearth_types::rules::Invalid> for ApiError {

@@ -22,40 +22,13 @@ pub fn check_env_vars(field: &str, env: &BTreeMap<String, String>) -> Result<(),
 }
 
 /// Longest sandbox name.
-pub const MAX_NAME_LEN: usize = 63;
+pub use hearth_types::rules::MAX_NAME_LEN;
 /// Upper bound of `idle_ttl_seconds` (and, by analogy,
 /// `delete_after_stop_seconds`): the largest multiple of 60 that fits an
 /// `i32`, which is what LangSmith documents as the maximum.
 pub const MAX_TTL_SECONDS: i64 = 2_147_483_640;
 
-/// Checks a sandbox name: 1–63 characters of lowercase letters, digits and
-/// `-`, starting and ending with a letter or digit (a DNS label, so the name
-/// can appear in host names and URLs unescaped).
-///
-/// The SDK does not validate names and LangSmith does not document its rule;
-/// its own generated names (`snapshot-builder-<hex>`) fit this one.
-pub fn check_sandbox_name(field: &str, name: &str) -> Result<(), ApiError> {
-    let err =
-        |why: &str| ApiError::validation(field, format!("{field} '{name}' is invalid: {why}"));
-    if name.is_empty() {
-        return Err(err("it must not be empty"));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(err("it must be at most 63 characters"));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        return Err(err("use only lowercase letters, digits and '-'"));
-    }
-    let first = name.as_bytes()[0];
-    let last = name.as_bytes()[name.len() - 1];
-    if first == b'-' || last == b'-' {
-        return Err(err("it must start and end with a letter or digit"));
-    }
-    Ok(())
-}
+pub use hearth_types::rules::check_sandbox_name;
 
 /// Checks a TTL in seconds and turns it into a duration, `0` meaning
 /// disabled (`None`). Range 0..=[`MAX_TTL_SECONDS`], a multiple of 60: the
@@ -127,7 +100,7 @@ mod tests {
             check_sandbox_name("name", good).unwrap();
         }
         for bad in ["", "-a", "a-", "A", "a_b", "a.b", "a b", &"x".repeat(64)] {
-            let e = check_sandbox_name("name", bad).unwrap_err();
+            let e = ApiError::from(check_sandbox_name("name", bad).unwrap_err());
             assert_eq!((e.status, e.field()), (422, Some("name")), "{bad:?}");
         }
     }

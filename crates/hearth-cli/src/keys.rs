@@ -104,7 +104,7 @@ pub async fn create_key(
     let perms: Vec<&str> = permissions.iter().map(String::as_str).collect();
     hearth_control::auth::create_key(db, workspace, &perms, description)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", e.message))
+        .map_err(|e| anyhow::anyhow!("{e}"))
         .context("store the key")
 }
 

@@ -14,13 +14,13 @@
 
 use std::sync::Arc;
 
+use crate::domain::error::DomainError;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use hearth_api::ApiError;
 use hearth_db::SandboxRow;
 use hearth_types::{ApiKeyId, WorkspaceId};
 
-use crate::error::HttpError;
+use crate::error::Refusal;
 use crate::Control;
 
 /// Who is calling.
@@ -74,11 +74,11 @@ impl Principal {
         self.key_id.to_string()
     }
 
-    pub fn require(&self, permission: &str) -> Result<(), ApiError> {
+    pub fn require(&self, permission: &str) -> Result<(), DomainError> {
         if self.can(permission) {
             Ok(())
         } else {
-            Err(ApiError::forbidden(format!(
+            Err(DomainError::Forbidden(format!(
                 "this API key lacks {permission}"
             )))
         }
@@ -87,23 +87,23 @@ impl Principal {
     /// Exec, files, tunnels, links, captures and runtime tokens: the
     /// creator, or `sandboxes:exec`. The one rule of runtime access, for
     /// both doors.
-    pub fn require_runtime(&self, sandbox: &SandboxRow) -> Result<(), ApiError> {
+    pub fn require_runtime(&self, sandbox: &SandboxRow) -> Result<(), DomainError> {
         if sandbox.created_by == self.who() {
             self.require_runtime_as_creator()
         } else {
             self.require("sandboxes:exec")
-                .map_err(|_| ApiError::forbidden_not_creator())
+                .map_err(|_| DomainError::not_creator())
         }
     }
 
     /// [`Self::require_runtime`] on a sandbox this principal creates: a
     /// sandbox calling as its creator (`access_delegation`) is not the
     /// creator for this rule, so it needs `sandboxes:exec`.
-    pub fn require_runtime_as_creator(&self) -> Result<(), ApiError> {
+    pub fn require_runtime_as_creator(&self) -> Result<(), DomainError> {
         if !self.is_delegated() || self.can("sandboxes:exec") {
             Ok(())
         } else {
-            Err(ApiError::forbidden_not_creator())
+            Err(DomainError::not_creator())
         }
     }
 }
@@ -127,9 +127,9 @@ pub async fn create_key(
     workspace: WorkspaceId,
     permissions: &[&str],
     description: &str,
-) -> Result<(ApiKeyId, String), ApiError> {
+) -> Result<(ApiKeyId, String), DomainError> {
     if let Some(bad) = permissions.iter().find(|p| !PERMISSIONS.contains(p)) {
-        return Err(ApiError::validation(
+        return Err(DomainError::invalid(
             "permissions",
             format!(
                 "unknown permission {bad:?}; known: {}",
@@ -148,17 +148,17 @@ pub async fn create_key(
             permissions: permissions.iter().map(|p| p.to_string()).collect(),
         })
         .await
-        .map_err(crate::error::db_error)?;
+        .map_err(DomainError::from)?;
     Ok((key.id, secret))
 }
 
 impl FromRequestParts<Arc<Control>> for Principal {
-    type Rejection = HttpError;
+    type Rejection = Refusal;
 
     async fn from_request_parts(
         parts: &mut Parts,
         control: &Arc<Control>,
-    ) -> Result<Self, HttpError> {
+    ) -> Result<Self, Refusal> {
         let key = parts
             .headers
             .get("x-api-key")
@@ -172,14 +172,18 @@ impl FromRequestParts<Arc<Control>> for Principal {
                 .get(axum::http::header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "))
-                .ok_or_else(ApiError::unauthorized)?;
+                .ok_or(DomainError::Unauthenticated(None))?;
             return Ok(delegated(control, bearer.trim()).await?);
         };
         if key.len() > 256 {
-            return Err(ApiError::unauthorized().into());
+            return Err(DomainError::Unauthenticated(None).into());
         }
-        let found = control.db.find_api_key(&hash_key(key)).await?;
-        let key = found.ok_or_else(ApiError::unauthorized)?;
+        let found = control
+            .db
+            .find_api_key(&hash_key(key))
+            .await
+            .map_err(DomainError::from)?;
+        let key = found.ok_or(DomainError::Unauthenticated(None))?;
         Ok(Principal {
             key_id: key.id,
             workspace_id: key.workspace_id,
@@ -221,21 +225,16 @@ struct DelegationClaims {
 /// The principal a delegation token stands for; any failure is a 401 that
 /// says which check failed (the caller is code in a sandbox, which knows
 /// its own sandbox anyway).
-async fn delegated(control: &Control, token: &str) -> Result<Principal, ApiError> {
+async fn delegated(control: &Control, token: &str) -> Result<Principal, DomainError> {
     use hearth_db::KeyOwnerKind;
-    let refuse = |why: &str| {
-        ApiError::new(
-            401,
-            "Unauthorized",
-            format!("delegated access refused: {why}"),
-        )
-    };
+    let refuse =
+        |why: &str| DomainError::Unauthenticated(Some(format!("delegated access refused: {why}")));
     let kid = hearth_fence::jwt::key_id(token).map_err(|e| refuse(&e.to_string()))?;
     let key = control
         .db
         .signing_key(&kid)
         .await
-        .map_err(crate::error::db_error)?
+        .map_err(DomainError::from)?
         .filter(|k| k.retired_at.is_none())
         .ok_or_else(|| refuse("the token's key is unknown or retired"))?;
     let public = hearth_fence::PublicKey::from_bytes(&key.public_key)
@@ -257,7 +256,7 @@ async fn delegated(control: &Control, token: &str) -> Result<Principal, ApiError
     let sandbox = match control.db.get_sandbox_by_id(id).await {
         Ok(s) => s,
         Err(hearth_db::DbError::NotFound { .. }) => return Err(refuse("the sandbox is gone")),
-        Err(e) => return Err(crate::error::db_error(e)),
+        Err(e) => return Err(DomainError::from(e)),
     };
     // A host vouches only for the sandboxes it holds.
     if key.owner_kind == KeyOwnerKind::Host
@@ -279,7 +278,7 @@ async fn delegated(control: &Control, token: &str) -> Result<Principal, ApiError
 pub(crate) async fn delegation_of(
     control: &Control,
     sandbox: &SandboxRow,
-) -> Result<Result<Principal, String>, ApiError> {
+) -> Result<Result<Principal, String>, DomainError> {
     let refuse = |why: &str| Ok(Err(why.to_owned()));
     if sandbox.status == hearth_db::SandboxStatus::Deleting {
         return refuse("the sandbox is being deleted");
@@ -295,7 +294,7 @@ pub(crate) async fn delegation_of(
         .db
         .active_api_key(creator_id)
         .await
-        .map_err(crate::error::db_error)?
+        .map_err(DomainError::from)?
     else {
         return refuse("the sandbox's creator's API key was revoked");
     };
@@ -323,12 +322,12 @@ pub(crate) async fn delegation_of(
 pub(crate) async fn principal_of_key(
     control: &Control,
     key: ApiKeyId,
-) -> Result<Option<Principal>, ApiError> {
+) -> Result<Option<Principal>, DomainError> {
     let found = control
         .db
         .active_api_key(key)
         .await
-        .map_err(crate::error::db_error)?;
+        .map_err(DomainError::from)?;
     Ok(found.map(|k| Principal {
         key_id: k.id,
         workspace_id: k.workspace_id,

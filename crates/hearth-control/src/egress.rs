@@ -18,8 +18,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::domain::error::DomainError;
 use hearth_api::nested::{MountConfig, ProxyConfig, ProxyHeader, ProxyRule, SecretKind};
-use hearth_api::ApiError;
 use hearth_hostapi::SandboxNet;
 use hearth_types::egress::{EgressSpec, SecretValue};
 use hearth_types::WorkspaceId;
@@ -37,14 +37,14 @@ fn opaque_aad(workspace: WorkspaceId) -> String {
 /// operator's list of private networks callbacks may reach.
 /// (The config's own rules are `ProxyConfig::validate`'s, which create and
 /// update run on it.)
-pub(crate) fn check(cfg: &ProxyConfig, allow_private: &[ipnet::IpNet]) -> Result<(), ApiError> {
+pub(crate) fn check(cfg: &ProxyConfig, allow_private: &[ipnet::IpNet]) -> Result<(), DomainError> {
     hearth_egress::validate_spec(&cfg.to_spec(), allow_private).map_err(policy_error)
 }
 
 /// A spec's error as the API reports it: at `proxy_config.<path>`.
-fn policy_error(e: hearth_egress::PolicyError) -> ApiError {
+fn policy_error(e: hearth_egress::PolicyError) -> DomainError {
     let field = format!("proxy_config.{}", e.field);
-    ApiError::validation(&field, format!("{field}: {}", e.message))
+    DomainError::invalid(&field, format!("{field}: {}", e.message))
 }
 
 /// Every header of a config (rules' and callbacks').
@@ -65,14 +65,14 @@ pub(crate) fn seal_opaque(
     key: &MasterKey,
     workspace: WorkspaceId,
     cfg: &mut ProxyConfig,
-) -> Result<(), ApiError> {
-    let seal = |v: &mut Option<String>| -> Result<(), ApiError> {
+) -> Result<(), DomainError> {
+    let seal = |v: &mut Option<String>| -> Result<(), DomainError> {
         if let Some(plain) = v {
             let sealed = key
                 .seal(&opaque_aad(workspace), plain.as_bytes())
                 .map_err(|e| {
                     tracing::error!(error = %e, "cannot seal an opaque proxy value");
-                    ApiError::internal()
+                    DomainError::Internal
                 })?;
             *v = Some(sealed);
         }
@@ -99,7 +99,7 @@ pub(crate) fn seal_mount_auth(
     key: &MasterKey,
     workspace: WorkspaceId,
     mc: Option<&mut MountConfig>,
-) -> Result<(), ApiError> {
+) -> Result<(), DomainError> {
     let Some(auth) = mc.and_then(|m| m.auth.as_mut()) else {
         return Ok(());
     };
@@ -173,7 +173,7 @@ impl Control {
         &self,
         workspace: WorkspaceId,
         sandbox: &hearth_types::sandbox::SandboxSpec,
-    ) -> Result<SandboxNet, ApiError> {
+    ) -> Result<SandboxNet, DomainError> {
         let egress = with_mount_rules(sandbox);
         let mut net = self.egress_net(workspace, egress.as_ref()).await?;
         net.mounts = sandbox.mounts.clone();
@@ -195,14 +195,14 @@ impl Control {
         &self,
         workspace: WorkspaceId,
         spec: Option<&EgressSpec>,
-    ) -> Result<SandboxNet, ApiError> {
+    ) -> Result<SandboxNet, DomainError> {
         let Some(spec) = spec else {
             return Ok(SandboxNet::default());
         };
         if !self.cfg.aws_roles {
             if let Some(i) = spec.rules.iter().position(|r| r.aws_role.is_some()) {
                 let field = format!("proxy_config.rules[{i}].aws.role_arn");
-                return Err(ApiError::validation(
+                return Err(DomainError::invalid(
                     &field,
                     format!("{field}: assuming IAM roles is not supported by this Hearth: its operator has given it no AWS identity (HEARTH_AWS_ROLE_ACCESS_KEY_ID and HEARTH_AWS_ROLE_SECRET_ACCESS_KEY)"),
                 ));
@@ -223,7 +223,7 @@ impl Control {
                     secrets.insert(name, v);
                 }
                 None => {
-                    return Err(ApiError::validation(
+                    return Err(DomainError::invalid(
                         "proxy_config",
                         format!("proxy_config names the workspace secret {name}, which is not set (hearth secrets set {name})"),
                     ))

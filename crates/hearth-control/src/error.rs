@@ -2,8 +2,10 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use hearth_api::ApiError;
+use hearth_api::{ApiError, CreationFailure};
 use hearth_db::DbError;
+
+use crate::domain::error::{DomainError, Input, ProvisionFailure, QuotaKind};
 
 /// Why the control plane could not open.
 #[derive(Debug, thiserror::Error)]
@@ -30,40 +32,87 @@ impl From<DbError> for HttpError {
     }
 }
 
-/// Maps database failures that can reach a client; anything unexpected is
-/// logged here and answered 500 without detail.
+/// Maps database failures that can reach a client (through the domain's
+/// reading of them); anything unexpected is logged there and answered 500
+/// without detail.
 pub fn db_error(e: DbError) -> ApiError {
-    match e {
-        DbError::NotFound { what } => ApiError::not_found(what, ""),
-        DbError::Conflict { what } => ApiError::conflict(format!("{what} already exists")),
-        DbError::Stale { what } => ApiError::conflict(format!("{what} changed meanwhile; retry")),
-        DbError::Quota {
-            kind,
-            limit,
-            used,
-            requested,
-        } => {
-            let kind = match kind {
-                hearth_db::QuotaKind::Sandboxes => hearth_api::QuotaKind::SandboxCount,
-                hearth_db::QuotaKind::Cpu => hearth_api::QuotaKind::Cpu,
-                hearth_db::QuotaKind::Memory => hearth_api::QuotaKind::Memory,
-                hearth_db::QuotaKind::Storage => hearth_api::QuotaKind::Storage,
-                hearth_db::QuotaKind::Snapshots => hearth_api::QuotaKind::SnapshotCount,
-            };
-            // The message names what the workspace would hold with the
-            // request granted, as `ApiError::quota` expects.
-            ApiError::quota(kind, limit, used.saturating_add(requested))
-        }
-        // Placement retries on fresher numbers; when it still finds none,
-        // no host has room: the SDK retries the 503.
-        DbError::NoRoom { .. } => ApiError::no_hosts(),
-        DbError::TooMany { what, limit } => ApiError::conflict(format!(
-            "too many {what}: the limit is {limit} per workspace"
-        )),
-        DbError::InvalidCursor => ApiError::invalid_query("cursor", "malformed or foreign cursor"),
-        other => {
-            tracing::error!(error = %hearth_types::error_chain(&other), "database failure");
-            ApiError::internal()
+    DomainError::from(e).into()
+}
+
+/// A refusal made before a handler runs (an extractor's: the caller's
+/// key, the body's size), in the domain's words: a LangSmith handler
+/// answers it in LangSmith's envelope, an E2B handler in E2B's.
+#[derive(Debug)]
+pub struct Refusal(pub DomainError);
+
+impl From<DomainError> for Refusal {
+    fn from(e: DomainError) -> Self {
+        Self(e)
+    }
+}
+
+impl From<Refusal> for HttpError {
+    fn from(e: Refusal) -> Self {
+        e.0.into()
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        HttpError::from(self).into_response()
+    }
+}
+
+impl From<DomainError> for HttpError {
+    fn from(e: DomainError) -> Self {
+        Self(e.into())
+    }
+}
+
+/// The domain's error in LangSmith's words: the status and error type the
+/// SDK maps (see `hearth_api::error`).
+impl From<DomainError> for ApiError {
+    fn from(e: DomainError) -> Self {
+        match e {
+            DomainError::Unauthenticated(None) => ApiError::unauthorized(),
+            DomainError::Unauthenticated(Some(why)) => ApiError::new(401, "Unauthorized", why),
+            DomainError::Forbidden(m) => ApiError::forbidden(m),
+            DomainError::NotFound { kind, name } => ApiError::not_found(kind, &name),
+            DomainError::FileNotFound(path) => ApiError::file_not_found(&path),
+            DomainError::NameTaken { kind, name } => ApiError::name_conflict(kind, &name),
+            DomainError::Conflict(m) => ApiError::conflict(m),
+            DomainError::Invalid(Input::Body, i) => ApiError::validation(&i.field, i.message),
+            DomainError::Invalid(Input::Query, i) => ApiError::invalid_query(&i.field, i.message),
+            DomainError::WrongState(m) => ApiError::invalid_request(m),
+            DomainError::BadRequest(m) => ApiError::bad_request(m),
+            DomainError::TooLarge(limit) => ApiError::payload_too_large(limit),
+            DomainError::UriTooLong(limit) => ApiError::uri_too_long(limit),
+            DomainError::HeadersTooLarge(m) => ApiError::headers_too_large(m),
+            DomainError::Quota { kind, limit, used } => {
+                let kind = match kind {
+                    QuotaKind::Sandboxes => hearth_api::QuotaKind::SandboxCount,
+                    QuotaKind::Cpu => hearth_api::QuotaKind::Cpu,
+                    QuotaKind::Memory => hearth_api::QuotaKind::Memory,
+                    QuotaKind::Storage => hearth_api::QuotaKind::Storage,
+                    QuotaKind::Snapshots => hearth_api::QuotaKind::SnapshotCount,
+                };
+                ApiError::quota(kind, limit, used)
+            }
+            // The SDK retries the 503 and replays the POST.
+            DomainError::NoHosts => ApiError::no_hosts(),
+            DomainError::NotReady { name } => ApiError::sandbox_not_ready(&name),
+            DomainError::HostFailed(m) => ApiError::host_did_not_apply(m),
+            DomainError::Unreachable(m) => ApiError::new(502, "ServiceUnavailable", m),
+            DomainError::Timeout {
+                name,
+                secs,
+                last_status,
+            } => ApiError::create_timeout(&name, secs, &last_status),
+            DomainError::ProvisionFailed {
+                why: ProvisionFailure::Crashed,
+                message,
+            } => ApiError::creation_failed(CreationFailure::CrashLoop, message),
+            DomainError::Internal => ApiError::internal(),
         }
     }
 }

@@ -14,7 +14,8 @@ use hearth_api::error::LocSegment;
 use hearth_api::ApiError;
 use serde::de::DeserializeOwned;
 
-use crate::error::HttpError;
+use crate::domain::error::DomainError;
+use crate::error::{HttpError, Refusal};
 use crate::Control;
 
 /// A JSON request body of at most `ControlConfig::json_limit` bytes.
@@ -24,9 +25,9 @@ use crate::Control;
 pub struct JsonBody(pub axum::body::Bytes);
 
 impl FromRequest<Arc<Control>> for JsonBody {
-    type Rejection = HttpError;
+    type Rejection = Refusal;
 
-    async fn from_request(req: Request, control: &Arc<Control>) -> Result<Self, HttpError> {
+    async fn from_request(req: Request, control: &Arc<Control>) -> Result<Self, Refusal> {
         let limit = control.cfg.json_limit;
         if let Some(len) = req
             .headers()
@@ -35,16 +36,17 @@ impl FromRequest<Arc<Control>> for JsonBody {
             .and_then(|v| v.parse::<u64>().ok())
         {
             if len > limit as u64 {
-                return Err(ApiError::payload_too_large(limit as u64).into());
+                return Err(DomainError::TooLarge(limit as u64).into());
             }
         }
         let mut body = req.into_body().into_data_stream();
         let mut buf = Vec::new();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk
-                .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+            let chunk = chunk.map_err(|e| {
+                DomainError::BadRequest(format!("cannot read the request body: {e}"))
+            })?;
             if buf.len() + chunk.len() > limit {
-                return Err(ApiError::payload_too_large(limit as u64).into());
+                return Err(DomainError::TooLarge(limit as u64).into());
             }
             buf.extend_from_slice(&chunk);
         }

@@ -376,7 +376,7 @@ impl Control {
             Ok(_) => tracing::info!(sandbox = %row.id, lost = %host.id, "sandbox failed over"),
             // Stays stopped, with the message; its next use starts it.
             Err(e) => {
-                tracing::warn!(sandbox = %row.id, error = %e.message, "failover start refused")
+                tracing::warn!(sandbox = %row.id, error = %e, "failover start refused")
             }
         }
     }
@@ -397,7 +397,7 @@ impl Control {
                 Ok(_) if row.preserve_memory_on_stop => out.saved += 1,
                 Ok(_) => out.stopped += 1,
                 Err(e) => {
-                    tracing::warn!(sandbox = %row.id, error = %e.message, "drain: cannot stop");
+                    tracing::warn!(sandbox = %row.id, error = %e, "drain: cannot stop");
                     out.failed += 1;
                 }
             }

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::domain::error::DomainError;
 use hearth_api::fork::{ForkRequest, ForkResponse, MAX_FORK_COUNT};
 use hearth_api::ApiError;
 use hearth_db::{SandboxRow, SandboxStatus, Timestamp};
@@ -25,7 +26,6 @@ use hearth_types::SandboxId;
 
 use crate::auth::Principal;
 use crate::domain::queries::spec_of;
-use crate::error::db_error;
 use crate::service::{snapshot_image, vm_id, vm_memory};
 use crate::Control;
 
@@ -78,7 +78,7 @@ impl Control {
         count: i64,
         name: Option<String>,
         lifetime: Option<Lifetime>,
-    ) -> Result<Forked, ApiError> {
+    ) -> Result<Forked, DomainError> {
         let (this, who, parent) = (self.clone(), who.clone(), parent.to_owned());
         tokio::spawn(async move {
             this.fork_to_the_end(&who, &parent, count, name, lifetime)
@@ -87,7 +87,7 @@ impl Control {
         .await
         .map_err(|e| {
             tracing::error!(error = %e, "a fork's task ended without an answer");
-            ApiError::internal()
+            DomainError::Internal
         })?
     }
 
@@ -98,38 +98,38 @@ impl Control {
         count: i64,
         name: Option<String>,
         lifetime: Option<Lifetime>,
-    ) -> Result<Forked, ApiError> {
+    ) -> Result<Forked, DomainError> {
         who.require("sandboxes:create")?;
         let req = ForkRequest {
             name,
             count: Some(count),
         };
         if !(1..=MAX_FORK_COUNT).contains(&count) {
-            return Err(ApiError::validation(
+            return Err(DomainError::invalid(
                 "count",
                 format!("count must be between 1 and {MAX_FORK_COUNT}, got {count}"),
             ));
         }
         if let Some(n) = &req.name {
-            hearth_api::validate::check_sandbox_name("name", n)?;
+            hearth_types::rules::check_sandbox_name("name", n)?;
         }
         let row = self.find(who.workspace_id, parent).await?;
         who.require_runtime(&row)?;
         if row.status != SandboxStatus::Ready {
-            return Err(ApiError::conflict(format!(
+            return Err(DomainError::conflict(format!(
                 "sandbox {} is {}: only a running sandbox can be forked (start it first)",
                 row.name,
                 row.status.as_str()
             )));
         }
         if !row.persistent {
-            return Err(ApiError::conflict(format!(
+            return Err(DomainError::conflict(format!(
                 "sandbox {} is not persistent: its disk cannot be shared with children",
                 row.name
             )));
         }
         let Some(host_id) = row.host_id else {
-            return Err(ApiError::conflict(format!(
+            return Err(DomainError::conflict(format!(
                 "sandbox {} has no host",
                 row.name
             )));
@@ -138,7 +138,7 @@ impl Control {
             .db
             .get_snapshot(row.workspace_id, row.snapshot_id)
             .await
-            .map_err(db_error)?;
+            .map_err(DomainError::from)?;
         let image = snapshot_image(&snap)?;
         let spec = spec_of(&row)?;
         let net = self.sandbox_net(who.workspace_id, &spec).await?;
@@ -154,9 +154,9 @@ impl Control {
                 (Some(n), _) => format!("{n}-{}", i + 1),
                 (None, _) => format!("{}-fork-{}", trim_name(&row.name), &hex[hex.len() - 8..]),
             };
-            if let Err(e) = hearth_api::validate::check_sandbox_name("name", &name) {
+            if let Err(e) = hearth_types::rules::check_sandbox_name("name", &name) {
                 self.drop_rows(&children).await;
-                return Err(e);
+                return Err(e.into());
             }
             let now = Timestamp::now();
             let mut child_spec = spec.clone();
@@ -166,7 +166,7 @@ impl Control {
                 name: name.clone(),
                 status: SandboxStatus::Provisioning,
                 status_message: None,
-                spec: serde_json::to_value(&child_spec).map_err(|_| ApiError::internal())?,
+                spec: serde_json::to_value(&child_spec).map_err(|_| DomainError::Internal)?,
                 host_id: Some(host_id),
                 generation: 1,
                 created_at: now,
@@ -180,14 +180,15 @@ impl Control {
             if let Err(e) = self.db.insert_sandbox_within_quota(&child).await {
                 self.drop_rows(&children).await;
                 return Err(match e {
-                    hearth_db::DbError::Conflict { .. } => {
-                        ApiError::name_conflict("sandbox", &name)
-                    }
-                    hearth_db::DbError::NoRoom { .. } => ApiError::conflict(format!(
+                    hearth_db::DbError::Conflict { .. } => DomainError::NameTaken {
+                        kind: "sandbox",
+                        name: name.clone(),
+                    },
+                    hearth_db::DbError::NoRoom { .. } => DomainError::conflict(format!(
                         "the host of {} has no room for {count} more sandboxes of its size",
                         row.name
                     )),
-                    e => db_error(e),
+                    e => DomainError::from(e),
                 });
             }
             self.bump(child.id);
@@ -207,7 +208,7 @@ impl Control {
 
         let Some(host) = self.host(host_id).await else {
             self.drop_rows(&children).await;
-            return Err(ApiError::conflict(format!(
+            return Err(DomainError::conflict(format!(
                 "the host of sandbox {} is not reachable",
                 row.name
             )));
@@ -221,7 +222,7 @@ impl Control {
             Ok(c) => c,
             Err(e) => {
                 self.drop_rows(&children).await;
-                return Err(ApiError::conflict(format!(
+                return Err(DomainError::conflict(format!(
                     "cannot capture sandbox {} for the fork: {}",
                     row.name, e.message
                 )));
@@ -278,7 +279,7 @@ impl Control {
                 .db
                 .get_sandbox_by_id(child.id)
                 .await
-                .map_err(db_error)?;
+                .map_err(DomainError::from)?;
             // A child's clock starts once it runs.
             if let (Some(lifetime), SandboxStatus::Ready) = (lifetime, now.status) {
                 self.set_lifetime_or_delete(&now, lifetime, std::time::Duration::ZERO)

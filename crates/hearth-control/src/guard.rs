@@ -15,8 +15,8 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hearth_api::ApiError;
 
+use crate::domain::error::DomainError;
 use crate::error::HttpError;
 
 /// Longest request target (path and query) answered; longer is a 414.
@@ -42,21 +42,21 @@ pub async fn guard(State(c): State<Arc<crate::Control>>, req: Request, next: Nex
         // E2B's door answers in its own shapes.
         Err(e) => match crate::e2b::door_of_request(&c, &req) {
             Some(door) => door.refuse(e),
-            None => HttpError(e).into_response(),
+            None => HttpError::from(e).into_response(),
         },
     }
 }
 
-fn check(req: &Request) -> Result<(), ApiError> {
+fn check(req: &Request) -> Result<(), DomainError> {
     let uri = req.uri();
     let target = uri.path_and_query().map_or(0, |p| p.as_str().len())
         + uri.authority().map_or(0, |a| a.as_str().len());
     if target > MAX_TARGET_BYTES {
-        return Err(ApiError::uri_too_long(MAX_TARGET_BYTES));
+        return Err(DomainError::UriTooLong(MAX_TARGET_BYTES));
     }
     let headers = req.headers();
     if headers.len() > MAX_HEADER_FIELDS {
-        return Err(ApiError::headers_too_large(format!(
+        return Err(DomainError::HeadersTooLarge(format!(
             "{} header fields; at most {MAX_HEADER_FIELDS} are accepted",
             headers.len()
         )));
@@ -66,19 +66,19 @@ fn check(req: &Request) -> Result<(), ApiError> {
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     if size > MAX_HEADER_BYTES {
-        return Err(ApiError::headers_too_large(format!(
+        return Err(DomainError::HeadersTooLarge(format!(
             "header fields of {size} bytes; at most {MAX_HEADER_BYTES} are accepted"
         )));
     }
     let path = percent_decode(uri.path().as_bytes());
     if path.contains(&0) {
-        return Err(ApiError::bad_request(
-            "the request path contains a NUL byte",
+        return Err(DomainError::BadRequest(
+            "the request path contains a NUL byte".into(),
         ));
     }
     if std::str::from_utf8(&path).is_err() {
-        return Err(ApiError::bad_request(
-            "the request path is not valid UTF-8 once percent-decoded",
+        return Err(DomainError::BadRequest(
+            "the request path is not valid UTF-8 once percent-decoded".into(),
         ));
     }
     Ok(())

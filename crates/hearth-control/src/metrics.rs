@@ -64,7 +64,7 @@ pub async fn count(State(c): State<Arc<Control>>, req: Request, next: Next) -> R
 /// (the page shows host ids and committed capacity).
 pub async fn render(
     State(c): State<Arc<Control>>,
-    who: Result<crate::auth::Principal, crate::error::HttpError>,
+    who: Result<crate::auth::Principal, crate::error::Refusal>,
 ) -> Response {
     if c.cfg.metrics_require_key {
         if let Err(e) = who {

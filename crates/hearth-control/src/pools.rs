@@ -440,7 +440,7 @@ impl Control {
                 return false;
             }
             Err(e) => {
-                tracing::debug!(pool = %pool.name, error = %e.message, "pools: no host has room for a new member");
+                tracing::debug!(pool = %pool.name, error = %e, "pools: no host has room for a new member");
                 return false;
             }
         };

@@ -226,7 +226,7 @@ impl Control {
                             .clear_deadline(row.id)
                             .await
                             .map(drop)
-                            .map_err(crate::error::db_error),
+                            .map_err(crate::domain::error::DomainError::from),
                         Err(e) => Err(e),
                     }
                 }
@@ -234,7 +234,7 @@ impl Control {
             match done {
                 Ok(()) => report.deadlines_expired += 1,
                 Err(e) => {
-                    tracing::warn!(sandbox = %row.id, error = %e.message, "cannot act on a sandbox's deadline; the next pass retries")
+                    tracing::warn!(sandbox = %row.id, error = %e, "cannot act on a sandbox's deadline; the next pass retries")
                 }
             }
         }
@@ -314,7 +314,7 @@ impl Control {
                             report.idle_stopped += 1;
                         }
                         Err(e) => {
-                            tracing::warn!(sandbox = %row.id, error = %e.message, "cannot stop an idle sandbox; the next pass retries")
+                            tracing::warn!(sandbox = %row.id, error = %e, "cannot stop an idle sandbox; the next pass retries")
                         }
                     }
                 }
@@ -332,7 +332,7 @@ impl Control {
                     match self.delete_row(row).await {
                         Ok(()) => report.expired_deleted += 1,
                         Err(e) => {
-                            tracing::warn!(sandbox = %row.id, error = %e.message, "cannot delete an expired sandbox; the next pass retries")
+                            tracing::warn!(sandbox = %row.id, error = %e, "cannot delete an expired sandbox; the next pass retries")
                         }
                     }
                 }
@@ -388,7 +388,7 @@ impl Control {
                     match self.delete_row(row).await {
                         Ok(()) => report.deletes_finished += 1,
                         Err(e) => {
-                            tracing::warn!(sandbox = %row.id, error = %e.message, "cannot finish a delete; the next pass retries")
+                            tracing::warn!(sandbox = %row.id, error = %e, "cannot finish a delete; the next pass retries")
                         }
                     }
                 }

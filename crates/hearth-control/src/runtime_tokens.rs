@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use hearth_api::ApiError;
+use crate::domain::error::DomainError;
 use hearth_db::{SandboxRow, Timestamp};
 use hearth_types::{ApiKeyId, SandboxId};
 use serde::{Deserialize, Serialize};
@@ -101,7 +101,7 @@ impl Control {
         &self,
         who: &Principal,
         row: &SandboxRow,
-    ) -> Result<RuntimeTokens, ApiError> {
+    ) -> Result<RuntimeTokens, DomainError> {
         who.require_runtime(row)?;
         let expires_at = Timestamp::now().plus(RUNTIME_TOKEN_TTL);
         let mint = |kind| {
@@ -131,7 +131,7 @@ impl Control {
         kind: RuntimeKind,
         id: SandboxId,
         token: &str,
-    ) -> Result<Result<SandboxRow, TokenRefusal>, ApiError> {
+    ) -> Result<Result<SandboxRow, TokenRefusal>, DomainError> {
         let claims: Option<Claims> = self.links.open(CONTEXT, token);
         let Some(claims) = claims.filter(|c| c.v == VERSION && c.kind == kind && c.sb == id) else {
             return Ok(Err(TokenRefusal::Invalid));
@@ -150,7 +150,7 @@ impl Control {
                 Err(hearth_db::DbError::NotFound { .. }) => {
                     Err("the sandbox that obtained it through its delegation is gone".to_owned())
                 }
-                Err(e) => return Err(crate::error::db_error(e)),
+                Err(e) => return Err(DomainError::from(e)),
             },
         };
         let holder = match holder {
@@ -166,7 +166,7 @@ impl Control {
         let row = match self.db.get_sandbox_by_id(id).await {
             Ok(row) if row.status != hearth_db::SandboxStatus::Deleting => row,
             Ok(_) | Err(hearth_db::DbError::NotFound { .. }) => return Ok(Err(TokenRefusal::Gone)),
-            Err(e) => return Err(crate::error::db_error(e)),
+            Err(e) => return Err(DomainError::from(e)),
         };
         if holder.workspace_id != row.workspace_id || holder.require_runtime(&row).is_err() {
             return Ok(Err(TokenRefusal::Revoked(

@@ -21,9 +21,9 @@ use hearth_types::{ByteSize, SandboxId, VmId, WorkspaceId};
 use crate::auth::Principal;
 use crate::domain::commands::SandboxChange;
 use crate::domain::create::Boot;
+use crate::domain::error::DomainError;
 use crate::domain::queries::spec_of;
 use crate::domain::state::{Move, Verdict};
-use crate::error::db_error;
 use crate::Control;
 
 /// Activity is recorded at most this often per sandbox.
@@ -53,10 +53,10 @@ fn api_status(s: SandboxStatus) -> hearth_api::SandboxStatus {
 
 /// A value in its stored JSON form (a failure is a bug, reported as a 500
 /// rather than stored as `null`).
-pub(crate) fn stored<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, ApiError> {
+pub(crate) fn stored<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, DomainError> {
     serde_json::to_value(value).map_err(|e| {
         tracing::error!(error = %e, "cannot serialize a sandbox spec");
-        ApiError::internal()
+        DomainError::Internal
     })
 }
 
@@ -108,7 +108,7 @@ impl Control {
         &self,
         ws: WorkspaceId,
         sel: &SnapshotSelector,
-    ) -> Result<SnapshotRow, ApiError> {
+    ) -> Result<SnapshotRow, DomainError> {
         let (name, tag) = match sel {
             SnapshotSelector::Default => (
                 self.cfg.default_snapshot.0.clone(),
@@ -119,7 +119,7 @@ impl Control {
                     .db
                     .get_snapshot(ws, (*id).into())
                     .await
-                    .map_err(|_| ApiError::snapshot_not_found(&id.to_string()));
+                    .map_err(|_| DomainError::snapshot_not_found(&id.to_string()));
             }
             SnapshotSelector::Ref(r) => (r.name.clone(), r.tag.clone()),
         };
@@ -127,9 +127,9 @@ impl Control {
             .db
             .find_snapshot_by_ref(ws, &name, &tag)
             .await
-            .map_err(|_| ApiError::snapshot_not_found(&format!("{name}:{tag}")))?;
+            .map_err(|_| DomainError::snapshot_not_found(&format!("{name}:{tag}")))?;
         if snap.status != hearth_db::SnapshotStatus::Ready {
-            return Err(ApiError::invalid_request(format!(
+            return Err(DomainError::WrongState(format!(
                 "snapshot {name}:{tag} is {}",
                 snap.status.as_str()
             )));
@@ -138,10 +138,10 @@ impl Control {
     }
 
     /// Refuses a disk larger than `max_fs_capacity`.
-    pub(crate) fn check_disk_size(&self, fs: hearth_types::ByteSize) -> Result<(), ApiError> {
+    pub(crate) fn check_disk_size(&self, fs: hearth_types::ByteSize) -> Result<(), DomainError> {
         let max = self.cfg.max_fs_capacity;
         if fs > max {
-            return Err(ApiError::validation(
+            return Err(DomainError::invalid(
                 "fs_capacity_bytes",
                 format!("fs_capacity_bytes must be at most {max} on this server, got {fs}"),
             ));
@@ -190,10 +190,10 @@ impl Control {
         let Some(pc) = pc else { return Ok(()) };
         pc.validate()?;
         crate::egress::check(pc, &self.cfg.allow_private)?;
-        crate::egress::seal_opaque(&self.cfg.master_key, ws, pc)
+        Ok(crate::egress::seal_opaque(&self.cfg.master_key, ws, pc)?)
     }
 
-    pub async fn get(&self, who: &Principal, name: &str) -> Result<SandboxRow, ApiError> {
+    pub async fn get(&self, who: &Principal, name: &str) -> Result<SandboxRow, DomainError> {
         who.require("sandboxes:read")?;
         self.find(who.workspace_id, name).await
     }
@@ -257,10 +257,14 @@ impl Control {
         &self,
         who: &Principal,
         name: &str,
-    ) -> Result<hearth_api::boxes::SandboxEventsResponse, ApiError> {
+    ) -> Result<hearth_api::boxes::SandboxEventsResponse, DomainError> {
         let row = self.get(who, name).await?;
         let fleet = crate::hosts::reads_fleet(who);
-        let events = self.db.sandbox_events(row.id).await.map_err(db_error)?;
+        let events = self
+            .db
+            .sandbox_events(row.id)
+            .await
+            .map_err(DomainError::from)?;
         Ok(hearth_api::boxes::SandboxEventsResponse {
             events: events
                 .into_iter()
@@ -275,11 +279,11 @@ impl Control {
     }
 
     /// A sandbox of the workspace by name or id; 404 otherwise.
-    pub async fn find(&self, ws: WorkspaceId, name: &str) -> Result<SandboxRow, ApiError> {
+    pub async fn find(&self, ws: WorkspaceId, name: &str) -> Result<SandboxRow, DomainError> {
         self.db
             .get_sandbox(ws, name)
             .await
-            .map_err(|_| ApiError::sandbox_not_found(name))
+            .map_err(|_| DomainError::sandbox_not_found(name))
     }
 
     pub async fn status(&self, who: &Principal, name: &str) -> Result<StatusResponse, ApiError> {
@@ -344,7 +348,7 @@ impl Control {
         who: &Principal,
         row: &SandboxRow,
         change: SandboxChange,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxRow, DomainError> {
         who.require("sandboxes:update")?;
         let SandboxChange {
             name,
@@ -352,7 +356,7 @@ impl Control {
             network,
         } = change;
         if network && row.status != SandboxStatus::Ready {
-            return Err(ApiError::invalid_request(format!(
+            return Err(DomainError::WrongState(format!(
                 "sandbox '{}' is {}: its network policy can only change while it is ready; start it first",
                 row.name,
                 row.status.as_str()
@@ -389,10 +393,11 @@ impl Control {
             .update_sandbox(&new, row.updated_at)
             .await
             .map_err(|e| match e {
-                hearth_db::DbError::Conflict { .. } => {
-                    ApiError::name_conflict("sandbox", &new.name)
-                }
-                other => db_error(other),
+                hearth_db::DbError::Conflict { .. } => DomainError::NameTaken {
+                    kind: "sandbox",
+                    name: new.name.clone(),
+                },
+                other => DomainError::from(other),
             });
         match saved {
             Ok(saved) => Ok(saved),
@@ -408,9 +413,9 @@ impl Control {
     /// Gives a ready sandbox's host its new egress policy and environment,
     /// which the VM applies at once (the next connection, request and
     /// command); a 503 when the host did not take them.
-    async fn push_network(&self, row: &SandboxRow, net: SandboxNet) -> Result<(), ApiError> {
+    async fn push_network(&self, row: &SandboxRow, net: SandboxNet) -> Result<(), DomainError> {
         let unapplied = |why: String| {
-            ApiError::host_did_not_apply(format!(
+            DomainError::HostFailed(format!(
                 "the new proxy_config did not reach sandbox '{}' ({why}); nothing was changed",
                 row.name
             ))
@@ -439,11 +444,11 @@ impl Control {
             Err(e) => Err(e),
         };
         if let Err(e) = result {
-            tracing::error!(sandbox = %row.id, error = %e.message, "the sandbox runs a proxy_config that was not stored; its next start applies the stored one");
+            tracing::error!(sandbox = %row.id, error = %e, "the sandbox runs a proxy_config that was not stored; its next start applies the stored one");
         }
     }
 
-    pub async fn delete(&self, who: &Principal, name: &str) -> Result<(), ApiError> {
+    pub async fn delete(&self, who: &Principal, name: &str) -> Result<(), DomainError> {
         let row = self.find(who.workspace_id, name).await?;
         self.delete_sandbox(who, &row).await
     }
@@ -453,12 +458,12 @@ impl Control {
         &self,
         who: &Principal,
         row: &SandboxRow,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), DomainError> {
         who.require("sandboxes:delete")?;
         self.delete_row(row).await
     }
 
-    pub(crate) async fn delete_row(&self, row: &SandboxRow) -> Result<(), ApiError> {
+    pub(crate) async fn delete_row(&self, row: &SandboxRow) -> Result<(), DomainError> {
         match self
             .apply_move(row.id, Move::Delete, None, StatusExtra::default())
             .await
@@ -466,7 +471,7 @@ impl Control {
             Ok(_) => {}
             // Deleted meanwhile: nothing left to do.
             Err(hearth_db::DbError::NotFound { .. }) => return Ok(()),
-            Err(e) => return Err(db_error(e)),
+            Err(e) => return Err(DomainError::from(e)),
         }
         self.bump(row.id);
         let host = match row.host_id {
@@ -482,7 +487,10 @@ impl Control {
                 }
             }
         }
-        self.db.delete_sandbox(row.id).await.map_err(db_error)?;
+        self.db
+            .delete_sandbox(row.id)
+            .await
+            .map_err(DomainError::from)?;
         self.bump(row.id);
         Ok(())
     }
@@ -498,12 +506,12 @@ impl Control {
         &self,
         row: &SandboxRow,
         reason: Option<&str>,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxRow, DomainError> {
         match Move::Stop.verdict(row.status) {
             Verdict::Go => {}
             Verdict::Already => return Ok(row.clone()),
             Verdict::Refused => {
-                return Err(ApiError::conflict(format!(
+                return Err(DomainError::conflict(format!(
                     "sandbox {} is {}, it cannot be stopped now",
                     row.name,
                     row.status.as_str()
@@ -529,7 +537,7 @@ impl Control {
                     if let Some(saved) = rec.saved.as_ref().filter(|_| how.save_memory) {
                         saved_memory = Some(serde_json::to_string(saved).map_err(|e| {
                             tracing::error!(sandbox = %row.id, error = %e, "cannot encode where memory was saved");
-                            ApiError::internal()
+                            DomainError::Internal
                         })?);
                     }
                 }
@@ -548,7 +556,7 @@ impl Control {
         let saved = self
             .apply_move(row.id, Move::Stop, reason, extra)
             .await
-            .map_err(db_error)?;
+            .map_err(DomainError::from)?;
         self.bump(row.id);
         Ok(saved)
     }
@@ -605,12 +613,12 @@ impl Control {
     pub(crate) async fn start_row(
         self: &Arc<Self>,
         row: &SandboxRow,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxRow, DomainError> {
         match Move::Start.verdict(row.status) {
             Verdict::Go => {}
             Verdict::Already => return Ok(row.clone()),
             Verdict::Refused => {
-                return Err(ApiError::conflict(format!(
+                return Err(DomainError::conflict(format!(
                     "sandbox {} is {}, it cannot be started now",
                     row.name,
                     row.status.as_str()
@@ -634,7 +642,7 @@ impl Control {
                 self.apply_move(row.id, Move::Start, None, extra)
             })
             .await?
-            .map_err(db_error)?;
+            .map_err(DomainError::from)?;
         self.bump(row.id);
         if row.host_id.is_some() && row.host_id != Some(host_id) {
             // A different host: the old one's copy is stale; it forgets
@@ -653,7 +661,7 @@ impl Control {
             .db
             .get_snapshot(row.workspace_id, row.snapshot_id)
             .await
-            .map_err(db_error)?;
+            .map_err(DomainError::from)?;
         let image = snapshot_image(&snap)?;
         // The snapshot's disk for a disk that is not kept; never its
         // memory (only a create resumes a snapshot's memory).
@@ -663,7 +671,7 @@ impl Control {
             Ok(net) => net,
             Err(e) => {
                 // Placed already: the sandbox says why it cannot start.
-                self.finish_boot(&placed, Err(format!("proxy_config: {}", e.message)))
+                self.finish_boot(&placed, Err(format!("proxy_config: {e}")))
                     .await;
                 return Err(e);
             }
@@ -694,7 +702,7 @@ impl Control {
         self: &Arc<Self>,
         who: &Principal,
         id: &str,
-    ) -> Result<(SandboxRow, GuestClient), ApiError> {
+    ) -> Result<(SandboxRow, GuestClient), DomainError> {
         let row = self.find(who.workspace_id, id).await?;
         who.require_runtime(&row)?;
         self.wake(row).await
@@ -705,14 +713,18 @@ impl Control {
     pub(crate) async fn wake(
         self: &Arc<Self>,
         mut row: SandboxRow,
-    ) -> Result<(SandboxRow, GuestClient), ApiError> {
+    ) -> Result<(SandboxRow, GuestClient), DomainError> {
         if matches!(row.status, SandboxStatus::Stopped | SandboxStatus::Failed) {
             row = self.start_row(&row).await?;
         }
         if row.status == SandboxStatus::Provisioning {
             // Seen `provisioning` before this subscription: read once.
             let changed = self.changed.subscribe();
-            row = self.db.get_sandbox_by_id(row.id).await.map_err(db_error)?;
+            row = self
+                .db
+                .get_sandbox_by_id(row.id)
+                .await
+                .map_err(DomainError::from)?;
             if row.status == SandboxStatus::Provisioning {
                 row = self
                     .wait_while_provisioning(row.id, WAKE_TIMEOUT, changed)
@@ -726,18 +738,24 @@ impl Control {
 
     /// The guest of a ready sandbox, as it is: no start, no wait, no
     /// activity recorded.
-    pub(crate) async fn ready_guest(&self, row: &SandboxRow) -> Result<GuestClient, ApiError> {
+    pub(crate) async fn ready_guest(&self, row: &SandboxRow) -> Result<GuestClient, DomainError> {
         if row.status != SandboxStatus::Ready {
-            return Err(ApiError::sandbox_not_ready(&row.name));
+            return Err(DomainError::NotReady {
+                name: row.name.clone(),
+            });
         }
         let host = match row.host_id {
             Some(id) => self.host(id).await,
             None => None,
         }
-        .ok_or_else(|| ApiError::sandbox_not_ready(&row.name))?;
+        .ok_or_else(|| DomainError::NotReady {
+            name: row.name.clone(),
+        })?;
         host.guest(vm_id(row.id), row.generation)
             .await
-            .map_err(|_| ApiError::sandbox_not_ready(&row.name))
+            .map_err(|_| DomainError::NotReady {
+                name: row.name.clone(),
+            })
     }
 
     /// Records activity for the idle timer, at most every few seconds per
@@ -753,10 +771,10 @@ impl Control {
 /// The built-in image a snapshot boots with (its kernel and initramfs, and
 /// its disk unless the snapshot has its own in the store). An unknown name
 /// is an error, never a silent fallback.
-pub(crate) fn snapshot_image(snap: &SnapshotRow) -> Result<ImageName, ApiError> {
+pub(crate) fn snapshot_image(snap: &SnapshotRow) -> Result<ImageName, DomainError> {
     snap.image.parse::<ImageName>().map_err(|_| {
         tracing::error!(snapshot = %snap.id, image = %snap.image, "snapshot names an unknown image");
-        ApiError::internal()
+        DomainError::Internal
     })
 }
 

@@ -34,6 +34,7 @@ use hearth_guest_proto::OpErrorKind;
 use hearth_types::SandboxId;
 use hyper_util::rt::TokioIo;
 
+use crate::domain::error::DomainError;
 use crate::domain::queries::spec_of;
 use crate::error::HttpResult;
 use crate::extract::Path;
@@ -85,8 +86,8 @@ pub async fn proxy(
     moved_token_url(c, token, rest, req).await
 }
 
-fn bad_gateway(message: String) -> ApiError {
-    ApiError::new(502, "ServiceUnavailable", message)
+fn bad_gateway(message: String) -> DomainError {
+    DomainError::Unreachable(message)
 }
 
 /// A token URL of the API's origin (minted before service hosts, or built
@@ -238,6 +239,12 @@ pub(crate) enum PortRefusal {
     Api(ApiError),
 }
 
+impl From<DomainError> for PortRefusal {
+    fn from(e: DomainError) -> Self {
+        PortRefusal::Api(e.into())
+    }
+}
+
 impl From<ApiError> for PortRefusal {
     fn from(e: ApiError) -> Self {
         PortRefusal::Api(e)
@@ -370,7 +377,7 @@ pub(crate) async fn forward_to_port(
     req: Request,
     client_side: Option<hyper::upgrade::OnUpgrade>,
     host: Option<&str>,
-) -> HttpResult<Response> {
+) -> Result<Response, DomainError> {
     let upgrade = client_side.is_some();
     let conn = guest.dial(port).await.map_err(|e| {
         if e.op_kind() == Some(OpErrorKind::ConnectionRefused) {
@@ -393,7 +400,7 @@ pub(crate) async fn forward_to_port(
     parts.uri = Uri::builder()
         .path_and_query(path_and_query)
         .build()
-        .map_err(|e| ApiError::invalid_request(format!("bad request path: {e}")))?;
+        .map_err(|e| DomainError::WrongState(format!("bad request path: {e}")))?;
     strip_hops(&mut parts.headers, upgrade, OWN_ORIGIN_REQUEST_DROPPED);
     drop_hearth_cookies(&mut parts.headers);
     let host = host.map_or_else(|| format!("localhost:{port}"), str::to_owned);

@@ -36,7 +36,7 @@ use hearth_types::{HostId, SnapshotId, WorkspaceId};
 
 use crate::auth::Principal;
 use crate::domain::commands::Capture;
-use crate::error::db_error;
+use crate::domain::error::DomainError;
 use crate::list::snapshot_response;
 use crate::reap::BUILD_HEARTBEAT;
 use crate::service::{memory_volumes, vm_id};
@@ -88,7 +88,7 @@ impl Control {
         who: &Principal,
         sandbox: &str,
         req: &Capture,
-    ) -> Result<SnapshotRow, ApiError> {
+    ) -> Result<SnapshotRow, DomainError> {
         who.require("sandboxes:update")?;
         let reference = match &req.reference {
             Some(r) => r.clone(),
@@ -103,7 +103,7 @@ impl Control {
         // same right as reading them, as fork and links do.
         who.require_runtime(&row)?;
         if !row.persistent {
-            return Err(ApiError::conflict(format!(
+            return Err(DomainError::conflict(format!(
                 "sandbox {} is not persistent: its writes are discarded, so it cannot be captured",
                 row.name
             )));
@@ -112,7 +112,7 @@ impl Control {
             SandboxStatus::Ready => {}
             SandboxStatus::Stopped if !req.include_memory => {}
             s => {
-                return Err(ApiError::conflict(format!(
+                return Err(DomainError::conflict(format!(
                     "sandbox {} is {}; capture a ready sandbox{}",
                     row.name,
                     s.as_str(),
@@ -126,12 +126,12 @@ impl Control {
         }
         let host_id = row
             .host_id
-            .ok_or_else(|| ApiError::conflict(format!("sandbox {} has no host", row.name)))?;
+            .ok_or_else(|| DomainError::conflict(format!("sandbox {} has no host", row.name)))?;
         let source = self
             .db
             .get_snapshot(row.workspace_id, row.snapshot_id)
             .await
-            .map_err(db_error)?;
+            .map_err(DomainError::from)?;
         let base: RunConfig = serde_json::from_value(row.run_config.clone()).unwrap_or_default();
         let run_config = match &req.run_config {
             Some(over) => over.merged_over(&base),
@@ -147,7 +147,7 @@ impl Control {
                 want
             }
             Some(b) => {
-                return Err(ApiError::validation(
+                return Err(DomainError::invalid(
                     "fs_capacity_bytes",
                     format!(
                         "fs_capacity_bytes cannot be smaller than the sandbox's disk ({}), got {b}",
@@ -289,8 +289,15 @@ impl Control {
     /// Stores a new snapshot row (status `building`) under its `name:tag`
     /// if the workspace's snapshot count and storage quotas allow it (else
     /// 429); a snapshot that had that tag keeps its id but loses the tag.
-    async fn insert_building(&self, ws: WorkspaceId, snap: &SnapshotRow) -> Result<(), ApiError> {
-        self.db.publish_snapshot(ws, snap).await.map_err(db_error)
+    async fn insert_building(
+        &self,
+        ws: WorkspaceId,
+        snap: &SnapshotRow,
+    ) -> Result<(), DomainError> {
+        self.db
+            .publish_snapshot(ws, snap)
+            .await
+            .map_err(DomainError::from)
     }
 
     /// Records the outcome of a snapshot build; the memory it reserved is
@@ -323,7 +330,11 @@ impl Control {
 
     /// `DELETE /snapshots/{id or name:tag}`: the record, then the store's
     /// volumes (and hosts' copies of its memory).
-    pub async fn delete_snapshot(&self, who: &Principal, reference: &str) -> Result<(), ApiError> {
+    pub async fn delete_snapshot(
+        &self,
+        who: &Principal,
+        reference: &str,
+    ) -> Result<(), DomainError> {
         who.require("sandboxes:delete")?;
         let ws = who.workspace_id;
         let snap = self.resolve_any_snapshot(ws, reference).await?;
@@ -333,12 +344,12 @@ impl Control {
             .await
             .map_err(|e| match e {
                 hearth_db::DbError::Conflict { what } if what.contains("warm pools") => {
-                    ApiError::conflict(what)
+                    DomainError::conflict(what)
                 }
                 hearth_db::DbError::Conflict { what } => {
-                    ApiError::conflict(format!("{what}: delete those sandboxes first"))
+                    DomainError::conflict(format!("{what}: delete those sandboxes first"))
                 }
-                other => db_error(other),
+                other => DomainError::from(other),
             })?;
         if let Some(volume) = &snap.volume {
             let captured = Captured {
@@ -364,25 +375,25 @@ impl Control {
         &self,
         ws: WorkspaceId,
         reference: &str,
-    ) -> Result<SnapshotRow, ApiError> {
+    ) -> Result<SnapshotRow, DomainError> {
         let found = if let Ok(id) = reference.parse::<SnapshotId>() {
             self.db.get_snapshot(ws, id).await.ok()
         } else {
             let r: hearth_api::SnapshotRef = reference
                 .parse()
-                .map_err(|_| ApiError::snapshot_not_found(reference))?;
+                .map_err(|_| DomainError::snapshot_not_found(reference))?;
             self.db.find_snapshot_by_ref(ws, &r.name, &r.tag).await.ok()
         };
-        found.ok_or_else(|| ApiError::snapshot_not_found(reference))
+        found.ok_or_else(|| DomainError::snapshot_not_found(reference))
     }
 
     /// Any host (the store is shared, so any of them can import into it).
-    async fn any_host(&self) -> Result<(HostId, Arc<dyn HostApi>), ApiError> {
+    async fn any_host(&self) -> Result<(HostId, Arc<dyn HostApi>), DomainError> {
         self.live_hosts()
             .await
             .into_iter()
             .next()
-            .ok_or_else(ApiError::no_hosts)
+            .ok_or(DomainError::NoHosts)
     }
 }
 

@@ -81,12 +81,12 @@ pub(crate) async fn resolve_workspace_secret(
     control: &Control,
     workspace: WorkspaceId,
     name: &str,
-) -> Result<Option<String>, ApiError> {
+) -> Result<Option<String>, crate::domain::error::DomainError> {
     let Some(sealed) = control
         .db
         .workspace_secret(workspace, name)
         .await
-        .map_err(db_error)?
+        .map_err(crate::domain::error::DomainError::from)?
     else {
         return Ok(None);
     };
@@ -96,11 +96,11 @@ pub(crate) async fn resolve_workspace_secret(
         .open(&workspace_secret_aad(workspace, name), &sealed)
         .map_err(|e| {
             tracing::error!(%workspace, secret = name, error = %e, "workspace secret does not open");
-            ApiError::internal()
+            crate::domain::error::DomainError::Internal
         })?;
     String::from_utf8(plain).map(Some).map_err(|_| {
         tracing::error!(%workspace, secret = name, "workspace secret is not UTF-8");
-        ApiError::internal()
+        crate::domain::error::DomainError::Internal
     })
 }
 
@@ -502,7 +502,7 @@ mod tests {
         let e = resolve_workspace_secret(&control, b.workspace_id, "TOKEN")
             .await
             .unwrap_err();
-        assert_eq!(e.status, 500);
+        assert_eq!(e, crate::domain::error::DomainError::Internal);
     }
 
     #[test]

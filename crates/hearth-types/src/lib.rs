@@ -15,6 +15,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod body;
 pub mod egress;
 pub mod ids;
 pub mod rules;

@@ -38,6 +38,37 @@ pub const MAX_LABEL_KEY_LEN: usize = 128;
 /// Longest label value, in characters.
 pub const MAX_LABEL_VALUE_LEN: usize = 1024;
 
+/// Longest sandbox name.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Checks a sandbox name: 1–63 characters of lowercase letters, digits and
+/// `-`, starting and ending with a letter or digit (a DNS label, so the name
+/// can appear in host names and URLs unescaped).
+///
+/// The SDK does not validate names and LangSmith does not document its rule;
+/// its own generated names (`snapshot-builder-<hex>`) fit this one.
+pub fn check_sandbox_name(field: &str, name: &str) -> Result<(), Invalid> {
+    let err = |why: &str| Invalid::new(field, format!("{field} '{name}' is invalid: {why}"));
+    if name.is_empty() {
+        return Err(err("it must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(err("it must be at most 63 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(err("use only lowercase letters, digits and '-'"));
+    }
+    let first = name.as_bytes()[0];
+    let last = name.as_bytes()[name.len() - 1];
+    if first == b'-' || last == b'-' {
+        return Err(err("it must start and end with a letter or digit"));
+    }
+    Ok(())
+}
+
 /// Checks a request's labels: at most [`MAX_LABELS`] entries, keys 1–128 and
 /// values 0–1024 characters, no control characters. Only the labels the
 /// request sets are counted; labels inherited from a snapshot are not.

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hearth_api::{ApiError, CreationFailure};
 use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
 use hearth_hostapi::{
     BootFrom, CreateVm, HostApi, HostApiError, MemoryVolumes, Resize, SandboxNet,
@@ -17,8 +16,8 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::auth::Principal;
+use crate::domain::error::{DomainError, ProvisionFailure};
 use crate::domain::state::Move;
-use crate::error::db_error;
 use crate::service::{boot_from, snapshot_image, stored, vm_id, vm_memory};
 use crate::Control;
 
@@ -50,11 +49,11 @@ pub(crate) enum Boot {
 fn check_delegation(
     who: &Principal,
     d: &hearth_types::sandbox::Delegation,
-) -> Result<(), ApiError> {
+) -> Result<(), DomainError> {
     for (i, p) in d.permissions.iter().enumerate() {
         let at = format!("access_delegation.permissions[{i}]");
         if !crate::auth::PERMISSIONS.contains(&p.as_str()) {
-            return Err(ApiError::validation(
+            return Err(DomainError::invalid(
                 "access_delegation.permissions",
                 format!(
                     "{at}: unknown permission {p:?}; known: {}",
@@ -63,7 +62,7 @@ fn check_delegation(
             ));
         }
         if !who.can(p) {
-            return Err(ApiError::forbidden(format!(
+            return Err(DomainError::Forbidden(format!(
                 "{at}: this API key lacks {p}, so it cannot grant it"
             )));
         }
@@ -88,9 +87,9 @@ impl Control {
         disk: Option<hearth_types::ByteSize>,
         previous: Option<HostId>,
         exclude: &[HostId],
-    ) -> Result<HostId, ApiError> {
+    ) -> Result<HostId, DomainError> {
         let now = Timestamp::now();
-        let hosts = self.db.hosts_with_load().await.map_err(db_error)?;
+        let hosts = self.db.hosts_with_load().await.map_err(DomainError::from)?;
         let mut views = Vec::with_capacity(hosts.len());
         for (h, load) in &hosts {
             let local = self.hosts.get(&h.id);
@@ -124,9 +123,9 @@ impl Control {
         }
         let req = hearth_fleet::PlacementRequest { cpu, mem, disk };
         hearth_fleet::place(&views, &req, previous).map_err(|e| match e {
-            hearth_fleet::PlacementError::NoHosts => ApiError::no_hosts(),
+            hearth_fleet::PlacementError::NoHosts => DomainError::NoHosts,
             e @ hearth_fleet::PlacementError::DiskTooLarge { .. } => {
-                ApiError::validation("fs_capacity_bytes", e.to_string())
+                DomainError::invalid("fs_capacity_bytes", e.to_string())
             }
         })
     }
@@ -146,7 +145,7 @@ impl Control {
         previous: Option<HostId>,
         exclude: &[HostId],
         mut commit: impl FnMut(HostId) -> F,
-    ) -> Result<Result<(T, HostId), hearth_db::DbError>, ApiError>
+    ) -> Result<Result<(T, HostId), hearth_db::DbError>, DomainError>
     where
         F: std::future::Future<Output = Result<T, hearth_db::DbError>>,
     {
@@ -176,13 +175,13 @@ impl Control {
         who: &Principal,
         snap: &SnapshotRow,
         plan: SandboxPlan,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxRow, DomainError> {
         let (this, who, snap) = (self.clone(), who.clone(), snap.clone());
         tokio::spawn(async move { this.create_sandbox_to_the_end(&who, &snap, plan).await })
             .await
             .map_err(|e| {
                 tracing::error!(error = %e, "a create's task ended without an answer");
-                ApiError::internal()
+                DomainError::Internal
             })?
     }
 
@@ -191,7 +190,7 @@ impl Control {
         who: &Principal,
         snap: &SnapshotRow,
         mut plan: SandboxPlan,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxRow, DomainError> {
         who.require("sandboxes:create")?;
         if let Some(d) = &plan.spec.delegation {
             check_delegation(who, d)?;
@@ -269,7 +268,7 @@ impl Control {
         let placed = match claimed {
             Ok(Some(row)) => match row.host_id {
                 Some(host_id) => Ok((row, host_id, Boot::Claim)),
-                None => return Err(ApiError::internal()),
+                None => return Err(DomainError::Internal),
             },
             Ok(None) => self
                 .place_committed(row.cpu, row.mem, disk, None, &[], |host_id| {
@@ -286,9 +285,12 @@ impl Control {
         let (row, host_id, how) = match placed {
             Ok(placed) => placed,
             Err(hearth_db::DbError::Conflict { .. }) => {
-                return Err(ApiError::name_conflict("sandbox", &name))
+                return Err(DomainError::NameTaken {
+                    kind: "sandbox",
+                    name,
+                })
             }
-            Err(other) => return Err(db_error(other)),
+            Err(other) => return Err(DomainError::from(other)),
         };
         // The deadline exists from the first write; its clock starts once
         // the sandbox is ready (below): until then it allows the boot too.
@@ -314,16 +316,17 @@ impl Control {
                 }
                 Ok(row)
             }
-            SandboxStatus::Provisioning => Err(ApiError::create_timeout(
-                &name,
-                wait.as_secs_f64(),
-                row.status.as_str(),
-            )),
-            _ => Err(ApiError::creation_failed(
-                CreationFailure::CrashLoop,
-                row.status_message
+            SandboxStatus::Provisioning => Err(DomainError::Timeout {
+                name,
+                secs: wait.as_secs_f64(),
+                last_status: row.status.as_str().to_owned(),
+            }),
+            _ => Err(DomainError::ProvisionFailed {
+                why: ProvisionFailure::Crashed,
+                message: row
+                    .status_message
                     .unwrap_or_else(|| "the sandbox failed to boot".into()),
-            )),
+            }),
         }
     }
 
@@ -336,7 +339,7 @@ impl Control {
         row: &SandboxRow,
         lifetime: hearth_types::sandbox::Lifetime,
         booting: Duration,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), DomainError> {
         let deadline = hearth_db::Deadline {
             sandbox_id: row.id,
             expires_at: Timestamp::now().plus(lifetime.timeout + booting),
@@ -347,9 +350,9 @@ impl Control {
         };
         tracing::warn!(sandbox = %row.id, error = %e, "cannot set a new sandbox's deadline; deleting it");
         if let Err(d) = self.delete_row(row).await {
-            tracing::warn!(sandbox = %row.id, error = %d.message, "cannot delete it either; the reaper will not expire it");
+            tracing::warn!(sandbox = %row.id, error = %d, "cannot delete it either; the reaper will not expire it");
         }
-        Err(db_error(e))
+        Err(DomainError::from(e))
     }
 
     /// Waits until the sandbox leaves `provisioning` or `wait` passes.
@@ -362,7 +365,7 @@ impl Control {
         id: SandboxId,
         wait: Duration,
         mut changed: broadcast::Receiver<crate::Changed>,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxRow, DomainError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let tick = tokio::time::Instant::now() + Duration::from_millis(500);
@@ -389,7 +392,11 @@ impl Control {
                     () = &mut sleep => break,
                 }
             }
-            let row = self.db.get_sandbox_by_id(id).await.map_err(db_error)?;
+            let row = self
+                .db
+                .get_sandbox_by_id(id)
+                .await
+                .map_err(DomainError::from)?;
             if row.status != SandboxStatus::Provisioning || tokio::time::Instant::now() >= deadline
             {
                 return Ok(row);
@@ -597,7 +604,7 @@ impl Control {
                 return None;
             }
             Err(e) => {
-                tracing::info!(sandbox = %row.id, error = %e.message, "no other host can take the sandbox");
+                tracing::info!(sandbox = %row.id, error = %e, "no other host can take the sandbox");
                 return None;
             }
         };

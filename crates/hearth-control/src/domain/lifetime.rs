@@ -7,18 +7,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hearth_api::ApiError;
 use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, Timestamp};
 use hearth_types::SandboxId;
 
 use super::state::{Move, Verdict};
 use crate::auth::Principal;
-use crate::error::db_error;
+use crate::domain::error::DomainError;
 use crate::Control;
 
 impl Control {
     /// The sandbox's deadline, if it has one.
-    pub(crate) async fn deadline(&self, id: SandboxId) -> Result<Option<Deadline>, ApiError> {
+    pub(crate) async fn deadline(&self, id: SandboxId) -> Result<Option<Deadline>, DomainError> {
         Ok(self.deadlines(&[id]).await?.remove(&id))
     }
 
@@ -26,8 +25,8 @@ impl Control {
     pub(crate) async fn deadlines(
         &self,
         ids: &[SandboxId],
-    ) -> Result<HashMap<SandboxId, Deadline>, ApiError> {
-        self.db.deadlines_of(ids).await.map_err(db_error)
+    ) -> Result<HashMap<SandboxId, Deadline>, DomainError> {
+        self.db.deadlines_of(ids).await.map_err(DomainError::from)
     }
 
     /// The sandbox now ends `timeout` from now, sooner or later than
@@ -38,7 +37,7 @@ impl Control {
         who: &Principal,
         row: &SandboxRow,
         timeout: Duration,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), DomainError> {
         who.require("sandboxes:update")?;
         let on_expiry = self
             .deadline(row.id)
@@ -51,7 +50,7 @@ impl Control {
                 on_expiry,
             })
             .await
-            .map_err(db_error)
+            .map_err(DomainError::from)
     }
 
     /// A stop that keeps the memory, asked for by the sandbox's user: only
@@ -64,18 +63,18 @@ impl Control {
         row: &SandboxRow,
         healthy: bool,
         reason: &str,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), DomainError> {
         who.require("sandboxes:update")?;
         match Move::Pause.verdict(row.status) {
             Verdict::Go => {}
             Verdict::Already => {
-                return Err(ApiError::conflict(format!(
+                return Err(DomainError::conflict(format!(
                     "sandbox {} is already paused",
                     row.id
                 )))
             }
             Verdict::Refused => {
-                return Err(ApiError::conflict(format!(
+                return Err(DomainError::conflict(format!(
                     "sandbox {} is {}; only a running sandbox pauses",
                     row.id,
                     row.status.as_str()
@@ -83,7 +82,7 @@ impl Control {
             }
         }
         if !row.preserve_memory_on_stop {
-            return Err(ApiError::conflict(format!(
+            return Err(DomainError::conflict(format!(
                 "sandbox {} was created without preserve_memory_on_stop: its memory cannot be kept; stop it through the LangSmith API",
                 row.id
             )));
@@ -92,11 +91,14 @@ impl Control {
             // A ready sandbox's guest answered its host; one that does not
             // answer now cannot be paused healthy.
             self.ready_guest(row).await.map_err(|_| {
-                ApiError::conflict(format!("sandbox {}'s guest does not answer", row.id))
+                DomainError::conflict(format!("sandbox {}'s guest does not answer", row.id))
             })?;
         }
         self.stop_row(row, Some(reason)).await?;
-        self.db.clear_deadline(row.id).await.map_err(db_error)?;
+        self.db
+            .clear_deadline(row.id)
+            .await
+            .map_err(DomainError::from)?;
         Ok(())
     }
 
@@ -110,7 +112,7 @@ impl Control {
         who: &Principal,
         row: SandboxRow,
         timeout: Option<Duration>,
-    ) -> Result<(SandboxRow, bool), ApiError> {
+    ) -> Result<(SandboxRow, bool), DomainError> {
         who.require_runtime(&row)?;
         let resumed = row.status != SandboxStatus::Ready;
         let row = if resumed {
@@ -133,7 +135,7 @@ impl Control {
         row: &SandboxRow,
         timeout: Option<Duration>,
         resumed: bool,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), DomainError> {
         let Some(t) = timeout else { return Ok(()) };
         let at = Timestamp::now().plus(t);
         let deadline = match self.deadline(row.id).await? {
@@ -149,7 +151,7 @@ impl Control {
             None => None,
         };
         match deadline {
-            Some(d) => self.db.set_deadline(&d).await.map_err(db_error),
+            Some(d) => self.db.set_deadline(&d).await.map_err(DomainError::from),
             None => Ok(()),
         }
     }

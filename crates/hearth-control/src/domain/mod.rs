@@ -6,16 +6,21 @@
 
 pub(crate) mod commands;
 pub(crate) mod create;
+pub mod error;
 mod lifetime;
+pub(crate) mod model;
 pub(crate) mod queries;
 pub(crate) mod state;
 
 #[cfg(test)]
 mod tests {
-    /// A door reads through the domain, never the database: no file of
-    /// E2B's door names the control plane's `db`.
+    /// A door reads through the domain, never the database, and speaks
+    /// no other door's language: no file of E2B's door names the control
+    /// plane's `db`, the database crate (its nouns come from
+    /// [`super::model`]) or LangSmith's API crate (its errors come from
+    /// [`super::error`]).
     #[test]
-    fn the_e2b_door_reads_no_rows_itself() {
+    fn the_e2b_door_reads_no_rows_and_no_other_door() {
         let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/e2b")];
         let mut files = Vec::new();
         while let Some(dir) = dirs.pop() {
@@ -37,13 +42,18 @@ mod tests {
                 let t = code.trim_start();
                 if code.contains(".db.") || code.trim_end().ends_with(".db") || t.starts_with(".db")
                 {
-                    offenders.push(format!("{}:{}", path.display(), i + 1));
+                    offenders.push(format!("{}:{}: the database", path.display(), i + 1));
+                }
+                for other in ["hearth_db", "hearth_api"] {
+                    if code.contains(other) {
+                        offenders.push(format!("{}:{}: {other}", path.display(), i + 1));
+                    }
                 }
             }
         }
         assert!(
             offenders.is_empty(),
-            "the E2B door reads the database: {offenders:?}"
+            "the E2B door reads the database or another door's types: {offenders:?}"
         );
     }
 }

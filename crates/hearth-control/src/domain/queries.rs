@@ -1,11 +1,10 @@
 //! What a caller may read, for both doors: pages of the workspace's
 //! sandboxes and snapshots, behind the read permission.
 
-use hearth_api::ApiError;
 use hearth_db::{Page, SandboxFilter, SandboxRow, SnapshotFilter, SnapshotRow};
 
 use crate::auth::Principal;
-use crate::error::db_error;
+use crate::domain::error::DomainError;
 use crate::list::skip_then_page;
 use crate::Control;
 
@@ -18,7 +17,7 @@ impl Control {
         who: &Principal,
         filter: &SandboxFilter,
         offset: u64,
-    ) -> Result<Page<SandboxRow>, ApiError> {
+    ) -> Result<Page<SandboxRow>, DomainError> {
         let ws = who.workspace_id;
         self.page(who, offset, filter.page_size, |cursor, page_size| {
             let f = SandboxFilter {
@@ -39,7 +38,7 @@ impl Control {
         who: &Principal,
         filter: &SnapshotFilter,
         offset: u64,
-    ) -> Result<Page<SnapshotRow>, ApiError> {
+    ) -> Result<Page<SnapshotRow>, DomainError> {
         let ws = who.workspace_id;
         self.page(who, offset, filter.page_size, |cursor, page_size| {
             let f = SnapshotFilter {
@@ -61,7 +60,7 @@ impl Control {
         offset: u64,
         page_size: u32,
         fetch: F,
-    ) -> Result<Page<T>, ApiError>
+    ) -> Result<Page<T>, DomainError>
     where
         F: FnMut(Option<String>, u32) -> Fut,
         Fut: std::future::Future<Output = Result<Page<T>, hearth_db::DbError>>,
@@ -69,7 +68,7 @@ impl Control {
         who.require("sandboxes:read")?;
         skip_then_page(offset, page_size, fetch)
             .await
-            .map_err(db_error)
+            .map_err(DomainError::from)
     }
 
     /// One of the caller's workspace's (or the built-in) snapshots, by id
@@ -78,7 +77,7 @@ impl Control {
         &self,
         who: &Principal,
         reference: &str,
-    ) -> Result<SnapshotRow, ApiError> {
+    ) -> Result<SnapshotRow, DomainError> {
         who.require("sandboxes:read")?;
         self.resolve_any_snapshot(who.workspace_id, reference).await
     }
@@ -89,10 +88,10 @@ impl Control {
         &self,
         who: &Principal,
         id: hearth_types::SandboxId,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxRow, DomainError> {
         let row = self.find(who.workspace_id, &id.to_string()).await?;
         if row.status == hearth_db::SandboxStatus::Deleting {
-            return Err(ApiError::not_found("sandbox", &id.to_string()));
+            return Err(DomainError::sandbox_not_found(&id.to_string()));
         }
         Ok(row)
     }
@@ -131,9 +130,9 @@ pub(crate) fn snapshot_run(snap: &SnapshotRow) -> Option<hearth_api::RunConfig> 
 
 /// The resolved spec stored with a sandbox (Hearth's own, whichever API
 /// created it).
-pub(crate) fn spec_of(row: &SandboxRow) -> Result<hearth_types::sandbox::SandboxSpec, ApiError> {
+pub(crate) fn spec_of(row: &SandboxRow) -> Result<hearth_types::sandbox::SandboxSpec, DomainError> {
     hearth_api::read_stored_spec(&row.spec).map_err(|e| {
         tracing::error!(sandbox = %row.id, error = %e, "stored sandbox spec does not parse");
-        ApiError::internal()
+        DomainError::Internal
     })
 }

@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::model::{Deadline, OnExpiry, SandboxRow, SandboxStatus, SnapshotRow};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_db::{Deadline, OnExpiry, SandboxRow, SandboxStatus, SnapshotRow};
 use hearth_types::egress::{AccessSpec, EgressSpec};
 use hearth_types::rules::{
     check_env_vars, check_labels, resolve_sizing, SizingRequest, SnapshotRef, SnapshotSelector,
@@ -33,8 +33,9 @@ use super::{E2bError, E2bResult, ENVD_VERSION};
 use crate::auth::Principal;
 use crate::domain::commands::Capture;
 use crate::domain::commands::SandboxChange;
+use crate::domain::error::DomainError;
 use crate::domain::queries::spec_of;
-use crate::error::HttpError;
+use crate::error::Refusal;
 use crate::extract::JsonBody;
 use crate::runtime_tokens::RuntimeTokens;
 use crate::Control;
@@ -356,7 +357,7 @@ impl Control {
         // Another workspace's is not found, as one that never was; a
         // failure to look is the failure it is.
         self.live_sandbox(who, id).await.map_err(|e| {
-            if e.status == 404 {
+            if matches!(e, DomainError::NotFound { .. }) {
                 not_found()
             } else {
                 e.into()
@@ -368,7 +369,7 @@ impl Control {
 /// A JSON object body; a field of the wrong type or unknown is a 400
 /// naming it.
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
-    hearth_api::parse_body(body).map_err(E2bError::from)
+    hearth_types::body::parse_object(body).map_err(|e| E2bError::bad_request(e.message))
 }
 
 /// A body the SDK may leave out: empty is the defaults.
@@ -448,8 +449,8 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, lifetime: Lifetime) -> E2bResult<S
 /// `POST /sandboxes`, `POST /v2/sandboxes`.
 pub async fn create(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
-    body: Result<JsonBody, HttpError>,
+    who: Result<Principal, Refusal>,
+    body: Result<JsonBody, Refusal>,
 ) -> E2bResult<Response> {
     let who = who?;
     let req: NewSandbox = json_body(&body?.0)?;
@@ -483,7 +484,7 @@ pub async fn create(
 /// `GET /sandboxes/{id}`.
 pub async fn detail(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
 ) -> E2bResult<Response> {
     let who = who?;
@@ -518,7 +519,7 @@ struct ListQuery {
     labels: Vec<(String, Option<String>)>,
     limit: Option<u32>,
     next_token: Option<String>,
-    order: hearth_db::SortOrder,
+    order: crate::domain::model::SortOrder,
 }
 
 fn list_query(raw: Option<&str>) -> E2bResult<ListQuery> {
@@ -551,8 +552,8 @@ fn list_query(raw: Option<&str>) -> E2bResult<ListQuery> {
             "nextToken" => q.next_token = Some(v.into_owned()).filter(|t| !t.is_empty()),
             "order" => {
                 q.order = match &*v {
-                    "asc" => hearth_db::SortOrder::Asc,
-                    "desc" => hearth_db::SortOrder::Desc,
+                    "asc" => crate::domain::model::SortOrder::Asc,
+                    "desc" => crate::domain::model::SortOrder::Desc,
                     other => {
                         return Err(E2bError::bad_request(format!(
                             "order: {other:?} is neither asc nor desc"
@@ -584,12 +585,12 @@ fn page_limit(v: &str) -> E2bResult<u32> {
 
 /// A list's failure: a `nextToken` this server did not give is the
 /// caller's mistake.
-fn page_error(e: hearth_api::ApiError) -> E2bError {
-    match e.loc.last() {
-        Some(hearth_api::error::LocSegment::Key(k)) if k == "cursor" => {
+fn page_error(e: DomainError) -> E2bError {
+    match e {
+        DomainError::Invalid(_, i) if i.field == "cursor" => {
             E2bError::bad_request("nextToken: not a token this list gave")
         }
-        _ => e.into(),
+        e => e.into(),
     }
 }
 
@@ -606,12 +607,12 @@ fn page_response<T: Serialize>(items: Vec<T>, next: Option<String>) -> Response 
 /// sandboxes, newest first; the next page's token in `x-next-token`.
 pub async fn list(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Response> {
     let who = who?;
     let q = list_query(raw.as_deref())?;
-    let filter = hearth_db::SandboxFilter {
+    let filter = crate::domain::model::SandboxFilter {
         // One state is one status; both (the default) take every row and
         // leave out those being deleted.
         status: match (q.running, q.paused) {
@@ -620,11 +621,11 @@ pub async fn list(
             _ => None,
         },
         labels: q.labels,
-        sort_by: hearth_db::SandboxSort::CreatedAt,
+        sort_by: crate::domain::model::SandboxSort::CreatedAt,
         sort_order: q.order,
         page_size: q.limit.unwrap_or(100),
         cursor: q.next_token,
-        ..hearth_db::SandboxFilter::default()
+        ..crate::domain::model::SandboxFilter::default()
     };
     let page = c.sandbox_page(&who, &filter, 0).await.map_err(page_error)?;
     let ids: Vec<SandboxId> = page.items.iter().map(|r| r.id).collect();
@@ -641,7 +642,7 @@ pub async fn list(
 /// `DELETE /sandboxes/{id}`.
 pub async fn kill(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
@@ -663,9 +664,9 @@ struct TimeoutBody {
 /// from now (sooner or later than before), as its deadline says.
 pub async fn set_timeout(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
-    body: Result<JsonBody, HttpError>,
+    body: Result<JsonBody, Refusal>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
     let req: TimeoutBody = json_body(&body?.0)?;
@@ -688,9 +689,9 @@ struct PauseBody {
 /// days, as any stopped sandbox).
 pub async fn pause(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
-    body: Result<JsonBody, HttpError>,
+    body: Result<JsonBody, Refusal>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
     let req: PauseBody = optional_body(&body?.0)?;
@@ -725,9 +726,9 @@ struct ConnectBody {
 /// API, which has none, keeps none.
 pub async fn connect(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
-    body: Result<JsonBody, HttpError>,
+    body: Result<JsonBody, Refusal>,
 ) -> E2bResult<Response> {
     let who = who?;
     let req: ConnectBody = optional_body(&body?.0)?;
@@ -780,9 +781,9 @@ struct ForkEntry {
 /// its sandbox, or the error it failed with.
 pub async fn fork(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
-    body: Result<JsonBody, HttpError>,
+    body: Result<JsonBody, Refusal>,
 ) -> E2bResult<Response> {
     let who = who?;
     let req: ForkBody = optional_body(&body?.0)?;
@@ -866,9 +867,9 @@ const SNAPSHOT_WAIT: Duration = Duration::from_secs(600);
 /// sandbox runs on (it is frozen only while its memory is copied).
 pub async fn create_snapshot(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
-    body: Result<JsonBody, HttpError>,
+    body: Result<JsonBody, Refusal>,
 ) -> E2bResult<Response> {
     let who = who?;
     let req: SnapshotBody = optional_body(&body?.0)?;
@@ -889,13 +890,15 @@ pub async fn create_snapshot(
     loop {
         let now = c.snapshot(&who, &building.id.to_string()).await?;
         match now.status {
-            hearth_db::SnapshotStatus::Ready => {
+            crate::domain::model::SnapshotStatus::Ready => {
                 return Ok((StatusCode::CREATED, Json(snapshot_info(&now))).into_response())
             }
-            hearth_db::SnapshotStatus::Building if tokio::time::Instant::now() < deadline => {
+            crate::domain::model::SnapshotStatus::Building
+                if tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            hearth_db::SnapshotStatus::Building => {
+            crate::domain::model::SnapshotStatus::Building => {
                 return Err(E2bError::new(
                     504,
                     format!("snapshot {} is still being stored", now.id),
@@ -921,13 +924,13 @@ pub async fn create_snapshot(
 /// (`x-next-token`).
 pub async fn list_snapshots(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Response> {
     let who = who?;
-    let mut filter = hearth_db::SnapshotFilter {
+    let mut filter = crate::domain::model::SnapshotFilter {
         captured_only: true,
-        status: Some(hearth_db::SnapshotStatus::Ready),
+        status: Some(crate::domain::model::SnapshotStatus::Ready),
         page_size: 100,
         ..Default::default()
     };
@@ -959,7 +962,7 @@ pub async fn list_snapshots(
         }
         let found = c.snapshot(&who, &n).await.ok();
         let listed = found.filter(|s| {
-            s.status == hearth_db::SnapshotStatus::Ready
+            s.status == crate::domain::model::SnapshotStatus::Ready
                 && s.source_sandbox_id.is_some()
                 && filter
                     .from_sandbox
@@ -979,12 +982,12 @@ pub async fn list_snapshots(
 /// id or name; a snapshot a pool or a sandbox still needs is a 409.
 pub async fn delete_template(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
 ) -> E2bResult<Response> {
     let who = who?;
     c.delete_snapshot(&who, &id).await.map_err(|e| {
-        if e.status == 404 {
+        if matches!(e, DomainError::NotFound { .. }) {
             E2bError::not_found(format!("template {id} not found"))
         } else {
             e.into()
@@ -999,9 +1002,9 @@ pub async fn delete_template(
 /// sandbox has stay; only its access list is replaced.
 pub async fn update_network(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
-    body: Result<JsonBody, HttpError>,
+    body: Result<JsonBody, Refusal>,
 ) -> E2bResult<StatusCode> {
     let who = who?;
     // Refused before the lookup (see `kill`).

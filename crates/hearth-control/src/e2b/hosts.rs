@@ -21,11 +21,11 @@
 
 use std::sync::Arc;
 
+use crate::domain::model::SandboxStatus;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hearth_db::SandboxStatus;
 use hearth_types::SandboxId;
 
 use super::{door_of, Door, E2bError};
@@ -225,7 +225,7 @@ async fn to_port(
     let guest = if access.wake {
         match c.wake(access.row.clone()).await {
             Ok((_, guest)) => guest,
-            Err(e) => return crate::error::HttpError(e).into_response(),
+            Err(e) => return E2bError::from(e).into_response(),
         }
     } else {
         if access.row.status != SandboxStatus::Ready {

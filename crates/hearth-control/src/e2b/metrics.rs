@@ -10,16 +10,16 @@
 
 use std::sync::Arc;
 
+use crate::domain::model::{SandboxStatus, Timestamp};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_db::{SandboxStatus, Timestamp};
 use hearth_guest_proto::ExecRequest;
 use serde::Serialize;
 
 use super::{E2bError, E2bResult};
 use crate::auth::Principal;
-use crate::error::HttpError;
+use crate::error::Refusal;
 use crate::Control;
 
 /// Two readings of the CPU counters half a second apart, then memory and
@@ -142,7 +142,7 @@ fn window(raw: Option<&str>) -> E2bResult<(Option<i64>, Option<i64>)> {
 /// `GET /sandboxes/{id}/metrics`.
 pub async fn metrics(
     State(c): State<Arc<Control>>,
-    who: Result<Principal, HttpError>,
+    who: Result<Principal, Refusal>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Response> {

@@ -27,9 +27,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
-use hearth_api::ApiError;
 
-use crate::error::HttpError;
+use crate::domain::error::DomainError;
+use crate::error::Refusal;
 use crate::Control;
 
 /// The envd version Hearth reports: it unlocks in the SDK what is served
@@ -62,29 +62,57 @@ impl E2bError {
     }
 }
 
-impl From<ApiError> for E2bError {
-    fn from(e: ApiError) -> Self {
-        // A LangSmith validation error names its field in `loc`; E2B's
-        // shape has only the message, so the field goes into it.
-        let field = match e.loc.last() {
-            Some(hearth_api::error::LocSegment::Key(k)) => format!("{k}: "),
-            _ => String::new(),
+/// The domain's error in E2B's words: the status its SDK maps
+/// (400 for a bad input, whose message names the field).
+impl From<DomainError> for E2bError {
+    fn from(e: DomainError) -> Self {
+        let status = match &e {
+            DomainError::Unauthenticated(_) => 401,
+            DomainError::Forbidden(_) => 403,
+            DomainError::NotFound { .. } | DomainError::FileNotFound(_) => 404,
+            DomainError::NameTaken { .. } | DomainError::Conflict(_) => 409,
+            DomainError::Invalid(..)
+            | DomainError::WrongState(_)
+            | DomainError::BadRequest(_)
+            | DomainError::ProvisionFailed { .. } => 400,
+            DomainError::TooLarge(_) => 413,
+            DomainError::UriTooLong(_) => 414,
+            DomainError::HeadersTooLarge(_) => 431,
+            DomainError::Quota { .. } => 429,
+            DomainError::NoHosts | DomainError::NotReady { .. } | DomainError::HostFailed(_) => 503,
+            DomainError::Timeout { .. } => 408,
+            DomainError::Unreachable(_) => 502,
+            DomainError::Internal => 500,
         };
-        // LangSmith answers a bad field 422; E2B's SDK maps 400.
-        let status = if e.status == 422 { 400 } else { e.status };
-        Self::new(status, format!("{field}{}", e.message))
+        let message = match e {
+            DomainError::Unauthenticated(None) => "invalid or missing API key".to_owned(),
+            DomainError::Unauthenticated(Some(why)) => why,
+            // The rule's message names the field, as E2B's SDK shows it;
+            // one that does not gets the field in front.
+            DomainError::Invalid(_, i) => {
+                let field = i.field.rsplit('.').next().unwrap_or(&i.field);
+                if i.message.starts_with(field) {
+                    i.message
+                } else {
+                    format!("{field}: {}", i.message)
+                }
+            }
+            DomainError::NoHosts => "no sandbox hosts are available to run this sandbox".into(),
+            DomainError::Internal => "internal server error".into(),
+            other => other.to_string(),
+        };
+        Self::new(status, message)
     }
 }
 
 impl From<hearth_types::rules::Invalid> for E2bError {
     fn from(e: hearth_types::rules::Invalid) -> Self {
-        // The rule's message names the field, as E2B's SDK shows it.
-        Self::bad_request(e.message)
+        DomainError::from(e).into()
     }
 }
 
-impl From<HttpError> for E2bError {
-    fn from(e: HttpError) -> Self {
+impl From<Refusal> for E2bError {
+    fn from(e: Refusal) -> Self {
         e.0.into()
     }
 }
@@ -123,10 +151,10 @@ pub(crate) enum Door {
 }
 
 impl Door {
-    pub(crate) fn refuse(self, e: ApiError) -> Response {
+    pub(crate) fn refuse(self, e: DomainError) -> Response {
         match self {
             Door::Control => E2bError::from(e).into_response(),
-            Door::Connect => connect::ConnectError::invalid(e.message).into_response(),
+            Door::Connect => connect::ConnectError::invalid(e.to_string()).into_response(),
         }
     }
 }

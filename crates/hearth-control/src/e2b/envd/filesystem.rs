@@ -33,7 +33,7 @@ pub(super) fn entry(s: &FileStat) -> serde_json::Value {
         "size": s.size.to_string(),
         "mode": s.mode & 0o7777,
         "permissions": permissions(s),
-        "modifiedTime": hearth_db::Timestamp::from_unix_ms(s.mtime.saturating_mul(1000)).to_rfc3339(),
+        "modifiedTime": crate::domain::model::Timestamp::from_unix_ms(s.mtime.saturating_mul(1000)).to_rfc3339(),
     })
 }
 

@@ -25,11 +25,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::domain::model::{SandboxRow, SandboxStatus};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
-use hearth_db::{SandboxRow, SandboxStatus};
 use hearth_guest_proto::ExecRequest;
 use hearth_hostapi::{GuestClient, GuestError};
 use hearth_types::SandboxId;
