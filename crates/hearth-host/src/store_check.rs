@@ -22,9 +22,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use hearth_hostapi::fleet::StoreHealth;
+use hearth_types::error_chain;
 use tokio::sync::watch;
 
-use crate::host::{error_chain, Host};
+use crate::host::Host;
 
 /// The longest failure reason kept (it travels with each lease renewal).
 const MAX_ERROR_LEN: usize = 512;

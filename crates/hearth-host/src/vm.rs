@@ -29,7 +29,7 @@ pub struct Vm {
     pub dir: PathBuf,
     /// Runtime directory on tmpfs (sockets, logs, memory file).
     pub run_dir: PathBuf,
-    pub(crate) instance: Mutex<Option<Arc<crate::host::Instance>>>,
+    pub(crate) instance: Mutex<Option<Arc<dyn hearth_vmm::DynInstance>>>,
     pub(crate) guest: Mutex<Option<GuestClient>>,
     /// The VM's namespace and proxy attachment while it runs.
     pub(crate) net: Mutex<Option<crate::network::VmNet>>,
@@ -163,7 +163,7 @@ impl Vm {
         self.guest.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub(crate) fn instance(&self) -> Option<Arc<crate::host::Instance>> {
+    pub(crate) fn instance(&self) -> Option<Arc<dyn hearth_vmm::DynInstance>> {
         self.instance
             .lock()
             .unwrap_or_else(|p| p.into_inner())
