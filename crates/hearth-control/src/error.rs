@@ -146,7 +146,7 @@ pub fn exec_failure(t: hearth_guest_proto::ExecErrorType, message: String) -> Ap
         hearth_guest_proto::ExecErrorType::CommandTimeout => {
             ApiError::new(408, "CommandTimeout", message)
         }
-        t if crate::dp::is_refusal(t) => ApiError::command_refused(message),
+        t if crate::dp::exec::is_refusal(t) => ApiError::command_refused(message),
         _ => ApiError::command_failed(message),
     }
 }

@@ -84,25 +84,10 @@ fn check(req: &Request) -> Result<(), DomainError> {
     Ok(())
 }
 
-/// `%XX` escapes decoded; a `%` not followed by two hex digits stays as is.
+/// A path or query value with its `%XX` escapes decoded; a `%` not
+/// followed by two hex digits stays as it is.
 pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
-    fn hex(b: u8) -> Option<u8> {
-        (b as char).to_digit(16).map(|d| d as u8)
-    }
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'%' && i + 2 < s.len() {
-            if let (Some(h), Some(l)) = (hex(s[i + 1]), hex(s[i + 2])) {
-                out.push(h << 4 | l);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(s[i]);
-        i += 1;
-    }
-    out
+    percent_encoding::percent_decode(s).collect()
 }
 
 #[cfg(test)]

@@ -186,8 +186,10 @@ pub(crate) struct Changed {
 
 /// The control plane.
 pub struct Control {
-    pub db: Db,
-    pub cfg: ControlConfig,
+    /// The store: read and written only by the domain and this crate's
+    /// handlers, never by a caller of the crate.
+    pub(crate) db: Db,
+    pub(crate) cfg: ControlConfig,
     hosts: HashMap<HostId, Arc<dyn HostApi>>,
     /// Every status change this process makes: a create waiting for its
     /// sandbox acts when its id comes by, not on every other sandbox's.

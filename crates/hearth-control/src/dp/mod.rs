@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use hearth_guest_proto::{MuxError, OpErrorKind};
 use hearth_hostapi::GuestError;
 
-pub use exec::{exec_session, is_refusal, RunConfig};
+pub use exec::{exec_session, RunConfig};
 pub use files::serve_download;
 pub use sse::{sse_resume, sse_start};
 

@@ -20,6 +20,8 @@ use crate::harness::{host, shared_dir};
 struct Env {
     app: Router,
     control: Arc<Control>,
+    /// The control plane's settings (its master key, to restart it).
+    cfg: ControlConfig,
     /// Admin of workspace 1.
     admin: String,
     /// Workspace 1, `sandboxes:read` only.
@@ -69,10 +71,10 @@ async fn env(url: &str, hosts: Vec<LocalHost>) -> Env {
         keys.push((ws, key(&db, ws, &["*"]).await));
     }
     let reader = key(&db, keys[0].0, &["sandboxes:read"]).await;
-    let control = Control::open(db, crate::harness::test_config(), hosts)
-        .await
-        .unwrap();
+    let cfg = crate::harness::test_config();
+    let control = Control::open(db, cfg.clone(), hosts).await.unwrap();
     Env {
+        cfg,
         app: hearth_control::router(control.clone()),
         control,
         admin: keys[0].1.clone(),
@@ -1618,7 +1620,7 @@ mod vm {
         drop(vm);
         // The restarted control plane has the same master key (it seals the
         // link key in the database; another key would fail closed).
-        let master_key = e.control.cfg.master_key.clone();
+        let master_key = e.cfg.master_key.clone();
         drop(e);
         drop(host1);
 
@@ -1631,12 +1633,10 @@ mod vm {
             master_key,
             ..crate::harness::test_config()
         };
-        let control = Control::open(db, cfg, vec![mk(host2)]).await.unwrap();
-        let row = control
-            .db
-            .get_sandbox_by_id(id.parse().unwrap())
+        let control = Control::open(db.clone(), cfg, vec![mk(host2)])
             .await
             .unwrap();
+        let row = db.get_sandbox_by_id(id.parse().unwrap()).await.unwrap();
         assert_eq!(
             row.status,
             hearth_db::SandboxStatus::Stopped,
@@ -1647,7 +1647,7 @@ mod vm {
         let app = hearth_control::router(control.clone());
         let key = {
             let ws = row.workspace_id;
-            key(&control.db, ws, &["*"]).await
+            key(&db, ws, &["*"]).await
         };
         let req = Request::builder()
             .method(Method::POST)
@@ -1661,11 +1661,7 @@ mod vm {
             .await
             .unwrap();
         if status != StatusCode::OK {
-            let row = control
-                .db
-                .get_sandbox_by_id(id.parse().unwrap())
-                .await
-                .unwrap();
+            let row = db.get_sandbox_by_id(id.parse().unwrap()).await.unwrap();
             eprintln!("sandbox {:?}: {:?}", row.status, row.status_message);
         }
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));

@@ -371,15 +371,13 @@ async fn hosts_are_shown_only_to_keys_holding_fleet_read() {
         .await;
     assert_eq!(r.status, 403, "* granted fleet:read: {}", r.text());
 
-    let admin = s
-        .control
-        .db
-        .find_api_key(&hearth_control::auth::hash_key(&s.admin))
-        .await
-        .unwrap()
-        .unwrap();
+    let admin =
+        s.db.find_api_key(&hearth_control::auth::hash_key(&s.admin))
+            .await
+            .unwrap()
+            .unwrap();
     let (_, operator) =
-        hearth_control::auth::create_key(&s.control.db, admin.workspace_id, &["fleet:read"], "ops")
+        hearth_control::auth::create_key(&s.db, admin.workspace_id, &["fleet:read"], "ops")
             .await
             .unwrap();
     let r = s
@@ -484,15 +482,13 @@ async fn a_sandbox_keeps_its_status_history() {
     assert_eq!(r.status, 404, "{}", r.text());
 
     // An operator sees where it ran.
-    let admin = s
-        .control
-        .db
-        .find_api_key(&hearth_control::auth::hash_key(&s.admin))
-        .await
-        .unwrap()
-        .unwrap();
+    let admin =
+        s.db.find_api_key(&hearth_control::auth::hash_key(&s.admin))
+            .await
+            .unwrap()
+            .unwrap();
     let (_, operator) = hearth_control::auth::create_key(
-        &s.control.db,
+        &s.db,
         admin.workspace_id,
         &["sandboxes:read", "fleet:read"],
         "ops",

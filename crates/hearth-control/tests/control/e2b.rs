@@ -1077,7 +1077,7 @@ async fn ready(s: &Server, id: &str) {
     let id: hearth_types::SandboxId = id.parse().unwrap();
     let until = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let row = s.control.db.get_sandbox_by_id(id).await.unwrap();
+        let row = s.db.get_sandbox_by_id(id).await.unwrap();
         if row.status != hearth_db::SandboxStatus::Provisioning {
             assert_eq!(
                 row.status,

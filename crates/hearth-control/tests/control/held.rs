@@ -572,12 +572,10 @@ async fn a_network_update_needs_sandboxes_update() {
     let net = json!({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}});
     let made = e2b_create(&s, &key, net.clone()).await;
     let id = text_of(&made, "sandboxID");
-    let row = s
-        .control
-        .db
-        .get_sandbox_by_id(id.parse::<SandboxId>().unwrap())
-        .await
-        .unwrap();
+    let row =
+        s.db.get_sandbox_by_id(id.parse::<SandboxId>().unwrap())
+            .await
+            .unwrap();
     let perms = [
         "sandboxes:create",
         "sandboxes:read",
@@ -585,7 +583,7 @@ async fn a_network_update_needs_sandboxes_update() {
         "sandboxes:exec",
     ];
     let (_, narrow) =
-        hearth_control::auth::create_key(&s.control.db, row.workspace_id, &perms, "no update")
+        hearth_control::auth::create_key(&s.db, row.workspace_id, &perms, "no update")
             .await
             .unwrap();
     let own = e2b_create(&s, &narrow, net).await;
@@ -630,7 +628,7 @@ async fn an_e2b_snapshot_past_the_quota_is_429() {
         max_snapshots: Some(1),
         ..Quotas::default()
     };
-    let (_, key) = harness::workspace_key(&s.control.db, "held-quota", quotas).await;
+    let (_, key) = harness::workspace_key(&s.db, "held-quota", quotas).await;
     let made = e2b_create(&s, &key, json!({"templateID": "base", "timeout": 300})).await;
     let snapshots = format!("/sandboxes/{}/snapshots", text_of(&made, "sandboxID"));
     let r = call(&s, "POST", &snapshots, &key, json!({"name": "first"})).await;
@@ -723,7 +721,7 @@ async fn ready(s: &Server, id: &str) {
     let id: SandboxId = id.parse().unwrap();
     let until = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let row = s.control.db.get_sandbox_by_id(id).await.unwrap();
+        let row = s.db.get_sandbox_by_id(id).await.unwrap();
         if row.status != SandboxStatus::Provisioning {
             assert_eq!(row.status, SandboxStatus::Ready, "{:?}", row.status_message);
             return;
@@ -740,14 +738,7 @@ async fn ready(s: &Server, id: &str) {
 async fn statuses(s: &Server, ids: &[SandboxId]) -> Vec<Option<SandboxStatus>> {
     let mut out = Vec::new();
     for id in ids {
-        out.push(
-            s.control
-                .db
-                .get_sandbox_by_id(*id)
-                .await
-                .map(|r| r.status)
-                .ok(),
-        );
+        out.push(s.db.get_sandbox_by_id(*id).await.map(|r| r.status).ok());
     }
     out
 }

@@ -44,7 +44,6 @@ use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
-use hearth_control::Control;
 use hearth_db::{Db, NewWorkspace, Quotas};
 use hearth_hostapi::{SimHost, VmState};
 
@@ -81,7 +80,8 @@ struct Tenant {
 /// same served on loopback (for WebSocket handshakes), and two workspaces.
 struct World {
     app: Router,
-    control: Arc<Control>,
+    /// The control plane's database, to inspect rows.
+    db: Db,
     host: Arc<SimHost>,
     addr: std::net::SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -107,7 +107,7 @@ async fn world(url: &str) -> World {
             .unwrap();
         tenants.push(Tenant { ws, key_id, key });
     }
-    let (control, host) = harness::sim_control(db).await;
+    let (control, host) = harness::sim_control(db.clone()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -118,7 +118,7 @@ async fn world(url: &str) -> World {
     let a = tenants.pop().unwrap();
     World {
         app: hearth_control::router(control.clone()),
-        control,
+        db,
         host,
         addr,
         stop,
@@ -381,14 +381,12 @@ async fn fingerprint(w: &World, a: &Alpha) -> Value {
     }
     let vm = VmId::from(a.sandbox_id.parse::<uuid::Uuid>().unwrap());
     let record = w.host.vm(vm);
-    let sealed = w.control.db.workspace_secret(w.a.ws, SECRET).await.unwrap();
-    let registry = w
-        .control
-        .db
-        .registry_by_name(w.a.ws, REGISTRY)
-        .await
-        .unwrap()
-        .map(|r| (r.username, r.password, r.url));
+    let sealed = w.db.workspace_secret(w.a.ws, SECRET).await.unwrap();
+    let registry =
+        w.db.registry_by_name(w.a.ws, REGISTRY)
+            .await
+            .unwrap()
+            .map(|r| (r.username, r.password, r.url));
     let volumes: Vec<bool> = a
         .snapshot_ids
         .iter()
@@ -1290,7 +1288,7 @@ async fn held_cross_workspace_names_stay_per_workspace() {
         )
         .await;
         assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
-        let sealed = w.control.db.workspace_secret(w.b.ws, SECRET).await.unwrap();
+        let sealed = w.db.workspace_secret(w.b.ws, SECRET).await.unwrap();
         assert!(sealed.is_some_and(|s| s != baseline["sealed_secret"]));
         unchanged("secret", fingerprint(&w, &a).await);
 

@@ -368,10 +368,8 @@ async fn a_dead_member_is_replaced_and_a_drained_host_loses_its_members() {
     assert_eq!(after.len(), 2, "{p}");
 
     // The only host drains: its members go, and none warm anywhere.
-    let host = s.control.db.list_hosts().await.unwrap()[0].id;
-    s.control
-        .db
-        .set_host_state(host, hearth_db::HostState::Draining)
+    let host = s.db.list_hosts().await.unwrap()[0].id;
+    s.db.set_host_state(host, hearth_db::HostState::Draining)
         .await
         .unwrap();
     let p = until_ready(&s, "py", 0).await;
@@ -463,7 +461,7 @@ async fn a_member_that_warms_while_its_host_is_listed_is_kept() {
     // answered after it is ready.
     s.control.tend_pools_now().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let members = s.control.db.list_members().await.unwrap();
+    let members = s.db.list_members().await.unwrap();
     assert_eq!(members.len(), 1);
     let member = hearth_types::VmId::from(*members[0].id.as_uuid());
     assert_eq!(sim.vm(member).map(|v| v.state), Some(VmState::Provisioning));

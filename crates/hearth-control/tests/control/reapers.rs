@@ -411,7 +411,7 @@ async fn a_boot_whose_replica_died_is_failed_after_orphan_after() {
     let (a, _b, _sim, host) = two_replicas(&db).await;
     let ws = workspace(&db).await;
     let now = Timestamp::now();
-    let orphan_after = a.cfg.orphan_after;
+    let orphan_after = ControlConfig::default().orphan_after;
     let long_ago = now.minus(orphan_after * 10);
     let mut rows = Vec::new();
     for (name, status) in [

@@ -71,21 +71,17 @@ async fn registries_keep_their_password_to_themselves_and_their_own_host() {
     ] {
         assert!(!r.text().contains("hunter2"), "{}", r.text());
     }
-    let ws = s
-        .control
-        .db
-        .find_api_key(&hearth_control::auth::hash_key(&s.admin))
-        .await
-        .unwrap()
-        .unwrap()
-        .workspace_id;
-    let row = s
-        .control
-        .db
-        .registry_by_name(ws, "internal")
-        .await
-        .unwrap()
-        .unwrap();
+    let ws =
+        s.db.find_api_key(&hearth_control::auth::hash_key(&s.admin))
+            .await
+            .unwrap()
+            .unwrap()
+            .workspace_id;
+    let row =
+        s.db.registry_by_name(ws, "internal")
+            .await
+            .unwrap()
+            .unwrap();
     assert!(!row.password.as_deref().unwrap().contains("hunter2"));
 
     // A pull with it: its credentials, to its own host.

@@ -12,9 +12,7 @@ use serde_json::{json, Value};
 const SECRETS: &str = "/api/v1/workspaces/current/secrets";
 
 async fn workspace_of(s: &Server, key: &str) -> WorkspaceId {
-    s.control
-        .db
-        .find_api_key(&hearth_control::auth::hash_key(key))
+    s.db.find_api_key(&hearth_control::auth::hash_key(key))
         .await
         .unwrap()
         .expect("the key exists")
@@ -136,16 +134,14 @@ async fn secrets_are_sealed_to_their_workspace_and_name() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
 
-    let sealed = s
-        .control
-        .db
-        .workspace_secret(ws, "TOKEN")
-        .await
-        .unwrap()
-        .expect("stored");
+    let sealed =
+        s.db.workspace_secret(ws, "TOKEN")
+            .await
+            .unwrap()
+            .expect("stored");
     assert!(sealed.starts_with("hs1:"), "{sealed}");
     assert!(!sealed.contains("plaintext"), "{sealed}");
-    let key = &s.control.cfg.master_key;
+    let key = &s.cfg.master_key;
     let aad = |w: WorkspaceId, n: &str| format!("workspace-secret:{w}:{n}");
     assert_eq!(
         key.open(&aad(ws, "TOKEN"), &sealed).unwrap(),
@@ -163,7 +159,7 @@ async fn secrets_are_sealed_to_their_workspace_and_name() {
         &json!([{"key": "TOKEN", "value": "plaintext-value"}]),
     )
     .await;
-    let again = s.control.db.workspace_secret(ws, "TOKEN").await.unwrap();
+    let again = s.db.workspace_secret(ws, "TOKEN").await.unwrap();
     assert_ne!(again.as_deref(), Some(sealed.as_str()));
     s.stop().await;
 }
@@ -210,15 +206,9 @@ async fn workspaces_cannot_see_each_others_secrets() {
         workspace_of(&s, &s.admin).await,
         workspace_of(&s, &s.other).await,
     );
-    let key = &s.control.cfg.master_key;
+    let key = &s.cfg.master_key;
     for (w, want) in [(wa, b"a"), (wb, b"b")] {
-        let sealed = s
-            .control
-            .db
-            .workspace_secret(w, "SHARED")
-            .await
-            .unwrap()
-            .unwrap();
+        let sealed = s.db.workspace_secret(w, "SHARED").await.unwrap().unwrap();
         let plain = key
             .open(&format!("workspace-secret:{w}:SHARED"), &sealed)
             .unwrap();
@@ -310,10 +300,9 @@ async fn secrets_need_a_key_and_the_right_permission() {
     assert_error(&r, 401, "unknown key");
 
     let ws = workspace_of(&s, &s.admin).await;
-    let (_, reader) =
-        hearth_control::auth::create_key(&s.control.db, ws, &["sandboxes:read"], "reader")
-            .await
-            .unwrap();
+    let (_, reader) = hearth_control::auth::create_key(&s.db, ws, &["sandboxes:read"], "reader")
+        .await
+        .unwrap();
     let r = s
         .json(
             "POST",
@@ -344,7 +333,7 @@ async fn secrets_need_a_key_and_the_right_permission() {
         .await;
     assert_error(&r, 403, "reader deletes");
     let (_, creator) =
-        hearth_control::auth::create_key(&s.control.db, ws, &["sandboxes:create"], "creator")
+        hearth_control::auth::create_key(&s.db, ws, &["sandboxes:create"], "creator")
             .await
             .unwrap();
     let r = s.json("GET", SECRETS, Some(&creator), &Value::Null).await;
@@ -383,15 +372,8 @@ async fn a_workspace_holds_at_most_1000_secrets() {
     assert_error(&r, 409, "the 1001st");
     assert!(r.text().contains("1000"), "{}", r.text());
     let ws = workspace_of(&s, &s.admin).await;
-    let sealed = s
-        .control
-        .db
-        .workspace_secret(ws, "S0_000")
-        .await
-        .unwrap()
-        .unwrap();
+    let sealed = s.db.workspace_secret(ws, "S0_000").await.unwrap().unwrap();
     let plain = s
-        .control
         .cfg
         .master_key
         .open(&format!("workspace-secret:{ws}:S0_000"), &sealed)

@@ -34,7 +34,11 @@ pub(super) fn files_query(raw: Option<&str>) -> E2bResult<FilesQuery> {
     // (decoding replaces what is not): refused instead.
     for pair in raw.unwrap_or_default().split('&') {
         let value = pair.split_once('=').map_or("", |(_, v)| v);
-        if std::str::from_utf8(&crate::guard::percent_decode(value.as_bytes())).is_err() {
+        if std::str::from_utf8(
+            &percent_encoding::percent_decode(value.as_bytes()).collect::<Vec<u8>>(),
+        )
+        .is_err()
+        {
             let key = pair.split_once('=').map_or(pair, |(k, _)| k);
             return Err(E2bError::bad_request(format!(
                 "{key}: not valid UTF-8 once percent-decoded"

@@ -114,6 +114,11 @@ fn one_sim_host() -> (Vec<LocalHost>, Arc<hearth_hostapi::SimHost>) {
 pub struct Server {
     pub addr: SocketAddr,
     pub control: Arc<Control>,
+    /// The control plane's database, for a test to seed and inspect rows
+    /// (the control plane keeps its own handle private).
+    pub db: Db,
+    /// The control plane's settings.
+    pub cfg: ControlConfig,
     /// Every permission, in a workspace allowed one sandbox (so a create
     /// that slips through a fuzz case is refused instead of booting).
     pub admin: String,
@@ -193,7 +198,7 @@ impl Server {
             default_snapshot: ("busybox".into(), "latest".into()),
             ..cfg
         };
-        let control = Control::open(db, cfg, hosts).await.unwrap();
+        let control = Control::open(db.clone(), cfg.clone(), hosts).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -203,6 +208,8 @@ impl Server {
         Server {
             addr,
             control,
+            db,
+            cfg,
             admin: keys[0].clone(),
             other: keys[1].clone(),
             stop: Some(stop),
