@@ -876,34 +876,17 @@ impl Store {
 }
 
 /// Indices of the `chunk`-sized chunks of `file` (`size` bytes) that hold
-/// data, from the filesystem's map of holes (`SEEK_DATA`/`SEEK_HOLE`);
-/// `None` when the filesystem cannot tell.
+/// data, from the filesystem's map of holes; `None` when the filesystem
+/// cannot tell.
 fn data_chunks(file: &std::fs::File, size: u64, chunk: u64) -> Option<Vec<u64>> {
-    use std::os::fd::AsRawFd;
-    let end = i64::try_from(size).ok()?;
+    let extents = hearth_types::extents::data_extents(file, size).ok()?;
     let mut out: Vec<u64> = Vec::new();
-    let mut pos: i64 = 0;
-    while pos < end {
-        // SAFETY: lseek on a descriptor the caller keeps open; integers only.
-        let data = unsafe { libc::lseek(file.as_raw_fd(), pos, libc::SEEK_DATA) };
-        if data < 0 {
-            let e = std::io::Error::last_os_error();
-            // ENXIO: only a hole is left.
-            return (e.raw_os_error() == Some(libc::ENXIO)).then_some(out);
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return None;
-        }
-        let first = data as u64 / chunk;
-        let last = (hole as u64).div_ceil(chunk);
-        for i in first..last {
+    for range in extents {
+        for i in range.start / chunk..range.end.div_ceil(chunk) {
             if out.last() != Some(&i) {
                 out.push(i);
             }
         }
-        pos = hole;
     }
     Some(out)
 }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod body;
 pub mod egress;
+pub mod extents;
 pub mod ids;
 pub mod rules;
 pub mod sandbox;

@@ -144,29 +144,8 @@ fn for_each_extent(
     mut copy: impl FnMut(u64, u64) -> io::Result<u64>,
 ) -> io::Result<u64> {
     let mut copied = 0u64;
-    let mut pos: i64 = 0;
-    let end = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    while pos < end {
-        // SAFETY: lseek on a descriptor the caller owns, plain integers.
-        let data = unsafe { libc::lseek(file.as_raw_fd(), pos, libc::SEEK_DATA) };
-        if data < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENXIO) {
-                break; // only a hole remains
-            }
-            return Err(e);
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let hole = hole.min(end);
-        if data >= hole {
-            break;
-        }
-        copied += copy(data as u64, hole as u64)?;
-        pos = hole;
+    for range in hearth_types::extents::data_extents(file, len)? {
+        copied += copy(range.start, range.end)?;
     }
     Ok(copied)
 }
