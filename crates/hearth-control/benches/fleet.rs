@@ -20,6 +20,11 @@
 //!   replicas (each its own connection pool and listener, requests
 //!   round-robin over them) on one PostgreSQL database: 600 creates at
 //!   concurrency 24 with 0, 3,000 and 10,000 sandboxes already live.
+//!   Beside each, **PostgreSQL's ceiling** for the same work: the create's
+//!   statements sent straight to the same database by the same number of
+//!   clients, through one connection pool (the key, the snapshot, the
+//!   hosts and their load, the quota-checked insert, the boot's status),
+//!   and the API's rate as a share of it.
 //! - **Reads**, on that database: an open loop at 1,000 requests/s for
 //!   10 s (start times fixed in advance, so a slow answer does not slow the
 //!   schedule, and latency counts from the scheduled start) of
@@ -127,6 +132,9 @@ struct Served {
     stops: Vec<tokio::sync::oneshot::Sender<()>>,
     reapers: Vec<tokio::task::JoinHandle<()>>,
     _hosts: Vec<Arc<SimHost>>,
+    /// The workspace and its key's hash, for the database ceiling.
+    ws: WorkspaceId,
+    key_hash: String,
     _db: TestUrl,
 }
 
@@ -183,6 +191,8 @@ async fn serve(db_url: TestUrl, replicas: usize) -> Served {
         stops: Vec::new(),
         reapers: Vec::new(),
         _hosts: hosts.iter().map(|(_, h)| h.clone()).collect(),
+        ws,
+        key_hash: hearth_control::auth::hash_key(&key),
         _db: db_url,
     };
     for r in 0..replicas {
@@ -323,6 +333,117 @@ async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
     }
 }
 
+/// PostgreSQL's ceiling for a create: the statements a create sends
+/// (`hearth-control`'s create path: the caller's key, the snapshot, the
+/// hosts with their load, the quota-checked insert, the boot's status
+/// write fenced on `provisioning`), sent straight to `served`'s database
+/// by `concurrency` clients through one pool, `n` times. No HTTP, no
+/// router, no host: what the control plane adds is the rest.
+async fn ceiling(served: &Served, concurrency: usize, n: usize) -> CreateRun {
+    static RUN: AtomicUsize = AtomicUsize::new(0);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let db = Db::connect(&served._db.url).await.expect("connect");
+    let before = served.names.lock().map_or(0, |n| n.len());
+    let first = served
+        .names
+        .lock()
+        .ok()
+        .and_then(|n| n.first().cloned())
+        .expect("a sandbox made through the API");
+    let template = db
+        .get_sandbox(served.ws, &first)
+        .await
+        .expect("the first sandbox's row");
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (db, next, template, key_hash) = (
+                db.clone(),
+                next.clone(),
+                template.clone(),
+                served.key_hash.clone(),
+            );
+            let ws = served.ws;
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = Vec::new();
+                let mut made = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let t = Instant::now();
+                    let once = async {
+                        db.find_api_key(&key_hash)
+                            .await?
+                            .ok_or(hearth_db::DbError::NotFound { what: "key" })?;
+                        db.find_snapshot_by_ref(ws, "busybox", "latest").await?;
+                        let hosts = db.hosts_with_load().await?;
+                        let host = hosts[i % hosts.len()].0.id;
+                        let row = hearth_db::SandboxRow {
+                            id: hearth_types::SandboxId::new(),
+                            name: format!("ceiling-{run}-{i:05}"),
+                            status: hearth_db::SandboxStatus::Provisioning,
+                            host_id: Some(host),
+                            ..template.clone()
+                        };
+                        db.insert_sandbox_within_quota(&row).await?;
+                        db.set_status(
+                            row.id,
+                            hearth_db::SandboxStatus::Ready,
+                            None,
+                            hearth_db::StatusExtra {
+                                expect_status: vec![hearth_db::SandboxStatus::Provisioning],
+                                ..Default::default()
+                            },
+                        )
+                        .await?;
+                        Ok::<_, hearth_db::DbError>(row.id)
+                    };
+                    match once.await {
+                        Ok(id) => {
+                            lat.push(t.elapsed());
+                            made.push(id);
+                        }
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                }
+                (lat, errors, made)
+            })
+        })
+        .collect();
+    let mut lat = Vec::with_capacity(n);
+    let mut errors = Vec::new();
+    let mut made = Vec::new();
+    for w in workers {
+        let (l, e, m) = w.await.expect("ceiling worker");
+        lat.extend(l);
+        errors.extend(e);
+        made.extend(m);
+    }
+    let wall = started.elapsed();
+    // Its rows name VMs no host runs: gone before the next measurement,
+    // so the replicas' reconcilers do not spend the next run on them.
+    for id in made {
+        if let Err(e) = db.delete_sandbox(id).await {
+            eprintln!("[ceiling] cannot delete {id}: {e}");
+        }
+    }
+    lat.sort();
+    CreateRun {
+        concurrency,
+        before,
+        done: lat.len(),
+        errors: errors.len(),
+        first_error: errors.into_iter().next(),
+        per_sec: lat.len() as f64 / wall.as_secs_f64(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+    }
+}
+
 /// Each level of [`CREATE_RUNS`] on a fresh database from `url`, after a
 /// warm-up of 10 creates (connections, caches).
 async fn create_levels(label: &str, url: impl AsyncFn() -> TestUrl) -> Vec<CreateRun> {
@@ -446,7 +567,7 @@ async fn main() {
 
     // Creates as the database fills, by 1 and by 3 replicas; the reads run
     // on the last (3 replicas, fullest).
-    let mut fill: Vec<(usize, CreateRun)> = Vec::new();
+    let mut fill: Vec<(usize, CreateRun, CreateRun)> = Vec::new();
     let mut last = None;
     for replicas in REPLICAS {
         let served = serve(postgres().await, replicas).await;
@@ -463,6 +584,11 @@ async fn main() {
                 }
             }
             let run = creates(&served, FILL_CONCURRENCY, FILL_BATCH).await;
+            let db_only = ceiling(&served, FILL_CONCURRENCY, FILL_BATCH).await;
+            eprintln!(
+                "[postgres] ceiling at {} sandboxes: {:.0} creates/s, {} errors",
+                db_only.before, db_only.per_sec, db_only.errors
+            );
             eprintln!(
                 "[postgres] {replicas} replica(s), {} sandboxes: {:.0} creates/s, p50 {:.1} ms, \
                  p99 {:.1} ms, {} errors",
@@ -472,7 +598,7 @@ async fn main() {
                 ms(run.p99),
                 run.errors
             );
-            fill.push((replicas, run));
+            fill.push((replicas, run, db_only));
         }
         last = Some(served);
     }
@@ -538,23 +664,33 @@ async fn main() {
          {FILL_CONCURRENCY}, requests round-robin over the replicas)"
     );
     println!(
-        "{:<9} {:>10} {:>12} {:>8} {:>8} {:>7} {:>11}",
-        "replicas", "sandboxes", "creates/s", "p50 ms", "p99 ms", "errors", "vs empty"
+        "{:<9} {:>10} {:>12} {:>8} {:>8} {:>7} {:>11} {:>13} {:>13}",
+        "replicas",
+        "sandboxes",
+        "creates/s",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+        "vs empty",
+        "DB ceiling/s",
+        "of ceiling"
     );
-    for (replicas, r) in &fill {
+    for (replicas, r, db_only) in &fill {
         let empty = fill
             .iter()
-            .find(|(n, e)| n == replicas && e.before <= FILL_LEVELS[0] + 10)
-            .map_or(r.per_sec, |(_, e)| e.per_sec);
+            .find(|(n, e, _)| n == replicas && e.before <= FILL_LEVELS[0] + 10)
+            .map_or(r.per_sec, |(_, e, _)| e.per_sec);
         println!(
-            "{:<9} {:>10} {:>12.0} {:>8.1} {:>8.1} {:>7} {:>10.2}x",
+            "{:<9} {:>10} {:>12.0} {:>8.1} {:>8.1} {:>7} {:>10.2}x {:>13.0} {:>12.0}%",
             replicas,
             r.before,
             r.per_sec,
             ms(r.p50),
             ms(r.p99),
             r.errors,
-            r.per_sec / empty
+            r.per_sec / empty,
+            db_only.per_sec,
+            100.0 * r.per_sec / db_only.per_sec
         );
     }
     println!();
@@ -592,7 +728,8 @@ async fn main() {
         .iter()
         .map(|r| ("postgres create", r))
         .chain(sqlite_runs.iter().map(|r| ("sqlite create", r)))
-        .chain(fill.iter().map(|(_, r)| ("postgres fill", r)))
+        .chain(fill.iter().map(|(_, r, _)| ("postgres fill", r)))
+        .chain(fill.iter().map(|(_, _, c)| ("postgres ceiling", c)))
         .filter_map(|(what, r)| Some((what, r.concurrency, r.first_error.as_deref()?)));
     for (what, c, e) in errors {
         println!("  {what} c={c}, first error: {e}");
