@@ -107,39 +107,7 @@ pub struct ValidationIssue {
 /// The error type name of validation errors.
 pub const VALIDATION_ERROR: &str = "ValidationError";
 
-/// Which quota a create or start would exceed. The SDK derives
-/// `QuotaExceededError.quota_type` from words of the message: "sandbox" with
-/// "count" or "limit" → `sandbox_count`, else "cpu", "memory", "storage" in
-/// that order. [`ApiError::quota`] words each message so exactly its own
-/// kind matches (no "sandbox" outside the count message, no "cpu" in the
-/// memory message, …); a test ports the SDK's function to pin this.
-/// LangSmith has no snapshot quotas: the snapshot count message matches
-/// none of the SDK's words, so its `quota_type` stays unset rather than
-/// wrong.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuotaKind {
-    SandboxCount,
-    Cpu,
-    Memory,
-    /// Bytes kept in the store: sandboxes' disks and snapshots, one budget.
-    Storage,
-    /// Hearth's own: the workspace's count of snapshots.
-    SnapshotCount,
-}
-
-impl QuotaKind {
-    /// The SDK's `quota_type` for this kind (`snapshot_count`, which the
-    /// SDK does not know, is left unset by it).
-    pub fn sdk_name(self) -> &'static str {
-        match self {
-            Self::SandboxCount => "sandbox_count",
-            Self::Cpu => "cpu",
-            Self::Memory => "memory",
-            Self::Storage => "storage",
-            Self::SnapshotCount => "snapshot_count",
-        }
-    }
-}
+pub use hearth_types::rules::QuotaKind;
 
 /// Why provisioning a sandbox failed, as the SDK's
 /// `ResourceCreationError.error_type`.
@@ -293,27 +261,7 @@ impl ApiError {
     /// 429: creating or starting would exceed a workspace quota. `used`
     /// includes what the request asks for; `limit` is the quota.
     pub fn quota(kind: QuotaKind, limit: u64, used: u64) -> Self {
-        let message = match kind {
-            QuotaKind::SandboxCount => {
-                format!("sandbox count quota exceeded: {used} sandboxes requested, limit {limit}")
-            }
-            QuotaKind::Cpu => {
-                format!("cpu quota exceeded: {used} millicores requested of {limit} allowed")
-            }
-            QuotaKind::Memory => {
-                format!("memory quota exceeded: {used} bytes requested of {limit} allowed")
-            }
-            // Not "memory": the SDK would read a memory quota.
-            QuotaKind::Storage => format!(
-                "storage quota exceeded: {used} bytes requested of {limit} allowed \
-                 (disks and snapshots share it)"
-            ),
-            // Not "sandbox": the SDK would read the sandbox count.
-            QuotaKind::SnapshotCount => {
-                format!("snapshot count quota exceeded: {used} snapshots requested, limit {limit}")
-            }
-        };
-        Self::new(429, "QuotaExceeded", message)
+        Self::new(429, "QuotaExceeded", kind.refusal(limit, used))
     }
 
     /// 503: no host can take the sandbox (self-hosted: no ready hosts; there

@@ -267,6 +267,29 @@ struct CreateRun {
     p99: Duration,
 }
 
+impl CreateRun {
+    /// A run's numbers from its latencies and errors over `wall`.
+    fn of(
+        concurrency: usize,
+        before: usize,
+        wall: Duration,
+        mut lat: Vec<Duration>,
+        errors: Vec<String>,
+    ) -> Self {
+        lat.sort();
+        CreateRun {
+            concurrency,
+            before,
+            done: lat.len(),
+            errors: errors.len(),
+            first_error: errors.into_iter().next(),
+            per_sec: lat.len() as f64 / wall.as_secs_f64(),
+            p50: pct(&lat, 0.5),
+            p99: pct(&lat, 0.99),
+        }
+    }
+}
+
 /// `n` creates by `concurrency` clients.
 async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
     static RUN: AtomicUsize = AtomicUsize::new(0);
@@ -319,18 +342,7 @@ async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
         lat.extend(l);
         errors.extend(e);
     }
-    let wall = started.elapsed();
-    lat.sort();
-    CreateRun {
-        concurrency,
-        before,
-        done: lat.len(),
-        errors: errors.len(),
-        first_error: errors.into_iter().next(),
-        per_sec: lat.len() as f64 / wall.as_secs_f64(),
-        p50: pct(&lat, 0.5),
-        p99: pct(&lat, 0.99),
-    }
+    CreateRun::of(concurrency, before, started.elapsed(), lat, errors)
 }
 
 /// PostgreSQL's ceiling for a create: the statements a create sends
@@ -423,7 +435,7 @@ async fn ceiling(served: &Served, concurrency: usize, n: usize) -> CreateRun {
         errors.extend(e);
         made.extend(m);
     }
-    let wall = started.elapsed();
+    let run = CreateRun::of(concurrency, before, started.elapsed(), lat, errors);
     // Its rows name VMs no host runs: gone before the next measurement,
     // so the replicas' reconcilers do not spend the next run on them.
     for id in made {
@@ -431,17 +443,7 @@ async fn ceiling(served: &Served, concurrency: usize, n: usize) -> CreateRun {
             eprintln!("[ceiling] cannot delete {id}: {e}");
         }
     }
-    lat.sort();
-    CreateRun {
-        concurrency,
-        before,
-        done: lat.len(),
-        errors: errors.len(),
-        first_error: errors.into_iter().next(),
-        per_sec: lat.len() as f64 / wall.as_secs_f64(),
-        p50: pct(&lat, 0.5),
-        p99: pct(&lat, 0.99),
-    }
+    run
 }
 
 /// Each level of [`CREATE_RUNS`] on a fresh database from `url`, after a

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use hearth_api::{ApiError, CreationFailure};
 use hearth_db::DbError;
 
-use crate::domain::error::{DomainError, Input, ProvisionFailure, QuotaKind};
+use crate::domain::error::{DomainError, Input, ProvisionFailure};
 
 /// Why the control plane could not open.
 #[derive(Debug, thiserror::Error)]
@@ -88,16 +88,7 @@ impl From<DomainError> for ApiError {
             DomainError::TooLarge(limit) => ApiError::payload_too_large(limit),
             DomainError::UriTooLong(limit) => ApiError::uri_too_long(limit),
             DomainError::HeadersTooLarge(m) => ApiError::headers_too_large(m),
-            DomainError::Quota { kind, limit, used } => {
-                let kind = match kind {
-                    QuotaKind::Sandboxes => hearth_api::QuotaKind::SandboxCount,
-                    QuotaKind::Cpu => hearth_api::QuotaKind::Cpu,
-                    QuotaKind::Memory => hearth_api::QuotaKind::Memory,
-                    QuotaKind::Storage => hearth_api::QuotaKind::Storage,
-                    QuotaKind::Snapshots => hearth_api::QuotaKind::SnapshotCount,
-                };
-                ApiError::quota(kind, limit, used)
-            }
+            DomainError::Quota { kind, limit, used } => ApiError::quota(kind, limit, used),
             // The SDK retries the 503 and replays the POST.
             DomainError::NoHosts => ApiError::no_hosts(),
             DomainError::NotReady { name } => ApiError::sandbox_not_ready(&name),

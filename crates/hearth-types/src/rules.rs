@@ -476,3 +476,64 @@ mod tests {
         );
     }
 }
+
+/// Which quota a create, start or snapshot would exceed.
+///
+/// LangSmith's SDK derives `QuotaExceededError.quota_type` from words of
+/// the message: "sandbox" with "count" or "limit" → `sandbox_count`, else
+/// "cpu", "memory", "storage" in that order. [`QuotaKind::refusal`] words
+/// each message so exactly its own kind matches (no "sandbox" outside the
+/// count message, no "cpu" in the memory message, …); a test in
+/// `hearth-api` ports the SDK's function to pin this. LangSmith has no
+/// snapshot quotas: the snapshot count message matches none of the SDK's
+/// words, so its `quota_type` stays unset rather than wrong. Both doors
+/// say a quota refusal in these words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaKind {
+    SandboxCount,
+    Cpu,
+    Memory,
+    /// Bytes kept in the store: sandboxes' disks and snapshots, one budget.
+    Storage,
+    /// Hearth's own: the workspace's count of snapshots.
+    SnapshotCount,
+}
+
+impl QuotaKind {
+    /// The SDK's `quota_type` for this kind (`snapshot_count`, which the
+    /// SDK does not know, is left unset by it).
+    pub fn sdk_name(self) -> &'static str {
+        match self {
+            Self::SandboxCount => "sandbox_count",
+            Self::Cpu => "cpu",
+            Self::Memory => "memory",
+            Self::Storage => "storage",
+            Self::SnapshotCount => "snapshot_count",
+        }
+    }
+
+    /// The refusal in words: `used` is what the workspace would hold with
+    /// the request granted, `limit` the quota.
+    pub fn refusal(self, limit: u64, used: u64) -> String {
+        match self {
+            Self::SandboxCount => {
+                format!("sandbox count quota exceeded: {used} sandboxes requested, limit {limit}")
+            }
+            Self::Cpu => {
+                format!("cpu quota exceeded: {used} millicores requested of {limit} allowed")
+            }
+            Self::Memory => {
+                format!("memory quota exceeded: {used} bytes requested of {limit} allowed")
+            }
+            // Not "memory": the SDK would read a memory quota.
+            Self::Storage => format!(
+                "storage quota exceeded: {used} bytes requested of {limit} allowed \
+                 (disks and snapshots share it)"
+            ),
+            // Not "sandbox": the SDK would read the sandbox count.
+            Self::SnapshotCount => {
+                format!("snapshot count quota exceeded: {used} snapshots requested, limit {limit}")
+            }
+        }
+    }
+}

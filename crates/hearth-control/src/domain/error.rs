@@ -5,8 +5,8 @@
 //! door's types appear here, so a door never reads the other's error.
 
 use hearth_db::DbError;
-pub use hearth_db::QuotaKind;
 use hearth_types::rules::Invalid;
+pub use hearth_types::rules::QuotaKind;
 
 /// Why a sandbox never became ready, as a create reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub enum DomainError {
     HeadersTooLarge(String),
     /// Granting the request would exceed a workspace quota; `used`
     /// includes what the request asks for.
-    #[error("{}", quota_message(*.kind, *.limit, *.used))]
+    #[error("{}", .kind.refusal(*.limit, *.used))]
     Quota {
         kind: QuotaKind,
         limit: u64,
@@ -147,28 +147,6 @@ impl DomainError {
     }
 }
 
-/// A quota refusal in words: what the workspace would hold and its limit.
-fn quota_message(kind: QuotaKind, limit: u64, used: u64) -> String {
-    match kind {
-        QuotaKind::Sandboxes => {
-            format!("sandbox count quota exceeded: {used} sandboxes requested, limit {limit}")
-        }
-        QuotaKind::Cpu => {
-            format!("cpu quota exceeded: {used} millicores requested of {limit} allowed")
-        }
-        QuotaKind::Memory => {
-            format!("memory quota exceeded: {used} bytes requested of {limit} allowed")
-        }
-        QuotaKind::Storage => format!(
-            "storage quota exceeded: {used} bytes requested of {limit} allowed \
-             (disks and snapshots share it)"
-        ),
-        QuotaKind::Snapshots => {
-            format!("snapshot count quota exceeded: {used} snapshots requested, limit {limit}")
-        }
-    }
-}
-
 impl From<Invalid> for DomainError {
     fn from(e: Invalid) -> Self {
         Self::Invalid(Input::Body, e)
@@ -192,7 +170,13 @@ impl From<DbError> for DomainError {
                 used,
                 requested,
             } => Self::Quota {
-                kind,
+                kind: match kind {
+                    hearth_db::QuotaKind::Sandboxes => QuotaKind::SandboxCount,
+                    hearth_db::QuotaKind::Cpu => QuotaKind::Cpu,
+                    hearth_db::QuotaKind::Memory => QuotaKind::Memory,
+                    hearth_db::QuotaKind::Storage => QuotaKind::Storage,
+                    hearth_db::QuotaKind::Snapshots => QuotaKind::SnapshotCount,
+                },
                 limit,
                 used: used.saturating_add(requested),
             },
