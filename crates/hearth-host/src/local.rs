@@ -152,17 +152,21 @@ impl HostApi for InProcessHost {
     }
 
     async fn status(&self) -> HostResult<HostStatus> {
-        let free = self
-            .0
-            .disk_available()
-            .saturating_sub(crate::disks::DISK_RESERVE);
         Ok(HostStatus {
-            disk_available: ByteSize(free),
+            disk_available: self.disk_available().await?,
             egress: self.0.egress_metrics(),
             usage: self.0.vm_usage(),
             store: self.0.store_health(),
             templates: self.0.template_usage(),
         })
+    }
+
+    async fn disk_available(&self) -> HostResult<ByteSize> {
+        Ok(ByteSize(
+            self.0
+                .disk_available()
+                .saturating_sub(crate::disks::DISK_RESERVE),
+        ))
     }
 
     async fn guest(&self, id: VmId, _fence: u64) -> HostResult<GuestClient> {

@@ -243,6 +243,12 @@ pub trait HostApi: Send + Sync {
     /// Removes a deleted snapshot's data.
     async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()>;
     async fn status(&self) -> HostResult<HostStatus>;
+    /// The disk space a new sandbox may take here ([`HostStatus::disk_available`])
+    /// without the rest of the status: placement asks it on every create,
+    /// and the whole status reads every VM's usage.
+    async fn disk_available(&self) -> HostResult<ByteSize> {
+        Ok(self.status().await?.disk_available)
+    }
     /// Collects the garbage of this host's store (`hearth_store::Store::gc`,
     /// safe beside every other host's commits). The control plane asks one
     /// host per store, under its `gc` leader lease: hosts hold the store's

@@ -576,6 +576,11 @@ impl HostApi for SimHost {
         Ok(())
     }
 
+    async fn disk_available(&self) -> HostResult<ByteSize> {
+        self.enter().await?;
+        Ok(self.knobs().disk_available)
+    }
+
     async fn status(&self) -> HostResult<HostStatus> {
         self.enter().await?;
         // Each ready VM reports one CPU-second per boot order and a

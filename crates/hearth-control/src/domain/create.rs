@@ -101,11 +101,13 @@ impl Control {
             // their free disk with their lease.
             let disk_free = match (disk, local) {
                 (None, _) => None,
-                (Some(_), Some(host)) => Some(
-                    host.status()
-                        .await
-                        .map_or(ByteSize(0), |s| s.disk_available),
-                ),
+                (Some(_), Some(host)) => Some(match host.disk_available().await {
+                    Ok(free) => free,
+                    Err(e) => {
+                        tracing::warn!(host = %h.id, error = %e, "placement: the host did not say its free disk; counted as none");
+                        ByteSize(0)
+                    }
+                }),
                 (Some(_), None) => Some(h.disk_free),
             };
             views.push(hearth_fleet::HostView {
