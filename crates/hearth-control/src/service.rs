@@ -14,7 +14,7 @@ use hearth_api::{
 };
 use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
 use hearth_hostapi::{BootFrom, GuestClient, MemoryVolumes, SandboxNet, StopVm};
-use hearth_image::ImageName;
+use hearth_types::image::ImageName;
 use hearth_types::sandbox::SandboxSpec;
 use hearth_types::{ByteSize, SandboxId, VmId, WorkspaceId};
 

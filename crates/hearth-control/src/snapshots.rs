@@ -220,7 +220,7 @@ impl Control {
             ..building(
                 who.workspace_id,
                 &reference,
-                hearth_image::ImageName::Busybox.as_str(),
+                hearth_types::image::ImageName::Busybox.as_str(),
                 capacity,
             )
         };

@@ -41,7 +41,7 @@ use hearth_guest_proto::{
     encode_output, guest_handshake, ExecEvent, FrameCodec, GuestInfo, Incoming, Mux, OpError,
     OpErrorKind, OutputChannel, Reply, Request, Role, Stream,
 };
-use hearth_image::ImageName;
+use hearth_types::image::ImageName;
 use hearth_types::{ByteSize, VmId};
 use tokio_util::codec::{FramedRead, FramedWrite};
 

@@ -2,7 +2,7 @@
 //! agent and what it answers, in process or over the host's private API.
 
 use hearth_egress::Policy;
-use hearth_image::ImageName;
+use hearth_types::image::ImageName;
 use hearth_types::{ByteSize, MilliCpu, VmId};
 use serde::{Deserialize, Serialize};
 

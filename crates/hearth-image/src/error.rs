@@ -156,11 +156,3 @@ impl ImageError {
         }
     }
 }
-
-/// The text did not name an image (`busybox` or `default`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown image name {input:?} (expected \"busybox\" or \"default\")")]
-pub struct UnknownImageName {
-    /// The text that was parsed.
-    pub input: String,
-}

@@ -50,15 +50,14 @@ mod progress;
 mod rootfs;
 mod vmlinux;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-pub use error::{ImageError, UnknownImageName};
+pub use error::ImageError;
 pub use guest_agent::{
     embedded_guest_agent, embedded_guest_agent_blake3, guest_agent_binary,
     EMBEDDED_GUEST_AGENT_PROFILE, GUEST_BIN_ENV,
 };
+pub use hearth_types::image::{ImageName, UnknownImageName};
 pub use initramfs::{ensure_initramfs, InitramfsArtifact};
 pub use kernel::{
     ensure_kernel, KernelArtifact, KernelModule, DEFAULT_KERNEL_PACKAGE, MODULE_LOAD_ORDER,
@@ -67,7 +66,9 @@ pub use oci::{
     import_oci, reference_registry, OciError, OciImage, OciSource, RegistryAuth, RunConfig,
 };
 pub use progress::{under_way, Progress, QuietProgress, StderrProgress, Unit};
-pub use rootfs::{ensure_rootfs, ensure_rootfs_all, RootfsArtifact, ROOTFS_LABEL};
+pub use rootfs::{
+    ensure_rootfs, ensure_rootfs_all, fs_uuid, recipe_version, RootfsArtifact, ROOTFS_LABEL,
+};
 
 /// Where and from what the artifacts are built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,76 +107,6 @@ impl ImageConfig {
             Some(m) => m.clone(),
             None => mirror::mirror_from_apt(Path::new("/etc/apt"), &self.suite),
         }
-    }
-}
-
-/// A built-in root image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ImageName {
-    /// busybox-static and its applets: tiny, quick to build, for tests.
-    Busybox,
-    /// Debian minbase with bash, python/python3, pip, venv, git, curl, jq,
-    /// ripgrep, unzip, iproute2, procps and CA certificates.
-    Default,
-    /// `default` plus Jupyter's Python kernel, matplotlib, pandas and the
-    /// server `e2b-code-interpreter` talks to on port 49999.
-    #[serde(rename = "code-interpreter")]
-    CodeInterpreter,
-}
-
-impl ImageName {
-    /// Every image.
-    pub const ALL: [ImageName; 3] = [
-        ImageName::Busybox,
-        ImageName::Default,
-        ImageName::CodeInterpreter,
-    ];
-
-    /// `"busybox"` or `"default"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ImageName::Busybox => "busybox",
-            ImageName::Default => "default",
-            ImageName::CodeInterpreter => "code-interpreter",
-        }
-    }
-
-    /// The version of this image's build recipe; bumping it rebuilds caches.
-    pub fn recipe_version(self) -> u32 {
-        match self {
-            ImageName::Busybox => rootfs::BUSYBOX_RECIPE,
-            ImageName::Default => rootfs::DEFAULT_RECIPE,
-            ImageName::CodeInterpreter => rootfs::CODE_INTERPRETER_RECIPE,
-        }
-    }
-
-    /// The fixed filesystem UUID of this image.
-    pub fn fs_uuid(self) -> &'static str {
-        match self {
-            ImageName::Busybox => "4e8a7f31-6b1d-4c52-9a0e-000000000001",
-            ImageName::Default => "4e8a7f31-6b1d-4c52-9a0e-000000000002",
-            ImageName::CodeInterpreter => "4e8a7f31-6b1d-4c52-9a0e-000000000003",
-        }
-    }
-}
-
-impl fmt::Display for ImageName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ImageName {
-    type Err = UnknownImageName;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ImageName::ALL
-            .into_iter()
-            .find(|n| n.as_str() == s)
-            .ok_or_else(|| UnknownImageName {
-                input: s.to_owned(),
-            })
     }
 }
 

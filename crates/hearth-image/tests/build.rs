@@ -217,7 +217,10 @@ fn busybox_rootfs() {
         ensure_rootfs(&cfg, ImageName::Busybox, &p).unwrap()
     });
     assert_eq!(img.size_bytes, 64 << 20);
-    assert_eq!(img.recipe_version, ImageName::Busybox.recipe_version());
+    assert_eq!(
+        img.recipe_version,
+        hearth_image::recipe_version(ImageName::Busybox)
+    );
     assert!(img.path.ends_with(format!(
         "rootfs-busybox-v{}/rootfs.ext4",
         img.recipe_version
@@ -261,7 +264,10 @@ fn busybox_rootfs() {
         label.contains("Filesystem volume name:   hearthroot"),
         "{label}"
     );
-    assert!(label.contains(ImageName::Busybox.fs_uuid()), "{label}");
+    assert!(
+        label.contains(hearth_image::fs_uuid(ImageName::Busybox)),
+        "{label}"
+    );
     let fsck = Command::new("e2fsck")
         .arg("-fn")
         .arg(&img.path)

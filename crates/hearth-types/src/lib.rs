@@ -19,6 +19,7 @@ pub mod body;
 pub mod egress;
 pub mod extents;
 pub mod ids;
+pub mod image;
 pub mod rules;
 pub mod sandbox;
 pub use ids::{ApiKeyId, HostId, PoolId, SandboxId, SnapshotId, WorkspaceId};

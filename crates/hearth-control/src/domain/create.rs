@@ -9,7 +9,7 @@ use hearth_db::{SandboxRow, SandboxStatus, SnapshotRow, StatusExtra, Timestamp};
 use hearth_hostapi::{
     BootFrom, CreateVm, HostApi, HostApiError, MemoryVolumes, Resize, SandboxNet,
 };
-use hearth_image::ImageName;
+use hearth_types::image::ImageName;
 use hearth_types::sandbox::{RestoreMemory, SandboxPlan, SandboxSpec};
 use hearth_types::{ByteSize, HostId, SandboxId};
 use tokio::sync::broadcast;

@@ -5,6 +5,9 @@
 //! - the control plane never links the host agent or a VMM: it drives
 //!   hosts only through `hearth-hostapi`;
 //! - the host agent never opens the database;
+//! - the host API (`hearth-hostapi`, what the control plane and a host
+//!   say to each other) carries no image builder: it names an image by
+//!   `hearth_types::image::ImageName`, never through `hearth-image`;
 //! - the guest depends on no host crate, only on the protocol crate.
 //!
 //! Only normal dependencies count: a test of the control plane may start
@@ -164,6 +167,13 @@ fn crate_graph_keeps_its_invariants() {
             g.paths_to("hearth-control", never)
         );
     }
+
+    let hostapi = g.normal_closure("hearth-hostapi");
+    assert!(
+        !hostapi.contains("hearth-image"),
+        "the host API carries the image builder through {:?}",
+        g.paths_to("hearth-hostapi", "hearth-image")
+    );
 
     let host = g.normal_closure("hearth-host");
     eprintln!("hearth-host reaches {:?}", hearth_crates(&host));

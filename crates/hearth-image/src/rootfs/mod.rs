@@ -164,7 +164,7 @@ fn build_debian_pair(cfg: &ImageConfig, p: &dyn Progress) -> Result<(), ImageErr
 }
 
 fn image_dir(artifacts: &Path, name: ImageName) -> PathBuf {
-    artifacts.join(format!("rootfs-{name}-v{}", name.recipe_version()))
+    artifacts.join(format!("rootfs-{name}-v{}", recipe_version(name)))
 }
 
 /// An image being built: its staging directory (removed unless the image
@@ -216,11 +216,11 @@ impl Build {
         let out = self.staging.path().join("out");
         make_dir(&out, 0o755)?;
         let img = out.join(IMAGE_FILE);
-        ext4::make_image(tree, &img, size, name.fs_uuid(), times)?;
+        ext4::make_image(tree, &img, size, fs_uuid(name), times)?;
         cache::remove_all(tree)?;
         let manifest = RootfsManifest {
             name,
-            recipe: name.recipe_version(),
+            recipe: recipe_version(name),
             inputs,
             file: IMAGE_FILE.to_owned(),
             size: cache::file_len(&img)?,
@@ -287,7 +287,7 @@ fn cached(
 ) -> Option<RootfsArtifact> {
     let m: RootfsManifest = cache::read_manifest(&dir.join("manifest.json"))?;
     let ok = m.name == name
-        && m.recipe == name.recipe_version()
+        && m.recipe == recipe_version(name)
         && &m.inputs == inputs
         && cache::file_has_len(&dir.join(&m.file), m.size);
     ok.then(|| artifact(dir, m))
@@ -322,4 +322,22 @@ pub(super) fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), I
 
 pub(super) fn chown_ids(path: &Path, uid: u32, gid: u32) -> Result<(), ImageError> {
     chown(path, Some(uid), Some(gid)).map_err(|e| ImageError::io("chown", path, e))
+}
+
+/// The version of `name`'s build recipe; bumping it rebuilds caches.
+pub fn recipe_version(name: ImageName) -> u32 {
+    match name {
+        ImageName::Busybox => BUSYBOX_RECIPE,
+        ImageName::Default => DEFAULT_RECIPE,
+        ImageName::CodeInterpreter => CODE_INTERPRETER_RECIPE,
+    }
+}
+
+/// The fixed filesystem UUID of `name`'s root image.
+pub fn fs_uuid(name: ImageName) -> &'static str {
+    match name {
+        ImageName::Busybox => "4e8a7f31-6b1d-4c52-9a0e-000000000001",
+        ImageName::Default => "4e8a7f31-6b1d-4c52-9a0e-000000000002",
+        ImageName::CodeInterpreter => "4e8a7f31-6b1d-4c52-9a0e-000000000003",
+    }
 }
