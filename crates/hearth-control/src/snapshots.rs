@@ -132,7 +132,15 @@ impl Control {
             .get_snapshot(row.workspace_id, row.snapshot_id)
             .await
             .map_err(DomainError::from)?;
-        let base: RunConfig = serde_json::from_value(row.run_config.clone()).unwrap_or_default();
+        // The sandbox's own run settings (none: the defaults); one that
+        // does not read is a fault of ours, never silently dropped.
+        let base: RunConfig = match &row.run_config {
+            serde_json::Value::Null => RunConfig::default(),
+            stored => serde_json::from_value(stored.clone()).map_err(|e| {
+                tracing::error!(sandbox = %row.id, error = %e, "the sandbox's stored run config does not read");
+                DomainError::Internal
+            })?,
+        };
         let run_config = match &req.run_config {
             Some(over) => over.merged_over(&base),
             None => base,
