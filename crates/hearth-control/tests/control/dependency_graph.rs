@@ -216,3 +216,29 @@ fn dev_dependencies_are_not_followed() {
         "hearth-control → hearth-host is a dev edge only"
     );
 }
+
+/// Inside each crate, no import circle of more than three files once a
+/// child's references to its parent module are set aside (a module split
+/// into files, `use super::*`, is one unit): `scripts/import-circles`
+/// draws the file-level graph of every crate and exits 1 past the cap.
+#[test]
+fn no_import_circle_of_more_than_three_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("python3")
+        .arg(root.join("scripts/import-circles"))
+        .args(["--max-without-parents", "3"])
+        .current_dir(&root)
+        .output()
+        .expect("run python3 scripts/import-circles");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("largest circle"),
+        "the script printed no summary: {text}"
+    );
+}
