@@ -27,7 +27,7 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DomainError {
     /// No valid credential; `Some` says which check failed.
-    #[error("unauthenticated")]
+    #[error("{}", .0.as_deref().unwrap_or("invalid or missing API key"))]
     Unauthenticated(Option<String>),
     /// A credential without the right to do this.
     #[error("forbidden: {0}")]
@@ -72,7 +72,7 @@ pub enum DomainError {
         used: u64,
     },
     /// No host has room for the sandbox (retryable).
-    #[error("no sandbox hosts are available")]
+    #[error("no sandbox hosts are available to run this sandbox")]
     NoHosts,
     /// The sandbox exists but cannot serve yet (booting, waking; retryable).
     #[error("sandbox '{name}' is not ready")]
@@ -97,7 +97,7 @@ pub enum DomainError {
         message: String,
     },
     /// A fault of ours, already logged with its cause where it happened.
-    #[error("internal error")]
+    #[error("internal server error")]
     Internal,
 }
 
@@ -136,14 +136,6 @@ impl DomainError {
     /// The caller is not the sandbox's creator and lacks `sandboxes:exec`.
     pub fn not_creator() -> Self {
         Self::Forbidden("sandbox access denied: not the creator and missing sandboxes:exec".into())
-    }
-
-    /// Whether a retry may succeed without the caller changing anything.
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Self::NoHosts | Self::NotReady { .. } | Self::HostFailed(_)
-        )
     }
 }
 

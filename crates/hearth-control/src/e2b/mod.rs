@@ -85,8 +85,6 @@ impl From<DomainError> for E2bError {
             DomainError::Internal => 500,
         };
         let message = match e {
-            DomainError::Unauthenticated(None) => "invalid or missing API key".to_owned(),
-            DomainError::Unauthenticated(Some(why)) => why,
             // The rule's message names the field, as E2B's SDK shows it;
             // one that does not gets the field in front.
             DomainError::Invalid(_, i) => {
@@ -97,8 +95,6 @@ impl From<DomainError> for E2bError {
                     format!("{field}: {}", i.message)
                 }
             }
-            DomainError::NoHosts => "no sandbox hosts are available to run this sandbox".into(),
-            DomainError::Internal => "internal server error".into(),
             other => other.to_string(),
         };
         Self::new(status, message)
