@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::domain::error::DomainError;
 use hearth_api::nested::{MountConfig, ProxyConfig, ProxyHeader, ProxyRule, SecretKind};
+use hearth_egress::Policy;
 use hearth_hostapi::SandboxNet;
 use hearth_types::egress::{EgressSpec, SecretValue};
 use hearth_types::WorkspaceId;
@@ -175,29 +176,37 @@ impl Control {
         sandbox: &hearth_types::sandbox::SandboxSpec,
     ) -> Result<SandboxNet, DomainError> {
         let egress = with_mount_rules(sandbox);
-        let mut net = self.egress_net(workspace, egress.as_ref()).await?;
-        net.mounts = sandbox.mounts.clone();
+        let (mut policy, mut env) = self.egress_policy(workspace, egress.as_ref()).await?;
         if sandbox.delegation.is_some() {
-            net.policy.delegation = true;
-            net.policy.tenant_id = Some(workspace.to_string());
-            net.env.insert(
+            policy.delegation = true;
+            policy.tenant_id = Some(workspace.to_string());
+            env.insert(
                 "LANGSMITH_ENDPOINT".into(),
                 format!("http://{}", hearth_egress::DELEGATION_HOST),
             );
             // The SDK wants a key; the proxy replaces it with the grant.
-            net.env
-                .insert("LANGSMITH_API_KEY".into(), "delegated".into());
+            env.insert("LANGSMITH_API_KEY".into(), "delegated".into());
         }
-        Ok(net)
+        let policy = policy.to_document().map_err(|e| {
+            tracing::error!(error = %e, "cannot write a sandbox's egress policy for its host");
+            DomainError::Internal
+        })?;
+        Ok(SandboxNet {
+            policy,
+            env,
+            mounts: sandbox.mounts.clone(),
+        })
     }
 
-    async fn egress_net(
+    /// The proxy's policy for `spec` with its secrets resolved, and the
+    /// environment its rules give the guest.
+    async fn egress_policy(
         &self,
         workspace: WorkspaceId,
         spec: Option<&EgressSpec>,
-    ) -> Result<SandboxNet, DomainError> {
+    ) -> Result<(Policy, BTreeMap<String, String>), DomainError> {
         let Some(spec) = spec else {
-            return Ok(SandboxNet::default());
+            return Ok(Default::default());
         };
         if !self.cfg.aws_roles {
             if let Some(i) = spec.rules.iter().position(|r| r.aws_role.is_some()) {
@@ -241,15 +250,10 @@ impl Control {
                 SecretValue::Template(v) => expand(v, &secrets),
             }
         };
-        let mut policy =
-            hearth_egress::Policy::from_spec(spec, &mut resolve).map_err(policy_error)?;
+        let mut policy = Policy::from_spec(spec, &mut resolve).map_err(policy_error)?;
         policy.check_credentials(spec).map_err(policy_error)?;
         policy.tenant_id = Some(workspace.to_string());
-        Ok(SandboxNet {
-            policy,
-            env: spec.env(),
-            mounts: Vec::new(),
-        })
+        Ok((policy, spec.env()))
     }
 }
 

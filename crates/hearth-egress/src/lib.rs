@@ -141,18 +141,7 @@ pub struct SandboxSockets {
     pub dns: std::net::UdpSocket,
 }
 
-/// A snapshot of one sandbox's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct EgressCounters {
-    /// Guest → upstream (as read from the guest, TLS included).
-    pub bytes_out: u64,
-    /// Upstream → guest.
-    pub bytes_in: u64,
-    pub connections_allowed: u64,
-    pub connections_refused: u64,
-    pub dns_queries: u64,
-    pub dns_refused: u64,
-}
+pub use hearth_types::egress::EgressCounters;
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters {

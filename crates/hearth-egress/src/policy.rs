@@ -4,7 +4,9 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use hearth_types::egress::{AccessSpec, Credentials, EgressSpec, HeaderSpec, SecretValue};
+use hearth_types::egress::{
+    AccessSpec, Credentials, EgressSpec, HeaderSpec, PolicyDocument, SecretValue,
+};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
@@ -253,6 +255,16 @@ pub enum NameVerdict {
 }
 
 impl Policy {
+    /// This policy as the host API carries it.
+    pub fn to_document(&self) -> Result<PolicyDocument, serde_json::Error> {
+        serde_json::to_value(self).map(PolicyDocument::new)
+    }
+
+    /// The policy a document carries; an error names what it could not read.
+    pub fn from_document(doc: &PolicyDocument) -> Result<Policy, serde_json::Error> {
+        Policy::deserialize(doc.as_value())
+    }
+
     /// Builds the policy from a sandbox's egress spec. `resolve` turns a
     /// header's stored value into the real one (plaintext as is, sealed
     /// opened, templates filled from the workspace's secrets); its error is

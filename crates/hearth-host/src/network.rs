@@ -105,6 +105,13 @@ impl Network {
         }
     }
 
+    /// The proxy's policy a document carries; a document it cannot read
+    /// is an invalid command.
+    pub fn policy_of(net: &SandboxNet) -> Result<Policy, crate::HostError> {
+        Policy::from_document(&net.policy)
+            .map_err(|e| crate::HostError::Invalid(format!("network.policy: {e}")))
+    }
+
     /// Creates `vm`'s namespace, TAP and rules (replacing stale ones of
     /// the same VM) and attaches the proxy with `policy`.
     pub async fn setup(&self, vm: VmId, policy: Policy) -> Result<VmNet, NetError> {

@@ -181,7 +181,7 @@ pub struct HostStatus {
     /// Free space for new disks (after the host's reserve).
     pub disk_available: ByteSize,
     /// Each VM's egress counters, by VM id.
-    pub egress: Vec<(String, hearth_egress::EgressCounters)>,
+    pub egress: Vec<(String, hearth_types::egress::EgressCounters)>,
     /// Each running VM's usage, by VM id (absent from an older host).
     #[serde(default)]
     pub usage: Vec<(String, VmUsage)>,

@@ -1,7 +1,6 @@
 //! The host's commands and replies: what the control plane asks of a host
 //! agent and what it answers, in process or over the host's private API.
 
-use hearth_egress::Policy;
 use hearth_types::image::ImageName;
 use hearth_types::{ByteSize, MilliCpu, VmId};
 use serde::{Deserialize, Serialize};
@@ -260,7 +259,7 @@ pub struct Resize {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SandboxNet {
     #[serde(default)]
-    pub policy: Policy,
+    pub policy: hearth_types::egress::PolicyDocument,
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -228,3 +228,67 @@ impl EgressSpec {
             )
     }
 }
+
+/// A sandbox's resolved egress policy as the host API carries it: a
+/// document the control plane writes from the proxy's policy
+/// (`hearth_egress::Policy::to_document`) and the host's proxy reads back
+/// (`Policy::from_document`). The host API only carries it, so it does not
+/// name the proxy's types; a host whose proxy cannot read it refuses the
+/// command that brought it. It holds the secrets the proxy injects, so its
+/// `Debug` shows only its size.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PolicyDocument(serde_json::Value);
+
+impl PolicyDocument {
+    pub fn new(value: serde_json::Value) -> Self {
+        Self(value)
+    }
+
+    pub fn as_value(&self) -> &serde_json::Value {
+        &self.0
+    }
+}
+
+/// The empty document: the default policy (every public destination,
+/// nothing injected).
+impl Default for PolicyDocument {
+    fn default() -> Self {
+        Self(serde_json::Value::Object(serde_json::Map::new()))
+    }
+}
+
+impl std::fmt::Debug for PolicyDocument {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys = self.0.as_object().map_or(0, serde_json::Map::len);
+        write!(f, "PolicyDocument({keys} fields, secrets not shown)")
+    }
+}
+
+/// A snapshot of one sandbox's egress counters, as its host reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressCounters {
+    /// Guest → upstream (as read from the guest, TLS included).
+    pub bytes_out: u64,
+    /// Upstream → guest.
+    pub bytes_in: u64,
+    pub connections_allowed: u64,
+    pub connections_refused: u64,
+    pub dns_queries: u64,
+    pub dns_refused: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_documents_debug_shows_no_secret() {
+        let doc = PolicyDocument::new(
+            serde_json::json!({"rules": [{"headers": [["x-api-key", "s3cret"]]}]}),
+        );
+        let shown = format!("{doc:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert_eq!(shown, "PolicyDocument(1 fields, secrets not shown)");
+    }
+}

@@ -858,7 +858,7 @@ async fn e2b_network_on_create_and_update() {
     let vm = hearth_types::VmId::from(uuid::Uuid::parse_str(&id).unwrap());
     let pushed = format!(
         "{:?}",
-        sim.network(vm).expect("the host has a network").policy
+        crate::harness::policy_of(&sim.network(vm).expect("the host has a network"))
     );
     assert!(
         pushed.contains("pypi.org") && !pushed.contains("example.com"),

@@ -129,7 +129,11 @@ async fn every_e2b_sandbox_route_hides_another_workspaces_sandbox() {
     let victim = e2b_create(&s, &owner, json!({"templateID": "base", "timeout": 300})).await;
     let id = text_of(&victim, "sandboxID");
     let before = detail(&s, &owner, &id).await;
-    let network_before = format!("{:?}", sim.network(vm_of(&id)).map(|n| n.policy));
+    let network_before = format!(
+        "{:?}",
+        sim.network(vm_of(&id))
+            .map(|n| crate::harness::policy_of(&n))
+    );
     let ghost = uuid::Uuid::now_v7().to_string();
 
     let routes: Vec<Route> = e2b_routes()
@@ -190,7 +194,11 @@ async fn every_e2b_sandbox_route_hides_another_workspaces_sandbox() {
         Some(hearth_hostapi::VmState::Ready)
     );
     assert_eq!(
-        format!("{:?}", sim.network(vm_of(&id)).map(|n| n.policy)),
+        format!(
+            "{:?}",
+            sim.network(vm_of(&id))
+                .map(|n| crate::harness::policy_of(&n))
+        ),
         network_before,
         "the network changed"
     );
@@ -590,7 +598,10 @@ async fn a_network_update_needs_sandboxes_update() {
     let own_id = text_of(&own, "sandboxID");
 
     for id in [&id, &own_id] {
-        let on_host = format!("{:?}", sim.network(vm_of(id)).expect("a network").policy);
+        let on_host = format!(
+            "{:?}",
+            crate::harness::policy_of(&sim.network(vm_of(id)).expect("a network"))
+        );
         assert!(on_host.contains("10.0.0.0/8"), "{on_host}");
         let in_api = access_of(&s, &key, id).await;
         assert_eq!(in_api["deny_list"], json!(["10.0.0.0/8"]), "{in_api}");
@@ -605,7 +616,10 @@ async fn a_network_update_needs_sandboxes_update() {
         let message = e2b_refusal(&r, 403, "PUT network without sandboxes:update");
         assert!(message.contains("sandboxes:update"), "{message}");
         assert_eq!(
-            format!("{:?}", sim.network(vm_of(id)).expect("a network").policy),
+            format!(
+                "{:?}",
+                crate::harness::policy_of(&sim.network(vm_of(id)).expect("a network"))
+            ),
             on_host,
             "the host's policy changed"
         );

@@ -659,7 +659,7 @@ fn host_allow_list(host: &SimHost, id: &str) -> Vec<String> {
     let net = host
         .network(vm)
         .expect("the host holds the sandbox's network");
-    match net.policy.access {
+    match crate::harness::policy_of(&net).access {
         Some(hearth_egress::Access::AllowList(list)) => {
             list.iter().map(|p| p.as_str().to_owned()).collect()
         }

@@ -215,8 +215,9 @@ impl Host {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
+            let policy = crate::network::Network::policy_of(&cfg.unwrap_or_default())?;
             let net = network
-                .setup(id, cfg.unwrap_or_default().policy)
+                .setup(id, policy)
                 .await
                 .map_err(|e| HostError::Boot {
                     id,

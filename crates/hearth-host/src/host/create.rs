@@ -96,6 +96,7 @@ impl Host {
         fence: u64,
         net: hearth_hostapi::SandboxNet,
     ) -> Result<VmRecord, HostError> {
+        let policy = crate::network::Network::policy_of(&net)?;
         let vm = self.get(id)?;
         let inst = self.running_instance(&vm, VmState::Paused, "an unclaimed pool member")?;
         // One claim wins.
@@ -114,7 +115,6 @@ impl Host {
                 wanted: "an unclaimed pool member",
             });
         }
-        let policy = net.policy.clone();
         *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
         if let Some(network) = &self.network {
             network.set_policy(id, policy);

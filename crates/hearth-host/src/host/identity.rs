@@ -64,7 +64,7 @@ impl Host {
         net: hearth_hostapi::SandboxNet,
     ) -> Result<(), HostError> {
         let vm = self.get(id)?;
-        let policy = net.policy.clone();
+        let policy = crate::network::Network::policy_of(&net)?;
         *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = Some(net);
         let Some(network) = &self.network else {
             return Ok(());

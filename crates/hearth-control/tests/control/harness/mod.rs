@@ -537,3 +537,9 @@ impl Rng {
         (self.next() % n as u64) as usize
     }
 }
+
+/// The egress policy a simulated host holds for a VM, read back from the
+/// document the host API carried.
+pub fn policy_of(net: &hearth_hostapi::SandboxNet) -> hearth_egress::Policy {
+    hearth_egress::Policy::from_document(&net.policy).expect("the host can read the policy")
+}
