@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use hearth_control::{Control, ControlConfig, LocalHost};
 use hearth_db::{Db, NewWorkspace, Quotas};
-use hearth_host::{Host, HostConfig};
+use hearth_hostapi::HostApi;
 use hearth_types::{ByteSize, HostId, MilliCpu, WorkspaceId};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -41,11 +41,14 @@ async fn main() {
     std::fs::create_dir_all(shared.join("artifacts")).unwrap();
     std::fs::create_dir_all(&data).unwrap();
     let _ = std::os::unix::fs::symlink(shared.join("artifacts"), data.join("artifacts"));
-    let mut hcfg = HostConfig::new(&data);
+    let mut hcfg = hearth_host::HostConfig::new(&data);
     hcfg.accel_cache = shared.join("accel.json");
-    let host = Host::start(hcfg, Arc::new(hearth_image::QuietProgress))
+    let started = hearth_host::Host::start(hcfg, Arc::new(hearth_image::QuietProgress))
         .await
         .unwrap();
+    // From here on the host is reached only through the host API, as the
+    // control plane reaches it.
+    let host: Arc<dyn HostApi> = Arc::new(hearth_host::InProcessHost::new(started));
 
     let db_url = hearth_db::testing::sqlite_url();
     let db = Db::connect(&db_url.url).await.unwrap();
@@ -68,7 +71,7 @@ async fn main() {
     };
     let local = LocalHost {
         id: HostId::new(),
-        host: Arc::new(hearth_host::InProcessHost::new(host.clone())),
+        host: host.clone(),
         capacity_cpu: MilliCpu(64_000),
         capacity_mem: ByteSize::gib(256),
         store_url: String::new(),
@@ -103,7 +106,16 @@ async fn main() {
         .expect("created")
         .replace("http://", "ws://");
     let id: uuid::Uuid = json["id"].as_str().unwrap().parse().unwrap();
-    let guest = host.guest(hearth_types::VmId::from(id)).unwrap();
+    let vm = hearth_types::VmId::from(id);
+    let fence = host
+        .list_vms()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id == vm)
+        .expect("the host has the sandbox's VM")
+        .fence;
+    let guest = host.guest(vm, fence).await.unwrap();
 
     // The host agent's own exec.
     let mut direct = Vec::new();
@@ -151,5 +163,7 @@ async fn main() {
         "exec `true`, public data plane (WebSocket per command)",
         public,
     );
-    let _ = host.delete(hearth_types::VmId::from(id)).await;
+    if let Err(e) = host.delete_vm(vm, fence).await {
+        eprintln!("cannot delete the bench's sandbox: {e}");
+    }
 }

@@ -6,8 +6,10 @@
 //!   hosts only through `hearth-hostapi`;
 //! - the host agent never opens the database;
 //! - the host API (`hearth-hostapi`, what the control plane and a host
-//!   say to each other) carries no image builder: it names an image by
-//!   `hearth_types::image::ImageName`, never through `hearth-image`;
+//!   say to each other) carries neither the image builder nor the egress
+//!   proxy: it names an image by `hearth_types::image::ImageName`, never
+//!   through `hearth-image`, and carries a sandbox's egress policy as a
+//!   `hearth_types::egress::PolicyDocument` that only the proxy reads;
 //! - the guest depends on no host crate, only on the protocol crate.
 //!
 //! Only normal dependencies count: a test of the control plane may start
@@ -169,11 +171,16 @@ fn crate_graph_keeps_its_invariants() {
     }
 
     let hostapi = g.normal_closure("hearth-hostapi");
-    assert!(
-        !hostapi.contains("hearth-image"),
-        "the host API carries the image builder through {:?}",
-        g.paths_to("hearth-hostapi", "hearth-image")
-    );
+    for (never, what) in [
+        ("hearth-image", "the image builder"),
+        ("hearth-egress", "the egress proxy"),
+    ] {
+        assert!(
+            !hostapi.contains(never),
+            "the host API carries {what} through {:?}",
+            g.paths_to("hearth-hostapi", never)
+        );
+    }
 
     let host = g.normal_closure("hearth-host");
     eprintln!("hearth-host reaches {:?}", hearth_crates(&host));
@@ -240,5 +247,41 @@ fn no_import_circle_of_more_than_three_files() {
     assert!(
         text.contains("largest circle"),
         "the script printed no summary: {text}"
+    );
+}
+
+/// A control-plane bench reaches its hosts through the host API, as the
+/// control plane does: it may name `hearth_host` only to start an
+/// in-process host (`Host::start`, `HostConfig`, `InProcessHost`), never
+/// to call one directly, which would measure a path no client takes.
+#[test]
+fn benches_reach_hosts_through_the_host_api() {
+    const STARTS: [&str; 3] = ["Host::start", "HostConfig", "InProcessHost"];
+    let benches = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches");
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&benches).expect("read benches/") {
+        let path = entry.expect("a bench file").path();
+        let text = std::fs::read_to_string(&path).expect("read a bench");
+        seen += 1;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("use hearth_host::")
+                || line.trim_start().starts_with("use hearth_host;")
+            {
+                wrong.push(format!("{}:{}: {line}", path.display(), n + 1));
+            }
+            for (at, _) in line.match_indices("hearth_host::") {
+                let rest = &line[at + "hearth_host::".len()..];
+                if !STARTS.iter().any(|s| rest.starts_with(s)) {
+                    wrong.push(format!("{}:{}: {line}", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(seen >= 3, "found {seen} benches in {}", benches.display());
+    assert!(
+        wrong.is_empty(),
+        "benches reach a host past the host API:\n{}",
+        wrong.join("\n")
     );
 }
