@@ -75,7 +75,8 @@ pub struct CreateSandboxRequest {
     /// Free-form metadata; snapshot labels are inherited unless overridden.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
-    /// Governed LangSmith tag values to attach.
+    /// Governed LangSmith tag values: a non-empty list is refused with a
+    /// 422 naming it (Hearth has none; use `labels`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag_value_ids: Option<Vec<String>>,
     #[serde(
@@ -104,7 +105,8 @@ pub struct CreateSandboxRequest {
     /// `azure_blob` and `contexthub` mounts and Azure credentials are
     /// refused with a 422 naming them.
     pub mount_config: Option<MountConfig>,
-    /// Volumes to attach (beta), at most 4.
+    /// Named volumes (beta in LangSmith), at most 4: a non-empty list is
+    /// refused with a 422 naming it (Hearth has no volumes yet).
     #[serde(
         default,
         deserialize_with = "crate::de::opt_object_vec",
@@ -154,6 +156,8 @@ pub struct UpdateSandboxRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub run_config: Option<RunConfig>,
+    /// Governed LangSmith tag values: a non-empty list is refused with a
+    /// 422 naming it (Hearth has none; use `labels`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag_value_ids: Option<Vec<String>>,
 }
@@ -378,7 +382,8 @@ pub struct ListSandboxesQuery {
     pub name_contains: Option<String>,
     #[param(inline)]
     pub status: Option<SandboxStatus>,
-    /// Repeatable.
+    /// Governed tag values to filter by: refused with a 422 naming it
+    /// (Hearth has none; filter by `label`).
     pub tag_value_id: Vec<String>,
     #[param(inline)]
     pub sort_by: Option<SandboxSortBy>,

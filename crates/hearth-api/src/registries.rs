@@ -57,8 +57,9 @@ pub struct CreateRegistryRequest {
     /// Unique in the workspace: letters, digits and `._-`, up to 128.
     pub name: String,
     /// The registry: `host[:port]`, optionally with `https://` (the
-    /// default) or `http://` (loopback only) and a path, which is ignored.
-    /// Images pulled with it must be on this host.
+    /// default) or `http://` (loopback only) and a path (such as `/v2/`),
+    /// which does not narrow it: as with `docker login`, its credentials
+    /// go with every image on this host, and only there.
     pub url: String,
     /// `DOCKER_CONFIG` (the default); `AWS_ROLE` is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,6 +14,10 @@
 //!   is the field or the part of it Hearth refuses, saying it is not
 //!   supported (or unknown).
 //!
+//! What `openapi.json` says of each field agrees: a refused field it
+//! describes says it is refused, and one that acts is not described as
+//! refused or ignored.
+//!
 //! A field a new SDK adds lands in neither and is refused by the parser (a
 //! field Hearth does not know is a 422): this test then still passes, and
 //! only a field made to act must be added to an exercise. On a simulated
@@ -623,9 +627,25 @@ async fn every_sdk_field_acts_or_is_refused_naming_it() {
     // Everything else is refused, naming it.
     let (mut acts, mut refused) = (0, 0);
     let mut wrong = Vec::new();
+    let doc = hearth_api::openapi();
+    let mut misdocumented = Vec::new();
+    let described = surface
+        .iter()
+        .filter(|(op, path, _)| documented(&doc, op, path).is_some())
+        .count();
+    // The walk finds the descriptions (152 of 332 fields when written).
+    assert!(
+        described >= 120,
+        "openapi.json describes only {described} of the SDK's fields: does documented() still walk the document?"
+    );
     for (op, path, body) in &surface {
         if acting.contains(&(op.clone(), path.clone())) {
             acts += 1;
+            if let Some(said) = documented(&doc, op, path).filter(|d| says_refused(d)) {
+                misdocumented.push(format!(
+                    "{op} {path} acts, yet its description says: {said}"
+                ));
+            }
             continue;
         }
         let (status, v) = e.send(op, body).await;
@@ -637,12 +657,18 @@ async fn every_sdk_field_acts_or_is_refused_naming_it() {
         });
         if status == StatusCode::UNPROCESSABLE_ENTITY && named {
             refused += 1;
+            if let Some(said) = documented(&doc, op, path).filter(|d| !mentions_refusal(d)) {
+                misdocumented.push(format!(
+                    "{op} {path} is refused, yet its description does not say so: {said}"
+                ));
+            }
         } else {
             wrong.push(format!("{op} {path}: {body} -> {status} {v}"));
         }
     }
     println!(
-        "{} SDK fields: {acts} act, {refused} refused with a 422 naming them",
+        "{} SDK fields: {acts} act, {refused} refused with a 422 naming them; \
+         openapi.json describes {described}",
         surface.len()
     );
     assert!(
@@ -651,6 +677,122 @@ async fn every_sdk_field_acts_or_is_refused_naming_it() {
         wrong.len(),
         wrong.join("\n")
     );
+    assert!(
+        misdocumented.is_empty(),
+        "openapi.json's descriptions disagree with what the code does:\n{}",
+        misdocumented.join("\n")
+    );
+}
+
+/// The request's schema (a body) or its parameters (a query) in the
+/// OpenAPI document, by the route `Env::send` takes for `op`.
+fn operation_of<'a>(doc: &'a Value, op: &str) -> (&'a Value, bool) {
+    let (method, route) = match op {
+        "create" => ("post", "/api/v2/sandboxes/boxes"),
+        "update" => ("patch", "/api/v2/sandboxes/boxes/{name}"),
+        "capture" => ("post", "/api/v2/sandboxes/boxes/{name}/snapshot"),
+        "create_snapshot" => ("post", "/api/v2/sandboxes/snapshots"),
+        "service_url" => ("post", "/api/v2/sandboxes/boxes/{name}/service-url"),
+        "download_url" => ("post", "/api/v2/sandboxes/boxes/{name}/download-url"),
+        "list_sandboxes" => ("get", "/api/v2/sandboxes/boxes"),
+        "list_snapshots" => ("get", "/api/v2/sandboxes/snapshots"),
+        "create_registry" => ("post", "/api/v2/sandboxes/registries"),
+        "update_registry" => ("patch", "/api/v2/sandboxes/registries/{name}"),
+        "list_registries" => ("get", "/api/v2/sandboxes/registries"),
+        other => panic!("unknown operation {other}"),
+    };
+    let operation = &doc["paths"][route][method];
+    assert!(
+        operation.is_object(),
+        "openapi.json has no {method} {route}"
+    );
+    if method == "get" {
+        (&operation["parameters"], false)
+    } else {
+        (
+            &operation["requestBody"]["content"]["application/json"]["schema"],
+            true,
+        )
+    }
+}
+
+/// A schema with its `$ref` followed and, for a union (`oneOf` of null and
+/// a type), the alternative that has fields or items.
+fn schema_of<'a>(doc: &'a Value, mut v: &'a Value) -> &'a Value {
+    for _ in 0..16 {
+        if let Some(r) = v["$ref"].as_str() {
+            let name = r.trim_start_matches("#/components/schemas/");
+            v = &doc["components"]["schemas"][name];
+            continue;
+        }
+        let alternatives = ["oneOf", "anyOf", "allOf"]
+            .iter()
+            .filter_map(|k| v[*k].as_array())
+            .flatten()
+            .find(|a| {
+                a["$ref"].is_string() || a["properties"].is_object() || a["items"].is_object()
+            });
+        match alternatives {
+            Some(a) => v = a,
+            None => return v,
+        }
+    }
+    v
+}
+
+/// What openapi.json says of the field at `path` (`proxy_config.rules[].aws`)
+/// of `op`'s request: the field's own description, else its type's. None
+/// when the document does not describe it (a field Hearth does not know).
+fn documented(doc: &Value, op: &str, path: &str) -> Option<String> {
+    let (root, body) = operation_of(doc, op);
+    let mut segments = path.split('.');
+    let first = segments.next()?;
+    let mut node = if body {
+        let name = first.trim_end_matches("[]");
+        &schema_of(doc, root)["properties"][name]
+    } else {
+        let name = first.trim_end_matches("[]");
+        let param = root.as_array()?.iter().find(|p| p["name"] == name)?;
+        if path == first {
+            return param["description"].as_str().map(str::to_owned);
+        }
+        &param["schema"]
+    };
+    let mut last = first;
+    for seg in segments {
+        let mut at = node;
+        if last.ends_with("[]") {
+            at = &schema_of(doc, at)["items"];
+        }
+        node = &schema_of(doc, at)["properties"][seg.trim_end_matches("[]")];
+        last = seg;
+    }
+    if node.is_null() {
+        return None;
+    }
+    node["description"]
+        .as_str()
+        .or_else(|| schema_of(doc, node)["description"].as_str())
+        .map(str::to_owned)
+}
+
+/// A description that says the field as a whole is not served: it opens
+/// by refusing it or calls it ignored.
+fn says_refused(d: &str) -> bool {
+    let first = d.split(". ").next().unwrap_or(d).to_ascii_lowercase();
+    ["refused", "not supported", "rejected", "ignored"]
+        .iter()
+        .any(|w| first.starts_with(w))
+        || first.contains("(not supported")
+        || d.to_ascii_lowercase().contains("is ignored")
+}
+
+/// A description that says a refusal somewhere.
+fn mentions_refusal(d: &str) -> bool {
+    let d = d.to_ascii_lowercase();
+    ["refused", "not supported", "rejected", "a 422"]
+        .iter()
+        .any(|w| d.contains(w))
 }
 
 /// The sandbox's egress as its host holds it: the allow list's patterns.
