@@ -8,57 +8,35 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
 use bytes::Bytes;
-use futures_util::{AsyncReadExt, AsyncWriteExt, SinkExt, StreamExt};
-use hearth_guest_proto::{Incoming, OpErrorKind};
+use futures_util::{AsyncReadExt, AsyncWriteExt, StreamExt};
+use hearth_guest_proto::OpErrorKind;
+use hearth_hostapi::pipe::{self, Inbound};
 use hearth_hostapi::{GuestClient, GuestError};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio_util::compat::TokioAsyncReadCompatExt;
+use tokio_util::compat::{FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
 
 const VERSION: u8 = 1;
 const OK: u8 = 0;
 const DIAL_FAILED: u8 = 2;
 const UNSUPPORTED_VERSION: u8 = 3;
-/// Largest WebSocket message we send (the SDK refuses more than 1 MiB).
-const MAX_MESSAGE: usize = 64 * 1024;
 
 /// Serves one tunnel WebSocket until either side goes away.
 pub async fn serve(socket: WebSocket, guest: GuestClient) {
     // Bridge the message-oriented WebSocket to a byte pipe yamux can use.
     let (pipe_ours, pipe_yamux) = tokio::io::duplex(256 * 1024);
-    let (mut pipe_rd, mut pipe_wr) = tokio::io::split(pipe_ours);
-    let (mut ws_tx, mut ws_rx) = socket.split();
-    let inbound = async move {
-        while let Some(Ok(msg)) = ws_rx.next().await {
-            let data = match msg {
-                Message::Binary(b) => b,
-                Message::Text(t) => Bytes::from(t.as_str().as_bytes().to_vec()),
-                Message::Close(_) => break,
-                _ => continue,
-            };
-            if pipe_wr.write_all(&data).await.is_err() {
-                break;
-            }
-        }
-        let _ = pipe_wr.shutdown().await;
-    };
-    let outbound = async move {
-        let mut buf = vec![0u8; MAX_MESSAGE];
-        loop {
-            match pipe_rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if ws_tx
-                        .send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = ws_tx.close().await;
-    };
+    let (sink, source) = socket.split();
+    let pump = pipe::pump(
+        sink,
+        source,
+        pipe_ours,
+        pipe::TUNNEL_MESSAGE,
+        Message::Binary,
+        |m| match m {
+            Message::Binary(b) => Inbound::Data(b),
+            Message::Text(t) => Inbound::Data(Bytes::copy_from_slice(t.as_str().as_bytes())),
+            Message::Close(_) => Inbound::End,
+            _ => Inbound::Skip,
+        },
+    );
     let session = async move {
         let mut conn = yamux::Connection::new(
             pipe_yamux.compat(),
@@ -71,7 +49,7 @@ pub async fn serve(socket: WebSocket, guest: GuestClient) {
             tokio::spawn(relay(stream, guest.clone()));
         }
     };
-    tokio::join!(inbound, outbound, session);
+    tokio::join!(pump, session);
 }
 
 async fn relay(mut stream: yamux::Stream, guest: GuestClient) {
@@ -100,43 +78,6 @@ async fn relay(mut stream: yamux::Stream, guest: GuestClient) {
     if stream.write_all(&[OK]).await.is_err() {
         return;
     }
-    let (tx, mut rx) = conn.split();
-    let (mut rd, mut wr) = futures_util::AsyncReadExt::split(stream);
-    let up = async {
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if tx
-                        .send_data(Bytes::copy_from_slice(&buf[..n]))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = tx.send_eof();
-    };
-    let down = async {
-        while let Some(msg) = rx.recv().await {
-            match msg {
-                Incoming::Data(d) => {
-                    if wr.write_all(&d).await.is_err() {
-                        break;
-                    }
-                }
-                Incoming::Eof | Incoming::Close(_) => break,
-                Incoming::Ctl(_) => {}
-            }
-        }
-        let _ = wr.close().await;
-    };
     // The SDK tears the whole bridge down when either direction ends.
-    tokio::select! {
-        () = up => {}
-        () = down => {}
-    }
+    pipe::join_io(conn, stream.compat(), pipe::Until::EitherEnds).await;
 }

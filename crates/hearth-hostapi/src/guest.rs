@@ -625,44 +625,14 @@ async fn recv_reply(rx: &mut StreamReceiver) -> Result<Reply, GuestError> {
 /// A dialed guest connection ([`GuestClient::dial`]) as a tokio byte
 /// stream, for clients that want `AsyncRead + AsyncWrite` (an HTTP client,
 /// say). A task moves bytes between the returned end and the guest stream
-/// until either side ends.
+/// until both directions end ([`crate::pipe::join_io`]).
 pub fn stream_io(stream: Stream) -> tokio::io::DuplexStream {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (ours, theirs) = tokio::io::duplex(256 * 1024);
-    let (mut rd, mut wr) = tokio::io::split(ours);
-    let (tx, mut rx) = stream.split();
-    tokio::spawn(async move {
-        let up = async {
-            let mut buf = bytes::BytesMut::with_capacity(64 * 1024);
-            loop {
-                buf.reserve(64 * 1024);
-                match rd.read_buf(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        if tx.send_data(buf.split().freeze()).await.is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-            let _ = tx.send_eof();
-        };
-        let down = async {
-            while let Some(msg) = rx.recv().await {
-                match msg {
-                    Incoming::Data(d) => {
-                        if wr.write_all(&d).await.is_err() {
-                            break;
-                        }
-                    }
-                    Incoming::Eof | Incoming::Close(_) => break,
-                    Incoming::Ctl(_) => {}
-                }
-            }
-            let _ = wr.shutdown().await;
-        };
-        tokio::join!(up, down);
-    });
+    tokio::spawn(crate::pipe::join_io(
+        stream,
+        ours,
+        crate::pipe::Until::BothEnd,
+    ));
     theirs
 }
 

@@ -271,6 +271,7 @@ impl RemoteHost {
             sink,
             source,
             theirs,
+            MAX_MESSAGE,
             Message::Binary,
             |m| match m {
                 Message::Binary(b) => Inbound::Data(b),

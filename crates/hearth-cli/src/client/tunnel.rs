@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use clap::Args;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
+use hearth_hostapi::pipe::{self, Inbound};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
@@ -21,8 +22,6 @@ use super::http::{Api, Target};
 use super::ws::{self, Ws};
 
 const VERSION: u8 = 1;
-/// Largest WebSocket message we send (the SDK's peers accept 1 MiB).
-const MAX_MESSAGE: usize = 64 * 1024;
 /// How long the server may take to answer the connect header.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -69,37 +68,20 @@ impl Session {
 /// until the socket or the session ends.
 async fn drive(ws: Ws, mut requests: mpsc::Receiver<StreamReply>) {
     let (ours, theirs) = tokio::io::duplex(256 * 1024);
-    let (mut pipe_rd, mut pipe_wr) = tokio::io::split(ours);
-    let (mut ws_tx, mut ws_rx) = ws.split();
-    let inbound = async move {
-        while let Some(Ok(msg)) = ws_rx.next().await {
-            let data = match msg {
-                Message::Binary(b) => b,
-                Message::Text(t) => Bytes::copy_from_slice(t.as_bytes()),
-                Message::Close(_) => break,
-                _ => continue,
-            };
-            if pipe_wr.write_all(&data).await.is_err() {
-                break;
-            }
-        }
-        let _ = pipe_wr.shutdown().await;
-    };
-    let outbound = async move {
-        let mut buf = vec![0u8; MAX_MESSAGE];
-        loop {
-            match pipe_rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let msg = Message::Binary(Bytes::copy_from_slice(&buf[..n]));
-                    if ws_tx.send(msg).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = ws_tx.close().await;
-    };
+    let (sink, source) = ws.split();
+    let pump = pipe::pump(
+        sink,
+        source,
+        ours,
+        pipe::TUNNEL_MESSAGE,
+        Message::Binary,
+        |m| match m {
+            Message::Binary(b) => Inbound::Data(b),
+            Message::Text(t) => Inbound::Data(Bytes::copy_from_slice(t.as_bytes())),
+            Message::Close(_) => Inbound::End,
+            _ => Inbound::Skip,
+        },
+    );
     let session = async move {
         let mut conn = yamux::Connection::new(
             theirs.compat(),
@@ -158,7 +140,7 @@ async fn drive(ws: Ws, mut requests: mpsc::Receiver<StreamReply>) {
         }
     };
     // The pipe tasks end once the session drops its end of the pipe.
-    tokio::join!(inbound, outbound, session);
+    tokio::join!(pump, session);
 }
 
 pub async fn tunnel(api: &Api, a: TunnelArgs) -> anyhow::Result<u8> {

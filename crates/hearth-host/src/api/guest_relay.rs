@@ -32,6 +32,7 @@ pub(super) async fn relay(socket: WebSocket, guest: GuestClient, vm: VmId) {
         sink,
         source,
         theirs,
+        MAX_MESSAGE,
         Message::Binary,
         |m| match m {
             Message::Binary(b) => Inbound::Data(b),
