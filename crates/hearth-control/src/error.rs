@@ -79,6 +79,16 @@ impl From<DomainError> for ApiError {
             DomainError::Forbidden(m) => ApiError::forbidden(m),
             DomainError::NotFound { kind, name } => ApiError::not_found(kind, &name),
             DomainError::FileNotFound(path) => ApiError::file_not_found(&path),
+            DomainError::NoRoute(m) => ApiError::new(404, "NotFound", m),
+            DomainError::MethodNotAllowed(m) => ApiError::new(405, "MethodNotAllowed", m),
+            DomainError::LinkGone {
+                revoked: false,
+                message,
+            } => ApiError::new(410, "LinkExpired", message),
+            DomainError::LinkGone {
+                revoked: true,
+                message,
+            } => ApiError::new(410, "LinkRevoked", message),
             DomainError::NameTaken { kind, name } => ApiError::name_conflict(kind, &name),
             DomainError::Conflict(m) => ApiError::conflict(m),
             DomainError::Invalid(Input::Body, i) => ApiError::validation(&i.field, i.message),

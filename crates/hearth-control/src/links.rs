@@ -33,6 +33,7 @@ use hearth_types::{ApiKeyId, SandboxId, WorkspaceId};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
+use crate::domain::error::DomainError;
 use crate::error::HttpResult;
 use crate::extract::JsonBody;
 use crate::secrets::MasterKey;
@@ -297,7 +298,7 @@ impl Control {
         &self,
         token: &str,
         service: bool,
-    ) -> Result<(Claims, hearth_db::SandboxRow), ApiError> {
+    ) -> Result<(Claims, hearth_db::SandboxRow), DomainError> {
         let what = if service {
             "service URL"
         } else {
@@ -307,38 +308,34 @@ impl Control {
             .links
             .verify(token)
             .filter(|c| c.port.is_some() == service)
-            .ok_or_else(|| ApiError::new(404, "NotFound", format!("unknown {what}")))?;
+            .ok_or_else(|| DomainError::NoRoute(format!("unknown {what}")))?;
         if Timestamp::now().unix_ms() >= claims.exp {
-            return Err(ApiError::new(
-                410,
-                "LinkExpired",
-                format!("this {what} has expired"),
-            ));
+            return Err(DomainError::LinkGone {
+                revoked: false,
+                message: format!("this {what} has expired"),
+            });
         }
         // Revoking the minting key revokes the link (checked before the
         // sandbox is looked up, so a dead link never wakes it).
         let live = self
             .db
             .active_api_key(claims.k)
-            .await
-            .map_err(crate::error::db_error)?
+            .await?
             .is_some_and(|key| key.workspace_id == claims.ws);
         if !live {
-            return Err(ApiError::new(
-                410,
-                "LinkRevoked",
-                format!("the API key that made this {what} was revoked"),
-            ));
+            return Err(DomainError::LinkGone {
+                revoked: true,
+                message: format!("the API key that made this {what} was revoked"),
+            });
         }
         let row = self
             .find(claims.ws, &claims.sb.to_string())
             .await
-            .map_err(|_| {
-                ApiError::new(
-                    404,
-                    "NotFound",
-                    format!("the sandbox of this {what} no longer exists"),
-                )
+            .map_err(|e| match e {
+                DomainError::NotFound { .. } => {
+                    DomainError::NoRoute(format!("the sandbox of this {what} no longer exists"))
+                }
+                other => other,
             })?;
         Ok((claims, row))
     }

@@ -35,6 +35,8 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hearth_api::{ApiError, ServiceLoginUrlResponse};
+
+use crate::domain::error::DomainError;
 use hearth_db::SandboxRow;
 use hearth_types::sandbox::{ServiceAccess, ServiceGrant};
 use hearth_types::{ApiKeyId, SandboxId};
@@ -198,11 +200,9 @@ fn session_key(c: &Control, value: &str, host: &str) -> Option<ApiKeyId> {
 }
 
 /// Why a request's sign-in is refused outright.
-fn ambiguous() -> ApiError {
-    ApiError::new(
-        400,
-        "AmbiguousSession",
-        "this request carries sign-ins of two different keys for this service; clear this site's cookies and sign in again",
+fn ambiguous() -> DomainError {
+    DomainError::BadRequest(
+        "this request carries sign-ins of two different keys for this service; clear this site's cookies and sign in again".into(),
     )
 }
 
@@ -214,7 +214,7 @@ pub(crate) async fn signed_in(
     c: &Control,
     headers: &HeaderMap,
     host: &str,
-) -> Result<Option<(Principal, String)>, ApiError> {
+) -> Result<Option<(Principal, String)>, DomainError> {
     let mut key = None;
     for value in crate::services::cookies(headers, COOKIE) {
         match (key, session_key(c, value, host)) {
@@ -225,10 +225,7 @@ pub(crate) async fn signed_in(
         }
     }
     let Some(key) = key else { return Ok(None) };
-    let found =
-        c.db.active_api_key(key)
-            .await
-            .map_err(crate::error::db_error)?;
+    let found = c.db.active_api_key(key).await?;
     Ok(found.map(|k| {
         let who = Principal {
             key_id: k.id,
@@ -249,14 +246,14 @@ pub(crate) fn admit(
     who: &Principal,
     description: String,
     host: &str,
-) -> Result<HeaderValue, ApiError> {
+) -> Result<HeaderValue, DomainError> {
     let allowed = who.workspace_id == row.workspace_id
         && match grant.access {
             ServiceAccess::Workspace => true,
             ServiceAccess::Restricted => who.can("sandboxes:read"),
         };
     if !allowed {
-        return Err(ApiError::forbidden(format!(
+        return Err(DomainError::Forbidden(format!(
             "this service is open to {} of the sandbox's workspace; the key you signed in with is not",
             match grant.access {
                 ServiceAccess::Workspace => "keys",
@@ -265,7 +262,8 @@ pub(crate) fn admit(
         )));
     }
     let Some(signer) = &c.cfg.signer else {
-        return Err(ApiError::internal());
+        tracing::error!("a login grant's service was reached, but this server has no token signer");
+        return Err(DomainError::Internal);
     };
     let iat = now_secs();
     let token = hearth_fence::jwt::sign(
@@ -281,9 +279,12 @@ pub(crate) fn admit(
     )
     .map_err(|e| {
         tracing::error!(error = %e, "cannot sign a user token");
-        ApiError::internal()
+        DomainError::Internal
     })?;
-    HeaderValue::from_str(&token).map_err(|_| ApiError::internal())
+    HeaderValue::from_str(&token).map_err(|e| {
+        tracing::error!(error = %e, "a signed user token is not a header value");
+        DomainError::Internal
+    })
 }
 
 /// The attributes a Hearth cookie on a service's origin takes besides its
@@ -381,7 +382,7 @@ fn page(c: &Control, host: &str, status: StatusCode, next: &str, note: &str) -> 
         Ok(n) => n.iter().map(|b| format!("{b:02x}")).collect::<String>(),
         Err(e) => {
             tracing::error!(error = %e, "no randomness for a sign-in form");
-            return crate::error::HttpError(ApiError::internal()).into_response();
+            return crate::error::HttpError::from(DomainError::Internal).into_response();
         }
     };
     let csrf = csrf_token(c, host, &nonce);
@@ -443,7 +444,7 @@ pub(crate) async fn own_path(
     id: SandboxId,
     port: u16,
     req: Request,
-) -> Result<Response, ApiError> {
+) -> Result<Response, DomainError> {
     let host = crate::services::service_host(c, id, port);
     let (method, uri) = (req.method().clone(), req.uri().clone());
     match (method.clone(), uri.path()) {
@@ -453,11 +454,9 @@ pub(crate) async fn own_path(
             Ok(page(c, &host, StatusCode::OK, &next, ""))
         }
         (Method::POST, SIGNIN_PATH) => sign_in(c, id, port, &host, req).await,
-        (_, path) => Err(ApiError::new(
-            404,
-            "NotFound",
-            format!("{path}: /.hearth/ on a service's address is Hearth's (signin, auth)"),
-        )),
+        (_, path) => Err(DomainError::NoRoute(format!(
+            "{path}: /.hearth/ on a service's address is Hearth's (signin, auth)"
+        ))),
     }
 }
 
@@ -481,8 +480,8 @@ async fn sign_in(
     port: u16,
     host: &str,
     req: Request,
-) -> Result<Response, ApiError> {
-    let forbidden = |why: &str| ApiError::forbidden(format!("sign-in refused: {why}"));
+) -> Result<Response, DomainError> {
+    let forbidden = |why: &str| DomainError::Forbidden(format!("sign-in refused: {why}"));
     if !same_origin(c, host, req.headers()) {
         return Err(forbidden(
             "the form was not posted from this service's own address (Origin)",
@@ -493,7 +492,7 @@ async fn sign_in(
         .collect();
     let body = axum::body::to_bytes(req.into_body(), MAX_FORM)
         .await
-        .map_err(|_| ApiError::invalid_request("the sign-in form is too large"))?;
+        .map_err(|_| DomainError::TooLarge(MAX_FORM as u64))?;
     let form: Vec<(String, String)> = form_urlencoded::parse(&body)
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
@@ -516,9 +515,7 @@ async fn sign_in(
     let found = if key.is_empty() || key.len() > 256 {
         None
     } else {
-        c.db.find_api_key(&crate::auth::hash_key(&key))
-            .await
-            .map_err(crate::error::db_error)?
+        c.db.find_api_key(&crate::auth::hash_key(&key)).await?
     };
     let Some(found) = found else {
         return Ok(page(
@@ -539,7 +536,10 @@ async fn sign_in(
     let mut resp = crate::services::redirect(StatusCode::SEE_OTHER, safe_next(&next));
     resp.headers_mut().insert(
         header::SET_COOKIE,
-        HeaderValue::from_str(&cookie).map_err(|_| ApiError::internal())?,
+        HeaderValue::from_str(&cookie).map_err(|e| {
+            tracing::error!(error = %e, "a sign-in cookie is not a header value");
+            DomainError::Internal
+        })?,
     );
     Ok(resp)
 }

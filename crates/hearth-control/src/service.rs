@@ -278,12 +278,13 @@ impl Control {
         })
     }
 
-    /// A sandbox of the workspace by name or id; 404 otherwise.
+    /// A sandbox of the workspace by name or id; 404 when it has none, and
+    /// a database failure as itself (logged).
     pub async fn find(&self, ws: WorkspaceId, name: &str) -> Result<SandboxRow, DomainError> {
-        self.db
-            .get_sandbox(ws, name)
-            .await
-            .map_err(|_| DomainError::sandbox_not_found(name))
+        self.db.get_sandbox(ws, name).await.map_err(|e| match e {
+            hearth_db::DbError::NotFound { .. } => DomainError::sandbox_not_found(name),
+            other => other.into(),
+        })
     }
 
     pub async fn status(&self, who: &Principal, name: &str) -> Result<StatusResponse, ApiError> {

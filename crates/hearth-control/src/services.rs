@@ -182,12 +182,10 @@ pub(crate) async fn hand_off(
     port: u16,
     method: &Method,
     uri: &Uri,
-) -> Result<Response, ApiError> {
+) -> Result<Response, DomainError> {
     if method != Method::GET && method != Method::HEAD {
-        return Err(ApiError::new(
-            405,
-            "MethodNotAllowed",
-            "the hand-off of a service URL is a GET",
+        return Err(DomainError::MethodNotAllowed(
+            "the hand-off of a service URL is a GET".into(),
         ));
     }
     let query = uri.query().unwrap_or_default();
@@ -199,7 +197,7 @@ pub(crate) async fn hand_off(
     let token = param("token").unwrap_or_default();
     let (claims, _) = c.redeem_claims(&token, true).await?;
     if token_sandbox(&claims) != id || service_port(&claims) != port {
-        return Err(ApiError::new(404, "NotFound", "unknown service URL"));
+        return Err(DomainError::NoRoute("unknown service URL".into()));
     }
     let next = param("next")
         .or_else(|| param("redirect"))
@@ -236,18 +234,12 @@ pub(crate) enum PortRefusal {
     NotPublic(String),
     /// A login grant's port, and no one signed in on this origin.
     SignIn,
-    Api(ApiError),
+    Refused(DomainError),
 }
 
 impl From<DomainError> for PortRefusal {
     fn from(e: DomainError) -> Self {
-        PortRefusal::Api(e.into())
-    }
-}
-
-impl From<ApiError> for PortRefusal {
-    fn from(e: ApiError) -> Self {
-        PortRefusal::Api(e)
+        PortRefusal::Refused(e)
     }
 }
 
@@ -265,7 +257,7 @@ pub(crate) async fn port_access(
     let found = match c.db.get_sandbox_by_id(id).await {
         Ok(row) if row.status != hearth_db::SandboxStatus::Deleting => Some(row),
         Ok(_) | Err(hearth_db::DbError::NotFound { .. }) => None,
-        Err(e) => return Err(crate::error::db_error(e).into()),
+        Err(e) => return Err(DomainError::from(e).into()),
     };
     let pass = |row: SandboxRow, wake: bool, embed: Option<String>| PortAccess {
         row,
@@ -309,7 +301,7 @@ pub(crate) async fn port_access(
                 return Ok(pass(row, true, embed));
             }
             Ok(_) => why = "the service token is for another sandbox or port".into(),
-            Err(e) => why = e.message,
+            Err(e) => why = e.to_string(),
         }
     }
     if let (true, Some(row)) = (own_origin, found) {

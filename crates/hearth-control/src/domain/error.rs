@@ -36,6 +36,17 @@ pub enum DomainError {
     /// workspace is hidden the same way). `kind` is lowercase: "sandbox".
     #[error("{kind} '{name}' not found")]
     NotFound { kind: &'static str, name: String },
+    /// Nothing is served at this path (Hearth's own paths on a service's
+    /// address, a service URL that names no service).
+    #[error("{0}")]
+    NoRoute(String),
+    /// A signed link (a download link, a service URL) that no longer opens
+    /// anything: past its expiry, or its minting key revoked.
+    #[error("{message}")]
+    LinkGone { revoked: bool, message: String },
+    /// The path is served, but not with this method.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// No file at the path, inside a sandbox.
     #[error("file '{0}' not found")]
     FileNotFound(String),

@@ -159,7 +159,7 @@ pub(crate) async fn route(State(c): State<Arc<Control>>, mut req: Request, next:
             if crate::services::is_own_path(req.uri().path()) {
                 return match crate::login::own_path(&c, id, port, req).await {
                     Ok(resp) => resp,
-                    Err(e) => crate::error::HttpError(e).into_response(),
+                    Err(e) => E2bError::from(e).into_response(),
                 };
             }
             to_port(&c, id, port, req, true).await
@@ -217,7 +217,7 @@ async fn to_port(
             .into_response()
         }
         Err(PortRefusal::SignIn) => return crate::login::to_sign_in(req.uri()),
-        Err(PortRefusal::Api(e)) => return crate::error::HttpError(e).into_response(),
+        Err(PortRefusal::Refused(e)) => return E2bError::from(e).into_response(),
     };
     // E2B's edge answers 502 for a sandbox it cannot reach (its SDKs read
     // it as "the sandbox timed out"); a service URL wakes it.

@@ -69,7 +69,11 @@ impl From<DomainError> for E2bError {
         let status = match &e {
             DomainError::Unauthenticated(_) => 401,
             DomainError::Forbidden(_) => 403,
-            DomainError::NotFound { .. } | DomainError::FileNotFound(_) => 404,
+            DomainError::NotFound { .. }
+            | DomainError::FileNotFound(_)
+            | DomainError::NoRoute(_) => 404,
+            DomainError::MethodNotAllowed(_) => 405,
+            DomainError::LinkGone { .. } => 410,
             DomainError::NameTaken { .. } | DomainError::Conflict(_) => 409,
             DomainError::Invalid(..)
             | DomainError::WrongState(_)
