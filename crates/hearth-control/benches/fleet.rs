@@ -22,9 +22,10 @@
 //!   concurrency 24 with 0, 3,000 and 10,000 sandboxes already live.
 //!   Beside each, **PostgreSQL's ceiling** for the same work: the create's
 //!   statements sent straight to the same database by the same number of
-//!   clients, through one connection pool (the key, the snapshot, the
-//!   hosts and their load, the quota-checked insert, the boot's status),
-//!   and the API's rate as a share of it.
+//!   clients, through one connection pool per replica as the replicas
+//!   have (the key, the snapshot, the hosts and their load, the
+//!   quota-checked insert, the boot's status), and the API's rate as a
+//!   share of it.
 //! - **Reads**, on that database: an open loop at 1,000 requests/s for
 //!   10 s (start times fixed in advance, so a slow answer does not slow the
 //!   schedule, and latency counts from the scheduled start) of
@@ -349,12 +350,20 @@ async fn creates(served: &Served, concurrency: usize, n: usize) -> CreateRun {
 /// (`hearth-control`'s create path: the caller's key, the snapshot, the
 /// hosts with their load, the quota-checked insert, the boot's status
 /// write fenced on `provisioning`), sent straight to `served`'s database
-/// by `concurrency` clients through one pool, `n` times. No HTTP, no
-/// router, no host: what the control plane adds is the rest.
-async fn ceiling(served: &Served, concurrency: usize, n: usize) -> CreateRun {
+/// by `concurrency` clients spread over `pools` connection pools, `n`
+/// times. With one pool per replica the connections are the replicas'
+/// (so is the load on PostgreSQL's scheduler); with one, what a single
+/// pool gets. No HTTP, no router, no host: what the control plane adds is
+/// the rest.
+async fn ceiling(served: &Served, concurrency: usize, n: usize, pools: usize) -> CreateRun {
     static RUN: AtomicUsize = AtomicUsize::new(0);
     let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let db = Db::connect(&served._db.url).await.expect("connect");
+    let mut dbs = Vec::new();
+    for _ in 0..pools.max(1) {
+        dbs.push(Db::connect(&served._db.url).await.expect("connect"));
+    }
+    let pools = dbs;
+    let db = pools[0].clone();
     let before = served.names.lock().map_or(0, |n| n.len());
     let first = served
         .names
@@ -369,9 +378,9 @@ async fn ceiling(served: &Served, concurrency: usize, n: usize) -> CreateRun {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
-        .map(|_| {
+        .map(|k| {
             let (db, next, template, key_hash) = (
-                db.clone(),
+                pools[k % pools.len()].clone(),
                 next.clone(),
                 template.clone(),
                 served.key_hash.clone(),
@@ -569,7 +578,9 @@ async fn main() {
 
     // Creates as the database fills, by 1 and by 3 replicas; the reads run
     // on the last (3 replicas, fullest).
-    let mut fill: Vec<(usize, CreateRun, CreateRun)> = Vec::new();
+    // (replicas, the API's run, the ceiling through the replicas' pools,
+    // the ceiling through one pool, creates/s)
+    let mut fill: Vec<(usize, CreateRun, CreateRun, f64)> = Vec::new();
     let mut last = None;
     for replicas in REPLICAS {
         let served = serve(postgres().await, replicas).await;
@@ -586,9 +597,17 @@ async fn main() {
                 }
             }
             let run = creates(&served, FILL_CONCURRENCY, FILL_BATCH).await;
-            let db_only = ceiling(&served, FILL_CONCURRENCY, FILL_BATCH).await;
+            let db_only = ceiling(&served, FILL_CONCURRENCY, FILL_BATCH, replicas).await;
+            let one_pool = if replicas == 1 {
+                db_only.per_sec
+            } else {
+                ceiling(&served, FILL_CONCURRENCY, FILL_BATCH, 1)
+                    .await
+                    .per_sec
+            };
             eprintln!(
-                "[postgres] ceiling at {} sandboxes: {:.0} creates/s, {} errors",
+                "[postgres] ceiling at {} sandboxes: {:.0} creates/s through {replicas} pool(s), \
+                 {one_pool:.0} through one, {} errors",
                 db_only.before, db_only.per_sec, db_only.errors
             );
             eprintln!(
@@ -600,7 +619,7 @@ async fn main() {
                 ms(run.p99),
                 run.errors
             );
-            fill.push((replicas, run, db_only));
+            fill.push((replicas, run, db_only, one_pool));
         }
         last = Some(served);
     }
@@ -666,7 +685,7 @@ async fn main() {
          {FILL_CONCURRENCY}, requests round-robin over the replicas)"
     );
     println!(
-        "{:<9} {:>10} {:>12} {:>8} {:>8} {:>7} {:>11} {:>13} {:>13}",
+        "{:<9} {:>10} {:>12} {:>8} {:>8} {:>7} {:>11} {:>13} {:>13} {:>15}",
         "replicas",
         "sandboxes",
         "creates/s",
@@ -675,15 +694,16 @@ async fn main() {
         "errors",
         "vs empty",
         "DB ceiling/s",
-        "of ceiling"
+        "of ceiling",
+        "1-pool ceiling"
     );
-    for (replicas, r, db_only) in &fill {
+    for (replicas, r, db_only, one_pool) in &fill {
         let empty = fill
             .iter()
-            .find(|(n, e, _)| n == replicas && e.before <= FILL_LEVELS[0] + 10)
-            .map_or(r.per_sec, |(_, e, _)| e.per_sec);
+            .find(|(n, e, _, _)| n == replicas && e.before <= FILL_LEVELS[0] + 10)
+            .map_or(r.per_sec, |(_, e, _, _)| e.per_sec);
         println!(
-            "{:<9} {:>10} {:>12.0} {:>8.1} {:>8.1} {:>7} {:>10.2}x {:>13.0} {:>12.0}%",
+            "{:<9} {:>10} {:>12.0} {:>8.1} {:>8.1} {:>7} {:>10.2}x {:>13.0} {:>12.0}% {:>15.0}",
             replicas,
             r.before,
             r.per_sec,
@@ -692,7 +712,8 @@ async fn main() {
             r.errors,
             r.per_sec / empty,
             db_only.per_sec,
-            100.0 * r.per_sec / db_only.per_sec
+            100.0 * r.per_sec / db_only.per_sec,
+            one_pool
         );
     }
     println!();
@@ -730,8 +751,8 @@ async fn main() {
         .iter()
         .map(|r| ("postgres create", r))
         .chain(sqlite_runs.iter().map(|r| ("sqlite create", r)))
-        .chain(fill.iter().map(|(_, r, _)| ("postgres fill", r)))
-        .chain(fill.iter().map(|(_, _, c)| ("postgres ceiling", c)))
+        .chain(fill.iter().map(|(_, r, _, _)| ("postgres fill", r)))
+        .chain(fill.iter().map(|(_, _, c, _)| ("postgres ceiling", c)))
         .filter_map(|(what, r)| Some((what, r.concurrency, r.first_error.as_deref()?)));
     for (what, c, e) in errors {
         println!("  {what} c={c}, first error: {e}");
