@@ -166,7 +166,7 @@ impl Control {
                 name: name.clone(),
                 status: SandboxStatus::Provisioning,
                 status_message: None,
-                spec: serde_json::to_value(&child_spec).map_err(|_| DomainError::Internal)?,
+                spec: crate::service::stored(&child_spec)?,
                 host_id: Some(host_id),
                 generation: 1,
                 created_at: now,

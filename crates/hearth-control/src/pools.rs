@@ -185,7 +185,10 @@ impl Control {
             .db
             .resize_pool(who.workspace_id, name, size)
             .await
-            .map_err(|_| ApiError::not_found("pool", name))?;
+            .map_err(|e| match e {
+                hearth_db::DbError::NotFound { .. } => ApiError::not_found("pool", name),
+                other => db_error(other),
+            })?;
         self.wake_pools();
         let members = self.db.list_members().await.map_err(db_error)?;
         Ok(pool_response(&pool, &members))
@@ -199,7 +202,10 @@ impl Control {
         self.db
             .delete_pool(who.workspace_id, name)
             .await
-            .map_err(|_| ApiError::not_found("pool", name))?;
+            .map_err(|e| match e {
+                hearth_db::DbError::NotFound { .. } => ApiError::not_found("pool", name),
+                other => db_error(other),
+            })?;
         self.pools_made_or_deleted();
         Ok(())
     }

@@ -385,14 +385,18 @@ impl Control {
         reference: &str,
     ) -> Result<SnapshotRow, DomainError> {
         let found = if let Ok(id) = reference.parse::<SnapshotId>() {
-            self.db.get_snapshot(ws, id).await.ok()
+            self.db.get_snapshot(ws, id).await
         } else {
             let r: hearth_api::SnapshotRef = reference
                 .parse()
                 .map_err(|_| DomainError::snapshot_not_found(reference))?;
-            self.db.find_snapshot_by_ref(ws, &r.name, &r.tag).await.ok()
+            self.db.find_snapshot_by_ref(ws, &r.name, &r.tag).await
         };
-        found.ok_or_else(|| DomainError::snapshot_not_found(reference))
+        // A database failure is itself (logged), not a missing snapshot.
+        found.map_err(|e| match e {
+            hearth_db::DbError::NotFound { .. } => DomainError::snapshot_not_found(reference),
+            other => other.into(),
+        })
     }
 
     /// Any host (the store is shared, so any of them can import into it).
