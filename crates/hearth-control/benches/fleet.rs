@@ -5,6 +5,8 @@
 //! 20 `SimHost`s (256 vCPU / 1 TiB each) are the control plane's hosts;
 //! they answer at once unless `HEARTH_BENCH_HOST_LATENCY_MS` (every host
 //! command) or `HEARTH_BENCH_BOOT_MS` (creates and starts) say otherwise.
+//! `HEARTH_BENCH_REAPER_MS` sets the replicas' reaper interval (each pass
+//! reconciles every host; 2 s by default).
 //! The real router is served by `hearth_control::serve` on 127.0.0.1 with
 //! the reapers running; every request carries an API key, over keep-alive
 //! HTTP/1.1 connections. The database is a real PostgreSQL (the throwaway
@@ -185,7 +187,11 @@ async fn serve(db_url: TestUrl, replicas: usize) -> Served {
             (HostId::new(), Arc::new(h))
         })
         .collect();
-    let cfg = ControlConfig::default();
+    let mut cfg = ControlConfig::default();
+    let reapers = env_ms("HEARTH_BENCH_REAPER_MS");
+    if !reapers.is_zero() {
+        cfg.reaper_interval = reapers;
+    }
     let mut served = Served {
         clients: Vec::new(),
         names: Arc::new(Mutex::new(Vec::new())),
