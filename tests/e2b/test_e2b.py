@@ -121,6 +121,9 @@ def test_create_run_files_and_kill():
     check(not sb.files.make_dir("/tmp/e2b/newdir"), "make_dir of an existing dir is False")
     sb.files.remove("/tmp/e2b/deep")
     check(not sb.files.exists("/tmp/e2b/deep/data.bin"), "removed")
+    # As envd's (os.RemoveAll): removing what is not there succeeds.
+    sb.files.remove("/tmp/e2b/deep")
+    sb.files.remove("/tmp/e2b/never-was")
     # Hostile names are names (issue 39, held): rename, make_dir and
     # remove run no shell; had one run, a file named pwned would exist.
     for i, hostile in enumerate(["a;touch pwned", "$(touch pwned)", "`touch pwned`",

@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use hearth_guest_proto::{FileKind, FileStat};
+use hearth_guest_proto::{FileKind, FileStat, OpErrorKind};
 use hearth_hostapi::{GuestClient, GuestError};
 use serde::Deserialize;
 use serde_json::json;
@@ -251,9 +251,14 @@ pub async fn filesystem(
                         Ok(connect::unary(&json!({"entry": entry(&s)})))
                     }
                     _ => {
-                        g.remove(&path, true)
-                            .await
-                            .map_err(|e| fs_error(e, &path))?;
+                        // As envd's (`os.RemoveAll`): a path that is not
+                        // there is removed already.
+                        match g.remove(&path, true).await {
+                            Err(e) if e.op_kind() != Some(OpErrorKind::NotFound) => {
+                                return Err(fs_error(e, &path));
+                            }
+                            Ok(()) | Err(_) => {}
+                        }
                         Ok(connect::unary(&json!({})))
                     }
                 }
