@@ -50,6 +50,7 @@ pub fn sandbox_filter(q: &ListSandboxesQuery, who: &Principal) -> Result<Sandbox
             .or(q.limit)
             .unwrap_or(hearth_api::boxes::DEFAULT_PAGE_SIZE),
         cursor: q.cursor.clone(),
+        ..SandboxFilter::default()
     })
 }
 

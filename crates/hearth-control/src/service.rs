@@ -104,33 +104,55 @@ impl Control {
         Ok(r)
     }
 
+    /// The snapshot `sel` names in the workspace, if there is one (in any
+    /// state); a database failure is itself (logged).
+    pub(crate) async fn find_snapshot(
+        &self,
+        ws: WorkspaceId,
+        sel: &SnapshotSelector,
+    ) -> Result<Option<SnapshotRow>, DomainError> {
+        let found = match sel {
+            SnapshotSelector::Id(id) => self.db.get_snapshot(ws, (*id).into()).await,
+            SnapshotSelector::Default => {
+                let (name, tag) = &self.cfg.default_snapshot;
+                self.db.find_snapshot_by_ref(ws, name, tag).await
+            }
+            SnapshotSelector::Ref(r) => self.db.find_snapshot_by_ref(ws, &r.name, &r.tag).await,
+        };
+        match found {
+            Ok(s) => Ok(Some(s)),
+            Err(hearth_db::DbError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The ready snapshot `sel` names: 404 when there is none, and a
+    /// snapshot still building or failed is the wrong state.
     pub(crate) async fn resolve_snapshot(
         &self,
         ws: WorkspaceId,
         sel: &SnapshotSelector,
     ) -> Result<SnapshotRow, DomainError> {
-        let (name, tag) = match sel {
-            SnapshotSelector::Default => (
-                self.cfg.default_snapshot.0.clone(),
-                self.cfg.default_snapshot.1.clone(),
-            ),
-            SnapshotSelector::Id(id) => {
-                return self
-                    .db
-                    .get_snapshot(ws, (*id).into())
-                    .await
-                    .map_err(|_| DomainError::snapshot_not_found(&id.to_string()));
+        let shown = match sel {
+            SnapshotSelector::Default => {
+                format!(
+                    "{}:{}",
+                    self.cfg.default_snapshot.0, self.cfg.default_snapshot.1
+                )
             }
-            SnapshotSelector::Ref(r) => (r.name.clone(), r.tag.clone()),
+            SnapshotSelector::Id(id) => id.to_string(),
+            SnapshotSelector::Ref(r) => format!("{}:{}", r.name, r.tag),
         };
         let snap = self
-            .db
-            .find_snapshot_by_ref(ws, &name, &tag)
-            .await
-            .map_err(|_| DomainError::snapshot_not_found(&format!("{name}:{tag}")))?;
+            .find_snapshot(ws, sel)
+            .await?
+            .ok_or_else(|| DomainError::snapshot_not_found(&shown))?;
+        if matches!(sel, SnapshotSelector::Id(_)) {
+            return Ok(snap);
+        }
         if snap.status != hearth_db::SnapshotStatus::Ready {
             return Err(DomainError::WrongState(format!(
-                "snapshot {name}:{tag} is {}",
+                "snapshot {shown} is {}",
                 snap.status.as_str()
             )));
         }

@@ -368,6 +368,10 @@ pub struct SandboxFilter {
     /// All must match.
     pub labels: Vec<(String, Option<String>)>,
     pub created_by: Option<String>,
+    /// Made from this snapshot.
+    pub snapshot_id: Option<hearth_types::SnapshotId>,
+    /// Made at or after this time.
+    pub created_since: Option<crate::Timestamp>,
     pub sort_by: SandboxSort,
     pub sort_order: SortOrder,
     /// Clamped to `1..=MAX_PAGE_SIZE`.
@@ -383,6 +387,8 @@ impl Default for SandboxFilter {
             status: None,
             labels: Vec::new(),
             created_by: None,
+            snapshot_id: None,
+            created_since: None,
             sort_by: SandboxSort::default(),
             sort_order: SortOrder::default(),
             page_size: DEFAULT_PAGE_SIZE,

@@ -272,6 +272,14 @@ impl Db {
             sql.push(" AND created_by = ");
             sql.push_param(c.as_str());
         }
+        if let Some(id) = f.snapshot_id {
+            sql.push(" AND snapshot_id = ");
+            sql.push_param(id.to_string());
+        }
+        if let Some(t) = f.created_since {
+            sql.push(" AND created_at >= ");
+            sql.push_param(t);
+        }
         for (key, value) in &f.labels {
             let k = sql.param(key.as_str());
             let v = value.as_ref().map(|v| sql.param(v.as_str()));

@@ -45,6 +45,15 @@ impl Timestamp {
     pub fn to_rfc3339(self) -> String {
         self.to_string()
     }
+
+    /// An RFC 3339 time with any offset (`2026-05-13T11:30:00.250+02:00`,
+    /// `…Z`), to the millisecond (rounded down); None if it is not one.
+    pub fn parse_rfc3339(s: &str) -> Option<Self> {
+        let t =
+            time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+        let ms = t.unix_timestamp_nanos().div_euclid(1_000_000);
+        i64::try_from(ms).ok().map(Self)
+    }
 }
 
 impl fmt::Display for Timestamp {
@@ -184,6 +193,24 @@ mod tests {
                 assert_eq!(cur.0, prev.0 + 1);
             }
             prev = cur;
+        }
+    }
+
+    #[test]
+    fn rfc3339_is_read_at_any_offset_to_the_millisecond() {
+        let z = Timestamp::parse_rfc3339("2026-05-13T09:30:00.250Z").unwrap();
+        assert_eq!(z.to_rfc3339(), "2026-05-13T09:30:00.250Z");
+        // Python's isoformat(): microseconds and an offset.
+        let p = Timestamp::parse_rfc3339("2026-05-13T11:30:00.250999+02:00").unwrap();
+        assert_eq!(p, z);
+        for bad in [
+            "",
+            "yesterday",
+            "2026-05-13",
+            "2026-05-13T09:30:00",
+            "2026-13-01T00:00:00Z",
+        ] {
+            assert_eq!(Timestamp::parse_rfc3339(bad), None, "{bad}");
         }
     }
 

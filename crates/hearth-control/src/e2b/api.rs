@@ -510,13 +510,15 @@ pub async fn detail(
 }
 
 /// The list's query: `state` (comma-separated, or repeated), `metadata`
-/// (a URL-encoded `k=v&k2=v2`), `limit`, `nextToken`, `order`; `template`
-/// and `startedAfter` are refused by name.
+/// (a URL-encoded `k=v&k2=v2`), `template` (an id or a name, as a create
+/// takes it), `startedAfter` (RFC 3339), `limit`, `nextToken`, `order`.
 #[derive(Default)]
 struct ListQuery {
     running: bool,
     paused: bool,
     labels: Vec<(String, Option<String>)>,
+    template: Option<SnapshotSelector>,
+    started_after: Option<crate::domain::model::Timestamp>,
     limit: Option<u32>,
     next_token: Option<String>,
     order: crate::domain::model::SortOrder,
@@ -548,6 +550,20 @@ fn list_query(raw: Option<&str>) -> E2bResult<ListQuery> {
             }
             "limit" => {
                 q.limit = Some(page_limit(&v)?);
+            }
+            "template" => {
+                q.template = Some(template(&v).map_err(|_| {
+                    E2bError::bad_request(format!("template: {v:?} is not a template id or name"))
+                })?);
+            }
+            "startedAfter" => {
+                q.started_after = Some(
+                    crate::domain::model::Timestamp::parse_rfc3339(&v).ok_or_else(|| {
+                        E2bError::bad_request(format!(
+                            "startedAfter: {v:?} is not an RFC 3339 time"
+                        ))
+                    })?,
+                );
             }
             "nextToken" => q.next_token = Some(v.into_owned()).filter(|t| !t.is_empty()),
             "order" => {
@@ -612,7 +628,17 @@ pub async fn list(
 ) -> E2bResult<Response> {
     let who = who?;
     let q = list_query(raw.as_deref())?;
+    // A template that does not exist has no sandboxes.
+    let snapshot_id = match &q.template {
+        Some(sel) => match c.find_snapshot(who.workspace_id, sel).await? {
+            Some(s) => Some(s.id),
+            None => return Ok(page_response(Vec::<DetailBody>::new(), None)),
+        },
+        None => None,
+    };
     let filter = crate::domain::model::SandboxFilter {
+        snapshot_id,
+        created_since: q.started_after,
         // One state is one status; both (the default) take every row and
         // leave out those being deleted.
         status: match (q.running, q.paused) {

@@ -145,8 +145,60 @@ async fn e2b_control_api_on_the_sim_host() {
     .await;
     assert_eq!(ids(&r), [id.as_str()]);
     assert_eq!(r.header("x-next-token"), None);
-    let r = call(&s, "GET", "/v2/sandboxes?template=base", &key, json!({})).await;
-    assert_eq!(r.status, 400, "{}", r.text());
+    // By template (as a create names it: an alias, a name, an id) and by
+    // start time (RFC 3339 at any offset, as the SDK's isoformat sends).
+    let between = Timestamp::now();
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "default"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id3 = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    let busybox = hearth_control::builtin_snapshot_id("busybox");
+    for (query, want) in [
+        ("template=base", vec![id2.as_str(), id.as_str()]),
+        ("template=busybox", vec![id2.as_str(), id.as_str()]),
+        (
+            &format!("template={busybox}"),
+            vec![id2.as_str(), id.as_str()],
+        ),
+        ("template=default", vec![id3.as_str()]),
+        ("template=no-such-template", vec![]),
+        (
+            &format!("startedAfter={}", between.to_rfc3339()),
+            vec![id3.as_str()],
+        ),
+        (
+            "startedAfter=2999-01-01T00%3A00%3A00.000000%2B02%3A00",
+            vec![],
+        ),
+        (
+            "template=busybox&startedAfter=1970-01-01T00%3A00%3A00Z",
+            vec![id2.as_str(), id.as_str()],
+        ),
+    ] {
+        let r = call(
+            &s,
+            "GET",
+            &format!("/v2/sandboxes?{query}"),
+            &key,
+            json!({}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{query}: {}", r.text());
+        assert_eq!(ids(&r), want, "{query}");
+    }
+    for bad in ["startedAfter=yesterday", "template=a%20b"] {
+        let r = call(&s, "GET", &format!("/v2/sandboxes?{bad}"), &key, json!({})).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert_eq!(e2b_error(&r).0, 400, "{bad}");
+    }
+    let r = call(&s, "DELETE", &format!("/sandboxes/{id3}"), &key, json!({})).await;
+    assert_eq!(r.status, 204, "{}", r.text());
 
     // Another workspace sees none of it.
     let admin = s.admin.clone();
