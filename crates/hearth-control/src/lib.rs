@@ -504,13 +504,20 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
     .into_response()
 }
 
-async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> error::HttpError {
-    hearth_api::ApiError::new(
-        405,
-        "MethodNotAllowed",
-        format!("{method} is not allowed on {}", uri.path()),
-    )
-    .into()
+/// A route without this method: a 405 in the shape of the path's door.
+async fn method_not_allowed(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let refusal = crate::domain::error::DomainError::MethodNotAllowed(format!(
+        "{method} is not allowed on {}",
+        uri.path()
+    ));
+    if e2b::door_of(uri.path()).is_some() {
+        return e2b::E2bError::from(refusal).into_response();
+    }
+    error::HttpError::from(refusal).into_response()
 }
 
 /// Serves until `shutdown` resolves: then no new connection is accepted,

@@ -215,6 +215,25 @@ pub const ROUTES: &[E2bRoute] = &[
     route("GET", "/health", false),
     route("GET", "/files", false),
     route("POST", "/files", true),
+    // E2B's secrets, volumes and template builds (e2b 2.63's API client):
+    // a 501 naming each, never a 404 that `Secret.exists` or
+    // `Template.alias_exists` would read as "does not exist".
+    unserved("GET", "/secrets", false),
+    unserved("POST", "/secrets", true),
+    unserved("GET", "/secrets/{id}", false),
+    unserved("POST", "/secrets/{id}", true),
+    unserved("DELETE", "/secrets/{id}", false),
+    unserved("GET", "/volumes", false),
+    unserved("POST", "/volumes", true),
+    unserved("GET", "/volumes/{id}", false),
+    unserved("DELETE", "/volumes/{id}", false),
+    unserved("GET", "/default-templates", false),
+    unserved("GET", "/templates", false),
+    unserved("GET", "/templates/aliases/{alias}", false),
+    unserved("POST", "/v3/templates", true),
+    unserved("GET", "/v2/templates", false),
+    unserved("PATCH", "/v2/templates/{id}", true),
+    unserved("POST", "/v2/templates/{id}/builds/{build}", true),
     route("POST", "/process.Process/StreamInput", true),
     route("POST", "/process.Process/{method}", true),
     route("POST", "/filesystem.Filesystem/{method}", true),
@@ -322,6 +341,7 @@ fn method_filter(method: &str) -> MethodFilter {
         "GET" => MethodFilter::GET,
         "POST" => MethodFilter::POST,
         "PUT" => MethodFilter::PUT,
+        "PATCH" => MethodFilter::PATCH,
         "DELETE" => MethodFilter::DELETE,
         other => unreachable!("E2B route method {other}"),
     }

@@ -1155,22 +1155,45 @@ async fn ready(s: &Server, id: &str) {
 async fn an_unknown_e2b_path_is_a_501_naming_it() {
     let s = Server::start(false).await;
     let key = s.other.clone();
-    for path in [
-        "/templates/aliases/base",
-        "/v3/templates",
-        "/sandboxes/abc/unknown",
-        "/snapshots/x/y",
+    // What the SDK's Template, Secret and Volume classes call: a 404 would
+    // be read as "does not exist" (`Template.alias_exists`,
+    // `Secret.exists`).
+    for (method, path) in [
+        ("GET", "/templates/aliases/base"),
+        ("GET", "/templates"),
+        ("POST", "/v3/templates"),
+        ("GET", "/v2/templates"),
+        ("PATCH", "/v2/templates/t1"),
+        ("POST", "/v2/templates/t1/builds/b1"),
+        ("GET", "/default-templates"),
+        ("GET", "/secrets"),
+        ("POST", "/secrets"),
+        ("GET", "/secrets/s1"),
+        ("DELETE", "/secrets/s1"),
+        ("GET", "/volumes"),
+        ("GET", "/volumes/v1"),
+        ("DELETE", "/volumes/v1"),
+        ("GET", "/sandboxes/abc/unknown"),
+        ("GET", "/snapshots/x/y"),
     ] {
-        let r = call(&s, "GET", path, &key, json!({})).await;
+        let r = call(&s, method, path, &key, json!({})).await;
         let (code, message) = e2b_error(&r);
-        if path == "/v3/templates" {
-            // Not under E2B's first segments: LangSmith's 404.
-            assert_eq!(r.status, 404, "{path}: {}", r.text());
-            continue;
-        }
-        assert_eq!((r.status, code), (501, 501), "{path}: {}", r.text());
-        assert!(message.contains(path), "{path}: {message}");
+        assert_eq!(
+            (r.status, code),
+            (501, 501),
+            "{method} {path}: {}",
+            r.text()
+        );
+        assert!(message.contains(path), "{method} {path}: {message}");
     }
+    // A method a route lacks: a 405 in the shape of its door.
+    let r = call(&s, "GET", "/v3/templates", &key, json!({})).await;
+    let (code, message) = e2b_error(&r);
+    assert_eq!((r.status, code), (405, 405), "{}", r.text());
+    assert!(message.contains("GET"), "{message}");
+    let r = call(&s, "PUT", "/api/v2/sandboxes/boxes", &key, json!({})).await;
+    assert_eq!(r.status, 405, "{}", r.text());
+    assert_eq!(r.json().unwrap()["detail"]["error"], "MethodNotAllowed");
     let r = call(&s, "GET", "/api/v2/sandboxes/nothing-here", &key, json!({})).await;
     assert_eq!(r.status, 404, "{}", r.text());
 }
