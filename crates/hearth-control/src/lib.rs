@@ -208,6 +208,8 @@ pub struct Control {
     pub(crate) pools_changed: tokio::sync::Notify,
     /// Which workspaces have pools of which snapshots, lately.
     pub(crate) pool_index: pools::PoolIndex,
+    /// Where this replica is in each host's change feed (`reconcile.rs`).
+    pub(crate) feeds: reconcile::Feeds,
     /// This replica's name in leader leases: unique per process
     /// incarnation (a restarted replica is a new holder).
     pub(crate) replica: String,
@@ -304,6 +306,7 @@ impl Control {
             autoscale_state: autoscale::AutoscaleState::new(),
             pools_changed: tokio::sync::Notify::new(),
             pool_index: pools::PoolIndex::default(),
+            feeds: reconcile::Feeds::default(),
             replica: uuid::Uuid::now_v7().to_string(),
         });
         control.register_control_key().await?;

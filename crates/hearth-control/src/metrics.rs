@@ -21,6 +21,11 @@ pub struct Metrics {
     placement_retried: AtomicU64,
     pool_claims: AtomicU64,
     pool_misses: AtomicU64,
+    /// Reconcile: hosts read whole, hosts read by their changes, and the
+    /// sandbox rows read for them (`reconcile.rs`).
+    reconciled_whole: AtomicU64,
+    reconciled_changes: AtomicU64,
+    reconcile_rows: AtomicU64,
     /// The public listener's connections held and refused (`serve`).
     pub connections: Arc<hearth_listen::Counters>,
 }
@@ -47,6 +52,26 @@ impl Metrics {
     /// A create of a pool's shape found no ready member and booted cold.
     pub fn pool_missed(&self) {
         self.pool_misses.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A host reconciled (`whole`: its whole list, else what changed on
+    /// it), reading `rows` sandbox rows.
+    pub fn reconciled(&self, whole: bool, rows: usize) {
+        let pass = if whole {
+            &self.reconciled_whole
+        } else {
+            &self.reconciled_changes
+        };
+        pass.fetch_add(1, Ordering::Relaxed);
+        self.reconcile_rows
+            .fetch_add(rows as u64, Ordering::Relaxed);
+    }
+    /// (hosts reconciled whole, by their changes, sandbox rows read).
+    pub fn reconcile_counts(&self) -> (u64, u64, u64) {
+        (
+            self.reconciled_whole.load(Ordering::Relaxed),
+            self.reconciled_changes.load(Ordering::Relaxed),
+            self.reconcile_rows.load(Ordering::Relaxed),
+        )
     }
     pub fn host_lost(&self) {
         self.hosts_lost.fetch_add(1, Ordering::Relaxed);
@@ -117,6 +142,21 @@ pub async fn render(
             "hearth_pool_misses_total",
             "Creates of a warm pool's snapshot and size that found no ready member and booted cold.",
             &m.pool_misses,
+        ),
+        (
+            "hearth_reconcile_hosts_whole_total",
+            "Host passes of reconcile that read the host's whole VM list and all its sandbox rows.",
+            &m.reconciled_whole,
+        ),
+        (
+            "hearth_reconcile_hosts_changed_total",
+            "Host passes of reconcile that read only what changed on the host since the last.",
+            &m.reconciled_changes,
+        ),
+        (
+            "hearth_reconcile_rows_read_total",
+            "Sandbox rows reconcile read.",
+            &m.reconcile_rows,
         ),
     ] {
         let _ = writeln!(

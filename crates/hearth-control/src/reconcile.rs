@@ -3,19 +3,73 @@
 //! lost or unhealthy, VMs nobody owns), and the graceful stop of all.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hearth_db::{SandboxStatus, StatusExtra, Timestamp};
-use hearth_hostapi::{HostApi, VmState};
+use hearth_hostapi::{ChangeCursor, HostApi, VmChanges, VmState};
 use hearth_types::{HostId, VmId};
 
 use crate::domain::state::Move;
 use crate::service::vm_id;
 use crate::Control;
 
-/// What a boot task is asked to do.
 /// How long reconciliation waits for a host's list of VMs.
 const RECONCILE_LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a host is reconciled whole, between passes that look only at
+/// what changed on it: the whole pass also finds what no VM change shows
+/// (a stop whose replica died between the host's answer and its record).
+const FULL_PASS_EVERY: Duration = Duration::from_secs(30);
+
+/// Where this replica is in each host's change feed, and when it last
+/// reconciled the host whole.
+#[derive(Default)]
+pub(crate) struct Feeds(std::sync::Mutex<std::collections::HashMap<HostId, Feed>>);
+
+#[derive(Clone, Copy)]
+struct Feed {
+    cursor: ChangeCursor,
+    whole_at: Instant,
+}
+
+impl Feeds {
+    /// The cursor to ask `host` with: `None` (the whole list) when this
+    /// replica has none or its last whole pass is [`FULL_PASS_EVERY`] old.
+    fn since(&self, host: HostId, whole: bool) -> Option<ChangeCursor> {
+        let feeds = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match feeds.get(&host) {
+            Some(f) if !whole && f.whole_at.elapsed() < FULL_PASS_EVERY => Some(f.cursor),
+            _ => None,
+        }
+    }
+
+    /// Records where a pass that read `changes` leaves the feed, once the
+    /// pass has acted on them.
+    fn advance(&self, host: HostId, changes: &VmChanges) {
+        let mut feeds = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match changes.cursor {
+            Some(cursor) => {
+                let whole_at = match feeds.get(&host) {
+                    Some(f) if !changes.complete => f.whole_at,
+                    _ => Instant::now(),
+                };
+                feeds.insert(host, Feed { cursor, whole_at });
+            }
+            None => {
+                feeds.remove(&host);
+            }
+        }
+    }
+
+    /// Forgets `host`'s cursor: the next pass reads it whole (a pass that
+    /// could not act on everything it was told).
+    fn reset(&self, host: HostId) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&host);
+    }
+}
 
 impl Control {
     /// Graceful shutdown of this process's hosts: every running sandbox is
@@ -62,7 +116,10 @@ impl Control {
     /// Brings the database in line with what `hosts` run: a sandbox
     /// recorded as running whose VM is gone is marked, one whose stop the
     /// host finished is recorded stopped, and a VM with no sandbox is
-    /// removed.
+    /// removed. Each host is asked only for what changed on it since this
+    /// replica's last pass ([`HostApi::vm_changes`]), and only those VMs'
+    /// rows are read; every [`FULL_PASS_EVERY`] (and after a restart) the
+    /// host is read whole.
     pub(crate) async fn reconcile_hosts(
         &self,
         hosts: &[(HostId, Arc<dyn HostApi>)],
@@ -71,28 +128,81 @@ impl Control {
         for (host_id, host) in hosts {
             // VMs first, then rows: a VM is only ever created after its row,
             // so a VM missing from the later row query really has no sandbox.
-            let vms = match tokio::time::timeout(RECONCILE_LIST_TIMEOUT, host.list_vms()).await {
-                Ok(Ok(vms)) => vms,
-                Err(_) => {
-                    tracing::warn!(host = %host_id, "the host did not list its VMs in time");
-                    continue;
-                }
-                Ok(Err(e)) if e.kind == hearth_hostapi::ErrorKind::Unavailable => {
-                    tracing::debug!(host = %host_id, error = %e, "cannot list the host's VMs");
-                    continue;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(host = %host_id, error = %e, "cannot list the host's VMs");
-                    continue;
-                }
-            };
-            let rows = match self.db.sandbox_briefs_on_host(*host_id).await {
-                Ok(rows) => rows,
-                Err(e) => {
-                    tracing::error!(host = %host_id, error = %e, "cannot list the host's sandboxes to stop them; their VMs stop with the host agent and come back from their last commit");
-                    continue;
-                }
-            };
+            let since = self.feeds.since(*host_id, after_restart);
+            let changes =
+                match tokio::time::timeout(RECONCILE_LIST_TIMEOUT, host.vm_changes(since)).await {
+                    Ok(Ok(changes)) => changes,
+                    Err(_) => {
+                        tracing::warn!(host = %host_id, "the host did not list its VMs in time");
+                        continue;
+                    }
+                    Ok(Err(e)) if e.kind == hearth_hostapi::ErrorKind::Unavailable => {
+                        tracing::debug!(host = %host_id, error = %e, "cannot list the host's VMs");
+                        continue;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(host = %host_id, error = %e, "cannot list the host's VMs");
+                        continue;
+                    }
+                };
+            if self
+                .reconcile_host(*host_id, host.as_ref(), &changes, after_restart)
+                .await
+            {
+                self.feeds.advance(*host_id, &changes);
+            } else {
+                self.feeds.reset(*host_id);
+            }
+        }
+    }
+
+    /// One host's pass over `changes` (the whole list, or what changed);
+    /// `false` when some of it could not be acted on, so the next pass
+    /// reads the host whole.
+    async fn reconcile_host(
+        &self,
+        host_id: HostId,
+        host: &dyn HostApi,
+        changes: &VmChanges,
+        after_restart: bool,
+    ) -> bool {
+        let host_id = &host_id;
+        let vms = &changes.changed;
+        // The rows of the VMs that changed or went away, or every row on
+        // the host.
+        let among: Option<Vec<hearth_types::SandboxId>> = (!changes.complete).then(|| {
+            vms.iter()
+                .map(|v| v.id)
+                .chain(changes.gone.iter().copied())
+                .map(|id| hearth_types::SandboxId::from_uuid(id.as_uuid()))
+                .collect()
+        });
+        if among.as_ref().is_some_and(Vec::is_empty) {
+            self.metrics.reconciled(false, 0);
+            return true;
+        }
+        let rows = match &among {
+            None => self.db.sandbox_briefs_on_host(*host_id).await,
+            Some(ids) => self.db.sandbox_briefs_among(*host_id, ids).await,
+        };
+        let rows = match rows {
+            Ok(rows) => {
+                self.metrics.reconciled(changes.complete, rows.len());
+                rows
+            }
+            Err(e) => {
+                tracing::error!(host = %host_id, error = %e, "cannot read the host's sandboxes to reconcile them; the next pass retries");
+                return false;
+            }
+        };
+        let touched: Option<std::collections::HashSet<VmId>> = among
+            .as_ref()
+            .map(|ids| ids.iter().map(|id| vm_id(*id)).collect());
+        // Whether everything seen was acted on (or needs nothing): what was
+        // not is looked at again by the next pass, which reads the host
+        // whole.
+        let mut settled = true;
+        {
             // By id: a host may hold thousands.
             let by_id: std::collections::HashMap<VmId, &hearth_hostapi::VmRecord> =
                 vms.iter().map(|v| (v.id, v)).collect();
@@ -109,8 +219,8 @@ impl Control {
                 // read, before it is recorded stopped or failed.
                 let asked;
                 let vm = if row.status == SandboxStatus::Ready && !running {
-                    let Some(now) = ask_again(host.as_ref(), vm_id(row.id), row.generation).await
-                    else {
+                    let Some(now) = ask_again(host, vm_id(row.id), row.generation).await else {
+                        settled = false;
                         continue;
                     };
                     asked = now;
@@ -140,6 +250,7 @@ impl Control {
                                 .await
                             {
                                 tracing::debug!(sandbox = %row.id, error = %e, "health not recorded");
+                                settled = false;
                             }
                         }
                     }
@@ -158,7 +269,8 @@ impl Control {
                             }
                             Ok(_) => {}
                             Err(e) => {
-                                tracing::warn!(sandbox = %row.id, error = %e, "cannot read a sandbox whose stop its host finished; the next pass retries")
+                                tracing::warn!(sandbox = %row.id, error = %e, "cannot read a sandbox whose stop its host finished; the next pass retries");
+                                settled = false;
                             }
                         }
                     }
@@ -183,6 +295,7 @@ impl Control {
                             .map(|r| format!("{msg}: {r}"))
                             .unwrap_or_else(|| msg.to_owned());
                         let set = self.apply_move(row.id, m, Some(&reason), extra).await;
+                        settled &= set.is_ok();
                         crate::error::log_status_error(row.id, "reconciled with its host", set);
                         self.bump(row.id);
                     }
@@ -208,6 +321,7 @@ impl Control {
                             ..StatusExtra::default()
                         };
                         let set = self.apply_move(row.id, m, reason.as_deref(), extra).await;
+                        settled &= set.is_ok();
                         if set.is_ok() {
                             tracing::info!(sandbox = %row.id, host = %host_id, status = m.to().as_str(), "recorded a boot its host ended (the replica that drove it did not)");
                         }
@@ -243,31 +357,31 @@ impl Control {
                 Ok(m) => m.into_iter().filter(|m| m.host_id == *host_id).collect(),
                 Err(e) => {
                     tracing::warn!(host = %host_id, error = %e, "cannot list pool members; leaving the host's unknown VMs for the next pass");
-                    continue;
+                    return false;
                 }
             };
             // A ready member whose VM died (or vanished) is replaced: the
             // next tend of its pool boots another. So is a warming one
             // after this process restarted its hosts: no boot of it is in
             // flight any more.
-            for m in members
-                .iter()
-                .filter(|m| after_restart || m.status == hearth_db::MemberStatus::Ready)
-            {
+            for m in members.iter().filter(|m| {
+                (after_restart || m.status == hearth_db::MemberStatus::Ready)
+                    && touched.as_ref().is_none_or(|t| t.contains(&vm_id(m.id)))
+            }) {
                 let member = |v: &hearth_hostapi::VmRecord| v.pooled && v.state == VmState::Paused;
                 if by_id.get(&vm_id(m.id)).is_some_and(|v| member(v)) {
                     continue;
                 }
                 // Listed before the member's row was read: a member that
                 // finished warming in between is asked about again.
-                match ask_again(host.as_ref(), vm_id(m.id), m.generation).await {
+                match ask_again(host, vm_id(m.id), m.generation).await {
                     Some(Some(v)) if member(&v) => {}
                     Some(Some(_)) => {
                         self.remove_member(m, "its VM is no longer a paused member")
                             .await
                     }
                     Some(None) => self.remove_member(m, "its VM is gone").await,
-                    None => {}
+                    None => settled = false,
                 }
             }
             let members: std::collections::HashSet<VmId> =
@@ -285,7 +399,10 @@ impl Control {
                 let done = match sandbox {
                     // Placed here since the rows were read (a pool member
                     // claimed meanwhile): the next pass sees it.
-                    Ok(s) if s.host_id == Some(*host_id) => continue,
+                    Ok(s) if s.host_id == Some(*host_id) => {
+                        settled = false;
+                        continue;
+                    }
                     Ok(_) => {
                         tracing::info!(vm = %rec.id, "forgetting a vm whose sandbox moved to another host");
                         host.forget_vm(rec.id, rec.fence).await
@@ -298,14 +415,17 @@ impl Control {
                     // sandbox's.
                     Err(e) => {
                         tracing::warn!(vm = %rec.id, error = %e, "cannot tell whether a vm unknown here has a sandbox; the next pass looks");
+                        settled = false;
                         continue;
                     }
                 };
                 if let Err(e) = done {
                     tracing::warn!(vm = %rec.id, error = %e, "cannot clean up a vm with no sandbox here");
+                    settled = false;
                 }
             }
         }
+        settled
     }
 }
 

@@ -50,7 +50,7 @@ fn decode(r: &dyn RowExt) -> Result<Deadline, sqlx::Error> {
 
 /// Ids per statement of [`Db::deadlines_of`] (SQLite allows 32,766
 /// parameters; a list page is at most 1,000 sandboxes).
-const IDS_PER_READ: usize = 500;
+pub(crate) const IDS_PER_READ: usize = 500;
 
 impl Db {
     /// Sets (or replaces) the deadline of the sandbox `d.sandbox_id`;

@@ -605,8 +605,39 @@ impl Db {
              WHERE host_id = $1 ORDER BY id",
         )
         .arg(host_id.to_string());
+        self.briefs(&sql).await
+    }
+
+    /// The briefs of those of `ids` placed on `host_id` (read in batches
+    /// of [`crate::deadlines::IDS_PER_READ`]): a reconcile of what changed
+    /// on the host.
+    pub async fn sandbox_briefs_among(
+        &self,
+        host_id: HostId,
+        ids: &[SandboxId],
+    ) -> Result<Vec<SandboxBrief>, DbError> {
+        let mut found = Vec::new();
+        for batch in ids.chunks(crate::deadlines::IDS_PER_READ) {
+            let mut sql = Sql::new(
+                "SELECT id, status, generation, status_message FROM sandboxes \
+                 WHERE host_id = $1 AND id IN (",
+            )
+            .arg(host_id.to_string());
+            for (i, id) in batch.iter().enumerate() {
+                if i > 0 {
+                    sql.push(", ");
+                }
+                sql.push_param(id.to_string());
+            }
+            sql.push(") ORDER BY id");
+            found.extend(self.briefs(&sql).await?);
+        }
+        Ok(found)
+    }
+
+    async fn briefs(&self, sql: &Sql) -> Result<Vec<SandboxBrief>, DbError> {
         self.pool
-            .fetch_all(&sql, |r| {
+            .fetch_all(sql, |r| {
                 Ok(SandboxBrief {
                     id: r.parse("id")?,
                     status: r.parse("status")?,

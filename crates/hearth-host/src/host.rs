@@ -68,6 +68,9 @@ pub struct Host {
     templates: templates::Templates,
     /// The last check of the store (`store_check.rs`).
     pub(crate) store_health: crate::store_check::HealthCell,
+    /// What changed among the VMs, for the control plane's reconcile
+    /// (`HostApi::vm_changes`).
+    changes: hearth_hostapi::ChangeJournal,
     /// This agent's hold on its data directory; the last field, so it is
     /// released after everything else is dropped.
     _lock: crate::lock::DataDirLock,
@@ -206,6 +209,7 @@ impl Host {
             disks,
             generations,
             store_health: crate::store_check::HealthCell::new(),
+            changes: hearth_hostapi::ChangeJournal::new(),
             templates: templates::Templates::default(),
             _lock: lock,
         });
@@ -292,6 +296,14 @@ impl Host {
         let mut v: Vec<_> = self.vms().values().map(|vm| vm.record()).collect();
         v.sort_by_key(|r| r.created_at_ms);
         v
+    }
+
+    /// The VMs that changed since `since` (see [`hearth_hostapi::changes`]).
+    pub fn changes(
+        &self,
+        since: Option<hearth_hostapi::ChangeCursor>,
+    ) -> hearth_hostapi::VmChanges {
+        self.changes.changes(self.list(), since)
     }
 
     pub fn get(&self, id: VmId) -> Result<Arc<Vm>, HostError> {

@@ -97,6 +97,13 @@ impl HostApi for InProcessHost {
         Ok(self.0.list())
     }
 
+    async fn vm_changes(
+        &self,
+        since: Option<hearth_hostapi::ChangeCursor>,
+    ) -> HostResult<hearth_hostapi::VmChanges> {
+        Ok(self.0.changes(since))
+    }
+
     async fn capture(
         &self,
         id: VmId,

@@ -230,6 +230,13 @@ pub trait HostApi: Send + Sync {
     async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()>;
     async fn get_vm(&self, id: VmId, fence: u64) -> HostResult<VmRecord>;
     async fn list_vms(&self) -> HostResult<Vec<VmRecord>>;
+    /// The VMs that changed (and those removed) since `since`, a cursor
+    /// this host answered before ([`crate::changes`]). A host that keeps
+    /// no feed answers its whole list, marked complete.
+    async fn vm_changes(&self, since: Option<crate::ChangeCursor>) -> HostResult<crate::VmChanges> {
+        let _ = since;
+        Ok(crate::VmChanges::complete(self.list_vms().await?))
+    }
     /// Commits the VM's disk (and, with `include_memory`, its memory) as
     /// the snapshot volume `volume`.
     async fn capture(

@@ -9,6 +9,8 @@
 //!   multiplexed guest stream (exec with replay, files, search, TCP dial),
 //!   whether the mux runs over the VM's serial port (on the host) or over
 //!   a WebSocket to a remote host.
+//! - [`changes`]: a host's change feed ([`HostApi::vm_changes`]), so
+//!   reconciling a host costs what changed on it.
 //! - [`clock`]: how the host keeps its guest's wall clock on its own
 //!   ([`GuestClient::sync_clock`]).
 //!
@@ -19,6 +21,7 @@
 //! `hearth-control` depends on this crate and never on `hearth-host`.
 
 pub mod api;
+pub mod changes;
 pub mod clock;
 pub mod fleet;
 pub mod guest;
@@ -32,6 +35,7 @@ pub use api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportAuth, ImportImage,
     ImportedImage, StopVm, StoreGc, TemplateUsage, VmUsage,
 };
+pub use changes::{ChangeCursor, ChangeJournal, VmChanges};
 pub use guest::{
     stream_io, ExecHandle, ExecOutput, ExecUpdate, FileReader, FileVersion, GuestClient, GuestError,
 };

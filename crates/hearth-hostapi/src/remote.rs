@@ -427,6 +427,27 @@ impl HostApi for RemoteHost {
         Ok(list.vms)
     }
 
+    async fn vm_changes(&self, since: Option<crate::ChangeCursor>) -> HostResult<crate::VmChanges> {
+        #[derive(Serialize)]
+        struct Since {
+            since: Option<crate::ChangeCursor>,
+        }
+        let asked = self
+            .json(
+                method(HostRoute::VmChanges),
+                &HostRoute::VmChanges.path(None),
+                None,
+                0,
+                Some(&Since { since }),
+            )
+            .await;
+        match asked {
+            // A host from before the feed: its whole list.
+            Err(e) if e.is_not_found() => Ok(crate::VmChanges::complete(self.list_vms().await?)),
+            other => other,
+        }
+    }
+
     async fn capture(
         &self,
         id: VmId,

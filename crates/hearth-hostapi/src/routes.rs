@@ -10,6 +10,7 @@ pub enum HostRoute {
     Health,
     Status,
     ListVms,
+    VmChanges,
     GetVm,
     CreateVm,
     DeleteVm,
@@ -26,10 +27,11 @@ pub enum HostRoute {
 }
 
 impl HostRoute {
-    pub const ALL: [HostRoute; 16] = [
+    pub const ALL: [HostRoute; 17] = [
         HostRoute::Health,
         HostRoute::Status,
         HostRoute::ListVms,
+        HostRoute::VmChanges,
         HostRoute::GetVm,
         HostRoute::CreateVm,
         HostRoute::DeleteVm,
@@ -51,6 +53,8 @@ impl HostRoute {
             HostRoute::Health => ("GET", "/healthz"),
             HostRoute::Status => ("GET", "/v1/status"),
             HostRoute::ListVms => ("GET", "/v1/vms"),
+            // A query with a body (the cursor, signed with the command).
+            HostRoute::VmChanges => ("POST", "/v1/vm-changes"),
             HostRoute::GetVm => ("GET", "/v1/vms/{id}"),
             HostRoute::CreateVm => ("PUT", "/v1/vms/{id}"),
             HostRoute::DeleteVm => ("DELETE", "/v1/vms/{id}"),

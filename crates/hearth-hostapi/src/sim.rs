@@ -64,6 +64,8 @@ pub struct SimHost {
     next_pid: AtomicU32,
     /// Garbage collections asked of it.
     gc_runs: AtomicU32,
+    /// Its change feed, as a real host keeps one.
+    changes: crate::ChangeJournal,
 }
 
 #[derive(Default)]
@@ -122,6 +124,7 @@ impl SimHost {
             }),
             next_pid: AtomicU32::new(1000),
             gc_runs: AtomicU32::new(0),
+            changes: crate::ChangeJournal::new(),
         }
     }
 
@@ -487,6 +490,11 @@ impl HostApi for SimHost {
             tokio::time::sleep(delay).await;
         }
         Ok(all)
+    }
+
+    async fn vm_changes(&self, since: Option<crate::ChangeCursor>) -> HostResult<crate::VmChanges> {
+        let all = self.list_vms().await?;
+        Ok(self.changes.changes(all, since))
     }
 
     async fn capture(

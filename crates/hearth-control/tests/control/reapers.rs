@@ -526,3 +526,63 @@ async fn a_boot_that_ends_while_its_host_is_listed_is_not_failed() {
     assert_eq!(now.status, SandboxStatus::Failed, "{now:?}");
     db.close().await;
 }
+
+/// A reconcile pass asks each host only for what changed on it since the
+/// last (its change feed), and reads only those VMs' rows: a VM lost and
+/// a VM nobody owns are both handled by such a pass, a quiet host costs no
+/// row, and a restart reads the host whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_reads_only_what_changed_on_a_host() {
+    let url = hearth_db::testing::sqlite_url();
+    let db = Db::connect(&url.url).await.unwrap();
+    let sim = Arc::new(SimHost::new());
+    let host = HostId::new();
+    let control = replica(&db, &ControlConfig::default(), &sim, host).await;
+    let ws = workspace(&db).await;
+    let mut rows = Vec::new();
+    for i in 0..20 {
+        let name = format!("s{i}");
+        rows.push(sandbox(&db, &sim, row(ws, host, &name, SandboxStatus::Ready)).await);
+    }
+    let counts = || control.metrics.reconcile_counts();
+    // The first pass after the open (which read the host whole, empty)
+    // sees the 20 new VMs and reads their 20 rows.
+    let (whole, _, read) = counts();
+    control.reconcile(false).await;
+    let (w1, c1, r1) = counts();
+    assert_eq!((w1, r1 - read), (whole, 20), "{:?}", counts());
+    assert!(c1 >= 1);
+
+    // Nothing moved: a pass reads no row.
+    control.reconcile(false).await;
+    assert_eq!(counts().2, r1);
+
+    // One VM dies, and a VM nobody owns appears.
+    let lost = &rows[7];
+    assert!(sim.crash(vm(lost.id), "test"));
+    let stray = VmId::new();
+    sim.create_vm(CreateVm {
+        id: Some(stray),
+        fence: 1,
+        ..CreateVm::default()
+    })
+    .await
+    .unwrap();
+    control.reconcile(false).await;
+    let (w2, _, r2) = counts();
+    assert_eq!(w2, w1, "no whole read");
+    assert_eq!(r2 - r1, 1, "only the lost VM's row (the stray has none)");
+    let now = db.get_sandbox_by_id(lost.id).await.unwrap();
+    assert_eq!(now.status, SandboxStatus::Failed, "{now:?}");
+    assert!(sim.vm(stray).is_none(), "the stray VM is removed");
+    for r in rows.iter().filter(|r| r.id != lost.id) {
+        let now = db.get_sandbox_by_id(r.id).await.unwrap();
+        assert_eq!(now.status, SandboxStatus::Ready, "{}", r.name);
+    }
+
+    // After a restart the host is read whole: all 20 rows.
+    control.reconcile(true).await;
+    let (w3, _, r3) = counts();
+    assert_eq!((w3, r3 - r2), (w2 + 1, 20));
+    db.close().await;
+}

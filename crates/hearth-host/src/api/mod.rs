@@ -88,6 +88,7 @@ fn handler(route: HostRoute) -> MethodRouter<Arc<Host>> {
         HostRoute::Health => on(m, healthz),
         HostRoute::Status => on(m, vms::status),
         HostRoute::ListVms => on(m, vms::list),
+        HostRoute::VmChanges => on(m, vms::changes),
         HostRoute::GetVm => on(m, vms::get),
         HostRoute::CreateVm => on(m, vms::create),
         HostRoute::DeleteVm => on(m, vms::delete),

@@ -65,6 +65,20 @@ pub(super) async fn list(
     Ok(Json(serde_json::json!({ "vms": vms })))
 }
 
+/// The body of `POST /v1/vm-changes`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ChangesSince {
+    since: Option<hearth_hostapi::ChangeCursor>,
+}
+
+pub(super) async fn changes(
+    State(host): State<Arc<Host>>,
+    JsonBody(req): JsonBody<ChangesSince>,
+) -> Result<Json<hearth_hostapi::VmChanges>, ApiError> {
+    Ok(Json(api(host).vm_changes(req.since).await?))
+}
+
 /// `PUT /v1/vms/{id}`: boots the VM with that id.
 pub(super) async fn create(
     State(host): State<Arc<Host>>,

@@ -289,6 +289,11 @@ async fn a_remote_host_serves_every_command_and_the_guest_streams() {
         .expect("create through the remote host");
     assert_eq!(rec.state, VmState::Ready);
     assert!(remote.list_vms().await.unwrap().iter().any(|v| v.id == id));
+    // The change feed: whole at first, then only what changed.
+    let feed = remote.vm_changes(None).await.unwrap();
+    assert!(feed.complete && feed.changed.iter().any(|v| v.id == id));
+    let quiet = remote.vm_changes(feed.cursor).await.unwrap();
+    assert!(!quiet.complete && quiet.changed.is_empty() && quiet.gone.is_empty());
     assert!(remote.status().await.unwrap().disk_available.bytes() > 0);
 
     // Exec, files and a large transfer through the relayed guest session.
@@ -328,6 +333,9 @@ async fn a_remote_host_serves_every_command_and_the_guest_streams() {
     // Lifecycle: stop, start (a newer generation), delete.
     let rec = remote.stop_vm(id, 1, StopVm::default()).await.unwrap();
     assert_eq!(rec.state, VmState::Stopped);
+    let stopped = remote.vm_changes(quiet.cursor).await.unwrap();
+    assert!(!stopped.complete);
+    assert_eq!(stopped.changed, vec![rec.clone()]);
     let rec = remote.start_vm(id, 2, Resize::default()).await.unwrap();
     assert_eq!((rec.state, rec.fence), (VmState::Ready, 2));
     // The old generation is refused from now on.
@@ -337,6 +345,8 @@ async fn a_remote_host_serves_every_command_and_the_guest_streams() {
     remote.delete_vm(id, 2).await.unwrap();
     let e = remote.get_vm(id, 2).await.unwrap_err();
     assert!(e.is_not_found(), "{e}");
+    let gone = remote.vm_changes(stopped.cursor).await.unwrap();
+    assert_eq!((gone.complete, gone.gone), (false, vec![id]));
 
     let _ = stop.send(());
     server.await.unwrap().unwrap();

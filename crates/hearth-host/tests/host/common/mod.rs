@@ -214,6 +214,7 @@ pub fn every_route(vm: &str) -> Vec<(&'static str, String, Vec<u8>)> {
         ("PUT", p.clone(), json(create)),
         ("GET", "/v1/status".into(), vec![]),
         ("GET", "/v1/vms".into(), vec![]),
+        ("POST", "/v1/vm-changes".into(), b"{}".to_vec()),
         ("GET", p.clone(), vec![]),
         ("PUT", format!("{p}/network"), b"{}".to_vec()),
         // The VM is no pool member: 409.
