@@ -25,6 +25,11 @@ pub struct UpArgs {
     /// Database URL: `sqlite://…` (default: the data directory) or `postgres://…`.
     #[arg(long, env = "HEARTH_DATABASE_URL")]
     database_url: Option<String>,
+    /// The most connections this server holds to its database (default:
+    /// 16 to PostgreSQL, 8 to SQLite); replicas on one PostgreSQL divide
+    /// its `max_connections` between them.
+    #[arg(long, env = "HEARTH_DATABASE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    database_max_connections: Option<u32>,
     /// Configuration file (TOML); flags and environment win over it.
     #[arg(long, env = "HEARTH_CONFIG")]
     config: Option<PathBuf>,
@@ -64,6 +69,8 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     public_url: Option<String>,
     database_url: Option<String>,
+    /// As `--database-max-connections`.
+    database_max_connections: Option<u32>,
     /// As `--sandbox-domain`.
     sandbox_domain: Option<String>,
     /// As `--tls-cert` and `--tls-key`.
@@ -318,7 +325,12 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         .clone()
         .or(file.database_url.clone())
         .unwrap_or_else(|| keys::database_url(&data_dir, &keys::DbArgs { database_url: None }));
-    let db = Db::connect(&db_url).await.context("open the database")?;
+    let max_connections = args
+        .database_max_connections
+        .or(file.database_max_connections);
+    let db = Db::connect_with(&db_url, max_connections)
+        .await
+        .context("open the database")?;
     let first_start = keys::ensure_default_workspace(&db).await?;
     let (cpu, mem) = host_capacity(&file)?;
     let domain = sandbox_domain(&args, &file, listen);

@@ -20,12 +20,14 @@
 //!   the ratio PostgreSQL/SQLite.
 //! - **Creates as the database fills**: by 1 and by 3 control-plane
 //!   replicas (each its own connection pool and listener, requests
-//!   round-robin over them) on one PostgreSQL database: 600 creates at
+//!   round-robin over them; the replicas divide [`DB_CONNECTIONS`] between
+//!   their pools, as `--database-max-connections` lets an operator do) on
+//!   one PostgreSQL database: 600 creates at
 //!   concurrency 24 with 0, 3,000 and 10,000 sandboxes already live.
 //!   Beside each, **PostgreSQL's ceiling** for the same work: the create's
 //!   statements sent straight to the same database by the same number of
 //!   clients, through one connection pool per replica as the replicas
-//!   have (the key, the snapshot, the hosts and their load, the
+//!   have and through one pool of [`DB_CONNECTIONS`] (the key, the snapshot, the hosts and their load, the
 //!   quota-checked insert, the boot's status), and the API's rate as a
 //!   share of it.
 //! - **Reads**, on that database: an open loop at 1,000 requests/s for
@@ -51,6 +53,15 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
 const HOSTS: usize = 20;
+/// The database connections the control plane may hold, divided between
+/// the replicas' pools ([`pool_of`]); one pool of this many is the
+/// ceiling's baseline.
+const DB_CONNECTIONS: u32 = 16;
+
+/// Each of `pools` pools' share of [`DB_CONNECTIONS`].
+fn pool_of(pools: usize) -> u32 {
+    DB_CONNECTIONS.div_ceil(pools.max(1) as u32)
+}
 /// Each simulated host's size: 20 of them hold 20,000 of the benchmark's
 /// sandboxes (0.25 vCPU / 1 GiB).
 const HOST_VCPUS: u32 = 256;
@@ -202,11 +213,10 @@ async fn serve(db_url: TestUrl, replicas: usize) -> Served {
         key_hash: hearth_control::auth::hash_key(&key),
         _db: db_url,
     };
-    for r in 0..replicas {
-        let db = match r {
-            0 => db.clone(),
-            _ => Db::connect(&served._db.url).await.expect("connect"),
-        };
+    for _ in 0..replicas {
+        let db = Db::connect_with(&served._db.url, Some(pool_of(replicas)))
+            .await
+            .expect("connect");
         let local = hosts
             .iter()
             .map(|(id, h)| LocalHost {
@@ -366,7 +376,11 @@ async fn ceiling(served: &Served, concurrency: usize, n: usize, pools: usize) ->
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let mut dbs = Vec::new();
     for _ in 0..pools.max(1) {
-        dbs.push(Db::connect(&served._db.url).await.expect("connect"));
+        dbs.push(
+            Db::connect_with(&served._db.url, Some(pool_of(pools)))
+                .await
+                .expect("connect"),
+        );
     }
     let pools = dbs;
     let db = pools[0].clone();

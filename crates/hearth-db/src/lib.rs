@@ -114,7 +114,22 @@ impl Db {
     /// `sqlite::memory:` (private to this handle, single connection),
     /// `postgres://user@host/db` (also `?host=/socket/dir`).
     pub async fn connect(url: &str) -> Result<Db, DbError> {
+        Self::connect_with(url, None).await
+    }
+
+    /// As [`Db::connect`], holding at most `max_connections` connections
+    /// (default: 16 to PostgreSQL, 8 to a SQLite file). Replicas sharing
+    /// one PostgreSQL split its connections between them.
+    pub async fn connect_with(url: &str, max_connections: Option<u32>) -> Result<Db, DbError> {
         let op = "connect";
+        if max_connections == Some(0) {
+            return Err(DbError::Backend {
+                op,
+                source: sqlx::Error::Configuration(
+                    "database max_connections must be at least 1".into(),
+                ),
+            });
+        }
         let pool = if url.starts_with("sqlite:") {
             let memory = url.contains(":memory:") || url.contains("mode=memory");
             let mut opts = SqliteConnectOptions::from_str(url)
@@ -133,7 +148,7 @@ impl Db {
                 opts = opts
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal);
-                SqlitePoolOptions::new().max_connections(8)
+                SqlitePoolOptions::new().max_connections(max_connections.unwrap_or(8))
             };
             Pool::Sqlite(
                 connect_sqlite(pool_opts, opts)
@@ -144,7 +159,7 @@ impl Db {
             let opts = PgConnectOptions::from_str(url).map_err(DbError::backend(op))?;
             Pool::Postgres(
                 PgPoolOptions::new()
-                    .max_connections(16)
+                    .max_connections(max_connections.unwrap_or(16))
                     .connect_with(opts)
                     .await
                     .map_err(DbError::backend(op))?,
