@@ -144,6 +144,9 @@ pub async fn run(data_dir: &Path, args: DbArgs, cmd: KeysCommand) -> anyhow::Res
             let (id, secret) = create_key(&db, ws, permissions, &description).await?;
             eprintln!("key {id} in workspace {ws} (the secret is shown only now):");
             println!("{secret}");
+            if let Some(e2b) = hearth_control::auth::e2b_form(&secret) {
+                eprintln!("(the same key as e2b SDKs before 2.63 take it: {e2b})");
+            }
         }
         KeysCommand::List { workspace } => {
             let ws = workspace.unwrap_or_else(default_workspace);

@@ -418,14 +418,19 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         println!("export LANGSMITH_API_KEY={secret}");
         eprintln!("and for the e2b SDKs (E2B's API, the same key and sandboxes):");
         println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
-        println!("export E2B_API_KEY={secret}");
+        // E2B's form of the same key: e2b releases before 2.63 send no
+        // other.
+        let e2b_key = hearth_control::auth::e2b_form(&secret).unwrap_or_else(|| secret.clone());
+        println!("export E2B_API_KEY={e2b_key}");
         print_domain(&data_dir, domain.as_deref(), tls.is_some());
         print_socket(operator.as_ref());
     } else {
         eprintln!("Use an existing API key, or create one: hearth keys create");
         eprintln!();
         println!("export LANGSMITH_ENDPOINT={public_url}");
-        eprintln!("and for the e2b SDKs (E2B_API_KEY: the same key):");
+        eprintln!(
+            "and for the e2b SDKs (E2B_API_KEY: the same key, hth_ or, for e2b before 2.63, e2b_ in its place):"
+        );
         println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
         print_domain(&data_dir, domain.as_deref(), tls.is_some());
         print_socket(operator.as_ref());

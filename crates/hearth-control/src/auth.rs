@@ -108,16 +108,41 @@ impl Principal {
     }
 }
 
-/// The hash under which a secret is stored.
+/// The hash under which a secret is stored. A secret in its E2B form
+/// ([`e2b_form`]) is the same key.
 pub fn hash_key(secret: &str) -> String {
+    let canonical = secret
+        .strip_prefix(E2B_PREFIX)
+        .filter(|hex| is_secret_hex(hex))
+        .map(|hex| format!("{SECRET_PREFIX}{hex}"));
+    let secret = canonical.as_deref().unwrap_or(secret);
     blake3::hash(secret.as_bytes()).to_hex().to_string()
+}
+
+const SECRET_PREFIX: &str = "hth_";
+const E2B_PREFIX: &str = "e2b_";
+/// Hex digits after a secret's prefix.
+const SECRET_HEX: usize = 40;
+
+fn is_secret_hex(s: &str) -> bool {
+    s.len() == SECRET_HEX && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// A new secret: `hth_` and 40 hex digits of randomness.
 pub fn new_secret() -> String {
     let a = uuid::Uuid::new_v4().simple().to_string();
     let b = uuid::Uuid::new_v4().simple().to_string();
-    format!("hth_{}{}", a, &b[..8])
+    format!("{SECRET_PREFIX}{}{}", a, &b[..8])
+}
+
+/// The same key as E2B's SDKs take it: `e2b_` and the same 40 hex digits
+/// (e2b releases before 2.63 refuse a key of another form before sending
+/// it). `None` for a secret not of Hearth's form.
+pub fn e2b_form(secret: &str) -> Option<String> {
+    secret
+        .strip_prefix(SECRET_PREFIX)
+        .filter(|hex| is_secret_hex(hex))
+        .map(|hex| format!("{E2B_PREFIX}{hex}"))
 }
 
 /// Stores a new key for `workspace` and returns its id and secret (the
@@ -334,4 +359,29 @@ pub(crate) async fn principal_of_key(
         permissions: k.permissions,
         delegated_by: None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_in_e2b_form_is_the_same_key() {
+        let secret = new_secret();
+        let e2b = e2b_form(&secret).expect("an e2b form");
+        // What e2b 2.45.1's validate_api_key asks: "e2b_" and hex.
+        assert!(e2b.starts_with("e2b_") && e2b[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(hash_key(&e2b), hash_key(&secret));
+        // Anything else is hashed as given: no other key is reached.
+        for other in [
+            e2b.to_uppercase(),
+            format!("{e2b}0"),
+            e2b[..e2b.len() - 1].to_owned(),
+            secret.replacen("hth_", "xyz_", 1),
+        ] {
+            assert_ne!(hash_key(&other), hash_key(&secret), "{other}");
+        }
+        assert_eq!(e2b_form("e2b_0123"), None);
+        assert_eq!(e2b_form(&e2b), None);
+    }
 }

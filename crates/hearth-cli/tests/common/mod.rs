@@ -229,7 +229,7 @@ pub fn show(out: &Output) -> String {
 #[path = "../../../../tests/sdk/python.rs"]
 mod python;
 #[allow(unused_imports)] // not every suite drives the SDK
-pub use python::sdk_python;
+pub use python::{e2b_2_45_python, sdk_python};
 
 /// The QEMU processes `ancestor` started, directly or through a jail's
 /// intermediate process: `(pid, vm id)` with the id's 32 hex digits from

@@ -130,6 +130,9 @@ struct Server {
     port: u16,
     endpoint: String,
     api_key: String,
+    /// The same key as E2B's SDKs take it (`e2b_…`), as `hearth up`
+    /// printed it.
+    e2b_key: String,
     log: PathBuf,
 }
 
@@ -162,15 +165,17 @@ impl Server {
                 let _ = tx.send(line);
             }
         });
-        let (mut endpoint, mut api_key) = (None, None);
+        let (mut endpoint, mut api_key, mut e2b_key) = (None, None, None);
         let t = Instant::now();
-        while endpoint.is_none() || api_key.is_none() {
+        while endpoint.is_none() || api_key.is_none() || e2b_key.is_none() {
             match rx.recv_timeout(Duration::from_millis(500)) {
                 Ok(line) => {
                     if let Some(v) = line.strip_prefix("export LANGSMITH_ENDPOINT=") {
                         endpoint = Some(v.to_owned());
                     } else if let Some(v) = line.strip_prefix("export LANGSMITH_API_KEY=") {
                         api_key = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("export E2B_API_KEY=") {
+                        e2b_key = Some(v.to_owned());
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -194,6 +199,7 @@ impl Server {
             port,
             endpoint: endpoint.unwrap(),
             api_key: api_key.unwrap(),
+            e2b_key: e2b_key.unwrap(),
             log,
         }
     }
@@ -926,7 +932,10 @@ fn e2b_sdk_against_hearth_up_commands_files_terminals_pause_and_snapshots() {
     e2b_suite("e2b-a", E2B_FIRST_HALF);
 }
 
-/// The E2B suite's other half: fork, and the code interpreter.
+/// The E2B suite's other half: fork, and the code interpreter; and, on
+/// the same server first, e2b 2.45.1 (tests/e2b/test_e2b_2_45.py), the
+/// release that checks a key's form before sending it, with the key as
+/// `hearth up` printed it for E2B.
 #[test]
 fn e2b_sdk_against_hearth_up_fork_and_the_code_interpreter() {
     e2b_suite("e2b-b", E2B_SECOND_HALF);
@@ -944,19 +953,28 @@ fn e2b_suite(part: &str, tests: &[&str]) {
     }
     let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "e2b-other"]);
     let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
-    let mut cmd = Command::new(&python);
-    cmd.arg(repo().join("tests/e2b/test_e2b.py")).args(tests);
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("E2B_") || k.starts_with("LANGSMITH_") || k.starts_with("LANGCHAIN_") {
-            cmd.env_remove(k);
+    let origin = format!("http://127.0.0.1:{}", server.port);
+    if part == "e2b-b" {
+        let older = e2b_script(common::e2b_2_45_python(), "tests/e2b/test_e2b_2_45.py")
+            .env("E2B_API_KEY", &server.e2b_key)
+            .env("E2B_API_URL", &origin)
+            .env("E2B_SANDBOX_URL", &origin)
+            .env("HEARTH_LANGSMITH_KEY", &server.api_key)
+            .env("HEARTH_E2B_TEMPLATE", "busybox")
+            .output()
+            .unwrap();
+        if !older.status.success() {
+            conclude_script("e2b 2.45.1", &older, server, &dir, started);
+            unreachable!("conclude_script fails a failed suite");
         }
+        print!("{}", String::from_utf8_lossy(&older.stdout));
     }
+    let mut cmd = e2b_script(python, "tests/e2b/test_e2b.py");
+    cmd.args(tests);
     // E2B's API and envd both at Hearth's address (no path: the SDK adds
     // its own).
-    let origin = format!("http://127.0.0.1:{}", server.port);
     let output = cmd
-        .env("E2B_API_KEY", &server.api_key)
+        .env("E2B_API_KEY", &server.e2b_key)
         .env("E2B_API_URL", &origin)
         .env("E2B_SANDBOX_URL", &origin)
         // The same sandboxes through LangSmith's SDK too.
@@ -977,6 +995,22 @@ fn e2b_suite(part: &str, tests: &[&str]) {
         .output()
         .unwrap();
     conclude_script("E2B", &output, server, &dir, started);
+}
+
+/// `script` (relative to the repository) under `python`, with no E2B or
+/// LangSmith setting of the caller's environment.
+fn e2b_script(python: PathBuf, script: &str) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.arg(repo().join(script))
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null());
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("E2B_") || k.starts_with("LANGSMITH_") || k.starts_with("LANGCHAIN_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
 }
 
 /// Issue 21: the web console in a real headless browser
@@ -1068,7 +1102,7 @@ fn js_sdks_against_hearth_up() {
     let output = cmd
         .env("LANGSMITH_ENDPOINT", &origin)
         .env("LANGSMITH_API_KEY", &server.api_key)
-        .env("E2B_API_KEY", &server.api_key)
+        .env("E2B_API_KEY", &server.e2b_key)
         .env("E2B_API_URL", &origin)
         .env("E2B_SANDBOX_URL", &origin)
         .env("HEARTH_JS_OTHER_KEY", &other_key)
