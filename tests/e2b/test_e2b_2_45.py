@@ -34,7 +34,7 @@ def test_the_printed_key_passes_the_sdk_check_and_works():
         check(out.stdout == "42\n", repr(out.stdout))
         sb.files.write("/tmp/hello.txt", "from 2.45.1")
         check(sb.files.read("/tmp/hello.txt") == "from 2.45.1", "read back")
-        ids = [s.sandbox_id for s in Sandbox.list().items]
+        ids = [s.sandbox_id for s in Sandbox.list().next_items()]
         check(sb.sandbox_id in ids, f"{sb.sandbox_id} not in {ids}")
     finally:
         sb.kill()
