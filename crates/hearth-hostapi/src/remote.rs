@@ -144,14 +144,15 @@ impl RemoteHost {
             .map_err(|e| HostApiError::new(ErrorKind::Internal, format!("sign a command: {e}")))
     }
 
+    /// Sends `route` (about `subject`, at generation `fence`) with `body`.
     async fn call<B: Serialize + ?Sized>(
         &self,
-        method: reqwest::Method,
-        path: &str,
+        route: HostRoute,
         subject: Option<VmId>,
         fence: u64,
         body: Option<&B>,
     ) -> HostResult<Bytes> {
+        let (method, path) = (method(route), &route.path(subject));
         let timeout = if method == reqwest::Method::GET {
             READ_TIMEOUT
         } else {
@@ -210,13 +211,12 @@ impl RemoteHost {
 
     async fn json<T: DeserializeOwned, B: Serialize + ?Sized>(
         &self,
-        method: reqwest::Method,
-        path: &str,
+        route: HostRoute,
         subject: Option<VmId>,
         fence: u64,
         body: Option<&B>,
     ) -> HostResult<T> {
-        let bytes = self.call(method, path, subject, fence, body).await?;
+        let bytes = self.call(route, subject, fence, body).await?;
         serde_json::from_slice(&bytes).map_err(|e| {
             HostApiError::new(
                 ErrorKind::Internal,
@@ -327,86 +327,48 @@ impl HostApi for RemoteHost {
         let id = req
             .id
             .ok_or_else(|| HostApiError::new(ErrorKind::Invalid, "a remote create names its VM"))?;
-        let path = HostRoute::CreateVm.path(Some(id));
-        self.json(
-            method(HostRoute::CreateVm),
-            &path,
-            Some(id),
-            req.fence,
-            Some(&req),
-        )
-        .await
+        self.json(HostRoute::CreateVm, Some(id), req.fence, Some(&req))
+            .await
     }
 
     async fn start_vm(&self, id: VmId, fence: u64, mut resize: Resize) -> HostResult<VmRecord> {
         resize.fence = Some(fence);
-        let path = HostRoute::StartVm.path(Some(id));
-        self.json(
-            method(HostRoute::StartVm),
-            &path,
-            Some(id),
-            fence,
-            Some(&resize),
-        )
-        .await
+        self.json(HostRoute::StartVm, Some(id), fence, Some(&resize))
+            .await
     }
 
     async fn stop_vm(&self, id: VmId, fence: u64, how: StopVm) -> HostResult<VmRecord> {
-        let path = HostRoute::StopVm.path(Some(id));
-        self.json(
-            method(HostRoute::StopVm),
-            &path,
-            Some(id),
-            fence,
-            Some(&how),
-        )
-        .await
+        self.json(HostRoute::StopVm, Some(id), fence, Some(&how))
+            .await
     }
 
     async fn delete_vm(&self, id: VmId, fence: u64) -> HostResult<()> {
         self.guests.lock().map(|mut g| g.remove(&id)).ok();
-        let path = HostRoute::DeleteVm.path(Some(id));
-        self.call::<()>(method(HostRoute::DeleteVm), &path, Some(id), fence, None)
+        self.call::<()>(HostRoute::DeleteVm, Some(id), fence, None)
             .await
             .map(drop)
     }
 
     async fn forget_vm(&self, id: VmId, fence: u64) -> HostResult<()> {
         self.guests.lock().map(|mut g| g.remove(&id)).ok();
-        let path = HostRoute::ForgetVm.path(Some(id));
-        self.call::<()>(method(HostRoute::ForgetVm), &path, Some(id), fence, None)
+        self.call::<()>(HostRoute::ForgetVm, Some(id), fence, None)
             .await
             .map(drop)
     }
 
     async fn claim_vm(&self, id: VmId, fence: u64, claim: ClaimVm) -> HostResult<VmRecord> {
-        let path = HostRoute::ClaimVm.path(Some(id));
-        self.json(
-            method(HostRoute::ClaimVm),
-            &path,
-            Some(id),
-            fence,
-            Some(&claim),
-        )
-        .await
+        self.json(HostRoute::ClaimVm, Some(id), fence, Some(&claim))
+            .await
     }
 
     async fn set_network(&self, id: VmId, fence: u64, net: SandboxNet) -> HostResult<()> {
-        let path = HostRoute::SetNetwork.path(Some(id));
-        self.call(
-            method(HostRoute::SetNetwork),
-            &path,
-            Some(id),
-            fence,
-            Some(&net),
-        )
-        .await
-        .map(drop)
+        self.call(HostRoute::SetNetwork, Some(id), fence, Some(&net))
+            .await
+            .map(drop)
     }
 
     async fn get_vm(&self, id: VmId, fence: u64) -> HostResult<VmRecord> {
-        let path = HostRoute::GetVm.path(Some(id));
-        self.json::<_, ()>(method(HostRoute::GetVm), &path, Some(id), fence, None)
+        self.json::<_, ()>(HostRoute::GetVm, Some(id), fence, None)
             .await
     }
 
@@ -416,13 +378,7 @@ impl HostApi for RemoteHost {
             vms: Vec<VmRecord>,
         }
         let list: List = self
-            .json::<_, ()>(
-                method(HostRoute::ListVms),
-                &HostRoute::ListVms.path(None),
-                None,
-                0,
-                None,
-            )
+            .json::<_, ()>(HostRoute::ListVms, None, 0, None)
             .await?;
         Ok(list.vms)
     }
@@ -433,13 +389,7 @@ impl HostApi for RemoteHost {
             since: Option<crate::ChangeCursor>,
         }
         let asked = self
-            .json(
-                method(HostRoute::VmChanges),
-                &HostRoute::VmChanges.path(None),
-                None,
-                0,
-                Some(&Since { since }),
-            )
+            .json(HostRoute::VmChanges, None, 0, Some(&Since { since }))
             .await;
         match asked {
             // A host from before the feed: its whole list.
@@ -455,63 +405,30 @@ impl HostApi for RemoteHost {
         volume: &str,
         include_memory: bool,
     ) -> HostResult<Captured> {
-        let path = HostRoute::Capture.path(Some(id));
         let body = serde_json::json!({"volume": volume, "include_memory": include_memory});
-        self.json(
-            method(HostRoute::Capture),
-            &path,
-            Some(id),
-            fence,
-            Some(&body),
-        )
-        .await
+        self.json(HostRoute::Capture, Some(id), fence, Some(&body))
+            .await
     }
 
     async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage> {
-        self.json(
-            method(HostRoute::ImportImage),
-            &HostRoute::ImportImage.path(None),
-            None,
-            0,
-            Some(&req),
-        )
-        .await
+        self.json(HostRoute::ImportImage, None, 0, Some(&req)).await
     }
 
     async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()> {
-        self.call(
-            method(HostRoute::DeleteSnapshot),
-            &HostRoute::DeleteSnapshot.path(None),
-            None,
-            0,
-            Some(captured),
-        )
-        .await
-        .map(drop)
+        self.call(HostRoute::DeleteSnapshot, None, 0, Some(captured))
+            .await
+            .map(drop)
     }
 
     async fn collect_garbage(&self) -> HostResult<StoreGc> {
         // A run longer than the command timeout goes on at the host (its
         // handler is detached); this answer is then `Unavailable`.
-        self.json::<_, ()>(
-            method(HostRoute::CollectGarbage),
-            &HostRoute::CollectGarbage.path(None),
-            None,
-            0,
-            None,
-        )
-        .await
+        self.json::<_, ()>(HostRoute::CollectGarbage, None, 0, None)
+            .await
     }
 
     async fn status(&self) -> HostResult<HostStatus> {
-        self.json::<_, ()>(
-            method(HostRoute::Status),
-            &HostRoute::Status.path(None),
-            None,
-            0,
-            None,
-        )
-        .await
+        self.json::<_, ()>(HostRoute::Status, None, 0, None).await
     }
 
     async fn guest(&self, id: VmId, fence: u64) -> HostResult<GuestClient> {
