@@ -198,7 +198,7 @@ pub struct Control {
     shutting_down: watch::Sender<bool>,
     /// Signs and checks download links.
     links: links::LinkKey,
-    pub metrics: Metrics,
+    metrics: Metrics,
     /// Clients of remote hosts (`fleet.rs`).
     remotes: fleet::Remotes,
     /// Checks the commands hosts sign (nonces, epochs).
@@ -228,6 +228,11 @@ pub struct LocalHost {
 }
 
 impl Control {
+    /// This process's counters (`/metrics`).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Registers the hosts, records the built-in snapshots and reconciles
     /// the database with what the hosts run.
     pub async fn open(

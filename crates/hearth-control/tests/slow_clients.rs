@@ -172,7 +172,7 @@ async fn finding7_slow_clients_do_not_exhaust_descriptors() {
         ..ControlConfig::default()
     };
     let control = Control::open(db, cfg, vec![host]).await.unwrap();
-    let counters = control.metrics.connections.clone();
+    let counters = control.metrics().connections.clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(hearth_control::serve(control.clone(), listener, async {
         if stopped.await.is_err() {

@@ -544,7 +544,7 @@ async fn reconcile_reads_only_what_changed_on_a_host() {
         let name = format!("s{i}");
         rows.push(sandbox(&db, &sim, row(ws, host, &name, SandboxStatus::Ready)).await);
     }
-    let counts = || control.metrics.reconcile_counts();
+    let counts = || control.metrics().reconcile_counts();
     // The first pass after the open (which read the host whole, empty)
     // sees the 20 new VMs and reads their 20 rows.
     let (whole, _, read) = counts();
