@@ -12,7 +12,7 @@ use std::time::Duration;
 use hearth_control::{AutoscaleSetup, Control, ControlConfig};
 use hearth_db::{HostRow, HostState, NewWorkspace, Quotas, SandboxRow, SandboxStatus, Timestamp};
 use hearth_fleet::{AutoscalePolicy, CommandHook};
-use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, SnapshotId, WorkspaceId};
+use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, WorkspaceId};
 
 const WINDOW: Duration = Duration::from_secs(60);
 
@@ -34,33 +34,9 @@ fn hook(dir: &std::path::Path) -> CommandHook {
 }
 
 fn sandbox(ws: WorkspaceId, host: HostId, i: usize, cpu: u32) -> SandboxRow {
-    let now = Timestamp::now();
-    let snapshot = SnapshotId::from_uuid(hearth_control::builtin_snapshot_id("busybox"));
     SandboxRow {
-        id: SandboxId::new(),
-        workspace_id: ws,
-        name: format!("load-{i:04}"),
-        status: SandboxStatus::Ready,
-        status_message: None,
-        snapshot_id: snapshot,
         cpu: MilliCpu(cpu),
-        mem: ByteSize::gib(1),
-        fs_capacity: ByteSize::mib(64),
-        idle_ttl: Duration::ZERO,
-        delete_after_stop: Duration::ZERO,
-        persistent: true,
-        preserve_memory_on_stop: false,
-        labels: Default::default(),
-        run_config: serde_json::json!({}),
-        spec: serde_json::json!({}),
-        host_id: Some(host),
-        generation: 1,
-        created_at: now,
-        created_by: "test".into(),
-        updated_at: now,
-        updated_by: "test".into(),
-        stopped_at: None,
-        last_activity_at: now,
+        ..crate::harness::sandbox_row(ws, host, &format!("load-{i:04}"), SandboxStatus::Ready)
     }
 }
 

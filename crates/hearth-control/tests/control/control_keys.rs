@@ -59,15 +59,7 @@ async fn host_post(
         .header(hearth_fence::HEADER_NAME, token)
         .body(Body::from(body))
         .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    crate::harness::oneshot_json(app, req).await
 }
 
 fn keys_of(lease: &Value) -> BTreeSet<String> {

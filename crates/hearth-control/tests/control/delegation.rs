@@ -12,7 +12,6 @@ use hearth_db::{Db, KeyOwnerKind, NewSigningKey, Quotas, Timestamp};
 use hearth_fence::KeyPair;
 use hearth_types::HostId;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 enum Auth<'a> {
     Key(&'a str),
@@ -37,15 +36,7 @@ async fn call(
     let req = req
         .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
         .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    crate::harness::oneshot_json(app, req).await
 }
 
 async fn register(db: &Db, key: &KeyPair, kind: KeyOwnerKind, owner: &str) {

@@ -50,7 +50,6 @@ use hearth_hostapi::{SimHost, VmState};
 use crate::harness;
 use hearth_types::{ApiKeyId, VmId, WorkspaceId};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// The review counted 24 attempts; the table may only grow.
 const REVIEWED_ATTEMPTS: usize = 24;
@@ -181,11 +180,7 @@ async fn http(
             .body(Body::from(multipart())),
     }
     .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
+    let (status, bytes) = crate::harness::oneshot(app, req).await;
     (status, bytes.to_vec())
 }
 

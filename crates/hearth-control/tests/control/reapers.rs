@@ -23,33 +23,7 @@ fn vm(id: SandboxId) -> VmId {
 }
 
 fn row(ws: WorkspaceId, host: HostId, name: &str, status: SandboxStatus) -> SandboxRow {
-    let now = Timestamp::now();
-    SandboxRow {
-        id: SandboxId::new(),
-        workspace_id: ws,
-        name: name.into(),
-        status,
-        status_message: None,
-        snapshot_id: SnapshotId::from_uuid(hearth_control::builtin_snapshot_id("busybox")),
-        cpu: MilliCpu(1000),
-        mem: ByteSize::gib(1),
-        fs_capacity: ByteSize::mib(64),
-        idle_ttl: Duration::ZERO,
-        delete_after_stop: Duration::ZERO,
-        persistent: true,
-        preserve_memory_on_stop: false,
-        labels: Default::default(),
-        run_config: serde_json::json!({}),
-        spec: serde_json::json!({}),
-        host_id: Some(host),
-        generation: 1,
-        created_at: now,
-        created_by: "test".into(),
-        updated_at: now,
-        updated_by: "test".into(),
-        stopped_at: None,
-        last_activity_at: now,
-    }
+    crate::harness::sandbox_row(ws, host, name, status)
 }
 
 /// A replica over `db` whose one host is `sim` (64 vCPUs, 256 GiB) as

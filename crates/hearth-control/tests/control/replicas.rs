@@ -20,7 +20,6 @@ use hearth_hostapi::SimHost;
 use hearth_hostapi::VmState;
 use hearth_types::{ByteSize, HostId, MilliCpu, SandboxId, VmId};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 async fn create(app: &Router, key: &str, name: &str) -> (StatusCode, Value) {
     let body = json!({
@@ -34,15 +33,7 @@ async fn create(app: &Router, key: &str, name: &str) -> (StatusCode, Value) {
         .header("content-type", "application/json")
         .body(Body::from(body.to_string()))
         .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    crate::harness::oneshot_json(app, req).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -10,7 +10,6 @@ use axum::Router;
 use hearth_db::{Db, KeyOwnerKind, NewSigningKey, Quotas, Timestamp};
 use hearth_fence::KeyPair;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// A request with `headers`; the status and the JSON answer (or Null).
 async fn call(
@@ -30,15 +29,7 @@ async fn call(
     let req = req
         .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
         .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    crate::harness::oneshot_json(app, req).await
 }
 
 async fn as_key(

@@ -32,7 +32,6 @@ use axum::Router;
 use hearth_db::{Db, Quotas};
 use hearth_hostapi::SimHost;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 use crate::harness;
 
@@ -81,15 +80,7 @@ impl Env {
             .header("content-type", "application/json")
             .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
             .unwrap();
-        let resp = self.app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
+        crate::harness::oneshot_json(&self.app, req).await
     }
 
     /// Sends `op` with `body` (a JSON body, or for lists the query's

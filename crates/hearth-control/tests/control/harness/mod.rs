@@ -543,3 +543,70 @@ impl Rng {
 pub fn policy_of(net: &hearth_hostapi::SandboxNet) -> hearth_egress::Policy {
     hearth_egress::Policy::from_document(&net.policy).expect("the host can read the policy")
 }
+
+/// Sends `req` to `app` in process: the answer's status and body (at most
+/// 1 MiB).
+pub async fn oneshot(
+    app: &axum::Router,
+    req: axum::http::Request<axum::body::Body>,
+) -> (axum::http::StatusCode, axum::body::Bytes) {
+    use tower::ServiceExt;
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, bytes)
+}
+
+/// As [`oneshot`], the body read as JSON (`Value::Null` when it is not).
+pub async fn oneshot_json(
+    app: &axum::Router,
+    req: axum::http::Request<axum::body::Body>,
+) -> (axum::http::StatusCode, Value) {
+    let (status, bytes) = oneshot(app, req).await;
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// A row of a busybox sandbox `name` (1 vCPU, 1 GiB) in `ws`, placed on
+/// `host` at generation 1, in `status`; for suites that write rows
+/// straight to the database.
+pub fn sandbox_row(
+    ws: WorkspaceId,
+    host: HostId,
+    name: &str,
+    status: hearth_db::SandboxStatus,
+) -> hearth_db::SandboxRow {
+    let now = hearth_db::Timestamp::now();
+    hearth_db::SandboxRow {
+        id: hearth_types::SandboxId::new(),
+        workspace_id: ws,
+        name: name.into(),
+        status,
+        status_message: None,
+        snapshot_id: hearth_types::SnapshotId::from_uuid(hearth_control::builtin_snapshot_id(
+            "busybox",
+        )),
+        cpu: MilliCpu(1000),
+        mem: ByteSize::gib(1),
+        fs_capacity: ByteSize::mib(64),
+        idle_ttl: Duration::ZERO,
+        delete_after_stop: Duration::ZERO,
+        persistent: true,
+        preserve_memory_on_stop: false,
+        labels: Default::default(),
+        run_config: serde_json::json!({}),
+        spec: serde_json::json!({}),
+        host_id: Some(host),
+        generation: 1,
+        created_at: now,
+        created_by: "test".into(),
+        updated_at: now,
+        updated_by: "test".into(),
+        stopped_at: None,
+        last_activity_at: now,
+    }
+}
