@@ -29,24 +29,10 @@ const BOOT_LIMIT: Duration = Duration::from_secs(300);
 const API: &str = "/api/v2/sandboxes";
 
 fn data_dir(test: &str) -> PathBuf {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test");
-    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
-    let dir = shared
-        .join("hosts")
-        .join(format!("durable-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::os::unix::fs::symlink(shared.join("artifacts"), dir.join("artifacts")).unwrap();
-    dir
+    crate::common::data_dir(&format!("durable-{test}"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::common::free_port;
 
 /// A running `hearth up`; SIGKILLed if the test panics.
 struct Up {

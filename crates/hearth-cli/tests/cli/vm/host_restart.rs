@@ -4,31 +4,11 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn data_dir(tag: &str) -> PathBuf {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/hearth-test");
-    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
-    let dir = shared
-        .join("hosts")
-        .join(format!("{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("artifacts");
-    if !link.exists() {
-        std::os::unix::fs::symlink(shared.join("artifacts"), &link).unwrap();
-    }
-    dir
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::common::{data_dir, free_port};
 
 fn serve(dir: &Path, port: u16) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_hearth"))

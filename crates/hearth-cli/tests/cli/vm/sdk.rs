@@ -87,24 +87,10 @@ fn shared() -> PathBuf {
 
 /// A fresh data directory whose `artifacts` is the shared image cache.
 fn data_dir(part: &str) -> PathBuf {
-    let shared = shared();
-    std::fs::create_dir_all(shared.join("artifacts")).unwrap();
-    let dir = shared
-        .join("hosts")
-        .join(format!("sdk-{part}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::os::unix::fs::symlink(shared.join("artifacts"), dir.join("artifacts")).unwrap();
-    dir
+    crate::common::data_dir(&format!("sdk-{part}"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::common::free_port;
 
 /// `hearth` with the server's data directory (the key commands open its
 /// database directly); returns stdout.
