@@ -200,6 +200,42 @@ def test_pause_keeps_processes_and_connect_resumes():
     created.remove(sb.sandbox_id)
 
 
+def test_a_timeout_pauses_and_a_request_resumes():
+    # E2B's lifecycle: paused (memory kept) at the timeout, resumed by the
+    # next request to it, with its timeout again.
+    sb = Sandbox.create(template=TEMPLATE, timeout=6,
+                        lifecycle={"on_timeout": "pause", "auto_resume": True})
+    created.append(sb.sandbox_id)
+    life = sb.get_info().lifecycle
+    check(life == {"on_timeout": "pause", "auto_resume": True}, f"lifecycle {life}")
+    sb.commands.run("echo kept > /tmp/state")
+    counter = sb.commands.run(
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
+        background=True)
+    t = time.monotonic()
+    state = None
+    while time.monotonic() - t < 90:
+        state = Sandbox.get_info(sb.sandbox_id).state
+        if state == "paused":
+            break
+        time.sleep(1)
+    check(state == "paused", f"still {state} {time.monotonic() - t:.0f}s after a 6 s timeout")
+    print(f"  paused {time.monotonic() - t:.1f}s after the create answered", flush=True)
+    t = time.monotonic()
+    out = sb.commands.run("cat /tmp/state /tmp/count")
+    print(f"  a command resumed it in {time.monotonic() - t:.1f}s", flush=True)
+    lines = out.stdout.split()
+    check(lines[0] == "kept", f"the sandbox's state: {out.stdout!r}")
+    before = int(lines[1])
+    time.sleep(1)
+    after = int(sb.commands.run("cat /tmp/count").stdout)
+    check(after > before, f"the counting process went on: {before} then {after}")
+    check(Sandbox.get_info(sb.sandbox_id).state == "running", "running after the request")
+    check(sb.commands.kill(counter.pid), "kill the counter")
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_fork_children_resume_the_parent_each_on_its_own():
     parent = new()
     parent.commands.run("echo before-fork > /root/shared")
@@ -633,6 +669,7 @@ def test_code_interpreter_keeps_state_and_returns_rich_results():
 TESTS = [
     test_create_run_files_and_kill,
     test_pause_keeps_processes_and_connect_resumes,
+    test_a_timeout_pauses_and_a_request_resumes,
     test_fork_children_resume_the_parent_each_on_its_own,
     test_a_snapshot_resumes_its_processes_in_new_sandboxes,
     test_metrics_are_the_guests_own,

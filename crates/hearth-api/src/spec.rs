@@ -249,10 +249,11 @@ pub fn resolve_create(
             mount_rules: mounts.rules,
             public_ports: false,
             service_grants: Default::default(),
+            auto_resume: false,
+            lifetime: None,
         },
         restore_memory,
         wait_for_ready,
-        lifetime: None,
     })
 }
 
@@ -491,6 +492,8 @@ impl StoredSpecV1 {
             mount_rules: Vec::new(),
             public_ports: false,
             service_grants: Default::default(),
+            auto_resume: false,
+            lifetime: None,
         }
     }
 }

@@ -56,6 +56,8 @@ async fn run(label: &str, url: &str) {
         mounts: Vec::new(),
         mount_rules: Vec::new(),
         service_grants: Default::default(),
+        auto_resume: false,
+        lifetime: None,
         public_ports: false,
     })
     .unwrap();

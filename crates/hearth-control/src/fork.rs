@@ -161,6 +161,9 @@ impl Control {
             let now = Timestamp::now();
             let mut child_spec = spec.clone();
             child_spec.name = Some(name.clone());
+            // The fork's lifetime is the child's (none through LangSmith's
+            // API), whatever its parent's was.
+            child_spec.lifetime = lifetime;
             let child = SandboxRow {
                 id,
                 name: name.clone(),

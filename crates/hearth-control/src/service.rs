@@ -530,6 +530,19 @@ impl Control {
         row: &SandboxRow,
         reason: Option<&str>,
     ) -> Result<SandboxRow, DomainError> {
+        self.stop_keeping(row, reason, row.preserve_memory_on_stop)
+            .await
+    }
+
+    /// A stop that saves the guest's memory when `memory` (and the VM is
+    /// ready: only a ready VM has memory worth keeping), else keeps only
+    /// the disk.
+    pub(crate) async fn stop_keeping(
+        &self,
+        row: &SandboxRow,
+        reason: Option<&str>,
+        memory: bool,
+    ) -> Result<SandboxRow, DomainError> {
         match Move::Stop.verdict(row.status) {
             Verdict::Go => {}
             Verdict::Already => return Ok(row.clone()),
@@ -550,10 +563,9 @@ impl Control {
         // that a stop that answers `stopped` has kept what it saved.
         let mut saved_memory = None;
         if let Some(host) = host {
-            // preserve_memory_on_stop: the next start resumes the running
-            // processes (only a ready VM has memory worth keeping).
+            // The next start resumes the running processes.
             let how = StopVm {
-                save_memory: row.preserve_memory_on_stop && row.status == SandboxStatus::Ready,
+                save_memory: memory && row.status == SandboxStatus::Ready,
             };
             match host.stop_vm(vm_id(row.id), row.generation, how).await {
                 Ok(rec) => {
@@ -716,6 +728,7 @@ impl Control {
             net,
             Boot::Start { saved },
         );
+        self.rearm_lifetime(&placed).await;
         Ok(placed)
     }
 

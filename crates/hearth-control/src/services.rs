@@ -219,7 +219,7 @@ pub(crate) async fn hand_off(
 pub(crate) struct PortAccess {
     pub row: SandboxRow,
     /// Wake a stopped sandbox (LangSmith's service URLs do; E2B's hosts
-    /// answer 502 for a sandbox not running).
+    /// answer 502 for a sandbox not running unless it has `auto_resume`).
     pub wake: bool,
     /// The frame ancestors the credential allows.
     pub embed: Option<String>,
@@ -265,11 +265,14 @@ pub(crate) async fn port_access(
         embed,
         user_token: None,
     };
+    // E2B's hosts answer 502 for a sandbox not running, unless it resumes
+    // on a request (its autoResume).
+    let resumes = |r: &SandboxRow| spec_of(r).is_ok_and(|s| s.auto_resume);
     if let Some(row) = found
         .as_ref()
         .filter(|r| spec_of(r).is_ok_and(|s| s.public_ports))
     {
-        return Ok(pass(row.clone(), false, None));
+        return Ok(pass(row.clone(), resumes(row), None));
     }
     let header = |name: &str| {
         headers
@@ -283,7 +286,10 @@ pub(crate) async fn port_access(
             .check_runtime_token(RuntimeKind::Traffic, id, token)
             .await?
         {
-            Ok(row) => return Ok(pass(row, false, None)),
+            Ok(row) => {
+                let wake = resumes(&row);
+                return Ok(pass(row, wake, None));
+            }
             Err(refused) => why = refused.to_string(),
         }
     }

@@ -71,6 +71,18 @@ pub struct SandboxSpec {
     /// login-mode service URLs), by port: durable until the sandbox goes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub service_grants: BTreeMap<u16, ServiceGrant>,
+    /// A paused sandbox resumes at the next request to it (its envd, or a
+    /// port by name; E2B's `autoResume`), where without it such a request
+    /// answers that the sandbox is not running. LangSmith's data plane
+    /// wakes a stopped sandbox whatever this says.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
+    /// How long the sandbox lives whatever its activity (E2B's `timeout`),
+    /// and what its end is: its deadline from its creation, and again
+    /// from each start that finds it without one (a resume). `None`: no
+    /// deadline (LangSmith's idle timer governs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetime: Option<Lifetime>,
 }
 
 /// Who may open a port through its login URL.
@@ -276,26 +288,44 @@ pub struct SandboxPlan {
     /// Block until ready for at most this long; `None` = answer at once
     /// while the sandbox provisions.
     pub wait_for_ready: Option<Duration>,
-    /// A deadline from the sandbox's creation (E2B's `timeout`), written
-    /// with it: the sandbox never exists without it.
-    pub lifetime: Option<Lifetime>,
 }
 
-/// How long a sandbox lives whatever its activity, and what its end is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How long a sandbox lives whatever its activity, and what its end is
+/// ([`SandboxSpec::lifetime`]): its deadline is written with it, so it
+/// never exists without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Lifetime {
+    #[serde(with = "secs")]
     pub timeout: Duration,
     pub on_expiry: OnExpiry,
 }
 
 /// What happens to a sandbox at its deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnExpiry {
     /// It is deleted, disk and all.
     Delete,
-    /// It is stopped with its memory saved (E2B's `autoPause`); a later
-    /// start resumes it.
+    /// It is paused (E2B's `autoPause`): stopped with its memory saved
+    /// when the sandbox keeps memory over a stop (else with its disk
+    /// alone, E2B's filesystem mode); a later start resumes it.
     Pause,
+}
+
+/// Serde for `Duration` as whole seconds.
+mod secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(v.as_secs())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_secs)
+    }
 }
 
 /// Serde for `Option<Duration>` as whole seconds, 0 = `None`.
@@ -402,6 +432,11 @@ mod tests {
                     embed_origins: vec!["https://app.example".into()],
                 },
             )]),
+            auto_resume: true,
+            lifetime: Some(Lifetime {
+                timeout: Duration::from_secs(300),
+                on_expiry: OnExpiry::Pause,
+            }),
         }
     }
 

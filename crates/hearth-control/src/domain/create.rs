@@ -296,7 +296,7 @@ impl Control {
         };
         // The deadline exists from the first write; its clock starts once
         // the sandbox is ready (below): until then it allows the boot too.
-        if let Some(lifetime) = plan.lifetime {
+        if let Some(lifetime) = plan.spec.lifetime {
             let booting = plan.wait_for_ready.unwrap_or_default();
             self.set_lifetime_or_delete(&row, lifetime, booting).await?;
         }
@@ -312,7 +312,7 @@ impl Control {
         let row = self.wait_while_provisioning(id, wait, changed).await?;
         match row.status {
             SandboxStatus::Ready => {
-                if let Some(lifetime) = plan.lifetime {
+                if let Some(lifetime) = plan.spec.lifetime {
                     self.set_lifetime_or_delete(&row, lifetime, Duration::ZERO)
                         .await?;
                 }

@@ -13,12 +13,39 @@ use hearth_types::SandboxId;
 use super::state::{Move, Verdict};
 use crate::auth::Principal;
 use crate::domain::error::DomainError;
+use crate::domain::queries::spec_of;
 use crate::Control;
 
 impl Control {
     /// The sandbox's deadline, if it has one.
     pub(crate) async fn deadline(&self, id: SandboxId) -> Result<Option<Deadline>, DomainError> {
         Ok(self.deadlines(&[id]).await?.remove(&id))
+    }
+
+    /// A sandbox made with a lifetime (E2B's timeout) that starts without
+    /// a deadline (it was paused, by its user or at its end) gets its
+    /// lifetime again from now, with the same end: it never runs without
+    /// one. A connect's own timeout then moves it.
+    pub(crate) async fn rearm_lifetime(&self, row: &SandboxRow) {
+        let Some(life) = spec_of(row).ok().and_then(|s| s.lifetime) else {
+            return;
+        };
+        let result = match self.deadline(row.id).await {
+            Ok(Some(_)) => return,
+            Ok(None) => self
+                .db
+                .set_deadline(&Deadline {
+                    sandbox_id: row.id,
+                    expires_at: Timestamp::now().plus(life.timeout),
+                    on_expiry: life.on_expiry,
+                })
+                .await
+                .map_err(DomainError::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(sandbox = %row.id, error = %e, "cannot give a resumed sandbox its lifetime again; it runs without a deadline until its next start");
+        }
     }
 
     /// The deadlines of those of `ids` that have one.
@@ -53,15 +80,16 @@ impl Control {
             .map_err(DomainError::from)
     }
 
-    /// A stop that keeps the memory, asked for by the sandbox's user: only
-    /// a running sandbox created to keep its memory pauses, and its
-    /// deadline ends with it (a paused sandbox is kept as any stopped one).
-    /// `healthy`: refused unless the guest answers now.
+    /// A pause asked for by the sandbox's user: a stop of a running
+    /// sandbox that keeps its memory (only one created to keep it), or,
+    /// without `keep_memory`, its disk alone (the next start boots it from
+    /// the disk); its deadline ends with it (a paused sandbox is kept as
+    /// any stopped one).
     pub(crate) async fn pause(
         &self,
         who: &Principal,
         row: &SandboxRow,
-        healthy: bool,
+        how: Pause,
         reason: &str,
     ) -> Result<(), DomainError> {
         who.require("sandboxes:update")?;
@@ -81,20 +109,27 @@ impl Control {
                 )))
             }
         }
-        if !row.preserve_memory_on_stop {
+        if how.keep_memory && !row.preserve_memory_on_stop {
             return Err(DomainError::conflict(format!(
-                "sandbox {} was created without preserve_memory_on_stop: its memory cannot be kept; stop it through the LangSmith API",
+                "sandbox {} was created without preserve_memory_on_stop (E2B: autoPauseMemory false): its memory cannot be kept; pause it without memory, or stop it",
                 row.id
             )));
         }
-        if healthy {
+        if !row.persistent {
+            return Err(DomainError::conflict(format!(
+                "sandbox {} has no persistent disk: a pause would keep nothing",
+                row.id
+            )));
+        }
+        if how.healthy {
             // A ready sandbox's guest answered its host; one that does not
             // answer now cannot be paused healthy.
             self.ready_guest(row).await.map_err(|_| {
                 DomainError::conflict(format!("sandbox {}'s guest does not answer", row.id))
             })?;
         }
-        self.stop_row(row, Some(reason)).await?;
+        self.stop_keeping(row, Some(reason), how.keep_memory)
+            .await?;
         self.db
             .clear_deadline(row.id)
             .await
@@ -128,8 +163,9 @@ impl Control {
 
     /// The deadline after a connect with `timeout`: a resumed sandbox ends
     /// `timeout` from now; a running one's end moves later, never sooner;
-    /// a sandbox that never had one (made through LangSmith's API with an
-    /// idle stop) keeps none.
+    /// a sandbox without one (made through LangSmith's API) is given one,
+    /// ending it (killed) `timeout` from now, as the caller asked: its idle
+    /// stop may still come first.
     pub(crate) async fn extend_on_connect(
         &self,
         row: &SandboxRow,
@@ -143,16 +179,24 @@ impl Control {
                 expires_at: at,
                 ..d
             }),
-            None if resumed && row.idle_ttl.is_zero() => Some(Deadline {
+            None => Some(Deadline {
                 sandbox_id: row.id,
                 expires_at: at,
                 on_expiry: OnExpiry::Delete,
             }),
-            None => None,
         };
         match deadline {
             Some(d) => self.db.set_deadline(&d).await.map_err(DomainError::from),
             None => Ok(()),
         }
     }
+}
+
+/// How a pause is asked for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pause {
+    /// Refused unless the guest answers now.
+    pub healthy: bool,
+    /// The memory is saved (else only the disk is kept).
+    pub keep_memory: bool,
 }

@@ -7,7 +7,7 @@
 pub(crate) mod commands;
 pub(crate) mod create;
 pub mod error;
-mod lifetime;
+pub(crate) mod lifetime;
 pub(crate) mod model;
 pub(crate) mod queries;
 pub(crate) mod state;

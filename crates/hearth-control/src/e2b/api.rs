@@ -34,6 +34,7 @@ use crate::auth::Principal;
 use crate::domain::commands::Capture;
 use crate::domain::commands::SandboxChange;
 use crate::domain::error::DomainError;
+use crate::domain::lifetime::Pause;
 use crate::domain::queries::spec_of;
 use crate::error::Refusal;
 use crate::extract::JsonBody;
@@ -170,23 +171,48 @@ fn is_set(v: &Option<Value>) -> bool {
     v.as_ref().is_some_and(|v| !v.is_null())
 }
 
+/// What an E2B create asks of its sandbox's life: its deadline and what
+/// happens then, whether a pause keeps the memory (`autoPauseMemory`,
+/// E2B's `on_timeout` `mode`), and whether a request resumes it
+/// (`autoResume`).
+struct E2bLifecycle {
+    lifetime: Lifetime,
+    pause_keeps_memory: bool,
+    auto_resume: bool,
+}
+
 impl NewSandbox {
-    /// The lifetime the create asks for, after refusing what Hearth
-    /// cannot honour.
-    fn lifetime(&self) -> E2bResult<(Duration, OnExpiry)> {
-        if self.auto_pause_memory == Some(false) {
-            return Err(not_served(
-                "autoPauseMemory",
-                "a pause without memory is not served; Hearth's pause keeps the memory",
+    /// The lifecycle the create asks for, after refusing what Hearth
+    /// cannot honour and what E2B's API does not accept together.
+    fn lifecycle(&self) -> E2bResult<E2bLifecycle> {
+        let pause = self.auto_pause == Some(true);
+        let auto_resume = match self.auto_resume.as_ref().filter(|v| !v.is_null()) {
+            None => false,
+            Some(ar) => match ar.get("enabled") {
+                Some(Value::Bool(b)) => *b,
+                None | Some(Value::Null) => false,
+                Some(other) => {
+                    return Err(E2bError::bad_request(format!(
+                        "autoResume.enabled: a boolean, got {other}"
+                    )))
+                }
+            },
+        };
+        if self.auto_pause_memory.is_some() && !pause {
+            return Err(E2bError::bad_request(
+                "autoPauseMemory: only with autoPause (what a pause at the timeout keeps)",
             ));
         }
-        if let Some(ar) = self.auto_resume.as_ref().filter(|v| !v.is_null()) {
-            if ar.get("enabled").and_then(Value::as_bool) != Some(false) {
-                return Err(not_served(
-                    "autoResume",
-                    "automatic resume of a paused sandbox is not served; resume it with connect",
-                ));
-            }
+        let pause_keeps_memory = self.auto_pause_memory != Some(false);
+        if auto_resume && !pause {
+            return Err(E2bError::bad_request(
+                "autoResume: only a sandbox that pauses at its timeout (autoPause) resumes",
+            ));
+        }
+        if auto_resume && !pause_keeps_memory {
+            return Err(E2bError::bad_request(
+                "autoResume: a sandbox paused without its memory (autoPauseMemory false) is resumed with connect, not by requests",
+            ));
         }
         if self.secure == Some(false) {
             return Err(not_served(
@@ -204,12 +230,16 @@ impl NewSandbox {
             }
         }
         let timeout = timeout_secs(self.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
-        let on_expiry = if self.auto_pause == Some(true) {
+        let on_expiry = if pause {
             OnExpiry::Pause
         } else {
             OnExpiry::Delete
         };
-        Ok((timeout, on_expiry))
+        Ok(E2bLifecycle {
+            lifetime: Lifetime { timeout, on_expiry },
+            pause_keeps_memory,
+            auto_resume,
+        })
     }
 }
 
@@ -272,6 +302,31 @@ struct DetailBody {
     envd_access_token: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     domain: Option<String>,
+    /// Only for a sandbox made with a lifetime (through E2B's API).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lifecycle: Option<LifecycleBody>,
+}
+
+/// E2B's `SandboxLifecycle`.
+#[derive(Serialize)]
+struct LifecycleBody {
+    #[serde(rename = "autoResume")]
+    auto_resume: bool,
+    #[serde(rename = "onTimeout")]
+    on_timeout: &'static str,
+}
+
+/// The lifecycle E2B reports of a sandbox its spec says.
+fn lifecycle(row: &SandboxRow) -> Option<LifecycleBody> {
+    let spec = spec_of(row).ok()?;
+    let life = spec.lifetime?;
+    Some(LifecycleBody {
+        auto_resume: spec.auto_resume,
+        on_timeout: match life.on_expiry {
+            OnExpiry::Pause => "pause",
+            OnExpiry::Delete => "kill",
+        },
+    })
 }
 
 /// E2B's state of a sandbox: `running` or `paused`; `None` for one being
@@ -327,6 +382,7 @@ impl Control {
             metadata: row.labels.clone(),
             envd_access_token: tokens.map(|t| t.envd.clone()),
             domain: self.cfg.sandbox_domain.clone(),
+            lifecycle: lifecycle(row),
         })
     }
 
@@ -394,9 +450,9 @@ fn template(t: &str) -> E2bResult<SnapshotSelector> {
         .map_err(|e| E2bError::bad_request(format!("templateID: {e}")))
 }
 
-/// The plan of an E2B create against its template's snapshot, ending
-/// `lifetime` after its creation.
-fn plan(req: &NewSandbox, snap: &SnapshotRow, lifetime: Lifetime) -> E2bResult<SandboxPlan> {
+/// The plan of an E2B create against its template's snapshot, living
+/// as `life` says.
+fn plan(req: &NewSandbox, snap: &SnapshotRow, life: E2bLifecycle) -> E2bResult<SandboxPlan> {
     let sizing = resolve_sizing(&SizingRequest {
         vcpus: None,
         cpu_millicores: None,
@@ -427,7 +483,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, lifetime: Lifetime) -> E2bResult<S
             mem: sizing.mem,
             fs_capacity: sizing.fs_capacity,
             persistent: true,
-            preserve_memory_on_stop: true,
+            preserve_memory_on_stop: life.pause_keeps_memory,
             idle_ttl: None,
             delete_after_stop: Some(DEFAULT_DELETE_AFTER_STOP),
             run: run.into(),
@@ -439,10 +495,11 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, lifetime: Lifetime) -> E2bResult<S
             mount_rules: Vec::new(),
             public_ports: Network::public(req.network.as_ref()),
             service_grants: Default::default(),
+            auto_resume: life.auto_resume,
+            lifetime: Some(life.lifetime),
         },
         restore_memory: RestoreMemory::IfPresent,
         wait_for_ready: Some(CREATE_WAIT),
-        lifetime: Some(lifetime),
     })
 }
 
@@ -454,16 +511,15 @@ pub async fn create(
 ) -> E2bResult<Response> {
     let who = who?;
     let req: NewSandbox = json_body(&body?.0)?;
-    let (timeout, on_expiry) = req.lifetime()?;
+    let life = req.lifecycle()?;
     // E2B's create hands out the sandbox's runtime tokens: its caller
     // must be one who may use the sandbox it makes.
     who.require_runtime_as_creator()?;
     let snap = c
         .resolve_snapshot(who.workspace_id, &template(&req.template_id)?)
         .await?;
-    let lifetime = Lifetime { timeout, on_expiry };
     let row = c
-        .create_sandbox(&who, &snap, plan(&req, &snap, lifetime)?)
+        .create_sandbox(&who, &snap, plan(&req, &snap, life)?)
         .await?;
     if row.status != SandboxStatus::Ready {
         let why = row.status_message.clone().unwrap_or_default();
@@ -710,7 +766,8 @@ struct PauseBody {
     require_healthy_guest: Option<bool>,
 }
 
-/// `POST /sandboxes/{id}/pause`: a stop that saves the memory; its
+/// `POST /sandboxes/{id}/pause`: a stop that saves the memory (or, with
+/// `memory: false`, keeps only the disk: the next connect boots it); its
 /// deadline stops with it (a paused sandbox is kept until deleted, or 14
 /// days, as any stopped sandbox).
 pub async fn pause(
@@ -721,17 +778,14 @@ pub async fn pause(
 ) -> E2bResult<StatusCode> {
     let who = who?;
     let req: PauseBody = optional_body(&body?.0)?;
-    if req.memory == Some(false) {
-        return Err(not_served(
-            "memory",
-            "a pause without memory is not served; Hearth's pause keeps the memory",
-        ));
-    }
     let row = c.e2b_find(&who, &id).await?;
     c.pause(
         &who,
         &row,
-        req.require_healthy_guest == Some(true),
+        Pause {
+            healthy: req.require_healthy_guest == Some(true),
+            keep_memory: req.memory != Some(false),
+        },
         "paused through the E2B API",
     )
     .await?;
@@ -749,7 +803,7 @@ struct ConnectBody {
 /// paused sandbox is resumed (201), a running one answered as it is
 /// (200). `timeout` sets the deadline of a resumed sandbox, and moves a
 /// running one's later (never sooner); a sandbox made through LangSmith's
-/// API, which has none, keeps none.
+/// API, which has none, is given one (`Control::extend_on_connect`).
 pub async fn connect(
     State(c): State<Arc<Control>>,
     who: Result<Principal, Refusal>,

@@ -1197,3 +1197,157 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
     let r = call(&s, "GET", "/api/v2/sandboxes/nothing-here", &key, json!({})).await;
     assert_eq!(r.status, 404, "{}", r.text());
 }
+
+/// E2B's lifecycle (issue 42): a sandbox made to pause at its timeout
+/// keeps its memory (or, with `autoPauseMemory: false`, its disk alone);
+/// one made with `autoResume` is resumed by its next envd request, with
+/// its lifetime again; one without answers that it is not running until a
+/// connect resumes it; a pause asked with `memory: false` keeps the disk
+/// alone. `GET` reports the lifecycle as E2B's `SandboxLifecycle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_lifecycle_pauses_and_resumes_as_asked() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let create = |body: Value| {
+        let (s, key) = (&s, &key);
+        async move {
+            let r = call(s, "POST", "/v2/sandboxes", key, body).await;
+            assert_eq!(r.status, 201, "{}", r.text());
+            let sb = r.json().unwrap();
+            (
+                sb["sandboxID"].as_str().unwrap().to_owned(),
+                sb["envdAccessToken"].as_str().unwrap().to_owned(),
+            )
+        }
+    };
+    let (resumes, resumes_token) = create(json!({"templateID": "base", "timeout": 30,
+        "autoPause": true, "autoResume": {"enabled": true}}))
+    .await;
+    let (disk_only, disk_only_token) = create(json!({"templateID": "base", "timeout": 30,
+        "autoPause": true, "autoPauseMemory": false}))
+    .await;
+    let (asked, _) = create(json!({"templateID": "base", "timeout": 3600})).await;
+    let d = detail(&s, &key, &resumes).await;
+    assert_eq!(
+        d["lifecycle"],
+        json!({"autoResume": true, "onTimeout": "pause"})
+    );
+    let d = detail(&s, &key, &disk_only).await;
+    assert_eq!(
+        d["lifecycle"],
+        json!({"autoResume": false, "onTimeout": "pause"})
+    );
+    let d = detail(&s, &key, &asked).await;
+    assert_eq!(
+        d["lifecycle"],
+        json!({"autoResume": false, "onTimeout": "kill"})
+    );
+
+    // Both pause at their deadline: one with its memory, one without.
+    let vm = |id: &str| {
+        let id: hearth_types::SandboxId = id.parse().unwrap();
+        sim.vm(hearth_types::VmId::from(*id.as_uuid()))
+            .expect("its VM")
+    };
+    let report = s
+        .control
+        .reap_at(Timestamp::now().plus(Duration::from_secs(600)))
+        .await;
+    assert_eq!(report.deadlines_expired, 2, "{report:?}");
+    for id in [&resumes, &disk_only] {
+        assert_eq!(detail(&s, &key, id).await["state"], "paused");
+    }
+    assert!(vm(&resumes).saved.is_some(), "the memory was kept");
+    assert!(vm(&disk_only).saved.is_none(), "only the disk was kept");
+
+    // An envd request resumes the one with autoResume, and it has its
+    // lifetime again; the other is not running until a connect.
+    let health = |id: &str, token: &str| {
+        let headers = vec![
+            ("e2b-sandbox-id".to_owned(), id.to_owned()),
+            ("x-access-token".to_owned(), token.to_owned()),
+        ];
+        crate::harness::RawRequest::new("GET", "/health", &headers, Vec::new())
+    };
+    let r = send(s.addr, &health(&disk_only, &disk_only_token).bytes()).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(e2b_error(&r).1.contains("not running"), "{}", r.text());
+    let r = send(s.addr, &health(&resumes, &resumes_token).bytes()).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(detail(&s, &key, &resumes).await["state"], "running");
+    counts_from_now(&s, &key, &resumes, 30).await;
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{disk_only}/connect"),
+        &key,
+        json!({"timeout": 60}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "resumed: {}", r.text());
+    ready(&s, &disk_only).await;
+    counts_from_now(&s, &key, &disk_only, 60).await;
+    // A connect gives the lifetime's end again: the next deadline pauses.
+    let report = s
+        .control
+        .reap_at(Timestamp::now().plus(Duration::from_secs(120)))
+        .await;
+    assert_eq!(report.deadlines_expired, 2, "{report:?}");
+    assert_eq!(detail(&s, &key, &disk_only).await["state"], "paused");
+    assert_eq!(detail(&s, &key, &resumes).await["state"], "paused");
+
+    // A request to a port by name resumes it too; without autoResume the
+    // port answers that the sandbox is not running.
+    let r = to_host(&s, &format!("8000-{resumes}.{TEST_DOMAIN}"), "/", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(detail(&s, &key, &resumes).await["state"], "running");
+    let r = to_host(&s, &format!("8000-{disk_only}.{TEST_DOMAIN}"), "/", &[]).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(detail(&s, &key, &disk_only).await["state"], "paused");
+
+    // A pause asked without memory keeps the disk alone.
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{asked}/pause"),
+        &key,
+        json!({"memory": false}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert!(vm(&asked).saved.is_none());
+    assert_eq!(detail(&s, &key, &asked).await["state"], "paused");
+
+    // What E2B's API does not take together is refused, naming it.
+    for (body, field) in [
+        (
+            json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false,
+                "autoResume": {"enabled": true}}),
+            "autoResume",
+        ),
+        (
+            json!({"templateID": "base", "autoPause": true, "autoResume": {"enabled": "yes"}}),
+            "autoResume.enabled",
+        ),
+    ] {
+        let r = call(&s, "POST", "/v2/sandboxes", &key, body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert!(e2b_error(&r).1.contains(field), "{body}: {}", r.text());
+    }
+    // A sandbox made through LangSmith's API has no deadline: an E2B
+    // connect with a timeout gives it one, as asked (it was ignored).
+    let ls = s.sandbox("ls-made").await;
+    let ls_id = ls["id"].as_str().unwrap().to_owned();
+    let admin = s.admin.clone();
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{ls_id}/connect"),
+        &admin,
+        json!({"timeout": 90}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    counts_from_now(&s, &admin, &ls_id, 90).await;
+    s.stop().await;
+}

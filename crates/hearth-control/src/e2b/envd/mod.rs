@@ -145,12 +145,20 @@ pub(super) async fn target(c: &Arc<Control>, headers: &HeaderMap) -> E2bResult<T
         Err(crate::runtime_tokens::TokenRefusal::Gone) => return Err(not_running()),
         Err(refused) => return Err(E2bError::new(401, refused.to_string())),
     };
-    if row.status != SandboxStatus::Ready {
-        return Err(not_running());
-    }
-    let guest = c.ready_guest(&row).await.map_err(|_| not_running())?;
-    c.touch(&row).await;
     let spec = spec_of(&row).ok();
+    let (row, guest) = if row.status == SandboxStatus::Ready {
+        let guest = c.ready_guest(&row).await.map_err(|_| not_running())?;
+        c.touch(&row).await;
+        (row, guest)
+    } else if row.status == SandboxStatus::Stopped && spec.as_ref().is_some_and(|s| s.auto_resume) {
+        // E2B's autoResume: the request resumes the paused sandbox.
+        c.wake(row).await.map_err(|e| {
+            tracing::info!(sandbox = %id, error = %e, "an envd request could not resume its sandbox");
+            not_running()
+        })?
+    } else {
+        return Err(not_running());
+    };
     Ok(Target {
         user: spec.as_ref().and_then(|s| s.run.user.clone()),
         work_dir: spec.as_ref().and_then(|s| s.run.work_dir.clone()),
