@@ -148,6 +148,14 @@ pub fn options(
             o.cache_max_bytes = Some(max);
         }
         if let Some(s) = c.writeback_seconds {
+            if o.read_only {
+                // Nothing is written to write back: the field would do
+                // nothing, so it is refused rather than accepted.
+                return refuse(
+                    &format!("{at}.cache.writeback_seconds"),
+                    "not supported on a read_only mount (it writes nothing back)",
+                );
+            }
             if s > MAX_WRITEBACK_SECS {
                 return refuse(
                     &format!("{at}.cache.writeback_seconds"),
@@ -374,6 +382,29 @@ mod tests {
         for bad in ["/", "a//b", "a/../b", "./a", "a\nb"] {
             assert!(check_prefix("f", Some(bad)).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_read_only_mount_refuses_a_writeback_delay() {
+        let cache = MountCache {
+            max_size_bytes: Some(64 << 20),
+            writeback_seconds: Some(5),
+        };
+        let e = options("mounts[0]", Some(true), Some(&cache)).unwrap_err();
+        assert!(
+            e.to_string().contains("mounts[0].cache.writeback_seconds")
+                && e.to_string().contains("not supported"),
+            "{e}"
+        );
+        let o = options("mounts[0]", Some(false), Some(&cache)).unwrap();
+        assert_eq!(o.writeback, Some(Duration::from_secs(5)));
+        // The cache's size is the reads' too: it acts on a read-only one.
+        let read_cache = MountCache {
+            writeback_seconds: None,
+            ..cache
+        };
+        let o = options("mounts[0]", Some(true), Some(&read_cache)).unwrap();
+        assert_eq!(o.cache_max_bytes, Some(64 << 20));
     }
 
     #[test]

@@ -538,14 +538,14 @@ fn nested_objects() {
                     "access_key_id": {"type": "workspace_secret", "value": "{AWS_ID}"},
                     "secret_access_key": {"type": "workspace_secret", "value": "{AWS_KEY}"}}},
                     "mounts": [{"id": "m", "type": "s3", "mount_path": "/mnt/mounts/m/", "read_only": true,
-                    "cache": {"max_size_bytes": 1048576, "writeback_seconds": 2},
+                    "cache": {"max_size_bytes": 1048576},
                     "s3": {"bucket": "data", "region": "us-east-1", "endpoint_url": "https://s3.test:9000/",
                            "prefix": "/in/", "path_style": true}}]}}),
                 Plan(json!({
                     "mounts": [{"id": "m", "path": "/mnt/mounts/m", "source": {"s3": {
                         "endpoint": "https://s3.test:9000", "region": "us-east-1", "bucket": "data",
                         "prefix": "in", "path_style": true, "signed": true,
-                        "options": {"read_only": true, "cache_max_bytes": 1048576, "writeback": 2}}}}],
+                        "options": {"read_only": true, "cache_max_bytes": 1048576}}}}],
                     "mount_rules": [{"name": "mount_config.auth.aws:m", "description": null, "enabled": true,
                         "match_hosts": ["s3.test"], "match_paths": ["/data", "/data/*"], "match_headers": [],
                         "headers": [], "env": {},
@@ -598,6 +598,12 @@ fn nested_objects() {
             (
                 json!({"mount_config": {"mounts": [{"id": "m", "type": "gcs", "mount_path": "/mnt/m",
                     "cache": {"writeback_seconds": 7200}, "gcs": {"bucket": "data"}}]}}),
+                Field("writeback_seconds"),
+            ),
+            // A read-only mount writes nothing back: a delay is refused.
+            (
+                json!({"mount_config": {"mounts": [{"id": "m", "type": "gcs", "mount_path": "/mnt/m",
+                    "read_only": true, "cache": {"writeback_seconds": 5}, "gcs": {"bucket": "data"}}]}}),
                 Field("writeback_seconds"),
             ),
             (

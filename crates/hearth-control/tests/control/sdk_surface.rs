@@ -336,12 +336,13 @@ fn exercises() -> Vec<(&'static str, Value)> {
                 },
                 "mounts": [{
                     "id": "data", "type": "s3", "mount_path": "/mnt/data", "read_only": true,
-                    "cache": {"max_size_bytes": 1 << 30, "writeback_seconds": 10},
+                    "cache": {"max_size_bytes": 1 << 30},
                     "encryption": {"kms_key": "arn:aws:kms:us-east-1:123456789012:key/k"},
                     "s3": {"endpoint_url": "https://s3.example.com", "region": "us-east-1",
                            "bucket": "surface-data", "prefix": "in", "path_style": true},
                 }, {
                     "id": "media", "type": "gcs", "mount_path": "/mnt/media",
+                    "cache": {"writeback_seconds": 10},
                     "gcs": {"bucket": "surface-media", "prefix": "p"},
                 }],
             }}),
