@@ -72,6 +72,34 @@ async fn workspace(db: &hearth_db::Db) -> WorkspaceId {
     ws
 }
 
+/// One replica over a fresh SQLite database and one simulated host, with
+/// a workspace.
+struct OneReplica {
+    _url: hearth_db::testing::TestUrl,
+    db: hearth_db::Db,
+    sim: Arc<SimHost>,
+    host: HostId,
+    control: Arc<Control>,
+    ws: WorkspaceId,
+}
+
+async fn one_replica(cfg: &ControlConfig) -> OneReplica {
+    let url = hearth_db::testing::sqlite_url();
+    let db = hearth_db::Db::connect(&url.url).await.unwrap();
+    let sim = Arc::new(SimHost::new());
+    let host = HostId::new();
+    let control = replica(&db, cfg, &sim, host).await;
+    let ws = workspace(&db).await;
+    OneReplica {
+        _url: url,
+        db,
+        sim,
+        host,
+        control,
+        ws,
+    }
+}
+
 /// A sandbox row and, when it runs, its VM on the host.
 async fn sandbox(db: &hearth_db::Db, sim: &SimHost, r: SandboxRow) -> SandboxRow {
     db.insert_sandbox(&r).await.unwrap();
@@ -335,16 +363,18 @@ async fn hosts_reporting_one_bucket_are_collected_once_per_interval() {
 /// reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_boot_its_replica_did_not_record_is_recorded_ready() {
-    let url = hearth_db::testing::sqlite_url();
-    let db = Db::connect(&url.url).await.unwrap();
-    let sim = Arc::new(SimHost::new());
-    let host = HostId::new();
     let cfg = ControlConfig {
         orphan_after: Duration::ZERO,
         ..ControlConfig::default()
     };
-    let control = replica(&db, &cfg, &sim, host).await;
-    let ws = workspace(&db).await;
+    let OneReplica {
+        _url,
+        db,
+        sim,
+        host,
+        control,
+        ws,
+    } = one_replica(&cfg).await;
     let booted = sandbox(
         &db,
         &sim,
@@ -442,12 +472,14 @@ async fn a_boot_whose_replica_died_is_failed_after_orphan_after() {
 /// sandbox whose VM really died is still failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_boot_that_ends_while_its_host_is_listed_is_not_failed() {
-    let url = hearth_db::testing::sqlite_url();
-    let db = Db::connect(&url.url).await.unwrap();
-    let sim = Arc::new(SimHost::new());
-    let host = HostId::new();
-    let control = replica(&db, &ControlConfig::default(), &sim, host).await;
-    let ws = workspace(&db).await;
+    let OneReplica {
+        _url,
+        db,
+        sim,
+        host,
+        control,
+        ws,
+    } = one_replica(&ControlConfig::default()).await;
     let crashed = sandbox(&db, &sim, row(ws, host, "crashed", SandboxStatus::Ready)).await;
     assert!(sim.crash(vm(crashed.id), "test"));
     let booting = row(ws, host, "booting", SandboxStatus::Provisioning);
@@ -507,12 +539,14 @@ async fn a_boot_that_ends_while_its_host_is_listed_is_not_failed() {
 /// row, and a restart reads the host whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_reads_only_what_changed_on_a_host() {
-    let url = hearth_db::testing::sqlite_url();
-    let db = Db::connect(&url.url).await.unwrap();
-    let sim = Arc::new(SimHost::new());
-    let host = HostId::new();
-    let control = replica(&db, &ControlConfig::default(), &sim, host).await;
-    let ws = workspace(&db).await;
+    let OneReplica {
+        _url,
+        db,
+        sim,
+        host,
+        control,
+        ws,
+    } = one_replica(&ControlConfig::default()).await;
     let mut rows = Vec::new();
     for i in 0..20 {
         let name = format!("s{i}");
