@@ -12,8 +12,10 @@ use serde::{Deserialize, Serialize};
 /// Version 3 adds [`Request::Clock`], version 4 [`Request::Identity`],
 /// version 5 [`Request::Stdin`] and [`Request::Commands`], version 6
 /// [`Request::Resize`], version 7 [`Request::Follow`], version 8 the
-/// watchers ([`Request::WatchStart`] and friends).
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8];
+/// watchers ([`Request::WatchStart`] and friends), version 9 file
+/// operations as a user (`user` on the file requests) and owners in
+/// [`FileStat`].
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8, 9];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -39,6 +41,11 @@ pub const FOLLOW_VERSION: u16 = 7;
 
 /// The first protocol version with directory watchers.
 pub const WATCH_VERSION: u16 = 8;
+
+/// The first protocol version whose file requests take a `user` (the
+/// kernel checks that user's permissions, and what the request creates is
+/// theirs) and whose [`FileStat`] names the owner and group.
+pub const FILE_USER_VERSION: u16 = 9;
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -94,28 +101,52 @@ pub enum Request {
         offset: u64,
         #[serde(default)]
         length: Option<u64>,
+        /// Act as this user (name or uid; see [`FILE_USER_VERSION`]);
+        /// none: as root. A relative path resolves against their home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Create or replace a file with the `Data` the host sends until `Eof`.
     WriteFile {
         path: String,
         #[serde(default)]
         mode: Option<u32>,
+        /// Act as this user (name or uid; see [`FILE_USER_VERSION`]);
+        /// none: as root. A relative path resolves against their home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     Stat {
         path: String,
+        /// Act as this user (name or uid; see [`FILE_USER_VERSION`]);
+        /// none: as root. A relative path resolves against their home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     List {
         path: String,
+        /// Act as this user (name or uid; see [`FILE_USER_VERSION`]);
+        /// none: as root. A relative path resolves against their home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     Mkdir {
         path: String,
         #[serde(default)]
         parents: bool,
+        /// Act as this user (name or uid; see [`FILE_USER_VERSION`]);
+        /// none: as root. A relative path resolves against their home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     Remove {
         path: String,
         #[serde(default)]
         recursive: bool,
+        /// Act as this user (name or uid; see [`FILE_USER_VERSION`]);
+        /// none: as root. A relative path resolves against their home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Entries under the directory `path` whose path relative to it matches
     /// the glob `pattern` (`**` spans directories; `*`, `?`, `[…]` stay in
@@ -584,7 +615,8 @@ pub enum Reply {
     Written {
         bytes: u64,
     },
-    Stat(FileStat),
+    /// Boxed: the largest reply, kept off every other reply's size.
+    Stat(Box<FileStat>),
     List {
         entries: Vec<FileStat>,
     },
@@ -667,6 +699,13 @@ pub struct FileStat {
     pub mtime_ns: i64,
     #[serde(default)]
     pub ino: u64,
+    /// Owner and group, by name where the guest's `/etc/passwd` and
+    /// `/etc/group` have one, else the number (from [`FILE_USER_VERSION`];
+    /// older guests say nothing, read as empty).
+    #[serde(default)]
+    pub owner: String,
+    #[serde(default)]
+    pub group: String,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -781,13 +820,14 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), Some(8));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), Some(9));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8]), Some(8));
         assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6]), Some(6));
         assert_eq!(negotiate(&[1, 2, 3, 4]), Some(4));
         assert_eq!(negotiate(&[1, 2, 3]), Some(3));
         assert_eq!(negotiate(&[1, 2]), Some(2));
         assert_eq!(negotiate(&[1]), Some(1));
-        assert_eq!(negotiate(&[9]), None);
+        assert_eq!(negotiate(&[10]), None);
         assert_eq!(negotiate(&[]), None);
     }
 }

@@ -18,9 +18,14 @@ use tokio::io::AsyncWriteExt;
 
 use tokio::sync::mpsc;
 
-use crate::{sys, users};
+use crate::users::{self, Actor, Names};
 
 pub(crate) fn resolve(path: &str) -> Result<PathBuf, OpError> {
+    resolve_in(users::default_home(), path)
+}
+
+/// `path`, relative ones against `home`.
+fn resolve_in(home: &str, path: &str) -> Result<PathBuf, OpError> {
     if path.is_empty() {
         return Err(OpError::new(OpErrorKind::InvalidPath, "the path is empty"));
     }
@@ -34,8 +39,27 @@ pub(crate) fn resolve(path: &str) -> Result<PathBuf, OpError> {
     Ok(if p.is_absolute() {
         p.to_path_buf()
     } else {
-        Path::new(users::default_home()).join(p)
+        Path::new(home).join(p)
     })
+}
+
+/// Who a request acts as, and its path resolved for them.
+fn actor_and_path(user: Option<&str>, path: &str) -> Result<(Actor, PathBuf), OpError> {
+    let actor = Actor::named(user).map_err(|e| OpError::new(OpErrorKind::BadRequest, e))?;
+    let p = resolve_in(actor.home(), path)?;
+    Ok((actor, p))
+}
+
+/// Runs a blocking file operation as `actor`.
+async fn acting<R, F>(actor: &Actor, f: F) -> Result<R, OpError>
+where
+    R: Send + 'static,
+    F: FnOnce() -> Result<R, OpError> + Send + 'static,
+{
+    actor
+        .run(f)
+        .await
+        .map_err(|e| OpError::new(OpErrorKind::Io, format!("cannot act as the user: {e}")))?
 }
 
 async fn reply(stream: &Stream, r: Reply) {
@@ -46,7 +70,7 @@ async fn reply_result(stream: &Stream, r: Result<Reply, OpError>) {
     reply(stream, r.unwrap_or_else(Reply::Error)).await
 }
 
-fn stat_of(path: &Path, meta: &std::fs::Metadata) -> FileStat {
+fn stat_of(path: &Path, meta: &std::fs::Metadata, names: &Names) -> FileStat {
     let ft = meta.file_type();
     FileStat {
         name: path
@@ -68,6 +92,8 @@ fn stat_of(path: &Path, meta: &std::fs::Metadata) -> FileStat {
         mtime: meta.mtime(),
         mtime_ns: mtime_ns(meta),
         ino: meta.ino(),
+        owner: names.user(meta.uid()),
+        group: names.group(meta.gid()),
     }
 }
 
@@ -137,7 +163,7 @@ fn open_regular(
     // bytes that follow, even if the path is replaced.
     let meta = f.metadata().map_err(io)?;
     regular(path, &meta)?;
-    sys::clear_nonblocking(&f).map_err(io)?;
+    crate::sys::clear_nonblocking(&f).map_err(io)?;
     let size = meta.len();
     let start = offset.min(size);
     let len = length.map_or(size - start, |l| l.min(size - start));
@@ -151,13 +177,17 @@ fn open_regular(
     Ok((f, info, len))
 }
 
-pub async fn read_file(stream: Stream, path: String, offset: u64, length: Option<u64>) {
-    let result = match resolve(&path) {
-        Ok(p) => {
+pub async fn read_file(
+    stream: Stream,
+    path: String,
+    offset: u64,
+    length: Option<u64>,
+    user: Option<String>,
+) {
+    let result = match actor_and_path(user.as_deref(), &path) {
+        Ok((actor, p)) => {
             let path = path.clone();
-            tokio::task::spawn_blocking(move || open_regular(&p, &path, offset, length))
-                .await
-                .unwrap_or_else(|e| Err(OpError::new(OpErrorKind::Io, format!("open: {e}"))))
+            acting(&actor, move || open_regular(&p, &path, offset, length)).await
         }
         Err(e) => Err(e),
     };
@@ -201,7 +231,7 @@ fn spawn_reader(f: std::fs::File, len: u64) -> mpsc::Receiver<std::io::Result<By
         while left > 0 {
             let mut buf = BytesMut::new();
             let want = left.min(MAX_PAYLOAD as u64) as usize;
-            match sys::read_into(&f, &mut buf, want) {
+            match crate::sys::read_into(&f, &mut buf, want) {
                 Ok(0) => return,
                 Ok(n) => {
                     left -= n as u64;
@@ -223,10 +253,10 @@ fn spawn_reader(f: std::fs::File, len: u64) -> mpsc::Receiver<std::io::Result<By
 /// A write may replace only a regular file (or create a new one): an
 /// existing directory, device, FIFO or socket at the path, or behind a
 /// symbolic link there, is refused and left untouched.
-async fn check_write_target(p: &Path, path: &str) -> Result<(), OpError> {
+fn check_write_target(p: &Path, path: &str) -> Result<(), OpError> {
     let io = |e: std::io::Error| OpError::from_io(&e, path);
-    match tokio::fs::symlink_metadata(p).await {
-        Ok(meta) if meta.file_type().is_symlink() => match tokio::fs::metadata(p).await {
+    match std::fs::symlink_metadata(p) {
+        Ok(meta) if meta.file_type().is_symlink() => match std::fs::metadata(p) {
             Ok(target) => regular(path, &target),
             // A dangling link is replaced like a missing file.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -240,31 +270,30 @@ async fn check_write_target(p: &Path, path: &str) -> Result<(), OpError> {
 
 /// Creates the temporary file a write goes to, exclusively (never opening
 /// whatever a stale name holds: a leftover is removed first).
-async fn create_temp(tmp: &Path) -> std::io::Result<tokio::fs::File> {
-    let mut options = tokio::fs::OpenOptions::new();
+fn create_temp(tmp: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true).mode(0o600);
-    match options.open(tmp).await {
+    match options.open(tmp) {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            tokio::fs::remove_file(tmp).await?;
-            options.open(tmp).await
+            std::fs::remove_file(tmp)?;
+            options.open(tmp)
         }
         r => r,
     }
 }
 
-pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
-    let p = match resolve(&path) {
-        Ok(p) => p,
+/// Writes a file from the `Data` the host sends until `Eof`, to a
+/// temporary name in its directory, renamed over the path at the end
+/// (readers see the old file or the new one). The directories it makes,
+/// the temporary file and the rename are the actor's: their permissions
+/// apply and what is made is theirs.
+pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>, user: Option<String>) {
+    let (actor, p) = match actor_and_path(user.as_deref(), &path) {
+        Ok(v) => v,
         Err(e) => return reply(&stream, Reply::Error(e)).await,
     };
     let io = |e: std::io::Error| OpError::from_io(&e, &path);
-    if let Err(e) = check_write_target(&p, &path).await {
-        return reply(&stream, Reply::Error(e)).await;
-    }
     let dir = p.parent().unwrap_or(Path::new("/")).to_path_buf();
-    if let Err(e) = tokio::fs::create_dir_all(&dir).await {
-        return reply(&stream, Reply::Error(io(e))).await;
-    }
     let name = p
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -273,9 +302,19 @@ pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
         ".{name}.hearth-{}",
         std::process::id() as u64 ^ stream.id() as u64
     ));
-    let mut f = match create_temp(&tmp).await {
-        Ok(f) => f,
-        Err(e) => return reply(&stream, Reply::Error(io(e))).await,
+    let opened = {
+        let (p, path, dir, tmp) = (p.clone(), path.clone(), dir.clone(), tmp.clone());
+        acting(&actor, move || {
+            let io = |e: std::io::Error| OpError::from_io(&e, &path);
+            check_write_target(&p, &path)?;
+            std::fs::create_dir_all(&dir).map_err(io)?;
+            create_temp(&tmp).map_err(io)
+        })
+        .await
+    };
+    let mut f = match opened {
+        Ok(f) => tokio::fs::File::from_std(f),
+        Err(e) => return reply(&stream, Reply::Error(e)).await,
     };
     let mut written = 0u64;
     let outcome: Result<(), Option<OpError>> = loop {
@@ -295,13 +334,15 @@ pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
         outcome?;
         f.flush().await.map_err(|e| Some(io(e)))?;
         let perm = std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777);
-        tokio::fs::set_permissions(&tmp, perm)
-            .await
-            .map_err(|e| Some(io(e)))?;
-        // Again, just before replacing: the path may have changed meanwhile.
-        check_write_target(&p, &path).await.map_err(Some)?;
-        tokio::fs::rename(&tmp, &p).await.map_err(|e| Some(io(e)))?;
-        Ok::<(), Option<OpError>>(())
+        f.set_permissions(perm).await.map_err(|e| Some(io(e)))?;
+        let (p, path, tmp) = (p.clone(), path.clone(), tmp.clone());
+        acting(&actor, move || {
+            // Again, just before replacing: the path may have changed meanwhile.
+            check_write_target(&p, &path)?;
+            std::fs::rename(&tmp, &p).map_err(|e| OpError::from_io(&e, &path))
+        })
+        .await
+        .map_err(Some)
     }
     .await;
     match finish {
@@ -315,76 +356,87 @@ pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>) {
     }
 }
 
-pub async fn stat(stream: Stream, path: String) {
+pub async fn stat(stream: Stream, path: String, user: Option<String>) {
     let r = async {
-        let p = resolve(&path)?;
-        let meta = tokio::fs::symlink_metadata(&p)
-            .await
-            .map_err(|e| OpError::from_io(&e, &path))?;
-        Ok(Reply::Stat(stat_of(&p, &meta)))
+        let (actor, p) = actor_and_path(user.as_deref(), &path)?;
+        acting(&actor, move || {
+            let meta = std::fs::symlink_metadata(&p).map_err(|e| OpError::from_io(&e, &path))?;
+            Ok(Reply::Stat(Box::new(stat_of(&p, &meta, &Names::load()))))
+        })
+        .await
     }
     .await;
     reply_result(&stream, r).await
 }
 
-pub async fn list(stream: Stream, path: String) {
+pub async fn list(stream: Stream, path: String, user: Option<String>) {
     let r = async {
-        let p = resolve(&path)?;
-        let io = |e: std::io::Error| OpError::from_io(&e, &path);
-        let mut rd = tokio::fs::read_dir(&p).await.map_err(io)?;
-        let mut entries = Vec::new();
-        while let Some(e) = rd.next_entry().await.map_err(io)? {
-            if let Ok(meta) = tokio::fs::symlink_metadata(e.path()).await {
-                entries.push(stat_of(&e.path(), &meta));
+        let (actor, p) = actor_and_path(user.as_deref(), &path)?;
+        acting(&actor, move || {
+            let io = |e: std::io::Error| OpError::from_io(&e, &path);
+            let names = Names::load();
+            let mut entries = Vec::new();
+            for e in std::fs::read_dir(&p).map_err(io)? {
+                let e = e.map_err(io)?;
+                if let Ok(meta) = std::fs::symlink_metadata(e.path()) {
+                    entries.push(stat_of(&e.path(), &meta, &names));
+                }
+                // A reply must fit in one frame.
+                if entries.len() >= 200 {
+                    break;
+                }
             }
-            // A reply must fit in one frame.
-            if entries.len() >= 200 {
-                break;
-            }
-        }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Reply::List { entries })
+            entries.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(Reply::List { entries })
+        })
+        .await
     }
     .await;
     reply_result(&stream, r).await
 }
 
-pub async fn mkdir(stream: Stream, path: String, parents: bool) {
+pub async fn mkdir(stream: Stream, path: String, parents: bool, user: Option<String>) {
     let r = async {
-        let p = resolve(&path)?;
-        let res = if parents {
-            tokio::fs::create_dir_all(&p).await
-        } else {
-            tokio::fs::create_dir(&p).await
-        };
-        res.map_err(|e| OpError::from_io(&e, &path))?;
-        Ok(Reply::Ok)
+        let (actor, p) = actor_and_path(user.as_deref(), &path)?;
+        acting(&actor, move || {
+            let res = if parents {
+                std::fs::create_dir_all(&p)
+            } else {
+                std::fs::create_dir(&p)
+            };
+            res.map_err(|e| OpError::from_io(&e, &path))?;
+            Ok(Reply::Ok)
+        })
+        .await
     }
     .await;
     reply_result(&stream, r).await
 }
 
-pub async fn remove(stream: Stream, path: String, recursive: bool) {
+pub async fn remove(stream: Stream, path: String, recursive: bool, user: Option<String>) {
     let r = async {
-        let p = resolve(&path)?;
+        let (actor, p) = actor_and_path(user.as_deref(), &path)?;
         if p == Path::new("/") {
             return Err(OpError::new(
                 OpErrorKind::InvalidPath,
                 "refusing to remove /",
             ));
         }
-        let io = |e: std::io::Error| OpError::from_io(&e, &path);
-        let meta = tokio::fs::symlink_metadata(&p).await.map_err(io)?;
-        if meta.is_dir() {
-            if recursive {
-                tokio::fs::remove_dir_all(&p).await.map_err(io)?;
+        acting(&actor, move || {
+            let io = |e: std::io::Error| OpError::from_io(&e, &path);
+            let meta = std::fs::symlink_metadata(&p).map_err(io)?;
+            if meta.is_dir() {
+                if recursive {
+                    std::fs::remove_dir_all(&p).map_err(io)?;
+                } else {
+                    std::fs::remove_dir(&p).map_err(io)?;
+                }
             } else {
-                tokio::fs::remove_dir(&p).await.map_err(io)?;
+                std::fs::remove_file(&p).map_err(io)?;
             }
-        } else {
-            tokio::fs::remove_file(&p).await.map_err(io)?;
-        }
-        Ok(Reply::Ok)
+            Ok(Reply::Ok)
+        })
+        .await
     }
     .await;
     reply_result(&stream, r).await
@@ -467,8 +519,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    #[tokio::test]
-    async fn finding10_writes_replace_only_regular_files() {
+    #[test]
+    fn finding10_writes_replace_only_regular_files() {
         let dir = scratch("write");
         let check = |name: &str| {
             let p = if name.starts_with('/') {
@@ -476,21 +528,18 @@ mod tests {
             } else {
                 dir.join(name)
             };
-            async move { check_write_target(&p, &p.to_string_lossy()).await }
+            check_write_target(&p, &p.to_string_lossy())
         };
+        assert_eq!(kind_of(check("/dev/null")), Some(OpErrorKind::NotAFile));
+        assert_eq!(kind_of(check("fifo")), Some(OpErrorKind::NotAFile));
+        assert_eq!(kind_of(check("to-null")), Some(OpErrorKind::NotAFile));
+        assert_eq!(kind_of(check("/")), Some(OpErrorKind::IsADirectory));
         assert_eq!(
-            kind_of(check("/dev/null").await),
-            Some(OpErrorKind::NotAFile)
-        );
-        assert_eq!(kind_of(check("fifo").await), Some(OpErrorKind::NotAFile));
-        assert_eq!(kind_of(check("to-null").await), Some(OpErrorKind::NotAFile));
-        assert_eq!(kind_of(check("/").await), Some(OpErrorKind::IsADirectory));
-        assert_eq!(
-            kind_of(check(&dir.to_string_lossy()).await),
+            kind_of(check(&dir.to_string_lossy())),
             Some(OpErrorKind::IsADirectory)
         );
         for ok in ["file", "to-file", "dangling", "new"] {
-            assert_eq!(check(ok).await, Ok(()), "{ok}");
+            assert_eq!(check(ok), Ok(()), "{ok}");
         }
         // A stale temporary file (even a FIFO) does not block a write.
         let tmp = dir.join("stale");
@@ -498,11 +547,9 @@ mod tests {
             .arg(&tmp)
             .status()
             .unwrap();
-        let f = tokio::time::timeout(Duration::from_secs(2), create_temp(&tmp))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(f.metadata().await.unwrap().is_file());
+        // (Opened with O_CREAT|O_EXCL after the removal: never blocks.)
+        let f = create_temp(&tmp).unwrap();
+        assert!(f.metadata().unwrap().is_file());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

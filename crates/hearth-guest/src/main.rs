@@ -172,12 +172,23 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
             path,
             offset,
             length,
-        } => files::read_file(stream, path, offset, length).await,
-        Request::WriteFile { path, mode } => files::write_file(stream, path, mode).await,
-        Request::Stat { path } => files::stat(stream, path).await,
-        Request::List { path } => files::list(stream, path).await,
-        Request::Mkdir { path, parents } => files::mkdir(stream, path, parents).await,
-        Request::Remove { path, recursive } => files::remove(stream, path, recursive).await,
+            user,
+        } => files::read_file(stream, path, offset, length, user).await,
+        Request::WriteFile { path, mode, user } => {
+            files::write_file(stream, path, mode, user).await
+        }
+        Request::Stat { path, user } => files::stat(stream, path, user).await,
+        Request::List { path, user } => files::list(stream, path, user).await,
+        Request::Mkdir {
+            path,
+            parents,
+            user,
+        } => files::mkdir(stream, path, parents, user).await,
+        Request::Remove {
+            path,
+            recursive,
+            user,
+        } => files::remove(stream, path, recursive, user).await,
         Request::Glob {
             path,
             pattern,

@@ -57,6 +57,8 @@ pub struct GuestClient {
     mux: Mux,
     pub agent_version: String,
     pub protocol_version: u16,
+    /// Who file operations act as (`None`: root); see [`Self::acting_as`].
+    file_user: Option<String>,
 }
 
 impl GuestClient {
@@ -86,6 +88,7 @@ impl GuestClient {
             mux,
             agent_version: ack.agent_version,
             protocol_version: ack.version.unwrap_or(0),
+            file_user: None,
         })
     }
 
@@ -171,6 +174,26 @@ impl GuestClient {
                 self.protocol_version
             ),
         )))
+    }
+
+    /// This client with its file operations (read, write, stat, list,
+    /// mkdir, remove) acting as `user` (a name or uid; `None` or root: as
+    /// root): the guest checks that user's permissions, makes what they
+    /// create theirs and resolves relative paths against their home. An
+    /// error for another user when the guest is older than
+    /// [`hearth_guest_proto::FILE_USER_VERSION`].
+    pub fn acting_as(&self, user: Option<&str>) -> Result<Self, GuestError> {
+        let user = user.filter(|u| !matches!(*u, "root" | "0"));
+        if let Some(u) = user {
+            self.needs(
+                hearth_guest_proto::FILE_USER_VERSION,
+                &format!("acting on files as {u:?}"),
+            )?;
+        }
+        Ok(Self {
+            file_user: user.map(str::to_owned),
+            ..self.clone()
+        })
     }
 
     /// The commands running in the guest.
@@ -278,14 +301,28 @@ impl GuestClient {
     }
 
     pub async fn stat(&self, path: &str) -> Result<FileStat, GuestError> {
-        match self.call(&Request::Stat { path: path.into() }).await? {
-            Reply::Stat(s) => Ok(s),
+        let user = self.file_user.clone();
+        match self
+            .call(&Request::Stat {
+                path: path.into(),
+                user,
+            })
+            .await?
+        {
+            Reply::Stat(s) => Ok(*s),
             other => Err(unexpected(&other)),
         }
     }
 
     pub async fn list(&self, path: &str) -> Result<Vec<FileStat>, GuestError> {
-        match self.call(&Request::List { path: path.into() }).await? {
+        let user = self.file_user.clone();
+        match self
+            .call(&Request::List {
+                path: path.into(),
+                user,
+            })
+            .await?
+        {
             Reply::List { entries } => Ok(entries),
             other => Err(unexpected(&other)),
         }
@@ -295,6 +332,7 @@ impl GuestClient {
         self.call(&Request::Mkdir {
             path: path.into(),
             parents,
+            user: self.file_user.clone(),
         })
         .await
         .map(drop)
@@ -304,6 +342,7 @@ impl GuestClient {
         self.call(&Request::Remove {
             path: path.into(),
             recursive,
+            user: self.file_user.clone(),
         })
         .await
         .map(drop)
@@ -321,6 +360,7 @@ impl GuestClient {
                 path: path.into(),
                 offset,
                 length,
+                user: self.file_user.clone(),
             })
             .await?;
         match recv_reply(&mut s.receiver).await? {
@@ -439,6 +479,7 @@ impl GuestClient {
             .request(&Request::WriteFile {
                 path: path.into(),
                 mode,
+                user: self.file_user.clone(),
             })
             .await?;
         Ok(FileWriter { stream: s })
