@@ -44,8 +44,51 @@ pub const WATCH_VERSION: u16 = 8;
 
 /// The first protocol version whose file requests take a `user` (the
 /// kernel checks that user's permissions, and what the request creates is
-/// theirs) and whose [`FileStat`] names the owner and group.
+/// theirs), whose writes take metadata, and whose [`FileStat`] names the
+/// owner and group and carries the metadata.
 pub const FILE_USER_VERSION: u16 = 9;
+
+/// Most metadata entries one file may carry.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+/// Longest metadata key (without the `user.e2b.` of its attribute name).
+pub const MAX_METADATA_KEY: usize = 200;
+/// Most bytes of all of one file's metadata, keys and values (ext4 keeps
+/// a file's extended attributes in its inode and one 4 KiB block).
+pub const MAX_METADATA_BYTES: usize = 3072;
+
+/// The rule for a file's metadata, held by the host and the guest alike:
+/// keys are HTTP tokens (letters, digits and ``!#$%&'*+-.^_`|~``), stored
+/// lowercased; values printable US-ASCII; within the bounds above.
+pub fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), String> {
+    if m.len() > MAX_METADATA_ENTRIES {
+        return Err(format!(
+            "metadata: {} entries, at most {MAX_METADATA_ENTRIES}",
+            m.len()
+        ));
+    }
+    let mut bytes = 0usize;
+    for (k, v) in m {
+        let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+        if k.is_empty() || k.len() > MAX_METADATA_KEY || !k.bytes().all(token) {
+            return Err(format!(
+                "metadata key {k:?}: 1 to {MAX_METADATA_KEY} HTTP token characters"
+            ));
+        }
+        if k.bytes().any(|c| c.is_ascii_uppercase()) {
+            return Err(format!("metadata key {k:?}: keys are lowercase"));
+        }
+        if !v.bytes().all(|c| (0x20..0x7f).contains(&c)) {
+            return Err(format!("metadata value of {k:?}: printable US-ASCII only"));
+        }
+        bytes += k.len() + v.len();
+    }
+    if bytes > MAX_METADATA_BYTES {
+        return Err(format!(
+            "metadata: {bytes} bytes of keys and values, at most {MAX_METADATA_BYTES}"
+        ));
+    }
+    Ok(())
+}
 
 /// Host → guest, first frame on a fresh connection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -115,6 +158,12 @@ pub enum Request {
         /// none: as root. A relative path resolves against their home.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
+        /// The new file's metadata, kept as its extended attributes
+        /// `user.e2b.<key>` (as envd) (see [`check_metadata`]; [`FILE_USER_VERSION`]). A
+        /// write replaces the file, so metadata not given again is gone;
+        /// a rename keeps it.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        metadata: BTreeMap<String, String>,
     },
     Stat {
         path: String,
@@ -239,6 +288,10 @@ pub enum Request {
     WatchStart {
         path: String,
         recursive: bool,
+        /// Each event but a removal or a rename away carries the entry's
+        /// stat as it was when the event was read ([`FILE_USER_VERSION`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        entries: bool,
     },
     /// What a watcher saw since it was last asked: [`Reply::WatchEvents`],
     /// or `Error` `NotFound` for an unknown (or dropped) watcher.
@@ -268,6 +321,10 @@ pub struct WatchEvent {
     /// Path relative to the watched directory.
     pub name: String,
     pub kind: WatchKind,
+    /// The entry, for a watcher started with `entries` (none when it was
+    /// gone by then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<Box<FileStat>>,
 }
 
 /// A running command ([`Reply::Commands`]): what it was started with.
@@ -706,6 +763,10 @@ pub struct FileStat {
     pub owner: String,
     #[serde(default)]
     pub group: String,
+    /// Its metadata (its `user.e2b.*` extended attributes; from
+    /// [`FILE_USER_VERSION`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -816,6 +877,26 @@ mod tests {
         );
         assert!(decode_output(&Bytes::from_static(&[1, 2, 3])).is_none());
         assert!(decode_output(&Bytes::from_static(&[9; 12])).is_none());
+    }
+
+    #[test]
+    fn metadata_keys_are_lowercase_tokens_and_values_printable() {
+        let m = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
+        assert!(check_metadata(&m("owner-team", "data science")).is_ok());
+        assert!(check_metadata(&BTreeMap::new()).is_ok());
+        for (k, v) in [
+            ("", "x"),
+            ("a b", "x"),
+            ("Upper", "x"),
+            ("k", "tab\t"),
+            ("k", "é"),
+        ] {
+            assert!(check_metadata(&m(k, v)).is_err(), "{k:?} {v:?}");
+        }
+        assert!(check_metadata(&m(&"k".repeat(201), "x")).is_err());
+        assert!(check_metadata(&m("k", &"v".repeat(3072))).is_err());
+        let many: BTreeMap<_, _> = (0..65).map(|i| (format!("k{i}"), String::new())).collect();
+        assert!(check_metadata(&many).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! the host abandons ends its blocking reader thread at once (its channel
 //! closes), so aborted downloads leave no thread behind.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -94,7 +95,64 @@ fn stat_of(path: &Path, meta: &std::fs::Metadata, names: &Names) -> FileStat {
         ino: meta.ino(),
         owner: names.user(meta.uid()),
         group: names.group(meta.gid()),
+        metadata: if ft.is_symlink() {
+            BTreeMap::new()
+        } else {
+            metadata_of(path)
+        },
     }
+}
+
+/// The stat of `path` (not following a link), as a file request answers
+/// it; `None` when it cannot be read.
+pub(crate) fn stat_path(path: &Path) -> Option<FileStat> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    Some(stat_of(path, &meta, &Names::load()))
+}
+
+/// Where a file's metadata lives: its extended attributes in this
+/// namespace, one per key.
+const METADATA_XATTR: &str = "user.e2b.";
+
+/// A file's metadata: its `user.e2b.*` (as envd keeps them) extended attributes that read as
+/// printable text (others, and a filesystem without them, give none).
+fn metadata_of(path: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Ok(names) = crate::sys::xattr_names(path) else {
+        return out;
+    };
+    for name in names {
+        let Some(key) = name.strip_prefix(METADATA_XATTR) else {
+            continue;
+        };
+        if let Ok(Some(v)) = crate::sys::xattr_get(path, &name) {
+            if let Ok(v) = String::from_utf8(v) {
+                out.insert(key.to_owned(), v);
+            }
+        }
+    }
+    out
+}
+
+/// Gives the open file `f` the metadata `m` (already checked).
+fn set_metadata(
+    f: &std::fs::File,
+    m: &BTreeMap<String, String>,
+    path: &str,
+) -> Result<(), OpError> {
+    for (k, v) in m {
+        crate::sys::xattr_set(f, &format!("{METADATA_XATTR}{k}"), v.as_bytes()).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                OpError::new(
+                    OpErrorKind::Unsupported,
+                    format!("metadata: the filesystem of {path} keeps no extended attributes"),
+                )
+            } else {
+                OpError::from_io(&e, path)
+            }
+        })?;
+    }
+    Ok(())
 }
 
 /// Modification time in nanoseconds since the epoch.
@@ -268,6 +326,33 @@ fn check_write_target(p: &Path, path: &str) -> Result<(), OpError> {
     }
 }
 
+/// The temporary name a write of `name` goes to before it is renamed over
+/// it: `.{name}.hearth-{n}`, or `.{name}.hearth+{n}` when the write
+/// creates the file. Watchers hide these names and tell the rename as
+/// the write of `name` it is (see [`written_by_rename`]).
+pub(crate) fn temp_name(name: &str, new: bool, n: u64) -> String {
+    format!(".{name}.hearth{}{n}", if new { '+' } else { '-' })
+}
+
+/// For a temporary name of [`temp_name`]'s: whether its write creates the
+/// file (`Some(true)`) or replaces it (`Some(false)`); `None` for any other
+/// name.
+pub(crate) fn written_by_rename(name: &str) -> Option<bool> {
+    let base = name.rsplit('/').next().unwrap_or(name);
+    let (head, n) = base.rsplit_once(".hearth")?;
+    let new = match n.as_bytes().first()? {
+        b'+' => true,
+        b'-' => false,
+        _ => return None,
+    };
+    let digits = &n[1..];
+    (head.starts_with('.')
+        && head.len() > 1
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit()))
+    .then_some(new)
+}
+
 /// Creates the temporary file a write goes to, exclusively (never opening
 /// whatever a stale name holds: a leftover is removed first).
 fn create_temp(tmp: &Path) -> std::io::Result<std::fs::File> {
@@ -287,8 +372,17 @@ fn create_temp(tmp: &Path) -> std::io::Result<std::fs::File> {
 /// (readers see the old file or the new one). The directories it makes,
 /// the temporary file and the rename are the actor's: their permissions
 /// apply and what is made is theirs.
-pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>, user: Option<String>) {
-    let (actor, p) = match actor_and_path(user.as_deref(), &path) {
+pub async fn write_file(
+    mut stream: Stream,
+    path: String,
+    mode: Option<u32>,
+    user: Option<String>,
+    metadata: BTreeMap<String, String>,
+) {
+    let checked = hearth_guest_proto::check_metadata(&metadata)
+        .map_err(|e| OpError::new(OpErrorKind::BadRequest, e))
+        .and_then(|()| actor_and_path(user.as_deref(), &path));
+    let (actor, p) = match checked {
         Ok(v) => v,
         Err(e) => return reply(&stream, Reply::Error(e)).await,
     };
@@ -298,22 +392,21 @@ pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>, use
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(
-        ".{name}.hearth-{}",
-        std::process::id() as u64 ^ stream.id() as u64
-    ));
+    let n = std::process::id() as u64 ^ stream.id() as u64;
     let opened = {
-        let (p, path, dir, tmp) = (p.clone(), path.clone(), dir.clone(), tmp.clone());
+        let (p, path, dir) = (p.clone(), path.clone(), dir.clone());
         acting(&actor, move || {
             let io = |e: std::io::Error| OpError::from_io(&e, &path);
             check_write_target(&p, &path)?;
+            let new = std::fs::symlink_metadata(&p).is_err();
             std::fs::create_dir_all(&dir).map_err(io)?;
-            create_temp(&tmp).map_err(io)
+            let tmp = dir.join(temp_name(&name, new, n));
+            create_temp(&tmp).map_err(io).map(|f| (f, tmp))
         })
         .await
     };
-    let mut f = match opened {
-        Ok(f) => tokio::fs::File::from_std(f),
+    let (mut f, tmp) = match opened {
+        Ok((f, tmp)) => (tokio::fs::File::from_std(f), tmp),
         Err(e) => return reply(&stream, Reply::Error(e)).await,
     };
     let mut written = 0u64;
@@ -335,8 +428,10 @@ pub async fn write_file(mut stream: Stream, path: String, mode: Option<u32>, use
         f.flush().await.map_err(|e| Some(io(e)))?;
         let perm = std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777);
         f.set_permissions(perm).await.map_err(|e| Some(io(e)))?;
+        let f = f.into_std().await;
         let (p, path, tmp) = (p.clone(), path.clone(), tmp.clone());
         acting(&actor, move || {
+            set_metadata(&f, &metadata, &path)?;
             // Again, just before replacing: the path may have changed meanwhile.
             check_write_target(&p, &path)?;
             std::fs::rename(&tmp, &p).map_err(|e| OpError::from_io(&e, &path))
@@ -551,5 +646,48 @@ mod tests {
         let f = create_temp(&tmp).unwrap();
         assert!(f.metadata().unwrap().is_file());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn metadata_is_kept_as_user_attributes_and_read_back() {
+        let dir = scratch("meta");
+        let path = dir.join("f");
+        let f = std::fs::File::create(&path).unwrap();
+        let m = BTreeMap::from([
+            ("team".to_owned(), "data".to_owned()),
+            ("run-id".to_owned(), "42".to_owned()),
+        ]);
+        match set_metadata(&f, &m, "f") {
+            // A filesystem without user attributes here (an older tmpfs).
+            Err(e) if e.kind == OpErrorKind::Unsupported => return,
+            r => r.unwrap(),
+        }
+        assert_eq!(metadata_of(&path), m);
+        let names = crate::users::Names::load();
+        let st = stat_of(&path, &std::fs::symlink_metadata(&path).unwrap(), &names);
+        assert_eq!(st.metadata, m);
+        // A rename keeps them (they are the inode's).
+        std::fs::rename(&path, dir.join("g")).unwrap();
+        assert_eq!(metadata_of(&dir.join("g")), m);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn temporary_names_say_whether_the_write_creates_the_file() {
+        assert_eq!(written_by_rename(&temp_name("a.txt", true, 26)), Some(true));
+        assert_eq!(
+            written_by_rename(&format!("sub/{}", temp_name("b", false, 7))),
+            Some(false)
+        );
+        for other in [
+            "a.txt",
+            ".a.hearth-",
+            ".hearth-1",
+            ".a.hearth-x1",
+            "a.hearth+1",
+            ".a.hearth*1",
+        ] {
+            assert_eq!(written_by_rename(other), None, "{other}");
+        }
     }
 }

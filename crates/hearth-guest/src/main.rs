@@ -157,9 +157,11 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         Request::Stdin { pid, close } => exec::handle_stdin(stream, pid, close).await,
         Request::Resize { pid, size } => exec::handle_resize(stream, pid, size).await,
         Request::Follow { pid } => exec::handle_follow(stream, pid).await,
-        Request::WatchStart { path, recursive } => {
-            watch::handle_start(stream, path, recursive).await
-        }
+        Request::WatchStart {
+            path,
+            recursive,
+            entries,
+        } => watch::handle_start(stream, path, recursive, entries).await,
         Request::WatchEvents { id } => watch::handle_events(stream, id).await,
         Request::WatchStop { id } => watch::handle_stop(stream, id).await,
         Request::Commands => exec::handle_commands(stream).await,
@@ -174,9 +176,12 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
             length,
             user,
         } => files::read_file(stream, path, offset, length, user).await,
-        Request::WriteFile { path, mode, user } => {
-            files::write_file(stream, path, mode, user).await
-        }
+        Request::WriteFile {
+            path,
+            mode,
+            user,
+            metadata,
+        } => files::write_file(stream, path, mode, user, metadata).await,
         Request::Stat { path, user } => files::stat(stream, path, user).await,
         Request::List { path, user } => files::list(stream, path, user).await,
         Request::Mkdir {

@@ -570,6 +570,104 @@ pub fn bind_file(src: &str, target: &str) -> io::Result<()> {
     mount(src, target, "", libc::MS_BIND, "")
 }
 
+/// Makes the calling thread's filesystem identity `uid`:`gid` with no other
+/// group, and checks it took. Raw system calls: Linux keeps these
+/// credentials per thread, where libc's wrappers of `setgroups` change
+/// every thread of the process.
+pub fn become_fs(uid: u32, gid: u32) -> io::Result<()> {
+    let groups = [gid as libc::gid_t];
+    // SAFETY: system calls on this thread's credentials; `groups` outlives
+    // the call, and the kernel only reads it.
+    if unsafe { libc::syscall(libc::SYS_setgroups, 1usize, groups.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above; setfsuid/setfsgid take an id and answer the
+    // previous one (an invalid id, -1, changes nothing).
+    let (now_uid, now_gid) = unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid as libc::c_long);
+        libc::syscall(libc::SYS_setfsuid, uid as libc::c_long);
+        (
+            libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long) as u32,
+            libc::syscall(libc::SYS_setfsgid, -1 as libc::c_long) as u32,
+        )
+    };
+    if now_uid != uid || now_gid != gid {
+        return Err(io::Error::other(format!(
+            "cannot act as {uid}:{gid} (the thread is {now_uid}:{now_gid})"
+        )));
+    }
+    Ok(())
+}
+
+fn c_path(path: &std::path::Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// The names of `path`'s extended attributes (not following a link).
+pub fn xattr_names(path: &std::path::Path) -> io::Result<Vec<String>> {
+    let p = c_path(path)?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: `buf` is writable for its length; `p` is NUL-terminated.
+        let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || buf.len() >= 1 << 16 {
+            return Err(e);
+        }
+        buf.resize(buf.len() * 4, 0);
+    }
+    Ok(buf
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .filter_map(|n| std::str::from_utf8(n).ok().map(str::to_owned))
+        .collect())
+}
+
+/// One extended attribute of `path` (not following a link); `None` when
+/// it has none of that name.
+pub fn xattr_get(path: &std::path::Path, name: &str) -> io::Result<Option<Vec<u8>>> {
+    let p = c_path(path)?;
+    let n = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` is writable for its length; both names are
+    // NUL-terminated.
+    let got =
+        unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENODATA) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    buf.truncate(got as usize);
+    Ok(Some(buf))
+}
+
+/// Sets an extended attribute of the open file `f`.
+pub fn xattr_set(f: &std::fs::File, name: &str, value: &[u8]) -> io::Result<()> {
+    let n = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `value` is readable for its length; `n` is NUL-terminated;
+    // `f` is an open descriptor.
+    check(unsafe {
+        libc::fsetxattr(
+            f.as_raw_fd(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -169,38 +169,13 @@ impl Actor {
                 std::thread::Builder::new()
                     .name("as-user".into())
                     .spawn(move || {
-                        let _ = tx.send(become_fs(uid, gid).map(|()| f()));
+                        let _ = tx.send(crate::sys::become_fs(uid, gid).map(|()| f()));
                     })?;
             }
         }
         rx.await
             .map_err(|_| std::io::Error::other("the file operation's thread ended"))?
     }
-}
-
-/// Makes the calling thread's filesystem identity `uid`:`gid` with no other
-/// group (raw system calls: libc wrappers of `setgroups` change every
-/// thread of the process), and checks it took.
-fn become_fs(uid: u32, gid: u32) -> std::io::Result<()> {
-    let groups = [gid as libc::gid_t];
-    // SAFETY: plain system calls on this thread's credentials; `groups`
-    // outlives the call.
-    unsafe {
-        if libc::syscall(libc::SYS_setgroups, 1usize, groups.as_ptr()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        libc::syscall(libc::SYS_setfsgid, gid as libc::c_long);
-        libc::syscall(libc::SYS_setfsuid, uid as libc::c_long);
-        // An invalid id changes nothing and answers the current one.
-        let now_gid = libc::syscall(libc::SYS_setfsgid, -1 as libc::c_long) as u32;
-        let now_uid = libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long) as u32;
-        if now_uid != uid || now_gid != gid {
-            return Err(std::io::Error::other(format!(
-                "cannot act as {uid}:{gid} (the thread is {now_uid}:{now_gid})"
-            )));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

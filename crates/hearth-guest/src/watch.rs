@@ -82,15 +82,15 @@ fn sweep(all: &mut HashMap<String, Arc<Watcher>>) {
     });
 }
 
-pub async fn handle_start(stream: Stream, path: String, recursive: bool) {
-    let r = match start(&path, recursive) {
+pub async fn handle_start(stream: Stream, path: String, recursive: bool, entries: bool) {
+    let r = match start(&path, recursive, entries) {
         Ok(id) => Reply::Watcher { id },
         Err(r) => r,
     };
     reply(&stream, r).await;
 }
 
-fn start(path: &str, recursive: bool) -> Result<String, Reply> {
+fn start(path: &str, recursive: bool, entries: bool) -> Result<String, Reply> {
     let root = PathBuf::from(path);
     match std::fs::metadata(&root) {
         Ok(m) if m.is_dir() => {}
@@ -129,6 +129,7 @@ fn start(path: &str, recursive: bool) -> Result<String, Reply> {
         root: root.clone(),
         by_wd: HashMap::new(),
         recursive,
+        entries,
     };
     dirs.add(&root).map_err(io_err)?;
     let io = sys::FdIo::new(fd).map_err(io_err)?;
@@ -182,6 +183,8 @@ struct Dirs {
     /// Watch descriptor → the directory, relative to the root.
     by_wd: HashMap<i32, PathBuf>,
     recursive: bool,
+    /// Events carry their entry's stat.
+    entries: bool,
 }
 
 impl Dirs {
@@ -236,10 +239,45 @@ fn kind_of(mask: u32) -> Option<WatchKind> {
     }
 }
 
+/// The events a watcher keeps for one inotify event: Hearth's own
+/// temporary files of a write are not shown; their rename over the file is
+/// the write it is (a `Create` first when it makes the file). `renames`
+/// holds the cookies of temporary files moved away, until their other half.
+fn seen(rel: &Path, mask: u32, cookie: u32, renames: &mut HashMap<u32, bool>) -> Vec<WatchEvent> {
+    let name = rel.to_string_lossy().into_owned();
+    if let Some(new) = crate::files::written_by_rename(&name) {
+        if mask & libc::IN_MOVED_FROM != 0 {
+            // Bounded: halves never matched are few; forget them all at once.
+            if renames.len() >= 1024 {
+                renames.clear();
+            }
+            renames.insert(cookie, new);
+        }
+        return Vec::new();
+    }
+    let event = |kind| WatchEvent {
+        name: name.clone(),
+        kind,
+        entry: None,
+    };
+    if mask & libc::IN_MOVED_TO != 0 {
+        if let Some(new) = renames.remove(&cookie) {
+            let mut out = Vec::new();
+            if new {
+                out.push(event(WatchKind::Create));
+            }
+            out.push(event(WatchKind::Write));
+            return out;
+        }
+    }
+    kind_of(mask).map(event).into_iter().collect()
+}
+
 /// Reads the watcher's inotify events into what it keeps, until it is
 /// dropped (its task aborted) or its directory goes away.
 async fn read_events(io: sys::FdIo, mut dirs: Dirs, me: std::sync::Weak<Watcher>) {
     let mut buf = vec![0u8; 64 << 10];
+    let mut renames = HashMap::new();
     loop {
         let mut rb = ReadBuf::new(&mut buf);
         let read = std::future::poll_fn(|cx| io.poll_read_bytes(cx, &mut rb)).await;
@@ -257,7 +295,12 @@ async fn read_events(io: sys::FdIo, mut dirs: Dirs, me: std::sync::Weak<Watcher>
         let mut off = 0;
         while off + 16 <= n {
             let int = |at: usize| u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or([0; 4]));
-            let (wd, mask, len) = (int(off) as i32, int(off + 4), int(off + 12) as usize);
+            let (wd, mask, cookie, len) = (
+                int(off) as i32,
+                int(off + 4),
+                int(off + 8),
+                int(off + 12) as usize,
+            );
             let name_bytes = &buf[off + 16..(off + 16 + len).min(n)];
             off += 16 + len;
             let name_end = name_bytes
@@ -286,16 +329,23 @@ async fn read_events(io: sys::FdIo, mut dirs: Dirs, me: std::sync::Weak<Watcher>
                     eprintln!("hearth-guest: cannot watch {}: {e}", full.display());
                 }
             }
-            let Some(kind) = kind_of(mask) else { continue };
-            let mut k = w.kept();
-            if k.events.len() >= MAX_EVENTS {
-                k.events.pop_front();
-                k.lost = true;
+            let mut events = seen(&rel, mask, cookie, &mut renames);
+            if dirs.entries {
+                let path = dirs.root.join(&rel);
+                for e in &mut events {
+                    if !matches!(e.kind, WatchKind::Remove | WatchKind::Rename) {
+                        e.entry = crate::files::stat_path(&path).map(Box::new);
+                    }
+                }
             }
-            k.events.push_back(WatchEvent {
-                name: rel.to_string_lossy().into_owned(),
-                kind,
-            });
+            let mut k = w.kept();
+            for e in events {
+                if k.events.len() >= MAX_EVENTS {
+                    k.events.pop_front();
+                    k.lost = true;
+                }
+                k.events.push_back(e);
+            }
         }
     }
 }
@@ -333,7 +383,7 @@ mod tests {
     async fn a_recursive_watcher_sees_changes_in_new_directories() {
         let dir = std::env::temp_dir().join(format!("hearth-watch-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let id = start(dir.to_str().unwrap(), true).ok().unwrap();
+        let id = start(dir.to_str().unwrap(), true, false).ok().unwrap();
         let w = watchers().get(&id).cloned().unwrap();
         std::fs::create_dir(dir.join("sub")).unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -361,6 +411,43 @@ mod tests {
                 "{name} {kind:?} in {seen:?}"
             );
         }
+        watchers().remove(&id).unwrap().task.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A write through the file API (a temporary file renamed over the
+    /// name) is seen as the write it is: Create and Write of a new file,
+    /// Write of one replaced; the temporary name never shows.
+    #[tokio::test]
+    async fn a_write_by_rename_is_seen_as_a_write_of_the_file() {
+        let dir = std::env::temp_dir().join(format!("hearth-watch-tmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let id = start(dir.to_str().unwrap(), false, true).ok().unwrap();
+        let w = watchers().get(&id).cloned().unwrap();
+        for (new, n) in [(true, 1), (false, 2)] {
+            let tmp = dir.join(crate::files::temp_name("f.txt", new, n));
+            std::fs::write(&tmp, b"x").unwrap();
+            std::fs::rename(&tmp, dir.join("f.txt")).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let events: Vec<WatchEvent> = w.kept().events.drain(..).collect();
+        // Each with its entry (a watcher started with entries).
+        assert!(
+            events
+                .iter()
+                .all(|e| e.entry.as_ref().is_some_and(|s| s.size == 1)),
+            "{events:?}"
+        );
+        let seen: Vec<(String, WatchKind)> = events.into_iter().map(|e| (e.name, e.kind)).collect();
+        let f = |k| ("f.txt".to_owned(), k);
+        assert_eq!(
+            seen,
+            [
+                f(WatchKind::Create),
+                f(WatchKind::Write),
+                f(WatchKind::Write)
+            ]
+        );
         watchers().remove(&id).unwrap().task.abort();
         std::fs::remove_dir_all(&dir).unwrap();
     }

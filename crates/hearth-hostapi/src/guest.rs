@@ -4,6 +4,7 @@
 //! in `hearth-guest-proto`): a reply that does not parse is an error for
 //! that operation, never a panic.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -475,11 +476,27 @@ impl GuestClient {
         path: &str,
         mode: Option<u32>,
     ) -> Result<FileWriter, GuestError> {
+        self.write_file_with(path, mode, BTreeMap::new()).await
+    }
+
+    /// Starts writing a file that will carry `metadata` (see
+    /// [`hearth_guest_proto::check_metadata`]; an error from a guest older
+    /// than [`hearth_guest_proto::FILE_USER_VERSION`]).
+    pub async fn write_file_with(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<FileWriter, GuestError> {
+        if !metadata.is_empty() {
+            self.needs(hearth_guest_proto::FILE_USER_VERSION, "file metadata")?;
+        }
         let s = self
             .request(&Request::WriteFile {
                 path: path.into(),
                 mode,
                 user: self.file_user.clone(),
+                metadata,
             })
             .await?;
         Ok(FileWriter { stream: s })
@@ -532,11 +549,23 @@ impl GuestClient {
     }
 
     /// Starts a watcher of the directory `path` in the guest; its id.
-    pub async fn watch_start(&self, path: &str, recursive: bool) -> Result<String, GuestError> {
+    pub async fn watch_start(
+        &self,
+        path: &str,
+        recursive: bool,
+        entries: bool,
+    ) -> Result<String, GuestError> {
         self.needs(hearth_guest_proto::WATCH_VERSION, "watching a directory")?;
+        if entries {
+            self.needs(
+                hearth_guest_proto::FILE_USER_VERSION,
+                "entries in watch events",
+            )?;
+        }
         let req = Request::WatchStart {
             path: path.to_owned(),
             recursive,
+            entries,
         };
         match self.call(&req).await? {
             Reply::Watcher { id } => Ok(id),
