@@ -28,6 +28,10 @@ pub fn apply(id: &GuestIdentity) -> Result<(), String> {
     sys::add_entropy_and_reseed(&id.entropy).map_err(|e| format!("reseed the CRNG: {e}"))?;
     sys::sethostname(&id.hostname).map_err(|e| format!("set the host name: {e}"))?;
     replace("/etc/hostname", &format!("{}\n", id.hostname))?;
+    // The name resolves locally (sudo and others look it up; asking DNS
+    // would wait on the network for a name only this guest knows).
+    let hosts = fs::read_to_string(HOSTS).unwrap_or_default();
+    replace(HOSTS, &hosts_naming(&hosts, &id.hostname))?;
     replace("/etc/machine-id", &format!("{}\n", id.machine_id))?;
     match fs::remove_file(RANDOM_SEED) {
         Ok(()) => {}
@@ -43,6 +47,29 @@ pub fn apply(id: &GuestIdentity) -> Result<(), String> {
             .map_err(|e| format!("bind {BOOT_ID_FILE} over {KERNEL_BOOT_ID}: {e}"))?;
     }
     Ok(())
+}
+
+const HOSTS: &str = "/etc/hosts";
+
+/// `hosts` with its `127.0.1.1` line (Debian's line for the machine's own
+/// name) naming `hostname`, added when there is none; loopback is added
+/// to a file without it.
+fn hosts_naming(hosts: &str, hostname: &str) -> String {
+    let mut out = String::new();
+    if !hosts
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some("127.0.0.1"))
+    {
+        out.push_str("127.0.0.1\tlocalhost\n");
+    }
+    for l in hosts.lines() {
+        if l.split_whitespace().next() != Some("127.0.1.1") {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!("127.0.1.1\t{hostname}\n"));
+    out
 }
 
 fn already_bound() -> bool {
@@ -65,4 +92,25 @@ fn replace(path: &str, contents: &str) -> Result<(), String> {
     fs::write(&tmp, contents)
         .and_then(|()| fs::rename(&tmp, p))
         .map_err(|e| format!("write {path}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hosts_naming;
+
+    #[test]
+    fn the_host_name_resolves_locally() {
+        let debian = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n127.0.1.1\told\n";
+        assert_eq!(
+            hosts_naming(debian, "sbx-1"),
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n127.0.1.1\tsbx-1\n"
+        );
+        assert_eq!(
+            hosts_naming("", "sbx-2"),
+            "127.0.0.1\tlocalhost\n127.0.1.1\tsbx-2\n"
+        );
+        // Applying it twice changes nothing more.
+        let once = hosts_naming(debian, "x");
+        assert_eq!(hosts_naming(&once, "x"), once);
+    }
 }

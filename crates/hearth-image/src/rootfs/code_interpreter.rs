@@ -26,9 +26,11 @@ const SERVER_PATH: &str = "opt/hearth/code-interpreter/server.py";
 /// `/var/log/hearth/code-interpreter.log`).
 const BOOT_SCRIPT: &str = "#!/bin/sh\n\
 # Started by Hearth's guest agent at every boot: the code interpreter's\n\
-# server (e2b-code-interpreter's /execute and /contexts) on port 49999.\n\
-export HOME=/root LANG=C.UTF-8 PYTHONUNBUFFERED=1 MPLBACKEND=module://matplotlib_inline.backend_inline\n\
-exec python3 /opt/hearth/code-interpreter/server.py\n";
+# server (e2b-code-interpreter's /execute and /contexts) on port 49999,\n\
+# as user `user`, whose code runs as E2B's does (and owns what it makes).\n\
+export HOME=/home/user USER=user LOGNAME=user LANG=C.UTF-8 PYTHONUNBUFFERED=1 MPLBACKEND=module://matplotlib_inline.backend_inline\n\
+cd /home/user\n\
+exec setpriv --reuid=user --regid=user --init-groups python3 /opt/hearth/code-interpreter/server.py\n";
 
 /// What the image's own files are (its cache input: a change rebuilds it).
 pub(super) fn fingerprint() -> String {

@@ -17,8 +17,9 @@ pub(super) const VARIANT: &str = "minbase";
 /// `rclone` and `fuse3` make bucket mounts (S3, GCS) in the guest; `node`
 /// and boto3 are what the SDKs' examples run in a sandbox (npm comes from
 /// its own registry package: see `npm.rs`).
-pub(super) const INCLUDE: [&str; 18] = [
+pub(super) const INCLUDE: [&str; 19] = [
     "bash",
+    "sudo",
     "coreutils",
     "procps",
     "ca-certificates",
@@ -98,7 +99,7 @@ pub(super) fn copy_tree(from: &Path, to: &Path) -> Result<(), ImageError> {
 }
 
 /// Applies Hearth's changes to a bootstrapped `tree`: the `extra` packages,
-/// npm, user `user`, and what a sandbox must not inherit from the build.
+/// npm, user `user` (with passwordless sudo), and what a sandbox must not inherit from the build.
 pub(super) fn finish(tree: &Path, extra: &[&str], p: &dyn Progress) -> Result<(), ImageError> {
     if !extra.is_empty() {
         install_extra(tree, extra, p)?;
@@ -106,7 +107,23 @@ pub(super) fn finish(tree: &Path, extra: &[&str], p: &dyn Progress) -> Result<()
     super::npm::install(tree, p)?;
 
     add_user(tree)?;
+    // E2B's base template's `user` may run anything as root, without a
+    // password (the VM is the boundary, not the user).
+    let sudoers = tree.join("etc/sudoers.d");
+    make_dir(&sudoers, 0o755)?;
+    write_file(
+        &sudoers.join("hearth-user"),
+        "user ALL=(ALL:ALL) NOPASSWD: ALL\n",
+        0o440,
+    )?;
     write_file(&tree.join("etc/hostname"), "hearth\n", 0o644)?;
+    // The machine's own name resolves locally (sudo looks it up; the guest
+    // agent renames the line with the sandbox's identity).
+    write_file(
+        &tree.join("etc/hosts"),
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\thearth\n",
+        0o644,
+    )?;
     // debootstrap copies the build host's resolver config, which means
     // nothing inside a sandbox; the guest side configures its own.
     cache::remove_all(&tree.join("etc/resolv.conf"))?;

@@ -30,10 +30,10 @@ pub use crate::ext4::ROOTFS_LABEL;
 pub(crate) const BUSYBOX_RECIPE: u32 = 2;
 /// Recipe version of the default image (its package list is an input of
 /// its own: changing it rebuilds the image without a bump).
-pub(crate) const DEFAULT_RECIPE: u32 = 2;
+pub(crate) const DEFAULT_RECIPE: u32 = 3;
 /// Recipe version of the code-interpreter image (its packages and its
 /// server are inputs of their own).
-pub(crate) const CODE_INTERPRETER_RECIPE: u32 = 1;
+pub(crate) const CODE_INTERPRETER_RECIPE: u32 = 2;
 
 const MIB: u64 = 1024 * 1024;
 const IMAGE_FILE: &str = "rootfs.ext4";
@@ -304,8 +304,20 @@ fn artifact(dir: &Path, m: RootfsManifest) -> RootfsArtifact {
 }
 
 /// Creates `path` (parents too) and sets its mode exactly (no umask).
+/// Makes `path` with `mode`, and each missing directory above it 0755
+/// (not the builder's umask, which would hide them from users).
 pub(super) fn make_dir(path: &Path, mode: u32) -> Result<(), ImageError> {
-    fs::create_dir_all(path).map_err(|e| ImageError::io("create directory", path, e))?;
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            make_dir(parent, 0o755)?;
+        }
+    }
+    match fs::create_dir(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(ImageError::io("create directory", path, e))
+        }
+        _ => {}
+    }
     set_mode(path, mode)
 }
 
