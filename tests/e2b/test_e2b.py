@@ -174,9 +174,111 @@ def test_create_run_files_and_kill():
     created.remove(sb.sandbox_id)
 
 
+def test_commands_and_files_act_as_user_by_default():
+    """E2B's base template's default user: commands and files act as
+    `user` (home and working directory /home/user, files 0644 and
+    directories 0755 owned user:user), relative paths are theirs, their
+    permissions hold, and `user="root"` acts as root."""
+    sb = new()
+    r = sb.commands.run("id -un; echo $HOME; pwd")
+    check(r.stdout == "user\n/home/user\n/home/user\n", f"who, home, cwd: {r.stdout!r}")
+    check(sb.commands.run("id -un", user="root").stdout == "root\n", "user=root runs as root")
+    info = sb.files.write("test.txt", "mine")
+    check(info.path == "/home/user/test.txt", f"a relative write lands in the home: {info}")
+    st = sb.files.get_info("test.txt")
+    check((st.owner, st.group, st.mode, st.permissions) == ("user", "user", 0o644, "-rw-r--r--"),
+          f"a written file: {st}")
+    check(sb.files.make_dir("made/deeper"), "make_dir")
+    for d in ("made", "made/deeper"):
+        st = sb.files.get_info(d)
+        check((st.owner, st.group, st.mode) == ("user", "user", 0o755), f"{d}: {st}")
+    sb.files.write("made/deeper/f", "x")
+    check(sb.commands.run("stat -c %U:%G /home/user/made/deeper/f").stdout == "user:user\n",
+          "the guest agrees on the owner")
+    # The user's permissions hold: root's home is not theirs.
+    for attempt in (lambda: sb.files.write("/root/nope", "x"),
+                    lambda: sb.files.list("/root"),
+                    lambda: sb.files.make_dir("/root/nope")):
+        try:
+            attempt()
+            raise AssertionError("user wrote into /root")
+        except AssertionError:
+            raise
+        except Exception as e:
+            check("permission" in str(e).lower(), f"refused for permission: {e!r}")
+    # As root on request.
+    info = sb.files.write("/root/yes", "x", user="root")
+    st = sb.files.get_info("/root/yes", user="root")
+    check(info.path == "/root/yes" and st.owner == "root", f"as root: {st}")
+    sb.files.write("rel.txt", "r", user="root")
+    check(sb.files.exists("/root/rel.txt", user="root"), "root's relative paths are under /root")
+    check(sb.commands.run("cat test.txt").stdout == "mine", "the command sees the user's file")
+    try:
+        sb.files.read("test.txt", user="nobody-here")
+        raise AssertionError("a user who does not exist read a file")
+    except AssertionError:
+        raise
+    except Exception as e:
+        check("does not exist" in str(e), f"an unknown user: {e!r}")
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
+def test_files_as_envd_0_6_describes_them():
+    """envd 0.6.3's files: metadata as extended attributes (kept by a
+    rename, gone with an overwrite that gives none), gzip both ways, and a
+    watch that sees a write as the write of the file, with its entry."""
+    sb = new()
+    info = sb.files.write("meta.txt", "m", metadata={"team": "data", "Run-Id": "7"})
+    want = {"team": "data", "run-id": "7"}
+    check(info.metadata == want, f"the write's metadata (keys lowercased): {info}")
+    check(sb.files.get_info("meta.txt").metadata == want, "get_info shows it")
+    check([e.metadata for e in sb.files.list("/home/user") if e.name == "meta.txt"] == [want],
+          "list shows it")
+    moved = sb.files.rename("meta.txt", "moved.txt")
+    check(moved.metadata == want, f"a rename keeps it: {moved}")
+    sb.files.write("moved.txt", "again")
+    check(sb.files.get_info("moved.txt").metadata is None, "an overwrite without metadata clears it")
+    r = sb.commands.run("getfattr -d moved.txt 2>/dev/null || true")
+    check("user.e2b" not in r.stdout, f"no attribute left: {r.stdout!r}")
+    try:
+        sb.files.write("bad.txt", "x", metadata={"k": "caf\u00e9"})
+        raise AssertionError("a value that is not US-ASCII was accepted")
+    except AssertionError:
+        raise
+    except Exception as e:
+        print(f"    a bad metadata value: {type(e).__name__}", flush=True)
+
+    payload = bytes(range(256)) * 8192  # 2 MiB
+    info = sb.files.write("gz.bin", payload, gzip=True)
+    check(info.path == "/home/user/gz.bin", f"gzip upload: {info}")
+    check(sb.files.get_info("gz.bin").size == len(payload), "stored decompressed")
+    check(bytes(sb.files.read("gz.bin", format="bytes", gzip=True)) == payload, "gzip download")
+    check(bytes(sb.files.read("gz.bin", format="bytes")) == payload, "plain download")
+
+    sb.files.make_dir("w2")
+    w = sb.files.watch_dir("/home/user/w2", include_entry=True)
+    sb.files.write("w2/a.txt", "abc")
+    sb.files.write("w2/a.txt", "abcd")
+    seen = []
+    t = time.monotonic()
+    while len([e for e in seen if e.type.value == "write"]) < 2 and time.monotonic() - t < 20:
+        seen += w.get_new_events()
+        time.sleep(0.2)
+    got = [(e.name, e.type.value) for e in seen]
+    check(got == [("a.txt", "create"), ("a.txt", "write"), ("a.txt", "write")],
+          f"two writes of a.txt, nothing else: {got}")
+    sizes = [e.entry.size if e.entry else None for e in seen]
+    check(sizes[-1] == 4 and all(e.entry and e.entry.owner == "user" for e in seen),
+          f"each with its entry: {sizes}")
+    w.stop()
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
+
 def test_pause_keeps_processes_and_connect_resumes():
     sb = new()
-    sb.commands.run("echo kept > /root/state")
+    sb.commands.run("echo kept > /home/user/state")
     counter = sb.commands.run(
         "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
         background=True)
@@ -191,7 +293,7 @@ def test_pause_keeps_processes_and_connect_resumes():
     t = time.monotonic()
     again = Sandbox.connect(sb.sandbox_id, timeout=120)
     print(f"  resumed in {time.monotonic() - t:.1f}s", flush=True)
-    check(again.commands.run("cat /root/state").stdout == "kept\n", "the disk survived")
+    check(again.commands.run("cat /home/user/state").stdout == "kept\n", "the disk survived")
     time.sleep(1)
     after = int(again.commands.run("cat /tmp/count").stdout)
     check(after > before, f"the counting process went on: {before} then {after}")
@@ -238,7 +340,7 @@ def test_a_timeout_pauses_and_a_request_resumes():
 
 def test_fork_children_resume_the_parent_each_on_its_own():
     parent = new()
-    parent.commands.run("echo before-fork > /root/shared")
+    parent.commands.run("echo before-fork > /home/user/shared")
     parent.commands.run(
         "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
         background=True)
@@ -255,13 +357,13 @@ def test_fork_children_resume_the_parent_each_on_its_own():
     ids = {parent.sandbox_id} | {k.sandbox_id for k in kids}
     check(len(ids) == 3, f"children are sandboxes of their own: {ids}")
     for k in kids:
-        check(k.commands.run("cat /root/shared").stdout == "before-fork\n", "the parent's file")
+        check(k.commands.run("cat /home/user/shared").stdout == "before-fork\n", "the parent's file")
         first = int(k.commands.run("cat /tmp/count").stdout)
         time.sleep(1)
         check(int(k.commands.run("cat /tmp/count").stdout) > first,
               "the parent's counting process goes on in the child")
-        k.commands.run(f"echo {k.sandbox_id} > /root/mine")
-    check(parent.commands.run("cat /root/mine 2>/dev/null || echo none").stdout == "none\n",
+        k.commands.run(f"echo {k.sandbox_id} > /home/user/mine")
+    check(parent.commands.run("cat /home/user/mine 2>/dev/null || echo none").stdout == "none\n",
           "a child's write is its own")
     # A child's deadline is the fork's timeout from when it was handed out
     # (its row, and so its start, is older: made before the capture).
@@ -307,11 +409,11 @@ def test_a_terminal_takes_input_and_resizes():
             time.sleep(0.1)
 
     def prompt(n):
-        """Waits for the shell's n-th prompt (`# ` as root)."""
-        until("# ")
+        """Waits for the shell's n-th prompt (`$ ` as user)."""
+        until("$ ")
         t = time.monotonic()
-        while bytes(screen).count(b"# ") < n:
-            until("# ")
+        while bytes(screen).count(b"$ ") < n:
+            until("$ ")
             check(time.monotonic() - t < 30, f"prompt {n}: {bytes(screen)[-300:]!r}")
             time.sleep(0.1)
 
@@ -366,11 +468,11 @@ def test_connect_follows_a_running_process_beside_its_starter():
 
 def test_a_watcher_sees_changes_under_its_directory():
     sb = new()
-    sb.files.make_dir("/root/watched")
-    w = sb.files.watch_dir("/root/watched", recursive=True)
-    sb.files.write("/root/watched/a.txt", "one")
-    sb.commands.run("mkdir /root/watched/sub && sleep 0.5 && echo x > /root/watched/sub/b.txt "
-                    "&& chmod 600 /root/watched/sub/b.txt && rm /root/watched/a.txt")
+    sb.files.make_dir("/home/user/watched")
+    w = sb.files.watch_dir("/home/user/watched", recursive=True)
+    sb.files.write("/home/user/watched/a.txt", "one")
+    sb.commands.run("mkdir /home/user/watched/sub && sleep 0.5 && echo x > /home/user/watched/sub/b.txt "
+                    "&& chmod 600 /home/user/watched/sub/b.txt && rm /home/user/watched/a.txt")
     want = {("a.txt", "create"), ("sub", "create"), ("sub/b.txt", "create"),
             ("sub/b.txt", "write"), ("sub/b.txt", "chmod"), ("a.txt", "remove")}
     seen = set()
@@ -382,7 +484,7 @@ def test_a_watcher_sees_changes_under_its_directory():
     check(w.get_new_events() == [], "events are handed out once")
     w.stop()
     try:
-        sb.files.watch_dir("/root/not-there")
+        sb.files.watch_dir("/home/user/not-there")
         check(False, "watching a directory that does not exist is refused")
     except SandboxException:
         pass
@@ -392,7 +494,7 @@ def test_a_watcher_sees_changes_under_its_directory():
 
 def test_stream_input_feeds_a_running_process_as_it_comes():
     sb = new()
-    h = sb.commands.run("cat > /root/streamed.txt", background=True, stdin=True)
+    h = sb.commands.run("cat > /home/user/streamed.txt", background=True, stdin=True)
     parts = [f"part-{i}\n" for i in range(5)]
     seen = []
 
@@ -408,7 +510,7 @@ def test_stream_input_feeds_a_running_process_as_it_comes():
             while got != parts[0] and time.monotonic() - t < 15:
                 time.sleep(0.1)
                 try:
-                    got = sb.files.read("/root/streamed.txt")
+                    got = sb.files.read("/home/user/streamed.txt")
                 except SandboxException:
                     got = None
             seen.append(got)
@@ -416,7 +518,7 @@ def test_stream_input_feeds_a_running_process_as_it_comes():
     sb.commands.stream_input(h.pid, chunks())
     sb.commands.close_stdin(h.pid)
     h.wait()
-    check(sb.files.read("/root/streamed.txt") == "".join(parts), "every part, in order")
+    check(sb.files.read("/home/user/streamed.txt") == "".join(parts), "every part, in order")
     check(seen[0] == parts[0], f"the first part arrived while the stream went on: {seen}")
     try:
         sb.commands.stream_input(999999, iter(["x"]))
@@ -433,16 +535,16 @@ def test_one_sandbox_through_both_doors():
     ls = SandboxClient()
     # Made through E2B's door, used through LangSmith's.
     sb = new()
-    sb.commands.run("echo from-e2b > /root/door")
+    sb.commands.run("echo from-e2b > /home/user/door")
     seen = ls.get_sandbox(sb.sandbox_id)
-    check(seen.run("cat /root/door").stdout == "from-e2b\n", "LangSmith's SDK runs in it")
+    check(seen.run("cat /home/user/door").stdout == "from-e2b\n", "LangSmith's SDK runs in it")
     check(sb.sandbox_id in [str(s.id) for s in ls.list_sandboxes()], "LangSmith's list has it")
     # And the reverse.
     made = ls.create_sandbox(snapshot_name=TEMPLATE, timeout=300)
     try:
-        made.run("echo from-langsmith > /root/door2")
+        made.run("echo from-langsmith > /home/user/door2")
         other = Sandbox.connect(str(made.id))
-        check(other.commands.run("cat /root/door2").stdout == "from-langsmith\n",
+        check(other.commands.run("cat /home/user/door2").stdout == "from-langsmith\n",
               "E2B's SDK runs in it")
         check(str(made.id) in [i.sandbox_id for i in Sandbox.list().next_items()],
               "E2B's list has it")
@@ -469,13 +571,13 @@ def test_the_async_sdk():
         await sb.commands.close_stdin(h.pid)
         done = await h.wait()
         check(done.stdout == "fed\n", f"stdin: {done}")
-        await sb.files.write("/root/async.txt", "async-bytes")
-        check(await sb.files.read("/root/async.txt") == "async-bytes", "read back")
-        check(await sb.files.exists("/root/async.txt"), "exists")
-        await sb.files.rename("/root/async.txt", "/root/moved.txt")
-        check(not await sb.files.exists("/root/async.txt"), "renamed away")
-        await sb.files.remove("/root/moved.txt")
-        check(not await sb.files.exists("/root/moved.txt"), "removed")
+        await sb.files.write("/home/user/async.txt", "async-bytes")
+        check(await sb.files.read("/home/user/async.txt") == "async-bytes", "read back")
+        check(await sb.files.exists("/home/user/async.txt"), "exists")
+        await sb.files.rename("/home/user/async.txt", "/home/user/moved.txt")
+        check(not await sb.files.exists("/home/user/async.txt"), "renamed away")
+        await sb.files.remove("/home/user/moved.txt")
+        check(not await sb.files.exists("/home/user/moved.txt"), "removed")
         info = await sb.get_info()
         check(info.metadata.get("sdk") == "async", f"info: {info}")
         listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"sdk": "async"})).next_items()
@@ -488,7 +590,7 @@ def test_the_async_sdk():
 
 def test_metrics_are_the_guests_own():
     sb = new()
-    sb.commands.run("head -c 20000000 /dev/zero > /root/ballast")
+    sb.commands.run("head -c 20000000 /dev/zero > /home/user/ballast")
     [m] = sb.get_metrics()
     print(f"  {m}", flush=True)
     check(m.cpu_count >= 1, f"vCPUs: {m}")
@@ -506,7 +608,7 @@ def test_metrics_are_the_guests_own():
 
 def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     src = new()
-    src.commands.run("echo at-snapshot > /root/kept")
+    src.commands.run("echo at-snapshot > /home/user/kept")
     src.commands.run(
         "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done",
         background=True)
@@ -518,7 +620,7 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     check(snap.snapshot_id and snap.names, f"a snapshot id and its names: {snap}")
     # The source runs on, and what it does next is not in the snapshot.
     check(src.is_running(), "the source runs on")
-    src.commands.run("echo after > /root/later")
+    src.commands.run("echo after > /home/user/later")
     listed = [s.snapshot_id for s in src.list_snapshots().next_items()]
     check(listed == [snap.snapshot_id], f"the source's snapshots: {listed}")
     check(snap.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()],
@@ -526,8 +628,8 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     # A new sandbox from it resumes the counting process and has the file.
     kid = Sandbox.create(snap.snapshot_id, timeout=120)
     created.append(kid.sandbox_id)
-    check(kid.commands.run("cat /root/kept").stdout == "at-snapshot\n", "the file at the snapshot")
-    check(kid.commands.run("cat /root/later 2>/dev/null || echo none").stdout == "none\n",
+    check(kid.commands.run("cat /home/user/kept").stdout == "at-snapshot\n", "the file at the snapshot")
+    check(kid.commands.run("cat /home/user/later 2>/dev/null || echo none").stdout == "none\n",
           "nothing written after the snapshot")
     first = int(kid.commands.run("cat /tmp/count").stdout)
     time.sleep(1)
@@ -537,7 +639,7 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     fs = src.create_snapshot(mode="filesystem")
     cold = Sandbox.create(fs.snapshot_id, timeout=120)
     created.append(cold.sandbox_id)
-    check(cold.commands.run("cat /root/later").stdout == "after\n", "the filesystem snapshot's file")
+    check(cold.commands.run("cat /home/user/later").stdout == "after\n", "the filesystem snapshot's file")
     count = "cat /tmp/count 2>/dev/null || echo none"
     before = cold.commands.run(count).stdout
     time.sleep(1)
@@ -662,12 +764,21 @@ def test_code_interpreter_keeps_state_and_returns_rich_results():
     check(ctx.id in [c.id for c in sb.list_code_contexts()], "listed")
     sb.remove_code_context(ctx)
     check(ctx.id not in [c.id for c in sb.list_code_contexts()], "removed")
+    # Code, commands and files all act as `user` (as E2B's), who has
+    # passwordless sudo: what one makes the others may change.
+    check(sb.run_code("import getpass\ngetpass.getuser()").text == "'user'", "code runs as user")
+    check(sb.commands.run("id -un; sudo -n id -un").stdout == "user\nroot\n", "user, and sudo")
+    sb.run_code("open('/home/user/by-code.txt', 'w').write('code')")
+    sb.files.write("by-code.txt", "sdk")
+    check(sb.run_code("open('by-code.txt').read()").text == "'sdk'", "the SDK rewrote code's file")
     sb.kill()
     created.remove(sb.sandbox_id)
 
 
 TESTS = [
     test_create_run_files_and_kill,
+    test_commands_and_files_act_as_user_by_default,
+    test_files_as_envd_0_6_describes_them,
     test_pause_keeps_processes_and_connect_resumes,
     test_a_timeout_pauses_and_a_request_resumes,
     test_fork_children_resume_the_parent_each_on_its_own,

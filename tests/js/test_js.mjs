@@ -65,9 +65,9 @@ async function langsmithStreamsACommand() {
 async function e2bSandboxRunsCommandsAndFiles() {
   const sbx = await Sandbox.create(SNAPSHOT, { timeoutMs: 300_000 });
   made.e2b.push(sbx.sandboxId);
-  const r = await sbx.commands.run("echo hello-e2b-js && echo $HOME");
+  const r = await sbx.commands.run("echo hello-e2b-js && echo $HOME && id -un");
   check(r.exitCode === 0, `exit ${r.exitCode}`);
-  check(r.stdout === "hello-e2b-js\n/root\n", `stdout ${JSON.stringify(r.stdout)}`);
+  check(r.stdout === "hello-e2b-js\n/home/user\nuser\n", `stdout ${JSON.stringify(r.stdout)}`);
   let failed = null;
   try {
     await sbx.commands.run("exit 4");
@@ -75,9 +75,9 @@ async function e2bSandboxRunsCommandsAndFiles() {
     failed = e;
   }
   check(failed && failed.exitCode === 4, `a failing command throws with its exit code: ${failed}`);
-  await sbx.files.write("/root/e2b-js.txt", "written by the JS SDK");
-  check((await sbx.files.read("/root/e2b-js.txt")) === "written by the JS SDK", "read back");
-  const entries = (await sbx.files.list("/root")).map((e) => e.name);
+  await sbx.files.write("/home/user/e2b-js.txt", "written by the JS SDK");
+  check((await sbx.files.read("/home/user/e2b-js.txt")) === "written by the JS SDK", "read back");
+  const entries = (await sbx.files.list("/home/user")).map((e) => e.name);
   check(entries.includes("e2b-js.txt"), `listed: ${entries}`);
   const out = [];
   const bg = await sbx.commands.run("for i in 1 2 3; do echo tick-$i; sleep 0.2; done", {
@@ -88,12 +88,12 @@ async function e2bSandboxRunsCommandsAndFiles() {
   check(done.exitCode === 0 && out.join("") === "tick-1\ntick-2\ntick-3\n", `streamed ${JSON.stringify(out)}`);
   // A streamed watch (the JS SDK's files.watchDir).
   const seen = [];
-  await sbx.files.makeDir("/root/w");
-  const watch = await sbx.files.watchDir("/root/w", (ev) => seen.push(`${ev.type}:${ev.name}`), {
+  await sbx.files.makeDir("/home/user/w");
+  const watch = await sbx.files.watchDir("/home/user/w", (ev) => seen.push(`${ev.type}:${ev.name}`), {
     recursive: true,
   });
-  await sbx.files.write("/root/w/a.txt", "x");
-  await sbx.commands.run("mkdir /root/w/sub && sleep 0.5 && echo y > /root/w/sub/b.txt && rm /root/w/a.txt");
+  await sbx.files.write("/home/user/w/a.txt", "x");
+  await sbx.commands.run("mkdir /home/user/w/sub && sleep 0.5 && echo y > /home/user/w/sub/b.txt && rm /home/user/w/a.txt");
   const want = ["create:a.txt", "create:sub", "create:sub/b.txt", "remove:a.txt"];
   for (let t = Date.now(); !want.every((w) => seen.includes(w)) && Date.now() - t < 20000; ) {
     await new Promise((r) => setTimeout(r, 200));

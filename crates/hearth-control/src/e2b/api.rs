@@ -437,6 +437,9 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> E2bRe
     }
 }
 
+/// Who an E2B sandbox's commands and file operations act as by default.
+pub(crate) const E2B_DEFAULT_USER: &str = "user";
+
 /// The template of a create as a snapshot selector.
 fn template(t: &str) -> E2bResult<SnapshotSelector> {
     if t.is_empty() || t == "base" {
@@ -468,7 +471,13 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, life: E2bLifecycle) -> E2bResult<S
     }
     let env_vars = req.env_vars.clone().unwrap_or_default();
     check_env_vars("envVars", &env_vars)?;
-    let run = crate::domain::queries::snapshot_run(snap).unwrap_or_default();
+    let mut run = crate::domain::queries::snapshot_run(snap).unwrap_or_default();
+    // E2B's sandboxes act as `user` unless asked otherwise (its base
+    // template's default user): every image Hearth ships has that user; a
+    // snapshot keeps the user it was made with.
+    if run.user.is_none() && snap.volume.is_none() {
+        run.user = Some(E2B_DEFAULT_USER.into());
+    }
     let egress = Network::access(req.network.as_ref(), req.allow_internet_access)?.map(|access| {
         EgressSpec {
             access: Some(access),

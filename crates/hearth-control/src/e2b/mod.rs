@@ -33,10 +33,11 @@ use crate::error::Refusal;
 use crate::Control;
 
 /// The envd version Hearth reports: it unlocks in the SDK what is served
-/// here (stdin 0.3.0, no forced `user` 0.4.0, `CloseStdin` 0.5.2,
-/// octet-stream uploads 0.5.7) and nothing more (file metadata 0.6.2 and
-/// the watch features after it are not served).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// here (stdin 0.3.0, the sandbox's own default user 0.4.0, `CloseStdin`
+/// 0.5.2, octet-stream and gzip uploads 0.5.7, file metadata 0.6.2,
+/// entries in watch events 0.6.3) and nothing more (watches of network
+/// mounts are 0.6.4).
+pub const ENVD_VERSION: &str = "0.6.3";
 
 /// E2B's error answer: `{"code": <status>, "message": …}`.
 #[derive(Debug)]

@@ -50,7 +50,7 @@ async fn e2b_control_api_on_the_sim_host() {
     assert_eq!(r.status, 201, "{}", r.text());
     let sb = r.json().unwrap();
     let id = sb["sandboxID"].as_str().unwrap().to_owned();
-    assert_eq!(sb["envdVersion"], "0.5.7");
+    assert_eq!(sb["envdVersion"], "0.6.3");
     assert_eq!(sb["alias"], "busybox");
     let token = sb["envdAccessToken"].as_str().unwrap().to_owned();
     assert!(token.len() >= 40, "{token}");
@@ -330,16 +330,41 @@ async fn e2b_control_api_on_the_sim_host() {
     let raw = crate::harness::RawRequest::new("GET", "/health", &envd(&token), Vec::new());
     let r = crate::harness::send(s.addr, &raw.bytes()).await;
     assert!(matches!(r.status, 204 | 502), "{} {}", r.status, r.text());
-    // Files are root's: another user is refused, not ignored.
-    let raw = crate::harness::RawRequest::new(
-        "GET",
-        "/files?path=/etc/hostname&username=user",
-        &envd(&token),
-        Vec::new(),
-    );
-    let r = crate::harness::send(s.addr, &raw.bytes()).await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert!(e2b_error(&r).1.contains("root"), "{}", r.text());
+    // A named user reaches the guest, which acts as them (the simulated
+    // one reads no files: 501), as root does.
+    for user in ["user", "root"] {
+        let raw = crate::harness::RawRequest::new(
+            "GET",
+            &format!("/files?path=/etc/hostname&username={user}"),
+            &envd(&token),
+            Vec::new(),
+        );
+        let r = crate::harness::send(s.addr, &raw.bytes()).await;
+        assert!(
+            matches!(r.status, 200 | 501 | 502),
+            "{user}: {} {}",
+            r.status,
+            r.text()
+        );
+    }
+    // An upload's metadata and encoding are checked before the guest sees
+    // them: each refusal names what it refuses.
+    for (name, value, names) in [
+        ("x-metadata-Team", "caf\u{e9}", "X-Metadata-team"),
+        ("x-metadata-k", "tab\there", "metadata value"),
+        ("content-encoding", "br", "Content-Encoding br"),
+    ] {
+        let mut h = envd(&token);
+        h.push((name.to_owned(), value.to_owned()));
+        h.push((
+            "content-type".to_owned(),
+            "application/octet-stream".to_owned(),
+        ));
+        let raw = crate::harness::RawRequest::new("POST", "/files?path=/tmp/x", &h, b"x".to_vec());
+        let r = crate::harness::send(s.addr, &raw.bytes()).await;
+        assert_eq!(r.status, 400, "{name}: {}", r.text());
+        assert!(e2b_error(&r).1.contains(names), "{name}: {}", r.text());
+    }
 
     // Processes: the list (the simulated guest's commands end at once),
     // input to a process that does not run, and what is refused.
@@ -454,7 +479,7 @@ async fn e2b_fork_makes_children_with_their_deadlines() {
         assert!(e.get("error").is_none(), "{e}");
         let id = child["sandboxID"].as_str().unwrap();
         assert_ne!(id, parent);
-        assert_eq!(child["envdVersion"], "0.5.7");
+        assert_eq!(child["envdVersion"], "0.6.3");
         tokens.push(child["envdAccessToken"].as_str().unwrap().to_owned());
         let d = detail(&s, &key, id).await;
         assert_eq!(d["state"], "running", "{d}");

@@ -888,11 +888,13 @@ const E2B_FIRST_HALF: &[&str] = &[
     "test_the_async_sdk",
 ];
 
-/// The rest: fork, a pause at the timeout that a request resumes, and the
-/// code interpreter on its own image (about 55 s once the image is built).
+/// The rest: fork, a pause at the timeout that a request resumes, the
+/// default user, and the code interpreter on its own image (about 55 s once the image is built).
 const E2B_SECOND_HALF: &[&str] = &[
     "test_fork_children_resume_the_parent_each_on_its_own",
     "test_a_timeout_pauses_and_a_request_resumes",
+    "test_commands_and_files_act_as_user_by_default",
+    "test_files_as_envd_0_6_describes_them",
     "test_code_interpreter_keeps_state_and_returns_rich_results",
 ];
 

@@ -9,18 +9,9 @@ use axum::response::{IntoResponse, Response};
 use hearth_hostapi::GuestClient;
 use serde::Serialize;
 
-use super::super::connect::ConnectError;
 use super::super::{E2bError, E2bResult};
 use super::*;
 use crate::Control;
-
-/// Files are read and written as root (as through LangSmith's data plane):
-/// another user asked for is refused rather than silently not honoured.
-pub(super) fn as_root_only(user: &str) -> ConnectError {
-    ConnectError::invalid(format!(
-        "user {user:?}: files are read and written as root in Hearth; omit the user"
-    ))
-}
 
 #[derive(Default)]
 pub(super) struct FilesQuery {
@@ -48,7 +39,6 @@ pub(super) fn files_query(raw: Option<&str>) -> E2bResult<FilesQuery> {
     for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
         match &*k {
             "path" => q.path = Some(v.into_owned()),
-            "username" if v != "root" => return Err(as_root_only(&v).into()),
             "username" => q.username = Some(v.into_owned()),
             "signature" | "signature_expiration" => {
                 return Err(E2bError::bad_request(format!(
@@ -80,16 +70,117 @@ pub async fn download(
         q.username.as_deref(),
     )?;
     let reader = t
-        .guest
+        .files_as(q.username.as_deref())?
         .read_file(&path, 0, None)
         .await
         .map_err(|e| file_error(e, &path))?;
     let stream = file_stream(reader);
-    Ok(Response::builder()
+    let response = Response::builder()
         .status(StatusCode::OK)
-        .header(axum::http::header::CONTENT_TYPE, "application/octet-stream")
-        .body(axum::body::Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+        .header(axum::http::header::CONTENT_TYPE, "application/octet-stream");
+    let response = if accepts_gzip(&headers) {
+        response
+            .header(axum::http::header::CONTENT_ENCODING, "gzip")
+            .body(axum::body::Body::from_stream(gzip_stream(stream)))
+    } else {
+        response.body(axum::body::Body::from_stream(stream))
+    };
+    Ok(response.unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
+
+/// Whether the client takes a gzip body (`Accept-Encoding` names it
+/// without `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(axum::http::header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|e| {
+            let mut parts = e.split(';').map(str::trim);
+            parts.next().is_some_and(|c| c.eq_ignore_ascii_case("gzip"))
+                && !parts.any(|p| p.replace(' ', "") == "q=0")
+        })
+}
+
+/// `body` gzip-compressed as it streams (each chunk compressed as it
+/// comes; the trailer at the end).
+fn gzip_stream<S>(body: S) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send
+where
+    S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    use flate2::write::GzEncoder;
+    use futures_util::StreamExt;
+    use std::io::Write;
+    let enc = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    futures_util::stream::unfold((Box::pin(body), Some(enc)), |(mut body, enc)| async move {
+        let mut enc = enc?;
+        match body.next().await {
+            Some(Ok(chunk)) => {
+                let out = enc
+                    .write_all(&chunk)
+                    .map(|()| Bytes::from(std::mem::take(enc.get_mut())));
+                let next = out.is_ok().then_some(enc);
+                Some((out, (body, next)))
+            }
+            Some(Err(e)) => Some((Err(e), (body, None))),
+            None => Some((enc.finish().map(Bytes::from), (body, None))),
+        }
+    })
+}
+
+/// A request body gzip-decompressed as it streams. What it expands to is
+/// bounded by where it goes (the sandbox's disk).
+fn gunzip_stream<S, E>(
+    body: S,
+) -> impl futures_util::Stream<Item = Result<Bytes, String>> + Send + Unpin
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display,
+{
+    use flate2::write::GzDecoder;
+    use futures_util::StreamExt;
+    use std::io::Write;
+    let dec = GzDecoder::new(Vec::new());
+    Box::pin(futures_util::stream::unfold(
+        (body, Some(dec)),
+        |(mut body, dec)| async move {
+            let mut dec = dec?;
+            match body.next().await {
+                Some(Ok(chunk)) => {
+                    let out = dec
+                        .write_all(&chunk)
+                        .map(|()| Bytes::from(std::mem::take(dec.get_mut())))
+                        .map_err(|e| format!("the gzip body does not decompress: {e}"));
+                    let next = out.is_ok().then_some(dec);
+                    Some((out, (body, next)))
+                }
+                Some(Err(e)) => Some((Err(e.to_string()), (body, None))),
+                None => Some((
+                    dec.finish()
+                        .map(Bytes::from)
+                        .map_err(|e| format!("the gzip body ends early: {e}")),
+                    (body, None),
+                )),
+            }
+        },
+    ))
+}
+
+/// The metadata of an upload: its `X-Metadata-<key>` headers, keys
+/// lowercased (as envd's), held to the guest's rule.
+fn upload_metadata(headers: &HeaderMap) -> E2bResult<std::collections::BTreeMap<String, String>> {
+    let mut m = std::collections::BTreeMap::new();
+    for (name, value) in headers {
+        if let Some(key) = name.as_str().strip_prefix("x-metadata-") {
+            let value = value.to_str().map_err(|_| {
+                E2bError::bad_request(format!("X-Metadata-{key}: printable US-ASCII only"))
+            })?;
+            m.insert(key.to_owned(), value.to_owned());
+        }
+    }
+    hearth_guest_proto::check_metadata(&m).map_err(E2bError::bad_request)?;
+    Ok(m)
 }
 
 /// A file reader as a body stream (an error after the first bytes breaks
@@ -113,13 +204,19 @@ pub(super) struct WriteInfo {
     #[serde(rename = "type")]
     kind: &'static str,
     path: String,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    metadata: std::collections::BTreeMap<String, String>,
 }
 
-pub(super) fn write_info(path: &str) -> WriteInfo {
+pub(super) fn write_info(
+    path: &str,
+    metadata: &std::collections::BTreeMap<String, String>,
+) -> WriteInfo {
     WriteInfo {
         name: path.rsplit('/').next().unwrap_or(path).to_owned(),
         kind: "file",
         path: path.to_owned(),
+        metadata: metadata.clone(),
     }
 }
 
@@ -133,8 +230,13 @@ pub(super) async fn parents(g: &GuestClient, path: &str) -> E2bResult<()> {
     Ok(())
 }
 
-/// Streams `body` into the guest file `path`.
-pub(super) async fn write_stream<S, E>(g: &GuestClient, path: &str, mut body: S) -> E2bResult<()>
+/// Streams `body` into the guest file `path`, which carries `metadata`.
+pub(super) async fn write_stream<S, E>(
+    g: &GuestClient,
+    path: &str,
+    metadata: &std::collections::BTreeMap<String, String>,
+    mut body: S,
+) -> E2bResult<()>
 where
     S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
@@ -142,7 +244,7 @@ where
     use futures_util::StreamExt;
     parents(g, path).await?;
     let mut w = g
-        .write_file(path, None)
+        .write_file_with(path, None, metadata.clone())
         .await
         .map_err(|e| file_error(e, path))?;
     while let Some(chunk) = body.next().await {
@@ -163,26 +265,29 @@ pub async fn upload(
     request: axum::extract::Request,
 ) -> E2bResult<Response> {
     let q = files_query(raw.as_deref())?;
-    if let Some(enc) = header(&headers, "content-encoding").filter(|e| *e != "identity") {
-        return Err(E2bError::bad_request(format!(
-            "Content-Encoding {enc}: compressed uploads are not served; send the bytes as they are"
-        )));
-    }
-    if headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return Err(E2bError::bad_request(
-            "X-Metadata-*: file metadata is not served",
-        ));
-    }
+    let gzip = match header(&headers, "content-encoding") {
+        None | Some("identity") => false,
+        Some(e) if e.eq_ignore_ascii_case("gzip") => true,
+        Some(enc) => {
+            return Err(E2bError::bad_request(format!(
+                "Content-Encoding {enc}: send gzip or the bytes as they are"
+            )))
+        }
+    };
+    let metadata = upload_metadata(&headers)?;
     let t = target(&c, &headers).await?;
     let user = q.username.as_deref();
+    let guest = t.files_as(user)?;
     let ct = header(&headers, "content-type")
         .unwrap_or_default()
         .to_owned();
     let mut written = Vec::new();
     if ct.starts_with("multipart/form-data") {
+        if gzip {
+            return Err(E2bError::bad_request(
+                "Content-Encoding gzip: send a gzip upload as application/octet-stream (as envd)",
+            ));
+        }
         use axum::extract::FromRequest;
         let mut form = axum::extract::Multipart::from_request(request, &())
             .await
@@ -201,8 +306,8 @@ pub async fn upload(
                 .or_else(|| field.file_name().map(str::to_owned))
                 .ok_or_else(|| E2bError::bad_request("path is missing"))?;
             let path = t.path(&name, user)?;
-            write_stream(&t.guest, &path, Box::pin(field)).await?;
-            written.push(write_info(&path));
+            write_stream(&guest, &path, &metadata, Box::pin(field)).await?;
+            written.push(write_info(&path, &metadata));
         }
         if written.is_empty() {
             return Err(E2bError::bad_request("the form holds no `file` part"));
@@ -214,8 +319,12 @@ pub async fn upload(
             .ok_or_else(|| E2bError::bad_request("path is missing"))?;
         let path = t.path(name, user)?;
         let body = request.into_body().into_data_stream();
-        write_stream(&t.guest, &path, body).await?;
-        written.push(write_info(&path));
+        if gzip {
+            write_stream(&guest, &path, &metadata, gunzip_stream(body)).await?;
+        } else {
+            write_stream(&guest, &path, &metadata, body).await?;
+        }
+        written.push(write_info(&path, &metadata));
     } else {
         return Err(E2bError::bad_request(format!(
             "Content-Type {ct}: send multipart/form-data or application/octet-stream"

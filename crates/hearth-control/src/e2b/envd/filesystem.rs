@@ -14,7 +14,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::super::connect::{self, ConnectError};
-use super::files::as_root_only;
 use super::process::keepalive;
 use super::*;
 use crate::Control;
@@ -33,6 +32,9 @@ pub(super) fn entry(s: &FileStat) -> serde_json::Value {
         "size": s.size.to_string(),
         "mode": s.mode & 0o7777,
         "permissions": permissions(s),
+        "owner": s.owner,
+        "group": s.group,
+        "metadata": s.metadata,
         "modifiedTime": crate::domain::model::Timestamp::from_unix_ms(s.mtime.saturating_mul(1000)).to_rfc3339(),
     })
 }
@@ -88,11 +90,6 @@ pub(super) fn watched_path(
     req: &CreateWatcherRequest,
     user: Option<&str>,
 ) -> Result<String, ConnectError> {
-    if req.include_entry == Some(true) {
-        return Err(ConnectError::unimplemented(
-            "includeEntry: entries in watch events are not served by Hearth yet",
-        ));
-    }
     if req.allow_network_mounts == Some(true) {
         return Err(ConnectError::unimplemented(
             "allowNetworkMounts: Hearth's sandboxes have no network mounts to watch",
@@ -115,15 +112,16 @@ pub(super) async fn watch_dir(
     rpc_body(body)?;
     let req: CreateWatcherRequest = parse(connect::single_message(body)?)?;
     let user = basic_user(headers)?;
-    if let Some(u) = user.as_deref().filter(|u| *u != "root") {
-        return Err(as_root_only(u));
-    }
     let every = keepalive(headers);
     let t = target(c, headers).await?;
     let path = watched_path(&t, &req, user.as_deref())?;
     let guest = t.guest.clone();
     let id = guest
-        .watch_start(&path, req.recursive.unwrap_or(false))
+        .watch_start(
+            &path,
+            req.recursive.unwrap_or(false),
+            req.include_entry.unwrap_or(false),
+        )
         .await
         .map_err(|e| fs_error(e, &path))?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
@@ -152,7 +150,7 @@ pub(super) async fn watch_dir(
                 };
                 quiet = if events.is_empty() { quiet + WATCH_POLL } else { Duration::ZERO };
                 for e in &events {
-                    let m = json!({"filesystem": {"name": e.name, "type": event_type(e.kind)}});
+                    let m = json!({ "filesystem": event(e) });
                     if tx.send(connect::message(&m)).await.is_err() {
                         return None;
                     }
@@ -181,6 +179,16 @@ pub(super) async fn watch_dir(
     Ok(connect::stream_response(axum::body::Body::from_stream(
         stream,
     )))
+}
+
+/// envd's `FilesystemEvent` of a guest watch event (with its entry when
+/// the watcher was asked for entries).
+pub(super) fn event(e: &hearth_guest_proto::WatchEvent) -> serde_json::Value {
+    let mut v = json!({"name": e.name, "type": event_type(e.kind)});
+    if let Some(s) = &e.entry {
+        v["entry"] = entry(s);
+    }
+    v
 }
 
 /// envd's `EventType` of a guest watch event.
@@ -219,16 +227,13 @@ pub async fn filesystem(
         connect::check_codec(&headers, false)?;
         rpc_body(&body)?;
         let user = basic_user(&headers)?;
-        if let Some(u) = user.as_deref().filter(|u| *u != "root") {
-            return Err(as_root_only(u));
-        }
         let user = user.as_deref();
         match method.as_str() {
             "Stat" | "ListDir" | "MakeDir" | "Remove" => {
                 let req: PathRequest = parse(&body)?;
                 let t = target(&c, &headers).await?;
                 let path = t.path(&req.path, user)?;
-                let g = &t.guest;
+                let g = &t.files_as(user)?;
                 match method.as_str() {
                     "Stat" => {
                         let s = g.stat(&path).await.map_err(|e| fs_error(e, &path))?;
@@ -267,10 +272,11 @@ pub async fn filesystem(
                 let req: MoveRequest = parse(&body)?;
                 let t = target(&c, &headers).await?;
                 let (from, to) = (t.path(&req.source, user)?, t.path(&req.destination, user)?);
-                t.guest.stat(&from).await.map_err(|e| fs_error(e, &from))?;
-                let out = t
-                    .guest
-                    .run(helper(
+                let g = t.files_as(user)?;
+                g.stat(&from).await.map_err(|e| fs_error(e, &from))?;
+                let mv = ExecRequest {
+                    user: t.who(user).map(str::to_owned),
+                    ..helper(
                         vec![
                             "mv".into(),
                             "-f".into(),
@@ -279,7 +285,11 @@ pub async fn filesystem(
                             to.clone(),
                         ],
                         60,
-                    ))
+                    )
+                };
+                let out = t
+                    .guest
+                    .run(mv)
                     .await
                     .map_err(|e| ConnectError::internal(format!("move {from}: {e}")))?;
                 if out.exit_code != Some(0) {
@@ -288,7 +298,7 @@ pub async fn filesystem(
                         String::from_utf8_lossy(&out.stderr).trim()
                     )));
                 }
-                let s = t.guest.stat(&to).await.map_err(|e| fs_error(e, &to))?;
+                let s = g.stat(&to).await.map_err(|e| fs_error(e, &to))?;
                 Ok(connect::unary(&json!({"entry": entry(&s)})))
             }
             "CreateWatcher" => {
@@ -297,7 +307,11 @@ pub async fn filesystem(
                 let path = watched_path(&t, &req, user)?;
                 let id = t
                     .guest
-                    .watch_start(&path, req.recursive.unwrap_or(false))
+                    .watch_start(
+                        &path,
+                        req.recursive.unwrap_or(false),
+                        req.include_entry.unwrap_or(false),
+                    )
                     .await
                     .map_err(|e| fs_error(e, &path))?;
                 Ok(connect::unary(&json!({ "watcherId": id })))
@@ -320,10 +334,7 @@ pub async fn filesystem(
                 if lost {
                     tracing::warn!(sandbox = %t.row.id, watcher = %req.watcher_id, "a watcher's guest dropped events nobody asked for in time");
                 }
-                let events: Vec<_> = events
-                    .iter()
-                    .map(|e| json!({"name": e.name, "type": event_type(e.kind)}))
-                    .collect();
+                let events: Vec<_> = events.iter().map(event).collect();
                 Ok(connect::unary(&json!({ "events": events })))
             }
             other => Err(ConnectError::unimplemented(format!(

@@ -63,19 +63,34 @@ pub(super) const MAX_LIST_DEPTH: u32 = 16;
 pub(super) struct Target {
     row: SandboxRow,
     guest: GuestClient,
-    /// The sandbox's user (its run settings'), `None` = root.
+    /// The sandbox's user (its run settings'), `None` = root: who a call
+    /// that names nobody acts as (envd's default user).
     user: Option<String>,
     work_dir: Option<String>,
     env: BTreeMap<String, String>,
 }
 
 impl Target {
+    /// Who a call acts as: the user it names, else the sandbox's (a
+    /// `name:group` acts as the name).
+    fn who<'a>(&'a self, user: Option<&'a str>) -> Option<&'a str> {
+        user.or(self.user.as_deref())
+            .map(|u| u.split(':').next().unwrap_or(u))
+    }
+
+    /// The guest with its file operations acting as the call's user.
+    fn files_as(&self, user: Option<&str>) -> Result<GuestClient, ConnectError> {
+        self.guest
+            .acting_as(self.who(user))
+            .map_err(|e| ConnectError::invalid(e.to_string()))
+    }
+
     /// The home directory of `user` (or the sandbox's user), which E2B
     /// resolves relative paths against.
     fn home(&self, user: Option<&str>) -> String {
-        match user.or(self.user.as_deref()) {
+        match self.who(user) {
             None | Some("root") | Some("0") => "/root".into(),
-            Some(u) => format!("/home/{}", u.split(':').next().unwrap_or(u)),
+            Some(u) => format!("/home/{u}"),
         }
     }
 
@@ -196,6 +211,7 @@ pub(super) fn fs_error(e: GuestError, path: &str) -> ConnectError {
         Some(K::NotFound) => ConnectError::not_found(format!("{path}: no such file or directory")),
         Some(K::AlreadyExists) => ConnectError::new("already_exists", format!("{path}: {e}")),
         Some(K::PermissionDenied) => ConnectError::new("permission_denied", format!("{path}: {e}")),
+        Some(K::Unsupported) => ConnectError::unimplemented(format!("{path}: {e}")),
         Some(K::NotADirectory | K::IsADirectory | K::NotAFile | K::InvalidPath | K::BadRequest) => {
             ConnectError::invalid(format!("{path}: {e}"))
         }
