@@ -59,7 +59,7 @@ pub use registries::{RegistryRow, MAX_REGISTRIES};
 pub use sandboxes::SandboxBrief;
 pub use snapshots::{dangling_tag, is_published_tag, snapshot_size};
 pub use time::Timestamp;
-pub use workspace_secrets::{WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};
+pub use workspace_secrets::{SecretWrite, WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};
 
 use sql::{Pool, Sql};
 

@@ -122,6 +122,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0017_sandbox_events.sql"),
         postgres: include_str!("../migrations/postgres/0017_sandbox_events.sql"),
     },
+    Migration {
+        version: 18,
+        name: "secret_versions",
+        sqlite: include_str!("../migrations/sqlite/0018_secret_versions.sql"),
+        postgres: include_str!("../migrations/postgres/0018_secret_versions.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -3,6 +3,8 @@
 //! value is stored exactly as the caller gives it, which is sealed: this
 //! crate never sees a plaintext, and lists never return values.
 
+use std::collections::BTreeMap;
+
 use hearth_types::WorkspaceId;
 
 use crate::error::DbError;
@@ -18,16 +20,39 @@ pub const MAX_WORKSPACE_SECRETS: u64 = 1000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkspaceSecretMeta {
     pub name: String,
+    /// 1 when made, one more with each new value.
+    pub version: u64,
+    /// The owner's notes about it (never the value).
+    pub metadata: BTreeMap<String, String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
 
+const META_COLUMNS: &str = "name, version, metadata, created_at, updated_at";
+
 fn decode_meta(r: &dyn RowExt) -> Result<WorkspaceSecretMeta, sqlx::Error> {
     Ok(WorkspaceSecretMeta {
         name: r.text("name")?,
+        version: u64::try_from(r.int("version")?).unwrap_or(1),
+        metadata: serde_json::from_str(&r.text("metadata")?)
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         created_at: r.ts("created_at")?,
         updated_at: r.ts("updated_at")?,
     })
+}
+
+/// How a write treats a secret of the same name.
+#[derive(Clone, Debug)]
+pub enum SecretWrite {
+    /// Make it, or give it a new value (its metadata kept).
+    Put,
+    /// Make it; one of that name already is a `Conflict`.
+    Create { metadata: BTreeMap<String, String> },
+    /// Give it a new value (and, when given, new metadata); none of that
+    /// name is `NotFound`.
+    Update {
+        metadata: Option<BTreeMap<String, String>>,
+    },
 }
 
 impl Db {
@@ -45,6 +70,21 @@ impl Db {
         name: &str,
         sealed: &str,
     ) -> Result<(), DbError> {
+        self.write_workspace_secret(workspace, name, sealed, SecretWrite::Put)
+            .await
+            .map(drop)
+    }
+
+    /// Stores `sealed` as the secret `name` of `workspace` as `how` says
+    /// (a new value is a new version) and answers what it is now; the
+    /// limit and locking of [`Self::put_workspace_secret`].
+    pub async fn write_workspace_secret(
+        &self,
+        workspace: WorkspaceId,
+        name: &str,
+        sealed: &str,
+        how: SecretWrite,
+    ) -> Result<WorkspaceSecretMeta, DbError> {
         let op = "put workspace secret";
         let ws = workspace.to_string();
         let mut tx = self
@@ -83,22 +123,80 @@ impl Db {
                 limit: MAX_WORKSPACE_SECRETS,
             });
         }
+        let exists = tx
+            .fetch_optional(
+                &Sql::new(
+                    "SELECT name FROM workspace_secrets WHERE workspace_id = $1 AND name = $2",
+                )
+                .arg(ws.as_str())
+                .arg(name),
+                |r| r.text("name"),
+            )
+            .await
+            .map_err(DbError::backend(op))?
+            .is_some();
+        let json = |m: &BTreeMap<String, String>| {
+            serde_json::to_string(m).unwrap_or_else(|_| "{}".to_owned())
+        };
         let now = Timestamp::now();
-        tx.execute(
-            &Sql::new(
-                "INSERT INTO workspace_secrets (workspace_id, name, value, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $4) \
-                 ON CONFLICT (workspace_id, name) \
-                 DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        let sql = match (&how, exists) {
+            (SecretWrite::Create { .. }, true) => {
+                return Err(DbError::Conflict {
+                    what: format!("secret {name}"),
+                })
+            }
+            (SecretWrite::Update { .. }, false) => {
+                return Err(DbError::NotFound { what: "secret" })
+            }
+            (SecretWrite::Put, true) | (SecretWrite::Update { metadata: None }, true) => Sql::new(
+                "UPDATE workspace_secrets SET value = $3, updated_at = $4, version = version + 1 \
+                 WHERE workspace_id = $1 AND name = $2",
             )
             .arg(ws.as_str())
             .arg(name)
             .arg(sealed)
             .arg(now),
-        )
-        .await
-        .map_err(DbError::backend(op))?;
-        tx.commit().await.map_err(DbError::backend(op))
+            (SecretWrite::Update { metadata: Some(m) }, true) => Sql::new(
+                "UPDATE workspace_secrets SET value = $3, updated_at = $4, version = version + 1, \
+                 metadata = $5 WHERE workspace_id = $1 AND name = $2",
+            )
+            .arg(ws.as_str())
+            .arg(name)
+            .arg(sealed)
+            .arg(now)
+            .arg(json(m)),
+            (SecretWrite::Put | SecretWrite::Create { .. }, false) => {
+                let metadata = match &how {
+                    SecretWrite::Create { metadata } => json(metadata),
+                    _ => "{}".to_owned(),
+                };
+                Sql::new(
+                    "INSERT INTO workspace_secrets \
+                     (workspace_id, name, value, created_at, updated_at, version, metadata) \
+                     VALUES ($1, $2, $3, $4, $4, 1, $5)",
+                )
+                .arg(ws.as_str())
+                .arg(name)
+                .arg(sealed)
+                .arg(now)
+                .arg(metadata)
+            }
+        };
+        tx.execute(&sql).await.map_err(DbError::backend(op))?;
+        let meta = tx
+            .fetch_optional(
+                &Sql::new(&format!(
+                    "SELECT {META_COLUMNS} FROM workspace_secrets WHERE workspace_id = $1 AND name = $2"
+                ))
+                .arg(ws.as_str())
+                .arg(name),
+                decode_meta,
+            )
+            .await
+            .map_err(DbError::backend(op))?
+            .ok_or(DbError::NotFound { what: "secret" })?;
+        tx.commit().await.map_err(DbError::backend(op))?;
+        Ok(meta)
     }
 
     /// Forgets the secret `name` of `workspace`; whether it existed.
@@ -124,10 +222,9 @@ impl Db {
         &self,
         workspace: WorkspaceId,
     ) -> Result<Vec<WorkspaceSecretMeta>, DbError> {
-        let sql = Sql::new(
-            "SELECT name, created_at, updated_at FROM workspace_secrets \
-             WHERE workspace_id = $1 ORDER BY name",
-        )
+        let sql = Sql::new(&format!(
+            "SELECT {META_COLUMNS} FROM workspace_secrets WHERE workspace_id = $1 ORDER BY name"
+        ))
         .arg(workspace.to_string());
         let mut all = self
             .pool

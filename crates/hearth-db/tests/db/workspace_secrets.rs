@@ -1,4 +1,4 @@
-use hearth_db::{DbError, Quotas, MAX_WORKSPACE_SECRETS};
+use hearth_db::{DbError, Quotas, SecretWrite, MAX_WORKSPACE_SECRETS};
 use hearth_types::WorkspaceId;
 
 use crate::{each_backend, workspace};
@@ -43,6 +43,11 @@ async fn workspace_secrets_upsert_list_read_delete() {
         assert_eq!(new.name, "b_token");
         assert_eq!(new.created_at, old.created_at);
         assert!(new.updated_at > old.updated_at, "{old:?} then {new:?}");
+        assert_eq!(
+            (old.version, new.version),
+            (1, 2),
+            "a new value is a new version"
+        );
         assert_eq!(after[..2], first[..2]);
 
         assert!(db.delete_workspace_secret(ws.id, "A_KEY").await.unwrap());
@@ -166,6 +171,79 @@ async fn concurrent_puts_do_not_overshoot_the_limit() {
         assert_eq!(
             db.list_workspace_secrets(ws.id).await.unwrap().len() as u64,
             MAX_WORKSPACE_SECRETS
+        );
+    });
+}
+
+/// E2B's secrets: a create refuses a name taken, an update one missing;
+/// each new value is a version; metadata is kept until an update gives
+/// new metadata.
+#[tokio::test]
+async fn secrets_are_created_updated_and_versioned() {
+    each_backend!(|db| {
+        let ws = workspace(db, Quotas::default()).await;
+        let meta = std::collections::BTreeMap::from([("team".to_owned(), "data".to_owned())]);
+        let made = db
+            .write_workspace_secret(
+                ws.id,
+                "K",
+                "hs1:1",
+                SecretWrite::Create {
+                    metadata: meta.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((made.version, &made.metadata), (1, &meta));
+        assert!(matches!(
+            db.write_workspace_secret(
+                ws.id,
+                "K",
+                "hs1:x",
+                SecretWrite::Create {
+                    metadata: Default::default()
+                }
+            )
+            .await,
+            Err(DbError::Conflict { .. })
+        ));
+        assert!(matches!(
+            db.write_workspace_secret(
+                ws.id,
+                "NONE",
+                "hs1:x",
+                SecretWrite::Update { metadata: None }
+            )
+            .await,
+            Err(DbError::NotFound { .. })
+        ));
+        let two = db
+            .write_workspace_secret(ws.id, "K", "hs1:2", SecretWrite::Update { metadata: None })
+            .await
+            .unwrap();
+        assert_eq!((two.version, &two.metadata), (2, &meta), "metadata kept");
+        let three = db
+            .write_workspace_secret(
+                ws.id,
+                "K",
+                "hs1:3",
+                SecretWrite::Update {
+                    metadata: Some(Default::default()),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (three.version, three.metadata.len()),
+            (3, 0),
+            "metadata replaced"
+        );
+        db.put_workspace_secret(ws.id, "K", "hs1:4").await.unwrap();
+        let listed = db.list_workspace_secrets(ws.id).await.unwrap();
+        assert_eq!(listed[0].version, 4);
+        assert_eq!(
+            db.workspace_secret(ws.id, "K").await.unwrap().as_deref(),
+            Some("hs1:4")
         );
     });
 }
