@@ -206,6 +206,8 @@ pub struct Control {
     pub(crate) autoscale_state: autoscale::AutoscaleState,
     /// Woken when pools need tending before the next reaper pass.
     pub(crate) pools_changed: tokio::sync::Notify,
+    /// A deadline was set: the deadline timer looks again.
+    pub(crate) deadlines_changed: tokio::sync::Notify,
     /// Which workspaces have pools of which snapshots, lately.
     pub(crate) pool_index: pools::PoolIndex,
     /// Where this replica is in each host's change feed (`reconcile.rs`).
@@ -310,6 +312,7 @@ impl Control {
             ),
             autoscale_state: autoscale::AutoscaleState::new(),
             pools_changed: tokio::sync::Notify::new(),
+            deadlines_changed: tokio::sync::Notify::new(),
             pool_index: pools::PoolIndex::default(),
             feeds: reconcile::Feeds::default(),
             replica: uuid::Uuid::now_v7().to_string(),

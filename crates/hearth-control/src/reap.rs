@@ -113,8 +113,10 @@ impl Leading {
 }
 
 impl Control {
-    /// Runs a reaper pass every interval, forever.
+    /// Runs a reaper pass every interval, forever (and the deadline timer
+    /// beside it).
     pub async fn run_reapers(self: Arc<Self>) {
+        tokio::spawn(self.clone().run_deadlines());
         let mut tick = tokio::time::interval(self.cfg.reaper_interval);
         loop {
             tokio::select! {
@@ -126,6 +128,52 @@ impl Control {
                 () = self.pools_changed.notified() => {
                     self.tend_pools_now().await;
                 }
+            }
+        }
+    }
+
+    /// Acts on deadlines as they pass rather than at the next pass: sleeps
+    /// until the earliest deadline (at most a reaper interval, and woken
+    /// when this replica sets one), then, if this replica leads, expires
+    /// what is due. A deadline another replica sets while this one leads
+    /// waits at most an interval.
+    async fn run_deadlines(self: Arc<Self>) {
+        loop {
+            let now = Timestamp::now();
+            let wait = match self.db.earliest_deadline().await {
+                Ok(Some(d)) => Duration::from_millis(
+                    u64::try_from(d.expires_at.unix_ms() - now.unix_ms()).unwrap_or(0),
+                )
+                .min(self.cfg.reaper_interval),
+                Ok(None) => self.cfg.reaper_interval,
+                Err(e) => {
+                    tracing::warn!(error = %e, "deadline timer: cannot read the next deadline");
+                    self.cfg.reaper_interval
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.deadlines_changed.notified() => continue,
+            }
+            let now = Timestamp::now();
+            let Some(leading) = self.lead(now).await else {
+                continue;
+            };
+            let foreign = match self.foreign_hosts().await {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(error = %e, "deadline timer: cannot read the host registry");
+                    continue;
+                }
+            };
+            let ours =
+                |row: &hearth_db::SandboxRow| row.host_id.is_none_or(|h| !foreign.contains(&h));
+            let mut report = ReapReport::default();
+            self.expire_deadlines(now, &leading, &mut report, &ours)
+                .await;
+            // Whatever could not be acted on waits for a pass, not a spin.
+            if report.deadlines_expired == 0 {
+                tokio::time::sleep(self.cfg.reaper_interval.min(Duration::from_secs(1))).await;
             }
         }
     }

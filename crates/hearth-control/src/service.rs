@@ -767,7 +767,7 @@ impl Control {
                     .await?;
             }
         }
-        let guest = self.ready_guest(&row).await?;
+        let guest = self.live_guest(&row).await?;
         self.touch(&row).await;
         Ok((row, guest))
     }
@@ -792,6 +792,22 @@ impl Control {
             .map_err(|_| DomainError::NotReady {
                 name: row.name.clone(),
             })
+    }
+
+    /// The guest of a sandbox for its user's calls (both doors' data
+    /// planes, its ports): [`Self::ready_guest`], unless the sandbox has
+    /// passed a deadline that ends it, which the reaper is about to act
+    /// on: it is not running from its deadline on, to the second. (One
+    /// that a request resumes, E2B's `autoResume`, pausing at its
+    /// deadline, answers until it is paused, then resumes.)
+    pub(crate) async fn live_guest(&self, row: &SandboxRow) -> Result<GuestClient, DomainError> {
+        let resumes = spec_of(row).is_ok_and(|s| s.auto_resume);
+        if !resumes && self.past_deadline(row.id).await? {
+            return Err(DomainError::NotReady {
+                name: row.name.clone(),
+            });
+        }
+        self.ready_guest(row).await
     }
 
     /// Records activity for the idle timer, at most every few seconds per

@@ -126,6 +126,18 @@ impl Db {
         Ok(found)
     }
 
+    /// The earliest deadline of all, if any.
+    pub async fn earliest_deadline(&self) -> Result<Option<Deadline>, DbError> {
+        let sql = Sql::new(
+            "SELECT sandbox_id, expires_at, on_expiry FROM sandbox_deadlines \
+             ORDER BY expires_at LIMIT 1",
+        );
+        self.pool
+            .fetch_optional(&sql, decode)
+            .await
+            .map_err(DbError::backend("read the earliest deadline"))
+    }
+
     /// Deadlines passed at `now`, earliest first, at most `limit`.
     pub async fn expired_deadlines(
         &self,

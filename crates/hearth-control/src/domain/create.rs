@@ -347,14 +347,14 @@ impl Control {
             expires_at: Timestamp::now().plus(lifetime.timeout + booting),
             on_expiry: lifetime.on_expiry,
         };
-        let Err(e) = self.db.set_deadline(&deadline).await else {
+        let Err(e) = self.put_deadline(&deadline).await else {
             return Ok(());
         };
         tracing::warn!(sandbox = %row.id, error = %e, "cannot set a new sandbox's deadline; deleting it");
         if let Err(d) = self.delete_row(row).await {
             tracing::warn!(sandbox = %row.id, error = %d, "cannot delete it either; the reaper will not expire it");
         }
-        Err(DomainError::from(e))
+        Err(e)
     }
 
     /// Waits until the sandbox leaves `provisioning` or `wait` passes.

@@ -17,6 +17,24 @@ use crate::domain::queries::spec_of;
 use crate::Control;
 
 impl Control {
+    /// Sets a sandbox's deadline, and wakes this replica's deadline timer
+    /// (`reap.rs`'s `run_deadlines`), which may be sleeping past it.
+    pub(crate) async fn put_deadline(&self, d: &Deadline) -> Result<(), DomainError> {
+        self.db.set_deadline(d).await?;
+        self.deadlines_changed.notify_one();
+        Ok(())
+    }
+
+    /// Whether the sandbox has passed a deadline that ends it (the reaper
+    /// has yet to act on it): such a sandbox is not running, whatever its
+    /// row says, so that a deadline holds to the second.
+    pub(crate) async fn past_deadline(&self, id: SandboxId) -> Result<bool, DomainError> {
+        Ok(self
+            .deadline(id)
+            .await?
+            .is_some_and(|d| d.expires_at <= Timestamp::now()))
+    }
+
     /// The sandbox's deadline, if it has one.
     pub(crate) async fn deadline(&self, id: SandboxId) -> Result<Option<Deadline>, DomainError> {
         Ok(self.deadlines(&[id]).await?.remove(&id))
@@ -32,15 +50,14 @@ impl Control {
         };
         let result = match self.deadline(row.id).await {
             Ok(Some(_)) => return,
-            Ok(None) => self
-                .db
-                .set_deadline(&Deadline {
+            Ok(None) => {
+                self.put_deadline(&Deadline {
                     sandbox_id: row.id,
                     expires_at: Timestamp::now().plus(life.timeout),
                     on_expiry: life.on_expiry,
                 })
                 .await
-                .map_err(DomainError::from),
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = result {
@@ -70,14 +87,12 @@ impl Control {
             .deadline(row.id)
             .await?
             .map_or(OnExpiry::Delete, |d| d.on_expiry);
-        self.db
-            .set_deadline(&Deadline {
-                sandbox_id: row.id,
-                expires_at: Timestamp::now().plus(timeout),
-                on_expiry,
-            })
-            .await
-            .map_err(DomainError::from)
+        self.put_deadline(&Deadline {
+            sandbox_id: row.id,
+            expires_at: Timestamp::now().plus(timeout),
+            on_expiry,
+        })
+        .await
     }
 
     /// A pause asked for by the sandbox's user: a stop of a running
@@ -186,7 +201,7 @@ impl Control {
             }),
         };
         match deadline {
-            Some(d) => self.db.set_deadline(&d).await.map_err(DomainError::from),
+            Some(d) => self.put_deadline(&d).await,
             None => Ok(()),
         }
     }

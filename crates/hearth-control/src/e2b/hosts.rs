@@ -231,7 +231,7 @@ async fn to_port(
         if access.row.status != SandboxStatus::Ready {
             return unreachable();
         }
-        match c.ready_guest(&access.row).await {
+        match c.live_guest(&access.row).await {
             Ok(g) => g,
             Err(_) => return unreachable(),
         }

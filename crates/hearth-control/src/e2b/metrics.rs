@@ -156,7 +156,7 @@ pub async fn metrics(
     if outside || row.status != SandboxStatus::Ready {
         return Ok(Json(Vec::<SandboxMetric>::new()).into_response());
     }
-    let guest = c.ready_guest(&row).await?;
+    let guest = c.live_guest(&row).await?;
     let out = guest
         .run_capped(
             ExecRequest {

@@ -162,7 +162,7 @@ pub(super) async fn target(c: &Arc<Control>, headers: &HeaderMap) -> E2bResult<T
     };
     let spec = spec_of(&row).ok();
     let (row, guest) = if row.status == SandboxStatus::Ready {
-        let guest = c.ready_guest(&row).await.map_err(|_| not_running())?;
+        let guest = c.live_guest(&row).await.map_err(|_| not_running())?;
         c.touch(&row).await;
         (row, guest)
     } else if row.status == SandboxStatus::Stopped && spec.as_ref().is_some_and(|s| s.auto_resume) {

@@ -168,6 +168,19 @@ impl Server {
         (Self::start_with_config(hosts, cfg).await, sim)
     }
 
+    /// [`Self::on_sim`] with the reapers running, a pass every
+    /// `interval` (deadlines have a timer of their own beside them).
+    pub async fn on_sim_reaping(interval: Duration) -> (Server, Arc<hearth_hostapi::SimHost>) {
+        let (hosts, sim) = one_sim_host();
+        let cfg = ControlConfig {
+            reaper_interval: interval,
+            ..test_config()
+        };
+        let s = Self::start_with_config(hosts, cfg).await;
+        tokio::spawn(s.control.clone().run_reapers());
+        (s, sim)
+    }
+
     async fn start_with(hosts: Vec<LocalHost>) -> Server {
         Self::start_with_config(hosts, test_config()).await
     }
