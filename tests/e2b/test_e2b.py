@@ -220,7 +220,12 @@ def test_commands_and_files_act_as_user_by_default():
         raise
     except Exception as e:
         check("does not exist" in str(e), f"an unknown user: {e!r}")
-    sb.kill()
+    # A deadline holds to the second (E2B's `set_timeout`): a second past
+    # it, the sandbox is not running.
+    sb.set_timeout(3)
+    check(sb.is_running(), "running before its deadline")
+    time.sleep(4)
+    check(not sb.is_running(), "not running a second past its deadline")
     created.remove(sb.sandbox_id)
 
 
@@ -274,6 +279,58 @@ def test_files_as_envd_0_6_describes_them():
     w.stop()
     sb.kill()
     created.remove(sb.sandbox_id)
+
+
+def test_secrets_are_the_workspaces_and_never_shown():
+    """E2B's secrets API over the workspace's secrets: create (a name
+    taken is refused), get_info by id and by name, exists, list, update
+    (a new version; metadata kept unless given), destroy; no answer shows
+    a value; another workspace sees none of it."""
+    from e2b import Secret
+    from e2b.exceptions import SecretNotFoundException
+    name = f"E2B_SUITE_{os.getpid()}"
+    value = "v-" + os.urandom(8).hex()
+    made = Secret.create(name, value, metadata={"team": "data"})
+    check(made.name == name and made.version == 1 and made.metadata == {"team": "data"},
+          f"made: {made}")
+    check(value not in repr(made), "the value is write-only")
+    by_id = Secret.get_info(made.secret_id)
+    check(by_id.name == name and Secret.get_info(name).secret_id == made.secret_id,
+          "found by id and by name, the same secret")
+    check(Secret.exists(name) and not Secret.exists("NOT_A_SECRET_HERE"), "exists")
+    try:
+        Secret.create(name, "again")
+        raise AssertionError("a taken name was made again")
+    except AssertionError:
+        raise
+    except Exception as e:
+        check("already exists" in str(e), f"a taken name: {e!r}")
+    listed = []
+    pages = Secret.list(limit=1)
+    while pages.has_next:
+        listed += pages.next_items()
+    check(name in [s.name for s in listed], f"listed, page by page: {[s.name for s in listed]}")
+    up = Secret.update(name, value + "2")
+    check(up.version == 2 and up.metadata == {"team": "data"}, f"updated: {up}")
+    up = Secret.update(made.secret_id, value + "3", metadata={})
+    check(up.version == 3 and not up.metadata, f"metadata replaced: {up}")
+    check(Secret.list(api_key=OTHER_KEY).next_items() == [], "another workspace sees none")
+    check(not Secret.exists(name, api_key=OTHER_KEY), "nor this one")
+    try:
+        Secret.create("bad-name", "x")
+        raise AssertionError("a name Hearth's secrets cannot have was accepted")
+    except AssertionError:
+        raise
+    except Exception as e:
+        check("bad-name" in str(e), f"refused naming it: {e!r}")
+    check(Secret.destroy(made.secret_id), "destroy")
+    check(not Secret.exists(name), "gone")
+    check(not Secret.destroy(name), "destroying what is gone is False")
+    try:
+        Secret.get_info(name)
+        raise AssertionError("a destroyed secret was found")
+    except SecretNotFoundException:
+        pass
 
 
 def test_pause_keeps_processes_and_connect_resumes():
@@ -779,6 +836,7 @@ TESTS = [
     test_create_run_files_and_kill,
     test_commands_and_files_act_as_user_by_default,
     test_files_as_envd_0_6_describes_them,
+    test_secrets_are_the_workspaces_and_never_shown,
     test_pause_keeps_processes_and_connect_resumes,
     test_a_timeout_pauses_and_a_request_resumes,
     test_fork_children_resume_the_parent_each_on_its_own,

@@ -251,6 +251,50 @@ def test_allow_list_then_deny_list_applied_live():
     created.discard(sb.name)
 
 
+def test_e2b_network_rules_inject_headers_and_update_live():
+    """E2B's network through the unmodified e2b SDK: an allow list with
+    transform rules that set headers on HTTPS requests, one from a
+    secret made by `Secret.create` and named by `Secret.fill`, one a
+    literal (sealed); the guest
+    sees neither; `update_network` replaces the lists and the rules."""
+    from e2b import Sandbox, Secret
+    # Made through E2B's own secrets API: the workspace's secret.
+    Secret.create("E2B_TOKEN", SECRET)
+    literal = "lit-" + SECRET[::-1]
+    sb = Sandbox.create(timeout=300, network={
+        "allow_out": ["api.test", "echo.test"],
+        "deny_out": ["0.0.0.0/0"],
+        "rules": {
+            "api.test": [{"transform": {"headers": {"Authorization": f"Bearer {Secret.fill('E2B_TOKEN')}"}}}],
+            "*.test": [{"transform": {"headers": {"X-Literal": literal}}}],
+        },
+    })
+    try:
+        def echo(url):
+            r = sb.commands.run(f"curl -sS --max-time 15 {url}", user="root")
+            return json.loads(r.stdout)["headers"]
+        h = echo("https://api.test/echo")
+        check(h.get("authorization") == f"Bearer {SECRET}", f"the secret reached api.test: {h}")
+        check("x-literal" not in h, f"the exact rule wins over the wildcard, unmerged: {h}")
+        h = echo("https://echo.test/echo")
+        check(h.get("x-literal") == literal and "authorization" not in h, f"the wildcard's header: {h}")
+        r = sb.commands.run("curl -s -o /dev/null -w '%{http_code}' --max-time 15 https://other.test/echo || true")
+        check(r.stdout.strip() in ("000", "403"), f"other.test is outside the allow list: {r.stdout!r}")
+        env = sb.commands.run("env", user="root").stdout
+        check(SECRET not in env and literal not in env, "neither value is in the guest's environment")
+        info = Sandbox.get_info(sb.sandbox_id)
+        check(SECRET not in str(info) and literal not in str(info), "the API does not show the values")
+        sb.update_network({"allow_out": ["echo.test"], "deny_out": ["0.0.0.0/0"],
+                           "rules": {"echo.test": [{"transform": {"headers": {"X-New": "n"}}}]}})
+        h = echo("https://echo.test/echo")
+        check(h.get("x-new") == "n" and "x-literal" not in h, f"the update replaced the rules: {h}")
+        r = sb.commands.run("curl -s -o /dev/null -w '%{http_code}' --max-time 15 https://api.test/echo || true")
+        check(r.stdout.strip() in ("000", "403"), f"api.test is no longer allowed: {r.stdout!r}")
+    finally:
+        sb.kill()
+        Secret.destroy("E2B_TOKEN")
+
+
 def test_header_rule_with_a_workspace_secret_never_enters_the_guest():
     status, body = raw("POST", "", [{"key": "API_TOKEN", "value": SECRET}], api="/api/v1/workspaces/current/secrets")
     check(status == 200, f"set the workspace secret: {status} {body}")
@@ -811,6 +855,7 @@ TESTS = [
     test_sandboxes_cannot_reach_each_other,
     test_allow_list_then_deny_list_applied_live,
     test_header_rule_with_a_workspace_secret_never_enters_the_guest,
+    test_e2b_network_rules_inject_headers_and_update_live,
     test_callbacks_fail_closed_and_cache_their_headers,
     test_gcp_rule_sets_tokens_minted_from_the_service_account,
     test_access_delegation_calls_the_api_as_the_creator_within_its_grant,

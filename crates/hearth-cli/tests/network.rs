@@ -273,6 +273,9 @@ fn network_suite(tag: &str, k: u32, tests: &[&str]) {
         .args(tests)
         .env("LANGSMITH_ENDPOINT", &server.endpoint)
         .env("LANGSMITH_API_KEY", &server.key)
+        .env("E2B_API_KEY", &server.key)
+        .env("E2B_API_URL", &server.endpoint)
+        .env("E2B_SANDBOX_URL", &server.endpoint)
         .env("NET_IP", &inet.ip)
         .env("NET_DIR", &inet_dir)
         .env("NET_CA", inet_dir.join("ca.pem"))
@@ -313,13 +316,14 @@ const FIRST_HALF: &[&str] = &[
     "test_websocket_through_an_intercepted_connection_gets_the_rules_headers",
 ];
 
-/// Credentials in the proxy: GCP tokens, delegated API access, S3 and GCS
-/// bucket mounts (after the first test, which makes the sandbox they
+/// Credentials in the proxy: GCP tokens, delegated API access, E2B's
+/// transform rules, S3 and GCS bucket mounts (after the first test, which makes the sandbox they
 /// share).
 const SECOND_HALF: &[&str] = &[
     "test_names_resolve_through_hearth_dns_and_both_proxy_paths_work",
     "test_gcp_rule_sets_tokens_minted_from_the_service_account",
     "test_access_delegation_calls_the_api_as_the_creator_within_its_grant",
+    "test_e2b_network_rules_inject_headers_and_update_live",
     "test_bucket_mounts_s3_and_gcs_through_the_signing_proxy",
 ];
 

@@ -60,6 +60,28 @@ fn headers_mut(cfg: &mut ProxyConfig) -> impl Iterator<Item = &mut ProxyHeader> 
         )
 }
 
+impl Control {
+    /// Header rules another door parsed into a `proxy_config`'s terms
+    /// (E2B's `network.rules`), checked and sealed as a `proxy_config`'s
+    /// are, as Hearth's own rules.
+    pub(crate) fn sealed_rules(
+        &self,
+        workspace: WorkspaceId,
+        rules: Vec<ProxyRule>,
+    ) -> Result<Vec<hearth_types::egress::RuleSpec>, DomainError> {
+        if rules.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pc = ProxyConfig {
+            rules,
+            ..ProxyConfig::default()
+        };
+        check(&pc, &self.cfg.allow_private)?;
+        seal_opaque(&self.cfg.master_key, workspace, &mut pc)?;
+        Ok(pc.to_spec().rules)
+    }
+}
+
 /// Seals the `opaque` values of a config that came from the API (call it
 /// before merging stored values in, which are sealed already).
 pub(crate) fn seal_opaque(

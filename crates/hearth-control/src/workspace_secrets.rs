@@ -26,6 +26,7 @@ use hearth_types::WorkspaceId;
 use serde_json::Value;
 
 use crate::auth::Principal;
+use crate::domain::error::DomainError;
 use crate::error::{db_error, HttpResult};
 use crate::extract::{JsonBody, Path};
 use crate::Control;
@@ -330,6 +331,184 @@ impl Control {
         } else {
             Err(ApiError::not_found("secret", key))
         }
+    }
+}
+
+/// A secret with its id, as E2B's secrets API names one.
+#[derive(Clone, Debug)]
+pub(crate) struct SecretInfo {
+    /// Stable for the secret's life; a secret deleted and made again has
+    /// another (it is derived from the workspace, the name and the time it
+    /// was made, so nothing more is stored).
+    pub id: uuid::Uuid,
+    pub meta: WorkspaceSecretMeta,
+}
+
+impl SecretInfo {
+    fn of(workspace: WorkspaceId, meta: WorkspaceSecretMeta) -> Self {
+        let mut h = blake3::Hasher::new();
+        h.update(b"hearth-secret-id\0");
+        h.update(workspace.to_string().as_bytes());
+        h.update(b"\0");
+        h.update(meta.name.as_bytes());
+        h.update(&meta.created_at.unix_ms().to_le_bytes());
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
+        Self { id, meta }
+    }
+}
+
+/// E2B's bounds on a secret's metadata.
+const MAX_METADATA_ENTRIES: usize = 32;
+const MAX_METADATA_KEY: usize = 128;
+const MAX_METADATA_VALUE: usize = 1024;
+const MAX_METADATA_BYTES: usize = 8192;
+
+fn check_metadata(m: &std::collections::BTreeMap<String, String>) -> Result<(), DomainError> {
+    let total: usize = m.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let bad = m.len() > MAX_METADATA_ENTRIES
+        || total > MAX_METADATA_BYTES
+        || m.iter().any(|(k, v)| {
+            k.is_empty() || k.len() > MAX_METADATA_KEY || v.len() > MAX_METADATA_VALUE
+        });
+    if bad {
+        return Err(DomainError::invalid(
+            "metadata",
+            format!("metadata: at most {MAX_METADATA_ENTRIES} entries, keys 1 to {MAX_METADATA_KEY} bytes, values at most {MAX_METADATA_VALUE}, {MAX_METADATA_BYTES} in all"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_secret(name: &str, value: &str) -> Result<(), DomainError> {
+    if !valid_name(name) {
+        return Err(DomainError::invalid(
+            "name",
+            format!(
+                "name {name:?}: Hearth's secrets are named ^[A-Za-z_][A-Za-z0-9_]{{0,{}}}$ (the names its proxy rules fill)",
+                MAX_NAME_LEN - 1
+            ),
+        ));
+    }
+    if value.len() > MAX_VALUE_BYTES || value.contains('\0') {
+        return Err(DomainError::invalid(
+            "value",
+            format!("value: at most {MAX_VALUE_BYTES} bytes, without NUL"),
+        ));
+    }
+    Ok(())
+}
+
+/// The workspace's secrets as E2B's secrets API (`e2b/secrets.rs`) asks
+/// for them: the same secrets LangSmith's routes keep and proxy rules
+/// fill, with a version and metadata, found by id or name.
+impl Control {
+    fn seal_secret(&self, ws: WorkspaceId, name: &str, value: &str) -> Result<String, DomainError> {
+        self.cfg
+            .master_key
+            .seal(&workspace_secret_aad(ws, name), value.as_bytes())
+            .map_err(|e| {
+                tracing::error!(error = %e, "sealing a workspace secret failed");
+                DomainError::Internal
+            })
+    }
+
+    pub(crate) async fn create_secret(
+        &self,
+        who: &Principal,
+        name: &str,
+        value: &str,
+        metadata: std::collections::BTreeMap<String, String>,
+    ) -> Result<SecretInfo, DomainError> {
+        who.require(WRITE)?;
+        check_secret(name, value)?;
+        check_metadata(&metadata)?;
+        let ws = who.workspace_id;
+        let sealed = self.seal_secret(ws, name, value)?;
+        let meta = self
+            .db
+            .write_workspace_secret(
+                ws,
+                name,
+                &sealed,
+                hearth_db::SecretWrite::Create { metadata },
+            )
+            .await?;
+        Ok(SecretInfo::of(ws, meta))
+    }
+
+    /// A new value (a new version), and new metadata when given.
+    pub(crate) async fn update_secret(
+        &self,
+        who: &Principal,
+        id_or_name: &str,
+        value: &str,
+        metadata: Option<std::collections::BTreeMap<String, String>>,
+    ) -> Result<SecretInfo, DomainError> {
+        who.require(WRITE)?;
+        let name = self.secret(who, id_or_name).await?.meta.name;
+        check_secret(&name, value)?;
+        if let Some(m) = &metadata {
+            check_metadata(m)?;
+        }
+        let ws = who.workspace_id;
+        let sealed = self.seal_secret(ws, &name, value)?;
+        let meta = self
+            .db
+            .write_workspace_secret(
+                ws,
+                &name,
+                &sealed,
+                hearth_db::SecretWrite::Update { metadata },
+            )
+            .await?;
+        Ok(SecretInfo::of(ws, meta))
+    }
+
+    /// Every secret of the caller's workspace, by name.
+    pub(crate) async fn secrets(&self, who: &Principal) -> Result<Vec<SecretInfo>, DomainError> {
+        who.require(READ)?;
+        let ws = who.workspace_id;
+        Ok(self
+            .db
+            .list_workspace_secrets(ws)
+            .await?
+            .into_iter()
+            .map(|m| SecretInfo::of(ws, m))
+            .collect())
+    }
+
+    /// One secret, by its id or its name.
+    pub(crate) async fn secret(
+        &self,
+        who: &Principal,
+        id_or_name: &str,
+    ) -> Result<SecretInfo, DomainError> {
+        let not_found = || DomainError::NotFound {
+            kind: "secret",
+            name: id_or_name.to_owned(),
+        };
+        let id = uuid::Uuid::parse_str(id_or_name).ok();
+        self.secrets(who)
+            .await?
+            .into_iter()
+            .find(|s| Some(s.id) == id || s.meta.name == id_or_name)
+            .ok_or_else(not_found)
+    }
+
+    /// Deletes a secret, by its id or its name.
+    pub(crate) async fn remove_secret(
+        &self,
+        who: &Principal,
+        id_or_name: &str,
+    ) -> Result<(), DomainError> {
+        who.require(WRITE)?;
+        let name = self.secret(who, id_or_name).await?.meta.name;
+        self.db
+            .delete_workspace_secret(who.workspace_id, &name)
+            .await?;
+        Ok(())
     }
 }
 

@@ -19,6 +19,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use hearth_api::nested::ProxyRule;
 use hearth_types::egress::{AccessSpec, EgressSpec};
 use hearth_types::rules::{
     check_env_vars, check_labels, resolve_sizing, SizingRequest, SnapshotRef, SnapshotSelector,
@@ -81,10 +82,11 @@ struct NewSandbox {
 
 /// E2B's `network` on create (`SandboxNetworkConfig`) and its update
 /// (`PUT /sandboxes/{id}/network`): who may reach the sandbox's ports and
-/// where it may go. Served: `allowPublicTraffic`, and `allowOut` and
+/// where it may go. Served: `allowPublicTraffic`, `allowOut` and
 /// `denyOut` as Hearth's allow or deny list (the egress proxy judges
-/// names as well as addresses). Refused by name: the rest (transform
-/// `rules`, a SOCKS `egressProxy`, `maskRequestHost`, `httpsPorts`,
+/// names as well as addresses), and transform `rules` as the proxy's
+/// header rules (`super::rules`). Refused by name: the rest (a SOCKS
+/// `egressProxy`, `maskRequestHost`, `httpsPorts`,
 /// `dnsServers`: a sandbox resolves names through the proxy, which
 /// applies the lists to the names themselves), and exceptions to a deny
 /// list that is not everything.
@@ -98,7 +100,7 @@ pub(super) struct Network {
     egress_proxy: Option<Value>,
     mask_request_host: Option<Value>,
     https_ports: Option<Value>,
-    rules: Option<Value>,
+    rules: Option<super::rules::Rules>,
     /// Only on an update: `false` is `denyOut: ["0.0.0.0/0"]`.
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
@@ -130,14 +132,6 @@ impl Network {
                 "network.httpsPorts",
                 is_set(&n.https_ports) && n.https_ports != Some(Value::Array(Vec::new())),
             ),
-            (
-                "network.rules",
-                is_set(&n.rules)
-                    && n.rules
-                        .as_ref()
-                        .and_then(Value::as_object)
-                        .is_none_or(|m| !m.is_empty()),
-            ),
         ] {
             if set {
                 return Err(not_served(field, "not served by Hearth's E2B API"));
@@ -157,6 +151,16 @@ impl Network {
                 "network.allowOut",
                 "exceptions to a deny list that is not all traffic are not served: deny 0.0.0.0/0 and allow what may be reached, or deny without exceptions",
             )),
+        }
+    }
+}
+
+impl Network {
+    /// The proxy's header rules of `rules` (none when there are none).
+    pub(super) fn proxy_rules(net: Option<&Network>) -> E2bResult<Vec<ProxyRule>> {
+        match net.and_then(|n| n.rules.as_ref()) {
+            Some(r) => super::rules::proxy_rules(r),
+            None => Ok(Vec::new()),
         }
     }
 }
@@ -424,7 +428,7 @@ impl Control {
 
 /// A JSON object body; a field of the wrong type or unknown is a 400
 /// naming it.
-fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
+pub(super) fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
     hearth_types::body::parse_object(body).map_err(|e| E2bError::bad_request(e.message))
 }
 
@@ -527,9 +531,13 @@ pub async fn create(
     let snap = c
         .resolve_snapshot(who.workspace_id, &template(&req.template_id)?)
         .await?;
-    let row = c
-        .create_sandbox(&who, &snap, plan(&req, &snap, life)?)
-        .await?;
+    let mut plan = plan(&req, &snap, life)?;
+    let rules = Network::proxy_rules(req.network.as_ref())?;
+    if !rules.is_empty() {
+        let rules = c.sealed_rules(who.workspace_id, rules)?;
+        plan.spec.egress.get_or_insert_with(Default::default).rules = rules;
+    }
+    let row = c.create_sandbox(&who, &snap, plan).await?;
     if row.status != SandboxStatus::Ready {
         let why = row.status_message.clone().unwrap_or_default();
         return Err(E2bError::new(
@@ -657,7 +665,7 @@ fn list_query(raw: Option<&str>) -> E2bResult<ListQuery> {
 }
 
 /// A list's `limit`: 1 to 1,000.
-fn page_limit(v: &str) -> E2bResult<u32> {
+pub(super) fn page_limit(v: &str) -> E2bResult<u32> {
     v.parse()
         .ok()
         .filter(|n| (1..=1000).contains(n))
@@ -676,7 +684,7 @@ fn page_error(e: DomainError) -> E2bError {
 }
 
 /// One page of a list, the next page's token in `x-next-token`.
-fn page_response<T: Serialize>(items: Vec<T>, next: Option<String>) -> Response {
+pub(super) fn page_response<T: Serialize>(items: Vec<T>, next: Option<String>) -> Response {
     let mut resp = Json(items).into_response();
     if let Some(v) = next.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
         resp.headers_mut().insert("x-next-token", v);
@@ -1085,10 +1093,11 @@ pub async fn delete_template(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `PUT /sandboxes/{id}/network`: the sandbox's new egress lists, in
-/// force when this answers 204 (pushed to the running VM first, as
-/// LangSmith's PATCH of `proxy_config`). Rules of a `proxy_config` the
-/// sandbox has stay; only its access list is replaced.
+/// `PUT /sandboxes/{id}/network`: the sandbox's new egress lists and
+/// transform rules, in force when this answers 204 (pushed to the running
+/// VM first, as LangSmith's PATCH of `proxy_config`). The update is whole:
+/// what it leaves out is cleared. Rules of a `proxy_config` the sandbox
+/// has stay; only E2B's are replaced.
 pub async fn update_network(
     State(c): State<Arc<Control>>,
     who: Result<Principal, Refusal>,
@@ -1106,10 +1115,16 @@ pub async fn update_network(
         ));
     }
     let access = Network::access(Some(&net), None)?;
+    let rules = Network::proxy_rules(Some(&net))?;
     let row = c.e2b_find(&who, &id).await?;
+    let rules = c.sealed_rules(who.workspace_id, rules)?;
     let mut spec = spec_of(&row)?;
-    let egress = spec.egress.take().unwrap_or_default();
-    let egress = EgressSpec { access, ..egress };
+    let mut egress = spec.egress.take().unwrap_or_default();
+    egress.access = access;
+    egress
+        .rules
+        .retain(|r| !r.name.starts_with(super::rules::RULE_PREFIX));
+    egress.rules.splice(0..0, rules);
     spec.egress = (egress != EgressSpec::default()).then_some(egress);
     let change = SandboxChange {
         name: None,

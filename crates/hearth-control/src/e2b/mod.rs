@@ -20,6 +20,8 @@ mod connect;
 mod envd;
 pub(crate) mod hosts;
 mod metrics;
+mod rules;
+mod secrets;
 
 use std::sync::Arc;
 
@@ -216,14 +218,14 @@ pub const ROUTES: &[E2bRoute] = &[
     route("GET", "/health", false),
     route("GET", "/files", false),
     route("POST", "/files", true),
-    // E2B's secrets, volumes and template builds (e2b 2.63's API client):
-    // a 501 naming each, never a 404 that `Secret.exists` or
-    // `Template.alias_exists` would read as "does not exist".
-    unserved("GET", "/secrets", false),
-    unserved("POST", "/secrets", true),
-    unserved("GET", "/secrets/{id}", false),
-    unserved("POST", "/secrets/{id}", true),
-    unserved("DELETE", "/secrets/{id}", false),
+    route("GET", "/secrets", false),
+    route("POST", "/secrets", true),
+    route("GET", "/secrets/{id}", false),
+    route("POST", "/secrets/{id}", true),
+    route("DELETE", "/secrets/{id}", false),
+    // E2B's volumes and template builds (e2b 2.63's API client): a 501
+    // naming each, never a 404 that `Template.alias_exists` would read as
+    // "does not exist".
     unserved("GET", "/volumes", false),
     unserved("POST", "/volumes", true),
     unserved("GET", "/volumes/{id}", false),
@@ -325,6 +327,11 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("DELETE", "/templates/{id}") => on(m, api::delete_template),
         ("POST", "/sandboxes/{id}/fork") => on(m, api::fork),
         ("PUT", "/sandboxes/{id}/network") => on(m, api::update_network),
+        ("GET", "/secrets") => on(m, secrets::list),
+        ("POST", "/secrets") => on(m, secrets::create),
+        ("GET", "/secrets/{id}") => on(m, secrets::get),
+        ("POST", "/secrets/{id}") => on(m, secrets::update),
+        ("DELETE", "/secrets/{id}") => on(m, secrets::delete),
         ("GET", "/health") => on(m, envd::health),
         ("GET", "/files") => on(m, envd::download).layer(DefaultBodyLimit::disable()),
         ("POST", "/files") => on(m, envd::upload).layer(DefaultBodyLimit::disable()),

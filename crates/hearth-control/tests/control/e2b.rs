@@ -71,8 +71,8 @@ async fn e2b_control_api_on_the_sim_host() {
     // Refusals name the field; nothing is created.
     for (body, field) in [
         (
-            json!({"templateID": "base", "network": {"rules": {"x.com": []}}}),
-            "network.rules",
+            json!({"templateID": "base", "network": {"rules": {"*": []}}}),
+            "network.rules[*]",
         ),
         (json!({"templateID": "base", "secure": false}), "secure"),
         (
@@ -956,11 +956,90 @@ async fn e2b_network_on_create_and_update() {
         "the default again"
     );
 
+    // Transform rules: the proxy's header rules, pushed with the update,
+    // the value sealed (LangSmith's door sees an opaque header, set); a
+    // proxy_config's own rules stay, E2B's are replaced whole.
+    let secret = "tok-4f1d9c";
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{id}/network"),
+        &key,
+        json!({"allowOut": ["api.x.com"], "denyOut": ["0.0.0.0/0"],
+               "rules": {"API.x.com": [{"transform": {"headers": {"Authorization": format!("Bearer {secret}")}}}],
+                         "*.x.com": [{"transform": {"headers": {"X-Team": "t"}}}]}}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let pushed = format!(
+        "{:?}",
+        crate::harness::policy_of(&sim.network(vm).expect("the host has a network"))
+    );
+    assert!(
+        pushed.contains(&format!("Bearer {secret}")) && pushed.contains("x-team"),
+        "the host's proxy got both rules: {pushed}"
+    );
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/boxes?limit=100",
+            Some(&key),
+            &json!({}),
+        )
+        .await;
+    let boxes = r.text();
+    assert!(!boxes.contains(secret), "the value is sealed: {boxes}");
+    let all = r.json().unwrap();
+    let mine = all["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["id"] == id.as_str())
+        .unwrap()
+        .clone();
+    let names: Vec<&str> = mine["proxy_config"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["e2b:api.x.com", "e2b:*.x.com"], "exact first");
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{id}/network"),
+        &key,
+        json!({"rules": {"api.x.com": [{"transform": {"headers": {"X-Only": "1"}}}]}}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let pushed = format!(
+        "{:?}",
+        crate::harness::policy_of(&sim.network(vm).expect("the host has a network"))
+    );
+    assert!(
+        pushed.contains("x-only") && !pushed.contains(secret) && !pushed.contains("x-team"),
+        "an update replaces E2B's rules: {pushed}"
+    );
+    // A secret a rule names must be set.
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{id}/network"),
+        &key,
+        json!({"rules": {"api.x.com": [{"transform": {"headers": {"A": "${e2b.secrets.NOT_SET}"}}}]}}),
+    )
+    .await;
+    let (code, message) = e2b_error(&r);
+    assert_eq!(code, 400, "{}", r.text());
+    assert!(message.contains("NOT_SET"), "{message}");
+
     // Refused, naming the field; nothing changes.
     for (body, field) in [
+        (json!({"rules": {"*": [{}]}}), "network.rules[*]"),
         (
-            json!({"rules": {"api.x.com": [{"transform": {"headers": {"a": "b"}}}]}}),
-            "network.rules",
+            json!({"rules": {"a.test": [{"transform": {"headers": {"A": "${e2b.identity.tokens.aws}"}}}]}}),
+            "workload identity",
         ),
         (
             json!({"egressProxy": {"url": "socks5://x:1080"}}),
@@ -1180,9 +1259,8 @@ async fn ready(s: &Server, id: &str) {
 async fn an_unknown_e2b_path_is_a_501_naming_it() {
     let s = Server::start(false).await;
     let key = s.other.clone();
-    // What the SDK's Template, Secret and Volume classes call: a 404 would
-    // be read as "does not exist" (`Template.alias_exists`,
-    // `Secret.exists`).
+    // What the SDK's Template and Volume classes call: a 404 would be read
+    // as "does not exist" (`Template.alias_exists`).
     for (method, path) in [
         ("GET", "/templates/aliases/base"),
         ("GET", "/templates"),
@@ -1191,10 +1269,6 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
         ("PATCH", "/v2/templates/t1"),
         ("POST", "/v2/templates/t1/builds/b1"),
         ("GET", "/default-templates"),
-        ("GET", "/secrets"),
-        ("POST", "/secrets"),
-        ("GET", "/secrets/s1"),
-        ("DELETE", "/secrets/s1"),
         ("GET", "/volumes"),
         ("GET", "/volumes/v1"),
         ("DELETE", "/volumes/v1"),
@@ -1375,4 +1449,151 @@ async fn e2b_lifecycle_pauses_and_resumes_as_asked() {
     assert_eq!(r.status, 200, "{}", r.text());
     counts_from_now(&s, &admin, &ls_id, 90).await;
     s.stop().await;
+}
+
+/// E2B's secrets are the workspace's: made through E2B's door, listed
+/// through LangSmith's; a value LangSmith's door puts is E2B's next
+/// version; deleted through either, gone from both. No answer holds a
+/// value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_secrets_are_the_workspace_secrets() {
+    let s = Server::start(false).await;
+    let key = s.other.clone();
+    let r = call(
+        &s,
+        "POST",
+        "/secrets",
+        &key,
+        json!({"name": "SHARED", "value": "v-one", "metadata": {"a": "b"}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let made = r.json().unwrap();
+    assert_eq!(made["currentVersion"], 1);
+    assert!(!r.text().contains("v-one"), "{}", r.text());
+    let id = made["secretID"].as_str().unwrap().to_owned();
+    let r = s
+        .json(
+            "GET",
+            "/api/v1/workspaces/current/secrets",
+            Some(&key),
+            &json!({}),
+        )
+        .await;
+    assert!(r.text().contains("\"SHARED\""), "{}", r.text());
+    let r = s
+        .json(
+            "POST",
+            "/api/v1/workspaces/current/secrets",
+            Some(&key),
+            &json!([{"key": "SHARED", "value": "v-two"}]),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = call(&s, "GET", &format!("/secrets/{id}"), &key, json!({})).await;
+    let got = r.json().unwrap();
+    assert_eq!(
+        (got["currentVersion"].clone(), got["metadata"].clone()),
+        (json!(2), json!({"a": "b"})),
+        "{got}"
+    );
+    // Refusals name what they refuse.
+    for (body, names) in [
+        (json!({"name": "bad-name", "value": "x"}), "bad-name"),
+        (json!({"name": "SHARED", "value": "x"}), "already exists"),
+        (
+            json!({"name": "N", "value": "x", "surprise": 1}),
+            "surprise",
+        ),
+        (
+            json!({"name": "N", "value": "x", "metadata": {"k": "v".repeat(2000)}}),
+            "metadata",
+        ),
+    ] {
+        let r = call(&s, "POST", "/secrets", &key, body.clone()).await;
+        let (code, message) = e2b_error(&r);
+        assert!(matches!(code, 400 | 409), "{body}: {}", r.text());
+        assert!(message.contains(names), "{body}: {message}");
+    }
+    // Another workspace sees none of it.
+    let r = call(&s, "GET", "/secrets/SHARED", &s.admin, json!({})).await;
+    assert_eq!(e2b_error(&r).0, 404, "{}", r.text());
+    let r = s
+        .json(
+            "DELETE",
+            "/api/v1/workspaces/current/secrets/SHARED",
+            Some(&key),
+            &json!({}),
+        )
+        .await;
+    assert!(r.status < 300, "{}", r.text());
+    let r = call(&s, "GET", &format!("/secrets/{id}"), &key, json!({})).await;
+    assert_eq!(e2b_error(&r).0, 404, "{}", r.text());
+    s.stop().await;
+}
+
+/// A deadline holds to the second: from it on the sandbox is not running
+/// (envd's health, which the SDK's `is_running` asks, is 502), and the
+/// deadline timer deletes it without waiting for a reaper pass (a minute
+/// apart here, so only the timer can explain it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_holds_to_the_second() {
+    let (s, _sim) = Server::on_sim_reaping(Duration::from_secs(60)).await;
+    let key = s.other.clone();
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "timeout": 300}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sb = r.json().unwrap();
+    let id = sb["sandboxID"].as_str().unwrap().to_owned();
+    let token = sb["envdAccessToken"].as_str().unwrap().to_owned();
+    let health = || {
+        let (s, id, token) = (&s, &id, &token);
+        async move {
+            let h = vec![
+                ("e2b-sandbox-id".to_owned(), id.clone()),
+                ("x-access-token".to_owned(), token.clone()),
+            ];
+            let raw = crate::harness::RawRequest::new("GET", "/health", &h, Vec::new());
+            crate::harness::send(s.addr, &raw.bytes()).await.status
+        }
+    };
+    let set = std::time::Instant::now();
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{id}/timeout"),
+        &key,
+        json!({"timeout": 2}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let deadline = set + Duration::from_secs(2);
+    let mut deleted = None;
+    while set.elapsed() < Duration::from_secs(20) {
+        let status = health().await;
+        let now = std::time::Instant::now();
+        // (The request's own time either side of the deadline is slack.)
+        if now > deadline + Duration::from_millis(100) {
+            assert_ne!(
+                status,
+                204,
+                "running {:?} past its deadline",
+                now - deadline
+            );
+        }
+        let r = call(&s, "GET", &format!("/sandboxes/{id}"), &key, json!({})).await;
+        if r.status == 404 {
+            deleted = Some(now - deadline);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = deleted.expect("deleted by the deadline timer, before any reaper pass");
+    eprintln!("deleted {late:?} after its deadline");
 }

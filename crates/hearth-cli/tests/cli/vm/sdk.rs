@@ -895,6 +895,7 @@ const E2B_SECOND_HALF: &[&str] = &[
     "test_a_timeout_pauses_and_a_request_resumes",
     "test_commands_and_files_act_as_user_by_default",
     "test_files_as_envd_0_6_describes_them",
+    "test_secrets_are_the_workspaces_and_never_shown",
     "test_code_interpreter_keeps_state_and_returns_rich_results",
 ];
 
