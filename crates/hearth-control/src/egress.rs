@@ -61,24 +61,33 @@ fn headers_mut(cfg: &mut ProxyConfig) -> impl Iterator<Item = &mut ProxyHeader> 
 }
 
 impl Control {
-    /// Header rules another door parsed into a `proxy_config`'s terms
-    /// (E2B's `network.rules`), checked and sealed as a `proxy_config`'s
-    /// are, as Hearth's own rules.
+    /// Header rules another door made (E2B's `network.rules`), checked as
+    /// a `proxy_config`'s are, their `Plain` values (credentials as given)
+    /// sealed as `opaque` ones are.
     pub(crate) fn sealed_rules(
         &self,
         workspace: WorkspaceId,
-        rules: Vec<ProxyRule>,
+        mut rules: Vec<hearth_types::egress::RuleSpec>,
     ) -> Result<Vec<hearth_types::egress::RuleSpec>, DomainError> {
-        if rules.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pc = ProxyConfig {
-            rules,
-            ..ProxyConfig::default()
+        let spec = EgressSpec {
+            rules: rules.clone(),
+            ..EgressSpec::default()
         };
-        check(&pc, &self.cfg.allow_private)?;
-        seal_opaque(&self.cfg.master_key, workspace, &mut pc)?;
-        Ok(pc.to_spec().rules)
+        hearth_egress::validate_spec(&spec, &self.cfg.allow_private).map_err(policy_error)?;
+        for h in rules.iter_mut().flat_map(|r| r.headers.iter_mut()) {
+            if let SecretValue::Plain(plain) = &h.value {
+                let sealed = self
+                    .cfg
+                    .master_key
+                    .seal(&opaque_aad(workspace), plain.as_bytes())
+                    .map_err(|e| {
+                        tracing::error!(error = %e, "cannot seal a header value");
+                        DomainError::Internal
+                    })?;
+                h.value = SecretValue::Sealed(sealed);
+            }
+        }
+        Ok(rules)
     }
 }
 

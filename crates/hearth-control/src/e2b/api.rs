@@ -19,7 +19,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_api::nested::ProxyRule;
 use hearth_types::egress::{AccessSpec, EgressSpec};
 use hearth_types::rules::{
     check_env_vars, check_labels, resolve_sizing, SizingRequest, SnapshotRef, SnapshotSelector,
@@ -157,7 +156,9 @@ impl Network {
 
 impl Network {
     /// The proxy's header rules of `rules` (none when there are none).
-    pub(super) fn proxy_rules(net: Option<&Network>) -> E2bResult<Vec<ProxyRule>> {
+    pub(super) fn proxy_rules(
+        net: Option<&Network>,
+    ) -> E2bResult<Vec<hearth_types::egress::RuleSpec>> {
         match net.and_then(|n| n.rules.as_ref()) {
             Some(r) => super::rules::proxy_rules(r),
             None => Ok(Vec::new()),

@@ -10,13 +10,15 @@
 //! a header wins). A value is a credential, sealed at rest like an
 //! `opaque` header, unless it names a secret as `${e2b.secrets.NAME}`:
 //! then it is filled from the workspace's secret `NAME` when the proxy
-//! needs it, as a `workspace_secret` header is. Rules grant no access:
+//! needs it, as a `workspace_secret` header is (the door hands literal
+//! values over as `Plain`; `Control::sealed_rules` seals them before
+//! anything is stored). Rules grant no access:
 //! `allowOut` does. Workload identity tokens (`${e2b.identity…}`) are
 //! refused by name.
 
 use std::collections::BTreeMap;
 
-use hearth_api::nested::{ProxyHeader, ProxyRule, SecretKind};
+use hearth_types::egress::{HeaderSpec, RuleSpec, SecretValue};
 use serde::Deserialize;
 
 use super::{E2bError, E2bResult};
@@ -48,7 +50,7 @@ const MAX_KEYS: usize = 64;
 const MAX_HEADERS: usize = 64;
 
 /// The proxy rules of E2B's `rules`, in the order the proxy must try them.
-pub(super) fn proxy_rules(rules: &Rules) -> E2bResult<Vec<ProxyRule>> {
+pub(super) fn proxy_rules(rules: &Rules) -> E2bResult<Vec<RuleSpec>> {
     if rules.len() > MAX_KEYS {
         return Err(bad(format!(
             "network.rules: {} hosts, at most {MAX_KEYS}",
@@ -86,12 +88,12 @@ pub(super) fn proxy_rules(rules: &Rules) -> E2bResult<Vec<ProxyRule>> {
         if headers.is_empty() {
             continue;
         }
-        out.push(ProxyRule {
+        out.push(RuleSpec {
             name: format!("{RULE_PREFIX}{host}"),
-            enabled: Some(true),
+            enabled: true,
             match_hosts: vec![host],
             headers,
-            ..ProxyRule::default()
+            ..RuleSpec::default()
         });
     }
     // Exact hosts first, then wildcards, longest suffix first.
@@ -127,7 +129,7 @@ fn host_key(key: &str) -> E2bResult<String> {
 
 /// A transform's header: sealed as given, or a template of the workspace
 /// secrets it names.
-fn header(key: &str, name: String, value: &str) -> E2bResult<ProxyHeader> {
+fn header(key: &str, name: String, value: &str) -> E2bResult<HeaderSpec> {
     let at = format!("network.rules[{key}].transform.headers[{name}]");
     const SECRET: &str = "${e2b.secrets.";
     if value.contains("${e2b.") && !value.contains(SECRET) || value.contains("${e2b.identity") {
@@ -136,11 +138,10 @@ fn header(key: &str, name: String, value: &str) -> E2bResult<ProxyHeader> {
         )));
     }
     if !value.contains(SECRET) {
-        return Ok(ProxyHeader {
+        // A credential as given: sealed by the domain before it is kept.
+        return Ok(HeaderSpec {
             name,
-            kind: SecretKind::Opaque,
-            value: Some(value.to_owned()),
-            is_set: None,
+            value: SecretValue::Plain(value.to_owned()),
         });
     }
     // `${e2b.secrets.NAME}` → `{NAME}`; any other brace would read as a
@@ -172,11 +173,9 @@ fn header(key: &str, name: String, value: &str) -> E2bResult<ProxyHeader> {
             "{at}: a value that names secrets holds no other braces"
         )));
     }
-    Ok(ProxyHeader {
+    Ok(HeaderSpec {
         name,
-        kind: SecretKind::WorkspaceSecret,
-        value: Some(template),
-        is_set: None,
+        value: SecretValue::Template(template),
     })
 }
 
@@ -184,7 +183,7 @@ fn header(key: &str, name: String, value: &str) -> E2bResult<ProxyHeader> {
 mod tests {
     use super::*;
 
-    fn rules(json: serde_json::Value) -> E2bResult<Vec<ProxyRule>> {
+    fn rules(json: serde_json::Value) -> E2bResult<Vec<RuleSpec>> {
         proxy_rules(&serde_json::from_value(json).unwrap())
     }
 
@@ -206,19 +205,18 @@ mod tests {
             ["api.example.com", "*.api.example.com", "*.example.com"]
         );
         assert_eq!(got[0].name, "e2b:api.example.com");
-        // A later value of a header wins; each value is sealed as given.
-        let h: Vec<(&str, &str, SecretKind)> = got[0]
+        // A later value of a header wins; each value is handed over as
+        // given (the domain seals it).
+        let h: Vec<(&str, &SecretValue)> = got[0]
             .headers
             .iter()
-            .map(|h| (h.name.as_str(), h.value.as_deref().unwrap(), h.kind))
+            .map(|h| (h.name.as_str(), &h.value))
             .collect();
-        assert_eq!(
-            h,
-            [
-                ("x-a", "4", SecretKind::Opaque),
-                ("X-B", "b", SecretKind::Opaque)
-            ]
+        let (four, b) = (
+            SecretValue::Plain("4".into()),
+            SecretValue::Plain("b".into()),
         );
+        assert_eq!(h, [("x-a", &four), ("X-B", &b)]);
     }
 
     #[test]
@@ -227,10 +225,9 @@ mod tests {
             "api.test": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.API_TOKEN}"}}}],
         }))
         .unwrap();
-        assert_eq!(got[0].headers[0].kind, SecretKind::WorkspaceSecret);
         assert_eq!(
-            got[0].headers[0].value.as_deref(),
-            Some("Bearer {API_TOKEN}")
+            got[0].headers[0].value,
+            SecretValue::Template("Bearer {API_TOKEN}".into())
         );
         for (bad, names) in [
             (serde_json::json!({"*": [{}]}), "network.rules[*]"),
