@@ -268,7 +268,7 @@ async fn replicas_seeding_one_builtin_at_once_all_succeed() {
                 c.upsert_builtin_snapshot(&s)
             );
             for r in [ra, rb, rc] {
-                r.unwrap_or_else(|e| panic!("round {round}: {e}"));
+                r.unwrap_or_else(|e| panic!("round {round}: {e} ({e:?})"));
             }
             assert_eq!(a.get_snapshot(ws, s.id).await.unwrap().id, s.id);
         }
