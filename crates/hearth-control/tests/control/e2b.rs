@@ -1307,25 +1307,21 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
 async fn e2b_lifecycle_pauses_and_resumes_as_asked() {
     let (s, sim) = Server::on_sim().await;
     let key = s.other.clone();
-    let create = |body: Value| {
-        let (s, key) = (&s, &key);
-        async move {
-            let r = call(s, "POST", "/v2/sandboxes", key, body).await;
-            assert_eq!(r.status, 201, "{}", r.text());
-            let sb = r.json().unwrap();
-            (
-                sb["sandboxID"].as_str().unwrap().to_owned(),
-                sb["envdAccessToken"].as_str().unwrap().to_owned(),
-            )
-        }
-    };
-    let (resumes, resumes_token) = create(json!({"templateID": "base", "timeout": 30,
-        "autoPause": true, "autoResume": {"enabled": true}}))
+    let (resumes, resumes_token) = created(
+        &s,
+        &key,
+        json!({"templateID": "base", "timeout": 30,
+        "autoPause": true, "autoResume": {"enabled": true}}),
+    )
     .await;
-    let (disk_only, disk_only_token) = create(json!({"templateID": "base", "timeout": 30,
-        "autoPause": true, "autoPauseMemory": false}))
+    let (disk_only, disk_only_token) = created(
+        &s,
+        &key,
+        json!({"templateID": "base", "timeout": 30,
+        "autoPause": true, "autoPauseMemory": false}),
+    )
     .await;
-    let (asked, _) = create(json!({"templateID": "base", "timeout": 3600})).await;
+    let (asked, _) = created(&s, &key, json!({"templateID": "base", "timeout": 3600})).await;
     let d = detail(&s, &key, &resumes).await;
     assert_eq!(
         d["lifecycle"],
@@ -1361,17 +1357,14 @@ async fn e2b_lifecycle_pauses_and_resumes_as_asked() {
 
     // An envd request resumes the one with autoResume, and it has its
     // lifetime again; the other is not running until a connect.
-    let health = |id: &str, token: &str| {
-        let headers = vec![
-            ("e2b-sandbox-id".to_owned(), id.to_owned()),
-            ("x-access-token".to_owned(), token.to_owned()),
-        ];
-        crate::harness::RawRequest::new("GET", "/health", &headers, Vec::new())
-    };
-    let r = send(s.addr, &health(&disk_only, &disk_only_token).bytes()).await;
+    let r = send(
+        s.addr,
+        &health_request(&disk_only, &disk_only_token).bytes(),
+    )
+    .await;
     assert_eq!(r.status, 502, "{}", r.text());
     assert!(e2b_error(&r).1.contains("not running"), "{}", r.text());
-    let r = send(s.addr, &health(&resumes, &resumes_token).bytes()).await;
+    let r = send(s.addr, &health_request(&resumes, &resumes_token).bytes()).await;
     assert_eq!(r.status, 204, "{}", r.text());
     assert_eq!(detail(&s, &key, &resumes).await["state"], "running");
     counts_from_now(&s, &key, &resumes, 30).await;
@@ -1532,6 +1525,27 @@ async fn e2b_secrets_are_the_workspace_secrets() {
     s.stop().await;
 }
 
+/// envd's health request for a sandbox, with its token.
+fn health_request(id: &str, token: &str) -> RawRequest {
+    let headers = vec![
+        ("e2b-sandbox-id".to_owned(), id.to_owned()),
+        ("x-access-token".to_owned(), token.to_owned()),
+    ];
+    RawRequest::new("GET", "/health", &headers, Vec::new())
+}
+
+/// An E2B create of `body` that must succeed: the sandbox's id and its
+/// envd token.
+async fn created(s: &Server, key: &str, body: Value) -> (String, String) {
+    let r = call(s, "POST", "/v2/sandboxes", key, body).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sb = r.json().unwrap();
+    (
+        sb["sandboxID"].as_str().unwrap().to_owned(),
+        sb["envdAccessToken"].as_str().unwrap().to_owned(),
+    )
+}
+
 /// A deadline holds to the second: from it on the sandbox is not running
 /// (envd's health, which the SDK's `is_running` asks, is 502), and the
 /// deadline timer deletes it without waiting for a reaper pass (a minute
@@ -1540,29 +1554,7 @@ async fn e2b_secrets_are_the_workspace_secrets() {
 async fn a_deadline_holds_to_the_second() {
     let (s, _sim) = Server::on_sim_reaping(Duration::from_secs(60)).await;
     let key = s.other.clone();
-    let r = call(
-        &s,
-        "POST",
-        "/v2/sandboxes",
-        &key,
-        json!({"templateID": "base", "timeout": 300}),
-    )
-    .await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    let sb = r.json().unwrap();
-    let id = sb["sandboxID"].as_str().unwrap().to_owned();
-    let token = sb["envdAccessToken"].as_str().unwrap().to_owned();
-    let health = || {
-        let (s, id, token) = (&s, &id, &token);
-        async move {
-            let h = vec![
-                ("e2b-sandbox-id".to_owned(), id.clone()),
-                ("x-access-token".to_owned(), token.clone()),
-            ];
-            let raw = crate::harness::RawRequest::new("GET", "/health", &h, Vec::new());
-            crate::harness::send(s.addr, &raw.bytes()).await.status
-        }
-    };
+    let (id, token) = created(&s, &key, json!({"templateID": "base", "timeout": 300})).await;
     let set = std::time::Instant::now();
     let r = call(
         &s,
@@ -1576,7 +1568,9 @@ async fn a_deadline_holds_to_the_second() {
     let deadline = set + Duration::from_secs(2);
     let mut deleted = None;
     while set.elapsed() < Duration::from_secs(20) {
-        let status = health().await;
+        let status = send(s.addr, &health_request(&id, &token).bytes())
+            .await
+            .status;
         let now = std::time::Instant::now();
         // (The request's own time either side of the deadline is slack.)
         if now > deadline + Duration::from_millis(100) {
