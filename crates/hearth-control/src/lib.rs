@@ -208,6 +208,10 @@ pub struct Control {
     pub(crate) pools_changed: tokio::sync::Notify,
     /// A deadline was set: the deadline timer looks again.
     pub(crate) deadlines_changed: tokio::sync::Notify,
+    /// Held while this process acts on deadlines (the reaper's pass and
+    /// the deadline timer both may): one acts, the other skips, so no
+    /// deadline is acted on twice at once.
+    pub(crate) acting_on_deadlines: tokio::sync::Mutex<()>,
     /// Which workspaces have pools of which snapshots, lately.
     pub(crate) pool_index: pools::PoolIndex,
     /// Where this replica is in each host's change feed (`reconcile.rs`).
@@ -313,6 +317,7 @@ impl Control {
             autoscale_state: autoscale::AutoscaleState::new(),
             pools_changed: tokio::sync::Notify::new(),
             deadlines_changed: tokio::sync::Notify::new(),
+            acting_on_deadlines: tokio::sync::Mutex::new(()),
             pool_index: pools::PoolIndex::default(),
             feeds: reconcile::Feeds::default(),
             replica: uuid::Uuid::now_v7().to_string(),

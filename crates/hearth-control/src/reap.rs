@@ -234,6 +234,10 @@ impl Control {
         report: &mut ReapReport,
         ours: &(dyn Fn(&hearth_db::SandboxRow) -> bool + Sync),
     ) {
+        // The timer or the pass is at it already: it sees these too.
+        let Ok(_acting) = self.acting_on_deadlines.try_lock() else {
+            return;
+        };
         let due = match self.db.expired_deadlines(now, DEADLINES_PER_PASS).await {
             Ok(d) => d,
             Err(e) => {
