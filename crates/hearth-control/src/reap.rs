@@ -273,9 +273,11 @@ impl Control {
                 hearth_db::OnExpiry::Pause => {
                     tracing::info!(sandbox = %row.id, "pausing a sandbox at its deadline");
                     match self.stop_row(&row, Some("paused at its timeout")).await {
+                        // Only this deadline: a request that resumed the
+                        // sandbox meanwhile gave it a new one.
                         Ok(_) => self
                             .db
-                            .clear_deadline(row.id)
+                            .clear_deadline_at(row.id, d.expires_at)
                             .await
                             .map(drop)
                             .map_err(crate::domain::error::DomainError::from),

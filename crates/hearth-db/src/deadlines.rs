@@ -97,6 +97,25 @@ impl Db {
         Ok(n > 0)
     }
 
+    /// Removes the sandbox's deadline if it is still the one that ended
+    /// at `expires_at` (one set meanwhile stays); whether it removed it.
+    pub async fn clear_deadline_at(
+        &self,
+        id: SandboxId,
+        expires_at: Timestamp,
+    ) -> Result<bool, DbError> {
+        let sql =
+            Sql::new("DELETE FROM sandbox_deadlines WHERE sandbox_id = $1 AND expires_at = $2")
+                .arg(id.to_string())
+                .arg(expires_at);
+        let n = self
+            .pool
+            .execute(&sql)
+            .await
+            .map_err(DbError::backend("clear deadline"))?;
+        Ok(n > 0)
+    }
+
     /// The deadlines of those of `ids` that have one (read in batches of
     /// [`IDS_PER_READ`]).
     pub async fn deadlines_of(

@@ -43,14 +43,16 @@ impl Control {
     /// A sandbox made with a lifetime (E2B's timeout) that starts without
     /// a deadline (it was paused, by its user or at its end) gets its
     /// lifetime again from now, with the same end: it never runs without
-    /// one. A connect's own timeout then moves it.
+    /// one. A connect's own timeout then moves it. A deadline already
+    /// past counts as none: the pause that acted on it is about to clear
+    /// it, and clears only that one (`clear_deadline_at`).
     pub(crate) async fn rearm_lifetime(&self, row: &SandboxRow) {
         let Some(life) = spec_of(row).ok().and_then(|s| s.lifetime) else {
             return;
         };
         let result = match self.deadline(row.id).await {
-            Ok(Some(_)) => return,
-            Ok(None) => {
+            Ok(Some(d)) if d.expires_at > Timestamp::now() => return,
+            Ok(_) => {
                 self.put_deadline(&Deadline {
                     sandbox_id: row.id,
                     expires_at: Timestamp::now().plus(life.timeout),

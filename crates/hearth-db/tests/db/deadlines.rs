@@ -66,6 +66,17 @@ async fn deadlines_are_set_moved_read_found_expired_and_go_with_their_sandbox() 
         assert_eq!(ids(db.expired_deadlines(at(10), 10).await.unwrap()), [b.id]);
         assert_eq!(db.deadlines_of(&[a.id]).await.unwrap()[&a.id], moved);
 
+        // The earliest of all is b's.
+        assert_eq!(
+            db.earliest_deadline().await.unwrap().map(|d| d.sandbox_id),
+            Some(b.id)
+        );
+        // Cleared only if it is still the one acted on: a's moved deadline
+        // is not the one that ended at t0+10.
+        assert!(!db.clear_deadline_at(a.id, at(10)).await.unwrap());
+        assert_eq!(db.deadlines_of(&[a.id]).await.unwrap()[&a.id], moved);
+        assert!(db.clear_deadline_at(a.id, at(60)).await.unwrap());
+        db.set_deadline(&moved).await.unwrap();
         // Cleared; and a deleted sandbox's deadline goes with it.
         assert!(db.clear_deadline(b.id).await.unwrap());
         assert!(!db.clear_deadline(b.id).await.unwrap());
