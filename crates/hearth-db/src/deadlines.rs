@@ -87,14 +87,10 @@ impl Db {
 
     /// Removes the sandbox's deadline; whether it had one.
     pub async fn clear_deadline(&self, id: SandboxId) -> Result<bool, DbError> {
-        let sql =
-            Sql::new("DELETE FROM sandbox_deadlines WHERE sandbox_id = $1").arg(id.to_string());
-        let n = self
-            .pool
-            .execute(&sql)
-            .await
-            .map_err(DbError::backend("clear deadline"))?;
-        Ok(n > 0)
+        self.delete_deadline(
+            Sql::new("DELETE FROM sandbox_deadlines WHERE sandbox_id = $1").arg(id.to_string()),
+        )
+        .await
     }
 
     /// Removes the sandbox's deadline if it is still the one that ended
@@ -104,10 +100,16 @@ impl Db {
         id: SandboxId,
         expires_at: Timestamp,
     ) -> Result<bool, DbError> {
-        let sql =
+        self.delete_deadline(
             Sql::new("DELETE FROM sandbox_deadlines WHERE sandbox_id = $1 AND expires_at = $2")
                 .arg(id.to_string())
-                .arg(expires_at);
+                .arg(expires_at),
+        )
+        .await
+    }
+
+    /// Runs a deletion of deadlines; whether it removed one.
+    async fn delete_deadline(&self, sql: Sql) -> Result<bool, DbError> {
         let n = self
             .pool
             .execute(&sql)
