@@ -129,8 +129,14 @@ where
     })
 }
 
-/// A request body gzip-decompressed as it streams. What it expands to is
-/// bounded by where it goes (the sandbox's disk).
+/// Compressed bytes decompressed at a time: deflate expands at most about
+/// 1,032 times, so what one step holds in memory stays near 4 MiB however
+/// large the client's chunks are.
+const GUNZIP_STEP: usize = 4096;
+
+/// A request body gzip-decompressed as it streams, [`GUNZIP_STEP`]
+/// compressed bytes a step. What it expands to in all is bounded by where
+/// it goes (the sandbox's disk).
 fn gunzip_stream<S, E>(
     body: S,
 ) -> impl futures_util::Stream<Item = Result<Bytes, String>> + Send + Unpin
@@ -143,28 +149,65 @@ where
     use std::io::Write;
     let dec = GzDecoder::new(Vec::new());
     Box::pin(futures_util::stream::unfold(
-        (body, Some(dec)),
-        |(mut body, dec)| async move {
+        (body, Some(dec), Bytes::new()),
+        |(mut body, dec, mut pending)| async move {
             let mut dec = dec?;
-            match body.next().await {
-                Some(Ok(chunk)) => {
-                    let out = dec
-                        .write_all(&chunk)
-                        .map(|()| Bytes::from(std::mem::take(dec.get_mut())))
-                        .map_err(|e| format!("the gzip body does not decompress: {e}"));
-                    let next = out.is_ok().then_some(dec);
-                    Some((out, (body, next)))
+            if pending.is_empty() {
+                match body.next().await {
+                    Some(Ok(chunk)) => pending = chunk,
+                    Some(Err(e)) => return Some((Err(e.to_string()), (body, None, pending))),
+                    None => {
+                        let end = dec
+                            .finish()
+                            .map(Bytes::from)
+                            .map_err(|e| format!("the gzip body ends early: {e}"));
+                        return Some((end, (body, None, pending)));
+                    }
                 }
-                Some(Err(e)) => Some((Err(e.to_string()), (body, None))),
-                None => Some((
-                    dec.finish()
-                        .map(Bytes::from)
-                        .map_err(|e| format!("the gzip body ends early: {e}")),
-                    (body, None),
-                )),
             }
+            let step = pending.split_to(pending.len().min(GUNZIP_STEP));
+            let out = dec
+                .write_all(&step)
+                .map(|()| Bytes::from(std::mem::take(dec.get_mut())))
+                .map_err(|e| format!("the gzip body does not decompress: {e}"));
+            let next = out.is_ok().then_some(dec);
+            Some((out, (body, next, pending)))
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use std::io::Write;
+
+    /// A body that expands a thousandfold, sent as one large chunk, comes
+    /// out whole in steps that each hold a few MiB at most.
+    #[tokio::test]
+    async fn a_gzip_body_decompresses_in_bounded_steps() {
+        let plain = vec![0u8; 64 << 20];
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(&plain).unwrap();
+        let gz = Bytes::from(enc.finish().unwrap());
+        assert!(gz.len() < 1 << 20, "{}", gz.len());
+        let body = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(gz)]);
+        let mut out = gunzip_stream(body);
+        let (mut total, mut largest) = (0usize, 0usize);
+        while let Some(piece) = out.next().await {
+            let piece = piece.unwrap();
+            total += piece.len();
+            largest = largest.max(piece.len());
+        }
+        assert_eq!(total, plain.len());
+        assert!(largest <= GUNZIP_STEP * 1100, "a step held {largest} bytes");
+        // A broken body is an error, not a panic.
+        let bad = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+            Bytes::from_static(b"not gzip at all"),
+        )]);
+        let results: Vec<_> = gunzip_stream(bad).collect().await;
+        assert!(results.iter().any(Result::is_err), "{results:?}");
+    }
 }
 
 /// The metadata of an upload: its `X-Metadata-<key>` headers, keys
