@@ -63,7 +63,12 @@ const MAX_SOCKET_PATH: usize = 107;
 /// The files a QEMU VM keeps in its run directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunFiles {
+    /// The guest's serial console as the host keeps it: bounded, rotated
+    /// into `console.log.1` (see [`crate::qemu::CONSOLE_LOG_CAP`]).
     pub console_log: PathBuf,
+    /// QEMU's end of the serial console: the host reads it into
+    /// `console_log` (QEMU never writes a file the guest can grow).
+    pub console_sock: PathBuf,
     pub agent_sock: PathBuf,
     pub qmp_sock: PathBuf,
     /// QEMU's own stdout and stderr.
@@ -75,6 +80,7 @@ impl RunFiles {
     pub fn new(run_dir: &Path) -> Self {
         Self {
             console_log: run_dir.join("console.log"),
+            console_sock: run_dir.join("console.sock"),
             agent_sock: run_dir.join("agent.sock"),
             qmp_sock: run_dir.join("qmp.sock"),
             qemu_log: run_dir.join("qemu.log"),
@@ -212,22 +218,20 @@ pub fn build_args(
     let files = RunFiles::new(&spec.run_dir);
     let kernel = utf8("kernel", &spec.kernel)?;
     let initrd = utf8("initrd", &spec.initrd)?;
-    let (mem_path, mem_share, console_append) = match start {
-        Start::Cold if spec.memory_file => (utf8("memory", &spec.mem_path)?, "on", ""),
-        Start::Cold => (String::new(), "", ""),
+    let (mem_path, mem_share) = match start {
+        Start::Cold if spec.memory_file => (utf8("memory", &spec.mem_path)?, "on"),
+        Start::Cold => (String::new(), ""),
         Start::Restore(from) => match &from.memory {
             RestoreMemory::File(path) | RestoreMemory::Unpack(path) => {
-                (utf8("memory", path)?, "on", ",append=on")
+                (utf8("memory", path)?, "on")
             }
-            RestoreMemory::Private(path) => (utf8("memory", path)?, "off", ",append=on"),
+            RestoreMemory::Private(path) => (utf8("memory", path)?, "off"),
             // The descriptor the VMM inherits, under its own /proc.
-            RestoreMemory::Template(t) => {
-                (format!("/proc/self/fd/{}", t.raw_fd()), "off", ",append=on")
-            }
-            RestoreMemory::InState => (String::new(), "", ",append=on"),
+            RestoreMemory::Template(t) => (format!("/proc/self/fd/{}", t.raw_fd()), "off"),
+            RestoreMemory::InState => (String::new(), ""),
         },
     };
-    let console = utf8("console log", &files.console_log)?;
+    let console = utf8("console socket", &files.console_sock)?;
     let agent_sock = utf8("agent socket", &files.agent_sock)?;
     let qmp_sock = utf8("qmp socket", &files.qmp_sock)?;
     let raw_socks = spec
@@ -235,7 +239,10 @@ pub fn build_args(
         .iter()
         .map(|name| utf8("raw port socket", &RunFiles::raw_port(&spec.run_dir, name)))
         .collect::<Result<Vec<_>, _>>()?;
-    for sock in [&agent_sock, &qmp_sock].into_iter().chain(&raw_socks) {
+    for sock in [&console, &agent_sock, &qmp_sock]
+        .into_iter()
+        .chain(&raw_socks)
+    {
         if sock.len() > MAX_SOCKET_PATH {
             return Err(invalid(format!(
                 "socket path {sock:?} is longer than {MAX_SOCKET_PATH} bytes; use a shorter run_dir"
@@ -297,9 +304,16 @@ pub fn build_args(
         args.push(a.to_owned());
         args.push(b);
     };
+    // The serial console is a socket the host reads into a bounded log
+    // (`crate::qemu::console_pump`): a `file` chardev would let the guest
+    // grow a host file without end. QEMU waits (`wait=on`) for the host to
+    // connect before it runs the guest, so no early line is lost.
     push(
         "-chardev",
-        format!("file,id=console,path={}{console_append}", escape(&console)),
+        format!(
+            "socket,id=console,path={},server=on,wait=on",
+            escape(&console)
+        ),
     );
     push("-serial", "chardev:console".to_owned());
     // -kernel, -initrd and -append are taken verbatim (not option-parsed).
@@ -454,7 +468,7 @@ mod tests {
             "-sandbox",
             SANDBOX,
             "-chardev",
-            "file,id=console,path=/run/hearth/vm1/console.log",
+            "socket,id=console,path=/run/hearth/vm1/console.sock,server=on,wait=on",
             "-serial",
             "chardev:console",
             "-kernel",
@@ -704,14 +718,12 @@ mod tests {
             let share = if private { "off" } else { "on" };
             let want_mem =
                 format!("memory-backend-file,id=mem,size=256M,mem-path=/snap/mem,,0,share={share},merge=off,dump=off");
-            // Exactly three differences: memory backend, console append,
-            // and -incoming at the end; devices stay identical.
+            // Exactly two differences: memory backend and -incoming at
+            // the end; devices and the console stay identical.
             let mut expect = cold.clone();
             for a in expect.iter_mut() {
                 if a.starts_with("memory-backend-file") {
                     *a = want_mem.clone();
-                } else if a.starts_with("file,id=console") {
-                    a.push_str(",append=on");
                 }
             }
             expect.extend(["-incoming".to_owned(), "defer".to_owned()]);

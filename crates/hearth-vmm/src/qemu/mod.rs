@@ -301,7 +301,7 @@ impl Qemu {
             }) => Some(&spec.mem_path),
             Start::Restore(_) => None,
         };
-        let stale_files = [&files.qmp_sock, &files.agent_sock];
+        let stale_files = [&files.console_sock, &files.qmp_sock, &files.agent_sock];
         for stale in stale_files.into_iter().chain(&raw_socks).chain(stale_mem) {
             match std::fs::remove_file(stale) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(run_dir_err(stale)(e)),
@@ -447,7 +447,9 @@ impl Qemu {
         let started = async {
             std::fs::write(&files.pid_file, format!("{vmm_pid}\n"))
                 .map_err(run_dir_err(&files.pid_file))?;
-            wait_ready(vm, pid, &files, &process, &self.cfg).await
+            // A restore continues the console's log; a boot starts it.
+            let append = matches!(start, Start::Restore(_));
+            wait_ready(vm, pid, &files, &process, &self.cfg, append).await
         };
         let qmp = match started.await {
             Ok(qmp) => qmp,
@@ -593,15 +595,95 @@ fn capped_log(vm: VmId, pipe: io::PipeReader, log: std::fs::File, cap: u64) -> i
         .map(drop)
 }
 
+/// The most of a guest's serial console one log file keeps: past it the
+/// log moves to `console.log.1` (replacing the one before) and a new one
+/// starts, so the host keeps between one and two caps of the latest output
+/// whatever the guest writes.
+pub const CONSOLE_LOG_CAP: u64 = 1 << 20;
+
+/// Copies the guest's serial console from QEMU's socket into the rotating
+/// log at `path` (appending when `append`, else starting it afresh), on a
+/// thread of its own until QEMU closes its end. The guest writes as fast
+/// as the thread reads; a hostile guest's flood costs the host at most two
+/// caps of files.
+fn console_pump(
+    vm: VmId,
+    mut sock: std::os::unix::net::UnixStream,
+    path: &Path,
+    append: bool,
+    cap: u64,
+) -> io::Result<()> {
+    use std::fs::OpenOptions;
+    use std::io::Write;
+    let path = path.to_owned();
+    let (live, rotated) = (path.clone(), path.with_extension("log.1"));
+    let open = move |append: bool| {
+        OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&path)
+    };
+    if !append {
+        match std::fs::remove_file(&rotated) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    let mut log = open(append)?;
+    let mut len = log.metadata()?.len();
+    std::thread::Builder::new()
+        .name("qemu-console".into())
+        .stack_size(128 << 10)
+        .spawn(move || {
+            let mut buf = vec![0u8; 16 << 10];
+            loop {
+                let n = match sock.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::warn!(%vm, error = %e, "cannot read the guest's console");
+                        break;
+                    }
+                };
+                let mut data = &buf[..n];
+                while !data.is_empty() {
+                    if len >= cap {
+                        let next = std::fs::rename(&live, &rotated).and_then(|()| open(false));
+                        match next {
+                            Ok(f) => (log, len) = (f, 0),
+                            Err(e) => {
+                                // Nothing more is kept rather than the cap broken.
+                                tracing::warn!(%vm, error = %e, "cannot rotate the guest's console log");
+                                break;
+                            }
+                        }
+                    }
+                    let take = data.len().min((cap - len) as usize);
+                    if let Err(e) = log.write_all(&data[..take]) {
+                        tracing::warn!(%vm, error = %e, "cannot write the guest's console log");
+                    }
+                    len += take as u64;
+                    data = &data[take..];
+                }
+            }
+        })
+        .map(drop)
+}
+
 async fn wait_ready(
     vm: VmId,
     pid: u32,
     files: &RunFiles,
     process: &Process,
     cfg: &QemuConfig,
+    append: bool,
 ) -> Result<QmpClient, VmmError> {
     let started = Instant::now();
     let mut last_err = None;
+    let mut console = false;
     loop {
         if let Some(exit) = process.exit_info() {
             return Err(VmmError::EarlyExit {
@@ -625,7 +707,28 @@ async fn wait_ready(
             });
         }
         let exists = |p: &Path| p.try_exists().unwrap_or(false);
-        if exists(&files.qmp_sock) && exists(&files.agent_sock) {
+        // QEMU waits for the console's reader before it makes the others.
+        if !console && exists(&files.console_sock) {
+            match std::os::unix::net::UnixStream::connect(&files.console_sock) {
+                Ok(sock) => {
+                    console_pump(vm, sock, &files.console_log, append, CONSOLE_LOG_CAP).map_err(
+                        |source| VmmError::RunDir {
+                            vm,
+                            path: files.console_log.clone(),
+                            source,
+                        },
+                    )?;
+                    console = true;
+                }
+                Err(source) => {
+                    last_err = Some(QmpError::Connect {
+                        path: files.console_sock.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        if console && exists(&files.qmp_sock) && exists(&files.agent_sock) {
             let budget = (cfg.start_timeout - elapsed).min(cfg.qmp_timeout);
             match QmpClient::connect(&files.qmp_sock, budget).await {
                 Ok(qmp) => return Ok(qmp.with_timeout(cfg.qmp_timeout)),
@@ -1166,6 +1269,61 @@ mod tests {
             note,
             "[hearth: 4000 more bytes of qemu's output dropped: the log keeps 1000]\n"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A guest that floods its console costs the host at most two caps:
+    /// the newest output is in the log, the one before in `.1`, and a
+    /// restore's pump (`append`) continues the log where it was.
+    #[test]
+    fn a_flooded_console_keeps_two_caps_of_the_newest_output() {
+        let dir = std::env::temp_dir().join(format!("hearth-console-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("console.log");
+        let rotated = dir.join("console.log.1");
+        std::fs::write(&rotated, "an earlier vm's\n").unwrap();
+        let cap = 10_000;
+        let pump = |append: bool, lines: std::ops::Range<u32>| {
+            let (guest, host) = std::os::unix::net::UnixStream::pair().unwrap();
+            console_pump(VmId::new(), host, &path, append, cap).unwrap();
+            let mut guest = guest;
+            for i in lines {
+                writeln!(guest, "line {i:06}").unwrap();
+            }
+            drop(guest);
+        };
+        let settled = |last: &str| {
+            let started = Instant::now();
+            while !std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .ends_with(last)
+            {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "never {last:?}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        pump(false, 0..500);
+        settled("line 000499\n");
+        // A boot starts afresh: the earlier VM's rotated log is gone.
+        assert_eq!(std::fs::read_to_string(&path).unwrap().len(), 12 * 500);
+        assert!(!rotated.exists());
+        // 66 000 bytes more through a cap of 10 000.
+        pump(true, 500..6000);
+        settled("line 005999\n");
+        let (live, old) = (
+            std::fs::read_to_string(&path).unwrap(),
+            std::fs::read_to_string(&rotated).unwrap(),
+        );
+        assert!(live.len() as u64 <= cap && old.len() as u64 <= cap);
+        assert!(live.len() + old.len() >= cap as usize);
+        // The two files are the newest output, in order, without a gap.
+        let joined = old + &live;
+        let first: u32 = joined[5..11].parse().unwrap();
+        let want: String = (first..6000).map(|i| format!("line {i:06}\n")).collect();
+        assert_eq!(joined, want);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
