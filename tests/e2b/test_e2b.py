@@ -21,7 +21,7 @@ import traceback
 from datetime import datetime, timezone
 
 from e2b import PtySize, Sandbox, SandboxQuery
-from e2b.exceptions import NotFoundException, SandboxException
+from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunningException
 
 TEMPLATE = os.environ.get("HEARTH_E2B_TEMPLATE", "base")
 OTHER_KEY = os.environ["HEARTH_E2B_OTHER_KEY"]
@@ -169,7 +169,16 @@ def test_create_run_files_and_kill():
         pass
     sb.set_timeout(120)
 
-    check(sb.kill(), "kill")
+    # Killed while a command runs: the command's wait raises the SDK's own
+    # "not running" (the stream ends UNAVAILABLE and envd's health says the
+    # sandbox "was not found"), not an internal error.
+    running = sb.commands.run("sleep 60", background=True)
+    threading.Timer(1.0, sb.kill).start()
+    try:
+        running.wait()
+        raise AssertionError("a command of a killed sandbox ended normally")
+    except SandboxNotRunningException:
+        pass
     check(not sb.is_running(), "a killed sandbox is not running")
     created.remove(sb.sandbox_id)
 

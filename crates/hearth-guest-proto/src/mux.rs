@@ -881,6 +881,13 @@ impl StreamReceiver {
         self.id
     }
 
+    /// Why the whole connection ended, once it has: a stream closed by
+    /// that is the guest gone, not the peer ending this stream.
+    pub fn connection_lost(&self) -> Option<MuxError> {
+        let reason = self.guard.inner.lock().closed.clone();
+        reason.map(|reason| MuxError::Closed { reason })
+    }
+
     /// The next message; `None` after `Close` was delivered.
     pub async fn recv(&mut self) -> Option<Incoming> {
         if self.done {

@@ -811,6 +811,11 @@ impl ExecEvents {
                 Some(Incoming::Eof) => continue,
                 msg @ (Some(Incoming::Close(_)) | None) if !self.finished => {
                     self.finished = true;
+                    // The guest went away (killed, paused, crashed): not
+                    // the command's failure but the sandbox's.
+                    if let Some(lost) = self.rx.connection_lost() {
+                        return Err(GuestError::Channel(lost));
+                    }
                     let reason = match msg {
                         Some(Incoming::Close(r)) => r,
                         _ => None,
@@ -1004,6 +1009,52 @@ mod tests {
         GuestClient::handshake(hr, hw, Duration::from_secs(5))
             .await
             .unwrap_or_else(|e| panic!("handshake: {e}"))
+    }
+
+    /// A command whose guest goes away (its sandbox killed, paused or
+    /// crashed) ends in the connection's error, which callers answer as
+    /// the sandbox gone; a stream the guest ends without an exit is the
+    /// command's failure.
+    #[tokio::test]
+    async fn a_command_outlived_by_its_guest_ends_with_the_connection() {
+        let g = fake_guest(vec![]).await;
+        let mut h = g.exec(ExecRequest::default()).await.unwrap();
+        assert!(matches!(
+            h.next().await,
+            Ok(Some(ExecUpdate::Error {
+                error_type: ExecErrorType::CommandError,
+                ..
+            }))
+        ));
+        let (host_end, guest_end) = tokio::io::duplex(1 << 20);
+        let (hr, hw) = tokio::io::split(host_end);
+        let (gr, gw) = tokio::io::split(guest_end);
+        tokio::spawn(async move {
+            let mut r = FramedRead::new(gr, FrameCodec);
+            let mut w = FramedWrite::new(gw, FrameCodec);
+            if guest_handshake(&mut r, &mut w).await.is_err() {
+                return;
+            }
+            let (mux, acceptor) = Mux::start(Role::Guest, r, w);
+            let Some(mut acceptor) = acceptor else { return };
+            if let Some((_stream, _request)) = acceptor.recv().await {
+                mux.shutdown("the vm is gone");
+            }
+        });
+        let g = GuestClient::handshake(hr, hw, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut h = g.exec(ExecRequest::default()).await.unwrap();
+        let end = h.next().await;
+        assert!(
+            matches!(
+                end,
+                Err(GuestError::Channel(
+                    hearth_guest_proto::MuxError::Closed { .. }
+                ))
+            ),
+            "{end:?}"
+        );
     }
 
     /// A guest whose clock is `offset_ns` off the host's and follows the

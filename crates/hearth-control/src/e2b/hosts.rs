@@ -221,7 +221,7 @@ async fn to_port(
     };
     // E2B's edge answers 502 for a sandbox it cannot reach (its SDKs read
     // it as "the sandbox timed out"); a service URL wakes it.
-    let unreachable = || E2bError::new(502, format!("sandbox {id} is not running")).into_response();
+    let unreachable = || E2bError::not_running(id).into_response();
     let guest = if access.wake {
         match c.wake(access.row.clone()).await {
             Ok((_, guest)) => guest,

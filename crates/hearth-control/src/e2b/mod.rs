@@ -63,6 +63,17 @@ impl E2bError {
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(404, message)
     }
+
+    /// What E2B's edge answers for a sandbox it cannot reach: a 502 whose
+    /// message says the sandbox "was not found", which the SDKs read as
+    /// killed or past its timeout (`SandboxNotRunningException`, and
+    /// `is_running()` false when envd's health answers it).
+    pub fn not_running(id: impl std::fmt::Display) -> Self {
+        Self::new(
+            502,
+            format!("sandbox {id} was not found: it is not running (killed, paused or past its timeout)"),
+        )
+    }
 }
 
 /// The domain's error in E2B's words: the status its SDK maps

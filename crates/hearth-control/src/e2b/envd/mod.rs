@@ -154,7 +154,7 @@ pub(super) async fn target(c: &Arc<Control>, headers: &HeaderMap) -> E2bResult<T
     let id: SandboxId = id
         .parse()
         .map_err(|_| E2bError::new(401, "the access token does not open this sandbox"))?;
-    let not_running = || E2bError::new(502, format!("sandbox {id} is not running"));
+    let not_running = || E2bError::not_running(id);
     let row = match c.check_runtime_token(RuntimeKind::Envd, id, token).await? {
         Ok(row) => row,
         Err(crate::runtime_tokens::TokenRefusal::Gone) => return Err(not_running()),
