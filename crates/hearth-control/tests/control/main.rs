@@ -25,6 +25,7 @@ mod delegation;
 mod dependency_graph;
 mod e2b;
 mod e2b_fuzz;
+mod e2b_surface;
 mod fork;
 mod held;
 mod isolation;
