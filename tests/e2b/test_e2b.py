@@ -656,16 +656,35 @@ def test_the_async_sdk():
 
 def test_metrics_are_the_guests_own():
     sb = new()
-    sb.commands.run("head -c 20000000 /dev/zero > /home/user/ballast")
-    [m] = sb.get_metrics()
-    print(f"  {m}", flush=True)
+    # A file on the root filesystem, then six seconds of one busy CPU.
+    sb.commands.run(
+        "head -c 20000000 /dev/zero > /home/user/ballast; "
+        "timeout 6 sh -c 'while :; do :; done'; true"
+    )
+    # The guest samples itself every five seconds: a series over the
+    # sandbox's life, the last sample after the write holding the file.
+    deadline = time.monotonic() + 30
+    while True:
+        series = sb.get_metrics()
+        if series and series[-1].disk_used >= 20_000_000 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    for m in series:
+        print(f"  {m}", flush=True)
+    check(len(series) >= 2, f"a series: {series}")
+    m = series[-1]
     check(m.cpu_count >= 1, f"vCPUs: {m}")
-    check(0 <= m.cpu_used_pct <= 100, f"CPU use: {m}")
+    check(all(0 <= s.cpu_used_pct <= 100 for s in series), f"CPU use: {series}")
+    busy = max(s.cpu_used_pct for s in series)
+    check(busy >= 100 / m.cpu_count / 2, f"a busy CPU's five seconds: {busy}")
     check(0 < m.mem_used < m.mem_total, f"memory: {m}")
     check(m.mem_total > 100 << 20, f"the guest's memory, not a default: {m}")
     check(20_000_000 <= m.disk_used < m.disk_total, f"the root filesystem holds the file: {m}")
+    # Five seconds apart, give or take what a busy vCPU delays the agent.
+    gaps = [(b.timestamp - a.timestamp).total_seconds() for a, b in zip(series, series[1:])]
+    check(all(4 <= g <= 7 for g in gaps), f"five seconds apart: {gaps}")
     age = (datetime.now(timezone.utc) - m.timestamp).total_seconds()
-    check(abs(age) < 30, f"measured now: {m.timestamp}")
+    check(abs(age) < 30, f"measured lately: {m.timestamp}")
     check(sb.get_metrics(start=datetime.now(timezone.utc).replace(year=2099)) == [],
           "nothing in a window that has not come")
     sb.kill()

@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 /// [`Request::Resize`], version 7 [`Request::Follow`], version 8 the
 /// watchers ([`Request::WatchStart`] and friends), version 9 file
 /// operations as a user (`user` on the file requests) and owners in
-/// [`FileStat`].
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8, 9];
+/// [`FileStat`], version 10 the guest's samples of its own use
+/// ([`Request::Samples`]).
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -47,6 +48,17 @@ pub const WATCH_VERSION: u16 = 8;
 /// theirs), whose writes take metadata, and whose [`FileStat`] names the
 /// owner and group and carries the metadata.
 pub const FILE_USER_VERSION: u16 = 9;
+
+/// The first protocol version whose guest samples its own use every
+/// [`SAMPLE_INTERVAL_MS`] and answers [`Request::Samples`].
+pub const SAMPLES_VERSION: u16 = 10;
+
+/// How often a guest samples its use.
+pub const SAMPLE_INTERVAL_MS: u64 = 5_000;
+/// How many samples a guest keeps: the last hour.
+pub const MAX_SAMPLES: usize = 720;
+/// Samples per [`Reply::Samples`] batch (one frame holds it).
+pub const SAMPLES_PER_REPLY: usize = 128;
 
 /// Most metadata entries one file may carry.
 pub const MAX_METADATA_ENTRIES: usize = 64;
@@ -302,6 +314,31 @@ pub enum Request {
     WatchStop {
         id: String,
     },
+    /// The guest's samples of its own use taken at or after `since_ms`
+    /// (Unix milliseconds, its clock), oldest first: [`Reply::Samples`]
+    /// batches, the last with `more: false`. Protocol [`SAMPLES_VERSION`].
+    Samples {
+        since_ms: i64,
+    },
+}
+
+/// What a guest used at one moment, as it sees it: cumulative CPU time
+/// (busy and all, in clock ticks, over every CPU: use is the difference
+/// between two samples), memory and the root filesystem.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GuestSample {
+    /// When, Unix milliseconds on the guest's clock.
+    pub unix_ms: i64,
+    pub cpu_busy: u64,
+    pub cpu_total: u64,
+    pub mem_total: u64,
+    pub mem_available: u64,
+    /// The page cache (`Cached`).
+    pub mem_cached: u64,
+    pub disk_total: u64,
+    /// Free to anyone but root's reserve.
+    pub disk_available: u64,
+    pub disk_used: u64,
 }
 
 /// What happened to an entry under a watched directory.
@@ -712,6 +749,12 @@ pub enum Reply {
         events: Vec<WatchEvent>,
         lost: bool,
     },
+    /// Some of the samples asked for ([`Request::Samples`]), oldest first;
+    /// `more`: another batch follows.
+    Samples {
+        samples: Vec<GuestSample>,
+        more: bool,
+    },
 }
 
 /// One entry found by `Glob`.
@@ -901,14 +944,15 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), Some(9));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]), Some(10));
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), Some(9));
         assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8]), Some(8));
         assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6]), Some(6));
         assert_eq!(negotiate(&[1, 2, 3, 4]), Some(4));
         assert_eq!(negotiate(&[1, 2, 3]), Some(3));
         assert_eq!(negotiate(&[1, 2]), Some(2));
         assert_eq!(negotiate(&[1]), Some(1));
-        assert_eq!(negotiate(&[10]), None);
+        assert_eq!(negotiate(&[11]), None);
         assert_eq!(negotiate(&[]), None);
     }
 }

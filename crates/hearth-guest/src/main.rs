@@ -14,6 +14,7 @@ mod init;
 mod net;
 mod netconf;
 mod reaper;
+mod samples;
 mod search;
 mod sys;
 mod users;
@@ -58,6 +59,7 @@ fn main() {
     };
     rt.block_on(async {
         reaper::start();
+        samples::start();
         let port = std::env::args().nth(1).map(PathBuf::from);
         serve(port).await;
     });
@@ -165,6 +167,7 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         Request::WatchEvents { id } => watch::handle_events(stream, id).await,
         Request::WatchStop { id } => watch::handle_stop(stream, id).await,
         Request::Commands => exec::handle_commands(stream).await,
+        Request::Samples { since_ms } => samples::handle(stream, since_ms).await,
         Request::Attach {
             command_id,
             stdout_offset,

@@ -206,6 +206,37 @@ impl GuestClient {
         }
     }
 
+    /// The guest's samples of its own use from `since_ms` (Unix ms) on,
+    /// oldest first: at most [`hearth_guest_proto::MAX_SAMPLES`] (the
+    /// guest keeps no more). See [`Request::Samples`].
+    pub async fn samples(
+        &self,
+        since_ms: i64,
+    ) -> Result<Vec<hearth_guest_proto::GuestSample>, GuestError> {
+        self.needs(hearth_guest_proto::SAMPLES_VERSION, "metric series")?;
+        let mut s = self.request(&Request::Samples { since_ms }).await?;
+        let mut out = Vec::new();
+        loop {
+            match recv_reply(&mut s.receiver).await? {
+                Reply::Samples { samples, more } => {
+                    // A guest that sends more than it keeps is cut off.
+                    if out.len() + samples.len() > hearth_guest_proto::MAX_SAMPLES {
+                        return Err(GuestError::Protocol(format!(
+                            "more than {} samples",
+                            hearth_guest_proto::MAX_SAMPLES
+                        )));
+                    }
+                    out.extend(samples);
+                    if !more {
+                        return Ok(out);
+                    }
+                }
+                Reply::Error(op) => return Err(GuestError::Op(op)),
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+
     /// Hands `data` to the stdin of the running command `pid` without
     /// attaching to it, then closes its stdin when `close`; returns once the
     /// guest has passed it on.
@@ -1009,6 +1040,20 @@ mod tests {
         GuestClient::handshake(hr, hw, Duration::from_secs(5))
             .await
             .unwrap_or_else(|e| panic!("handshake: {e}"))
+    }
+
+    /// Samples come in batches until one says no more; a guest that sends
+    /// more than it may keep is cut off, not believed.
+    #[tokio::test]
+    async fn samples_are_gathered_from_their_batches_and_bounded() {
+        let batch = |n: usize, more: bool| Reply::Samples {
+            samples: vec![hearth_guest_proto::GuestSample::default(); n],
+            more,
+        };
+        let g = fake_guest(vec![batch(128, true), batch(100, false)]).await;
+        assert_eq!(g.samples(0).await.unwrap().len(), 228);
+        let g = fake_guest(vec![batch(128, true); 6]).await;
+        assert!(matches!(g.samples(0).await, Err(GuestError::Protocol(_))));
     }
 
     /// A command whose guest goes away (its sandbox killed, paused or

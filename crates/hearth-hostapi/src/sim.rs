@@ -762,6 +762,54 @@ async fn answer(
             })
             .await;
         }
+        // Its samples: one every five seconds for the last hour, whenever
+        // it booted, a quarter of its CPU busy between each, a quarter of
+        // its memory and a tenth of its disk used.
+        Ok(Request::Samples { since_ms }) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let step = hearth_guest_proto::SAMPLE_INTERVAL_MS as i64;
+            let first = now - step * (hearth_guest_proto::MAX_SAMPLES as i64 - 1);
+            let samples: Vec<_> = (0..hearth_guest_proto::MAX_SAMPLES as u64)
+                .map(|k| hearth_guest_proto::GuestSample {
+                    unix_ms: first + k as i64 * step,
+                    cpu_busy: k * 125,
+                    cpu_total: k * 500,
+                    mem_total: 1 << 30,
+                    mem_available: 3 << 28,
+                    mem_cached: 1 << 26,
+                    disk_total: 10 << 30,
+                    disk_available: 9 << 30,
+                    disk_used: 1 << 30,
+                })
+                .filter(|s| s.unix_ms >= since_ms)
+                .collect();
+            let mut batches = samples
+                .chunks(hearth_guest_proto::SAMPLES_PER_REPLY)
+                .peekable();
+            if batches.peek().is_none() {
+                let _ = stream
+                    .send_ctl(&Reply::Samples {
+                        samples: Vec::new(),
+                        more: false,
+                    })
+                    .await;
+            }
+            while let Some(b) = batches.next() {
+                let more = batches.peek().is_some();
+                if stream
+                    .send_ctl(&Reply::Samples {
+                        samples: b.to_vec(),
+                        more,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
         // Its commands end at once: none is ever running.
         Ok(Request::Commands) => {
             let _ = stream

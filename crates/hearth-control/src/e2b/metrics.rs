@@ -1,12 +1,13 @@
-//! `GET /sandboxes/{id}/metrics`: what a sandbox uses, as its guest sees
-//! it (E2B's envd reports the guest's own figures): CPU use over half a
-//! second, memory used (total less available) and cached, and the root
-//! filesystem's use, read from the guest's `/proc` and `df` over the held
-//! guest stream at the time of the request. Hearth keeps no series: the
-//! answer is that one sample, or none when it falls outside the asked
-//! `start`..`end` or the sandbox is not running (a paused sandbox uses
-//! nothing). The host's own view of the VM (its VMM's CPU time and
-//! resident memory) is `GET /api/v2/sandboxes/boxes/{name}/metrics`.
+//! `GET /sandboxes/{id}/metrics` and `GET /sandboxes/metrics`: what a
+//! sandbox uses as its guest sees it (E2B's envd reports the guest's own
+//! figures). The guest samples itself every five seconds and keeps the
+//! last hour (guest protocol 10, `hearth-guest/src/samples.rs`): a series
+//! is those samples in the asked `start`..`end` (by default the sandbox's
+//! life), CPU use between each and the one before. A guest older than
+//! protocol 10 (memory saved by an older Hearth) answers one sample taken
+//! at the request by a script, as before. A paused sandbox uses nothing:
+//! none. The host's own view of the VM (its VMM's CPU time and resident
+//! memory) is `GET /api/v2/sandboxes/boxes/{name}/metrics`.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use crate::domain::model::{SandboxStatus, Timestamp};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_guest_proto::ExecRequest;
+use hearth_guest_proto::{ExecRequest, GuestSample};
 use serde::Serialize;
 
 use super::{E2bError, E2bResult};
@@ -139,6 +140,68 @@ fn window(raw: Option<&str>) -> E2bResult<(Option<i64>, Option<i64>)> {
     Ok((start, end))
 }
 
+/// One sample as E2B's `SandboxMetric`; CPU use since `prev`, the sample
+/// before it (none: 0).
+fn metric(prev: Option<&GuestSample>, s: &GuestSample, cpu_count: u32) -> SandboxMetric {
+    let cpu_used_pct = prev.map_or(0.0, |p| {
+        let busy = s.cpu_busy.saturating_sub(p.cpu_busy);
+        let total = s.cpu_total.saturating_sub(p.cpu_total);
+        if total == 0 {
+            0.0
+        } else {
+            ((busy as f64 * 100.0 / total as f64).clamp(0.0, 100.0) * 100.0).round() / 100.0
+        }
+    });
+    SandboxMetric {
+        timestamp: Timestamp::from_unix_ms(s.unix_ms).to_rfc3339(),
+        timestamp_unix: s.unix_ms.div_euclid(1000),
+        cpu_count,
+        cpu_used_pct,
+        mem_used: s.mem_total.saturating_sub(s.mem_available),
+        mem_total: s.mem_total,
+        mem_cache: s.mem_cached,
+        disk_used: s.disk_used,
+        disk_total: s.disk_total,
+    }
+}
+
+/// The samples taken in `start_ms..=end_ms`, each with its CPU use since
+/// the one before it (which may precede the window).
+fn series(
+    samples: &[GuestSample],
+    start_ms: i64,
+    end_ms: i64,
+    cpu_count: u32,
+) -> Vec<SandboxMetric> {
+    samples
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| (start_ms..=end_ms).contains(&s.unix_ms))
+        .map(|(i, s)| metric(i.checked_sub(1).map(|j| &samples[j]), s, cpu_count))
+        .collect()
+}
+
+/// The sandbox's samples from `from_ms` on (and the one before, for its
+/// CPU use), or for a guest older than protocol 10 one taken now.
+async fn samples_of(
+    guest: &hearth_hostapi::GuestClient,
+    from_ms: i64,
+) -> E2bResult<Vec<GuestSample>> {
+    if guest.protocol_version < hearth_guest_proto::SAMPLES_VERSION {
+        return one_sample(guest).await;
+    }
+    let before = from_ms.saturating_sub(hearth_guest_proto::SAMPLE_INTERVAL_MS as i64 + 1000);
+    guest
+        .samples(before)
+        .await
+        .map_err(|e| E2bError::new(502, format!("the sandbox's guest did not answer: {e}")))
+}
+
+/// The CPU count E2B reports: whole CPUs of the sandbox's size.
+fn cpu_count(row: &crate::domain::model::SandboxRow) -> E2bResult<u32> {
+    Ok(crate::domain::queries::spec_of(row)?.cpu.0.div_ceil(1000))
+}
+
 /// `GET /sandboxes/{id}/metrics`.
 pub async fn metrics(
     State(c): State<Arc<Control>>,
@@ -150,13 +213,83 @@ pub async fn metrics(
     who.require("sandboxes:read")?;
     let (start, end) = window(raw.as_deref())?;
     let row = c.e2b_find(&who, &id).await?;
-    let now = Timestamp::now();
-    let secs = now.unix_ms() / 1000;
-    let outside = start.is_some_and(|s| secs < s) || end.is_some_and(|e| secs > e);
-    if outside || row.status != SandboxStatus::Ready {
-        return Ok(Json(Vec::<SandboxMetric>::new()).into_response());
+    let now_ms = Timestamp::now().unix_ms();
+    // E2B's window defaults to the sandbox's life.
+    let start_ms = start.map_or(row.created_at.unix_ms(), |s| s.saturating_mul(1000));
+    let end_ms = end.map_or(i64::MAX, |e| e.saturating_mul(1000).saturating_add(999));
+    let none = || Ok(Json(Vec::<SandboxMetric>::new()).into_response());
+    if start_ms > now_ms || end_ms < row.created_at.unix_ms() || row.status != SandboxStatus::Ready
+    {
+        return none();
     }
     let guest = c.live_guest(&row).await?;
+    let samples = samples_of(&guest, start_ms).await?;
+    Ok(Json(series(&samples, start_ms, end_ms, cpu_count(&row)?)).into_response())
+}
+
+/// `GET /sandboxes/metrics?sandbox_ids=a,b`: each running sandbox's
+/// latest sample (one of the caller's workspace; any other is left out,
+/// as one not running is).
+pub async fn latest(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, Refusal>,
+    RawQuery(raw): RawQuery,
+) -> E2bResult<Response> {
+    let who = who?;
+    who.require("sandboxes:read")?;
+    let mut ids = Vec::new();
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        match &*k {
+            "sandbox_ids" => ids.extend(
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+            ),
+            other => {
+                return Err(E2bError::bad_request(format!(
+                    "{other}: not a query parameter of the metrics"
+                )))
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Err(E2bError::bad_request("sandbox_ids is missing"));
+    }
+    if ids.len() > MAX_LATEST {
+        return Err(E2bError::bad_request(format!(
+            "sandbox_ids: at most {MAX_LATEST}, got {}",
+            ids.len()
+        )));
+    }
+    let since = Timestamp::now().unix_ms() - 2 * hearth_guest_proto::SAMPLE_INTERVAL_MS as i64;
+    let mut out = serde_json::Map::new();
+    for id in ids {
+        let Ok(row) = c.e2b_find(&who, &id).await else {
+            continue;
+        };
+        if row.status != SandboxStatus::Ready {
+            continue;
+        }
+        let Ok(guest) = c.live_guest(&row).await else {
+            continue;
+        };
+        let samples = samples_of(&guest, since).await?;
+        let last = series(&samples, i64::MIN, i64::MAX, cpu_count(&row)?).pop();
+        if let Some(m) = last {
+            out.insert(id, serde_json::to_value(m).unwrap_or_default());
+        }
+    }
+    Ok(Json(serde_json::json!({ "sandboxes": out })).into_response())
+}
+
+/// Most sandboxes one `GET /sandboxes/metrics` asks after.
+const MAX_LATEST: usize = 100;
+
+/// A guest older than protocol 10 keeps no samples: one, taken now by a
+/// script (the CPU reading over half a second, so its use is in
+/// `cpu_busy`/`cpu_total` of a sample whose predecessor is zero).
+async fn one_sample(guest: &hearth_hostapi::GuestClient) -> E2bResult<Vec<GuestSample>> {
     let out = guest
         .run_capped(
             ExecRequest {
@@ -182,19 +315,20 @@ pub async fn metrics(
             ),
         )
     })?;
-    let spec = crate::domain::queries::spec_of(&row)?;
-    Ok(Json(vec![SandboxMetric {
-        timestamp: now.to_rfc3339(),
-        timestamp_unix: secs,
-        cpu_count: spec.cpu.0.div_ceil(1000),
-        cpu_used_pct: f.cpu_used_pct,
-        mem_used: f.mem_used,
+    // Its use as two samples: none, then the reading's share.
+    let busy = (f.cpu_used_pct * 100.0).round() as u64;
+    let sample = GuestSample {
+        unix_ms: Timestamp::now().unix_ms(),
+        cpu_busy: busy,
+        cpu_total: 10_000,
         mem_total: f.mem_total,
-        mem_cache: f.mem_cache,
-        disk_used: f.disk_used,
+        mem_available: f.mem_total - f.mem_used,
+        mem_cached: f.mem_cache,
         disk_total: f.disk_total,
-    }])
-    .into_response())
+        disk_available: f.disk_total - f.disk_used,
+        disk_used: f.disk_used,
+    };
+    Ok(vec![GuestSample::default(), sample])
 }
 
 #[cfg(test)]
@@ -230,6 +364,30 @@ mod tests {
         assert!(parse("cpu 1 2 3 4\ncpu 1 2 3 4\n").is_err());
         let no_df = SAMPLE.lines().take(8).collect::<Vec<_>>().join("\n");
         assert!(parse(&no_df).is_err());
+    }
+
+    #[test]
+    fn a_series_is_the_window_with_cpu_use_since_each_ones_predecessor() {
+        let at = |k: u64| GuestSample {
+            unix_ms: 1_000_000 + k as i64 * 5000,
+            cpu_busy: k * k * 10,
+            cpu_total: k * 100,
+            mem_total: 1000,
+            mem_available: 600,
+            ..GuestSample::default()
+        };
+        let samples: Vec<_> = (0..6).map(at).collect();
+        // The window holds samples 2..=4; sample 2's use is since 1's.
+        let got = series(&samples, 1_010_000, 1_020_000, 2);
+        let pct: Vec<f64> = got.iter().map(|m| m.cpu_used_pct).collect();
+        assert_eq!(pct, vec![30.0, 50.0, 70.0]);
+        assert_eq!(got[0].timestamp_unix, 1010);
+        assert_eq!((got[0].mem_used, got[0].cpu_count), (400, 2));
+        // The first sample the guest kept has nothing before it.
+        assert_eq!(series(&samples, 0, 1_000_000, 1)[0].cpu_used_pct, 0.0);
+        // A guest whose counters went backwards (hostile or reset) is 0.
+        let back = [at(3), at(1)];
+        assert_eq!(series(&back, 0, i64::MAX, 1)[1].cpu_used_pct, 0.0);
     }
 
     #[test]

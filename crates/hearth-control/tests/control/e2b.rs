@@ -280,9 +280,45 @@ async fn e2b_control_api_on_the_sim_host() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
 
-    // Metrics: one sample of the guest's own figures (the simulated host
-    // has no guest: read in the e2b SDK suite); none outside the window
-    // asked; a parameter not served is a 400 naming it.
+    // Metrics: the guest's own samples, every five seconds, in the window
+    // asked (the simulated guest has kept an hour of them), CPU use
+    // between each and the one before; the latest of each sandbox asked
+    // after; none outside the window; a parameter not served is a 400
+    // naming it.
+    let minute_ago = Timestamp::now().unix_ms() / 1000 - 60;
+    let r = call(
+        &s,
+        "GET",
+        &format!("/sandboxes/{id}/metrics?start={minute_ago}"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let series = r.json().unwrap();
+    let series = series.as_array().unwrap();
+    assert!((12..=13).contains(&series.len()), "{series:?}");
+    for (m, next) in series.iter().zip(series.iter().skip(1)) {
+        let t = |m: &Value| m["timestampUnix"].as_i64().unwrap();
+        assert!(t(m) >= minute_ago && t(next) - t(m) == 5, "{m} {next}");
+        assert_eq!(m["cpuUsedPct"], 25.0, "{m}");
+        assert_eq!(m["memUsed"], 1u64 << 28);
+        assert_eq!(m["memTotal"], 1u64 << 30);
+        assert_eq!(m["diskUsed"], 1u64 << 30);
+        assert_eq!(m["cpuCount"], 1);
+    }
+    let r = call(
+        &s,
+        "GET",
+        &format!("/sandboxes/metrics?sandbox_ids={id},{}", uuid::Uuid::nil()),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let latest = r.json().unwrap()["sandboxes"].clone();
+    assert_eq!(latest.as_object().map(|o| o.len()), Some(1), "{latest}");
+    assert_eq!(latest[&id]["cpuUsedPct"], 25.0, "{latest}");
     let later = Timestamp::now().unix_ms() / 1000 + 3600;
     let r = call(
         &s,
