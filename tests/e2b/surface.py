@@ -9,7 +9,7 @@ query) holding just that field, with the required fields around it filled
 in. `crates/hearth-control/tests/control/e2b_surface.rs` sends each one and
 checks that Hearth acts on it or refuses it with a 400 naming it: never a
 silent yes. Routes Hearth does not serve (volumes, template builds,
-refreshes, logs) answer 501 whatever their body, so they are not walked.
+refreshes) answer 501 whatever their body, so they are not walked.
 """
 
 import enum
@@ -25,8 +25,10 @@ from e2b.api.client import models as M
 from e2b.api.client import types as T
 from e2b.api.client.api.sandboxes import (
     get_sandboxes,
+    get_sandboxes_sandbox_id_logs,
     get_sandboxes_sandbox_id_metrics,
     get_v2_sandboxes,
+    get_v_2_sandboxes_sandbox_id_logs,
 )
 from e2b.api.client.api.secrets import get_secrets
 from e2b.api.client.api.snapshots import get_snapshots
@@ -51,6 +53,8 @@ QUERIES = {
     "list_v2": get_v2_sandboxes,
     "list_snapshots": get_snapshots,
     "metrics": get_sandboxes_sandbox_id_metrics,
+    "logs": get_sandboxes_sandbox_id_logs,
+    "logs_v2": get_v_2_sandboxes_sandbox_id_logs,
     "list_secrets": get_secrets,
 }
 
@@ -81,6 +85,10 @@ NAMED = {
     "sandboxID": "$SANDBOX",
     "template": "base",
     "order": "asc",
+    "cursor": 0,
+    "direction": "backward",
+    "level": "warn",
+    "search": "process",
 }
 
 # The key a map's sample uses: the exercises use the same.

@@ -9,6 +9,7 @@ Hearth's TLS).
 Each test prints PASS or FAIL; the exit status is 1 if any failed.
 """
 
+import json
 import os
 import re
 import ssl
@@ -687,6 +688,23 @@ def test_metrics_are_the_guests_own():
     check(abs(age) < 30, f"measured lately: {m.timestamp}")
     check(sb.get_metrics(start=datetime.now(timezone.utc).replace(year=2099)) == [],
           "nothing in a window that has not come")
+
+    # Its log (no SDK method reads it: E2B's API does): the commands it
+    # ran, and the kernel's messages with their levels.
+    def logs(query):
+        req = urllib.request.Request(
+            f"{os.environ['E2B_API_URL']}/v2/sandboxes/{sb.sandbox_id}/logs?{query}",
+            headers={"X-API-KEY": os.environ["E2B_API_KEY"]},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())["logs"]
+    started = logs("search=process+started")
+    check(any(e["fields"].get("cmd") == "head" for e in started), f"the command ran: {started}")
+    kernel = [e for e in logs("limit=2000") if e["fields"].get("source") == "kernel"]
+    check(any(e["message"].startswith("Linux version") for e in kernel), f"the kernel's boot: {kernel[:3]}")
+    check(all(e["level"] in ("debug", "info", "warn", "error") for e in kernel), "levels")
+    newest = logs("direction=backward&limit=1")
+    check(len(newest) == 1 and newest[0]["timestamp"] >= started[-1]["timestamp"], f"newest first: {newest}")
     sb.kill()
     created.remove(sb.sandbox_id)
 

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// watchers ([`Request::WatchStart`] and friends), version 9 file
 /// operations as a user (`user` on the file requests) and owners in
 /// [`FileStat`], version 10 the guest's samples of its own use
-/// ([`Request::Samples`]).
+/// ([`Request::Samples`]) and its log ([`Request::Logs`]).
 pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
@@ -50,8 +50,14 @@ pub const WATCH_VERSION: u16 = 8;
 pub const FILE_USER_VERSION: u16 = 9;
 
 /// The first protocol version whose guest samples its own use every
-/// [`SAMPLE_INTERVAL_MS`] and answers [`Request::Samples`].
+/// [`SAMPLE_INTERVAL_MS`] and answers [`Request::Samples`], and keeps a
+/// log it answers to [`Request::Logs`].
 pub const SAMPLES_VERSION: u16 = 10;
+
+/// How many log entries a guest keeps (the newest).
+pub const MAX_LOG_ENTRIES: usize = 2000;
+/// The longest message of one log entry, in bytes (longer is cut).
+pub const MAX_LOG_MESSAGE: usize = 1024;
 
 /// How often a guest samples its use.
 pub const SAMPLE_INTERVAL_MS: u64 = 5_000;
@@ -320,6 +326,34 @@ pub enum Request {
     Samples {
         since_ms: i64,
     },
+    /// The guest's log entries from `since_ms` (Unix milliseconds) on,
+    /// oldest first, at most `limit`: [`Reply::Logs`] batches, the last
+    /// with `more: false`. Protocol [`SAMPLES_VERSION`].
+    Logs {
+        since_ms: i64,
+        limit: u32,
+    },
+}
+
+/// How much a log entry matters.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// One entry of a guest's log: the kernel's messages, the guest agent's
+/// own, and what it did (commands started and ended, boot services).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LogEntry {
+    pub unix_ms: i64,
+    pub level: LogLevel,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fields: BTreeMap<String, String>,
 }
 
 /// What a guest used at one moment, as it sees it: cumulative CPU time
@@ -753,6 +787,12 @@ pub enum Reply {
     /// `more`: another batch follows.
     Samples {
         samples: Vec<GuestSample>,
+        more: bool,
+    },
+    /// Some of the log entries asked for ([`Request::Logs`]), oldest
+    /// first; `more`: another batch follows.
+    Logs {
+        entries: Vec<LogEntry>,
         more: bool,
     },
 }

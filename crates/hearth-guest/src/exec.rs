@@ -655,6 +655,15 @@ fn start(id: String, req: &ExecRequest) -> Result<Arc<Session>, StartError> {
         tokio::spawn(pump(session.clone(), channel, io, exited_rx.clone()));
     }
     tokio::spawn(stdin_writer(stdin_io, stdin_rx, session.pty.is_some()));
+    crate::logs::record(
+        hearth_guest_proto::LogLevel::Info,
+        "process started",
+        &[
+            ("pid", session.pid.to_string()),
+            ("command_id", session.id.clone()),
+            ("cmd", describe(&session.started_with)),
+        ],
+    );
     tokio::spawn(lifecycle(
         session.clone(),
         exit_rx,
@@ -746,6 +755,26 @@ async fn stdin_writer(io: Arc<FdIo>, mut rx: mpsc::UnboundedReceiver<StdinMsg>, 
     }
 }
 
+/// What a log entry says a command was: its program (the first word of
+/// its shell line), not its arguments, which may hold what its caller
+/// would not have logged.
+/// A shell's `-c` line is described by its own first word.
+fn describe(c: &CommandInfo) -> String {
+    let first = |line: &str| {
+        line.split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    match &c.argv {
+        Some(argv) => match argv.iter().position(|a| a == "-c") {
+            Some(i) if i + 1 < argv.len() => first(&argv[i + 1]),
+            _ => argv.first().cloned().unwrap_or_default(),
+        },
+        None => first(&c.command),
+    }
+}
+
 /// Waits for the exit, enforces the deadlines, and expires the session.
 async fn lifecycle(
     session: Arc<Session>,
@@ -789,7 +818,23 @@ async fn lifecycle(
             }
         }
     };
-    session.lock().exit = Some(sys::decode_status(status));
+    let (exit_code, signal) = sys::decode_status(status);
+    session.lock().exit = Some((exit_code, signal));
+    crate::logs::record(
+        hearth_guest_proto::LogLevel::Info,
+        "process ended",
+        &[
+            ("pid", session.pid.to_string()),
+            ("command_id", session.id.clone()),
+            (
+                "exit",
+                match signal {
+                    Some(s) => format!("signal {s}"),
+                    None => exit_code.to_string(),
+                },
+            ),
+        ],
+    );
     let _ = exited_tx.send(true);
     session.bump();
     // Expire the finished session after its ttl (counted from the end of output).

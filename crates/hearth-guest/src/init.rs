@@ -23,6 +23,7 @@ pub struct BootArgs {
 
 fn log(msg: &str) {
     eprintln!("hearth-guest: {msg}");
+    crate::logs::record(hearth_guest_proto::LogLevel::Info, msg, &[]);
 }
 
 pub fn boot() -> Result<BootArgs, String> {

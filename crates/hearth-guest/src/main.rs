@@ -11,6 +11,7 @@ mod exec;
 mod files;
 mod identity;
 mod init;
+mod logs;
 mod net;
 mod netconf;
 mod reaper;
@@ -60,6 +61,7 @@ fn main() {
     rt.block_on(async {
         reaper::start();
         samples::start();
+        logs::follow_kernel();
         let port = std::env::args().nth(1).map(PathBuf::from);
         serve(port).await;
     });
@@ -168,6 +170,7 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         Request::WatchStop { id } => watch::handle_stop(stream, id).await,
         Request::Commands => exec::handle_commands(stream).await,
         Request::Samples { since_ms } => samples::handle(stream, since_ms).await,
+        Request::Logs { since_ms, limit } => logs::handle(stream, since_ms, limit).await,
         Request::Attach {
             command_id,
             stdout_offset,

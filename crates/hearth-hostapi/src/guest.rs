@@ -237,6 +237,37 @@ impl GuestClient {
         }
     }
 
+    /// The guest's log from `since_ms` (Unix ms) on, oldest first, at most
+    /// `limit` entries (and never more than the guest keeps). See
+    /// [`Request::Logs`].
+    pub async fn logs(
+        &self,
+        since_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<hearth_guest_proto::LogEntry>, GuestError> {
+        self.needs(hearth_guest_proto::SAMPLES_VERSION, "the sandbox's log")?;
+        let mut s = self.request(&Request::Logs { since_ms, limit }).await?;
+        let most = (limit as usize).min(hearth_guest_proto::MAX_LOG_ENTRIES);
+        let mut out = Vec::new();
+        loop {
+            match recv_reply(&mut s.receiver).await? {
+                Reply::Logs { entries, more } => {
+                    if out.len() + entries.len() > most {
+                        return Err(GuestError::Protocol(format!(
+                            "more than the {most} log entries asked for"
+                        )));
+                    }
+                    out.extend(entries);
+                    if !more {
+                        return Ok(out);
+                    }
+                }
+                Reply::Error(op) => return Err(GuestError::Op(op)),
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+
     /// Hands `data` to the stdin of the running command `pid` without
     /// attaching to it, then closes its stdin when `close`; returns once the
     /// guest has passed it on.

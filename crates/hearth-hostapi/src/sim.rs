@@ -810,6 +810,54 @@ async fn answer(
                 }
             }
         }
+        // Its log: the kernel's boot, a command started and ended, and a
+        // warning now, milliseconds apart (just now, whenever it booted).
+        Ok(Request::Logs { since_ms, limit }) => {
+            use hearth_guest_proto::{LogEntry, LogLevel};
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let entry = |ago: i64, level, message: &str, fields: &[(&str, &str)]| LogEntry {
+                unix_ms: now - ago,
+                level,
+                message: message.to_owned(),
+                fields: fields
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            };
+            let entries: Vec<LogEntry> = [
+                entry(
+                    3,
+                    LogLevel::Info,
+                    "Linux version sim",
+                    &[("source", "kernel")],
+                ),
+                entry(
+                    2,
+                    LogLevel::Info,
+                    "process started",
+                    &[("pid", "101"), ("cmd", "echo")],
+                ),
+                entry(
+                    1,
+                    LogLevel::Info,
+                    "process ended",
+                    &[("pid", "101"), ("exit", "0")],
+                ),
+                entry(0, LogLevel::Warn, "the disk is nearly full", &[]),
+            ]
+            .into_iter()
+            .filter(|e| e.unix_ms >= since_ms)
+            .take(limit as usize)
+            .collect();
+            let _ = stream
+                .send_ctl(&Reply::Logs {
+                    entries,
+                    more: false,
+                })
+                .await;
+        }
         // Its commands end at once: none is ever running.
         Ok(Request::Commands) => {
             let _ = stream

@@ -19,6 +19,7 @@ pub(crate) use api::not_served_route;
 mod connect;
 mod envd;
 pub(crate) mod hosts;
+mod logs;
 mod metrics;
 mod rules;
 mod secrets;
@@ -219,8 +220,8 @@ pub const ROUTES: &[E2bRoute] = &[
     route("POST", "/v2/sandboxes/{id}/connect", true),
     route("GET", "/sandboxes/{id}/metrics", false),
     route("GET", "/sandboxes/metrics", false),
-    unserved("GET", "/sandboxes/{id}/logs", false),
-    unserved("GET", "/v2/sandboxes/{id}/logs", false),
+    route("GET", "/sandboxes/{id}/logs", false),
+    route("GET", "/v2/sandboxes/{id}/logs", false),
     unserved("POST", "/sandboxes/{id}/refreshes", true),
     route("POST", "/sandboxes/{id}/snapshots", true),
     route("GET", "/snapshots", false),
@@ -335,6 +336,8 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ) => on(m, api::connect),
         ("GET", "/sandboxes/{id}/metrics") => on(m, metrics::metrics),
         ("GET", "/sandboxes/metrics") => on(m, metrics::latest),
+        ("GET", "/sandboxes/{id}/logs") => on(m, logs::logs_v1),
+        ("GET", "/v2/sandboxes/{id}/logs") => on(m, logs::logs_v2),
         ("POST", "/sandboxes/{id}/snapshots") => on(m, api::create_snapshot),
         ("GET", "/snapshots") => on(m, api::list_snapshots),
         ("DELETE", "/templates/{id}") => on(m, api::delete_template),

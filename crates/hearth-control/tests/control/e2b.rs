@@ -348,8 +348,57 @@ async fn e2b_control_api_on_the_sim_host() {
     )
     .await;
     assert_eq!(r.status, 404, "another workspace's: {}", r.text());
-    // Calls not served are a 501 that says so, not a 404.
+    // Logs: the guest's own, from the sandbox's start; v2 filters by
+    // level and text, and pages either way.
     let r = call(&s, "GET", &format!("/sandboxes/{id}/logs"), &key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v1 = r.json().unwrap();
+    let messages: Vec<&str> = v1["logEntries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert!(messages.contains(&"process started"), "{v1}");
+    assert_eq!(v1["logs"].as_array().unwrap().len(), messages.len(), "{v1}");
+    assert_eq!(v1["logEntries"][1]["fields"]["pid"], "101", "{v1}");
+    let v2 = |q: &'static str| {
+        let path = format!("/v2/sandboxes/{id}/logs?{q}");
+        let key = key.clone();
+        let s = &s;
+        async move {
+            let r = call(s, "GET", &path, &key, json!({})).await;
+            assert_eq!(r.status, 200, "{q}: {}", r.text());
+            r.json().unwrap()["logs"].clone()
+        }
+    };
+    let warn = v2("level=warn").await;
+    assert_eq!(warn.as_array().unwrap().len(), 1, "{warn}");
+    assert_eq!(warn[0]["level"], "warn");
+    let ended = v2("search=ended").await;
+    assert_eq!(ended[0]["message"], "process ended", "{ended}");
+    let newest = v2("direction=backward&limit=1").await;
+    assert_eq!(newest.as_array().unwrap().len(), 1);
+    assert_eq!(newest[0]["message"], "the disk is nearly full", "{newest}");
+    let r = call(
+        &s,
+        "GET",
+        &format!("/v2/sandboxes/{id}/logs?level=fatal"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(e2b_error(&r).1.contains("level"), "{}", r.text());
+    // Calls not served are a 501 that says so, not a 404.
+    let r = call(
+        &s,
+        "POST",
+        &format!("/sandboxes/{id}/refreshes"),
+        &key,
+        json!({}),
+    )
+    .await;
     assert_eq!(r.status, 501, "{}", r.text());
 
     // envd: a wrong token is 401 before anything is looked up; the right

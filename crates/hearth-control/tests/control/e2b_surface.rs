@@ -16,8 +16,8 @@
 //! A field a new SDK adds lands in neither and is refused by the parser
 //! (every body is `deny_unknown_fields`): this test then still passes,
 //! and only a field made to act must be added to an exercise. E2B's
-//! routes Hearth does not serve (volumes, template builds, refreshes,
-//! logs) are a 501 whatever their body. On a simulated host, SQLite.
+//! routes Hearth does not serve (volumes, template builds, refreshes)
+//! are a 501 whatever their body. On a simulated host, SQLite.
 
 use std::collections::BTreeSet;
 
@@ -117,6 +117,12 @@ fn exercises() -> Vec<(&'static str, Value)> {
         // A window before now: answered without asking the (simulated)
         // guest for its figures.
         ("metrics", json!({"start": 0, "end": 1})),
+        ("logs", json!({"start": 0, "limit": 10})),
+        (
+            "logs_v2",
+            json!({"cursor": 0, "limit": 10, "direction": "backward", "level": "warn",
+                   "search": "process"}),
+        ),
     ]);
     v
 }
@@ -298,14 +304,16 @@ impl Env {
                     "snapshot" => ("POST", "snapshots"),
                     "fork" => ("POST", "fork"),
                     "network" => ("PUT", "network"),
-                    "metrics" => {
+                    // Reads: the query on the sandbox's own path.
+                    "metrics" | "logs" | "logs_v2" => {
+                        let path = match op {
+                            "metrics" => format!("/sandboxes/{id}/metrics"),
+                            "logs" => format!("/sandboxes/{id}/logs"),
+                            _ => format!("/v2/sandboxes/{id}/logs"),
+                        };
                         return self
-                            .call(
-                                "GET",
-                                &format!("/sandboxes/{id}/metrics?{}", query(&body)),
-                                &empty,
-                            )
-                            .await
+                            .call("GET", &format!("{path}?{}", query(&body)), &empty)
+                            .await;
                     }
                     other => panic!("unknown operation {other}"),
                 };
