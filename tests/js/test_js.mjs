@@ -109,7 +109,21 @@ async function e2bSandboxRunsCommandsAndFiles() {
     hidden = e instanceof NotFoundError || /not found/i.test(String(e));
   }
   check(hidden, "another workspace cannot connect to it");
-  await sbx.kill();
+  // Its metrics: the guest's own samples over its life.
+  const metrics = await sbx.getMetrics();
+  const last = metrics.at(-1);
+  check(metrics.length >= 1 && last.memTotal > last.memUsed && last.memUsed > 0, `metrics ${JSON.stringify(metrics)}`);
+  // Killed while a command runs: the command's wait rejects with the
+  // SDK's own error for a sandbox gone (a timeout, as E2B's edge says it).
+  const running = await sbx.commands.run("sleep 60", { background: true });
+  setTimeout(() => sbx.kill(), 1000);
+  let ended = null;
+  try {
+    await running.wait();
+  } catch (e) {
+    ended = e;
+  }
+  check(ended && /TimeoutError|NotRunning/.test(ended.constructor.name), `killed during a run: ${ended}`);
   made.e2b.pop();
 }
 
