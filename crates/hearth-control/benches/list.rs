@@ -59,6 +59,7 @@ async fn run(label: &str, url: &str) {
         auto_resume: false,
         lifetime: None,
         public_ports: false,
+        port_host: None,
     })
     .unwrap();
     let t = Instant::now();

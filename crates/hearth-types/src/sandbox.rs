@@ -67,6 +67,11 @@ pub struct SandboxSpec {
     /// with its traffic token or a service URL.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub public_ports: bool,
+    /// The `Host` the sandbox's services see in requests to its ports by
+    /// name, `${PORT}` standing for the port (E2B's `maskRequestHost`);
+    /// `None`: `localhost:{port}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_host: Option<String>,
     /// Ports served to signed-in members of the workspace (LangSmith's
     /// login-mode service URLs), by port: durable until the sandbox goes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -425,6 +430,7 @@ mod tests {
                 ..RuleSpec::default()
             }],
             public_ports: true,
+            port_host: None,
             service_grants: BTreeMap::from([(
                 8080,
                 ServiceGrant {

@@ -81,11 +81,12 @@ struct NewSandbox {
 
 /// E2B's `network` on create (`SandboxNetworkConfig`) and its update
 /// (`PUT /sandboxes/{id}/network`): who may reach the sandbox's ports and
-/// where it may go. Served: `allowPublicTraffic`, `allowOut` and
+/// where it may go. Served: `allowPublicTraffic`, `maskRequestHost` (the
+/// `Host` its services see), `allowOut` and
 /// `denyOut` as Hearth's allow or deny list (the egress proxy judges
 /// names as well as addresses), and transform `rules` as the proxy's
 /// header rules (`super::rules`). Refused by name: the rest (a SOCKS
-/// `egressProxy`, `maskRequestHost`, `httpsPorts`,
+/// `egressProxy`, `httpsPorts`,
 /// `dnsServers`: a sandbox resolves names through the proxy, which
 /// applies the lists to the names themselves), and exceptions to a deny
 /// list that is not everything.
@@ -97,7 +98,7 @@ pub(super) struct Network {
     deny_out: Option<Vec<String>>,
     dns_servers: Option<Value>,
     egress_proxy: Option<Value>,
-    mask_request_host: Option<Value>,
+    mask_request_host: Option<String>,
     https_ports: Option<Value>,
     rules: Option<super::rules::Rules>,
     /// Only on an update: `false` is `denyOut: ["0.0.0.0/0"]`.
@@ -126,7 +127,6 @@ impl Network {
         for (field, set) in [
             ("network.dnsServers", is_set(&n.dns_servers)),
             ("network.egressProxy", is_set(&n.egress_proxy)),
-            ("network.maskRequestHost", is_set(&n.mask_request_host)),
             (
                 "network.httpsPorts",
                 is_set(&n.https_ports) && n.https_ports != Some(Value::Array(Vec::new())),
@@ -154,7 +154,35 @@ impl Network {
     }
 }
 
+/// The placeholder of `maskRequestHost` that stands for the port.
+const PORT_PLACEHOLDER: &str = "${PORT}";
+
 impl Network {
+    /// The `Host` its services see (`maskRequestHost`), checked: a host
+    /// name or address and an optional port, `${PORT}` anywhere in it.
+    pub(super) fn port_host(net: Option<&Network>) -> E2bResult<Option<String>> {
+        let Some(mask) = net.and_then(|n| n.mask_request_host.as_deref()) else {
+            return Ok(None);
+        };
+        let bad = |why: &str| {
+            E2bError::bad_request(format!(
+                "network.maskRequestHost: {why}, as \"${{PORT}}-app.example.com\" or \"localhost:${{PORT}}\"; got {mask:?}"
+            ))
+        };
+        let sample = mask.replace(PORT_PLACEHOLDER, "65535");
+        if mask.is_empty() || mask.len() > 253 {
+            return Err(bad("a host of 1 to 253 characters"));
+        }
+        let ok = sample
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+            && sample.parse::<axum::http::uri::Authority>().is_ok();
+        if !ok {
+            return Err(bad("a host name or address with an optional port"));
+        }
+        Ok(Some(mask.to_owned()))
+    }
+
     /// The proxy's header rules of `rules` (none when there are none).
     pub(super) fn proxy_rules(
         net: Option<&Network>,
@@ -310,6 +338,38 @@ struct DetailBody {
     /// Only for a sandbox made with a lifetime (through E2B's API).
     #[serde(skip_serializing_if = "Option::is_none")]
     lifecycle: Option<LifecycleBody>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network: Option<NetworkBody>,
+}
+
+/// E2B's `SandboxNetworkConfig` as a sandbox's detail reports it: what
+/// Hearth keeps of it (transform rules' values are sealed: not shown).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkBody {
+    allow_public_traffic: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mask_request_host: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    allow_out: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    deny_out: Vec<String>,
+}
+
+/// The network E2B reports of a sandbox its spec says.
+fn network(row: &SandboxRow) -> Option<NetworkBody> {
+    let spec = spec_of(row).ok()?;
+    let (allow_out, deny_out) = match spec.egress.and_then(|e| e.access) {
+        Some(AccessSpec::AllowList(allow)) => (allow, vec![ALL_TRAFFIC.to_owned()]),
+        Some(AccessSpec::DenyList(deny)) => (Vec::new(), deny),
+        None => (Vec::new(), Vec::new()),
+    };
+    Some(NetworkBody {
+        allow_public_traffic: spec.public_ports,
+        mask_request_host: spec.port_host,
+        allow_out,
+        deny_out,
+    })
 }
 
 /// E2B's `SandboxLifecycle`.
@@ -388,6 +448,7 @@ impl Control {
             envd_access_token: tokens.map(|t| t.envd.clone()),
             domain: self.cfg.sandbox_domain.clone(),
             lifecycle: lifecycle(row),
+            network: network(row),
         })
     }
 
@@ -508,6 +569,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, life: E2bLifecycle) -> E2bResult<S
             mounts: Vec::new(),
             mount_rules: Vec::new(),
             public_ports: Network::public(req.network.as_ref()),
+            port_host: Network::port_host(req.network.as_ref())?,
             service_grants: Default::default(),
             auto_resume: life.auto_resume,
             lifetime: Some(life.lifetime),
@@ -1109,11 +1171,16 @@ pub async fn update_network(
     // Refused before the lookup (see `kill`).
     who.require("sandboxes:update")?;
     let net: Network = json_body(&body?.0)?;
-    if net.allow_public_traffic.is_some() {
-        return Err(not_served(
-            "allowPublicTraffic",
-            "set on create; an update does not change it",
-        ));
+    for (field, set) in [
+        ("allowPublicTraffic", net.allow_public_traffic.is_some()),
+        ("maskRequestHost", net.mask_request_host.is_some()),
+    ] {
+        if set {
+            return Err(not_served(
+                field,
+                "set on create; an update does not change it",
+            ));
+        }
     }
     let access = Network::access(Some(&net), None)?;
     let rules = Network::proxy_rules(Some(&net))?;

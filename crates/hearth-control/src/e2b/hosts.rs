@@ -238,7 +238,8 @@ async fn to_port(
     };
     c.touch(&access.row).await;
     // The request's own Host named the sandbox; the service sees its own
-    // (a login grant's service, the host its user token names).
+    // (a login grant's service, the host its user token names), or the
+    // one the sandbox was made to show (E2B's `maskRequestHost`).
     req.headers_mut().remove(header::HOST);
     let service_host = match access.user_token {
         Some((token, host)) => {
@@ -246,7 +247,10 @@ async fn to_port(
                 .insert(crate::login::USER_TOKEN_HEADER, token);
             Some(host)
         }
-        None => None,
+        None => crate::domain::queries::spec_of(&access.row)
+            .ok()
+            .and_then(|s| s.port_host)
+            .map(|mask| mask.replace("${PORT}", &port.to_string())),
     };
     let client_side = wants_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
     let path_and_query = req

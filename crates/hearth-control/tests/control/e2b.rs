@@ -841,6 +841,62 @@ async fn e2b_sandbox_hosts_by_name_reach_its_ports() {
         "a domain cookie would reach every sandbox"
     );
 
+    // A sandbox made to show its services another Host
+    // (`maskRequestHost`): they see it, `${PORT}` their port, and its
+    // detail says so; a mask that is not a host, or one an update would
+    // change, is refused naming it.
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "network": {"maskRequestHost": "${PORT}-app.example.com"}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let masked = r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned();
+    let r = to_host(
+        &s,
+        &format!("{SIM_HTTP_PORT}-{masked}.{TEST_DOMAIN}"),
+        "/",
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = r.json().unwrap().to_string();
+    assert!(
+        seen.contains(&format!("host: {SIM_HTTP_PORT}-app.example.com")),
+        "{seen}"
+    );
+    let d = detail(&s, &key, &masked).await;
+    assert_eq!(
+        d["network"]["maskRequestHost"], "${PORT}-app.example.com",
+        "{d}"
+    );
+    assert_eq!(d["network"]["allowPublicTraffic"], true, "{d}");
+    for mask in ["", "a b", "app.example.com/x", "${PORT}\r\nx: y"] {
+        let r = call(
+            &s,
+            "POST",
+            "/v2/sandboxes",
+            &key,
+            json!({"templateID": "base", "network": {"maskRequestHost": mask}}),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{mask:?}: {}", r.text());
+        assert!(e2b_error(&r).1.contains("maskRequestHost"), "{}", r.text());
+    }
+    let r = call(
+        &s,
+        "PUT",
+        &format!("/sandboxes/{masked}/network"),
+        &key,
+        json!({"maskRequestHost": "other.example.com"}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(e2b_error(&r).1.contains("maskRequestHost"), "{}", r.text());
+
     // Nothing listens: E2B's 502, in its shape.
     let r = to_host(&s, &format!("9000-{id}.{TEST_DOMAIN}"), "/", &[]).await;
     assert_eq!(e2b_error(&r).0, 502, "{}", r.text());
@@ -1151,7 +1207,7 @@ async fn e2b_network_on_create_and_update() {
         assert!(message.contains(field), "{body}: {message}");
     }
     for (net, field) in [
-        (json!({"maskRequestHost": "x"}), "network.maskRequestHost"),
+        (json!({"maskRequestHost": "x y"}), "network.maskRequestHost"),
         (json!({"httpsPorts": [8443]}), "network.httpsPorts"),
     ] {
         let r = call(

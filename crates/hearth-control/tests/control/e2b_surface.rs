@@ -65,7 +65,8 @@ fn exercises() -> Vec<(&'static str, Value)> {
                 "autoPauseMemory": true, "autoResume": {"enabled": true},
                 "allow_internet_access": true,
                 "network": {"allowPublicTraffic": true, "allowOut": ["api.test"],
-                            "denyOut": ["0.0.0.0/0"], "rules": rules()},
+                            "denyOut": ["0.0.0.0/0"], "rules": rules(),
+                            "maskRequestHost": "localhost:${PORT}"},
                 "metadata": {"team": "a"}, "envVars": {"A": "1"},
             }),
         ));
