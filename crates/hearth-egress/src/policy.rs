@@ -57,6 +57,12 @@ pub struct Policy {
 pub enum Access {
     AllowList(Vec<HostPattern>),
     DenyList(Vec<HostPattern>),
+    /// Everything but `deny`; what `allow` matches passes whatever `deny`
+    /// says.
+    DenyExcept {
+        deny: Vec<HostPattern>,
+        allow: Vec<HostPattern>,
+    },
 }
 
 /// One enabled header-injection rule.
@@ -283,6 +289,10 @@ impl Policy {
                 "access_control.deny_list",
                 list,
             )?)),
+            Some(AccessSpec::DenyExcept { deny, allow }) => Some(Access::DenyExcept {
+                deny: patterns("access_control.deny_list", deny)?,
+                allow: patterns("access_control.allow_list", allow)?,
+            }),
         };
         let mut rules = Vec::new();
         for (i, rule) in spec.rules.iter().enumerate() {
@@ -459,6 +469,17 @@ impl Policy {
                     NameVerdict::Refused(Refusal::NotAllowed { host: name.into() })
                 }
             }
+            Some(Access::DenyExcept { deny, allow }) => {
+                if allow.iter().any(|p| p.matches_name(name)) {
+                    NameVerdict::Allowed
+                } else if deny.iter().any(|p| p.matches_name(name))
+                    && allow.iter().all(|p| p.is_name_pattern())
+                {
+                    NameVerdict::Refused(Refusal::Denied { host: name.into() })
+                } else {
+                    NameVerdict::NeedsAddress
+                }
+            }
         }
     }
 
@@ -487,6 +508,17 @@ impl Policy {
                     Err(Refusal::Denied { host })
                 } else {
                     Ok(())
+                }
+            }
+            Some(Access::DenyExcept { deny, allow }) => {
+                let hit = |list: &[HostPattern]| {
+                    list.iter()
+                        .any(|p| p.matches_ip(ip) || name.is_some_and(|n| p.matches_name(n)))
+                };
+                if hit(allow) || !hit(deny) {
+                    Ok(())
+                } else {
+                    Err(Refusal::Denied { host })
                 }
             }
         }
@@ -745,6 +777,46 @@ mod tests {
         assert!(p
             .check(Some("fine.test"), "198.51.100.4".parse().unwrap())
             .is_err());
+    }
+
+    /// E2B's `denyOut` with `allowOut`: what the allow list matches
+    /// passes whatever the deny list says; the rest of the deny list is
+    /// refused; everything else passes.
+    #[test]
+    fn a_deny_list_with_exceptions_lets_the_exceptions_through() {
+        let spec = hearth_types::egress::EgressSpec {
+            access: Some(AccessSpec::DenyExcept {
+                deny: vec!["10.0.0.0/8".into(), "evil.test".into()],
+                allow: vec!["10.1.2.3".into(), "ok.evil.test".into()],
+            }),
+            ..Default::default()
+        };
+        let p = Policy::from_spec(&spec, &mut |v| Ok(raw(v))).unwrap();
+        let ip = |s: &str| s.parse().unwrap();
+        assert!(p.check(None, ip("10.1.2.3")).is_ok());
+        assert!(p.check(None, ip("10.9.9.9")).is_err());
+        assert!(p.check(Some("elsewhere.test"), ip("203.0.113.1")).is_ok());
+        assert!(p.check(Some("evil.test"), ip("203.0.113.1")).is_err());
+        // An exception by name, though its address is denied.
+        assert!(p.check(Some("ok.evil.test"), ip("10.9.9.9")).is_ok());
+        assert_eq!(p.name_verdict("ok.evil.test"), NameVerdict::Allowed);
+        // A denied name may still reach an allowed address: judged on it.
+        assert_eq!(p.name_verdict("evil.test"), NameVerdict::NeedsAddress);
+        let names = Policy::from_spec(
+            &hearth_types::egress::EgressSpec {
+                access: Some(AccessSpec::DenyExcept {
+                    deny: vec!["evil.test".into()],
+                    allow: vec!["ok.evil.test".into()],
+                }),
+                ..Default::default()
+            },
+            &mut |v| Ok(raw(v)),
+        )
+        .unwrap();
+        assert!(matches!(
+            names.name_verdict("evil.test"),
+            NameVerdict::Refused(_)
+        ));
     }
 
     fn rule(name: &str, hosts: &[&str]) -> ProxyRule {

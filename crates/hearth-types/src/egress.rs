@@ -24,12 +24,18 @@ pub struct EgressSpec {
 }
 
 /// An allow list or a deny list of host patterns (exact names, `*.globs`,
-/// IPs, CIDRs, `~regex`).
+/// IPs, CIDRs, `~regex`), or a deny list with exceptions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AccessSpec {
     AllowList(Vec<String>),
     DenyList(Vec<String>),
+    /// Everything but `deny`, where `allow` takes precedence (E2B's
+    /// `denyOut` with `allowOut`).
+    DenyExcept {
+        deny: Vec<String>,
+        allow: Vec<String>,
+    },
 }
 
 /// A header-injection rule.

@@ -721,6 +721,11 @@ impl ProxyConfig {
                     allow_list: None,
                     deny_list: Some(l.clone()),
                 },
+                // E2B's door makes it; LangSmith's reads show both lists.
+                AccessSpec::DenyExcept { deny, allow } => AccessControl {
+                    allow_list: Some(allow.clone()),
+                    deny_list: Some(deny.clone()),
+                },
             }),
             no_proxy: Vec::new(),
             description: spec.description.clone(),

@@ -83,13 +83,12 @@ struct NewSandbox {
 /// (`PUT /sandboxes/{id}/network`): who may reach the sandbox's ports and
 /// where it may go. Served: `allowPublicTraffic`, `maskRequestHost` (the
 /// `Host` its services see), `allowOut` and
-/// `denyOut` as Hearth's allow or deny list (the egress proxy judges
-/// names as well as addresses), and transform `rules` as the proxy's
-/// header rules (`super::rules`). Refused by name: the rest (a SOCKS
-/// `egressProxy`, `httpsPorts`,
-/// `dnsServers`: a sandbox resolves names through the proxy, which
-/// applies the lists to the names themselves), and exceptions to a deny
-/// list that is not everything.
+/// `denyOut` as Hearth's allow or deny list, or a deny list with
+/// exceptions (allow takes precedence; the egress proxy judges names as
+/// well as addresses), and transform `rules` as the proxy's header rules
+/// (`super::rules`). Refused by name: the rest (a SOCKS `egressProxy`,
+/// `httpsPorts`, `dnsServers`: a sandbox resolves names through the
+/// proxy, which applies the lists to the names themselves).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct Network {
@@ -146,10 +145,8 @@ impl Network {
         match (deny.is_empty(), allow.is_empty()) {
             (true, _) => Ok(None),
             (false, true) => Ok(Some(AccessSpec::DenyList(deny))),
-            (false, false) => Err(not_served(
-                "network.allowOut",
-                "exceptions to a deny list that is not all traffic are not served: deny 0.0.0.0/0 and allow what may be reached, or deny without exceptions",
-            )),
+            // Allow takes precedence (E2B's rule).
+            (false, false) => Ok(Some(AccessSpec::DenyExcept { deny, allow })),
         }
     }
 }
@@ -362,6 +359,7 @@ fn network(row: &SandboxRow) -> Option<NetworkBody> {
     let (allow_out, deny_out) = match spec.egress.and_then(|e| e.access) {
         Some(AccessSpec::AllowList(allow)) => (allow, vec![ALL_TRAFFIC.to_owned()]),
         Some(AccessSpec::DenyList(deny)) => (Vec::new(), deny),
+        Some(AccessSpec::DenyExcept { deny, allow }) => (allow, deny),
         None => (Vec::new(), Vec::new()),
     };
     Some(NetworkBody {
