@@ -681,9 +681,11 @@ def test_metrics_are_the_guests_own():
     check(0 < m.mem_used < m.mem_total, f"memory: {m}")
     check(m.mem_total > 100 << 20, f"the guest's memory, not a default: {m}")
     check(20_000_000 <= m.disk_used < m.disk_total, f"the root filesystem holds the file: {m}")
-    # Five seconds apart, give or take what a busy vCPU delays the agent.
+    # Every five seconds, give or take what the busy vCPU (and a loaded
+    # host) delays the agent's timer: a late sample is late, a missed
+    # one is skipped.
     gaps = [(b.timestamp - a.timestamp).total_seconds() for a, b in zip(series, series[1:])]
-    check(all(4 <= g <= 7 for g in gaps), f"five seconds apart: {gaps}")
+    check(all(1 <= g <= 11 for g in gaps), f"every five seconds or so: {gaps}")
     age = (datetime.now(timezone.utc) - m.timestamp).total_seconds()
     check(abs(age) < 30, f"measured lately: {m.timestamp}")
     check(sb.get_metrics(start=datetime.now(timezone.utc).replace(year=2099)) == [],
