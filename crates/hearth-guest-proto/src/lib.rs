@@ -16,6 +16,7 @@
 pub mod frame;
 pub mod msg;
 pub mod mux;
+pub mod procfs;
 
 pub use frame::{Frame, FrameCodec, FrameError, FrameKind, MAX_PAYLOAD};
 pub use msg::*;

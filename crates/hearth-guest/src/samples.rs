@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hearth_guest_proto::{
-    GuestSample, Reply, Stream, MAX_SAMPLES, SAMPLES_PER_REPLY, SAMPLE_INTERVAL_MS,
+    procfs, GuestSample, Reply, Stream, MAX_SAMPLES, SAMPLES_PER_REPLY, SAMPLE_INTERVAL_MS,
 };
 
 static SAMPLES: Mutex<VecDeque<GuestSample>> = Mutex::new(VecDeque::new());
@@ -50,9 +50,14 @@ fn keep(s: GuestSample) {
 
 fn take() -> Result<GuestSample, String> {
     let read = |p: &str| std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"));
-    let (cpu_busy, cpu_total) = cpu_ticks(&read("/proc/stat")?).ok_or("/proc/stat: no cpu line")?;
+    let stat = read("/proc/stat")?;
+    let (cpu_busy, cpu_total) = stat
+        .lines()
+        .next()
+        .and_then(procfs::cpu_ticks)
+        .ok_or("/proc/stat: no cpu line")?;
     let mem = read("/proc/meminfo")?;
-    let kib = |key| meminfo(&mem, key).ok_or(format!("/proc/meminfo: no {key}"));
+    let kib = |key| procfs::meminfo_bytes(&mem, key).ok_or(format!("/proc/meminfo: no {key}"));
     let (disk_total, disk_available, disk_used) = disk("/")?;
     Ok(GuestSample {
         unix_ms: SystemTime::now()
@@ -67,31 +72,6 @@ fn take() -> Result<GuestSample, String> {
         disk_available,
         disk_used,
     })
-}
-
-/// (busy, total) ticks of `/proc/stat`'s `cpu` line: idle and iowait are
-/// not use; guest time is already in user.
-fn cpu_ticks(stat: &str) -> Option<(u64, u64)> {
-    let line = stat.lines().next()?;
-    let mut it = line.split_whitespace();
-    if it.next()? != "cpu" {
-        return None;
-    }
-    let v: Vec<u64> = it.map(|f| f.parse().ok()).collect::<Option<_>>()?;
-    if v.len() < 4 {
-        return None;
-    }
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v[3] + v.get(4).copied().unwrap_or(0);
-    Some((total - idle, total))
-}
-
-/// A `/proc/meminfo` figure, in bytes.
-fn meminfo(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|k| k * 1024)
 }
 
 /// (total, available, used) bytes of the filesystem at `path`.
@@ -158,8 +138,6 @@ mod tests {
         assert!(s.cpu_total >= s.cpu_busy && s.cpu_total > 0);
         assert!(s.mem_total > s.mem_available && s.mem_available > 0);
         assert!(s.disk_total >= s.disk_used && s.disk_total > 0);
-        assert_eq!(cpu_ticks("cpu  10 0 5 80 5 0 0 0 0 0\n"), Some((15, 100)));
-        assert_eq!(cpu_ticks("intr 1 2 3\n"), None);
     }
 
     #[test]

@@ -54,29 +54,12 @@ struct GuestFigures {
     disk_total: u64,
 }
 
-/// (busy, total) jiffies of a `/proc/stat` `cpu` line.
-fn cpu_line(line: &str) -> Option<(u64, u64)> {
-    let mut it = line.split_whitespace();
-    if it.next()? != "cpu" {
-        return None;
-    }
-    let v: Vec<u64> = it.map(|f| f.parse().ok()).collect::<Option<_>>()?;
-    if v.len() < 4 {
-        return None;
-    }
-    // user nice system idle iowait irq softirq steal (guest time is
-    // already in user): idle and iowait are not use.
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v[3] + v.get(4).copied().unwrap_or(0);
-    Some((total - idle, total))
-}
-
 fn parse(out: &str) -> Result<GuestFigures, String> {
     let mut lines = out.lines();
     let mut cpu = || {
         lines
             .next()
-            .and_then(cpu_line)
+            .and_then(hearth_guest_proto::procfs::cpu_ticks)
             .ok_or("no cpu line from /proc/stat")
     };
     let (busy0, total0) = cpu()?;
@@ -87,12 +70,7 @@ fn parse(out: &str) -> Result<GuestFigures, String> {
     } else {
         (dbusy as f64 * 100.0 / dtotal as f64).clamp(0.0, 100.0)
     };
-    let kib = |key: &str| -> Option<u64> {
-        out.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map(|k| k * 1024)
-    };
+    let kib = |key: &str| hearth_guest_proto::procfs::meminfo_bytes(out, key);
     let mem_total = kib("MemTotal").ok_or("no MemTotal in /proc/meminfo")?;
     let available = kib("MemAvailable").ok_or("no MemAvailable in /proc/meminfo")?;
     let mem_cache = kib("Cached").unwrap_or(0);

@@ -25,30 +25,7 @@ use serde_json::{json, Value};
 
 use crate::harness::{Resp, Server};
 
-use crate::sdk_surface::python;
-
-/// Every field path in `v` (`a.b[].c`), containers included.
-fn paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
-    match v {
-        Value::Object(o) => {
-            for (k, child) in o {
-                let p = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                out.insert(p.clone());
-                paths(child, &p, out);
-            }
-        }
-        Value::Array(a) => {
-            for child in a {
-                paths(child, &format!("{prefix}[]"), out);
-            }
-        }
-        _ => {}
-    }
-}
+use crate::sdk_surface::{paths, surface};
 
 fn rules() -> Value {
     json!({"api.test": [{"transform": {"headers": {"X-Surface": "surface"}}}]})
@@ -332,30 +309,7 @@ fn rand_suffix() -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_e2b_sdk_field_acts_or_is_refused_naming_it() {
-    let out = std::process::Command::new(python::sdk_python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/e2b/surface.py"
-        ))
-        .output()
-        .expect("run tests/e2b/surface.py");
-    assert!(
-        out.status.success(),
-        "surface.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let surface: Vec<(String, String, Value)> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            (
-                v["op"].as_str().unwrap().to_owned(),
-                v["path"].as_str().unwrap().to_owned(),
-                v["body"].clone(),
-            )
-        })
-        .collect();
+    let surface = surface("tests/e2b/surface.py");
     assert!(
         surface.len() >= 100,
         "the SDK's surface shrank to {} fields: is surface.py still finding its models?",

@@ -170,7 +170,7 @@ fn query(params: &Value) -> String {
 }
 
 /// Every field path in `v` (`a.b[].c`), containers included.
-fn paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+pub(crate) fn paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
     match v {
         Value::Object(o) => {
             for (k, child) in o {
@@ -509,21 +509,19 @@ async fn resolve(e: &Env, v: &mut Value) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_sdk_field_acts_or_is_refused_naming_it() {
+/// What a surface script (`tests/sdk/surface.py`, `tests/e2b/surface.py`,
+/// relative to the repository) prints: (operation, field path, body).
+pub(crate) fn surface(script: &str) -> Vec<(String, String, Value)> {
     let out = std::process::Command::new(python::sdk_python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/sdk/surface.py"
-        ))
+        .arg(format!("{}/../../{script}", env!("CARGO_MANIFEST_DIR")))
         .output()
-        .expect("run tests/sdk/surface.py");
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
     assert!(
         out.status.success(),
-        "surface.py: {}",
+        "{script}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let surface: Vec<(String, String, Value)> = String::from_utf8(out.stdout)
+    String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| {
@@ -534,7 +532,12 @@ async fn every_sdk_field_acts_or_is_refused_naming_it() {
                 v["body"].clone(),
             )
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sdk_field_acts_or_is_refused_naming_it() {
+    let surface = surface("tests/sdk/surface.py");
     assert!(
         surface.len() >= 200,
         "the SDK's surface shrank to {} fields: is surface.py still finding its types?",
