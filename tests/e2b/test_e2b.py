@@ -174,12 +174,14 @@ def test_create_run_files_and_kill():
     # "not running" (the stream ends UNAVAILABLE and envd's health says the
     # sandbox "was not found"), not an internal error.
     running = sb.commands.run("sleep 60", background=True)
-    threading.Timer(1.0, sb.kill).start()
+    killer = threading.Timer(1.0, sb.kill)
+    killer.start()
     try:
         running.wait()
         raise AssertionError("a command of a killed sandbox ended normally")
     except SandboxNotRunningException:
         pass
+    killer.join()
     check(not sb.is_running(), "a killed sandbox is not running")
     created.remove(sb.sandbox_id)
 

@@ -116,13 +116,15 @@ async function e2bSandboxRunsCommandsAndFiles() {
   // Killed while a command runs: the command's wait rejects with the
   // SDK's own error for a sandbox gone (a timeout, as E2B's edge says it).
   const running = await sbx.commands.run("sleep 60", { background: true });
-  setTimeout(() => sbx.kill(), 1000);
+  const killed = new Promise((resolve) => setTimeout(() => resolve(sbx.kill()), 1000));
   let ended = null;
   try {
     await running.wait();
   } catch (e) {
     ended = e;
   }
+  // The kill has answered (the sandbox is gone, not still going).
+  await killed;
   check(ended && /TimeoutError|NotRunning/.test(ended.constructor.name), `killed during a run: ${ended}`);
   made.e2b.pop();
 }
