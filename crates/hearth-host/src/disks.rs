@@ -42,6 +42,22 @@ pub struct DiskRequest<'a> {
     pub fence: u64,
 }
 
+/// A workspace volume a boot attaches beside the root disk
+/// ([`hearth_types::sandbox::MountSource::Volume`]).
+#[derive(Clone, Copy, Debug)]
+pub struct VolumeRequest<'a> {
+    pub vm: VmId,
+    /// The VM's own directory (the volume's local file lives here).
+    pub dir: &'a Path,
+    /// The VM's runtime directory (its socket lives here).
+    pub run_dir: &'a Path,
+    /// Its place among the VM's volumes: names its socket and local file.
+    pub index: usize,
+    pub mount: &'a hearth_types::sandbox::VolumeMount,
+    /// The VM's placement generation: the low half of the commits' fence.
+    pub fence: u64,
+}
+
 /// A boxed future, so that providers can sit behind `dyn`.
 pub type DiskFuture<'a> = Pin<Box<dyn Future<Output = Result<DiskSpec, HostError>> + Send + 'a>>;
 /// A boxed future of a provider operation without a result.
@@ -53,8 +69,14 @@ pub trait DiskProvider: Send + Sync {
     /// storage, fresh or kept as asked, at least `size` large.
     fn prepare<'a>(&'a self, req: DiskRequest<'a>) -> DiskFuture<'a>;
 
+    /// A volume to attach beside the root disk, ready to attach: its last
+    /// generation (an empty ext4 filesystem of its size the first time),
+    /// kept by a writer's commits, or read and dropped by a reader's.
+    fn prepare_volume<'a>(&'a self, req: VolumeRequest<'a>) -> DiskFuture<'a>;
+
     /// The VM's VMM has exited (stop, kill or crash): a persistent disk
-    /// keeps what was written (committed), any other drops it.
+    /// keeps what was written (committed), any other drops it; so do its
+    /// volumes, a writer's committed, a reader's dropped.
     fn release<'a>(&'a self, vm: VmId) -> UnitFuture<'a>;
 
     /// The VM is deleted: its disk goes, wherever it is kept.
@@ -114,6 +136,10 @@ impl DiskProvider for QcowOverlays {
             }
             Ok(DiskSpec::file(overlay, DiskFormat::Qcow2))
         })
+    }
+
+    fn prepare_volume<'a>(&'a self, _req: VolumeRequest<'a>) -> DiskFuture<'a> {
+        Box::pin(async { Err(HostError::NeedsStore("a volume")) })
     }
 
     fn release<'a>(&'a self, _vm: VmId) -> UnitFuture<'a> {

@@ -39,7 +39,7 @@ pub use templates::TEMPLATE_IDLE;
 use watch::*;
 
 use crate::block::GenerationDisks;
-use crate::disks::{DiskProvider, DiskRequest, QcowOverlays};
+use crate::disks::{DiskProvider, DiskRequest, QcowOverlays, VolumeRequest};
 use crate::guest::GuestClient;
 use crate::vm::{BootFrom, MemoryVolumes, Vm, VmRecord, VmState};
 pub use hearth_hostapi::types::{Captured, CreateVm, Resize};

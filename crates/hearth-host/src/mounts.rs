@@ -136,6 +136,34 @@ done
 echo "$pid" > "$state/$key.pid"
 "#;
 
+/// Mounts the ext4 volume whose disk has serial `$2` at `$1` (read-only
+/// when `$3` is `ro`), unless `$1` is mounted already. A reader mounts
+/// without writing its journal back (`ro`; the replay goes to a copy the
+/// volume never sees).
+const VOLUME: &str = r#"set -eu
+p="$1"; serial="$2"; mode="$3"
+# Mounted already (a resumed VM): the directory is on another device than
+# its parent (busybox has no mountpoint).
+if [ -d "$p" ] && [ "$(stat -c %d "$p")" != "$(stat -c %d "$p/..")" ]; then exit 0; fi
+dev=
+for d in /sys/block/vd*; do
+  if [ "$(cat "$d/serial" 2>/dev/null)" = "$serial" ]; then dev="/dev/${d##*/}"; fi
+done
+if [ -z "$dev" ]; then
+  echo "no disk with serial $serial is attached" >&2
+  exit 1
+fi
+mkdir -p "$p"
+if [ -n "$(ls -A "$p")" ]; then
+  echo "$p already holds files" >&2
+  exit 1
+fi
+mount -t ext4 -o "$mode,noatime" "$dev" "$p"
+# A new volume is empty: mkfs's lost+found is not the user's (fsck makes
+# it again when it needs it).
+if [ "$mode" = rw ] && [ -d "$p/lost+found" ]; then rmdir "$p/lost+found" 2>/dev/null || true; fi
+"#;
+
 /// The dummy key an S3 mount's client signs with; the proxy signs again
 /// with the real one.
 pub const DUMMY_KEY: &str = "hearth-proxy-signs";
@@ -150,6 +178,10 @@ pub fn make_request(m: &MountSpec) -> ExecRequest {
         }
         MountSource::S3(s3) => bucket_request(m, s3_remote(s3), &s3.options),
         MountSource::Gcs(g) => bucket_request(m, gcs_remote(g), &g.options),
+        MountSource::Volume(v) => {
+            let mode = if v.read_only { "ro" } else { "rw" };
+            script(VOLUME, &[&m.path, &v.serial(), mode], MAKE_TIMEOUT)
+        }
     }
 }
 
@@ -334,11 +366,13 @@ pub(crate) async fn make(vm: &Vm, guest: &GuestClient, has_network: bool) -> Res
         id: vm.id,
         reason: format!("mount '{}' at {}: {why}", m.id, m.path),
     };
-    if !has_network {
-        return Err(fail(
-            &mounts[0],
-            "this host runs sandboxes without a network, and a mount comes over it".into(),
-        ));
+    if let Some(m) = mounts.iter().find(|m| m.volume().is_none()) {
+        if !has_network {
+            return Err(fail(
+                m,
+                "this host runs sandboxes without a network, and this mount comes over it".into(),
+            ));
+        }
     }
     let started = Instant::now();
     for m in &mounts {

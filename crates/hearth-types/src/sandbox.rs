@@ -143,6 +143,49 @@ pub enum MountSource {
     /// A Google Cloud Storage bucket (or a prefix of one), likewise; the
     /// proxy adds its OAuth tokens.
     Gcs(GcsMount),
+    /// A volume of the workspace: an ext4 disk of its own in the store,
+    /// attached to the VM as a block device and mounted at the path.
+    Volume(VolumeMount),
+}
+
+/// A workspace volume held by a sandbox (see [`MountSource::Volume`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMount {
+    /// The volume's id (its disk is the store volume `volume-<id>`).
+    pub volume: String,
+    /// Its capacity: the filesystem made at its first attach fills it.
+    pub size: crate::ByteSize,
+    /// Mounted read-only, its writes never kept; else this sandbox is its
+    /// one writer, whose writes are committed like a persistent disk's.
+    pub read_only: bool,
+    /// Which hold of the volume this is (it moves forward at every
+    /// attach): the high half of the fence its commits carry, so that a
+    /// writer that held it before can commit no more.
+    pub hold: u32,
+}
+
+impl VolumeMount {
+    /// The disk's serial (what the guest finds the device by).
+    pub fn serial(&self) -> String {
+        let tail: String = self.volume.chars().rev().take(12).collect();
+        format!("hv-{}", tail.chars().rev().collect::<String>())
+    }
+
+    /// The fence of this hold's commits at placement generation `fence`.
+    pub fn fence(&self, fence: u64) -> u64 {
+        (u64::from(self.hold) << 32) | (fence & 0xffff_ffff)
+    }
+}
+
+impl MountSpec {
+    /// The volume this mount attaches, if it is one.
+    pub fn volume(&self) -> Option<&VolumeMount> {
+        match &self.source {
+            MountSource::Volume(v) => Some(v),
+            _ => None,
+        }
+    }
 }
 
 /// An S3 bucket mount.

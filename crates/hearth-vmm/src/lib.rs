@@ -166,6 +166,9 @@ pub struct Limits {
 pub struct DiskSpec {
     pub source: DiskSource,
     pub read_only: bool,
+    /// The device's serial (`/sys/block/vdX/serial` in the guest), by
+    /// which the guest finds a disk among several.
+    pub serial: Option<String>,
 }
 
 /// Where a [`DiskSpec`]'s blocks come from. The guest sees the same
@@ -189,6 +192,7 @@ impl DiskSpec {
                 format,
             },
             read_only: false,
+            serial: None,
         }
     }
 
@@ -201,12 +205,20 @@ impl DiskSpec {
                 export: export.into(),
             },
             read_only: false,
+            serial: None,
         }
     }
 
     /// The same disk, read-only (`/sys/block/vdX/ro` is 1 in the guest).
     pub fn with_read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
+        self
+    }
+
+    /// The same disk, with serial `serial` (at most 20 bytes, of
+    /// `[A-Za-z0-9_-]`: QEMU's limit, and nothing its options parse).
+    pub fn with_serial(mut self, serial: impl Into<String>) -> Self {
+        self.serial = Some(serial.into());
         self
     }
 }

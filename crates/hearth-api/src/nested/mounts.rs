@@ -305,7 +305,9 @@ impl MountConfig {
 
     /// The mount config a sandbox's answer shows for its mounts, with the
     /// credentials its rules hold (`opaque` values as `is_set` only).
+    /// Volumes are not among them (a sandbox shows them as `volumes`).
     pub fn from_specs(specs: &[MountSpec], rules: &[RuleSpec]) -> Option<Self> {
+        let specs: Vec<&MountSpec> = specs.iter().filter(|m| m.volume().is_none()).collect();
         if specs.is_empty() {
             return None;
         }
@@ -358,6 +360,8 @@ impl MountConfig {
                         ));
                         opts(&g.options, &mut out);
                     }
+                    // Filtered out above.
+                    MountSource::Volume(_) => {}
                 }
                 out
             })

@@ -33,7 +33,9 @@ use hearth_store::{Manifest, ManifestDraft, ScopeId, Store, StoreError, VolumeId
 use hearth_types::VmId;
 use hearth_vmm::DiskSpec;
 
-use crate::disks::{DiskFuture, DiskProvider, DiskRequest, UnitFuture, DISK_RESERVE};
+use crate::disks::{
+    DiskFuture, DiskProvider, DiskRequest, UnitFuture, VolumeRequest, DISK_RESERVE,
+};
 use crate::error::HostError;
 pub use volume::{Target, Volume};
 
@@ -49,6 +51,8 @@ pub struct GenerationDisks {
     /// How often a running VM's disk is committed.
     commit_interval: Duration,
     attached: Mutex<HashMap<VmId, Attached>>,
+    /// VMs' workspace volumes, by VM and place among its volumes.
+    volumes: Mutex<HashMap<(VmId, usize), Attached>>,
     /// Serializes image imports (one import per image, ever).
     importing: tokio::sync::Mutex<()>,
     /// Scopes of deleted volumes waiting for [`GenerationDisks::retire`]'s
@@ -85,6 +89,7 @@ impl GenerationDisks {
             data_dir: data_dir.into(),
             commit_interval,
             attached: Mutex::new(HashMap::new()),
+            volumes: Mutex::new(HashMap::new()),
             importing: tokio::sync::Mutex::new(()),
             retiring: Arc::default(),
         }
@@ -167,6 +172,16 @@ impl GenerationDisks {
 
     fn attached(&self) -> std::sync::MutexGuard<'_, HashMap<VmId, Attached>> {
         self.attached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn volumes(&self) -> std::sync::MutexGuard<'_, HashMap<(VmId, usize), Attached>> {
+        self.volumes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The store volume of workspace volume `id` (see
+    /// [`hearth_types::sandbox::VolumeMount`]).
+    pub fn workspace_volume(id: &str) -> Result<VolumeId, StoreError> {
+        format!("volume-{id}").parse()
     }
 
     /// The volume of a VM's disk.
@@ -378,6 +393,141 @@ impl GenerationDisks {
         Ok(DiskSpec::nbd(socket, EXPORT))
     }
 
+    /// Attaches a workspace volume beside the VM's root disk (see
+    /// [`DiskProvider::prepare_volume`]). A writer claims the volume at
+    /// its hold's fence (a former holder can commit no more) and commits
+    /// like a persistent disk; a reader's writes (ext4 replaying its
+    /// journal under a read-only mount) stay in its local file and go
+    /// when it stops. The device is writable either way: the read-only
+    /// promise is that nothing a reader writes reaches the volume.
+    async fn prepare_volume_inner(&self, req: VolumeRequest<'_>) -> Result<DiskSpec, HostError> {
+        let id = req.vm;
+        if let Some(old) = self.volumes().remove(&(id, req.index)) {
+            old.volume.discard();
+        }
+        let volume = Self::workspace_volume(&req.mount.volume)?;
+        let fence = req.mount.fence(req.fence);
+        let keep = !req.mount.read_only;
+        let head = match self.store.head(&volume).await? {
+            None => self.make_filesystem(&req, &volume, fence).await?,
+            Some(head) if keep => self.store.claim(&volume, fence).await?.unwrap_or(head),
+            Some(head) => head,
+        };
+        let own = volume::is_own_scope(&volume, &head.scope);
+        let scope = if own && !self.store.is_shared(&head.scope).await? {
+            head.scope.clone()
+        } else {
+            volume::fresh_scope(&volume, head.seq)?
+        };
+        let need = head.size.saturating_add(DISK_RESERVE);
+        let free = self.available();
+        if need > free {
+            return Err(HostError::Invalid(format!(
+                "vm {id}: volume {} of {} does not fit on this host ({} free)",
+                req.mount.volume,
+                hearth_types::ByteSize(head.size),
+                hearth_types::ByteSize(free)
+            )));
+        }
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| HostError::Io { id, what, source }
+        };
+        let target = Target {
+            volume,
+            scope,
+            fence,
+        };
+        let local = req.dir.join(format!("volume-{}.local", req.index));
+        let disk = Arc::new(
+            Volume::open(self.store.clone(), target, &head, head.size, &local, keep)
+                .map_err(io("create a volume's local file"))?,
+        );
+        let socket = req.run_dir.join(format!("volume-{}.sock", req.index));
+        let _ = std::fs::remove_file(&socket);
+        let listener =
+            tokio::net::UnixListener::bind(&socket).map_err(io("bind a volume's socket"))?;
+        let mut tasks = vec![tokio::spawn(serve(listener, disk.clone(), id))];
+        if keep && !self.commit_interval.is_zero() {
+            tasks.push(tokio::spawn(commit_periodically(
+                disk.clone(),
+                self.commit_interval,
+                id,
+            )));
+        }
+        self.volumes().insert(
+            (id, req.index),
+            Attached {
+                volume: disk,
+                keep,
+                tasks,
+            },
+        );
+        Ok(DiskSpec::nbd(socket, EXPORT).with_serial(req.mount.serial()))
+    }
+
+    /// A volume's first generation: an empty ext4 filesystem of its size
+    /// whose root belongs to the images' `user` (1000:1000; root may write
+    /// anywhere), made by the host's `mkfs.ext4` (it reads nothing a guest
+    /// wrote). Another host making it at the same time is as good.
+    async fn make_filesystem(
+        &self,
+        req: &VolumeRequest<'_>,
+        volume: &VolumeId,
+        fence: u64,
+    ) -> Result<Manifest, HostError> {
+        let id = req.vm;
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| HostError::Io { id, what, source }
+        };
+        let file = req.dir.join(format!("volume-{}.mkfs", req.index));
+        let _ = std::fs::remove_file(&file);
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(req.mount.size.bytes()))
+            .map_err(io("create a volume's first filesystem"))?;
+        let out = tokio::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0", "-L", "hearth-volume", "-E"])
+            .arg("root_owner=1000:1000,lazy_itable_init=1,lazy_journal_init=1")
+            .arg(&file)
+            .output()
+            .await
+            .map_err(io("run mkfs.ext4"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&file);
+            return Err(HostError::Boot {
+                id,
+                reason: format!(
+                    "mkfs.ext4 for volume {}: {}",
+                    req.mount.volume,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        let mut meta = BTreeMap::new();
+        meta.insert("kind".into(), "volume".into());
+        let scope = ScopeId::new(volume.as_str().to_owned())?;
+        let made = self
+            .store
+            .import_file(&scope, volume, &file, CHUNK_SIZE, fence, meta)
+            .await;
+        let _ = std::fs::remove_file(&file);
+        match made {
+            Ok(m) => {
+                tracing::info!(vm = %id, %volume, chunks = m.chunks.len(), "made a volume's filesystem");
+                Ok(m)
+            }
+            Err(StoreError::Conflict { .. }) => match self.store.head(volume).await? {
+                Some(m) => Ok(m),
+                None => Err(HostError::Boot {
+                    id,
+                    reason: format!("volume {volume} could not be made"),
+                }),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Commits a running (or stopped but attached) VM's disk now: a
     /// snapshot's point in time. `None` when the VM has no disk attached.
     pub async fn commit(&self, vm: VmId) -> Result<Option<Manifest>, StoreError> {
@@ -405,6 +555,35 @@ impl GenerationDisks {
     }
 
     async fn release_inner(&self, vm: VmId) -> Result<(), HostError> {
+        let volumes: Vec<Attached> = {
+            let mut all = self.volumes();
+            let keys: Vec<_> = all.keys().filter(|k| k.0 == vm).copied().collect();
+            keys.into_iter().filter_map(|k| all.remove(&k)).collect()
+        };
+        let mut failed = None;
+        for mut a in volumes {
+            for t in a.tasks.drain(..) {
+                t.abort();
+            }
+            if a.keep {
+                if let Err(e) = commit_with_retries(&a.volume, vm).await {
+                    tracing::error!(%vm, error = %e, "a volume's last writes were not committed");
+                    failed = Some(e);
+                }
+            }
+            a.volume.discard();
+        }
+        let root = self.release_root(vm).await;
+        match failed {
+            Some(e) => Err(HostError::Boot {
+                id: vm,
+                reason: format!("a volume's last writes were not committed: {e}"),
+            }),
+            None => root,
+        }
+    }
+
+    async fn release_root(&self, vm: VmId) -> Result<(), HostError> {
         let Some(mut a) = self.attached().remove(&vm) else {
             return Ok(());
         };
@@ -442,6 +621,10 @@ impl DiskProvider for GenerationDisks {
         Box::pin(self.prepare_inner(req))
     }
 
+    fn prepare_volume<'a>(&'a self, req: VolumeRequest<'a>) -> DiskFuture<'a> {
+        Box::pin(self.prepare_volume_inner(req))
+    }
+
     fn release<'a>(&'a self, vm: VmId) -> UnitFuture<'a> {
         Box::pin(self.release_inner(vm))
     }
@@ -451,6 +634,14 @@ impl DiskProvider for GenerationDisks {
             if let Some(a) = self.attached().remove(&vm) {
                 a.volume.discard();
             }
+            // Its workspace volumes stay (they are the workspace's): only
+            // what this VM attached goes.
+            self.volumes().retain(|k, a| {
+                if k.0 == vm {
+                    a.volume.discard();
+                }
+                k.0 != vm
+            });
             let volume = Self::volume_of(vm);
             let scopes = self.own_scopes(&volume).await?;
             self.store.delete_volume(&volume).await?;

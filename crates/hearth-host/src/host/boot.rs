@@ -209,6 +209,30 @@ impl Host {
                 fence: rec.fence,
             })
             .await?;
+        let mut disks = vec![root];
+        // The sandbox's workspace volumes, in the order of its mounts (a
+        // resume finds them where they were saved).
+        let mounts = vm
+            .net_config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|n| n.mounts.clone())
+            .unwrap_or_default();
+        for (index, mount) in mounts.iter().filter_map(|m| m.volume()).enumerate() {
+            disks.push(
+                self.disks
+                    .prepare_volume(VolumeRequest {
+                        vm: id,
+                        dir: &vm.dir,
+                        run_dir: &vm.run_dir,
+                        index,
+                        mount,
+                        fence: rec.fence,
+                    })
+                    .await?,
+            );
+        }
         if let Some(network) = &self.network {
             let cfg = vm
                 .net_config
@@ -235,7 +259,7 @@ impl Host {
                 })?;
             }
         }
-        Ok(self.spec(vm, rec, artifacts, root, how))
+        Ok(self.spec(vm, rec, artifacts, disks, how))
     }
 
     /// Starts the VMM for a cold boot once a boot slot is free; the turn
@@ -274,7 +298,7 @@ impl Host {
         vm: &Vm,
         rec: &VmRecord,
         artifacts: &GuestArtifacts,
-        root: hearth_vmm::DiskSpec,
+        disks: Vec<hearth_vmm::DiskSpec>,
         how: BootAs<'_>,
     ) -> VmSpec {
         VmSpec {
@@ -284,7 +308,7 @@ impl Host {
             kernel: artifacts.kernel.boot_image.clone(),
             initrd: artifacts.initramfs.path.clone(),
             cmdline: vec![format!("hearth.image={}", rec.image)],
-            disks: vec![root],
+            disks,
             run_dir: vm.run_dir.clone(),
             mem_path: vm.run_dir.join("guest.mem"),
             // Anonymous (captures save while the guest runs), but for a

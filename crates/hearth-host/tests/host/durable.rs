@@ -604,3 +604,92 @@ async fn held_a_full_disk_survives_four_stops_and_starts_and_checks_clean() {
     host.delete(id).await.unwrap();
     host.shutdown().await;
 }
+
+/// A workspace volume (a second disk, `MountSource::Volume`): an empty
+/// ext4 filesystem of its size, the images' `user`'s, at its first
+/// attach; one writer's files outlive that VM; a reader sees the last
+/// committed generation and nothing it writes reaches the volume; a
+/// former holder's fence can commit no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_outlives_its_vms_and_a_reader_changes_nothing() {
+    use hearth_host::SandboxNet;
+    use hearth_types::sandbox::{MountSource, MountSpec, VolumeMount};
+    let _one = SERIAL.lock().await;
+    let host = start(test_config()).await;
+    let volume = uuid::Uuid::new_v4().simple().to_string();
+    let with = |read_only: bool, hold: u32| CreateVm {
+        network: Some(SandboxNet {
+            mounts: vec![MountSpec {
+                id: "data".into(),
+                path: "/mnt/data".into(),
+                source: MountSource::Volume(VolumeMount {
+                    volume: volume.clone(),
+                    size: ByteSize::mib(64),
+                    read_only,
+                    hold,
+                }),
+            }],
+            ..SandboxNet::default()
+        }),
+        ..CreateVm::default()
+    };
+    let (a, g) = boot(&host, with(false, 1)).await;
+    // Mounted, the user's, empty, and about its size.
+    let first = run(
+        &g,
+        "[ $(stat -c %d /mnt/data) != $(stat -c %d /) ] && stat -c %u:%g /mnt/data && ls -A /mnt/data | wc -l \
+         && df -k /mnt/data | tail -1 | awk '{print $2}'",
+    )
+    .await;
+    let lines: Vec<&str> = first.lines().collect();
+    assert_eq!(lines[..2], ["1000:1000", "0"], "{first}");
+    let kib: u64 = lines[2].trim().parse().unwrap();
+    assert!((50_000..=65_536).contains(&kib), "{kib} KiB");
+    run(&g, "echo hello > /mnt/data/f && mkdir /mnt/data/d && sync").await;
+    host.delete(a).await.unwrap();
+
+    // The next writer finds it; its writes are committed when it stops.
+    let (b, g) = boot(&host, with(false, 2)).await;
+    assert_eq!(
+        run(&g, "cat /mnt/data/f && ls /mnt/data").await,
+        "hello\nd\nf"
+    );
+    run(&g, "echo two >> /mnt/data/f && sync").await;
+    host.stop(b).await.unwrap();
+    // Its first holder's fence is behind: no more commits from it.
+    let store = host.generations().unwrap().store().clone();
+    let vol = hearth_host::block::GenerationDisks::workspace_volume(&volume).unwrap();
+    let old = VolumeMount {
+        volume: volume.clone(),
+        size: ByteSize::mib(64),
+        read_only: false,
+        hold: 1,
+    };
+    assert!(matches!(
+        store.claim(&vol, old.fence(u64::from(u32::MAX))).await,
+        Err(hearth_store::StoreError::Fenced { .. })
+    ));
+
+    // A reader sees what was committed and cannot change it.
+    let (c, g) = boot(&host, with(true, 2)).await;
+    assert_eq!(run(&g, "cat /mnt/data/f").await, "hello\ntwo");
+    let out = g
+        .run_capped(sh("touch /mnt/data/g"), 1 << 16)
+        .await
+        .unwrap();
+    assert_ne!(out.exit_code, Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Read-only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    host.delete(c).await.unwrap();
+    host.delete(b).await.unwrap();
+    let (d, g) = boot(&host, with(false, 3)).await;
+    assert_eq!(
+        run(&g, "cat /mnt/data/f; ls /mnt/data").await,
+        "hello\ntwo\nd\nf"
+    );
+    host.delete(d).await.unwrap();
+    host.shutdown().await;
+}

@@ -368,7 +368,25 @@ pub fn build_args(
             }
         }
         // virtio-blk takes read-only from its backend in both forms.
-        push("-device", format!("virtio-blk-device,drive={node}"));
+        match &disk.serial {
+            Some(serial) => {
+                if serial.is_empty()
+                    || serial.len() > 20
+                    || !serial
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                {
+                    return Err(invalid(format!(
+                        "disk serial {serial:?}: at most 20 of [A-Za-z0-9_-]"
+                    )));
+                }
+                push(
+                    "-device",
+                    format!("virtio-blk-device,drive={node},serial={serial}"),
+                );
+            }
+            None => push("-device", format!("virtio-blk-device,drive={node}")),
+        }
     }
     if spec.free_page_reporting {
         push(
@@ -615,7 +633,9 @@ mod tests {
         let mut s = spec();
         s.disks = vec![
             DiskSpec::nbd("/run/blocks/a,b.sock", "gen-7"),
-            DiskSpec::nbd("/run/blocks/base.sock", "").with_read_only(true),
+            DiskSpec::nbd("/run/blocks/base.sock", "")
+                .with_read_only(true)
+                .with_serial("hv-0123abcd"),
         ];
         let got = build_args(&s, Accel::Tcg, Some(1), Start::Cold, None).unwrap_or_default();
         let blockdevs: Vec<Value> = got
@@ -646,9 +666,20 @@ mod tests {
             .collect();
         assert_eq!(
             devices,
-            ["virtio-blk-device,drive=d0", "virtio-blk-device,drive=d1"]
+            [
+                "virtio-blk-device,drive=d0",
+                "virtio-blk-device,drive=d1,serial=hv-0123abcd"
+            ]
         );
         assert!(!got.iter().any(|a| a == "-drive"), "{got:?}");
+        // A serial QEMU's option parser would read more into is refused.
+        for bad in ["a,b=c", "", "x".repeat(21).as_str()] {
+            s.disks[1].serial = Some(bad.to_owned());
+            assert!(
+                build_args(&s, Accel::Tcg, Some(1), Start::Cold, None).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
