@@ -41,6 +41,11 @@ pub enum DbError {
     #[error("{what} already exists")]
     Conflict { what: String },
 
+    /// The record is in use by another and cannot change as asked (a
+    /// volume a sandbox holds); `what` says by whom.
+    #[error("{what}")]
+    InUse { what: String },
+
     /// An optimistic or fenced update lost: the record changed since it was
     /// read, or was not in the expected state or generation.
     #[error("{what} changed concurrently")]

@@ -37,6 +37,7 @@ mod sandboxes;
 mod snapshots;
 mod sql;
 mod time;
+mod volumes;
 mod workspace_secrets;
 mod workspaces;
 
@@ -59,6 +60,7 @@ pub use registries::{RegistryRow, MAX_REGISTRIES};
 pub use sandboxes::SandboxBrief;
 pub use snapshots::{dangling_tag, is_published_tag, snapshot_size};
 pub use time::Timestamp;
+pub use volumes::{Attachment, VolumeAttach, VolumeRow, MAX_VOLUMES};
 pub use workspace_secrets::{SecretWrite, WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};
 
 use sql::{Pool, Sql};

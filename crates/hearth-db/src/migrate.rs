@@ -128,6 +128,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0018_secret_versions.sql"),
         postgres: include_str!("../migrations/postgres/0018_secret_versions.sql"),
     },
+    Migration {
+        version: 19,
+        name: "volumes",
+        sqlite: include_str!("../migrations/sqlite/0019_volumes.sql"),
+        postgres: include_str!("../migrations/postgres/0019_volumes.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -10,8 +10,8 @@
 //! commit.
 //!
 //! Storage is one budget for everything the workspace keeps in the store:
-//! the disks of its sandboxes not being deleted and its snapshots' logical
-//! sizes (disk, plus saved memory when captured with it; a capture still
+//! the disks of its sandboxes not being deleted, its volumes' sizes and
+//! its snapshots' logical sizes (disk, plus saved memory when captured with it; a capture still
 //! building charges the memory it may save). A snapshot counts from its
 //! insert, in any status, until it is deleted: even a failed capture may
 //! have written a manifest that pins chunks, and deleting it removes that.
@@ -117,10 +117,35 @@ pub(crate) async fn quota_and_usage(
             storage: 0,
             snapshots: 0,
         });
+    usage.storage = usage
+        .storage
+        .saturating_add(volume_bytes(tx, op, workspace).await?);
     if let Some(s) = except {
         usage = without(usage, s);
     }
     Ok((quotas, usage))
+}
+
+/// The sizes of the workspace's volumes, which storage counts whole from
+/// their create (a volume is as large as it may become) until deleted.
+pub(crate) async fn volume_bytes(
+    tx: &mut Tx,
+    op: &'static str,
+    workspace: WorkspaceId,
+) -> Result<u64, DbError> {
+    let n = tx
+        .fetch_optional(
+            &Sql::new(
+                "SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS n FROM volumes \
+                 WHERE workspace_id = $1",
+            )
+            .arg(workspace.to_string()),
+            crate::sql::decode_n,
+        )
+        .await
+        .map_err(DbError::backend(op))?
+        .unwrap_or(0);
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// `usage` less what the sandbox `s` counts in it.
@@ -222,6 +247,10 @@ pub(crate) async fn quota_usage_and_host(
     if host.is_some() && load.is_none() {
         return Err(DbError::NotFound { what: "host" });
     }
+    let mut usage = usage;
+    usage.storage = usage
+        .storage
+        .saturating_add(volume_bytes(tx, op, workspace).await?);
     Ok((quotas, usage, load))
 }
 

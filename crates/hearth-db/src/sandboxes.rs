@@ -177,6 +177,17 @@ impl Db {
     /// not for every read before the insert as a lock taken first would:
     /// one workspace's creates queue on its row for that long.
     pub async fn insert_sandbox_within_quota(&self, s: &SandboxRow) -> Result<(), DbError> {
+        self.insert_sandbox_holding(s, &[]).await
+    }
+
+    /// [`Self::insert_sandbox_within_quota`], attaching the volumes
+    /// `volumes` to the new sandbox in the same transaction (see
+    /// `volumes.rs`: one writer each, any number of readers).
+    pub async fn insert_sandbox_holding(
+        &self,
+        s: &SandboxRow,
+        volumes: &[crate::VolumeAttach],
+    ) -> Result<(), DbError> {
         let op = "insert sandbox within quota";
         let insert = insert_sql(op, s)?;
         let mut tx = self
@@ -185,6 +196,7 @@ impl Db {
             .await
             .map_err(DbError::backend(op))?;
         tx.execute(&insert).await.map_err(insert_error(op, s))?;
+        crate::volumes::attach(&mut tx, op, s.workspace_id, s.id, volumes).await?;
         let host = s.host_id.filter(|_| s.status.is_live());
         let (quotas, with_it, host_load) =
             quota_usage_and_host(&mut tx, op, s.workspace_id, host).await?;
@@ -536,7 +548,7 @@ impl Db {
     }
 
     pub async fn delete_sandbox(&self, id: SandboxId) -> Result<(), DbError> {
-        for table in ["saved_memory", "sandbox_deadlines"] {
+        for table in ["saved_memory", "sandbox_deadlines", "volume_attachments"] {
             let forget =
                 Sql::new(&format!("DELETE FROM {table} WHERE sandbox_id = $1")).arg(id.to_string());
             self.pool

@@ -166,6 +166,7 @@ impl From<DbError> for DomainError {
                 name: String::new(),
             },
             DbError::Conflict { what } => Self::Conflict(format!("{what} already exists")),
+            DbError::InUse { what } => Self::Conflict(what),
             DbError::Stale { what } => Self::Conflict(format!("{what} changed meanwhile; retry")),
             DbError::Quota {
                 kind,
