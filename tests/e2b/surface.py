@@ -46,6 +46,7 @@ BODIES = {
     "network": M.SandboxNetworkUpdateConfig,
     "create_secret": M.NewSecret,
     "update_secret": M.SecretUpdate,
+    "create_volume": M.NewVolume,
 }
 
 QUERIES = {

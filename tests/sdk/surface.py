@@ -27,6 +27,9 @@ from langsmith.types.sandboxes import (
     registry_update_params,
     snapshot_create_params,
     snapshot_list_params,
+    volume_create_params,
+    volume_list_params,
+    volume_update_params,
 )
 
 OPERATIONS = {
@@ -41,6 +44,9 @@ OPERATIONS = {
     "create_registry": registry_create_params.RegistryCreateParams,
     "update_registry": registry_update_params.RegistryUpdateParams,
     "list_registries": registry_list_params.RegistryListParams,
+    "create_volume": volume_create_params.VolumeCreateParams,
+    "update_volume": volume_update_params.VolumeUpdateParams,
+    "list_volumes": volume_list_params.VolumeListParams,
 }
 
 # Samples that are well formed where a field's name says what it holds, so
@@ -59,6 +65,7 @@ NAMED = {
     "id": "m1",
     "path": "/etc/hostname",
     "port": 8080,
+    "size_bytes": 1 << 30,
 }
 
 

@@ -105,8 +105,11 @@ pub struct CreateSandboxRequest {
     /// `azure_blob` and `contexthub` mounts and Azure credentials are
     /// refused with a 422 naming them.
     pub mount_config: Option<MountConfig>,
-    /// Named volumes (beta in LangSmith), at most 4: a non-empty list is
-    /// refused with a 422 naming it (Hearth has no volumes yet).
+    /// Workspace volumes to attach (by id or name) at mount paths, at
+    /// most 4: one sandbox writes a volume at a time (a second writer is a
+    /// 409 naming the first), any number read it (`read_only`: what its
+    /// writer last committed). Attaching needs the volume's creator or
+    /// sandboxes:exec. Not with a snapshot's memory (restore_memory).
     #[serde(
         default,
         deserialize_with = "crate::de::opt_object_vec",

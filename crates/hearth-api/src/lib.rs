@@ -38,6 +38,7 @@ pub mod registries;
 pub mod snapshots;
 pub mod spec;
 pub mod validate;
+pub mod volumes;
 
 pub use boxes::{
     CreateSandboxRequest, ListSandboxesQuery, ListSandboxesResponse, ListSnapshotsQuery,

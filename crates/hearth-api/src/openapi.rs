@@ -32,6 +32,9 @@ use crate::snapshots::{
     CaptureSnapshotRequest, CreateSnapshotRequest, ListSnapshotsResponse, SnapshotResponse,
     SnapshotsByNameResponse,
 };
+use crate::volumes::{
+    CreateVolumeRequest, ListVolumesQuery, ListVolumesResponse, UpdateVolumeRequest, VolumeResponse,
+};
 
 /// The OpenAPI 3.1 document as JSON.
 pub fn openapi() -> serde_json::Value {
@@ -95,6 +98,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         fork_box,
         create_pool, list_pools, get_pool, update_pool, delete_pool,
         create_registry, list_registries, get_registry, update_registry, delete_registry,
+        create_volume, list_volumes, get_volume, update_volume, delete_volume, clone_volume,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
@@ -115,6 +119,9 @@ const DATAPLANE_PATHS: &[&str] = &[
         (name = "registries", description = "Private image registries: credentials a snapshot \
             built from an OCI image (registry_id) pulls with, sent only to the registry's own \
             host; the password is sealed at rest and never returned"),
+        (name = "volumes", description = "Workspace volumes: named ext4 disks of a fixed size, \
+            kept until deleted, attached at create (`volumes`): one writer at a time, any \
+            number of readers; counted against the storage quota whole"),
         (name = "dataplane", description = "Per-sandbox runtime: commands, files, TCP tunnels"),
         (name = "secrets", description = "Workspace secrets: named values sandbox egress rules \
             use (proxy_config header rules of type workspace_secret) without the value entering \
@@ -784,6 +791,88 @@ fn update_registry() {}
 )]
 #[allow(dead_code)]
 fn delete_registry() {}
+
+/// Make a volume: an empty ext4 filesystem of its size (made at its
+/// first attach), the workspace's until deleted.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/volumes", tag = "volumes",
+    request_body = CreateVolumeRequest,
+    responses(
+        (status = 201, description = "Created", body = VolumeResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key lacks sandboxes:create", body = ErrorBody),
+        (status = 409, description = "The name is taken, the workspace has 100 volumes, or its storage quota is spent", body = ErrorBody),
+        (status = 422, description = "Invalid body: a bad name or size, an unknown field", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn create_volume() {}
+
+/// List the workspace's volumes, by name, with the sandboxes holding them.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/volumes", tag = "volumes",
+    params(ListVolumesQuery),
+    responses(
+        (status = 200, description = "One page of volumes", body = ListVolumesResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 422, description = "An unknown or malformed query parameter", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn list_volumes() {}
+
+/// Get a volume by id or name.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/volumes/{volume}", tag = "volumes",
+    params(("volume" = String, Path, description = "Volume id or name")),
+    responses(
+        (status = 200, description = "The volume", body = VolumeResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such volume in this workspace", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn get_volume() {}
+
+/// Change a volume's description or labels.
+#[utoipa::path(
+    patch, path = "/api/v2/sandboxes/volumes/{volume}", tag = "volumes",
+    params(("volume" = String, Path, description = "Volume id or name")),
+    request_body = UpdateVolumeRequest,
+    responses(
+        (status = 200, description = "The volume as changed", body = VolumeResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such volume in this workspace", body = ErrorBody),
+        (status = 422, description = "Invalid body", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn update_volume() {}
+
+/// Delete a volume and its files; refused while a sandbox holds it.
+#[utoipa::path(
+    delete, path = "/api/v2/sandboxes/volumes/{volume}", tag = "volumes",
+    params(("volume" = String, Path, description = "Volume id or name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 404, description = "No such volume in this workspace", body = ErrorBody),
+        (status = 409, description = "A sandbox holds it (named)", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn delete_volume() {}
+
+/// Not served: cloning a volume (a 501 naming it).
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/volumes/{volume}/clone", tag = "volumes",
+    params(("volume" = String, Path, description = "Volume id or name")),
+    responses(
+        (status = 501, description = "Cloning a volume is not served by Hearth yet", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn clone_volume() {}
 
 /// Run a command and wait for it (fallback for clients without WebSocket).
 #[utoipa::path(

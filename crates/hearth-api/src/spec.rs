@@ -44,7 +44,7 @@ use uuid::Uuid;
 
 use crate::boxes::{CreateSandboxRequest, SandboxResponse, SandboxStatus, UpdateSandboxRequest};
 use crate::error::ApiError;
-use crate::nested::{validate_volumes, AccessDelegation, ProxyConfig, RunConfig, VolumeAttachment};
+use crate::nested::{volume_requests, AccessDelegation, ProxyConfig, RunConfig, VolumeAttachment};
 use crate::validate::{check_env_vars, check_labels, check_sandbox_name, check_ttl, SnapshotRef};
 
 use hearth_types::rules::show_cpu;
@@ -157,7 +157,7 @@ pub fn resolve_create(
     };
     // Refused when set (422 naming them), so none reaches the spec.
     check_tag_value_ids(req.tag_value_ids.as_deref().unwrap_or_default())?;
-    validate_volumes(req.volumes.as_deref().unwrap_or_default())?;
+    let volumes = volume_requests(req.volumes.as_deref().unwrap_or_default())?;
     if let Some(ad) = &req.access_delegation {
         ad.validate()?;
     }
@@ -255,6 +255,7 @@ pub fn resolve_create(
         },
         restore_memory,
         wait_for_ready,
+        volumes,
     })
 }
 

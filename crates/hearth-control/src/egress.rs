@@ -229,6 +229,18 @@ impl Control {
         })
     }
 
+    /// [`Self::sandbox_net`] of the sandbox `id`, its volumes' holds given.
+    pub(crate) async fn held_sandbox_net(
+        &self,
+        id: hearth_types::SandboxId,
+        workspace: WorkspaceId,
+        sandbox: &hearth_types::sandbox::SandboxSpec,
+    ) -> Result<SandboxNet, DomainError> {
+        let mut net = self.sandbox_net(workspace, sandbox).await?;
+        self.fill_volume_holds(id, &mut net.mounts).await?;
+        Ok(net)
+    }
+
     /// The proxy's policy for `spec` with its secrets resolved, and the
     /// environment its rules give the guest.
     async fn egress_policy(

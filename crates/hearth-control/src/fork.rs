@@ -122,6 +122,7 @@ impl Control {
                 row.status.as_str()
             )));
         }
+        crate::domain::volumes::refuse_with_volumes(&spec_of(&row)?, "fork")?;
         if !row.persistent {
             return Err(DomainError::conflict(format!(
                 "sandbox {} is not persistent: its disk cannot be shared with children",

@@ -51,6 +51,7 @@ mod service;
 mod services;
 mod snapshots;
 pub mod tunnel;
+mod volumes;
 mod workspace_secrets;
 
 use std::collections::HashMap;
@@ -410,6 +411,7 @@ fn sandbox_routes() -> Router<Arc<Control>> {
                 .delete(boxes::delete_pool),
         )
         .merge(registries::routes())
+        .merge(volumes::routes())
 }
 
 /// The whole HTTP surface.

@@ -69,6 +69,21 @@ impl Control {
     }
 
     pub fn response(&self, row: &SandboxRow) -> Result<SandboxResponse, ApiError> {
+        /// The volumes it holds, as LangSmith shows them (absent: none).
+        fn attachments(
+            spec: &hearth_types::sandbox::SandboxSpec,
+        ) -> Result<Option<Vec<hearth_api::nested::VolumeAttachment>>, ApiError> {
+            let mut out = Vec::new();
+            for (name, m, v) in crate::domain::volumes::volume_mounts(spec) {
+                out.push(hearth_api::nested::VolumeAttachment {
+                    volume_id: v.volume.parse().map_err(|_| ApiError::internal())?,
+                    volume_name: name.to_owned(),
+                    mount_path: m.path.clone(),
+                    read_only: v.read_only,
+                });
+            }
+            Ok((!out.is_empty()).then_some(out))
+        }
         let spec = spec_of(row)?;
         Ok(sandbox_response(
             &spec,
@@ -83,7 +98,7 @@ impl Control {
                 created_by: Some(row.created_by.clone()),
                 updated_at: row.updated_at.to_rfc3339(),
                 updated_by: Some(row.updated_by.clone()),
-                volumes: None,
+                volumes: attachments(&spec)?,
                 last_activity_at: row.last_activity_at.to_rfc3339(),
                 host_id: None,
             },
@@ -387,7 +402,10 @@ impl Control {
         }
         // Resolved before anything is stored: a missing secret is a 422.
         let net = match network {
-            true => Some(self.sandbox_net(who.workspace_id, &spec).await?),
+            true => Some(
+                self.held_sandbox_net(row.id, who.workspace_id, &spec)
+                    .await?,
+            ),
             false => None,
         };
         self.check_disk_size(spec.fs_capacity)?;
@@ -459,7 +477,7 @@ impl Control {
     /// the stored one (logged when that fails too: its next start does).
     async fn restore_network(&self, row: &SandboxRow) {
         let stored = match spec_of(row) {
-            Ok(spec) => self.sandbox_net(row.workspace_id, &spec).await,
+            Ok(spec) => self.held_sandbox_net(row.id, row.workspace_id, &spec).await,
             Err(e) => Err(e),
         };
         let result = match stored {
@@ -701,7 +719,9 @@ impl Control {
         // The snapshot's disk for a disk that is not kept; never its
         // memory (only a create resumes a snapshot's memory).
         let from = boot_from(&snap, hearth_types::sandbox::RestoreMemory::Never);
-        let net = self.sandbox_net(row.workspace_id, &spec_of(row)?).await;
+        let net = self
+            .held_sandbox_net(row.id, row.workspace_id, &spec_of(row)?)
+            .await;
         let net = match net {
             Ok(net) => net,
             Err(e) => {

@@ -108,6 +108,12 @@ impl Control {
                 row.name
             )));
         }
+        if req.include_memory {
+            crate::domain::volumes::refuse_with_volumes(
+                &crate::domain::queries::spec_of(&row)?,
+                "include_memory",
+            )?;
+        }
         match row.status {
             SandboxStatus::Ready => {}
             SandboxStatus::Stopped if !req.include_memory => {}

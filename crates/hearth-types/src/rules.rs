@@ -31,6 +31,93 @@ impl Invalid {
     }
 }
 
+/// A mount's path in the guest, normalised: absolute, no `.`/`..`, and
+/// not a directory the system needs (`/`, `/proc`, `/sys`, `/dev`, `/run`,
+/// `/etc`, `/bin`, `/sbin`, `/lib*`, `/usr`, `/boot`, `/tmp` and below).
+/// Every kind of mount (git, bucket, volume) and both doors follow it.
+pub fn mount_path(field: &str, path: &str) -> Result<String, Invalid> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(Invalid::new(
+            field,
+            format!("{field} must be an absolute path, got '{path}'"),
+        ));
+    }
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.iter().any(|p| *p == "." || *p == "..") || path.len() > 1024 {
+        return Err(Invalid::new(
+            field,
+            format!("{field} must be a plain absolute path (no '.' or '..', at most 1024 bytes), got '{path}'"),
+        ));
+    }
+    const SYSTEM: &[&str] = &[
+        "proc", "sys", "dev", "run", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
+        "usr", "boot", "tmp",
+    ];
+    match parts.first() {
+        None => Err(Invalid::new(field, format!("{field} cannot be '/'"))),
+        Some(top) if SYSTEM.contains(top) => Err(Invalid::new(
+            field,
+            format!("{field}: '{path}' is under /{top}, which the system needs; mount somewhere else (e.g. /mnt/…)"),
+        )),
+        Some(_) => Ok(format!("/{}", parts.join("/"))),
+    }
+}
+
+/// Whether two mount paths are the same, or one is inside the other.
+pub fn paths_nest(a: &str, b: &str) -> bool {
+    let below = |outer: &str, inner: &str| {
+        let outer = outer.trim_end_matches('/');
+        inner.trim_end_matches('/') == outer || inner.starts_with(&format!("{outer}/"))
+    };
+    below(a, b) || below(b, a)
+}
+
+/// Longest volume name.
+pub const MAX_VOLUME_NAME_LEN: usize = 63;
+/// A volume's size when its create names none (E2B's `Volume.create`).
+pub const DEFAULT_VOLUME_SIZE: u64 = 4 << 30;
+/// The largest volume.
+pub const MAX_VOLUME_SIZE: u64 = 1 << 40;
+
+/// A volume's name: 1–63 of letters, digits, `.`, `_` and `-`, starting
+/// with a letter or digit (it names the volume in both APIs' paths).
+pub fn check_volume_name(field: &str, name: &str) -> Result<(), Invalid> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_VOLUME_NAME_LEN
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Invalid::new(
+            field,
+            format!("{field} must be 1 to {MAX_VOLUME_NAME_LEN} letters, digits, '.', '_' or '-', starting with a letter or digit, got {name:?}"),
+        ))
+    }
+}
+
+/// A volume's size: `bytes` rounded up to a whole GiB, at least 1 GiB and
+/// at most [`MAX_VOLUME_SIZE`].
+pub fn volume_size(field: &str, bytes: i64) -> Result<u64, Invalid> {
+    const GIB: u64 = 1 << 30;
+    let Ok(b) = u64::try_from(bytes) else {
+        return Err(Invalid::new(
+            field,
+            format!("{field} must be positive, got {bytes}"),
+        ));
+    };
+    let size = b.div_ceil(GIB).max(1).saturating_mul(GIB);
+    if size > MAX_VOLUME_SIZE || b == 0 {
+        return Err(Invalid::new(
+            field,
+            format!("{field} must be between 1 byte (a whole GiB) and {MAX_VOLUME_SIZE} bytes, got {bytes}"),
+        ));
+    }
+    Ok(size)
+}
+
 /// Most labels a request may set.
 pub const MAX_LABELS: usize = 64;
 /// Longest label key, in characters.

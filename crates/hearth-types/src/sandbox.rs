@@ -336,6 +336,22 @@ pub struct SandboxPlan {
     /// Block until ready for at most this long; `None` = answer at once
     /// while the sandbox provisions.
     pub wait_for_ready: Option<Duration>,
+    /// Workspace volumes to attach, as the door named them; the domain
+    /// resolves them into `spec.mounts`.
+    pub volumes: Vec<VolumeRequest>,
+}
+
+/// A volume a create asks for (LangSmith's `volumes[]`, E2B's
+/// `volumeMounts[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRequest {
+    /// The volume's id or name.
+    pub volume: String,
+    /// Where it is mounted in the guest.
+    pub path: String,
+    pub read_only: bool,
+    /// The request's name for it in errors (`volumes[0]`).
+    pub field: String,
 }
 
 /// How long a sandbox lives whatever its activity, and what its end is

@@ -209,9 +209,12 @@ pub struct VolumeAttachment {
 /// At most this many volumes per sandbox.
 pub const MAX_VOLUMES: usize = 4;
 
-/// Checks a create's `volumes`: at most [`MAX_VOLUMES`], each naming exactly
-/// one volume, at distinct absolute mount paths.
-pub fn validate_volumes(volumes: &[VolumeMountRequest]) -> Result<(), ApiError> {
+/// A create's `volumes` as Hearth's requests: at most [`MAX_VOLUMES`],
+/// each naming exactly one volume, at distinct absolute mount paths (the
+/// domain resolves the volumes and checks the rest).
+pub fn volume_requests(
+    volumes: &[VolumeMountRequest],
+) -> Result<Vec<hearth_types::sandbox::VolumeRequest>, ApiError> {
     if volumes.len() > MAX_VOLUMES {
         return Err(ApiError::validation(
             "volumes",
@@ -222,6 +225,7 @@ pub fn validate_volumes(volumes: &[VolumeMountRequest]) -> Result<(), ApiError> 
         ));
     }
     let mut paths = BTreeSet::new();
+    let mut out = Vec::with_capacity(volumes.len());
     for (i, v) in volumes.iter().enumerate() {
         let at = format!("volumes[{i}]");
         let named = [&v.volume, &v.volume_id, &v.volume_name]
@@ -241,14 +245,14 @@ pub fn validate_volumes(volumes: &[VolumeMountRequest]) -> Result<(), ApiError> 
                 format!("{at}.mount_path: '{}' is used twice", v.mount_path),
             ));
         }
+        out.push(hearth_types::sandbox::VolumeRequest {
+            volume: v.volume_ref().to_owned(),
+            path: v.mount_path.clone(),
+            read_only: v.read_only.unwrap_or(false),
+            field: at,
+        });
     }
-    if !volumes.is_empty() {
-        return Err(ApiError::validation(
-            "volumes",
-            "volumes: named volumes are not supported by Hearth yet; nothing would be attached",
-        ));
-    }
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]

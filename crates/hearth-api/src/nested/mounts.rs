@@ -12,7 +12,6 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
-use crate::validate::check_absolute_path;
 
 use super::*;
 
@@ -192,10 +191,10 @@ impl MountConfig {
                     format!("{at}.id: mount id '{}' is used twice", m.id),
                 ));
             }
-            let path = check_mount_path(&format!("{at}.mount_path"), &m.mount_path)?;
+            let path = hearth_types::rules::mount_path(&format!("{at}.mount_path"), &m.mount_path)?;
             if let Some(other) = paths
                 .iter()
-                .find(|p| nested_path(p, &path) || nested_path(&path, p))
+                .find(|p| hearth_types::rules::paths_nest(p, &path))
             {
                 return Err(ApiError::validation(
                     &format!("{at}.mount_path"),
@@ -388,12 +387,6 @@ impl MountConfig {
     }
 }
 
-/// Whether `inner` is `outer` or below it.
-fn nested_path(outer: &str, inner: &str) -> bool {
-    let outer = outer.trim_end_matches('/');
-    inner.trim_end_matches('/') == outer || inner.starts_with(&format!("{outer}/"))
-}
-
 /// A mount id: what the SDK allows, bounded.
 fn check_mount_id(field: &str, id: &str) -> Result<(), ApiError> {
     if id.trim().is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
@@ -403,32 +396,6 @@ fn check_mount_id(field: &str, id: &str) -> Result<(), ApiError> {
         ));
     }
     Ok(())
-}
-
-/// A mount's path in the guest, normalised: absolute, no `.`/`..`, and
-/// not a directory the system needs (`/`, `/proc`, `/sys`, `/dev`, `/run`,
-/// `/etc`, `/bin`, `/sbin`, `/lib*`, `/usr`, `/boot`, `/tmp` and below).
-fn check_mount_path(field: &str, path: &str) -> Result<String, ApiError> {
-    check_absolute_path(field, path)?;
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    if parts.iter().any(|p| *p == "." || *p == "..") || path.len() > 1024 {
-        return Err(ApiError::validation(
-            field,
-            format!("{field} must be a plain absolute path (no '.' or '..', at most 1024 bytes), got '{path}'"),
-        ));
-    }
-    const SYSTEM: &[&str] = &[
-        "proc", "sys", "dev", "run", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
-        "usr", "boot", "tmp",
-    ];
-    match parts.first() {
-        None => Err(ApiError::validation(field, format!("{field} cannot be '/'"))),
-        Some(top) if SYSTEM.contains(top) => Err(ApiError::validation(
-            field,
-            format!("{field}: '{path}' is under /{top}, which the system needs; mount somewhere else (e.g. /mnt/…)"),
-        )),
-        Some(_) => Ok(format!("/{}", parts.join("/"))),
-    }
 }
 
 /// The `git` object of a git mount (the SDK's `GitMountConfig`).

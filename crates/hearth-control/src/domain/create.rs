@@ -197,7 +197,6 @@ impl Control {
         if let Some(d) = &plan.spec.delegation {
             check_delegation(who, d)?;
         }
-        let net = self.sandbox_net(who.workspace_id, &plan.spec).await?;
         let image = snapshot_image(snap)?;
         let from = boot_from(snap, plan.restore_memory);
         if let Some(m) = from.as_ref().and_then(|f| f.memory.as_ref()) {
@@ -205,6 +204,9 @@ impl Control {
             plan.spec.mem = m.memory_size;
         }
         self.check_disk_size(plan.spec.fs_capacity)?;
+        let resumes_memory = from.as_ref().is_some_and(|f| f.memory.is_some());
+        let volumes = self.resolve_volumes(who, &mut plan, resumes_memory).await?;
+        let mut net = self.sandbox_net(who.workspace_id, &plan.spec).await?;
         // Nothing is written before placement succeeds: the SDK replays a
         // POST answered 503. The insert checks the chosen host's room (and
         // the workspace's quota) again in its transaction, so replicas
@@ -252,7 +254,9 @@ impl Control {
         // A warm pool of this snapshot and shape gives a paused VM instead
         // of a boot (not when the create refuses the snapshot's memory,
         // which the members resumed).
-        let poolable = !(plan.restore_memory == RestoreMemory::Never && from_memory(snap));
+        // Nor when it attaches volumes: a member has no such devices.
+        let poolable = !(plan.restore_memory == RestoreMemory::Never && from_memory(snap))
+            && volumes.is_empty();
         // A claimed sandbox takes its member's id, and a default name
         // follows the id (it is also the guest's host name).
         let follow_id = |r: &mut SandboxRow| {
@@ -278,7 +282,8 @@ impl Control {
                         host_id: Some(host_id),
                         ..row.clone()
                     };
-                    async move { db.insert_sandbox_within_quota(&row).await.map(|()| row) }
+                    let volumes = &volumes;
+                    async move { db.insert_sandbox_holding(&row, volumes).await.map(|()| row) }
                 })
                 .await?
                 .map(|(row, host_id)| (row, host_id, Boot::Create)),
@@ -301,6 +306,7 @@ impl Control {
             self.set_lifetime_or_delete(&row, lifetime, booting).await?;
         }
         let id = row.id;
+        self.fill_volume_holds(id, &mut net.mounts).await?;
         self.metrics.created();
         // Subscribed before the boot starts: the row is `provisioning` as
         // inserted, and its boot's outcome cannot come by unseen.

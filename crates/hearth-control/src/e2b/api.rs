@@ -24,7 +24,7 @@ use hearth_types::rules::{
     check_env_vars, check_labels, resolve_sizing, SizingRequest, SnapshotRef, SnapshotSelector,
     DEFAULT_DELETE_AFTER_STOP, DEFAULT_TAG,
 };
-use hearth_types::sandbox::{Lifetime, RestoreMemory, SandboxPlan, SandboxSpec};
+use hearth_types::sandbox::{Lifetime, RestoreMemory, SandboxPlan, SandboxSpec, VolumeRequest};
 use hearth_types::SandboxId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -76,7 +76,16 @@ struct NewSandbox {
     mcp: Option<Value>,
     iam: Option<Value>,
     #[serde(rename = "volumeMounts")]
-    volume_mounts: Option<Value>,
+    volume_mounts: Option<Vec<VolumeMountBody>>,
+}
+
+/// A volume to mount at create (`SandboxVolumeMount`): the volume's name
+/// (or id) and the path in the sandbox, read-write (E2B's mounts are).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VolumeMountBody {
+    name: String,
+    path: String,
 }
 
 /// E2B's `network` on create (`SandboxNetworkConfig`) and its update
@@ -250,11 +259,7 @@ impl NewSandbox {
                 "every Hearth sandbox's envd requires its access token",
             ));
         }
-        for (field, set) in [
-            ("mcp", is_set(&self.mcp)),
-            ("iam", is_set(&self.iam)),
-            ("volumeMounts", is_set(&self.volume_mounts)),
-        ] {
+        for (field, set) in [("mcp", is_set(&self.mcp)), ("iam", is_set(&self.iam))] {
             if set {
                 return Err(not_served(field, "not served by Hearth's E2B API"));
             }
@@ -337,6 +342,30 @@ struct DetailBody {
     lifecycle: Option<LifecycleBody>,
     #[serde(skip_serializing_if = "Option::is_none")]
     network: Option<NetworkBody>,
+    /// The volumes it holds, by name (`SandboxVolumeMount`).
+    #[serde(rename = "volumeMounts", skip_serializing_if = "Vec::is_empty")]
+    volume_mounts: Vec<VolumeMountOut>,
+}
+
+/// A volume a sandbox holds, as E2B's detail reports it.
+#[derive(Serialize)]
+struct VolumeMountOut {
+    name: String,
+    path: String,
+}
+
+/// The volumes `row`'s sandbox holds.
+fn volume_mounts(row: &SandboxRow) -> Vec<VolumeMountOut> {
+    let Ok(spec) = spec_of(row) else {
+        return Vec::new();
+    };
+    crate::domain::volumes::volume_mounts(&spec)
+        .into_iter()
+        .map(|(name, m, _)| VolumeMountOut {
+            name: name.to_owned(),
+            path: m.path.clone(),
+        })
+        .collect()
 }
 
 /// E2B's `SandboxNetworkConfig` as a sandbox's detail reports it: what
@@ -447,6 +476,7 @@ impl Control {
             domain: self.cfg.sandbox_domain.clone(),
             lifecycle: lifecycle(row),
             network: network(row),
+            volume_mounts: volume_mounts(row),
         })
     }
 
@@ -574,6 +604,18 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, life: E2bLifecycle) -> E2bResult<S
         },
         restore_memory: RestoreMemory::IfPresent,
         wait_for_ready: Some(CREATE_WAIT),
+        volumes: req
+            .volume_mounts
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, m)| VolumeRequest {
+                volume: m.name.clone(),
+                path: m.path.clone(),
+                read_only: false,
+                field: format!("volumeMounts[{i}]"),
+            })
+            .collect(),
     })
 }
 

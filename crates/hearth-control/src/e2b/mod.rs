@@ -23,6 +23,7 @@ mod logs;
 mod metrics;
 mod rules;
 mod secrets;
+mod volumes;
 
 use std::sync::Arc;
 
@@ -236,13 +237,20 @@ pub const ROUTES: &[E2bRoute] = &[
     route("GET", "/secrets/{id}", false),
     route("POST", "/secrets/{id}", true),
     route("DELETE", "/secrets/{id}", false),
-    // E2B's volumes and template builds (e2b 2.63's API client): a 501
-    // naming each, never a 404 that `Template.alias_exists` would read as
-    // "does not exist".
-    unserved("GET", "/volumes", false),
-    unserved("POST", "/volumes", true),
-    unserved("GET", "/volumes/{id}", false),
-    unserved("DELETE", "/volumes/{id}", false),
+    route("GET", "/volumes", false),
+    route("POST", "/volumes", true),
+    route("GET", "/volumes/{id}", false),
+    route("DELETE", "/volumes/{id}", false),
+    // E2B's volume content API and template builds (e2b 2.63's API
+    // clients): a 501 naming each, never a 404 that `Template.alias_exists`
+    // or `Volume.exists` would read as "does not exist".
+    unserved("GET", "/volumecontent/{id}/dir", false),
+    unserved("POST", "/volumecontent/{id}/dir", false),
+    unserved("GET", "/volumecontent/{id}/path", false),
+    unserved("PATCH", "/volumecontent/{id}/path", true),
+    unserved("DELETE", "/volumecontent/{id}/path", false),
+    unserved("GET", "/volumecontent/{id}/file", false),
+    unserved("PUT", "/volumecontent/{id}/file", true),
     unserved("GET", "/default-templates", false),
     unserved("GET", "/templates", false),
     unserved("GET", "/templates/aliases/{alias}", false),
@@ -348,6 +356,10 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("GET", "/secrets/{id}") => on(m, secrets::get),
         ("POST", "/secrets/{id}") => on(m, secrets::update),
         ("DELETE", "/secrets/{id}") => on(m, secrets::delete),
+        ("GET", "/volumes") => on(m, volumes::list),
+        ("POST", "/volumes") => on(m, volumes::create),
+        ("GET", "/volumes/{id}") => on(m, volumes::get),
+        ("DELETE", "/volumes/{id}") => on(m, volumes::delete),
         ("GET", "/health") => on(m, envd::health),
         ("GET", "/files") => on(m, envd::download).layer(DefaultBodyLimit::disable()),
         ("POST", "/files") => on(m, envd::upload).layer(DefaultBodyLimit::disable()),

@@ -1428,9 +1428,9 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
         ("PATCH", "/v2/templates/t1"),
         ("POST", "/v2/templates/t1/builds/b1"),
         ("GET", "/default-templates"),
-        ("GET", "/volumes"),
-        ("GET", "/volumes/v1"),
-        ("DELETE", "/volumes/v1"),
+        ("GET", "/volumecontent/v1/dir"),
+        ("PUT", "/volumecontent/v1/file"),
+        ("DELETE", "/volumecontent/v1/path"),
         ("GET", "/sandboxes/abc/unknown"),
         ("GET", "/snapshots/x/y"),
     ] {

@@ -52,6 +52,21 @@ fn exercises() -> Vec<(&'static str, Value)> {
             json!({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}}),
         ));
     }
+    // Volumes, mounted read-write by one sandbox each (a create makes
+    // the volumes it names first, see `send`).
+    v.extend([
+        ("create_volume", json!({"name": "surface-v1"})),
+        (
+            "create",
+            json!({"templateID": "base",
+                   "volumeMounts": [{"name": "surface-v1", "path": "/mnt/data"}]}),
+        ),
+        (
+            "create_v2",
+            json!({"templateID": "base",
+                   "volumeMounts": [{"name": "surface-v2", "path": "/mnt/data"}]}),
+        ),
+    ]);
     // `secure` is E2B's only mode (v1 only): tokens are always required.
     v.push(("create", json!({"templateID": "base", "secure": true})));
     v.extend([
@@ -169,8 +184,18 @@ impl Env {
                 .await;
             assert!(r.status < 300 || r.status == 404, "kill {id}: {}", r.text());
         }
-        // And the secret the creates name, so that the next may.
+        // And the secret and volumes the creates name, so that the next may.
         self.call("DELETE", "/secrets/surface", &json!({})).await;
+        for name in ["surface", "surface-v1", "surface-v2"] {
+            let r = self
+                .call("DELETE", &format!("/volumes/{name}"), &json!({}))
+                .await;
+            assert!(
+                r.status < 300 || r.status == 404,
+                "delete volume {name}: {}",
+                r.text()
+            );
+        }
     }
 
     /// Fills the placeholders a query of `op` needs from the server: a
@@ -231,10 +256,20 @@ impl Env {
         let mut body = body.clone();
         self.resolve(op, &mut body).await;
         let empty = json!({});
+        if op.starts_with("create") {
+            // The volumes it mounts exist (made here when they do not).
+            for m in body["volumeMounts"].as_array().into_iter().flatten() {
+                let r = self
+                    .call("POST", "/volumes", &json!({"name": m["name"]}))
+                    .await;
+                assert!(r.status < 300 || r.status == 409, "{}", r.text());
+            }
+        }
         match op {
             "create" => self.call("POST", "/sandboxes", &body).await,
             "create_v2" => self.call("POST", "/v2/sandboxes", &body).await,
             "create_secret" => self.call("POST", "/secrets", &body).await,
+            "create_volume" => self.call("POST", "/volumes", &body).await,
             "update_secret" => {
                 // A secret of its own to update.
                 let name = format!("s{}", rand_suffix());

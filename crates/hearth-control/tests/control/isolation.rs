@@ -65,6 +65,8 @@ const POOL: &str = "alpha-pool";
 const GHOST_POOL: &str = "ghost-pool";
 const REGISTRY: &str = "alpha-registry";
 const GHOST_REGISTRY: &str = "ghost-registry";
+const VOLUME: &str = "alpha-volume";
+const GHOST_VOLUME: &str = "ghost-volume";
 const REGISTRY_PASSWORD: &str = "alpha-registry-password";
 const BOUNDARY: &str = "isolation-boundary";
 
@@ -223,6 +225,7 @@ struct Alpha {
     download_token: String,
     service_token: String,
     registry_id: String,
+    volume_id: String,
     /// A's API key's id.
     key_id: String,
 }
@@ -244,6 +247,8 @@ impl Alpha {
             REGISTRY.to_owned(),
             REGISTRY_PASSWORD.to_owned(),
             self.registry_id.clone(),
+            VOLUME.to_owned(),
+            self.volume_id.clone(),
         ];
         all.extend(self.snapshot_ids.iter().cloned());
         all
@@ -334,8 +339,17 @@ async fn populate_a(w: &World) -> Alpha {
                     "username": "alpha", "password": REGISTRY_PASSWORD})),
     )
     .await;
+    let volume = call(
+        w,
+        k,
+        Method::POST,
+        "/api/v2/sandboxes/volumes",
+        Some(json!({"name": VOLUME, "size_bytes": 1u64 << 30})),
+    )
+    .await;
     Alpha {
         registry_id: registry["id"].as_str().unwrap().to_owned(),
+        volume_id: volume["id"].as_str().unwrap().to_owned(),
         sandbox_id,
         snapshot_ids: [latest, v1],
         download_token: link["token"].as_str().unwrap().to_owned(),
@@ -363,6 +377,8 @@ async fn fingerprint(w: &World, a: &Alpha) -> Value {
         format!("/api/v2/sandboxes/pools/{POOL}"),
         "/api/v2/sandboxes/registries".to_owned(),
         format!("/api/v2/sandboxes/registries/{REGISTRY}"),
+        "/api/v2/sandboxes/volumes".to_owned(),
+        format!("/api/v2/sandboxes/volumes/{VOLUME}"),
     ];
     paths.extend(
         a.snapshot_ids
@@ -528,6 +544,7 @@ fn body_for(method: &str, path: &str, content_type: &str) -> Payload {
         ("post", "/glob") => json!({"path": "/", "pattern": "**"}),
         ("patch", "/api/v2/sandboxes/pools/{name}") => json!({"size": 3}),
         ("patch", "/api/v2/sandboxes/registries/{name}") => json!({"username": "hijacked"}),
+        ("patch", "/api/v2/sandboxes/volumes/{volume}") => json!({"description": "hijacked"}),
         ("post", "/grep") => json!({"path": "/", "pattern": "root"}),
         _ => panic!("{method} {path} takes a body: add one to body_for"),
     };
@@ -621,6 +638,16 @@ fn attempts(a: &Alpha, b_download: &str, b_service: &str, a_ws: &str) -> Vec<Att
                     }
                     ("name", x) if x.starts_with("/api/v2/sandboxes/registries/") => {
                         vec![("name".into(), REGISTRY.into(), GHOST_REGISTRY.into())]
+                    }
+                    ("volume", x) if x.starts_with("/api/v2/sandboxes/volumes/") => {
+                        vec![
+                            ("name".into(), VOLUME.into(), GHOST_VOLUME.into()),
+                            (
+                                "id".into(),
+                                a.volume_id.clone(),
+                                uuid::Uuid::new_v4().to_string(),
+                            ),
+                        ]
                     }
                     ("api_key_id", _) => {
                         vec![(

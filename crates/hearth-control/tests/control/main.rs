@@ -39,6 +39,7 @@ mod sdk_surface;
 mod secrets_in_logs;
 mod snapshot_quota;
 mod store_health;
+mod volumes;
 mod workspace_secrets;
 
 /// Suites that boot real microVMs.

@@ -145,6 +145,26 @@ impl Env {
                 )
                 .await
             }
+            "create_volume" => {
+                self.call(Method::POST, "/api/v2/sandboxes/volumes", Some(body))
+                    .await
+            }
+            "update_volume" => {
+                self.call(
+                    Method::PATCH,
+                    "/api/v2/sandboxes/volumes/surface-vol",
+                    Some(body),
+                )
+                .await
+            }
+            "list_volumes" => {
+                self.call(
+                    Method::GET,
+                    &format!("/api/v2/sandboxes/volumes?{}", query(body)),
+                    None,
+                )
+                .await
+            }
             other => panic!("unknown operation {other}"),
         }
     }
@@ -292,6 +312,30 @@ fn proxy_config() -> Value {
 fn exercises() -> Vec<(&'static str, Value)> {
     let run_config = json!({"user": "root", "work_dir": "/tmp", "env_vars": {"A": "1"}});
     vec![
+        (
+            "create_volume",
+            json!({"name": "surface-vol", "size_bytes": GIB / 2, "description": "data",
+                   "labels": {"team": "a"}}),
+        ),
+        (
+            "create_volume",
+            json!({"name": "surface-vol2", "size_bytes": GIB}),
+        ),
+        (
+            "update_volume",
+            json!({"description": "datasets", "labels": {"team": "b"}}),
+        ),
+        (
+            "list_volumes",
+            json!({"name_contains": "SURFACE", "page_size": 1, "cursor": "$VOLUME_CURSOR"}),
+        ),
+        (
+            "create",
+            json!({"name": "surface-vol-box", "snapshot": "busybox", "volumes": [
+                {"volume": "surface-vol", "mount_path": "/mnt/data"},
+                {"volume": "surface-vol2", "mount_path": "/mnt/ro", "read_only": true},
+            ]}),
+        ),
         (
             "create",
             json!({
@@ -481,6 +525,15 @@ async fn resolve(e: &Env, v: &mut Value) {
                     "/api/v2/sandboxes/registries?page_size=1",
                     None,
                 )
+                .await;
+            *s = page["next_cursor"]
+                .as_str()
+                .expect("a second page")
+                .to_owned();
+        }
+        Value::String(s) if s == "$VOLUME_CURSOR" => {
+            let (_, page) = e
+                .call(Method::GET, "/api/v2/sandboxes/volumes?page_size=1", None)
                 .await;
             *s = page["next_cursor"]
                 .as_str()
@@ -694,6 +747,9 @@ fn operation_of<'a>(doc: &'a Value, op: &str) -> (&'a Value, bool) {
         "create_registry" => ("post", "/api/v2/sandboxes/registries"),
         "update_registry" => ("patch", "/api/v2/sandboxes/registries/{name}"),
         "list_registries" => ("get", "/api/v2/sandboxes/registries"),
+        "create_volume" => ("post", "/api/v2/sandboxes/volumes"),
+        "update_volume" => ("patch", "/api/v2/sandboxes/volumes/{volume}"),
+        "list_volumes" => ("get", "/api/v2/sandboxes/volumes"),
         other => panic!("unknown operation {other}"),
     };
     let operation = &doc["paths"][route][method];

@@ -1,0 +1,407 @@
+//! Workspace volumes through the real server on a simulated host, through
+//! both doors: LangSmith's `/api/v2/sandboxes/volumes` and `volumes` on
+//! create, E2B's `/volumes` and `volumeMounts`. The rules are one set:
+//! one writer at a time and any readers, a held volume not deletable,
+//! attaching by its creator or `sandboxes:exec`, never a pool member, a
+//! fork's parent or a capture with memory. What the host is given (the
+//! mount, its hold) is checked on the simulated host; the real VM's side
+//! is `hearth-host`'s `a_volume_outlives_its_vms_and_a_reader_changes_nothing`.
+
+use serde_json::{json, Value};
+
+use crate::harness::{Resp, Server};
+
+const VOLUMES: &str = "/api/v2/sandboxes/volumes";
+const BOXES: &str = "/api/v2/sandboxes/boxes";
+const GIB: u64 = 1 << 30;
+
+fn ok(r: &Resp, status: u16, what: &str) -> Value {
+    assert_eq!(r.status, status, "{what}: {}", r.text());
+    r.json().unwrap_or(Value::Null)
+}
+
+async fn create_box(s: &Server, key: &str, name: &str, volumes: Value) -> Resp {
+    s.json(
+        "POST",
+        BOXES,
+        Some(key),
+        &json!({"name": name, "snapshot": "busybox", "volumes": volumes,
+                "wait_for_ready": true, "timeout": 60}),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_have_one_writer_and_outlive_their_sandboxes_through_both_doors() {
+    let (s, sim) = Server::on_sim().await;
+    let (_, a) =
+        crate::harness::workspace_key(&s.db, "volumes", hearth_db::Quotas::default()).await;
+
+    // Made: its size a whole GiB, its name unique, checked.
+    let made = ok(
+        &s.json(
+            "POST",
+            VOLUMES,
+            Some(&a),
+            &json!({"name": "data", "size_bytes": GIB + 1, "labels": {"team": "a"}}),
+        )
+        .await,
+        201,
+        "create",
+    );
+    assert_eq!(made["size_bytes"], 2 * GIB);
+    assert_eq!(made["status"], "ready");
+    assert_eq!(made["attachments"], json!([]));
+    let id = made["id"].as_str().unwrap().to_owned();
+    let again = s
+        .json(
+            "POST",
+            VOLUMES,
+            Some(&a),
+            &json!({"name": "data", "size_bytes": GIB}),
+        )
+        .await;
+    ok(&again, 409, "the same name twice");
+    let bad = s
+        .json(
+            "POST",
+            VOLUMES,
+            Some(&a),
+            &json!({"name": "-x", "size_bytes": GIB}),
+        )
+        .await;
+    ok(&bad, 422, "a bad name");
+    assert_eq!(bad.field(), "name");
+    let bad = s
+        .json(
+            "POST",
+            VOLUMES,
+            Some(&a),
+            &json!({"name": "big", "size_bytes": 2u64 << 40}),
+        )
+        .await;
+    ok(&bad, 422, "too large");
+    assert_eq!(bad.field(), "size_bytes");
+
+    // Its writer: the host is given the mount with the attachment's hold.
+    let w = ok(
+        &create_box(
+            &s,
+            &a,
+            "writer",
+            json!([{"volume": "data", "mount_path": "/mnt/data/"}]),
+        )
+        .await,
+        201,
+        "writer",
+    );
+    assert_eq!(
+        w["volumes"],
+        json!([{"volume_id": id, "volume_name": "data", "mount_path": "/mnt/data",
+                "read_only": false}])
+    );
+    let writer_id: hearth_types::VmId = w["id"].as_str().unwrap().parse().unwrap();
+    let net = sim.network(writer_id).expect("the writer's network");
+    let mount = net.mounts[0].volume().expect("a volume mount");
+    assert_eq!((mount.volume.as_str(), mount.hold), (id.as_str(), 1));
+    assert_eq!(mount.size.bytes(), 2 * GIB);
+    assert!(!mount.read_only);
+
+    // A second writer is refused naming the first; readers are not.
+    let second = create_box(
+        &s,
+        &a,
+        "second",
+        json!([{"volume": id, "mount_path": "/data"}]),
+    )
+    .await;
+    ok(&second, 409, "a second writer");
+    assert!(second.text().contains("'writer'"), "{}", second.text());
+    ok(
+        &create_box(
+            &s,
+            &a,
+            "reader",
+            json!([{"volume": "data", "mount_path": "/data", "read_only": true}]),
+        )
+        .await,
+        201,
+        "a reader",
+    );
+    // Mount paths follow the mounts' rules.
+    let r = create_box(
+        &s,
+        &a,
+        "sys",
+        json!([{"volume": "data", "mount_path": "/etc/x",
+                                             "read_only": true}]),
+    )
+    .await;
+    ok(&r, 422, "a system path");
+    let r = create_box(
+        &s,
+        &a,
+        "ghost",
+        json!([{"volume": "nope", "mount_path": "/d"}]),
+    )
+    .await;
+    ok(&r, 404, "an unknown volume");
+
+    // Listed with its holders; changed.
+    let got = ok(
+        &s.json("GET", &format!("{VOLUMES}/data"), Some(&a), &Value::Null)
+            .await,
+        200,
+        "get",
+    );
+    let holders: Vec<(&str, bool)> = got["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["sandbox_name"].as_str().unwrap(),
+                h["read_only"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(holders, [("reader", true), ("writer", false)]);
+    let changed = ok(
+        &s.json(
+            "PATCH",
+            &format!("{VOLUMES}/{id}"),
+            Some(&a),
+            &json!({"description": "datasets", "labels": null}),
+        )
+        .await,
+        200,
+        "update",
+    );
+    assert_eq!(changed["description"], "datasets");
+    assert_eq!(changed["labels"], json!({}));
+
+    // A holder's memory goes nowhere else: no fork, no capture with it.
+    let r = s
+        .json(
+            "POST",
+            &format!("{BOXES}/writer/fork"),
+            Some(&a),
+            &json!({}),
+        )
+        .await;
+    ok(&r, 409, "a fork of a holder");
+    assert!(r.text().contains("volume 'data'"), "{}", r.text());
+    let r = s
+        .json(
+            "POST",
+            &format!("{BOXES}/writer/snapshot"),
+            Some(&a),
+            &json!({"name": "with-mem", "include_memory": true}),
+        )
+        .await;
+    ok(&r, 409, "a capture with memory of a holder");
+
+    // Held: not deleted, naming a holder.
+    let r = s
+        .json("DELETE", &format!("{VOLUMES}/data"), Some(&a), &Value::Null)
+        .await;
+    ok(&r, 409, "delete a held volume");
+    assert!(r.text().contains("sandbox '"), "{}", r.text());
+
+    // The other workspace sees none of it.
+    let b = s.other.clone();
+    ok(
+        &s.json("GET", &format!("{VOLUMES}/{id}"), Some(&b), &Value::Null)
+            .await,
+        404,
+        "another workspace's volume",
+    );
+    ok(
+        &create_box(
+            &s,
+            &b,
+            "thief",
+            json!([{"volume": id, "mount_path": "/d",
+                                             "read_only": true}]),
+        )
+        .await,
+        404,
+        "another workspace attaches",
+    );
+
+    // A key without sandboxes:exec attaches only its own volumes.
+    let r = s
+        .json(
+            "POST",
+            "/api/v1/api-key",
+            Some(&a),
+            &json!({"description": "no exec", "permissions": ["sandboxes:create", "sandboxes:read"]}),
+        )
+        .await;
+    let narrow = ok(&r, 201, "a narrow key")["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = create_box(
+        &s,
+        &narrow,
+        "narrow",
+        json!([{"volume": "data", "mount_path": "/d",
+                                                       "read_only": true}]),
+    )
+    .await;
+    ok(&r, 403, "attach another's volume without sandboxes:exec");
+
+    // The writer gone, the next one takes the next hold.
+    for name in ["writer", "reader"] {
+        ok(
+            &s.json("DELETE", &format!("{BOXES}/{name}"), Some(&a), &Value::Null)
+                .await,
+            204,
+            "delete",
+        );
+    }
+
+    // E2B's door: the same volume by name, mounted at create, shown in the
+    // detail; its own volumes listed with LangSmith's.
+    let e = s
+        .json("POST", "/volumes", Some(&a), &json!({"name": "e2b-vol"}))
+        .await;
+    let e2b_vol = ok(&e, 201, "E2B create")["volumeID"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let list = ok(
+        &s.json("GET", "/volumes", Some(&a), &json!({})).await,
+        200,
+        "list",
+    );
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["data", "e2b-vol"]);
+    let ls = ok(
+        &s.json("GET", &format!("{VOLUMES}/e2b-vol"), Some(&a), &Value::Null)
+            .await,
+        200,
+        "E2B's volume through LangSmith's door",
+    );
+    assert_eq!(ls["size_bytes"], 4 * GIB);
+    let sb = ok(
+        &s.json(
+            "POST",
+            "/sandboxes",
+            Some(&a),
+            &json!({"templateID": "base", "volumeMounts": [
+                {"name": "data", "path": "/mnt/data"},
+                {"name": e2b_vol, "path": "/mnt/e2b"},
+            ]}),
+        )
+        .await,
+        201,
+        "E2B create with volumes",
+    );
+    let sid = sb["sandboxID"].as_str().unwrap().to_owned();
+    let detail = ok(
+        &s.json("GET", &format!("/sandboxes/{sid}"), Some(&a), &json!({}))
+            .await,
+        200,
+        "detail",
+    );
+    assert_eq!(
+        detail["volumeMounts"],
+        json!([{"name": "data", "path": "/mnt/data"}, {"name": "e2b-vol", "path": "/mnt/e2b"}])
+    );
+    let vm: hearth_types::VmId = sid.parse().unwrap();
+    let holds: Vec<u32> = sim
+        .network(vm)
+        .unwrap()
+        .mounts
+        .iter()
+        .filter_map(|m| m.volume().map(|v| v.hold))
+        .collect();
+    // `data`'s third attachment (writer, reader), `e2b-vol`'s first.
+    assert_eq!(holds, [3, 1]);
+    // E2B's refusal of a held volume's delete is E2B's shape.
+    let r = s
+        .json(
+            "DELETE",
+            &format!("/volumes/{e2b_vol}"),
+            Some(&a),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.json().unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .contains("attached"));
+    ok(
+        &s.json("DELETE", &format!("/sandboxes/{sid}"), Some(&a), &json!({}))
+            .await,
+        204,
+        "kill",
+    );
+    // Deleted, its disk too; then unknown to both doors.
+    let e2b_vol_disk = format!("volume-{e2b_vol}");
+    ok(
+        &s.json(
+            "DELETE",
+            &format!("/volumes/{e2b_vol}"),
+            Some(&a),
+            &json!({}),
+        )
+        .await,
+        204,
+        "E2B delete",
+    );
+    assert!(!sim.has_volume(&e2b_vol_disk));
+    ok(
+        &s.json(
+            "DELETE",
+            &format!("/volumes/{e2b_vol}"),
+            Some(&a),
+            &json!({}),
+        )
+        .await,
+        404,
+        "E2B delete again (the SDK's False)",
+    );
+    ok(
+        &s.json("DELETE", &format!("{VOLUMES}/data"), Some(&a), &Value::Null)
+            .await,
+        204,
+        "LangSmith delete",
+    );
+    ok(
+        &s.json("GET", &format!("{VOLUMES}/{id}"), Some(&a), &Value::Null)
+            .await,
+        404,
+        "gone",
+    );
+    // Cloning is not served: a 501 naming it.
+    ok(
+        &s.json(
+            "POST",
+            VOLUMES,
+            Some(&a),
+            &json!({"name": "src", "size_bytes": GIB}),
+        )
+        .await,
+        201,
+        "a source",
+    );
+    let r = s
+        .json(
+            "POST",
+            &format!("{VOLUMES}/src/clone"),
+            Some(&a),
+            &json!({"name": "y"}),
+        )
+        .await;
+    ok(&r, 501, "clone");
+    assert!(r.text().contains("/clone"), "{}", r.text());
+}
