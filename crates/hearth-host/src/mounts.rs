@@ -384,6 +384,29 @@ pub(crate) async fn make(vm: &Vm, guest: &GuestClient, has_network: bool) -> Res
     Ok(())
 }
 
+/// How long a VM about to be deleted may take to flush its volumes.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks a ready guest that writes volumes to flush them (`sync`), before
+/// its VM is killed; a guest that does not answer within
+/// [`SYNC_TIMEOUT`] loses what it had not flushed, as at a power cut
+/// (logged).
+pub(crate) async fn sync_volumes(vm: &Vm) {
+    let writes = mounts_of(vm)
+        .iter()
+        .any(|m| m.volume().is_some_and(|v| !v.read_only));
+    if !writes || vm.state() != VmState::Ready {
+        return;
+    }
+    let Some(guest) = vm.guest() else { return };
+    let req = script("sync", &[], SYNC_TIMEOUT);
+    match tokio::time::timeout(SYNC_TIMEOUT, run(&guest, req)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => tracing::warn!(vm = %vm.id, %why, "the guest did not flush its volumes"),
+        Err(_) => tracing::warn!(vm = %vm.id, "the guest did not flush its volumes within 10 s"),
+    }
+}
+
 /// Refreshes the VM's mounts that ask for it, each every its interval,
 /// while the VM is ready; never returns (its caller's other branches end
 /// the watch).

@@ -105,6 +105,11 @@ impl Host {
     /// Stops the VM if needed and removes every trace of it, its disk and
     /// saved memory in the store included.
     pub async fn delete(&self, id: VmId) -> Result<(), HostError> {
+        // What the guest wrote to its volumes and has not flushed yet is
+        // flushed first: a volume outlives this VM, unlike its disk.
+        if let Ok(vm) = self.get(id) {
+            crate::mounts::sync_volumes(&vm).await;
+        }
         let vm = self.forget_inner(id).await?;
         self.disks.remove(id).await?;
         if let Some(g) = &self.generations {
