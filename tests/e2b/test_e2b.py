@@ -345,6 +345,53 @@ def test_secrets_are_the_workspaces_and_never_shown():
         pass
 
 
+def test_volumes_outlive_their_sandboxes_with_one_writer():
+    """E2B's volumes: made, mounted at create (read-write: one sandbox at
+    a time), shown in the sandbox's info; files written there as the user
+    outlive the sandbox and the next sandbox reads them; a held volume is
+    not destroyed; listed and found by id or name; another workspace sees
+    none; destroyed, then False."""
+    from e2b import Volume
+    from e2b.exceptions import VolumeException
+    name = f"suite-vol-{os.getpid()}"
+    vol = Volume.create(name)
+    check(vol.name == name and vol.volume_id, f"made: {vol.volume_id} {vol.name}")
+    sb = new(volume_mounts={"/mnt/data": vol})
+    mounts = [(m["name"], m["path"]) for m in sb.get_info().volume_mounts]
+    check(mounts == [(name, "/mnt/data")], f"the sandbox's volumes: {mounts}")
+    sb.files.write("/mnt/data/notes.txt", "kept")
+    r = sb.commands.run("stat -c '%U %a' /mnt/data/notes.txt; ls -A /mnt/data; "
+                        "df -k /mnt/data | tail -1 | awk '{print $2}'")
+    lines = r.stdout.split()
+    check(lines[:3] == ["user", "644", "notes.txt"], f"written as the user: {r.stdout!r}")
+    check(3_500_000 < int(lines[3]) <= 4 * 1024 * 1024, f"about 4 GiB: {lines[3]} KiB")
+    try:
+        new(volume_mounts={"/mnt/x": name})
+        raise AssertionError("a second writer was given the volume")
+    except AssertionError:
+        raise
+    except SandboxException as e:
+        check("one writer at a time" in str(e), f"a second writer: {e!r}")
+    try:
+        Volume.destroy(vol.volume_id)
+        raise AssertionError("a held volume was destroyed")
+    except AssertionError:
+        raise
+    except VolumeException as e:
+        check("attached to sandbox" in str(e), f"held: {e!r}")
+    sb.kill()
+    sb2 = new(volume_mounts={"/data": name})
+    check(sb2.files.read("/data/notes.txt") == "kept", "the next sandbox reads what was written")
+    sb2.kill()
+    check(name in [v.name for v in Volume.list()], "listed")
+    check(Volume.get_info(vol.volume_id).name == name, "found by id")
+    check(Volume.connect(name).volume_id == vol.volume_id, "and by name")
+    check(name not in [v.name for v in Volume.list(api_key=OTHER_KEY)],
+          "another workspace sees none")
+    check(Volume.destroy(vol.volume_id), "destroyed")
+    check(not Volume.destroy(vol.volume_id), "destroying what is gone is False")
+
+
 def test_pause_keeps_processes_and_connect_resumes():
     sb = new()
     sb.commands.run("echo kept > /home/user/state")
@@ -899,6 +946,7 @@ TESTS = [
     test_a_watcher_sees_changes_under_its_directory,
     test_stream_input_feeds_a_running_process_as_it_comes,
     test_one_sandbox_through_both_doors,
+    test_volumes_outlive_their_sandboxes_with_one_writer,
     test_sandbox_hosts_by_name_over_tls,
     test_code_interpreter_keeps_state_and_returns_rich_results,
     test_the_async_sdk,

@@ -79,6 +79,14 @@ pub trait DiskProvider: Send + Sync {
     /// volumes, a writer's committed, a reader's dropped.
     fn release<'a>(&'a self, vm: VmId) -> UnitFuture<'a>;
 
+    /// The VM's VMM has exited and the VM is going (deleted, or moved to
+    /// another host): its volumes are released as at a stop (a writer's
+    /// committed), while its root disk waits for [`Self::remove`] or
+    /// [`Self::release`].
+    fn release_volumes<'a>(&'a self, _vm: VmId) -> UnitFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// The VM is deleted: its disk goes, wherever it is kept.
     fn remove<'a>(&'a self, vm: VmId) -> UnitFuture<'a>;
 

@@ -555,6 +555,14 @@ impl GenerationDisks {
     }
 
     async fn release_inner(&self, vm: VmId) -> Result<(), HostError> {
+        let volumes = self.release_volumes_inner(vm).await;
+        let root = self.release_root(vm).await;
+        volumes.and(root)
+    }
+
+    /// Commits a writer's volumes of `vm` (whose VMM has exited) and drops
+    /// the reader's; the first failure, after trying them all.
+    async fn release_volumes_inner(&self, vm: VmId) -> Result<(), HostError> {
         let volumes: Vec<Attached> = {
             let mut all = self.volumes();
             let keys: Vec<_> = all.keys().filter(|k| k.0 == vm).copied().collect();
@@ -573,13 +581,12 @@ impl GenerationDisks {
             }
             a.volume.discard();
         }
-        let root = self.release_root(vm).await;
         match failed {
             Some(e) => Err(HostError::Boot {
                 id: vm,
                 reason: format!("a volume's last writes were not committed: {e}"),
             }),
-            None => root,
+            None => Ok(()),
         }
     }
 
@@ -627,6 +634,10 @@ impl DiskProvider for GenerationDisks {
 
     fn release<'a>(&'a self, vm: VmId) -> UnitFuture<'a> {
         Box::pin(self.release_inner(vm))
+    }
+
+    fn release_volumes<'a>(&'a self, vm: VmId) -> UnitFuture<'a> {
+        Box::pin(self.release_volumes_inner(vm))
     }
 
     fn remove<'a>(&'a self, vm: VmId) -> UnitFuture<'a> {

@@ -140,6 +140,11 @@ impl Host {
             }
         }
         vm.transition(VmState::Deleted, None);
+        // Its volumes outlive it: a writer's last writes committed (their
+        // local files are in the directory removed below).
+        if let Err(e) = self.disks.release_volumes(id).await {
+            tracing::error!(vm = %id, error = %error_chain(&e), "a volume's release failed");
+        }
         self.release_network(&vm).await;
         self.release_jail_slot(&vm);
         self.cleanup_runtime(&vm);

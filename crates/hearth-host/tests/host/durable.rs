@@ -648,6 +648,10 @@ async fn a_volume_outlives_its_vms_and_a_reader_changes_nothing() {
     // Not flushed by the guest: the delete asks it to.
     run(&g, "echo hello > /mnt/data/f && mkdir /mnt/data/d").await;
     host.delete(a).await.unwrap();
+    // Its delete committed it: a reader sees it.
+    let (r0, g) = boot(&host, with(true, 1)).await;
+    assert_eq!(run(&g, "cat /mnt/data/f").await, "hello");
+    host.delete(r0).await.unwrap();
 
     // The next writer finds it; its writes are committed when it stops.
     let (b, g) = boot(&host, with(false, 2)).await;
