@@ -385,7 +385,8 @@ def test_volumes_outlive_their_sandboxes_with_one_writer():
     sb2.kill()
     check(name in [v.name for v in Volume.list()], "listed")
     check(Volume.get_info(vol.volume_id).name == name, "found by id")
-    check(Volume.connect(name).volume_id == vol.volume_id, "and by name")
+    check(Volume.get_info(name).volume_id == vol.volume_id, "and by name")
+    check(Volume.connect(vol.volume_id).name == name, "connect")
     check(name not in [v.name for v in Volume.list(api_key=OTHER_KEY)],
           "another workspace sees none")
     check(Volume.destroy(vol.volume_id), "destroyed")

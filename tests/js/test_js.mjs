@@ -8,7 +8,8 @@
 // Each test prints PASS or FAIL; the exit status is 1 if any failed.
 
 import { SandboxClient, LangSmithResourceNotFoundError } from "langsmith/sandbox";
-import { Sandbox, NotFoundError } from "e2b";
+import { Sandbox, NotFoundError, Volume } from "e2b";
+import { Sandbox as CodeInterpreter } from "@e2b/code-interpreter";
 
 const SNAPSHOT = process.env.HEARTH_JS_SNAPSHOT || "busybox";
 const OTHER_KEY = process.env.HEARTH_JS_OTHER_KEY;
@@ -129,10 +130,51 @@ async function e2bSandboxRunsCommandsAndFiles() {
   made.e2b.pop();
 }
 
+// E2B's volumes from JS: made, mounted read-write by one sandbox, its
+// files read by the next, destroyed once free.
+async function e2bVolumesOutliveTheirSandboxes() {
+  const name = `js-vol-${process.pid}`;
+  const vol = await Volume.create(name);
+  check(vol.name === name && vol.volumeId, `made ${vol.volumeId}`);
+  const first = await Sandbox.create(SNAPSHOT, { timeoutMs: 300_000, volumeMounts: { "/mnt/data": vol } });
+  made.e2b.push(first.sandboxId);
+  const info = await first.getInfo();
+  check(JSON.stringify(info.volumeMounts) === JSON.stringify([{ name, path: "/mnt/data" }]), `mounts ${JSON.stringify(info.volumeMounts)}`);
+  await first.files.write("/mnt/data/js.txt", "kept by js");
+  await first.kill();
+  made.e2b.pop();
+  const next = await Sandbox.create(SNAPSHOT, { timeoutMs: 300_000, volumeMounts: { "/data": name } });
+  made.e2b.push(next.sandboxId);
+  check((await next.files.read("/data/js.txt")) === "kept by js", "the next sandbox reads it");
+  await next.kill();
+  made.e2b.pop();
+  check((await Volume.list()).some((v) => v.name === name), "listed");
+  check(await Volume.destroy(vol.volumeId), "destroyed");
+  check(!(await Volume.destroy(vol.volumeId)), "destroying what is gone is false");
+}
+
+// @e2b/code-interpreter: its default template, state kept between runs,
+// a rich result and an error as values.
+async function e2bCodeInterpreterRunsCode() {
+  const sbx = await CodeInterpreter.create({ timeoutMs: 300_000 });
+  made.e2b.push(sbx.sandboxId);
+  const first = await sbx.runCode("x = 40\nx + 2");
+  check(first.text === "42", `first result ${JSON.stringify(first.text)} ${JSON.stringify(first.error)}`);
+  const out = [];
+  const second = await sbx.runCode("print(x * 2)", { onStdout: (m) => out.push(m.line) });
+  check(out.join("") === "80\n" && second.logs.stdout.join("") === "80\n", `state kept: ${JSON.stringify(out)}`);
+  const failed = await sbx.runCode("1 / 0");
+  check(failed.error && failed.error.name === "ZeroDivisionError", `an error: ${JSON.stringify(failed.error)}`);
+  await sbx.kill();
+  made.e2b.pop();
+}
+
 const tests = [
   langsmithSandboxRunsCommandsAndFiles,
   langsmithStreamsACommand,
   e2bSandboxRunsCommandsAndFiles,
+  e2bVolumesOutliveTheirSandboxes,
+  e2bCodeInterpreterRunsCode,
 ];
 
 let failed = 0;

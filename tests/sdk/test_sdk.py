@@ -1289,6 +1289,54 @@ def test_burst_of_creates_ends_ready_or_with_clear_errors():
     check(not problems, "; ".join(problems))
 
 
+def test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes():
+    """The SDK's API client (the one `client.registries` is part of:
+    `sandboxes.volumes`, and `boxes.create(volumes=...)`): a volume made,
+    written by its one writer and kept across that sandbox's stop and
+    start; a second writer refused naming the first; after the writer's
+    delete, a reader sees what it wrote and cannot change it; a held
+    volume is not deleted; deleted once free."""
+    client.registries  # makes the SDK's API client
+    api = client._registries_client.sandboxes
+    name = unique("sdk-vol")
+    v = api.volumes.create(name=name, size_bytes=GIB, description="suite")
+    check(v.name == name and v.size_bytes == GIB and v.status == "ready", f"made {v!r}")
+
+    def box(box_name, mount, read_only=False):
+        api.boxes.create(
+            name=box_name, snapshot="busybox",
+            volumes=[{"volume": name, "mount_path": mount, "read_only": read_only}],
+            extra_body={"wait_for_ready": True, "timeout": CREATE_TIMEOUT},
+            timeout=CREATE_TIMEOUT + 30,
+        )
+        created.add(box_name)
+        return client.get_sandbox(box_name)
+
+    writer = box(unique("sdk-vol-w"), "/mnt/data")
+    r = writer.run("echo kept > /mnt/data/f && ls -A /mnt/data && df -k /mnt/data | tail -1")
+    check(r.exit_code == 0 and r.stdout.split()[0] == "f", f"written: {r.stdout!r} {r.stderr!r}")
+    client.stop_sandbox(writer.name)
+    writer = client.start_sandbox(writer.name, timeout=CREATE_TIMEOUT)
+    check(writer.read("/mnt/data/f") == b"kept\n", "kept across stop and start")
+    got = api.volumes.retrieve(name)
+    check([a.sandbox_name for a in got.attachments] == [writer.name], f"held by {got.attachments!r}")
+    e = expect_error(Exception, box, unique("sdk-vol-2"), "/data")
+    check("one writer at a time" in str(e) and writer.name in str(e), f"a second writer: {e}")
+    e = expect_error(Exception, api.volumes.delete, name)
+    check("attached to sandbox" in str(e), f"a held volume's delete: {e}")
+    client.delete_sandbox(writer.name)
+    created.discard(writer.name)
+
+    reader = box(unique("sdk-vol-r"), "/data", read_only=True)
+    check(reader.read("/data/f") == b"kept\n", "a reader sees what its writer wrote")
+    r = reader.run("touch /data/g")
+    check(r.exit_code != 0 and "Read-only" in r.stderr, f"a reader's write: {r.stderr!r}")
+    client.delete_sandbox(reader.name)
+    created.discard(reader.name)
+    api.volumes.delete(name)
+    expect_error(Exception, api.volumes.retrieve, name)
+
+
 TESTS = [
     test_create_default_sandbox,
     test_run_returns_stdout_and_exit_code,
@@ -1310,6 +1358,7 @@ TESTS = [
     test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not,
     test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env,
     test_private_registry_pulls_with_its_credentials_over_tls,
+    test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes,
     test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own,
     test_burst_of_creates_ends_ready_or_with_clear_errors,
 ]
