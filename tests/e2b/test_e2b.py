@@ -365,6 +365,10 @@ def test_volumes_outlive_their_sandboxes_with_one_writer():
     lines = r.stdout.split()
     check(lines[:3] == ["user", "644", "notes.txt"], f"written as the user: {r.stdout!r}")
     check(3_500_000 < int(lines[3]) <= 4 * 1024 * 1024, f"about 4 GiB: {lines[3]} KiB")
+    # Paused with its memory and resumed: the volume is where it was.
+    sb.pause()
+    sb = Sandbox.connect(sb.sandbox_id)
+    sb.commands.run("echo more >> /mnt/data/notes.txt")
     try:
         new(volume_mounts={"/mnt/x": name})
         raise AssertionError("a second writer was given the volume")
@@ -381,7 +385,8 @@ def test_volumes_outlive_their_sandboxes_with_one_writer():
         check("attached to sandbox" in str(e), f"held: {e!r}")
     sb.kill()
     sb2 = new(volume_mounts={"/data": name})
-    check(sb2.files.read("/data/notes.txt") == "kept", "the next sandbox reads what was written")
+    check(sb2.files.read("/data/notes.txt") == "keptmore\n",
+          "the next sandbox reads what was written, before and after the pause")
     sb2.kill()
     check(name in [v.name for v in Volume.list()], "listed")
     check(Volume.get_info(vol.volume_id).name == name, "found by id")
