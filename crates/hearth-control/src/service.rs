@@ -22,6 +22,7 @@ use crate::auth::Principal;
 use crate::domain::commands::SandboxChange;
 use crate::domain::create::Boot;
 use crate::domain::error::DomainError;
+use crate::domain::lifetime::PAUSE_WAIT;
 use crate::domain::queries::spec_of;
 use crate::domain::state::{Move, Verdict};
 use crate::Control;
@@ -740,6 +741,8 @@ impl Control {
                 None
             }
         };
+        // Before the boot, whose end makes the lifetime count from then.
+        self.rearm_lifetime(&placed).await;
         self.spawn_boot(
             placed.clone(),
             host_id,
@@ -748,7 +751,6 @@ impl Control {
             net,
             Boot::Start { saved },
         );
-        self.rearm_lifetime(&placed).await;
         Ok(placed)
     }
 
@@ -766,10 +768,21 @@ impl Control {
 
     /// The guest of a sandbox the caller may use: starts it when stopped,
     /// waits while it boots, and counts the request as activity.
+    ///
+    /// A sandbox a request resumes (E2B's `autoResume`) that is pausing at
+    /// its deadline is waited for ([`PAUSE_WAIT`] at most) and then
+    /// resumed, rather than answered "not running" in between.
     pub(crate) async fn wake(
         self: &Arc<Self>,
         mut row: SandboxRow,
     ) -> Result<(SandboxRow, GuestClient), DomainError> {
+        let resumes = spec_of(&row).is_ok_and(|s| s.auto_resume);
+        if row.status == SandboxStatus::Ready && resumes && self.past_deadline(row.id).await? {
+            let changed = self.changed.subscribe();
+            row = self
+                .wait_while(row.id, SandboxStatus::Ready, PAUSE_WAIT, changed)
+                .await?;
+        }
         if matches!(row.status, SandboxStatus::Stopped | SandboxStatus::Failed) {
             row = self.start_row(&row).await?;
         }

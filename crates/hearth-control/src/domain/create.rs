@@ -372,6 +372,18 @@ impl Control {
         &self,
         id: SandboxId,
         wait: Duration,
+        changed: broadcast::Receiver<crate::Changed>,
+    ) -> Result<SandboxRow, DomainError> {
+        self.wait_while(id, SandboxStatus::Provisioning, wait, changed)
+            .await
+    }
+
+    /// [`Self::wait_while_provisioning`] for any status.
+    pub(crate) async fn wait_while(
+        &self,
+        id: SandboxId,
+        status: SandboxStatus,
+        wait: Duration,
         mut changed: broadcast::Receiver<crate::Changed>,
     ) -> Result<SandboxRow, DomainError> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -384,7 +396,7 @@ impl Control {
                     got = changed.recv() => match got {
                         Ok(c) if c.id != id => continue,
                         Ok(crate::Changed { row: Some(row), .. })
-                            if row.status != SandboxStatus::Provisioning =>
+                            if row.status != status =>
                         {
                             return Ok(SandboxRow::clone(&row));
                         }
@@ -405,8 +417,7 @@ impl Control {
                 .get_sandbox_by_id(id)
                 .await
                 .map_err(DomainError::from)?;
-            if row.status != SandboxStatus::Provisioning || tokio::time::Instant::now() >= deadline
-            {
+            if row.status != status || tokio::time::Instant::now() >= deadline {
                 return Ok(row);
             }
         }
@@ -623,7 +634,10 @@ impl Control {
     /// Records a boot's outcome; false when a newer decision won.
     pub(crate) async fn finish_boot(&self, row: &SandboxRow, result: Result<(), String>) -> bool {
         let (m, message) = match &result {
-            Ok(()) => (Move::Booted, None),
+            Ok(()) => {
+                self.lifetime_from_ready(row).await;
+                (Move::Booted, None)
+            }
             Err(e) => {
                 tracing::warn!(sandbox = %row.id, error = %e, "sandbox boot failed");
                 self.metrics.boot_failed();

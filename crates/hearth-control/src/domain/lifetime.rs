@@ -16,6 +16,14 @@ use crate::domain::error::DomainError;
 use crate::domain::queries::spec_of;
 use crate::Control;
 
+/// What a resumed sandbox's deadline allows for its boot, on top of its
+/// lifetime, until it is ready (the longest a request waits for a wake).
+pub(crate) const RESUME_ALLOWANCE: Duration = crate::service::WAKE_TIMEOUT;
+
+/// The longest a request to a sandbox pausing at its deadline (E2B's
+/// `autoResume`) waits for the pause to land before resuming it.
+pub(crate) const PAUSE_WAIT: Duration = Duration::from_secs(60);
+
 impl Control {
     /// Sets a sandbox's deadline, and wakes this replica's deadline timer
     /// (`reap.rs`'s `run_deadlines`), which may be sleeping past it.
@@ -46,6 +54,10 @@ impl Control {
     /// one. A connect's own timeout then moves it. A deadline already
     /// past counts as none: the pause that acted on it is about to clear
     /// it, and clears only that one (`clear_deadline_at`).
+    ///
+    /// Until the sandbox is ready the deadline also allows its boot
+    /// ([`RESUME_ALLOWANCE`]); once ready, [`Self::lifetime_from_ready`]
+    /// makes it count from then: a slow resume does not eat the lifetime.
     pub(crate) async fn rearm_lifetime(&self, row: &SandboxRow) {
         let Some(life) = spec_of(row).ok().and_then(|s| s.lifetime) else {
             return;
@@ -55,7 +67,7 @@ impl Control {
             Ok(_) => {
                 self.put_deadline(&Deadline {
                     sandbox_id: row.id,
-                    expires_at: Timestamp::now().plus(life.timeout),
+                    expires_at: Timestamp::now().plus(life.timeout + RESUME_ALLOWANCE),
                     on_expiry: life.on_expiry,
                 })
                 .await
@@ -64,6 +76,30 @@ impl Control {
         };
         if let Err(e) = result {
             tracing::warn!(sandbox = %row.id, error = %e, "cannot give a resumed sandbox its lifetime again; it runs without a deadline until its next start");
+        }
+    }
+
+    /// A sandbox with a lifetime that became ready: its lifetime counts
+    /// from now. Only a deadline that allowed the boot too (later than a
+    /// whole lifetime from now) moves; one a caller set is left as set.
+    pub(crate) async fn lifetime_from_ready(&self, row: &SandboxRow) {
+        let Some(life) = spec_of(row).ok().and_then(|s| s.lifetime) else {
+            return;
+        };
+        let from_now = Timestamp::now().plus(life.timeout);
+        let result = match self.deadline(row.id).await {
+            Ok(Some(d)) if d.expires_at > from_now => {
+                self.put_deadline(&Deadline {
+                    expires_at: from_now,
+                    ..d
+                })
+                .await
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(sandbox = %row.id, error = %e, "cannot count a ready sandbox's lifetime from now; it keeps the boot's allowance");
         }
     }
 

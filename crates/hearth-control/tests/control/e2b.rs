@@ -1750,3 +1750,69 @@ async fn a_deadline_holds_to_the_second() {
     let late = deleted.expect("deleted by the deadline timer, before any reaper pass");
     eprintln!("deleted {late:?} after its deadline");
 }
+
+/// E2B's lifecycle, to the second: a resumed sandbox's lifetime counts
+/// from when it is ready, not from when its (slow) resume began; a request
+/// that meets an `autoResume` sandbox whose deadline has passed, its pause
+/// not landed yet, waits for the pause and resumes it, rather than being
+/// served by a VM about to pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_a_resume_counts_from_ready_and_a_request_waits_for_a_pause() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let (id, token) = created(
+        &s,
+        &key,
+        json!({"templateID": "base", "timeout": 30,
+               "autoPause": true, "autoResume": {"enabled": true}}),
+    )
+    .await;
+    let sid: hearth_types::SandboxId = id.parse().unwrap();
+    let report = s
+        .control
+        .reap_at(Timestamp::now().plus(Duration::from_secs(600)))
+        .await;
+    assert_eq!(report.deadlines_expired, 1, "{report:?}");
+    assert_eq!(detail(&s, &key, &id).await["state"], "paused");
+
+    // A resume that takes 3 s: its 30 s count from its end.
+    sim.set_boot_time(Duration::from_secs(3));
+    let r = send(s.addr, &health_request(&id, &token).bytes()).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let answered = Timestamp::now();
+    let d =
+        s.db.deadlines_of(&[sid])
+            .await
+            .unwrap()
+            .remove(&sid)
+            .unwrap();
+    let left = d.expires_at.unix_ms() - answered.unix_ms();
+    assert!(
+        (28_500..=30_500).contains(&left),
+        "the lifetime counts from ready: {left} ms left"
+    );
+    sim.set_boot_time(Duration::ZERO);
+
+    // Its deadline passes; the pause lands a second later. A request sent
+    // meanwhile waits for it, then resumes the sandbox.
+    s.db.set_deadline(&hearth_db::Deadline {
+        expires_at: Timestamp::now().minus(Duration::from_millis(10)),
+        ..d
+    })
+    .await
+    .unwrap();
+    let control = s.control.clone();
+    let reaper = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        control.reap_at(Timestamp::now()).await
+    });
+    let r = send(s.addr, &health_request(&id, &token).bytes()).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(reaper.await.unwrap().deadlines_expired, 1);
+    assert_eq!(
+        detail(&s, &key, &id).await["state"],
+        "running",
+        "the request resumed it after its pause"
+    );
+    counts_from_now(&s, &key, &id, 30).await;
+}

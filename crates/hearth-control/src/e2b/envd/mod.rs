@@ -161,16 +161,20 @@ pub(super) async fn target(c: &Arc<Control>, headers: &HeaderMap) -> E2bResult<T
         Err(refused) => return Err(E2bError::new(401, refused.to_string())),
     };
     let spec = spec_of(&row).ok();
-    let (row, guest) = if row.status == SandboxStatus::Ready {
-        let guest = c.live_guest(&row).await.map_err(|_| not_running())?;
-        c.touch(&row).await;
-        (row, guest)
-    } else if row.status == SandboxStatus::Stopped && spec.as_ref().is_some_and(|s| s.auto_resume) {
-        // E2B's autoResume: the request resumes the paused sandbox.
+    let resumes = spec.as_ref().is_some_and(|s| s.auto_resume);
+    let (row, guest) = if resumes
+        && matches!(row.status, SandboxStatus::Ready | SandboxStatus::Stopped)
+    {
+        // E2B's autoResume: the request resumes the paused sandbox (one
+        // pausing at its deadline once its pause lands).
         c.wake(row).await.map_err(|e| {
             tracing::info!(sandbox = %id, error = %e, "an envd request could not resume its sandbox");
             not_running()
         })?
+    } else if row.status == SandboxStatus::Ready {
+        let guest = c.live_guest(&row).await.map_err(|_| not_running())?;
+        c.touch(&row).await;
+        (row, guest)
     } else {
         return Err(not_running());
     };
