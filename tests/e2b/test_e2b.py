@@ -871,6 +871,32 @@ def test_sandbox_hosts_by_name_over_tls():
             closed_url, headers={"e2b-traffic-access-token": closed.traffic_access_token})
         body = fetch_once_listening(req, ctx)
         check(body == b"closed", f"with the token: {body!r}")
+        # Signed file URLs (this sandbox is secure: they carry a signature,
+        # not the token): a download, one that expires, an upload; a URL
+        # changed or expired is refused.
+        down = sb.download_url("/tmp/www/index.html")
+        check("signature=v1_" in down and "X-Access-Token" not in down, down)
+        with urllib.request.urlopen(down, context=ctx, timeout=30) as resp:
+            check(resp.read() == b"hello from port 3000", "a signed download")
+        timed = sb.download_url("/tmp/www/index.html", use_signature_expiration=60)
+        with urllib.request.urlopen(timed, context=ctx, timeout=30) as resp:
+            check(resp.read() == b"hello from port 3000", "a signed download that expires")
+        up = sb.upload_url("/tmp/www/up.txt")
+        boundary = "hearth-suite"
+        form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+                f"filename=\"up.txt\"\r\n\r\nsent by URL\r\n--{boundary}--\r\n").encode()
+        req = urllib.request.Request(up, data=form, method="POST", headers={
+            "content-type": f"multipart/form-data; boundary={boundary}"})
+        with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
+            check(resp.status == 200, f"a signed upload: {resp.status}")
+        check(sb.files.read("/tmp/www/up.txt") == "sent by URL", "the upload landed")
+        for bad in (down.replace("index.html", "up.txt"),
+                    sb.download_url("/tmp/www/index.html", use_signature_expiration=-5)):
+            try:
+                urllib.request.urlopen(bad, context=ctx, timeout=30)
+                raise AssertionError(f"{bad} opened")
+            except urllib.error.HTTPError as e:
+                check(e.code == 401, f"{bad}: {e.code}")
         for x in (sb, closed):
             x.kill()
             created.remove(x.sandbox_id)

@@ -6,7 +6,7 @@
 //! sandbox's creator, or `sandboxes:exec`). A token names its kind, its
 //! sandbox, the API key that obtained it and, when a sandbox obtained it
 //! through `access_delegation`, that sandbox; it expires
-//! ([`RUNTIME_TOKEN_TTL`]). Every use checks it again from the records: the
+//! (at the end of the UTC day after its minting). Every use checks it again from the records: the
 //! key is live, the delegation still stands, and the holder's current
 //! rights still give runtime access to the sandbox. So revoking the key, or
 //! deleting the delegating sandbox, ends every token obtained through it.
@@ -14,8 +14,6 @@
 //! Tokens are sealed with the deployment's link key under their own
 //! context ([`crate::links::LinkKey::seal`]): stateless, the same on every
 //! control-plane replica, never valid as a download link or a service URL.
-
-use std::time::Duration;
 
 use crate::domain::error::DomainError;
 use hearth_db::{SandboxRow, Timestamp};
@@ -25,9 +23,53 @@ use serde::{Deserialize, Serialize};
 use crate::auth::Principal;
 use crate::Control;
 
-/// How long a runtime token lives: a day, E2B's longest sandbox lifetime.
-/// An SDK that holds a sandbox longer connects again for fresh tokens.
-pub const RUNTIME_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// A day, in unix milliseconds.
+const DAY_MS: i64 = 24 * 3600 * 1000;
+
+/// The expiry of a token minted at `now_ms`: the end of the next UTC day.
+/// A token lives a day at least (E2B's longest sandbox lifetime) and 48
+/// hours at most, and every token one key obtains for one sandbox in a
+/// day is the same token: what lets a signed file URL, which names no
+/// token, be checked against the tokens its signer could hold
+/// ([`Control::check_file_signature`]). An SDK that holds a sandbox
+/// longer connects again for fresh tokens.
+fn expiry_of_mint(now_ms: i64) -> i64 {
+    (now_ms.div_euclid(DAY_MS) + 2) * DAY_MS
+}
+
+/// What a signed file URL is for (E2B's `read` and `write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileOperation {
+    Read,
+    Write,
+}
+
+impl FileOperation {
+    fn as_str(self) -> &'static str {
+        match self {
+            FileOperation::Read => "read",
+            FileOperation::Write => "write",
+        }
+    }
+}
+
+/// E2B's v1 signature of a file URL: SHA-256 of
+/// `path:operation:user:token[:expiration]`, base64 without padding,
+/// after `v1_`. Its digest.
+fn signature_digest(
+    path: &str,
+    op: FileOperation,
+    user: &str,
+    token: &str,
+    expiration: Option<i64>,
+) -> [u8; 32] {
+    use sha2::Digest;
+    let raw = match expiration {
+        Some(e) => format!("{path}:{}:{user}:{token}:{e}", op.as_str()),
+        None => format!("{path}:{}:{user}:{token}", op.as_str()),
+    };
+    sha2::Sha256::digest(raw.as_bytes()).into()
+}
 
 /// The MAC context of runtime tokens.
 const CONTEXT: &str = "hearth runtime token v1";
@@ -103,7 +145,7 @@ impl Control {
         row: &SandboxRow,
     ) -> Result<RuntimeTokens, DomainError> {
         who.require_runtime(row)?;
-        let expires_at = Timestamp::now().plus(RUNTIME_TOKEN_TTL);
+        let expires_at = Timestamp::from_unix_ms(expiry_of_mint(Timestamp::now().unix_ms()));
         let mint = |kind| {
             self.links.seal(
                 CONTEXT,
@@ -174,5 +216,123 @@ impl Control {
             )));
         }
         Ok(Ok(row))
+    }
+
+    /// The sandbox a signed file URL (E2B's `download_url`/`upload_url`
+    /// of a secure sandbox) opens: `signature` must be the v1 signature of
+    /// `path`, `op`, `user` (empty for the default) and an envd token one
+    /// of the workspace's live keys obtained for this sandbox (directly,
+    /// not through a delegation), within its life, and `expiration` (unix
+    /// seconds) not past. The token found is then checked as any other
+    /// ([`Self::check_runtime_token`]): a revoked key or lost access ends
+    /// its URLs too.
+    pub(crate) async fn check_file_signature(
+        &self,
+        id: SandboxId,
+        path: &str,
+        op: FileOperation,
+        user: &str,
+        signature: &str,
+        expiration: Option<i64>,
+    ) -> Result<Result<SandboxRow, TokenRefusal>, DomainError> {
+        use base64::Engine;
+        let Some(given) = signature
+            .strip_prefix("v1_")
+            .filter(|s| s.len() <= 64)
+            .and_then(|s| {
+                base64::engine::general_purpose::STANDARD_NO_PAD
+                    .decode(s)
+                    .ok()
+            })
+            .and_then(|d| <[u8; 32]>::try_from(d).ok())
+        else {
+            return Ok(Err(TokenRefusal::Invalid));
+        };
+        let now = Timestamp::now().unix_ms();
+        if expiration.is_some_and(|e| e.saturating_mul(1000) <= now) {
+            return Ok(Err(TokenRefusal::Expired));
+        }
+        let row = match self.db.get_sandbox_by_id(id).await {
+            Ok(row) => row,
+            Err(hearth_db::DbError::NotFound { .. }) => return Ok(Err(TokenRefusal::Gone)),
+            Err(e) => return Err(DomainError::from(e)),
+        };
+        let keys = self
+            .db
+            .list_api_keys(row.workspace_id)
+            .await
+            .map_err(DomainError::from)?;
+        // Tokens minted today end tomorrow night; yesterday's, tonight.
+        let ends = [expiry_of_mint(now), expiry_of_mint(now) - DAY_MS];
+        for key in keys.iter().filter(|k| k.revoked_at.is_none()) {
+            for exp in ends.into_iter().filter(|e| *e > now) {
+                let token = self.links.seal(
+                    CONTEXT,
+                    &Claims {
+                        v: VERSION,
+                        kind: RuntimeKind::Envd,
+                        sb: id,
+                        k: key.id,
+                        via: None,
+                        exp,
+                    },
+                );
+                let want = signature_digest(path, op, user, &token, expiration);
+                // blake3::Hash compares in constant time.
+                if blake3::Hash::from(want) == blake3::Hash::from(given) {
+                    return self
+                        .check_runtime_token(RuntimeKind::Envd, id, &token)
+                        .await;
+                }
+            }
+        }
+        Ok(Err(TokenRefusal::Invalid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+
+    fn v1(digest: [u8; 32]) -> String {
+        format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+        )
+    }
+
+    /// The signatures the e2b SDK (2.63.0's `get_signature`) makes.
+    #[test]
+    fn signatures_are_the_e2b_sdks() {
+        let d = signature_digest(
+            "/home/user/a b.txt",
+            FileOperation::Read,
+            "",
+            "tok.en",
+            None,
+        );
+        assert_eq!(v1(d), "v1_HckXIgSE244y3/PEIy3hei8WYWi7IpRWlb2wXQ+HT5M");
+        let d = signature_digest("f.txt", FileOperation::Write, "root", "tok.en", None);
+        assert_eq!(v1(d), "v1_EuE9yaQQpZtnqlsqII4VYsZywd9Eb/dlZhIXsiHhk4I");
+        let d = signature_digest(
+            "f.txt",
+            FileOperation::Write,
+            "root",
+            "tok.en",
+            Some(1_800_000_000),
+        );
+        assert_eq!(v1(d), "v1_Ov/EoDCqH5gXZwzhkgR7Wvnbe8MIfyzk+OL3hJmAYco");
+    }
+
+    /// A token's expiry is the end of the day after its mint: between 24
+    /// and 48 hours on, the same all day.
+    #[test]
+    fn tokens_minted_in_a_day_end_together() {
+        let day = DAY_MS;
+        let start = 20_000 * day;
+        assert_eq!(expiry_of_mint(start), start + 2 * day);
+        assert_eq!(expiry_of_mint(start + day - 1), start + 2 * day);
+        assert_eq!(expiry_of_mint(start + day), start + 3 * day);
     }
 }

@@ -261,12 +261,13 @@ async fn e2b_control_api_on_the_sim_host() {
     )
     .await;
     assert_eq!(r.status, 201, "{}", r.text());
-    // A fresh token, and the old one still opens the sandbox.
+    // The same key's token for the same sandbox, the same day: the one a
+    // signed file URL is checked against; it opens the sandbox.
     let fresh = r.json().unwrap()["envdAccessToken"]
         .as_str()
         .unwrap()
         .to_owned();
-    assert_ne!(fresh, token);
+    assert_eq!(fresh, token);
     let d = detail(&s, &key, &id).await;
     assert_eq!(d["state"], "running");
     ends_within(&d, Timestamp::now(), 120);
@@ -1815,4 +1816,195 @@ async fn e2b_a_resume_counts_from_ready_and_a_request_waits_for_a_pause() {
         "the request resumed it after its pause"
     );
     counts_from_now(&s, &key, &id, 30).await;
+}
+
+/// E2B's signed file URLs (a secure sandbox's `download_url` and
+/// `upload_url`, which carry no token): a signature made with the
+/// sandbox's envd token for the URL's path, operation and user opens the
+/// file through the sandbox's host; another path, operation or token, a
+/// past expiration, or a key revoked since are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_signed_file_urls_open_a_file_without_the_token() {
+    use base64::Engine;
+    use sha2::Digest;
+    let (s, _sim) = Server::on_sim().await;
+    let (ws, key) = crate::harness::workspace_key(&s.db, "signed", Default::default()).await;
+    let (id, token) = created(&s, &key, json!({"templateID": "base"})).await;
+    let host = format!("49983-{id}.{TEST_DOMAIN}");
+    // As the SDK's `get_signature` makes them.
+    let sign = |path: &str, op: &str, user: &str, tok: &str, exp: Option<i64>| {
+        let raw = match exp {
+            Some(e) => format!("{path}:{op}:{user}:{tok}:{e}"),
+            None => format!("{path}:{op}:{user}:{tok}"),
+        };
+        let digest = sha2::Sha256::digest(raw.as_bytes());
+        format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+        )
+    };
+    let url = |path: &str, user: Option<&str>, sig: &str, exp: Option<i64>| {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("path", path);
+        if let Some(u) = user {
+            q.append_pair("username", u);
+        }
+        q.append_pair("signature", sig);
+        if let Some(e) = exp {
+            q.append_pair("signature_expiration", &e.to_string());
+        }
+        format!("/files?{}", q.finish())
+    };
+    // Past authentication, the request reaches the guest (the simulated
+    // one reads no files: 501); a refusal is E2B's 401.
+    let opens = |r: &Resp| matches!(r.status, 200 | 501);
+    let path = "/home/user/report.csv";
+    let later = Timestamp::now().unix_ms() / 1000 + 600;
+    let earlier = Timestamp::now().unix_ms() / 1000 - 1;
+    for (what, target, ok) in [
+        (
+            "signed",
+            url(path, None, &sign(path, "read", "", &token, None), None),
+            true,
+        ),
+        (
+            "signed with an expiration",
+            url(
+                path,
+                None,
+                &sign(path, "read", "", &token, Some(later)),
+                Some(later),
+            ),
+            true,
+        ),
+        (
+            "signed as a user",
+            url(
+                path,
+                Some("root"),
+                &sign(path, "read", "root", &token, None),
+                None,
+            ),
+            true,
+        ),
+        (
+            "expired",
+            url(
+                path,
+                None,
+                &sign(path, "read", "", &token, Some(earlier)),
+                Some(earlier),
+            ),
+            false,
+        ),
+        (
+            "the expiration changed",
+            url(
+                path,
+                None,
+                &sign(path, "read", "", &token, Some(later)),
+                Some(later + 60),
+            ),
+            false,
+        ),
+        (
+            "for a write",
+            url(path, None, &sign(path, "write", "", &token, None), None),
+            false,
+        ),
+        (
+            "another path",
+            url(
+                "/etc/shadow",
+                None,
+                &sign(path, "read", "", &token, None),
+                None,
+            ),
+            false,
+        ),
+        (
+            "another user",
+            url(
+                path,
+                Some("root"),
+                &sign(path, "read", "", &token, None),
+                None,
+            ),
+            false,
+        ),
+        (
+            "a forged token",
+            url(path, None, &sign(path, "read", "", "forged", None), None),
+            false,
+        ),
+        ("garbage", url(path, None, "v1_%%%", None), false),
+    ] {
+        let r = to_host(&s, &host, &target, &[]).await;
+        if ok {
+            assert!(opens(&r), "{what}: {} {}", r.status, r.text());
+        } else {
+            assert_eq!(
+                (r.status, e2b_error(&r).0),
+                (401, 401),
+                "{what}: {}",
+                r.text()
+            );
+        }
+    }
+    // An upload URL is signed for a write.
+    let upload = |op: &str| {
+        let h = vec![
+            ("host".to_owned(), host.clone()),
+            (
+                "content-type".to_owned(),
+                "application/octet-stream".to_owned(),
+            ),
+        ];
+        RawRequest::new(
+            "POST",
+            &url(path, None, &sign(path, op, "", &token, None), None),
+            &h,
+            b"a,b\n".to_vec(),
+        )
+    };
+    let r = send(s.addr, &upload("write").bytes()).await;
+    assert!(opens(&r), "an upload URL: {} {}", r.status, r.text());
+    let r = send(s.addr, &upload("read").bytes()).await;
+    assert_eq!(
+        r.status,
+        401,
+        "a read signature uploads nothing: {}",
+        r.text()
+    );
+    // Another workspace's token signs nothing here.
+    let (_, other_token) = created(&s, &s.other.clone(), json!({"templateID": "base"})).await;
+    let r = to_host(
+        &s,
+        &host,
+        &url(
+            path,
+            None,
+            &sign(path, "read", "", &other_token, None),
+            None,
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    // Revoking the key ends the URLs it signed.
+    let key_id =
+        s.db.find_api_key(&hearth_control::auth::hash_key(&key))
+            .await
+            .unwrap()
+            .unwrap()
+            .id;
+    s.db.revoke_api_key(ws, key_id).await.unwrap();
+    let r = to_host(
+        &s,
+        &host,
+        &url(path, None, &sign(path, "read", "", &token, None), None),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 401, "after the key's revocation: {}", r.text());
 }

@@ -17,6 +17,34 @@ use crate::Control;
 pub(super) struct FilesQuery {
     path: Option<String>,
     username: Option<String>,
+    signature: Option<String>,
+    /// Unix seconds.
+    signature_expiration: Option<i64>,
+}
+
+impl FilesQuery {
+    /// The request's target: by its access token, or its URL's signature
+    /// for `op`.
+    async fn target(
+        &self,
+        c: &Arc<Control>,
+        headers: &HeaderMap,
+        op: crate::runtime_tokens::FileOperation,
+    ) -> E2bResult<Target> {
+        let signed = self
+            .signature
+            .as_deref()
+            .map(|s| (s, self.signature_expiration));
+        file_target(
+            c,
+            headers,
+            self.path.as_deref().unwrap_or_default(),
+            self.username.as_deref(),
+            signed,
+            op,
+        )
+        .await
+    }
 }
 
 pub(super) fn files_query(raw: Option<&str>) -> E2bResult<FilesQuery> {
@@ -40,10 +68,11 @@ pub(super) fn files_query(raw: Option<&str>) -> E2bResult<FilesQuery> {
         match &*k {
             "path" => q.path = Some(v.into_owned()),
             "username" => q.username = Some(v.into_owned()),
-            "signature" | "signature_expiration" => {
-                return Err(E2bError::bad_request(format!(
-                    "{k}: signed file URLs are not served; send the access token"
-                )))
+            "signature" => q.signature = Some(v.into_owned()),
+            "signature_expiration" => {
+                q.signature_expiration = Some(v.parse().map_err(|_| {
+                    E2bError::bad_request(format!("signature_expiration: unix seconds, got {v:?}"))
+                })?)
             }
             other => {
                 return Err(E2bError::bad_request(format!(
@@ -62,7 +91,9 @@ pub async fn download(
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Response> {
     let q = files_query(raw.as_deref())?;
-    let t = target(&c, &headers).await?;
+    let t = q
+        .target(&c, &headers, crate::runtime_tokens::FileOperation::Read)
+        .await?;
     let path = t.path(
         q.path
             .as_deref()
@@ -318,7 +349,9 @@ pub async fn upload(
         }
     };
     let metadata = upload_metadata(&headers)?;
-    let t = target(&c, &headers).await?;
+    let t = q
+        .target(&c, &headers, crate::runtime_tokens::FileOperation::Write)
+        .await?;
     let user = q.username.as_deref();
     let guest = t.files_as(user)?;
     let ct = header(&headers, "content-type")

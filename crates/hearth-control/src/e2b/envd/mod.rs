@@ -144,18 +144,58 @@ pub(super) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The sandbox a data-plane call is for, checked.
 pub(super) async fn target(c: &Arc<Control>, headers: &HeaderMap) -> E2bResult<Target> {
+    let id = sandbox_id(headers)?;
+    let token = header(headers, "x-access-token")
+        .ok_or_else(|| E2bError::new(401, "X-Access-Token is missing"))?;
+    let checked = c.check_runtime_token(RuntimeKind::Envd, id, token).await?;
+    target_of(c, id, checked).await
+}
+
+/// The sandbox a request names (`E2b-Sandbox-Id`, which its host name
+/// sets when it came by name).
+fn sandbox_id(headers: &HeaderMap) -> E2bResult<SandboxId> {
     let id = header(headers, "e2b-sandbox-id").ok_or_else(|| {
         E2bError::bad_request(
             "E2b-Sandbox-Id is missing: point the SDK's sandbox URL (E2B_SANDBOX_URL) at this server",
         )
     })?;
-    let token = header(headers, "x-access-token")
-        .ok_or_else(|| E2bError::new(401, "X-Access-Token is missing"))?;
-    let id: SandboxId = id
-        .parse()
-        .map_err(|_| E2bError::new(401, "the access token does not open this sandbox"))?;
+    id.parse()
+        .map_err(|_| E2bError::new(401, "the access token does not open this sandbox"))
+}
+
+/// A `/files` request's target: by its access token when it sends one,
+/// else by its URL's signature (E2B's signed file URLs: `signature`, and
+/// `signature_expiration` in unix seconds), made for `op` on the URL's
+/// `path` as its `username`.
+pub(super) async fn file_target(
+    c: &Arc<Control>,
+    headers: &HeaderMap,
+    path: &str,
+    username: Option<&str>,
+    signed: Option<(&str, Option<i64>)>,
+    op: crate::runtime_tokens::FileOperation,
+) -> E2bResult<Target> {
+    let Some((signature, expiration)) =
+        signed.filter(|_| header(headers, "x-access-token").is_none())
+    else {
+        return target(c, headers).await;
+    };
+    let id = sandbox_id(headers)?;
+    let checked = c
+        .check_file_signature(id, path, op, username.unwrap_or(""), signature, expiration)
+        .await?;
+    target_of(c, id, checked).await
+}
+
+/// The target of a request whose credential was checked: the sandbox
+/// it opens, running (or resumed, with E2B's autoResume).
+async fn target_of(
+    c: &Arc<Control>,
+    id: SandboxId,
+    checked: Result<SandboxRow, crate::runtime_tokens::TokenRefusal>,
+) -> E2bResult<Target> {
     let not_running = || E2bError::not_running(id);
-    let row = match c.check_runtime_token(RuntimeKind::Envd, id, token).await? {
+    let row = match checked {
         Ok(row) => row,
         Err(crate::runtime_tokens::TokenRefusal::Gone) => return Err(not_running()),
         Err(refused) => return Err(E2bError::new(401, refused.to_string())),
