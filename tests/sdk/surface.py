@@ -16,6 +16,7 @@ import typing
 from typing_extensions import get_args, get_origin, is_typeddict
 
 from langsmith.types.sandboxes import (
+    box_batch_delete_params,
     box_create_params,
     box_create_snapshot_params,
     box_generate_download_url_params,
@@ -45,6 +46,7 @@ OPERATIONS = {
     "update_registry": registry_update_params.RegistryUpdateParams,
     "list_registries": registry_list_params.RegistryListParams,
     "create_volume": volume_create_params.VolumeCreateParams,
+    "batch_delete": box_batch_delete_params.BoxBatchDeleteParams,
     "update_volume": volume_update_params.VolumeUpdateParams,
     "list_volumes": volume_list_params.VolumeListParams,
 }

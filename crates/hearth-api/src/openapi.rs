@@ -24,6 +24,7 @@ use crate::files::{
 };
 use crate::fork::{ForkRequest, ForkResponse};
 use crate::pools::{CreatePoolRequest, PoolResponse, UpdatePoolRequest};
+use crate::quota::{BatchDeleteRequest, BatchDeleteResponse, UsageResponse};
 use crate::registries::{
     CreateRegistryRequest, ListRegistriesQuery, ListRegistriesResponse, RegistryResponse,
     UpdateRegistryRequest,
@@ -99,6 +100,7 @@ const DATAPLANE_PATHS: &[&str] = &[
         create_pool, list_pools, get_pool, update_pool, delete_pool,
         create_registry, list_registries, get_registry, update_registry, delete_registry,
         create_volume, list_volumes, get_volume, update_volume, delete_volume, clone_volume,
+        batch_delete_boxes, get_usage, get_usage_costs,
         execute, execute_ws, execute_stream_start, execute_stream_resume, upload, download, glob,
         grep, tunnel,
         list_workspace_secrets, upsert_workspace_secrets, delete_workspace_secret,
@@ -791,6 +793,44 @@ fn update_registry() {}
 )]
 #[allow(dead_code)]
 fn delete_registry() {}
+
+/// Delete several sandboxes by name or id: each deleted, or skipped with
+/// why (not found, or not yours to delete); the others go on.
+#[utoipa::path(
+    post, path = "/api/v2/sandboxes/boxes/batch-delete", tag = "boxes",
+    request_body = BatchDeleteRequest,
+    responses(
+        (status = 200, description = "What was deleted and what was skipped", body = BatchDeleteResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "The key lacks sandboxes:delete", body = ErrorBody),
+        (status = 422, description = "More than 100 names, or an unknown field", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn batch_delete_boxes() {}
+
+/// The workspace's use and limits: CPU, memory and sandboxes against its
+/// quotas, and counts of what it holds.
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/usage", tag = "boxes",
+    responses(
+        (status = 200, description = "Use and limits (a limit the workspace has not is absent)", body = UsageResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn get_usage() {}
+
+/// Not served: usage in LangSmith Compute and Storage Units (a 501
+/// naming it).
+#[utoipa::path(
+    get, path = "/api/v2/sandboxes/usage/costs", tag = "boxes",
+    responses(
+        (status = 501, description = "Hearth meters no LangSmith units", body = ErrorBody),
+    ),
+)]
+#[allow(dead_code)]
+fn get_usage_costs() {}
 
 /// Make a volume: an empty ext4 filesystem of its size (made at its
 /// first attach), the workspace's until deleted.

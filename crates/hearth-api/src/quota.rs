@@ -94,3 +94,55 @@ impl Quotas {
         Ok(())
     }
 }
+
+/// `GET /api/v2/sandboxes/usage`: what the workspace holds and may hold.
+/// A limit the workspace does not have is absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UsageResponse {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_millicores: Option<u64>,
+    pub cpu_used_millicores: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    pub memory_used_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandboxes_limit: Option<u64>,
+    /// Sandboxes not being deleted.
+    pub sandboxes_used: u64,
+    /// Provisioning or ready.
+    pub sandbox_running_count: u64,
+    pub sandbox_stopped_count: u64,
+    /// Sandboxes made by a create (every one: a pool member becomes one
+    /// when claimed).
+    pub sandbox_direct_count: u64,
+    /// Warm pools' paused members not claimed yet.
+    pub sandbox_pool_replicas_count: u64,
+    pub pools_count: u64,
+    pub registries_count: u64,
+    pub snapshots_count: u64,
+    /// Hearth has no templates apart from snapshots: 0.
+    pub templates_count: u64,
+}
+
+/// Body of `POST /api/v2/sandboxes/boxes/batch-delete`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchDeleteRequest {
+    /// Sandbox names or ids, at most 100.
+    #[serde(default)]
+    pub names: Vec<String>,
+}
+
+/// A sandbox a batch delete did not delete, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchSkipped {
+    pub name: String,
+    pub reason: String,
+}
+
+/// What a batch delete did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchDeleteResponse {
+    pub deleted: Vec<String>,
+    pub skipped: Vec<BatchSkipped>,
+}

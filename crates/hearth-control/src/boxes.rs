@@ -249,3 +249,58 @@ pub async fn fork(
     let forked = c.fork(&who, &name, &body).await?;
     Ok((StatusCode::CREATED, Json(forked)).into_response())
 }
+
+/// `POST /boxes/batch-delete`: each named sandbox deleted, or skipped
+/// with why.
+pub async fn batch_delete(
+    State(c): State<Arc<Control>>,
+    who: Principal,
+    JsonBody(body): JsonBody,
+) -> HttpResult<Response> {
+    let req: hearth_api::quota::BatchDeleteRequest = hearth_api::parse_body(&body)?;
+    let done = c.delete_many(&who, &req.names).await?;
+    Ok(Json(hearth_api::quota::BatchDeleteResponse {
+        deleted: done.deleted,
+        skipped: done
+            .skipped
+            .into_iter()
+            .map(|(name, reason)| hearth_api::quota::BatchSkipped { name, reason })
+            .collect(),
+    })
+    .into_response())
+}
+
+/// `GET /usage`: the workspace's use and limits.
+pub async fn usage(State(c): State<Arc<Control>>, who: Principal) -> HttpResult<Response> {
+    let u = c.usage(&who).await?;
+    let count = |status: &str| u.counts.by_status.get(status).copied().unwrap_or(0);
+    Ok(Json(hearth_api::quota::UsageResponse {
+        cpu_limit_millicores: u.quotas.max_cpu.map(|c| u64::from(c.0)),
+        cpu_used_millicores: u64::from(u.usage.cpu.0),
+        memory_limit_bytes: u.quotas.max_mem.map(|m| m.bytes()),
+        memory_used_bytes: u.usage.mem.bytes(),
+        sandboxes_limit: u.quotas.max_sandboxes,
+        sandboxes_used: u.usage.sandboxes,
+        sandbox_running_count: count("ready") + count("provisioning"),
+        sandbox_stopped_count: count("stopped"),
+        sandbox_direct_count: u.counts.by_status.values().sum::<u64>() - count("deleting"),
+        sandbox_pool_replicas_count: u.counts.pool_members,
+        pools_count: u.counts.pools,
+        registries_count: u.counts.registries,
+        snapshots_count: u.usage.snapshots,
+        templates_count: 0,
+    })
+    .into_response())
+}
+
+/// `GET /usage/costs`: not served (Hearth meters no LangSmith Compute or
+/// Storage Units): a 501 naming it.
+pub async fn usage_costs(who: Principal) -> HttpResult<Response> {
+    who.require("sandboxes:read")?;
+    Err(hearth_api::ApiError::new(
+        501,
+        "NotImplemented",
+        "GET /api/v2/sandboxes/usage/costs: Hearth meters no LangSmith Compute or Storage Units; /api/v2/sandboxes/usage answers what the workspace holds",
+    )
+    .into())
+}

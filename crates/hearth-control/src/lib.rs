@@ -377,6 +377,9 @@ pub fn builtin_snapshot_id(name: &str) -> uuid::Uuid {
 fn sandbox_routes() -> Router<Arc<Control>> {
     Router::new()
         .route("/boxes", post(boxes::create).get(boxes::list))
+        .route("/boxes/batch-delete", post(boxes::batch_delete))
+        .route("/usage", get(boxes::usage))
+        .route("/usage/costs", get(boxes::usage_costs))
         .route(
             "/boxes/{name}",
             get(boxes::get).patch(boxes::update).delete(boxes::delete),

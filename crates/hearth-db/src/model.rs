@@ -224,6 +224,18 @@ pub struct WorkspaceUsage {
     pub snapshot_bytes: ByteSize,
 }
 
+/// What a workspace holds, counted ([`crate::Db::workspace_counts`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkspaceCounts {
+    /// Sandboxes by status (`ready`, `stopped`, …).
+    pub by_status: BTreeMap<String, u64>,
+    pub pools: u64,
+    /// Warm pool members (paused VMs) of its pools.
+    pub pool_members: u64,
+    pub registries: u64,
+    pub volumes: u64,
+}
+
 /// A snapshot record. `workspace_id == None` marks a built-in snapshot,
 /// visible to every workspace.
 #[derive(Clone, Debug, PartialEq)]

@@ -318,4 +318,60 @@ impl crate::Db {
             .map_err(DbError::backend("read workspace usage"))?;
         Ok(got.unwrap_or_default())
     }
+
+    /// What a workspace holds, counted: its sandboxes by status, and its
+    /// pools, their members, registries and volumes.
+    pub async fn workspace_counts(
+        &self,
+        workspace: WorkspaceId,
+    ) -> Result<crate::model::WorkspaceCounts, DbError> {
+        let op = "count a workspace's resources";
+        let ws = workspace.to_string();
+        let by_status = self
+            .pool
+            .fetch_all(
+                &Sql::new(
+                    "SELECT status, COUNT(*) AS n FROM sandboxes WHERE workspace_id = $1 \
+                     GROUP BY status",
+                )
+                .arg(ws.as_str()),
+                |r| Ok((r.text("status")?, r.unsigned("n")?)),
+            )
+            .await
+            .map_err(DbError::backend(op))?
+            .into_iter()
+            .collect();
+        let count = |table: &str| {
+            Sql::new(&format!(
+                "SELECT COUNT(*) AS n FROM {table} WHERE workspace_id = $1"
+            ))
+            .arg(ws.as_str())
+        };
+        let mut n = Vec::new();
+        for sql in [
+            count("sandbox_pools"),
+            count("registries"),
+            count("volumes"),
+            Sql::new(
+                "SELECT COUNT(*) AS n FROM pool_members m JOIN sandbox_pools p ON p.id = m.pool_id \
+                 WHERE p.workspace_id = $1",
+            )
+            .arg(ws.as_str()),
+        ] {
+            n.push(
+                self.pool
+                    .fetch_optional(&sql, |r| r.unsigned("n"))
+                    .await
+                    .map_err(DbError::backend(op))?
+                    .unwrap_or(0),
+            );
+        }
+        Ok(crate::model::WorkspaceCounts {
+            by_status,
+            pools: n[0],
+            registries: n[1],
+            volumes: n[2],
+            pool_members: n[3],
+        })
+    }
 }

@@ -1,12 +1,34 @@
 //! What a caller may read, for both doors: pages of the workspace's
 //! sandboxes and snapshots, behind the read permission.
 
-use hearth_db::{Page, SandboxFilter, SandboxRow, SnapshotFilter, SnapshotRow};
+use hearth_db::{
+    Page, Quotas, SandboxFilter, SandboxRow, SnapshotFilter, SnapshotRow, WorkspaceCounts,
+    WorkspaceUsage,
+};
 
 use crate::auth::Principal;
 use crate::domain::error::DomainError;
 use crate::list::skip_then_page;
 use crate::Control;
+
+/// What a workspace holds and may hold (LangSmith's `/usage`).
+#[derive(Debug, Clone)]
+pub(crate) struct UsageView {
+    pub quotas: Quotas,
+    pub usage: WorkspaceUsage,
+    pub counts: WorkspaceCounts,
+}
+
+/// The most sandboxes one batch delete names.
+pub(crate) const MAX_BATCH_DELETE: usize = 100;
+
+/// What a batch delete did: the names deleted, and each one skipped with
+/// why.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BatchDeleted {
+    pub deleted: Vec<String>,
+    pub skipped: Vec<(String, String)>,
+}
 
 impl Control {
     /// The page of the caller's workspace's sandboxes that `filter` asks
@@ -135,4 +157,44 @@ pub(crate) fn spec_of(row: &SandboxRow) -> Result<hearth_types::sandbox::Sandbox
         tracing::error!(sandbox = %row.id, error = %e, "stored sandbox spec does not parse");
         DomainError::Internal
     })
+}
+
+impl Control {
+    /// The workspace's use and limits (`sandboxes:read`).
+    pub(crate) async fn usage(&self, who: &Principal) -> Result<UsageView, DomainError> {
+        who.require("sandboxes:read")?;
+        let ws = who.workspace_id;
+        Ok(UsageView {
+            quotas: self.db.get_workspace(ws).await?.quotas,
+            usage: self.db.workspace_usage(ws).await?,
+            counts: self.db.workspace_counts(ws).await?,
+        })
+    }
+
+    /// Deletes each named sandbox (by name or id) the caller may delete;
+    /// one that cannot be is skipped with the reason, the others go on.
+    pub(crate) async fn delete_many(
+        &self,
+        who: &Principal,
+        names: &[String],
+    ) -> Result<BatchDeleted, DomainError> {
+        who.require("sandboxes:delete")?;
+        if names.len() > MAX_BATCH_DELETE {
+            return Err(DomainError::invalid(
+                "names",
+                format!(
+                    "names: at most {MAX_BATCH_DELETE} sandboxes per batch, got {}",
+                    names.len()
+                ),
+            ));
+        }
+        let mut out = BatchDeleted::default();
+        for name in names {
+            match self.delete(who, name).await {
+                Ok(()) => out.deleted.push(name.clone()),
+                Err(e) => out.skipped.push((name.clone(), e.to_string())),
+            }
+        }
+        Ok(out)
+    }
 }

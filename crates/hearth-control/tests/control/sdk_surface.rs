@@ -149,6 +149,14 @@ impl Env {
                 self.call(Method::POST, "/api/v2/sandboxes/volumes", Some(body))
                     .await
             }
+            "batch_delete" => {
+                self.call(
+                    Method::POST,
+                    "/api/v2/sandboxes/boxes/batch-delete",
+                    Some(body),
+                )
+                .await
+            }
             "update_volume" => {
                 self.call(
                     Method::PATCH,
@@ -491,6 +499,10 @@ fn exercises() -> Vec<(&'static str, Value)> {
             json!({"name_contains": "busy", "status": "ready", "page_size": 1, "cursor": "$SNAPSHOT_CURSOR"}),
         ),
         ("list_snapshots", json!({"limit": 1, "offset": 1})),
+        (
+            "batch_delete",
+            json!({"names": ["surface-three", "surface-never-made"]}),
+        ),
     ]
 }
 
@@ -748,6 +760,7 @@ fn operation_of<'a>(doc: &'a Value, op: &str) -> (&'a Value, bool) {
         "update_registry" => ("patch", "/api/v2/sandboxes/registries/{name}"),
         "list_registries" => ("get", "/api/v2/sandboxes/registries"),
         "create_volume" => ("post", "/api/v2/sandboxes/volumes"),
+        "batch_delete" => ("post", "/api/v2/sandboxes/boxes/batch-delete"),
         "update_volume" => ("patch", "/api/v2/sandboxes/volumes/{volume}"),
         "list_volumes" => ("get", "/api/v2/sandboxes/volumes"),
         other => panic!("unknown operation {other}"),

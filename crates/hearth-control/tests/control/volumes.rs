@@ -405,3 +405,123 @@ async fn volumes_have_one_writer_and_outlive_their_sandboxes_through_both_doors(
     ok(&r, 501, "clone");
     assert!(r.text().contains("/clone"), "{}", r.text());
 }
+
+/// LangSmith's `/usage` (the workspace's use against its quotas, and what
+/// it holds) and `boxes.batch_delete` (each deleted or skipped with why);
+/// `/usage/costs` is a 501 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_counts_what_a_workspace_holds_and_batch_delete_says_what_it_skipped() {
+    let (s, _sim) = Server::on_sim().await;
+    let quotas = hearth_db::Quotas {
+        max_sandboxes: Some(10),
+        max_cpu: Some(hearth_types::MilliCpu(8000)),
+        ..hearth_db::Quotas::default()
+    };
+    let (_, a) = crate::harness::workspace_key(&s.db, "usage", quotas).await;
+    for name in ["u1", "u2", "u3"] {
+        ok(&create_box(&s, &a, name, json!([])).await, 201, name);
+    }
+    ok(
+        &s.json("POST", &format!("{BOXES}/u3/stop"), Some(&a), &json!({}))
+            .await,
+        200,
+        "stop",
+    );
+    ok(
+        &s.json(
+            "POST",
+            VOLUMES,
+            Some(&a),
+            &json!({"name": "v", "size_bytes": GIB}),
+        )
+        .await,
+        201,
+        "a volume",
+    );
+    let u = ok(
+        &s.json("GET", "/api/v2/sandboxes/usage", Some(&a), &Value::Null)
+            .await,
+        200,
+        "usage",
+    );
+    assert_eq!(u["sandboxes_used"], 3, "{u}");
+    assert_eq!(u["sandboxes_limit"], 10, "{u}");
+    assert_eq!(u["cpu_limit_millicores"], 8000, "{u}");
+    assert_eq!(
+        (
+            u["sandbox_running_count"].as_u64(),
+            u["sandbox_stopped_count"].as_u64()
+        ),
+        (Some(2), Some(1)),
+        "{u}"
+    );
+    assert!(u["cpu_used_millicores"].as_u64().unwrap() > 0, "{u}");
+    assert!(
+        u.get("memory_limit_bytes").is_none(),
+        "no memory quota: {u}"
+    );
+    // Another workspace's names are not found there, and skipped.
+    let b = s.other.clone();
+    ok(
+        &create_box(&s, &b, "theirs", json!([])).await,
+        201,
+        "theirs",
+    );
+    let r = ok(
+        &s.json(
+            "POST",
+            &format!("{BOXES}/batch-delete"),
+            Some(&a),
+            &json!({"names": ["u1", "u3", "theirs", "ghost"]}),
+        )
+        .await,
+        200,
+        "batch delete",
+    );
+    assert_eq!(r["deleted"], json!(["u1", "u3"]), "{r}");
+    let skipped: Vec<&str> = r["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped, ["theirs", "ghost"], "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not found"),
+        "{r}"
+    );
+    ok(
+        &s.json("GET", &format!("{BOXES}/u1"), Some(&a), &Value::Null)
+            .await,
+        404,
+        "u1 gone",
+    );
+    ok(
+        &s.json("GET", &format!("{BOXES}/theirs"), Some(&b), &Value::Null)
+            .await,
+        200,
+        "theirs kept",
+    );
+    let r = s
+        .json(
+            "POST",
+            &format!("{BOXES}/batch-delete"),
+            Some(&a),
+            &json!({"names": ["x"], "all": true}),
+        )
+        .await;
+    ok(&r, 422, "an unknown field");
+    let r = s
+        .json(
+            "GET",
+            "/api/v2/sandboxes/usage/costs",
+            Some(&a),
+            &Value::Null,
+        )
+        .await;
+    ok(&r, 501, "costs");
+    assert!(r.text().contains("usage/costs"), "{}", r.text());
+}

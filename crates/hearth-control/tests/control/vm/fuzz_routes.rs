@@ -721,10 +721,11 @@ fn judge(r: &Resp, protocol: bool) -> Option<String> {
     if r.status == 0 {
         return (!protocol).then(|| "no answer".to_owned());
     }
-    if r.status >= 500 {
+    // 501 is not a fault: an unserved route says so (in the envelope).
+    if r.status >= 500 && r.status != 501 {
         return Some(format!("{} {}", r.status, shorten(&r.text())));
     }
-    if (400..500).contains(&r.status) && !protocol {
+    if ((400..500).contains(&r.status) || r.status == 501) && !protocol {
         return envelope_problem(r).map(|p| format!("{}: {p}", r.status));
     }
     None
