@@ -1337,6 +1337,29 @@ def test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes():
     expect_error(Exception, api.volumes.retrieve, name)
 
 
+def test_usage_and_batch_delete_through_the_api_client():
+    """The SDK's API client: `retrieve_usage` counts what the workspace
+    holds; `boxes.batch_delete` deletes what it can and says why it
+    skipped the rest."""
+    client.registries  # makes the SDK's API client
+    api = client._registries_client.sandboxes
+    names = [unique("sdk-batch") for _ in range(2)]
+    for n in names:
+        client.create_sandbox(snapshot_name="busybox", name=n, timeout=CREATE_TIMEOUT)
+        created.add(n)
+    u = api.retrieve_usage()
+    check(u.sandboxes_used >= 2 and u.sandbox_running_count >= 2, f"usage: {u!r}")
+    check(u.cpu_used_millicores > 0 and u.memory_used_bytes > 0, f"usage: {u!r}")
+    ghost = unique("sdk-ghost")
+    r = api.boxes.batch_delete(names=names + [ghost])
+    check(sorted(r.deleted) == sorted(names), f"deleted {r.deleted}")
+    check([x.name for x in r.skipped] == [ghost] and "not found" in r.skipped[0].reason,
+          f"skipped {r.skipped}")
+    for n in names:
+        created.discard(n)
+        expect_error(ResourceNotFoundError, client.get_sandbox, n)
+
+
 TESTS = [
     test_create_default_sandbox,
     test_run_returns_stdout_and_exit_code,
@@ -1359,6 +1382,7 @@ TESTS = [
     test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env,
     test_private_registry_pulls_with_its_credentials_over_tls,
     test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes,
+    test_usage_and_batch_delete_through_the_api_client,
     test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own,
     test_burst_of_creates_ends_ready_or_with_clear_errors,
 ]
