@@ -112,10 +112,7 @@ pub async fn list_snapshots(
     RawQuery(q): RawQuery,
 ) -> HttpResult<Response> {
     who.require("sandboxes:read")?;
-    let pairs: Vec<(String, String)> =
-        form_urlencoded::parse(q.as_deref().unwrap_or("").as_bytes())
-            .into_owned()
-            .collect();
+    let pairs = crate::extract::query_pairs(q.as_deref());
     let q = ListSnapshotsQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let filter = hearth_db::SnapshotFilter {
         name_contains: q.name_contains.clone(),

@@ -149,6 +149,13 @@ impl<S: Send + Sync> FromRequest<S> for Multipart {
     }
 }
 
+/// A query string's `key=value` pairs, percent-decoded (`None`: none).
+pub(crate) fn query_pairs(raw: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

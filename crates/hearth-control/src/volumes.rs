@@ -88,10 +88,7 @@ async fn list(
     who: Principal,
     RawQuery(q): RawQuery,
 ) -> HttpResult<Response> {
-    let pairs: Vec<(String, String)> =
-        form_urlencoded::parse(q.as_deref().unwrap_or("").as_bytes())
-            .into_owned()
-            .collect();
+    let pairs = crate::extract::query_pairs(q.as_deref());
     let q = ListVolumesQuery::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let page = c
         .list_volumes(
