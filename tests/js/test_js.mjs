@@ -156,14 +156,17 @@ async function e2bVolumesOutliveTheirSandboxes() {
 // @e2b/code-interpreter: its default template, state kept between runs,
 // a rich result and an error as values.
 async function e2bCodeInterpreterRunsCode() {
-  const sbx = await CodeInterpreter.create({ timeoutMs: 300_000 });
+  // A loaded CI host boots the Debian image and starts Jupyter in more
+  // than the SDK's default 60 s a request may take.
+  const slow = { requestTimeoutMs: 300_000 };
+  const sbx = await CodeInterpreter.create({ timeoutMs: 300_000, ...slow });
   made.e2b.push(sbx.sandboxId);
-  const first = await sbx.runCode("x = 40\nx + 2");
+  const first = await sbx.runCode("x = 40\nx + 2", slow);
   check(first.text === "42", `first result ${JSON.stringify(first.text)} ${JSON.stringify(first.error)}`);
   const out = [];
-  const second = await sbx.runCode("print(x * 2)", { onStdout: (m) => out.push(m.line) });
+  const second = await sbx.runCode("print(x * 2)", { ...slow, onStdout: (m) => out.push(m.line) });
   check(out.join("") === "80\n" && second.logs.stdout.join("") === "80\n", `state kept: ${JSON.stringify(out)}`);
-  const failed = await sbx.runCode("1 / 0");
+  const failed = await sbx.runCode("1 / 0", slow);
   check(failed.error && failed.error.name === "ZeroDivisionError", `an error: ${JSON.stringify(failed.error)}`);
   await sbx.kill();
   made.e2b.pop();

@@ -63,11 +63,13 @@ const FIRST_HALF: &[&str] = &[
 ];
 
 /// The rest, each standing alone: snapshots with memory, an OCI image
-/// (and a private registry's), a fork, and the burst (last: it empties the workspace first).
+/// (and a private registry's), volumes, usage and batch delete, a fork, and the burst (last: it empties the workspace first).
 const SECOND_HALF: &[&str] = &[
     "test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not",
     "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env",
     "test_private_registry_pulls_with_its_credentials_over_tls",
+    "test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes",
+    "test_usage_and_batch_delete_through_the_api_client",
     "test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own",
     BURST_TEST,
 ];
@@ -889,7 +891,7 @@ const E2B_FIRST_HALF: &[&str] = &[
 ];
 
 /// The rest: fork, a pause at the timeout that a request resumes, the
-/// default user, and the code interpreter on its own image (about 55 s once the image is built).
+/// default user, volumes, and the code interpreter on its own image (about 55 s once the image is built).
 const E2B_SECOND_HALF: &[&str] = &[
     "test_fork_children_resume_the_parent_each_on_its_own",
     "test_a_timeout_pauses_and_a_request_resumes",
@@ -897,6 +899,7 @@ const E2B_SECOND_HALF: &[&str] = &[
     "test_files_as_envd_0_6_describes_them",
     "test_secrets_are_the_workspaces_and_never_shown",
     "test_code_interpreter_keeps_state_and_returns_rich_results",
+    "test_volumes_outlive_their_sandboxes_with_one_writer",
 ];
 
 #[test]
