@@ -319,19 +319,23 @@ impl GenerationDisks {
         // New chunks go where the last generation's did, unless a snapshot
         // shares that scope (or it is not the disk's own): then to a fresh
         // one, so the disk's commits can delete their own garbage.
-        let own = volume::is_own_scope(&target.volume, &head.scope);
-        let target = if own && !self.store.is_shared(&head.scope).await? {
-            Target {
-                scope: head.scope.clone(),
-                ..target
-            }
-        } else {
-            Target {
-                scope: volume::fresh_scope(&target.volume, head.seq)?,
-                ..target
-            }
+        let target = Target {
+            scope: self.write_scope(&target.volume, &head).await?,
+            ..target
         };
         Ok((head, Some(target)))
+    }
+
+    /// Where a writer of `volume` puts new chunks on top of `head`: the
+    /// head's scope when it is the volume's own and no snapshot shares it,
+    /// else a fresh one, so the volume's commits can delete their own
+    /// garbage.
+    async fn write_scope(&self, volume: &VolumeId, head: &Manifest) -> Result<ScopeId, StoreError> {
+        if volume::is_own_scope(volume, &head.scope) && !self.store.is_shared(&head.scope).await? {
+            Ok(head.scope.clone())
+        } else {
+            volume::fresh_scope(volume, head.seq)
+        }
     }
 
     async fn prepare_inner(&self, req: DiskRequest<'_>) -> Result<DiskSpec, HostError> {
@@ -413,12 +417,7 @@ impl GenerationDisks {
             Some(head) if keep => self.store.claim(&volume, fence).await?.unwrap_or(head),
             Some(head) => head,
         };
-        let own = volume::is_own_scope(&volume, &head.scope);
-        let scope = if own && !self.store.is_shared(&head.scope).await? {
-            head.scope.clone()
-        } else {
-            volume::fresh_scope(&volume, head.seq)?
-        };
+        let scope = self.write_scope(&volume, &head).await?;
         let need = head.size.saturating_add(DISK_RESERVE);
         let free = self.available();
         if need > free {
