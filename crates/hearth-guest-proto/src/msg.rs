@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 /// operations as a user (`user` on the file requests) and owners in
 /// [`FileStat`], version 10 the guest's samples of its own use
 /// ([`Request::Samples`]) and its log ([`Request::Logs`]).
-pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+pub const SUPPORTED_VERSIONS: &[u16] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
 
 /// The first protocol version with `OpenLarge` (requests over one frame).
 pub const LARGE_REQUEST_VERSION: u16 = 2;
@@ -53,6 +53,11 @@ pub const FILE_USER_VERSION: u16 = 9;
 /// [`SAMPLE_INTERVAL_MS`] and answers [`Request::Samples`], and keeps a
 /// log it answers to [`Request::Logs`].
 pub const SAMPLES_VERSION: u16 = 10;
+
+/// The first protocol version with [`Request::SetAttrs`], and whose
+/// [`FileStat`] carries the owner's and group's ids, the access and change
+/// times and a link's target.
+pub const ATTRS_VERSION: u16 = 11;
 
 /// How many log entries a guest keeps (the newest).
 pub const MAX_LOG_ENTRIES: usize = 2000;
@@ -214,6 +219,19 @@ pub enum Request {
         /// none: as root. A relative path resolves against their home.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
+    },
+    /// Change the owner, group or permission bits of `path` (as root, not
+    /// following a final symbolic link for the owner); the guest answers
+    /// its `Stat`. Protocol [`ATTRS_VERSION`].
+    SetAttrs {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uid: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gid: Option<u32>,
+        /// Permission bits (`0o7777` at most).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
     },
     /// Entries under the directory `path` whose path relative to it matches
     /// the glob `pattern` (`**` spans directories; `*`, `?`, `[…]` stay in
@@ -850,6 +868,19 @@ pub struct FileStat {
     /// [`FILE_USER_VERSION`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// Owner and group ids, access and change times (unix seconds), and
+    /// a symbolic link's target (from [`ATTRS_VERSION`]; older guests say
+    /// nothing, read as zero and none).
+    #[serde(default)]
+    pub uid: u32,
+    #[serde(default)]
+    pub gid: u32,
+    #[serde(default)]
+    pub atime: i64,
+    #[serde(default)]
+    pub ctime: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -984,7 +1015,11 @@ mod tests {
 
     #[test]
     fn version_negotiation_picks_common_newest() {
-        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]), Some(10));
+        assert_eq!(
+            negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+            Some(11)
+        );
+        assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), Some(10));
         assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), Some(9));
         assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6, 7, 8]), Some(8));
         assert_eq!(negotiate(&[1, 2, 3, 4, 5, 6]), Some(6));
@@ -992,7 +1027,7 @@ mod tests {
         assert_eq!(negotiate(&[1, 2, 3]), Some(3));
         assert_eq!(negotiate(&[1, 2]), Some(2));
         assert_eq!(negotiate(&[1]), Some(1));
-        assert_eq!(negotiate(&[11]), None);
+        assert_eq!(negotiate(&[12]), None);
         assert_eq!(negotiate(&[]), None);
     }
 }

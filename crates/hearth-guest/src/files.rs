@@ -100,6 +100,17 @@ fn stat_of(path: &Path, meta: &std::fs::Metadata, names: &Names) -> FileStat {
         } else {
             metadata_of(path)
         },
+        uid: meta.uid(),
+        gid: meta.gid(),
+        atime: meta.atime(),
+        ctime: meta.ctime(),
+        target: if ft.is_symlink() {
+            std::fs::read_link(path)
+                .ok()
+                .map(|t| t.to_string_lossy().into_owned())
+        } else {
+            None
+        },
     }
 }
 
@@ -456,6 +467,51 @@ pub async fn stat(stream: Stream, path: String, user: Option<String>) {
         let (actor, p) = actor_and_path(user.as_deref(), &path)?;
         acting(&actor, move || {
             let meta = std::fs::symlink_metadata(&p).map_err(|e| OpError::from_io(&e, &path))?;
+            Ok(Reply::Stat(Box::new(stat_of(&p, &meta, &Names::load()))))
+        })
+        .await
+    }
+    .await;
+    reply_result(&stream, r).await
+}
+
+/// Changes the owner, group or permission bits of `path`, as root (the
+/// owner of a symbolic link itself; its mode cannot change), and answers
+/// its stat.
+pub async fn set_attrs(
+    stream: Stream,
+    path: String,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    mode: Option<u32>,
+) {
+    let r = async {
+        if mode.is_some_and(|m| m > 0o7777) {
+            return Err(OpError::new(
+                OpErrorKind::BadRequest,
+                format!(
+                    "mode {:o}: permission bits are at most 7777",
+                    mode.unwrap_or(0)
+                ),
+            ));
+        }
+        let (actor, p) = actor_and_path(None, &path)?;
+        acting(&actor, move || {
+            let io = |e: std::io::Error| OpError::from_io(&e, &path);
+            if uid.is_some() || gid.is_some() {
+                std::os::unix::fs::lchown(&p, uid, gid).map_err(io)?;
+            }
+            let meta = std::fs::symlink_metadata(&p).map_err(io)?;
+            if let Some(m) = mode {
+                if meta.file_type().is_symlink() {
+                    return Err(OpError::new(
+                        OpErrorKind::BadRequest,
+                        format!("{path} is a symbolic link: its mode cannot change"),
+                    ));
+                }
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m)).map_err(io)?;
+            }
+            let meta = std::fs::symlink_metadata(&p).map_err(io)?;
             Ok(Reply::Stat(Box::new(stat_of(&p, &meta, &Names::load()))))
         })
         .await

@@ -190,6 +190,12 @@ async fn handle(stream: Stream, payload: bytes::Bytes, version: u16) {
         } => files::write_file(stream, path, mode, user, metadata).await,
         Request::Stat { path, user } => files::stat(stream, path, user).await,
         Request::List { path, user } => files::list(stream, path, user).await,
+        Request::SetAttrs {
+            path,
+            uid,
+            gid,
+            mode,
+        } => files::set_attrs(stream, path, uid, gid, mode).await,
         Request::Mkdir {
             path,
             parents,

@@ -377,6 +377,34 @@ impl GuestClient {
         }
     }
 
+    /// Changes the owner, group or permission bits of `path` as root; its
+    /// stat after. An error from a guest older than
+    /// [`hearth_guest_proto::ATTRS_VERSION`].
+    pub async fn set_attrs(
+        &self,
+        path: &str,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        mode: Option<u32>,
+    ) -> Result<FileStat, GuestError> {
+        self.needs(
+            hearth_guest_proto::ATTRS_VERSION,
+            "changing owners and modes",
+        )?;
+        match self
+            .call(&Request::SetAttrs {
+                path: path.into(),
+                uid,
+                gid,
+                mode,
+            })
+            .await?
+        {
+            Reply::Stat(s) => Ok(*s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     pub async fn list(&self, path: &str) -> Result<Vec<FileStat>, GuestError> {
         let user = self.file_user.clone();
         match self

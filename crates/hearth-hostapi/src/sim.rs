@@ -907,6 +907,29 @@ async fn answer(
             );
             let _ = stream.send_ctl(&Reply::Error(e)).await;
         }
+        // Every path is an empty directory of `user`'s (1000), unchanged
+        // by `SetAttrs`: enough for the control plane's paths to a file.
+        Ok(Request::Stat { path, .. } | Request::SetAttrs { path, .. }) => {
+            let stat = hearth_guest_proto::FileStat {
+                name: path.rsplit('/').next().unwrap_or_default().to_owned(),
+                path,
+                kind: hearth_guest_proto::FileKind::Dir,
+                size: 4096,
+                mode: 0o755,
+                mtime: 0,
+                mtime_ns: 0,
+                ino: 2,
+                owner: "user".into(),
+                group: "user".into(),
+                metadata: Default::default(),
+                uid: 1000,
+                gid: 1000,
+                atime: 0,
+                ctime: 0,
+                target: None,
+            };
+            let _ = stream.send_ctl(&Reply::Stat(Box::new(stat))).await;
+        }
         Ok(Request::Stdin { pid, .. }) => {
             let e = OpError::new(
                 OpErrorKind::NotFound,
@@ -1237,9 +1260,14 @@ mod tests {
             .unwrap();
         assert_eq!(out.exit_code, Some(0));
         assert_eq!(out.stdout, b"echo hello; exit 3\n");
-        // One guest per VM; other requests are refused, not hung.
+        // One guest per VM; every path is a directory; other requests
+        // are refused, not hung.
         let again = h.guest(id, 1).await.unwrap();
-        assert!(again.stat("/").await.is_err());
+        assert_eq!(
+            again.stat("/x").await.unwrap().kind,
+            hearth_guest_proto::FileKind::Dir
+        );
+        assert!(again.list("/").await.is_err());
         assert_eq!(again.info().await.unwrap().hostname, info.hostname);
 
         // Stopping the VM tears its guest down.
