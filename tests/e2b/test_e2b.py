@@ -835,12 +835,125 @@ def fetch_once_listening(req, ctx):
     return None
 
 
+
+def test_volume_content_through_its_api_and_its_holder():
+    """E2B's volume content API (`Volume.write_file/read_file/list/
+    make_dir/get_info/exists/update_metadata/remove`) as E2B's own tests
+    use it: with no sandbox holding the volume (a service sandbox of
+    Hearth's holds it), through the sandbox that mounts it (each sees the
+    other's writes), and again once that sandbox is gone."""
+    import asyncio
+    import io
+    from e2b import AsyncVolume, Volume
+    from e2b.exceptions import AuthenticationException, NotFoundException, VolumeException
+    vol = Volume.create(f"suite-content-{os.getpid()}")
+    check(vol.token, "a token for the content API")
+    vol.write_file("/hello.txt", "Hello, World!")
+    check(vol.read_file("/hello.txt") == "Hello, World!", "text")
+    check(vol.read_file("hello.txt", format="bytes") == b"Hello, World!",
+          "bytes, by a relative path")
+    vol.write_file("/bin.bin", io.BytesIO(bytes(range(256)) * 64))
+    got = b"".join(vol.read_file("/bin.bin", format="stream"))
+    check(got == bytes(range(256)) * 64, f"a streamed write and read: {len(got)} bytes")
+    vol.write_file("/empty.txt", "")
+    check(vol.read_file("/empty.txt") == "", "an empty file")
+    vol.write_file("/hello.txt", "New", force=True)
+    check(vol.read_file("/hello.txt") == "New", "replaced with force")
+    try:
+        vol.write_file("/hello.txt", "again", force=False)
+        raise AssertionError("force=False replaced a file")
+    except VolumeException as e:
+        check("exists" in str(e), f"force=False: {e!r}")
+    info = vol.write_file("/meta.txt", "m", uid=1001, gid=1002, mode=0o600)
+    check((info.uid, info.gid, info.mode, info.type.value) == (1001, 1002, 0o600, "file"),
+          f"owner and mode as asked: {info}")
+    info = vol.get_info("/hello.txt")
+    check((info.name, info.path, info.size, info.uid, info.gid, info.mode)
+          == ("hello.txt", "/hello.txt", 3, 1000, 1000, 0o644), f"the default owner: {info}")
+    check(info.mtime.year >= 2026 and info.ctime.year >= 2026, f"times: {info}")
+    vol.make_dir("/nested/deep/path", force=True)
+    check(vol.get_info("/nested/deep").type.value == "directory", "parents made")
+    vol.write_file("/nested/deep/path/f.txt", "deep")
+    try:
+        vol.make_dir("/nested")
+        raise AssertionError("an existing directory was made again")
+    except VolumeException:
+        pass
+    try:
+        vol.write_file("/missing/f.txt", "x")
+        raise AssertionError("a file was written into a missing directory")
+    except NotFoundException:
+        pass
+    d = vol.make_dir("/d", uid=1000, gid=1000, mode=0o750)
+    check((d.type.value, d.mode & 0o777) == ("directory", 0o750), f"a directory: {d}")
+    check(not vol.exists("/non-existent.txt"), "exists is False for nothing")
+    check(vol.exists("/d"), "exists")
+    up = vol.update_metadata("/meta.txt", uid=1000, gid=1000, mode=0o644)
+    check((up.uid, up.gid, up.mode) == (1000, 1000, 0o644), f"updated: {up}")
+    try:
+        vol.update_metadata("/non-existent.txt", mode=0o644)
+        raise AssertionError("a missing file's metadata was updated")
+    except NotFoundException:
+        pass
+    names = sorted(e.name for e in vol.list("/"))
+    check(names == ["bin.bin", "d", "empty.txt", "hello.txt", "meta.txt", "nested"],
+          f"the root: {names}")
+    deep = sorted(e.path for e in vol.list("/nested", depth=3))
+    check(deep == ["/nested/deep", "/nested/deep/path", "/nested/deep/path/f.txt"],
+          f"three levels: {deep}")
+    try:
+        vol.list("/non-existent")
+        raise AssertionError("a missing directory was listed")
+    except NotFoundException:
+        pass
+    vol.remove("/nested")
+    check(not vol.exists("/nested"), "a directory removed with its content")
+    try:
+        vol.remove("/non-existent.txt")
+        raise AssertionError("a missing file was removed")
+    except NotFoundException:
+        pass
+
+    # A sandbox mounting it sees what the API wrote, as its user; what it
+    # writes, the API reads through it.
+    sb = new(volume_mounts={"/mnt/data": vol})
+    check(sb.files.read("/mnt/data/hello.txt") == "New", "the sandbox reads the API's write")
+    r = sb.commands.run("stat -c '%U %a' /mnt/data/hello.txt && echo mine > /mnt/data/sb.txt")
+    check(r.stdout == "user 644\n", f"owned by the sandbox's user: {r.stdout!r}")
+    check(vol.read_file("/sb.txt") == "mine\n", "the API reads the holder's write")
+    vol.write_file("/from-api.txt", "live")
+    check(sb.files.read("/mnt/data/from-api.txt") == "live", "and the holder the API's")
+    ids = [s.sandbox_id for s in Sandbox.list().next_items()]
+    check(sb.sandbox_id in ids, f"listed: {ids}")
+    sb.kill()
+    # Gone: a service sandbox holds it again, and the writes are there.
+    check(vol.read_file("/sb.txt") == "mine\n", "kept after the holder's end")
+
+    async def from_async():
+        v = await AsyncVolume.connect(vol.volume_id)
+        await v.write_file("/async.txt", "a")
+        return await v.read_file("/async.txt"), [e.name for e in await v.list("/")]
+    text, names = asyncio.run(from_async())
+    check(text == "a" and "async.txt" in names, f"the async SDK: {text!r} {names}")
+    try:
+        Volume(vol.volume_id, vol.name, token="forged").read_file("/hello.txt")
+        raise AssertionError("a forged token opened the volume")
+    except AuthenticationException as e:
+        check("does not open this volume" in str(e), f"forged: {e!r}")
+    # The service sandbox ends with a create that attaches the volume
+    # (or a minute after the last call); then the volume can go.
+    sb2 = new(volume_mounts={"/v": vol.volume_id})
+    check(sb2.files.read("/v/async.txt") == "a", "a create sees the service's writes")
+    sb2.kill()
+    check(Volume.destroy(vol.volume_id), "destroyed")
+
 def test_sandbox_hosts_by_name_over_tls():
     """Without E2B_API_URL and E2B_SANDBOX_URL, as the SDK is meant to be
     used: E2B_DOMAIN only, every call over https to `api.{domain}` and
     `49983-{id}.{domain}`, and a port of the sandbox at get_host(port)."""
     domain = os.environ["HEARTH_E2B_DOMAIN"]
-    saved = {k: os.environ.pop(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL")}
+    saved = {k: os.environ.pop(k)
+             for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL")}
     os.environ["E2B_DOMAIN"] = domain
     try:
         sb = new()
@@ -849,6 +962,13 @@ def test_sandbox_hosts_by_name_over_tls():
         check(sb.sandbox_domain == domain, f"the sandbox's domain {sb.sandbox_domain}")
         r = sb.commands.run("echo over-tls")
         check(r.stdout == "over-tls\n", f"envd by name: {r.stdout!r}")
+        # The volume content API by name too (`api.{domain}`), and a
+        # volume its content API holds can go at once.
+        from e2b import Volume
+        vol = Volume.create(f"suite-tls-{os.getpid()}")
+        vol.write_file("/x.txt", "by name")
+        check(vol.read_file("/x.txt") == "by name", "the volume content API by name")
+        check(Volume.destroy(vol.volume_id), "destroyed while its content was open")
         sb.files.write("/tmp/www/index.html", "hello from port 3000")
         sb.commands.run("busybox httpd -f -p 3000 -h /tmp/www", background=True)
         ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
@@ -979,6 +1099,7 @@ TESTS = [
     test_stream_input_feeds_a_running_process_as_it_comes,
     test_one_sandbox_through_both_doors,
     test_volumes_outlive_their_sandboxes_with_one_writer,
+    test_volume_content_through_its_api_and_its_holder,
     test_sandbox_hosts_by_name_over_tls,
     test_code_interpreter_keeps_state_and_returns_rich_results,
     test_the_async_sdk,

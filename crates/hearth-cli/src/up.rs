@@ -417,7 +417,9 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         println!("export LANGSMITH_ENDPOINT={public_url}");
         println!("export LANGSMITH_API_KEY={secret}");
         eprintln!("and for the e2b SDKs (E2B's API, the same key and sandboxes):");
-        println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
+        println!(
+            "export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url} E2B_VOLUME_API_URL={public_url}"
+        );
         // E2B's form of the same key: e2b releases before 2.63 send no
         // other.
         let e2b_key = hearth_control::auth::e2b_form(&secret).unwrap_or_else(|| secret.clone());
@@ -431,7 +433,9 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
         eprintln!(
             "and for the e2b SDKs (E2B_API_KEY: the same key, hth_ or, for e2b before 2.63, e2b_ in its place):"
         );
-        println!("export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url}");
+        println!(
+            "export E2B_API_URL={public_url} E2B_SANDBOX_URL={public_url} E2B_VOLUME_API_URL={public_url}"
+        );
         print_domain(&data_dir, domain.as_deref(), tls.is_some());
         print_socket(operator.as_ref());
     }

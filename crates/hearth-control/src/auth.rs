@@ -96,6 +96,22 @@ impl Principal {
         }
     }
 
+    /// Attaching a volume to a sandbox and opening its content (E2B's
+    /// volume content API): runtime access's rule, the volume's creator or
+    /// `sandboxes:exec`.
+    pub fn may_open_volume(&self, volume: &hearth_db::VolumeRow) -> Result<(), DomainError> {
+        let creator = volume.created_by == self.who();
+        if (creator && self.require_runtime_as_creator().is_ok()) || self.can("sandboxes:exec") {
+            Ok(())
+        } else {
+            Err(DomainError::Forbidden(format!(
+                "volume '{}': attaching it or opening its content needs its creator or \
+                 sandboxes:exec",
+                volume.name
+            )))
+        }
+    }
+
     /// [`Self::require_runtime`] on a sandbox this principal creates: a
     /// sandbox calling as its creator (`access_delegation`) is not the
     /// creator for this rule, so it needs `sandboxes:exec`.

@@ -87,6 +87,20 @@ pub enum RuntimeKind {
     Traffic,
 }
 
+/// The MAC context of volume tokens.
+const VOLUME_CONTEXT: &str = "hearth volume token v1";
+
+/// What a volume token pins: the volume, who obtained it, until when.
+#[derive(Debug, Serialize, Deserialize)]
+struct VolumeClaims {
+    v: u8,
+    vol: String,
+    k: ApiKeyId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    via: Option<SandboxId>,
+    exp: i64,
+}
+
 /// What a runtime token pins. Short names: it travels in every request.
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
@@ -181,28 +195,8 @@ impl Control {
         if Timestamp::now().unix_ms() >= claims.exp {
             return Ok(Err(TokenRefusal::Expired));
         }
-        let holder = match claims.via {
-            None => crate::auth::principal_of_key(self, claims.k)
-                .await?
-                .ok_or_else(|| "the API key that obtained it was revoked".to_owned()),
-            Some(via) => match self.db.get_sandbox_by_id(via).await {
-                Ok(row) => crate::auth::delegation_of(self, &row)
-                    .await?
-                    .map_err(|why| format!("the delegation that obtained it ended: {why}")),
-                Err(hearth_db::DbError::NotFound { .. }) => {
-                    Err("the sandbox that obtained it through its delegation is gone".to_owned())
-                }
-                Err(e) => return Err(DomainError::from(e)),
-            },
-        };
-        let holder = match holder {
-            // A delegation whose creator's key changed is another holder.
-            Ok(h) if h.key_id == claims.k => h,
-            Ok(_) => {
-                return Ok(Err(TokenRefusal::Revoked(
-                    "the key that obtained it no longer holds the delegation".into(),
-                )))
-            }
+        let holder = match self.holder(claims.k, claims.via).await? {
+            Ok(h) => h,
             Err(why) => return Ok(Err(TokenRefusal::Revoked(why))),
         };
         let row = match self.db.get_sandbox_by_id(id).await {
@@ -216,6 +210,87 @@ impl Control {
             )));
         }
         Ok(Ok(row))
+    }
+
+    /// Who holds a token obtained by the key `k` (through the delegation of
+    /// the sandbox `via`, if one did), as the records say now; why no one
+    /// does otherwise.
+    async fn holder(
+        &self,
+        k: ApiKeyId,
+        via: Option<SandboxId>,
+    ) -> Result<Result<Principal, String>, DomainError> {
+        let holder = match via {
+            None => crate::auth::principal_of_key(self, k)
+                .await?
+                .ok_or_else(|| "the API key that obtained it was revoked".to_owned()),
+            Some(via) => match self.db.get_sandbox_by_id(via).await {
+                Ok(row) => crate::auth::delegation_of(self, &row)
+                    .await?
+                    .map_err(|why| format!("the delegation that obtained it ended: {why}")),
+                Err(hearth_db::DbError::NotFound { .. }) => {
+                    Err("the sandbox that obtained it through its delegation is gone".to_owned())
+                }
+                Err(e) => return Err(DomainError::from(e)),
+            },
+        };
+        Ok(match holder {
+            // A delegation whose creator's key changed is another holder.
+            Ok(h) if h.key_id == k => Ok(h),
+            Ok(_) => Err("the key that obtained it no longer holds the delegation".into()),
+            Err(why) => Err(why),
+        })
+    }
+
+    /// The bearer of a volume's content API (E2B's volume `token`) for
+    /// `who`: empty when `who` may not open the volume's content
+    /// ([`Principal::may_open_volume`]), opening nothing.
+    pub(crate) fn volume_token(&self, who: &Principal, volume: &hearth_db::VolumeRow) -> String {
+        if who.may_open_volume(volume).is_err() {
+            return String::new();
+        }
+        self.links.seal(
+            VOLUME_CONTEXT,
+            &VolumeClaims {
+                v: VERSION,
+                vol: volume.id.clone(),
+                k: who.key_id,
+                via: who.delegated_by,
+                exp: expiry_of_mint(Timestamp::now().unix_ms()),
+            },
+        )
+    }
+
+    /// Who `token` lets open the content of the volume `id`, checked now
+    /// against the records: the key (or delegation) that obtained it is
+    /// live, of the volume's workspace, and may still open it.
+    pub(crate) async fn check_volume_token(
+        &self,
+        id: &str,
+        token: &str,
+    ) -> Result<Result<(Principal, hearth_db::VolumeRow), TokenRefusal>, DomainError> {
+        let claims: Option<VolumeClaims> = self.links.open(VOLUME_CONTEXT, token);
+        let Some(claims) = claims.filter(|c| c.v == VERSION && c.vol == id) else {
+            return Ok(Err(TokenRefusal::Invalid));
+        };
+        if Timestamp::now().unix_ms() >= claims.exp {
+            return Ok(Err(TokenRefusal::Expired));
+        }
+        let holder = match self.holder(claims.k, claims.via).await? {
+            Ok(h) => h,
+            Err(why) => return Ok(Err(TokenRefusal::Revoked(why))),
+        };
+        let row = match self.db.volume(holder.workspace_id, id).await {
+            Ok(Some(row)) if row.id == id => row,
+            Ok(_) => return Ok(Err(TokenRefusal::Gone)),
+            Err(e) => return Err(DomainError::from(e)),
+        };
+        if holder.may_open_volume(&row).is_err() {
+            return Ok(Err(TokenRefusal::Revoked(
+                "its holder may no longer open the volume's content".into(),
+            )));
+        }
+        Ok(Ok((holder, row)))
     }
 
     /// The sandbox a signed file URL (E2B's `download_url`/`upload_url`

@@ -159,6 +159,10 @@ pub fn check_sandbox_name(field: &str, name: &str) -> Result<(), Invalid> {
 /// Checks a request's labels: at most [`MAX_LABELS`] entries, keys 1–128 and
 /// values 0–1024 characters, no control characters. Only the labels the
 /// request sets are counted; labels inherited from a snapshot are not.
+/// The label Hearth gives the sandboxes that serve a volume's content
+/// (its value: the volume's id); no request may set it.
+pub const RESERVED_LABEL: &str = "hearth.volume-content";
+
 pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
     if labels.len() > MAX_LABELS {
         return Err(Invalid::new(
@@ -168,6 +172,12 @@ pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
     }
     for (k, v) in labels {
         let field = format!("labels.{k}");
+        if k == RESERVED_LABEL {
+            return Err(Invalid::new(
+                &field,
+                format!("labels: '{k}' is reserved: Hearth marks the sandboxes that serve a volume's content with it"),
+            ));
+        }
         let key_chars = k.chars().count();
         if key_chars == 0 || key_chars > MAX_LABEL_KEY_LEN || k.chars().any(char::is_control) {
             return Err(Invalid::new(

@@ -206,8 +206,9 @@ impl Control {
         self.volume(who, &row.id).await
     }
 
-    /// Deletes a volume no sandbox holds (`sandboxes:delete`): the record,
-    /// then its disk in the store. `false`: there was none.
+    /// Deletes a volume no sandbox holds (`sandboxes:delete`; a service
+    /// sandbox serving its content ends first): the record, then its disk
+    /// in the store. `false`: there was none.
     pub(crate) async fn delete_volume(
         &self,
         who: &Principal,
@@ -219,6 +220,8 @@ impl Control {
             Ok(None) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
+        // A service sandbox holding it for its content API ends with it.
+        self.end_volume_service(&row.id).await?;
         if !self
             .db
             .delete_volume(who.workspace_id, &row.id)
@@ -280,11 +283,20 @@ impl Control {
                     kind: "volume",
                     name: req.volume.clone(),
                 })?;
-            if row.created_by != who.who() && !who.can("sandboxes:exec") {
-                return Err(DomainError::Forbidden(format!(
-                    "{}: attaching volume '{}' needs its creator or sandboxes:exec",
-                    req.field, row.name
-                )));
+            who.may_open_volume(&row).map_err(|e| match e {
+                DomainError::Forbidden(why) => {
+                    DomainError::Forbidden(format!("{}: {why}", req.field))
+                }
+                other => other,
+            })?;
+            // A service sandbox holding it for its content API ends first,
+            // its writes committed (unless this create is one).
+            if !plan
+                .spec
+                .labels
+                .contains_key(super::volume_content::SERVICE_LABEL)
+            {
+                self.end_volume_service(&row.id).await?;
             }
             if !seen.insert(row.id.clone()) {
                 return Err(Invalid::new(

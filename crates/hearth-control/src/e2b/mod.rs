@@ -23,6 +23,7 @@ mod logs;
 mod metrics;
 mod rules;
 mod secrets;
+mod volume_content;
 mod volumes;
 
 use std::sync::Arc;
@@ -241,16 +242,16 @@ pub const ROUTES: &[E2bRoute] = &[
     route("POST", "/volumes", true),
     route("GET", "/volumes/{id}", false),
     route("DELETE", "/volumes/{id}", false),
-    // E2B's volume content API and template builds (e2b 2.63's API
-    // clients): a 501 naming each, never a 404 that `Template.alias_exists`
-    // or `Volume.exists` would read as "does not exist".
-    unserved("GET", "/volumecontent/{id}/dir", false),
-    unserved("POST", "/volumecontent/{id}/dir", false),
-    unserved("GET", "/volumecontent/{id}/path", false),
-    unserved("PATCH", "/volumecontent/{id}/path", true),
-    unserved("DELETE", "/volumecontent/{id}/path", false),
-    unserved("GET", "/volumecontent/{id}/file", false),
-    unserved("PUT", "/volumecontent/{id}/file", true),
+    route("GET", "/volumecontent/{id}/dir", false),
+    route("POST", "/volumecontent/{id}/dir", false),
+    route("GET", "/volumecontent/{id}/path", false),
+    route("PATCH", "/volumecontent/{id}/path", true),
+    route("DELETE", "/volumecontent/{id}/path", false),
+    route("GET", "/volumecontent/{id}/file", false),
+    route("PUT", "/volumecontent/{id}/file", true),
+    // E2B's template builds (e2b 2.63's API clients): a 501 naming each,
+    // never a 404 that `Template.alias_exists` would read as "does not
+    // exist".
     unserved("GET", "/default-templates", false),
     unserved("GET", "/templates", false),
     unserved("GET", "/templates/aliases/{alias}", false),
@@ -360,6 +361,15 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("POST", "/volumes") => on(m, volumes::create),
         ("GET", "/volumes/{id}") => on(m, volumes::get),
         ("DELETE", "/volumes/{id}") => on(m, volumes::delete),
+        ("GET", "/volumecontent/{id}/dir") => on(m, volume_content::list),
+        ("POST", "/volumecontent/{id}/dir") => on(m, volume_content::make_dir),
+        ("GET", "/volumecontent/{id}/path") => on(m, volume_content::get_info),
+        ("PATCH", "/volumecontent/{id}/path") => on(m, volume_content::update_metadata),
+        ("DELETE", "/volumecontent/{id}/path") => on(m, volume_content::remove),
+        ("GET", "/volumecontent/{id}/file") => on(m, volume_content::read_file),
+        ("PUT", "/volumecontent/{id}/file") => {
+            on(m, volume_content::write_file).layer(DefaultBodyLimit::disable())
+        }
         ("GET", "/health") => on(m, envd::health),
         ("GET", "/files") => on(m, envd::download).layer(DefaultBodyLimit::disable()),
         ("POST", "/files") => on(m, envd::upload).layer(DefaultBodyLimit::disable()),

@@ -2,9 +2,9 @@
 //! e2b SDKs) over the workspace's volumes, the ones LangSmith's
 //! `/api/v2/sandboxes/volumes` shows (`domain/volumes.rs` decides what a
 //! volume is). `volumeMounts` on a create attaches them (`api.rs`). A
-//! volume is found by its id or its name. Its content API
-//! (`/volumecontent/…`) is not served: the `token` an answer carries is
-//! empty, opening nothing.
+//! volume is found by its id or its name. An answer's `token` opens its
+//! content API (`volume_content.rs`) for a caller who may open it (empty,
+//! opening nothing, for others), and its `domain` is the deployment's.
 
 use std::sync::Arc;
 
@@ -34,8 +34,12 @@ struct VolumeAndToken {
     #[serde(rename = "volumeID")]
     volume_id: String,
     name: String,
-    /// The content API's bearer token: none, as that API is not served.
+    /// The content API's bearer token.
     token: String,
+    /// Where the SDK sends content calls (`api.{domain}`), unless told
+    /// (`E2B_VOLUME_API_URL`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain: Option<String>,
 }
 
 /// E2B's `Volume` (in lists).
@@ -46,11 +50,12 @@ struct VolumeBody {
     name: String,
 }
 
-fn with_token(v: VolumeView) -> VolumeAndToken {
+fn with_token(c: &Control, who: &Principal, v: VolumeView) -> VolumeAndToken {
     VolumeAndToken {
+        token: c.volume_token(who, &v.row),
         volume_id: v.row.id,
         name: v.row.name,
-        token: String::new(),
+        domain: c.cfg.sandbox_domain.clone(),
     }
 }
 
@@ -73,7 +78,7 @@ pub async fn create(
             },
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(with_token(made))).into_response())
+    Ok((StatusCode::CREATED, Json(with_token(&c, &who, made))).into_response())
 }
 
 /// `GET /volumes/{id}`.
@@ -82,8 +87,9 @@ pub async fn get(
     who: Result<Principal, Refusal>,
     Path(id): Path<String>,
 ) -> E2bResult<Response> {
-    let v = c.volume(&who?, &id).await?;
-    Ok(Json(with_token(v)).into_response())
+    let who = who?;
+    let v = c.volume(&who, &id).await?;
+    Ok(Json(with_token(&c, &who, v)).into_response())
 }
 
 /// `DELETE /volumes/{id}`: 404 when there is none (the SDK's `False`).

@@ -1419,8 +1419,8 @@ async fn ready(s: &Server, id: &str) {
 async fn an_unknown_e2b_path_is_a_501_naming_it() {
     let s = Server::start(false).await;
     let key = s.other.clone();
-    // What the SDK's Template and Volume classes call: a 404 would be read
-    // as "does not exist" (`Template.alias_exists`).
+    // What the SDK's Template class calls: a 404 would be read as "does
+    // not exist" (`Template.alias_exists`).
     for (method, path) in [
         ("GET", "/templates/aliases/base"),
         ("GET", "/templates"),
@@ -1429,9 +1429,6 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
         ("PATCH", "/v2/templates/t1"),
         ("POST", "/v2/templates/t1/builds/b1"),
         ("GET", "/default-templates"),
-        ("GET", "/volumecontent/v1/dir"),
-        ("PUT", "/volumecontent/v1/file"),
-        ("DELETE", "/volumecontent/v1/path"),
         ("GET", "/sandboxes/abc/unknown"),
         ("GET", "/snapshots/x/y"),
     ] {

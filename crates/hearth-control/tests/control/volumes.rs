@@ -525,3 +525,200 @@ async fn usage_counts_what_a_workspace_holds_and_batch_delete_says_what_it_skipp
     ok(&r, 501, "costs");
     assert!(r.text().contains("usage/costs"), "{}", r.text());
 }
+
+/// A content call: `GET /volumecontent/{id}/path?path=` with `token`.
+async fn content(s: &Server, id: &str, path: &str, token: Option<&str>) -> Resp {
+    let headers: Vec<(String, String)> = token
+        .map(|t| vec![("authorization".to_owned(), format!("Bearer {t}"))])
+        .unwrap_or_default();
+    let raw = crate::harness::RawRequest::new(
+        "GET",
+        &format!("/volumecontent/{id}/path?path={path}"),
+        &headers,
+        Vec::new(),
+    );
+    crate::harness::send(s.addr, &raw.bytes()).await
+}
+
+/// The ids of the workspace's sandboxes (E2B's list), and which of them
+/// serve a volume's content.
+async fn sandboxes(s: &Server, key: &str) -> (Vec<String>, Vec<String>) {
+    let list = ok(
+        &s.json("GET", "/v2/sandboxes", Some(key), &Value::Null)
+            .await,
+        200,
+        "list",
+    );
+    let mut all = Vec::new();
+    let mut services = Vec::new();
+    for sb in list.as_array().unwrap() {
+        let id = sb["sandboxID"].as_str().unwrap().to_owned();
+        if sb["metadata"]["hearth.volume-content"].is_string() {
+            services.push(id.clone());
+        }
+        all.push(id);
+    }
+    (all, services)
+}
+
+/// E2B's volume content API: the volume's `token` opens it (none for a
+/// key that may not); with no sandbox holding the volume, a service
+/// sandbox of the caller's holds it (one, reused, listed); a create that
+/// attaches the volume ends it, and content calls then go through that
+/// sandbox. The file operations themselves run on real VMs (the E2B
+/// suite's `test_volume_content`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volumes_content_opens_with_its_token_through_the_sandbox_that_holds_it() {
+    let (s, _sim) = Server::on_sim().await;
+    let (ws, a) =
+        crate::harness::workspace_key(&s.db, "content", hearth_db::Quotas::default()).await;
+    let (reader_id, reader) = hearth_control::auth::create_key(&s.db, ws, &["sandboxes:read"], "")
+        .await
+        .unwrap();
+    let made = ok(
+        &s.json("POST", "/volumes", Some(&a), &json!({"name": "vc"}))
+            .await,
+        201,
+        "create",
+    );
+    let id = made["volumeID"].as_str().unwrap().to_owned();
+    let token = made["token"].as_str().unwrap().to_owned();
+    assert!(!token.is_empty(), "{made}");
+    // A read-only key gets no token, and its own API key opens nothing.
+    let seen = ok(
+        &s.json(
+            "GET",
+            &format!("/volumes/{id}"),
+            Some(&reader),
+            &Value::Null,
+        )
+        .await,
+        200,
+        "get as a reader",
+    );
+    assert_eq!(seen["token"], "", "{seen}");
+    for (bearer, why) in [
+        (None, "missing"),
+        (Some("forged"), "forged"),
+        (Some(&*reader), "an API key"),
+    ] {
+        let r = content(&s, &id, "/", bearer).await;
+        assert_eq!(r.status, 401, "{why}: {}", r.text());
+    }
+    assert_eq!(
+        sandboxes(&s, &a).await.0.len(),
+        0,
+        "nothing made for a refusal"
+    );
+    // Another volume's token does not open this one.
+    let other = ok(
+        &s.json("POST", "/volumes", Some(&a), &json!({"name": "other"}))
+            .await,
+        201,
+        "another",
+    );
+    let r = content(&s, &id, "/", other["token"].as_str()).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+
+    // The token opens it: a service sandbox holds it, reused by the next
+    // call, and shown in the list.
+    let r = content(&s, &id, "/", Some(&token)).await;
+    let root = ok(&r, 200, "the root");
+    assert_eq!(
+        (&root["type"], &root["path"], &root["uid"]),
+        (&json!("directory"), &json!("/"), &json!(1000))
+    );
+    let (all, services) = sandboxes(&s, &a).await;
+    assert_eq!((all.len(), services.len()), (1, 1), "{all:?}");
+    let r = content(&s, &id, "/a/b.txt", Some(&token)).await;
+    assert_eq!(ok(&r, 200, "a path")["name"], "b.txt");
+    assert_eq!(sandboxes(&s, &a).await.1, services, "reused");
+    let r = content(&s, &id, "/a/../../etc", Some(&token)).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    // Its label is Hearth's alone.
+    let r = s
+        .json(
+            "POST",
+            "/v2/sandboxes",
+            Some(&a),
+            &json!({"templateID": "busybox", "metadata": {"hearth.volume-content": id}}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("reserved"), "{}", r.text());
+
+    // A volume whose content is open can be deleted: its service sandbox
+    // ends first.
+    let other_id = other["volumeID"].as_str().unwrap();
+    ok(
+        &content(&s, other_id, "/", other["token"].as_str()).await,
+        200,
+        "the other's root",
+    );
+    assert_eq!(sandboxes(&s, &a).await.1.len(), 2);
+    ok(
+        &s.json(
+            "DELETE",
+            &format!("/volumes/{other_id}"),
+            Some(&a),
+            &Value::Null,
+        )
+        .await,
+        204,
+        "delete while its content is open",
+    );
+    assert_eq!(sandboxes(&s, &a).await.1, services);
+
+    // A create attaching the volume ends the service sandbox; then the
+    // content is reached through the new holder.
+    let sb = ok(
+        &s.json(
+            "POST",
+            "/v2/sandboxes",
+            Some(&a),
+            &json!({"templateID": "busybox", "volumeMounts": [{"name": "vc", "path": "/mnt/vc"}]}),
+        )
+        .await,
+        201,
+        "a create attaching it",
+    );
+    let holder = sb["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(sandboxes(&s, &a).await, (vec![holder.clone()], vec![]));
+    let r = content(&s, &id, "/", Some(&token)).await;
+    ok(&r, 200, "through the holder");
+    assert_eq!(sandboxes(&s, &a).await.0, vec![holder.clone()]);
+    // A holder that does not run is named.
+    ok(
+        &s.json(
+            "POST",
+            &format!("/sandboxes/{holder}/pause"),
+            Some(&a),
+            &json!({}),
+        )
+        .await,
+        204,
+        "pause",
+    );
+    let r = content(&s, &id, "/", Some(&token)).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.text().contains(&holder) || r.text().contains("attached"),
+        "{}",
+        r.text()
+    );
+    // A revoked key's token opens nothing.
+    s.db.revoke_api_key(ws, reader_id).await.unwrap();
+    let (a_id, _) =
+        s.db.list_api_keys(ws)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|k| (k.id, k.revoked_at))
+            .find(|(k, _)| *k != reader_id)
+            .unwrap();
+    s.db.revoke_api_key(ws, a_id).await.unwrap();
+    let r = content(&s, &id, "/", Some(&token)).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(r.text().contains("revoked"), "{}", r.text());
+    s.stop().await;
+}

@@ -888,6 +888,7 @@ const E2B_FIRST_HALF: &[&str] = &[
     "test_one_sandbox_through_both_doors",
     "test_sandbox_hosts_by_name_over_tls",
     "test_the_async_sdk",
+    "test_volume_content_through_its_api_and_its_holder",
 ];
 
 /// The rest: fork, a pause at the timeout that a request resumes, the
@@ -952,6 +953,7 @@ fn e2b_suite(part: &str, tests: &[&str]) {
             .env("E2B_API_KEY", &server.e2b_key)
             .env("E2B_API_URL", &origin)
             .env("E2B_SANDBOX_URL", &origin)
+            .env("E2B_VOLUME_API_URL", &origin)
             .env("HEARTH_LANGSMITH_KEY", &server.api_key)
             .env("HEARTH_E2B_TEMPLATE", "busybox")
             .output()
@@ -970,6 +972,7 @@ fn e2b_suite(part: &str, tests: &[&str]) {
         .env("E2B_API_KEY", &server.e2b_key)
         .env("E2B_API_URL", &origin)
         .env("E2B_SANDBOX_URL", &origin)
+        .env("E2B_VOLUME_API_URL", &origin)
         // The same sandboxes through LangSmith's SDK too.
         .env("LANGSMITH_ENDPOINT", &origin)
         .env("LANGSMITH_API_KEY", &server.api_key)
@@ -1098,6 +1101,7 @@ fn js_sdks_against_hearth_up() {
         .env("E2B_API_KEY", &server.e2b_key)
         .env("E2B_API_URL", &origin)
         .env("E2B_SANDBOX_URL", &origin)
+        .env("E2B_VOLUME_API_URL", &origin)
         .env("HEARTH_JS_OTHER_KEY", &other_key)
         .env("HEARTH_JS_SNAPSHOT", "busybox")
         .stdin(Stdio::null())

@@ -259,7 +259,7 @@ fn upload_metadata(headers: &HeaderMap) -> E2bResult<std::collections::BTreeMap<
 
 /// A file reader as a body stream (an error after the first bytes breaks
 /// the body off, which the client sees as a short read).
-pub(super) fn file_stream(
+pub(in crate::e2b) fn file_stream(
     reader: hearth_hostapi::FileReader,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     futures_util::stream::unfold(Some(reader), |state| async move {

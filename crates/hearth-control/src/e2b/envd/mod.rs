@@ -44,6 +44,7 @@ mod files;
 mod filesystem;
 mod process;
 
+pub(in crate::e2b) use files::file_stream;
 pub use files::{download, upload};
 pub use filesystem::filesystem;
 pub use process::{process, stream_input};
@@ -55,9 +56,9 @@ pub(super) const B64: base64::engine::general_purpose::GeneralPurpose =
 /// environment, or a path).
 pub(super) const MAX_RPC_BODY: usize = 1 << 20;
 /// Most entries a `ListDir` answers (past it: `resource_exhausted`).
-pub(super) const MAX_LIST_ENTRIES: usize = 10_000;
+pub(in crate::e2b) const MAX_LIST_ENTRIES: usize = 10_000;
 /// Deepest `ListDir` walk.
-pub(super) const MAX_LIST_DEPTH: u32 = 16;
+pub(in crate::e2b) const MAX_LIST_DEPTH: u32 = 16;
 
 /// A call's sandbox: its row, its guest, and who commands run as.
 pub(super) struct Target {
@@ -121,7 +122,7 @@ impl Target {
 }
 
 /// Longest path a data-plane call may name (Linux's `PATH_MAX`).
-pub(super) const MAX_PATH: usize = 4096;
+pub(in crate::e2b) const MAX_PATH: usize = 4096;
 
 /// A path no file can have: refused before the guest sees it.
 pub(super) struct BadPath(String);
@@ -138,7 +139,7 @@ impl From<BadPath> for E2bError {
     }
 }
 
-pub(super) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(in crate::e2b) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
 }
 
@@ -264,7 +265,7 @@ pub(super) fn fs_error(e: GuestError, path: &str) -> ConnectError {
 }
 
 /// A guest failure as E2B's JSON error about `path`.
-pub(super) fn file_error(e: GuestError, path: &str) -> E2bError {
+pub(in crate::e2b) fn file_error(e: GuestError, path: &str) -> E2bError {
     fs_error(e, path).into()
 }
 
