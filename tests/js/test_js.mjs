@@ -131,7 +131,7 @@ async function e2bSandboxRunsCommandsAndFiles() {
 }
 
 // E2B's volumes from JS: made, mounted read-write by one sandbox, its
-// files read by the next, destroyed once free.
+// files read by the next and through the content API, destroyed.
 async function e2bVolumesOutliveTheirSandboxes() {
   const name = `js-vol-${process.pid}`;
   const vol = await Volume.create(name);
@@ -149,6 +149,17 @@ async function e2bVolumesOutliveTheirSandboxes() {
   await next.kill();
   made.e2b.pop();
   check((await Volume.list()).some((v) => v.name === name), "listed");
+  // Its content API, with no sandbox holding it (E2B_VOLUME_API_URL).
+  const open = await Volume.connect(vol.volumeId);
+  check(open.token, "a token for the content API");
+  check((await open.readFile("/js.txt")) === "kept by js", "read through the content API");
+  await open.makeDir("/a/b", { force: true });
+  const written = await open.writeFile("/a/b/c.txt", "from js", { mode: 0o600 });
+  check(written.mode === 0o600 && written.uid === 1000, `written ${JSON.stringify(written)}`);
+  const names = (await open.list("/")).map((e) => e.name).sort();
+  check(JSON.stringify(names) === JSON.stringify(["a", "js.txt"]), `listed ${names}`);
+  await open.remove("/a");
+  check(!(await open.exists("/a")), "removed");
   check(await Volume.destroy(vol.volumeId), "destroyed");
   check(!(await Volume.destroy(vol.volumeId)), "destroying what is gone is false");
 }
