@@ -147,6 +147,13 @@ impl HostApi for InProcessHost {
             .map_err(|e| self.error(e))
     }
 
+    async fn copy_volume_data(&self, copy: &hearth_hostapi::CopyVolume) -> HostResult<()> {
+        self.0
+            .copy_volume_data(copy)
+            .await
+            .map_err(|e| self.error(e))
+    }
+
     async fn collect_garbage(&self) -> HostResult<StoreGc> {
         let r = self.0.collect_garbage().await.map_err(|e| self.error(e))?;
         Ok(StoreGc {

@@ -11,7 +11,7 @@ use hearth_types::{ByteSize, VmId};
 use serde::{Deserialize, Serialize};
 
 use crate::guest::GuestClient;
-use crate::types::{Captured, ClaimVm, CreateVm, Resize, SandboxNet, VmRecord};
+use crate::types::{Captured, ClaimVm, CopyVolume, CreateVm, Resize, SandboxNet, VmRecord};
 
 /// What kind of failure a host reported; the control plane maps it to an
 /// answer (404, 409, 503, …) without parsing messages.
@@ -249,6 +249,10 @@ pub trait HostApi: Send + Sync {
     async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage>;
     /// Removes a deleted snapshot's data.
     async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()>;
+    /// Makes the store volume `to` a copy of `from`'s newest generation
+    /// (its chunks shared, none copied); nothing when `from` has none. `to`
+    /// must not exist yet. A workspace volume's clone.
+    async fn copy_volume_data(&self, copy: &CopyVolume) -> HostResult<()>;
     async fn status(&self) -> HostResult<HostStatus>;
     /// The disk space a new sandbox may take here ([`HostStatus::disk_available`])
     /// without the rest of the status: placement asks it on every create,

@@ -42,5 +42,6 @@ pub use guest::{
 pub use remote::{HostCredentials, RemoteHost};
 pub use sim::SimHost;
 pub use types::{
-    BootFrom, Captured, ClaimVm, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
+    BootFrom, Captured, ClaimVm, CopyVolume, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord,
+    VmState,
 };

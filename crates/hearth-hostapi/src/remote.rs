@@ -27,7 +27,7 @@ use crate::api::{
     StoreGc,
 };
 use crate::guest::GuestClient;
-use crate::types::{Captured, ClaimVm, CreateVm, Resize, SandboxNet, VmRecord};
+use crate::types::{Captured, ClaimVm, CopyVolume, CreateVm, Resize, SandboxNet, VmRecord};
 
 /// How long one command may take (a create boots a VM; an import pulls an
 /// image).
@@ -416,6 +416,12 @@ impl HostApi for RemoteHost {
 
     async fn delete_snapshot_data(&self, captured: &Captured) -> HostResult<()> {
         self.call(HostRoute::DeleteSnapshot, None, 0, Some(captured))
+            .await
+            .map(drop)
+    }
+
+    async fn copy_volume_data(&self, copy: &CopyVolume) -> HostResult<()> {
+        self.call(HostRoute::CopyVolume, None, 0, Some(copy))
             .await
             .map(drop)
     }

@@ -23,11 +23,12 @@ pub enum HostRoute {
     Guest,
     ImportImage,
     DeleteSnapshot,
+    CopyVolume,
     CollectGarbage,
 }
 
 impl HostRoute {
-    pub const ALL: [HostRoute; 17] = [
+    pub const ALL: [HostRoute; 18] = [
         HostRoute::Health,
         HostRoute::Status,
         HostRoute::ListVms,
@@ -44,6 +45,7 @@ impl HostRoute {
         HostRoute::Guest,
         HostRoute::ImportImage,
         HostRoute::DeleteSnapshot,
+        HostRoute::CopyVolume,
         HostRoute::CollectGarbage,
     ];
 
@@ -67,6 +69,7 @@ impl HostRoute {
             HostRoute::Guest => ("GET", "/v1/vms/{id}/guest"),
             HostRoute::ImportImage => ("POST", "/v1/images/import"),
             HostRoute::DeleteSnapshot => ("POST", "/v1/snapshots/delete"),
+            HostRoute::CopyVolume => ("POST", "/v1/volumes/copy"),
             HostRoute::CollectGarbage => ("POST", "/v1/store/gc"),
         }
     }

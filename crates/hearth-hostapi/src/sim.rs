@@ -51,7 +51,7 @@ use crate::api::{
 };
 use crate::guest::GuestClient;
 use crate::types::{
-    Captured, ClaimVm, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
+    Captured, ClaimVm, CopyVolume, CreateVm, MemoryVolumes, Resize, SandboxNet, VmRecord, VmState,
 };
 
 /// A host agent in memory. Share it as `Arc<SimHost>`: the knobs and the
@@ -362,8 +362,14 @@ impl HostApi for SimHost {
                     ..VmRecord::provisioning(id, &req, "sim".into())
                 },
             );
-            st.networks
-                .insert(id, req.network.clone().unwrap_or_default());
+            let net = req.network.clone().unwrap_or_default();
+            // A workspace volume is made in the store at its first attach.
+            for m in &net.mounts {
+                if let Some(v) = m.volume() {
+                    st.volumes.insert(format!("volume-{}", v.volume));
+                }
+            }
+            st.networks.insert(id, net);
         }
         self.boot(id).await
     }
@@ -580,6 +586,21 @@ impl HostApi for SimHost {
         if let Some(m) = &captured.memory {
             st.volumes.remove(&m.memory);
             st.volumes.remove(&m.state);
+        }
+        Ok(())
+    }
+
+    async fn copy_volume_data(&self, copy: &CopyVolume) -> HostResult<()> {
+        self.enter().await?;
+        let mut st = self.state();
+        if st.volumes.contains(&copy.to) {
+            return Err(HostApiError::new(
+                ErrorKind::Conflict,
+                format!("volume {} exists", copy.to),
+            ));
+        }
+        if st.volumes.contains(&copy.from) {
+            st.volumes.insert(copy.to.clone());
         }
         Ok(())
     }

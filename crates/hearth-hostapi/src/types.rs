@@ -225,6 +225,15 @@ impl Default for CreateVm {
     }
 }
 
+/// A volume of the store to copy, and the copy's name (see
+/// `copy_volume_data`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CopyVolume {
+    pub from: String,
+    pub to: String,
+}
+
 /// A snapshot's volumes in the store (see `capture`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Captured {

@@ -26,6 +26,7 @@
 //! | `GET /v1/vms/{id}/guest`                 | WebSocket: the guest streams (`guest_relay.rs`) |
 //! | `POST /v1/images/import` (`ImportImage`) | `ImportedImage`                      |
 //! | `POST /v1/snapshots/delete` (`Captured`) | 204                                  |
+//! | `POST /v1/volumes/copy` (`CopyVolume`)   | 204                                  |
 //! | `POST /v1/store/gc`                      | `StoreGc` (one GC of the store)      |
 
 mod access;
@@ -101,6 +102,7 @@ fn handler(route: HostRoute) -> MethodRouter<Arc<Host>> {
         HostRoute::Guest => on(m, vms::guest),
         HostRoute::ImportImage => on(m, vms::import),
         HostRoute::DeleteSnapshot => on(m, vms::delete_snapshot),
+        HostRoute::CopyVolume => on(m, vms::copy_volume),
         HostRoute::CollectGarbage => on(m, vms::collect_garbage),
     }
 }

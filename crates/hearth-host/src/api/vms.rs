@@ -190,6 +190,14 @@ pub(super) async fn import(
     ))
 }
 
+pub(super) async fn copy_volume(
+    State(host): State<Arc<Host>>,
+    JsonBody(copy): JsonBody<hearth_hostapi::CopyVolume>,
+) -> Result<Response, ApiError> {
+    api(host).copy_volume_data(&copy).await?;
+    Ok(no_content())
+}
+
 pub(super) async fn delete_snapshot(
     State(host): State<Arc<Host>>,
     JsonBody(captured): JsonBody<Captured>,

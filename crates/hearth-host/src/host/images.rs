@@ -77,6 +77,29 @@ impl Host {
         Ok(store.gc(hearth_store::GcOptions::default()).await?)
     }
 
+    /// Makes the store volume `copy.to` share `copy.from`'s newest
+    /// generation; nothing when it has none (never attached: the copy, too,
+    /// is made empty at its first attach). A copy that exists is refused.
+    pub async fn copy_volume_data(
+        &self,
+        copy: &hearth_hostapi::CopyVolume,
+    ) -> Result<(), HostError> {
+        let store = self.store("volumes")?;
+        let parse = |v: &str| {
+            v.parse::<hearth_store::VolumeId>()
+                .map_err(|e| HostError::Invalid(format!("volume {v:?}: {e}")))
+        };
+        let (from, to) = (parse(&copy.from)?, parse(&copy.to)?);
+        if store.head(&to).await?.is_some() {
+            return Err(HostError::Conflict(format!("volume {} exists", copy.to)));
+        }
+        let Some(head) = store.head(&from).await? else {
+            return Ok(());
+        };
+        store.copy_volume(&head, &to, &head.scope, 0).await?;
+        Ok(())
+    }
+
     /// Removes a snapshot's volumes from the store and this host's copies
     /// of its memory. Chunks other volumes still use stay (see GC).
     pub async fn delete_snapshot_data(&self, captured: &Captured) -> Result<(), HostError> {
