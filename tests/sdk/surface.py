@@ -28,6 +28,7 @@ from langsmith.types.sandboxes import (
     registry_update_params,
     snapshot_create_params,
     snapshot_list_params,
+    volume_clone_params,
     volume_create_params,
     volume_list_params,
     volume_update_params,
@@ -48,6 +49,7 @@ OPERATIONS = {
     "create_volume": volume_create_params.VolumeCreateParams,
     "batch_delete": box_batch_delete_params.BoxBatchDeleteParams,
     "update_volume": volume_update_params.VolumeUpdateParams,
+    "clone_volume": volume_clone_params.VolumeCloneParams,
     "list_volumes": volume_list_params.VolumeListParams,
 }
 

@@ -1295,17 +1295,18 @@ def test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes():
     written by its one writer and kept across that sandbox's stop and
     start; a second writer refused naming the first; after the writer's
     delete, a reader sees what it wrote and cannot change it; a held
-    volume is not deleted; deleted once free."""
+    volume is not deleted; a clone holds the same files and changes apart;
+    deleted once free."""
     client.registries  # makes the SDK's API client
     api = client._registries_client.sandboxes
     name = unique("sdk-vol")
     v = api.volumes.create(name=name, size_bytes=GIB, description="suite")
     check(v.name == name and v.size_bytes == GIB and v.status == "ready", f"made {v!r}")
 
-    def box(box_name, mount, read_only=False):
+    def box(box_name, mount, read_only=False, volume=name):
         api.boxes.create(
             name=box_name, snapshot="busybox",
-            volumes=[{"volume": name, "mount_path": mount, "read_only": read_only}],
+            volumes=[{"volume": volume, "mount_path": mount, "read_only": read_only}],
             extra_body={"wait_for_ready": True, "timeout": CREATE_TIMEOUT},
             timeout=CREATE_TIMEOUT + 30,
         )
@@ -1333,6 +1334,20 @@ def test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes():
     check(r.exit_code != 0 and "Read-only" in r.stderr, f"a reader's write: {r.stderr!r}")
     client.delete_sandbox(reader.name)
     created.discard(reader.name)
+    # A clone holds what the source held, and changes apart from it.
+    copy = api.volumes.clone(name, name=unique("sdk-vol-c"), description="a copy")
+    check(copy.size_bytes == GIB and copy.description == "a copy" and not copy.attachments,
+          f"cloned {copy!r}")
+    w = box(unique("sdk-vol-cw"), "/c", volume=copy.name)
+    check(w.read("/c/f") == b"kept\n", "the clone holds the source's files")
+    w.run("echo changed > /c/f")
+    client.delete_sandbox(w.name)
+    created.discard(w.name)
+    r = box(unique("sdk-vol-r2"), "/data", read_only=True)
+    check(r.read("/data/f") == b"kept\n", "the source is unchanged by its clone's writer")
+    client.delete_sandbox(r.name)
+    created.discard(r.name)
+    api.volumes.delete(copy.name)
     api.volumes.delete(name)
     expect_error(Exception, api.volumes.retrieve, name)
 

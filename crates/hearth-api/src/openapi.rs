@@ -34,7 +34,8 @@ use crate::snapshots::{
     SnapshotsByNameResponse,
 };
 use crate::volumes::{
-    CreateVolumeRequest, ListVolumesQuery, ListVolumesResponse, UpdateVolumeRequest, VolumeResponse,
+    CloneVolumeRequest, CreateVolumeRequest, ListVolumesQuery, ListVolumesResponse,
+    UpdateVolumeRequest, VolumeResponse,
 };
 
 /// The OpenAPI 3.1 document as JSON.
@@ -903,12 +904,22 @@ fn update_volume() {}
 #[allow(dead_code)]
 fn delete_volume() {}
 
-/// Not served: cloning a volume (a 501 naming it).
+/// A new volume holding a copy of one (its chunks shared, none copied):
+/// what its writer last committed. A volume attached read-write to a
+/// sandbox that is not stopped cannot be cloned; its creator or
+/// `sandboxes:exec` may clone it, with `sandboxes:create`.
 #[utoipa::path(
     post, path = "/api/v2/sandboxes/volumes/{volume}/clone", tag = "volumes",
     params(("volume" = String, Path, description = "Volume id or name")),
+    request_body = CloneVolumeRequest,
     responses(
-        (status = 501, description = "Cloning a volume is not served by Hearth yet", body = ErrorBody),
+        (status = 201, description = "Cloned", body = VolumeResponse),
+        (status = 401, description = "Missing or unknown API key", body = ErrorBody),
+        (status = 403, description = "Not the volume's creator and missing sandboxes:exec, or missing sandboxes:create", body = ErrorBody),
+        (status = 404, description = "No such volume in this workspace", body = ErrorBody),
+        (status = 409, description = "The name is taken, or a running sandbox writes the volume (named)", body = ErrorBody),
+        (status = 422, description = "Invalid body (names the field)", body = ErrorBody),
+        (status = 429, description = "Storage or volume quota", body = ErrorBody),
     ),
 )]
 #[allow(dead_code)]

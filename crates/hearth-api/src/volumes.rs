@@ -24,6 +24,20 @@ pub struct CreateVolumeRequest {
     pub labels: Option<BTreeMap<String, String>>,
 }
 
+/// Body of `POST /volumes/{volume}/clone`: the new volume, the source's
+/// size, holding what the source last committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloneVolumeRequest {
+    /// Unique in the workspace: 1–63 letters, digits, `.`, `_`, `-`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// None: the source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
 /// Body of `PATCH /volumes/{volume}`: each field given replaces; `null`
 /// or an empty value clears.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hearth_api::volumes::{
-    CreateVolumeRequest, ListVolumesQuery, ListVolumesResponse, UpdateVolumeRequest,
-    VolumeAttachmentResponse, VolumeResponse,
+    CloneVolumeRequest, CreateVolumeRequest, ListVolumesQuery, ListVolumesResponse,
+    UpdateVolumeRequest, VolumeAttachmentResponse, VolumeResponse,
 };
 use hearth_api::ApiError;
 
@@ -144,20 +144,27 @@ async fn remove(
     }
 }
 
-/// Not served: a clone's first generation would be a copy of the source's
-/// disk, which the control plane asks of no host yet.
-/// The source is looked up first: another workspace's is a 404 as ever.
 async fn clone(
     State(c): State<Arc<Control>>,
     who: Principal,
     Path(volume): Path<String>,
+    JsonBody(body): JsonBody,
 ) -> HttpResult<Response> {
-    who.require("sandboxes:create")?;
-    c.volume(&who, &volume).await?;
-    Err(ApiError::new(
-        501,
-        "NotImplemented",
-        format!("POST /api/v2/sandboxes/volumes/{volume}/clone: cloning a volume is not served by Hearth yet; create a volume and copy the files"),
-    )
-    .into())
+    let req: CloneVolumeRequest = hearth_api::parse_body(&body)?;
+    // Without labels of its own, the source's.
+    let inherit_labels = req.labels.is_none();
+    let v = c
+        .clone_volume(
+            &who,
+            &volume,
+            NewVolume {
+                name: req.name,
+                size: None,
+                description: req.description,
+                labels: req.labels.unwrap_or_default(),
+            },
+            inherit_labels,
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(response(&v)?)).into_response())
 }

@@ -84,12 +84,22 @@ impl Control {
         new: NewVolume,
     ) -> Result<VolumeView, DomainError> {
         who.require("sandboxes:create")?;
-        rules::check_volume_name("name", &new.name)?;
-        rules::check_labels(&new.labels)?;
         let size = match new.size {
             Some(s) => ByteSize(rules::volume_size("size_bytes", s)?),
             None => ByteSize(rules::DEFAULT_VOLUME_SIZE),
         };
+        self.insert_volume(who, new, size).await
+    }
+
+    /// Records a new volume of `size`, its name and labels checked.
+    async fn insert_volume(
+        &self,
+        who: &Principal,
+        new: NewVolume,
+        size: ByteSize,
+    ) -> Result<VolumeView, DomainError> {
+        rules::check_volume_name("name", &new.name)?;
+        rules::check_labels(&new.labels)?;
         let now = hearth_db::Timestamp::now();
         let row = VolumeRow {
             id: uuid::Uuid::new_v4().to_string(),
@@ -115,6 +125,69 @@ impl Control {
             row,
             attachments: Vec::new(),
         })
+    }
+
+    /// A new volume holding what `key`'s writer last committed, its size
+    /// (its chunks shared in the store, none copied): `sandboxes:create`,
+    /// and the source's creator or `sandboxes:exec`. A source a sandbox
+    /// that is not stopped writes is refused (its newest writes are in that
+    /// VM); a service sandbox serving its content ends first. `inherit`:
+    /// the source's labels.
+    pub(crate) async fn clone_volume(
+        &self,
+        who: &Principal,
+        key: &str,
+        mut new: NewVolume,
+        inherit_labels: bool,
+    ) -> Result<VolumeView, DomainError> {
+        who.require("sandboxes:create")?;
+        let src = self.volume_row(who, key).await?;
+        who.may_open_volume(&src)?;
+        self.end_volume_service(&src.id).await?;
+        let held = self
+            .db
+            .volume_attachments(&[&src.id])
+            .await
+            .map_err(DomainError::from)?;
+        for a in held.iter().filter(|a| !a.read_only) {
+            let status = match self.db.get_sandbox_by_id(a.sandbox_id).await {
+                Ok(row) => row.status,
+                Err(hearth_db::DbError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if status != hearth_db::SandboxStatus::Stopped {
+                return Err(DomainError::conflict(format!(
+                    "volume '{}' is attached read-write to sandbox {}, which is {}: stop it (or \
+                     delete it) to clone the volume",
+                    src.name,
+                    a.sandbox_name,
+                    status.as_str()
+                )));
+            }
+        }
+        if inherit_labels {
+            new.labels = src.labels.clone();
+        }
+        let made = self.insert_volume(who, new, src.size).await?;
+        let copy = hearth_hostapi::CopyVolume {
+            from: format!("volume-{}", src.id),
+            to: format!("volume-{}", made.row.id),
+        };
+        let copied = match self.live_hosts().await.into_iter().next() {
+            Some((_, host)) => host.copy_volume_data(&copy).await.map_err(|e| {
+                tracing::warn!(from = %copy.from, to = %copy.to, error = %e, "cannot copy a volume");
+                DomainError::HostFailed(format!("cannot copy volume '{}': {e}", src.name))
+            }),
+            None => Err(DomainError::NoHosts),
+        };
+        if let Err(e) = copied {
+            // No clone without its content.
+            if let Err(d) = self.db.delete_volume(who.workspace_id, &made.row.id).await {
+                tracing::warn!(volume = %made.row.id, error = %d, "cannot remove a failed clone's record");
+            }
+            return Err(e);
+        }
+        Ok(made)
     }
 
     /// A volume of the caller's workspace by id or name (`sandboxes:read`).

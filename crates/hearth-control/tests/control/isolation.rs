@@ -545,6 +545,7 @@ fn body_for(method: &str, path: &str, content_type: &str) -> Payload {
         ("patch", "/api/v2/sandboxes/pools/{name}") => json!({"size": 3}),
         ("patch", "/api/v2/sandboxes/registries/{name}") => json!({"username": "hijacked"}),
         ("patch", "/api/v2/sandboxes/volumes/{volume}") => json!({"description": "hijacked"}),
+        ("post", "/api/v2/sandboxes/volumes/{volume}/clone") => json!({"name": "stolen-volume"}),
         ("post", "/grep") => json!({"path": "/", "pattern": "root"}),
         _ => panic!("{method} {path} takes a body: add one to body_for"),
     };

@@ -165,6 +165,14 @@ impl Env {
                 )
                 .await
             }
+            "clone_volume" => {
+                self.call(
+                    Method::POST,
+                    "/api/v2/sandboxes/volumes/surface-vol/clone",
+                    Some(body),
+                )
+                .await
+            }
             "list_volumes" => {
                 self.call(
                     Method::GET,
@@ -332,6 +340,10 @@ fn exercises() -> Vec<(&'static str, Value)> {
         (
             "update_volume",
             json!({"description": "datasets", "labels": {"team": "b"}}),
+        ),
+        (
+            "clone_volume",
+            json!({"name": "surface-clone", "description": "copy", "labels": {"team": "c"}}),
         ),
         (
             "list_volumes",
@@ -762,6 +774,7 @@ fn operation_of<'a>(doc: &'a Value, op: &str) -> (&'a Value, bool) {
         "create_volume" => ("post", "/api/v2/sandboxes/volumes"),
         "batch_delete" => ("post", "/api/v2/sandboxes/boxes/batch-delete"),
         "update_volume" => ("patch", "/api/v2/sandboxes/volumes/{volume}"),
+        "clone_volume" => ("post", "/api/v2/sandboxes/volumes/{volume}/clone"),
         "list_volumes" => ("get", "/api/v2/sandboxes/volumes"),
         other => panic!("unknown operation {other}"),
     };

@@ -382,17 +382,29 @@ async fn volumes_have_one_writer_and_outlive_their_sandboxes_through_both_doors(
         404,
         "gone",
     );
-    // Cloning is not served: a 501 naming it.
+    // A clone: the source's size and labels, what its writer committed;
+    // refused while a running sandbox writes the source, named.
     ok(
         &s.json(
             "POST",
             VOLUMES,
             Some(&a),
-            &json!({"name": "src", "size_bytes": GIB}),
+            &json!({"name": "src", "size_bytes": GIB, "labels": {"k": "v"}}),
         )
         .await,
         201,
         "a source",
+    );
+    let src_box = ok(
+        &create_box(
+            &s,
+            &a,
+            "src-writer",
+            json!([{"volume": "src", "mount_path": "/src"}]),
+        )
+        .await,
+        201,
+        "a writer of the source",
     );
     let r = s
         .json(
@@ -402,8 +414,62 @@ async fn volumes_have_one_writer_and_outlive_their_sandboxes_through_both_doors(
             &json!({"name": "y"}),
         )
         .await;
-    ok(&r, 501, "clone");
-    assert!(r.text().contains("/clone"), "{}", r.text());
+    ok(&r, 409, "a clone while its writer runs");
+    assert!(r.text().contains("src-writer"), "{}", r.text());
+    ok(
+        &s.json(
+            "POST",
+            &format!("{BOXES}/src-writer/stop"),
+            Some(&a),
+            &json!({}),
+        )
+        .await,
+        200,
+        "stop the writer",
+    );
+    let clone = ok(
+        &s.json(
+            "POST",
+            &format!("{VOLUMES}/src/clone"),
+            Some(&a),
+            &json!({"name": "y"}),
+        )
+        .await,
+        201,
+        "a clone of a stopped writer's volume",
+    );
+    assert_eq!(
+        (
+            &clone["size_bytes"],
+            &clone["labels"],
+            &clone["attachments"]
+        ),
+        (&json!(GIB), &json!({"k": "v"}), &json!([]))
+    );
+    let clone_id = clone["id"].as_str().unwrap();
+    assert!(
+        sim.has_volume(&format!("volume-{clone_id}")),
+        "copied in the store"
+    );
+    let r = s
+        .json(
+            "POST",
+            &format!("{VOLUMES}/src/clone"),
+            Some(&a),
+            &json!({"name": "y"}),
+        )
+        .await;
+    ok(&r, 409, "a clone's name taken");
+    let r = s
+        .json(
+            "POST",
+            &format!("{VOLUMES}/src/clone"),
+            Some(&a),
+            &json!({"name": "z", "size_bytes": GIB}),
+        )
+        .await;
+    ok(&r, 422, "a clone's size is its source's");
+    let _ = src_box;
 }
 
 /// LangSmith's `/usage` (the workspace's use against its quotas, and what
