@@ -132,16 +132,34 @@ impl Network {
     ) -> E2bResult<Option<AccessSpec>> {
         let empty = Network::default();
         let n = net.unwrap_or(&empty);
-        for (field, set) in [
-            ("network.dnsServers", is_set(&n.dns_servers)),
-            ("network.egressProxy", is_set(&n.egress_proxy)),
+        // An empty list asks for what a Hearth sandbox has: no DNS server
+        // but the proxy's, which resolves the names the lists allow (E2B's
+        // "allowed domains work without a reachable server"), and no port
+        // served over TLS.
+        let asked = |v: &Option<Value>| is_set(v) && *v != Some(Value::Array(Vec::new()));
+        for (field, set, why) in [
+            (
+                "network.dnsServers",
+                asked(&n.dns_servers),
+                "a Hearth sandbox's only DNS server is its egress proxy, which resolves the \
+                 names allowOut allows itself; no other server is reachable (send [] or leave \
+                 it out)",
+            ),
+            (
+                "network.egressProxy",
+                is_set(&n.egress_proxy),
+                "not served by Hearth's E2B API: the sandbox's traffic leaves through Hearth's \
+                 own egress proxy",
+            ),
             (
                 "network.httpsPorts",
-                is_set(&n.https_ports) && n.https_ports != Some(Value::Array(Vec::new())),
+                asked(&n.https_ports),
+                "not served by Hearth's E2B API: a port is reached over HTTP from Hearth's \
+                 proxy",
             ),
         ] {
             if set {
-                return Err(not_served(field, "not served by Hearth's E2B API"));
+                return Err(not_served(field, why));
             }
         }
         let allow = n.allow_out.clone().unwrap_or_default();

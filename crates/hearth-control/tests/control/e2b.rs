@@ -1241,6 +1241,30 @@ async fn e2b_network_on_create_and_update() {
         assert_eq!(code, 400, "{}", r.text());
         assert!(message.contains(field), "{message}");
     }
+    // Empty lists ask for what a Hearth sandbox has: accepted.
+    let r = call(
+        &s,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        json!({"templateID": "base", "network": {"dnsServers": [], "httpsPorts": [],
+               "allowOut": ["api.test"], "denyOut": ["0.0.0.0/0"]}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let (dns_id, _) = (
+        r.json().unwrap()["sandboxID"].as_str().unwrap().to_owned(),
+        (),
+    );
+    let r = call(
+        &s,
+        "DELETE",
+        &format!("/sandboxes/{dns_id}"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
     // Paused: the network changes only while it runs.
     let r = call(
         &s,
