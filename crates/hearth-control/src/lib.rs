@@ -374,10 +374,24 @@ pub fn builtin_snapshot_id(name: &str) -> uuid::Uuid {
     uuid::Builder::from_custom_bytes(bytes).into_uuid()
 }
 
+/// The path segment of LangSmith's batch delete, which a sandbox may also
+/// be named.
+const BATCH_DELETE: &str = "batch-delete";
+
 fn sandbox_routes() -> Router<Arc<Control>> {
     Router::new()
         .route("/boxes", post(boxes::create).get(boxes::list))
-        .route("/boxes/batch-delete", post(boxes::batch_delete))
+        // A sandbox may be named `batch-delete`: its GET, PATCH and DELETE
+        // are that sandbox's, as on any other name.
+        .route(
+            "/boxes/batch-delete",
+            post(boxes::batch_delete)
+                .get(|c, who| boxes::get(c, who, crate::extract::Path(BATCH_DELETE.into())))
+                .patch(|c, who, body| {
+                    boxes::update(c, who, crate::extract::Path(BATCH_DELETE.into()), body)
+                })
+                .delete(|c, who| boxes::delete(c, who, crate::extract::Path(BATCH_DELETE.into()))),
+        )
         .route("/usage", get(boxes::usage))
         .route("/usage/costs", get(boxes::usage_costs))
         .route(

@@ -590,6 +590,36 @@ async fn usage_counts_what_a_workspace_holds_and_batch_delete_says_what_it_skipp
         .await;
     ok(&r, 501, "costs");
     assert!(r.text().contains("usage/costs"), "{}", r.text());
+    // A sandbox named like the route is reached by its name as any other.
+    ok(
+        &create_box(&s, &a, "batch-delete", json!([])).await,
+        201,
+        "a sandbox named batch-delete",
+    );
+    let path = format!("{BOXES}/batch-delete");
+    let got = ok(
+        &s.json("GET", &path, Some(&a), &Value::Null).await,
+        200,
+        "get",
+    );
+    assert_eq!(got["name"], "batch-delete");
+    let changed = ok(
+        &s.json("PATCH", &path, Some(&a), &json!({"idle_ttl_seconds": 600}))
+            .await,
+        200,
+        "patch",
+    );
+    assert_eq!(changed["idle_ttl_seconds"], 600);
+    ok(
+        &s.json("DELETE", &path, Some(&a), &Value::Null).await,
+        204,
+        "delete",
+    );
+    ok(
+        &s.json("GET", &path, Some(&a), &Value::Null).await,
+        404,
+        "gone",
+    );
 }
 
 /// A content call: `GET /volumecontent/{id}/path?path=` with `token`.
