@@ -836,6 +836,63 @@ def fetch_once_listening(req, ctx):
 
 
 
+# A self-signed certificate and its key for a sandbox's own TLS service
+# (a test fixture, valid until 2126; made with `openssl req -x509 -newkey
+# ec -pkeyopt ec_paramgen_curve:prime256v1 -subj /CN=localhost`).
+FIXTURE_CERT = """-----BEGIN CERTIFICATE-----
+MIIBfjCCASWgAwIBAgIUd14YVRCUH0xV5XpuERHc543/xAYwCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTIwNzExMDQ0NVoYDzIxMjYxMTEz
+MTEwNDQ1WjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO
+PQMBBwNCAARPlNHyqnurwQNy+vQFR7ue5da4PN6AQ1E5Qk4hfkcbyzw+I5P7jtiq
+TO6+JOjBq3vORpXAtFXyD9b7N1/9bkGLo1MwUTAdBgNVHQ4EFgQUAA0Q4PBgP3mB
+vSfUlZfTvezpiD4wHwYDVR0jBBgwFoAUAA0Q4PBgP3mBvSfUlZfTvezpiD4wDwYD
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNHADBEAiAMF8W7VSDm6TvHJTEfNX6Q
+waxfggEaHLdNu/S8dvswtgIgUw1yV3+kbll8DpYBW0/JLDpTCeeReSNez9ewbk2w
+b9A=
+-----END CERTIFICATE-----
+"""
+FIXTURE_KEY = """-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgkmMzZg7TCm1cNt1t
+XIDagm0vRc1iDTiH2VCUCbxEV22hRANCAARPlNHyqnurwQNy+vQFR7ue5da4PN6A
+Q1E5Qk4hfkcbyzw+I5P7jtiqTO6+JOjBq3vORpXAtFXyD9b7N1/9bkGL
+-----END PRIVATE KEY-----
+"""
+
+TLS_SERVER = (
+    "import http.server, ssl, os; os.chdir('/tmp/www'); "
+    "s = http.server.HTTPServer(('0.0.0.0', {port}), http.server.SimpleHTTPRequestHandler); "
+    "c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain('/tmp/c.pem', '/tmp/k.pem'); "
+    "s.socket = c.wrap_socket(s.socket, server_side=True); s.serve_forever()"
+)
+
+
+def test_a_port_that_speaks_tls_is_reached_over_tls():
+    """`network.https_ports`: a service that serves HTTPS itself (with a
+    self-signed certificate) is reached by name over TLS; a port left out
+    is reached as plain HTTP, and a listed port whose service speaks plain
+    HTTP fails as a bad gateway, not a hang."""
+    sb = Sandbox.create(template="base", timeout=300, network={"https_ports": [8443, 8444]})
+    created.append(sb.sandbox_id)
+    sb.files.write("/tmp/c.pem", FIXTURE_CERT)
+    sb.files.write("/tmp/k.pem", FIXTURE_KEY)
+    sb.files.write("/tmp/www/index.html", "over tls inside")
+    sb.commands.run(f"python3 -c \"{TLS_SERVER.format(port=8443)}\"", background=True)
+    sb.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+    sb.commands.run("cd /tmp/www && python3 -m http.server 8444", background=True)
+    ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    body = fetch_once_listening(f"https://{sb.get_host(8443)}/index.html", ctx)
+    check(body == b"over tls inside", f"the TLS port: {body!r}")
+    body = fetch_once_listening(f"https://{sb.get_host(8000)}/index.html", ctx)
+    check(body == b"over tls inside", f"a plain port: {body!r}")
+    time.sleep(1)
+    try:
+        urllib.request.urlopen(f"https://{sb.get_host(8444)}/index.html", context=ctx, timeout=30)
+        raise AssertionError("a plain service on a TLS port answered")
+    except urllib.error.HTTPError as e:
+        check(e.code == 502 and b"TLS" in e.read(), f"plain on a TLS port: {e.code}")
+    sb.kill()
+    created.remove(sb.sandbox_id)
+
 def test_volume_content_through_its_api_and_its_holder():
     """E2B's volume content API (`Volume.write_file/read_file/list/
     make_dir/get_info/exists/update_metadata/remove`) as E2B's own tests
@@ -1100,6 +1157,7 @@ TESTS = [
     test_one_sandbox_through_both_doors,
     test_volumes_outlive_their_sandboxes_with_one_writer,
     test_volume_content_through_its_api_and_its_holder,
+    test_a_port_that_speaks_tls_is_reached_over_tls,
     test_sandbox_hosts_by_name_over_tls,
     test_code_interpreter_keeps_state_and_returns_rich_results,
     test_the_async_sdk,

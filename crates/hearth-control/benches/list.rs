@@ -60,6 +60,7 @@ async fn run(label: &str, url: &str) {
         lifetime: None,
         public_ports: false,
         port_host: None,
+        tls_ports: Default::default(),
     })
     .unwrap();
     let t = Instant::now();

@@ -42,6 +42,7 @@ mod list;
 mod login;
 mod metrics;
 mod pools;
+mod port_tls;
 mod reap;
 mod reconcile;
 mod registries;

@@ -368,6 +368,10 @@ pub(crate) fn allow_framing(resp: &mut Response, origins: &str) {
 /// upgrade, taken before its handler consumed anything, when it asks for
 /// one. The service sees `host` as the request's `Host` (default
 /// `localhost:{port}`).
+/// A connection to a sandbox's port, over TLS or not.
+trait PortIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> PortIo for T {}
+
 pub(crate) async fn forward_to_port(
     guest: &hearth_hostapi::GuestClient,
     port: u16,
@@ -375,6 +379,7 @@ pub(crate) async fn forward_to_port(
     req: Request,
     client_side: Option<hyper::upgrade::OnUpgrade>,
     host: Option<&str>,
+    tls: bool,
 ) -> Result<Response, DomainError> {
     let upgrade = client_side.is_some();
     let conn = guest.dial(port).await.map_err(|e| {
@@ -384,7 +389,17 @@ pub(crate) async fn forward_to_port(
             bad_gateway(format!("cannot reach port {port} in the sandbox: {e}"))
         }
     })?;
-    let io = TokioIo::new(hearth_hostapi::stream_io(conn));
+    let plain = hearth_hostapi::stream_io(conn);
+    let conn: Box<dyn PortIo> = if tls {
+        Box::new(
+            crate::port_tls::connect(plain)
+                .await
+                .map_err(|e| bad_gateway(format!("TLS with port {port} failed: {e}")))?,
+        )
+    } else {
+        Box::new(plain)
+    };
+    let io = TokioIo::new(conn);
     let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Body>(io)
         .await
         .map_err(|e| bad_gateway(format!("HTTP handshake with port {port} failed: {e}")))?;

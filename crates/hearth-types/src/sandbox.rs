@@ -11,7 +11,7 @@
 //! a row that does not parse as this is a row of an older format (see
 //! `hearth_api::legacy`), never silently half-read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -72,6 +72,11 @@ pub struct SandboxSpec {
     /// `None`: `localhost:{port}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_host: Option<String>,
+    /// Ports whose services speak TLS themselves (E2B's `httpsPorts`):
+    /// requests to them by name reach them over TLS, their certificate
+    /// not checked (it is the sandbox's own, often self-signed).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub tls_ports: BTreeSet<u16>,
     /// Ports served to signed-in members of the workspace (LangSmith's
     /// login-mode service URLs), by port: durable until the sandbox goes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -490,6 +495,7 @@ mod tests {
             }],
             public_ports: true,
             port_host: None,
+            tls_ports: Default::default(),
             service_grants: BTreeMap::from([(
                 8080,
                 ServiceGrant {

@@ -188,6 +188,7 @@ impl Control {
                 mount_rules: Vec::new(),
                 public_ports: false,
                 port_host: None,
+                tls_ports: Default::default(),
                 service_grants: Default::default(),
                 auto_resume: false,
                 lifetime: Some(service_lifetime()),

@@ -10,7 +10,7 @@
 //! server's default, any other name a snapshot's `name[:tag]` or id.
 //! Fields Hearth cannot honour are refused with a 400 naming them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,9 +95,10 @@ struct VolumeMountBody {
 /// `denyOut` as Hearth's allow or deny list, or a deny list with
 /// exceptions (allow takes precedence; the egress proxy judges names as
 /// well as addresses), and transform `rules` as the proxy's header rules
-/// (`super::rules`). Refused by name: the rest (a SOCKS `egressProxy`,
-/// `httpsPorts`, `dnsServers`: a sandbox resolves names through the
-/// proxy, which applies the lists to the names themselves).
+/// (`super::rules`), `httpsPorts` (on create) as ports reached over TLS.
+/// Refused by name: the rest (a SOCKS `egressProxy`, a non-empty
+/// `dnsServers`: a sandbox resolves names through the proxy, which applies
+/// the lists to the names themselves).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct Network {
@@ -134,8 +135,7 @@ impl Network {
         let n = net.unwrap_or(&empty);
         // An empty list asks for what a Hearth sandbox has: no DNS server
         // but the proxy's, which resolves the names the lists allow (E2B's
-        // "allowed domains work without a reachable server"), and no port
-        // served over TLS.
+        // "allowed domains work without a reachable server").
         let asked = |v: &Option<Value>| is_set(v) && *v != Some(Value::Array(Vec::new()));
         for (field, set, why) in [
             (
@@ -150,12 +150,6 @@ impl Network {
                 is_set(&n.egress_proxy),
                 "not served by Hearth's E2B API: the sandbox's traffic leaves through Hearth's \
                  own egress proxy",
-            ),
-            (
-                "network.httpsPorts",
-                asked(&n.https_ports),
-                "not served by Hearth's E2B API: a port is reached over HTTP from Hearth's \
-                 proxy",
             ),
         ] {
             if set {
@@ -177,6 +171,9 @@ impl Network {
         }
     }
 }
+
+/// Most ports `httpsPorts` may name.
+const MAX_TLS_PORTS: usize = 64;
 
 /// The placeholder of `maskRequestHost` that stands for the port.
 const PORT_PLACEHOLDER: &str = "${PORT}";
@@ -205,6 +202,36 @@ impl Network {
             return Err(bad("a host name or address with an optional port"));
         }
         Ok(Some(mask.to_owned()))
+    }
+
+    /// The ports whose services speak TLS (`httpsPorts`), checked.
+    pub(super) fn tls_ports(net: Option<&Network>) -> E2bResult<BTreeSet<u16>> {
+        let Some(v) = net
+            .and_then(|n| n.https_ports.as_ref())
+            .filter(|v| !v.is_null())
+        else {
+            return Ok(BTreeSet::new());
+        };
+        let bad = || {
+            E2bError::bad_request(format!(
+                "network.httpsPorts: a list of ports (1 to 65535), got {v}"
+            ))
+        };
+        let list = v.as_array().ok_or_else(bad)?;
+        if list.len() > MAX_TLS_PORTS {
+            return Err(E2bError::bad_request(format!(
+                "network.httpsPorts: at most {MAX_TLS_PORTS} ports, got {}",
+                list.len()
+            )));
+        }
+        list.iter()
+            .map(|p| {
+                p.as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .filter(|p| *p > 0)
+                    .ok_or_else(bad)
+            })
+            .collect()
     }
 
     /// The proxy's header rules of `rules` (none when there are none).
@@ -616,6 +643,7 @@ fn plan(req: &NewSandbox, snap: &SnapshotRow, life: E2bLifecycle) -> E2bResult<S
             mount_rules: Vec::new(),
             public_ports: Network::public(req.network.as_ref()),
             port_host: Network::port_host(req.network.as_ref())?,
+            tls_ports: Network::tls_ports(req.network.as_ref())?,
             service_grants: Default::default(),
             auto_resume: life.auto_resume,
             lifetime: Some(life.lifetime),
@@ -1232,6 +1260,7 @@ pub async fn update_network(
     for (field, set) in [
         ("allowPublicTraffic", net.allow_public_traffic.is_some()),
         ("maskRequestHost", net.mask_request_host.is_some()),
+        ("httpsPorts", is_set(&net.https_ports)),
     ] {
         if set {
             return Err(not_served(

@@ -241,17 +241,19 @@ async fn to_port(
     // (a login grant's service, the host its user token names), or the
     // one the sandbox was made to show (E2B's `maskRequestHost`).
     req.headers_mut().remove(header::HOST);
+    let spec = crate::domain::queries::spec_of(&access.row).ok();
     let service_host = match access.user_token {
         Some((token, host)) => {
             req.headers_mut()
                 .insert(crate::login::USER_TOKEN_HEADER, token);
             Some(host)
         }
-        None => crate::domain::queries::spec_of(&access.row)
-            .ok()
-            .and_then(|s| s.port_host)
+        None => spec
+            .as_ref()
+            .and_then(|s| s.port_host.as_deref())
             .map(|mask| mask.replace("${PORT}", &port.to_string())),
     };
+    let tls = spec.is_some_and(|s| s.tls_ports.contains(&port));
     let client_side = wants_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
     let path_and_query = req
         .uri()
@@ -264,6 +266,7 @@ async fn to_port(
         req,
         client_side,
         service_host.as_deref(),
+        tls,
     )
     .await
     {

@@ -1210,6 +1210,7 @@ async fn e2b_network_on_create_and_update() {
             "network.egressProxy",
         ),
         (json!({"dnsServers": ["1.1.1.1"]}), "network.dnsServers"),
+        (json!({"httpsPorts": [443]}), "httpsPorts"),
         (json!({"allowPublicTraffic": false}), "allowPublicTraffic"),
         (json!({"bogus": 1}), "bogus"),
     ] {
@@ -1227,7 +1228,8 @@ async fn e2b_network_on_create_and_update() {
     }
     for (net, field) in [
         (json!({"maskRequestHost": "x y"}), "network.maskRequestHost"),
-        (json!({"httpsPorts": [8443]}), "network.httpsPorts"),
+        (json!({"httpsPorts": [0]}), "network.httpsPorts"),
+        (json!({"httpsPorts": "443"}), "network.httpsPorts"),
     ] {
         let r = call(
             &s,

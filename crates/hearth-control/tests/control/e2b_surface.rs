@@ -43,7 +43,7 @@ fn exercises() -> Vec<(&'static str, Value)> {
                 "allow_internet_access": true,
                 "network": {"allowPublicTraffic": true, "allowOut": ["api.test"],
                             "denyOut": ["0.0.0.0/0"], "rules": rules(),
-                            "maskRequestHost": "localhost:${PORT}"},
+                            "maskRequestHost": "localhost:${PORT}", "httpsPorts": [8443]},
                 "metadata": {"team": "a"}, "envVars": {"A": "1"},
             }),
         ));

@@ -901,6 +901,7 @@ const E2B_SECOND_HALF: &[&str] = &[
     "test_secrets_are_the_workspaces_and_never_shown",
     "test_code_interpreter_keeps_state_and_returns_rich_results",
     "test_volumes_outlive_their_sandboxes_with_one_writer",
+    "test_a_port_that_speaks_tls_is_reached_over_tls",
 ];
 
 #[test]
