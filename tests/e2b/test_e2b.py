@@ -807,6 +807,18 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     time.sleep(1)
     check(cold.commands.run(count).stdout == before,
           f"a filesystem snapshot boots cold: nothing counts ({before.strip()})")
+    # A snapshot's name is a template: Template.exists and get_tags see
+    # it (and the built-in ones), another workspace does not.
+    from e2b import Template
+    name = snap.names[0].split(":")[0]
+    check(Template.exists(name) and Template.alias_exists(name), f"the template {name} exists")
+    check(Template.exists("base") and Template.exists("code-interpreter-v1"),
+          "the built-in templates exist")
+    check(not Template.exists(f"{name}-nothing"), "a name nobody has does not")
+    check(not Template.exists(name, api_key=OTHER_KEY), "nor another workspace's")
+    tags = Template.get_tags(name)
+    check([t.build_id for t in tags] == [snap.snapshot_id] and tags[0].created_at,
+          f"its tags: {tags}")
     # Another workspace sees none of it.
     check(Sandbox.list_snapshots(api_key=OTHER_KEY).next_items() == [],
           "another workspace lists no snapshot")

@@ -8,10 +8,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hearth_api::boxes::LifecycleRequest;
-use hearth_api::{ApiError, ListSnapshotsQuery, SnapshotTag, SnapshotsByNameResponse};
+use hearth_api::{ListSnapshotsQuery, SnapshotTag, SnapshotsByNameResponse};
 
 use crate::auth::Principal;
-use crate::error::{db_error, HttpResult};
+use crate::error::HttpResult;
 use crate::extract::{JsonBody, Path};
 use crate::list::snapshot_response;
 use crate::Control;
@@ -180,19 +180,13 @@ pub async fn snapshots_by_name(
     who: Principal,
     Path(name): Path<String>,
 ) -> HttpResult<Response> {
-    who.require("sandboxes:read")?;
-    let tags =
-        c.db.snapshot_tags(who.workspace_id, &name)
-            .await
-            .map_err(db_error)?;
-    if tags.is_empty() {
-        return Err(ApiError::snapshot_not_found(&name).into());
-    }
-    let tags = tags
+    let tags = c
+        .snapshot_tags(&who, &name)
+        .await?
         .into_iter()
-        .map(|(tag, id)| SnapshotTag {
-            tag,
-            snapshot_id: *id.as_uuid(),
+        .map(|s| SnapshotTag {
+            tag: s.tag,
+            snapshot_id: *s.id.as_uuid(),
         })
         .collect();
     Ok(Json(SnapshotsByNameResponse { name, tags }).into_response())

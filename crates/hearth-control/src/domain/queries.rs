@@ -104,6 +104,35 @@ impl Control {
         self.resolve_any_snapshot(who.workspace_id, reference).await
     }
 
+    /// The tags of the snapshot name `name` in the caller's workspace (or
+    /// the built-in ones), each its snapshot, by tag; not found when there
+    /// are none.
+    pub(crate) async fn snapshot_tags(
+        &self,
+        who: &Principal,
+        name: &str,
+    ) -> Result<Vec<SnapshotRow>, DomainError> {
+        who.require("sandboxes:read")?;
+        let tags = self
+            .db
+            .snapshot_tags(who.workspace_id, name)
+            .await
+            .map_err(DomainError::from)?;
+        let mut out = Vec::with_capacity(tags.len());
+        for (_, id) in tags {
+            match self.db.get_snapshot(who.workspace_id, id).await {
+                Ok(s) => out.push(s),
+                // Deleted meanwhile.
+                Err(hearth_db::DbError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if out.is_empty() {
+            return Err(DomainError::snapshot_not_found(name));
+        }
+        Ok(out)
+    }
+
     /// A sandbox of the caller's workspace that is not being deleted, by
     /// id (another workspace's is not found, as one that never was).
     pub(crate) async fn live_sandbox(

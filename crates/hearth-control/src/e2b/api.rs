@@ -1242,6 +1242,97 @@ pub async fn delete_template(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// The snapshot name an E2B template key names: `base` is the default
+/// snapshot; a template id, its snapshot's name; else the key itself.
+async fn template_name(c: &Control, who: &Principal, key: &str) -> E2bResult<String> {
+    if key == "base" {
+        return Ok(c.cfg.default_snapshot.0.clone());
+    }
+    if uuid::Uuid::parse_str(key).is_ok() {
+        return match c.snapshot(who, key).await {
+            Ok(s) => Ok(s.name),
+            Err(DomainError::NotFound { .. }) => {
+                Err(E2bError::not_found(format!("template {key} not found")))
+            }
+            Err(e) => Err(e.into()),
+        };
+    }
+    Ok(key.to_owned())
+}
+
+/// The snapshots of a template (its tags), or 404 in E2B's words.
+async fn template_tags(c: &Control, who: &Principal, key: &str) -> E2bResult<Vec<SnapshotRow>> {
+    let name = template_name(c, who, key).await?;
+    c.snapshot_tags(who, &name).await.map_err(|e| match e {
+        DomainError::NotFound { .. } => E2bError::not_found(format!("template {key} not found")),
+        other => other.into(),
+    })
+}
+
+/// E2B's `TemplateAliasResponse`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AliasBody {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    /// A built-in template is everyone's.
+    public: bool,
+}
+
+/// `GET /templates/aliases/{alias}` (`Template.exists`,
+/// `Template.alias_exists`): a template is a snapshot name of the
+/// workspace or a built-in one; its id is its `latest` tag's (else its
+/// first tag's).
+pub async fn template_alias(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, Refusal>,
+    Path(alias): Path<String>,
+) -> E2bResult<Response> {
+    let who = who?;
+    let tags = template_tags(&c, &who, &alias).await?;
+    let snap = tags
+        .iter()
+        .find(|s| s.tag == "latest")
+        .or(tags.first())
+        .ok_or_else(|| E2bError::not_found(format!("template {alias} not found")))?;
+    Ok(Json(AliasBody {
+        template_id: snap.id.to_string(),
+        public: snap.workspace_id.is_none(),
+    })
+    .into_response())
+}
+
+/// E2B's `TemplateTag`.
+#[derive(Serialize)]
+struct TagBody {
+    tag: String,
+    #[serde(rename = "buildID")]
+    build_id: String,
+    #[serde(rename = "createdAt")]
+    created_at: String,
+}
+
+/// `GET /templates/{id or name}/tags` (`Template.get_tags`): each tag of
+/// the template's name, its build the tagged snapshot.
+pub async fn template_tags_list(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, Refusal>,
+    Path(key): Path<String>,
+) -> E2bResult<Response> {
+    let who = who?;
+    let tags = template_tags(&c, &who, &key).await?;
+    Ok(Json(
+        tags.into_iter()
+            .map(|s| TagBody {
+                tag: s.tag,
+                build_id: s.id.to_string(),
+                created_at: s.created_at.to_rfc3339(),
+            })
+            .collect::<Vec<_>>(),
+    )
+    .into_response())
+}
+
 /// `PUT /sandboxes/{id}/network`: the sandbox's new egress lists and
 /// transform rules, in force when this answers 204 (pushed to the running
 /// VM first, as LangSmith's PATCH of `proxy_config`). The update is whole:

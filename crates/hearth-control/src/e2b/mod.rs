@@ -254,7 +254,8 @@ pub const ROUTES: &[E2bRoute] = &[
     // exist".
     unserved("GET", "/default-templates", false),
     unserved("GET", "/templates", false),
-    unserved("GET", "/templates/aliases/{alias}", false),
+    route("GET", "/templates/aliases/{alias}", false),
+    route("GET", "/templates/{id}/tags", false),
     unserved("POST", "/v3/templates", true),
     unserved("GET", "/v2/templates", false),
     unserved("PATCH", "/v2/templates/{id}", true),
@@ -350,6 +351,8 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("POST", "/sandboxes/{id}/snapshots") => on(m, api::create_snapshot),
         ("GET", "/snapshots") => on(m, api::list_snapshots),
         ("DELETE", "/templates/{id}") => on(m, api::delete_template),
+        ("GET", "/templates/aliases/{alias}") => on(m, api::template_alias),
+        ("GET", "/templates/{id}/tags") => on(m, api::template_tags_list),
         ("POST", "/sandboxes/{id}/fork") => on(m, api::fork),
         ("PUT", "/sandboxes/{id}/network") => on(m, api::update_network),
         ("GET", "/secrets") => on(m, secrets::list),

@@ -1448,7 +1448,6 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
     // What the SDK's Template class calls: a 404 would be read as "does
     // not exist" (`Template.alias_exists`).
     for (method, path) in [
-        ("GET", "/templates/aliases/base"),
         ("GET", "/templates"),
         ("POST", "/v3/templates"),
         ("GET", "/v2/templates"),
@@ -1478,6 +1477,90 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
     assert_eq!(r.json().unwrap()["detail"]["error"], "MethodNotAllowed");
     let r = call(&s, "GET", "/api/v2/sandboxes/nothing-here", &key, json!({})).await;
     assert_eq!(r.status, 404, "{}", r.text());
+}
+
+/// A template is a snapshot name: `Template.exists` (an alias) is true for
+/// a built-in or the workspace's own name, `base` included, false (404)
+/// for another workspace's; `Template.get_tags` lists a name's tags, each
+/// its snapshot as the build, by name or by a template id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_are_snapshot_names_with_their_tags() {
+    let (s, _sim) = Server::on_sim().await;
+    let (_, key) =
+        crate::harness::workspace_key(&s.db, "templates", hearth_db::Quotas::default()).await;
+    let (_, other) =
+        crate::harness::workspace_key(&s.db, "templates-b", hearth_db::Quotas::default()).await;
+    for alias in ["base", "busybox", "code-interpreter-v1"] {
+        let r = call(
+            &s,
+            "GET",
+            &format!("/templates/aliases/{alias}"),
+            &key,
+            json!({}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{alias}: {}", r.text());
+        assert_eq!(r.json().unwrap()["public"], true, "{alias}");
+    }
+    // The workspace's own snapshot, under two tags.
+    let (id, _) = created(&s, &key, json!({"templateID": "busybox"})).await;
+    for tag in ["v1", "latest"] {
+        let r = call(
+            &s,
+            "POST",
+            &format!("/sandboxes/{id}/snapshots"),
+            &key,
+            json!({"name": format!("mine:{tag}")}),
+        )
+        .await;
+        assert!(r.status < 300, "{}", r.text());
+    }
+    let r = call(&s, "GET", "/templates/aliases/mine", &key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let alias = r.json().unwrap();
+    assert_eq!(alias["public"], false);
+    let tags = call(&s, "GET", "/templates/mine/tags", &key, json!({})).await;
+    assert_eq!(tags.status, 200, "{}", tags.text());
+    let tags = tags.json().unwrap();
+    let names: Vec<&str> = tags
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tag"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["latest", "v1"]);
+    let latest = &tags[0];
+    assert_eq!(latest["buildID"], alias["templateID"]);
+    assert!(
+        latest["createdAt"].as_str().unwrap().ends_with('Z'),
+        "{latest}"
+    );
+    // By the template's id too.
+    let template_id = alias["templateID"].as_str().unwrap();
+    let by_id = call(
+        &s,
+        "GET",
+        &format!("/templates/{template_id}/tags"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(by_id.json().unwrap(), tags);
+    // Another workspace's name, and a name nobody has: 404.
+    for (k, alias) in [(&other, "mine"), (&key, "nothing")] {
+        let r = call(
+            &s,
+            "GET",
+            &format!("/templates/aliases/{alias}"),
+            k,
+            json!({}),
+        )
+        .await;
+        assert_eq!(e2b_error(&r).0, 404, "{alias}: {}", r.text());
+        let r = call(&s, "GET", &format!("/templates/{alias}/tags"), k, json!({})).await;
+        assert_eq!(e2b_error(&r).0, 404, "{alias}: {}", r.text());
+    }
+    s.stop().await;
 }
 
 /// E2B's lifecycle (issue 42): a sandbox made to pause at its timeout
