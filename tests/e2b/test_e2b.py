@@ -819,6 +819,21 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
     tags = Template.get_tags(name)
     check([t.build_id for t in tags] == [snap.snapshot_id] and tags[0].created_at,
           f"its tags: {tags}")
+    # Another tag of the same build: a sandbox from it resumes the same
+    # memory (the store's copy of it); removed, it is gone.
+    assigned = Template.assign_tags(f"{name}:latest", ["prod"])
+    check(assigned.tags == ["prod"], f"assigned: {assigned}")
+    check(sorted(t.tag for t in Template.get_tags(name)) == ["latest", "prod"], "two tags")
+    tagged = Sandbox.create(f"{name}:prod", timeout=120)
+    created.append(tagged.sandbox_id)
+    first = int(tagged.commands.run("cat /tmp/count").stdout)
+    time.sleep(1)
+    check(int(tagged.commands.run("cat /tmp/count").stdout) > first,
+          "a sandbox of the new tag resumes the counting process")
+    tagged.kill()
+    created.remove(tagged.sandbox_id)
+    Template.remove_tags(name, ["prod"])
+    check([t.tag for t in Template.get_tags(name)] == ["latest"], "the tag removed")
     # Another workspace sees none of it.
     check(Sandbox.list_snapshots(api_key=OTHER_KEY).next_items() == [],
           "another workspace lists no snapshot")

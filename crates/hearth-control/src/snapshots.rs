@@ -342,6 +342,135 @@ impl Control {
         }
     }
 
+    /// Gives the ready snapshot `target` (an id or `name:tag`, the
+    /// workspace's or a built-in one) more tags of its name (E2B's
+    /// `Template.assign_tags`): each a snapshot of the workspace holding
+    /// the same files and memory (its store volumes copies sharing the
+    /// source's chunks, none copied); a tag another snapshot had moves, as
+    /// a capture's does. The new snapshots, in the order of `tags`.
+    pub(crate) async fn tag_snapshot(
+        &self,
+        who: &Principal,
+        target: &str,
+        tags: &[String],
+    ) -> Result<Vec<SnapshotRow>, DomainError> {
+        who.require("sandboxes:create")?;
+        let src = self.resolve_any_snapshot(who.workspace_id, target).await?;
+        if src.status != SnapshotStatus::Ready {
+            return Err(DomainError::WrongState(format!(
+                "snapshot {}:{} is {}",
+                src.name,
+                src.tag,
+                src.status.as_str()
+            )));
+        }
+        let mut refs = Vec::with_capacity(tags.len());
+        for (i, tag) in tags.iter().enumerate() {
+            let r: hearth_api::SnapshotRef =
+                format!("{}:{tag}", src.name).parse().map_err(|e| {
+                    DomainError::invalid(&format!("tags[{i}]"), format!("tags[{i}]: {e}"))
+                })?;
+            refs.push(r);
+        }
+        let mut made = Vec::with_capacity(refs.len());
+        for r in refs {
+            let mut snap = SnapshotRow {
+                labels: src.labels.clone(),
+                run_config: src.run_config.clone(),
+                docker_image: src.docker_image.clone(),
+                image_digest: src.image_digest.clone(),
+                description: src.description.clone(),
+                registry_id: src.registry_id.clone(),
+                memory_reserved: src.memory_bytes,
+                ..building(who.workspace_id, &r, &src.image, src.fs_capacity)
+            };
+            let Some(from) = src.volume.clone() else {
+                // A built-in image's tag: nothing in the store to copy.
+                snap.volume = None;
+                snap.status = SnapshotStatus::Ready;
+                snap.memory_reserved = None;
+                self.insert_building(who.workspace_id, &snap).await?;
+                made.push(snap);
+                continue;
+            };
+            self.insert_building(who.workspace_id, &snap).await?;
+            let to = snap.volume.clone().unwrap_or_default();
+            let result = self.copy_snapshot_data(&from, &to, &src).await;
+            // The new row's outcome either way: ready, or failed saying why.
+            self.finish_snapshot(snap.clone(), result.clone()).await;
+            if let Err(e) = result {
+                return Err(DomainError::HostFailed(format!(
+                    "cannot tag {}:{} as {}: {e}",
+                    src.name, src.tag, r.tag
+                )));
+            }
+            made.push(
+                self.resolve_any_snapshot(who.workspace_id, &snap.id.to_string())
+                    .await?,
+            );
+        }
+        Ok(made)
+    }
+
+    /// Removes tags of the workspace's snapshot name `name` (E2B's
+    /// `Template.remove_tags`): each tag's snapshot deleted, as a delete
+    /// of `name:tag` does. Every tag is found first: one that is not
+    /// removes none.
+    pub(crate) async fn untag_snapshot(
+        &self,
+        who: &Principal,
+        name: &str,
+        tags: &[String],
+    ) -> Result<(), DomainError> {
+        who.require("sandboxes:delete")?;
+        let mut found = Vec::with_capacity(tags.len());
+        for tag in tags {
+            let reference = format!("{name}:{tag}");
+            let snap = self
+                .resolve_any_snapshot(who.workspace_id, &reference)
+                .await?;
+            if snap.workspace_id.is_none() {
+                return Err(DomainError::Forbidden(format!(
+                    "{reference} is built in: it cannot be removed"
+                )));
+            }
+            found.push(snap.id.to_string());
+        }
+        for id in found {
+            self.delete_snapshot(who, &id).await?;
+        }
+        Ok(())
+    }
+
+    /// Copies a snapshot's store volumes (its disk `from`, and its memory
+    /// if it has any) under the disk name `to`, on one host.
+    async fn copy_snapshot_data(
+        &self,
+        from: &str,
+        to: &str,
+        src: &SnapshotRow,
+    ) -> Result<Captured, String> {
+        let (_, host) = self.any_host().await.map_err(|e| e.to_string())?;
+        let mut pairs = vec![(from.to_owned(), to.to_owned())];
+        let memory = src.memory_bytes.map(|m| memory_volumes(to, m));
+        if let (Some(old), Some(new)) = (src.memory_bytes.map(|m| memory_volumes(from, m)), &memory)
+        {
+            pairs.push((old.memory, new.memory.clone()));
+            pairs.push((old.state, new.state.clone()));
+        }
+        for (from, to) in pairs {
+            host.copy_volume_data(&hearth_hostapi::CopyVolume { from, to })
+                .await
+                .map_err(|e| e.message)?;
+        }
+        Ok(Captured {
+            disk: to.to_owned(),
+            disk_size: src.fs_capacity,
+            memory,
+            paused_ms: None,
+        })
+    }
+
     /// `DELETE /snapshots/{id or name:tag}`: the record, then the store's
     /// volumes (and hosts' copies of its memory).
     pub async fn delete_snapshot(

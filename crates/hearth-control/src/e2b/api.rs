@@ -1302,6 +1302,100 @@ pub async fn template_alias(
     .into_response())
 }
 
+/// `POST /templates/tags`'s body (`Template.assign_tags`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AssignTags {
+    /// `name:tag` (or `name`: its `latest`) of the build to tag.
+    target: String,
+    tags: Vec<String>,
+}
+
+/// E2B's `AssignedTemplateTags`.
+#[derive(Serialize)]
+struct AssignedBody {
+    tags: Vec<String>,
+    /// The snapshot the first tag names (each tag is a snapshot of its
+    /// own, holding the same files and memory).
+    #[serde(rename = "buildID")]
+    build_id: String,
+}
+
+/// Most tags one call may assign or remove.
+const MAX_TAGS: usize = 16;
+
+fn check_tags(tags: &[String]) -> E2bResult<()> {
+    if tags.is_empty() || tags.len() > MAX_TAGS {
+        return Err(E2bError::bad_request(format!(
+            "tags: 1 to {MAX_TAGS} tags, got {}",
+            tags.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `POST /templates/tags`: more tags for a template's build; a tag that
+/// named another build moves.
+pub async fn assign_tags(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, Refusal>,
+    body: Result<JsonBody, Refusal>,
+) -> E2bResult<Response> {
+    let who = who?;
+    let req: AssignTags = json_body(&body?.0)?;
+    check_tags(&req.tags)?;
+    let target = match req.target.split_once(':') {
+        Some((name, tag)) => format!("{}:{tag}", template_name(&c, &who, name).await?),
+        None => template_name(&c, &who, &req.target).await?,
+    };
+    let made = c
+        .tag_snapshot(&who, &target, &req.tags)
+        .await
+        .map_err(|e| match e {
+            DomainError::NotFound { .. } => {
+                E2bError::not_found(format!("template {} not found", req.target))
+            }
+            other => other.into(),
+        })?;
+    Ok((
+        StatusCode::CREATED,
+        Json(AssignedBody {
+            build_id: made.first().map(|s| s.id.to_string()).unwrap_or_default(),
+            tags: made.into_iter().map(|s| s.tag).collect(),
+        }),
+    )
+        .into_response())
+}
+
+/// `DELETE /templates/tags`'s body (`Template.remove_tags`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveTags {
+    name: String,
+    tags: Vec<String>,
+}
+
+/// `DELETE /templates/tags`: each tag's build removed (all or none).
+pub async fn remove_tags(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, Refusal>,
+    body: Result<JsonBody, Refusal>,
+) -> E2bResult<StatusCode> {
+    let who = who?;
+    let req: RemoveTags = json_body(&body?.0)?;
+    check_tags(&req.tags)?;
+    let name = template_name(&c, &who, &req.name).await?;
+    c.untag_snapshot(&who, &name, &req.tags)
+        .await
+        .map_err(|e| match e {
+            DomainError::NotFound { name, .. } => {
+                E2bError::not_found(format!("template tag {name} not found"))
+            }
+            other => other.into(),
+        })?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// E2B's `TemplateTag`.
 #[derive(Serialize)]
 struct TagBody {

@@ -1485,7 +1485,7 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
 /// its snapshot as the build, by name or by a template id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn templates_are_snapshot_names_with_their_tags() {
-    let (s, _sim) = Server::on_sim().await;
+    let (s, sim) = Server::on_sim().await;
     let (_, key) =
         crate::harness::workspace_key(&s.db, "templates", hearth_db::Quotas::default()).await;
     let (_, other) =
@@ -1546,7 +1546,88 @@ async fn templates_are_snapshot_names_with_their_tags() {
     )
     .await;
     assert_eq!(by_id.json().unwrap(), tags);
+    // More tags for a build: each a snapshot with the same files (and a
+    // copy of its store volumes); a sandbox starts from one.
+    let r = call(
+        &s,
+        "POST",
+        "/templates/tags",
+        &key,
+        json!({"target": "mine:v1", "tags": ["prod", "stable"]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let assigned = r.json().unwrap();
+    assert_eq!(assigned["tags"], json!(["prod", "stable"]));
+    let tag_names = |v: Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["tag"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let now = call(&s, "GET", "/templates/mine/tags", &key, json!({})).await;
+    assert_eq!(
+        tag_names(now.json().unwrap()),
+        ["latest", "prod", "stable", "v1"]
+    );
+    let prod = assigned["buildID"].as_str().unwrap();
+    assert!(
+        sim.has_volume(&format!("snap-{prod}")),
+        "its disk copied in the store"
+    );
+    let (kid, _) = created(&s, &key, json!({"templateID": "mine:prod"})).await;
+    let r = call(&s, "DELETE", &format!("/sandboxes/{kid}"), &key, json!({})).await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    // Removing tags: all found first; a missing one removes none.
+    let r = call(
+        &s,
+        "DELETE",
+        "/templates/tags",
+        &key,
+        json!({"name": "mine", "tags": ["prod", "nope"]}),
+    )
+    .await;
+    assert_eq!(e2b_error(&r).0, 404, "{}", r.text());
+    let r = call(
+        &s,
+        "DELETE",
+        "/templates/tags",
+        &key,
+        json!({"name": "mine", "tags": ["prod", "stable"]}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+    let now = call(&s, "GET", "/templates/mine/tags", &key, json!({})).await;
+    assert_eq!(tag_names(now.json().unwrap()), ["latest", "v1"]);
+    // A built-in's tags are not removed; bad requests name the field.
+    let r = call(
+        &s,
+        "DELETE",
+        "/templates/tags",
+        &key,
+        json!({"name": "busybox", "tags": ["latest"]}),
+    )
+    .await;
+    assert_eq!(e2b_error(&r).0, 403, "{}", r.text());
+    for body in [
+        json!({"target": "mine:v1", "tags": []}),
+        json!({"target": "mine:v1", "tags": ["bad tag"]}),
+        json!({"target": "mine:v1", "tags": ["x"], "extra": 1}),
+    ] {
+        let r = call(&s, "POST", "/templates/tags", &key, body.clone()).await;
+        assert_eq!(e2b_error(&r).0, 400, "{body}: {}", r.text());
+    }
     // Another workspace's name, and a name nobody has: 404.
+    let r = call(
+        &s,
+        "POST",
+        "/templates/tags",
+        &other,
+        json!({"target": "mine:v1", "tags": ["stolen"]}),
+    )
+    .await;
+    assert_eq!(e2b_error(&r).0, 404, "{}", r.text());
     for (k, alias) in [(&other, "mine"), (&key, "nothing")] {
         let r = call(
             &s,
