@@ -1163,6 +1163,18 @@ def test_code_interpreter_keeps_state_and_returns_rich_results():
     sb.run_code("open('/home/user/by-code.txt', 'w').write('code')")
     sb.files.write("by-code.txt", "sdk")
     check(sb.run_code("open('by-code.txt').read()").text == "'sdk'", "the SDK rewrote code's file")
+    # The image's boot service (the server) writes into the sandbox's log:
+    # its lines, named after it.
+    req = urllib.request.Request(
+        f"{os.environ['E2B_API_URL']}/v2/sandboxes/{sb.sandbox_id}/logs?limit=2000",
+        headers={"X-API-KEY": os.environ["E2B_API_KEY"]},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        service = [e for e in json.loads(r.read())["logs"]
+                   if e["fields"].get("source") == "service"]
+    check(any(e["fields"].get("service") == "code-interpreter" and "listening on 49999"
+              in e["message"] and e["level"] == "info" for e in service),
+          f"the server's own lines: {service[:5]}")
     sb.kill()
     created.remove(sb.sandbox_id)
 

@@ -145,7 +145,9 @@ fn mount_runtime_filesystems() {
 
 /// Where an image keeps what runs at every boot: each executable file is
 /// started once the root disk is up, in its own process group, with its
-/// output in `/var/log/hearth/<name>.log` (an image's services: the
+/// output in `/var/log/hearth/<name>.log` and, line by line, in the
+/// guest's log (E2B's sandbox logs; see [`follow_service_output`]) (an
+/// image's services: the
 /// code-interpreter image's server). A service with a `<name>.port` file
 /// beside it is waited for (up to [`READY_WAIT`]) until that port accepts
 /// connections on loopback before the agent answers the host, so its
@@ -182,15 +184,30 @@ pub fn start_boot_services() {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let log_path = format!("{BOOT_LOG_DIR}/{name}.log");
-        let out = fs::OpenOptions::new()
+        let file = fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log_path);
-        let (stdout, stderr) = match out.and_then(|f| Ok((f.try_clone()?, f))) {
-            Ok((a, b)) => (std::process::Stdio::from(a), std::process::Stdio::from(b)),
+            .open(&log_path)
+            .map_err(|e| log(&format!("{log_path}: {e}")))
+            .ok();
+        // Both streams into one pipe the agent reads.
+        let piped = std::io::pipe().and_then(|(r, w)| Ok((r, w.try_clone()?, w)));
+        let (stdout, stderr) = match piped {
+            Ok((reader, out, err)) => {
+                follow_service_output(name.clone(), reader, file);
+                (
+                    std::process::Stdio::from(out),
+                    std::process::Stdio::from(err),
+                )
+            }
             Err(e) => {
-                log(&format!("{log_path}: {e}"));
-                (std::process::Stdio::null(), std::process::Stdio::null())
+                log(&format!("boot service {name}: no pipe for its output: {e}"));
+                match file.map(|f| Ok::<_, std::io::Error>((f.try_clone()?, f))) {
+                    Some(Ok((a, b))) => {
+                        (std::process::Stdio::from(a), std::process::Stdio::from(b))
+                    }
+                    _ => (std::process::Stdio::null(), std::process::Stdio::null()),
+                }
             }
         };
         let started = std::process::Command::new(&path)
@@ -220,6 +237,63 @@ pub fn start_boot_services() {
         if let Some(port) = port {
             wait_for_port(&name, port);
         }
+    }
+}
+
+/// Keeps a boot service's output, on a thread of its own until the
+/// service closes it: the bytes in its log file as they come, and each
+/// line in the guest's log as an `info` entry with `source: service` and
+/// the service's name (a line is cut at [`MAX_LOG_MESSAGE`] there; the
+/// file keeps it whole). The guest's log is a bounded ring, so a chatty
+/// service costs no more memory than a quiet one.
+///
+/// [`MAX_LOG_MESSAGE`]: hearth_guest_proto::MAX_LOG_MESSAGE
+fn follow_service_output(name: String, reader: std::io::PipeReader, file: Option<fs::File>) {
+    let thread_name = format!("svc-{name}");
+    let spawned = std::thread::Builder::new()
+        .name(thread_name)
+        .stack_size(64 << 10)
+        .spawn(move || {
+            use std::io::{BufRead, Write};
+            let mut file = file;
+            let mut r = std::io::BufReader::with_capacity(8192, reader);
+            let mut line: Vec<u8> = Vec::new();
+            let emit = |line: &[u8]| {
+                crate::logs::record(
+                    hearth_guest_proto::LogLevel::Info,
+                    &String::from_utf8_lossy(line),
+                    &[("source", "service".into()), ("service", name.clone())],
+                );
+            };
+            loop {
+                let buf = match r.fill_buf() {
+                    Ok([]) => break,
+                    Ok(b) => b,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                if let Some(f) = file.as_mut() {
+                    if f.write_all(buf).is_err() {
+                        file = None;
+                    }
+                }
+                for &b in buf {
+                    if b == b'\n' {
+                        emit(&line);
+                        line.clear();
+                    } else if line.len() < hearth_guest_proto::MAX_LOG_MESSAGE {
+                        line.push(b);
+                    }
+                }
+                let n = buf.len();
+                r.consume(n);
+            }
+            if !line.is_empty() {
+                emit(&line);
+            }
+        });
+    if let Err(e) = spawned {
+        log(&format!("boot service output: {e}"));
     }
 }
 
