@@ -226,6 +226,11 @@ pub fn every_route(vm: &str) -> Vec<(&'static str, String, Vec<u8>)> {
             json(serde_json::json!({"volume": "snap-auth-test"})),
         ),
         ("POST", "/v1/snapshots/delete".into(), json(captured)),
+        (
+            "POST",
+            "/v1/volumes/copy".into(),
+            json(serde_json::json!({"from": "volume-auth-a", "to": "volume-auth-b"})),
+        ),
         ("POST", "/v1/store/gc".into(), vec![]),
         ("POST", "/v1/images/import".into(), json(import)),
         ("POST", format!("{p}/stop"), b"{}".to_vec()),
