@@ -111,6 +111,50 @@ struct FileConfig {
     pools: Option<Vec<hearth_api::pools::CreatePoolRequest>>,
 }
 
+/// How long a first start waits for its own pool's first member.
+const FIRST_POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// Waits until each pool of `kept` (id, name) has a member ready, at most
+/// [`FIRST_POOL_WAIT`]; one that is not is said and left to warm (a
+/// create boots cold meanwhile). Never fails the start.
+async fn wait_for_pools(db: &Db, kept: &[(uuid::Uuid, String)]) {
+    if kept.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = kept.iter().map(|(_, n)| n.as_str()).collect();
+    eprintln!(
+        "[hearth] warming pool {} (its first VM boots once)",
+        names.join(", ")
+    );
+    let started = std::time::Instant::now();
+    while started.elapsed() < FIRST_POOL_WAIT {
+        match db.list_members().await {
+            Ok(members) => {
+                let ready = |id: &uuid::Uuid| {
+                    members.iter().any(|m| {
+                        m.pool_id.as_uuid() == id && m.status == hearth_db::MemberStatus::Ready
+                    })
+                };
+                if kept.iter().all(|(id, _)| ready(id)) {
+                    eprintln!(
+                        "[hearth] pool {} ready in {:.1} s",
+                        names.join(", "),
+                        started.elapsed().as_secs_f64()
+                    );
+                    return;
+                }
+            }
+            Err(e) => eprintln!("[hearth] cannot read the pools' members: {e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "[hearth] pool {} not ready after {} s; it goes on warming (creates boot meanwhile)",
+        names.join(", "),
+        FIRST_POOL_WAIT.as_secs()
+    );
+}
+
 /// The pool a machine keeps when its config names none: one code
 /// interpreter (`code-interpreter-v1`) paused and ready, so that
 /// `e2b_code_interpreter`'s create is a claim (a resume from the pool's
@@ -408,17 +452,25 @@ pub async fn up(data_dir: PathBuf, args: UpArgs) -> anyhow::Result<u8> {
             !(args.no_default_image || args.no_code_interpreter_image),
         )
     });
+    let mut kept = Vec::new();
     for p in &pools {
-        control
+        let made = control
             .ensure_pool(keys::default_workspace(), p)
             .await
             .map_err(|e| anyhow::anyhow!("pool {:?} of the config: {}", p.name, e.message))?;
         eprintln!("[hearth] pool {} keeps {} VMs ready", p.name, p.size);
+        kept.push((made.id, made.name));
     }
     // The reapers also collect the store's garbage, hourly, once per
     // fleet: through this process's host, or a remote one per store
     // (`hearth-control`'s `gc.rs`); safe beside every host's commits.
+    // They also tend the pools.
     tokio::spawn(control.clone().run_reapers());
+    // A first start waits, as it waits for the images, for the pool it
+    // keeps of its own: the first code interpreter made is then a claim.
+    if first_start && file.pools.is_none() {
+        wait_for_pools(&db, &kept).await;
+    }
 
     eprintln!();
     match &host {
