@@ -95,6 +95,43 @@ pub struct SandboxSpec {
     pub lifetime: Option<Lifetime>,
 }
 
+impl SandboxSpec {
+    /// A sandbox of `snapshot_id` with the resources `sizing`, persistent
+    /// or not, and nothing else: no name, lifetime, labels, network
+    /// policy, mounts or ports (every other field its empty value). The
+    /// control plane's own sandboxes start here and set what they need.
+    pub fn of_snapshot(
+        snapshot_id: SnapshotId,
+        sizing: crate::rules::Sizing,
+        persistent: bool,
+    ) -> Self {
+        Self {
+            name: None,
+            snapshot_id,
+            cpu: sizing.cpu,
+            mem: sizing.mem,
+            fs_capacity: sizing.fs_capacity,
+            persistent,
+            preserve_memory_on_stop: false,
+            idle_ttl: None,
+            delete_after_stop: None,
+            run: RunSpec::default(),
+            env_vars: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            egress: None,
+            delegation: None,
+            mounts: Vec::new(),
+            mount_rules: Vec::new(),
+            public_ports: false,
+            port_host: None,
+            tls_ports: BTreeSet::new(),
+            service_grants: BTreeMap::new(),
+            auto_resume: false,
+            lifetime: None,
+        }
+    }
+}
+
 /// Who may open a port through its login URL.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -167,31 +167,13 @@ impl Control {
         })?;
         let plan = SandboxPlan {
             spec: SandboxSpec {
-                name: None,
-                snapshot_id: snap.id,
-                cpu: sizing.cpu,
-                mem: sizing.mem,
-                fs_capacity: sizing.fs_capacity,
-                persistent: false,
-                preserve_memory_on_stop: false,
-                idle_ttl: None,
-                delete_after_stop: None,
-                run: Default::default(),
-                env_vars: Default::default(),
                 labels: [(SERVICE_LABEL.to_owned(), volume.id.clone())].into(),
                 egress: Some(EgressSpec {
                     access: Some(AccessSpec::AllowList(Vec::new())),
                     ..EgressSpec::default()
                 }),
-                delegation: None,
-                mounts: Vec::new(),
-                mount_rules: Vec::new(),
-                public_ports: false,
-                port_host: None,
-                tls_ports: Default::default(),
-                service_grants: Default::default(),
-                auto_resume: false,
                 lifetime: Some(service_lifetime()),
+                ..SandboxSpec::of_snapshot(snap.id, sizing, false)
             },
             restore_memory: RestoreMemory::Never,
             wait_for_ready: Some(SERVICE_BOOT_WAIT),
