@@ -295,6 +295,7 @@ impl Control {
                 description: None,
                 memory_reserved: None,
                 registry_id: None,
+                cpu: None,
             })
             .await?;
         }

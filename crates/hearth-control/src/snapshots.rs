@@ -176,8 +176,10 @@ impl Control {
             run_config: serde_json::to_value(&run_config).ok(),
             source_sandbox_id: Some(row.id),
             description: req.description.clone(),
-            // Saved memory is as large as the guest's RAM.
+            // Saved memory is as large as the guest's RAM; a resume has
+            // the CPUs it was saved with.
             memory_reserved: req.include_memory.then_some(row.mem),
+            cpu: req.include_memory.then_some(row.cpu),
             ..building(who.workspace_id, &reference, &source.image, fs_capacity)
         };
         self.insert_building(who.workspace_id, &snap).await?;
@@ -224,7 +226,7 @@ impl Control {
         if let Some(rc) = &req.run_config {
             rc.validate("run_config")?;
         }
-        let (host_id, host) = self.any_host().await?;
+        let (_, host) = self.any_host().await?;
         let snap = SnapshotRow {
             labels: req.labels.clone().unwrap_or_default(),
             docker_image: Some(req.docker_image.clone()),
@@ -240,7 +242,7 @@ impl Control {
         };
         self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
-        let mut building = snap.clone();
+        let building = snap.clone();
         let over = req.run_config.clone();
         let image_ref = req.docker_image.clone();
         tokio::spawn(async move {
@@ -251,30 +253,43 @@ impl Control {
                 capacity,
                 volume: building.volume.clone().unwrap_or_default(),
             };
-            let imported = control
-                .with_heartbeat(building.id, host.import_image(import))
-                .await;
-            let result = match imported {
-                Ok(image) => {
-                    // The image's configuration, under the request's.
-                    let base = RunConfig {
-                        user: image.user.clone(),
-                        work_dir: image.working_dir.clone(),
-                        env_vars: Some(image.env.iter().cloned().collect()),
-                    };
-                    let rc = over.map_or(base.clone(), |o| o.merged_over(&base));
-                    building.run_config = serde_json::to_value(&rc).ok();
-                    building.image_digest = Some(image.digest.clone());
-                    Ok(image.captured)
-                }
-                Err(e) => {
-                    tracing::warn!(host = %host_id, error = %e, "image import failed");
-                    Err(e.message)
-                }
-            };
-            control.finish_snapshot(building, result).await;
+            control.import_into(building, host, import, over).await;
         });
         Ok(snapshot_response(&snap, vec![snap.tag.clone()]))
+    }
+
+    /// Imports an OCI image into the `building` snapshot row (inserted)
+    /// through `host` and records the outcome: the image's configuration
+    /// under `over` as its run config. The row as recorded.
+    pub(crate) async fn import_into(
+        &self,
+        mut building: SnapshotRow,
+        host: Arc<dyn HostApi>,
+        import: ImportImage,
+        over: Option<RunConfig>,
+    ) -> SnapshotRow {
+        let imported = self
+            .with_heartbeat(building.id, host.import_image(import))
+            .await;
+        let result = match imported {
+            Ok(image) => {
+                // The image's configuration, under the request's.
+                let base = RunConfig {
+                    user: image.user.clone(),
+                    work_dir: image.working_dir.clone(),
+                    env_vars: Some(image.env.iter().cloned().collect()),
+                };
+                let rc = over.map_or(base.clone(), |o| o.merged_over(&base));
+                building.run_config = serde_json::to_value(&rc).ok();
+                building.image_digest = Some(image.digest.clone());
+                Ok(image.captured)
+            }
+            Err(e) => {
+                tracing::warn!(snapshot = %building.id, error = %e, "image import failed");
+                Err(e.message)
+            }
+        };
+        self.finish_snapshot(building, result).await
     }
 
     /// Runs a build, refreshing its `building` row every
@@ -303,7 +318,7 @@ impl Control {
     /// Stores a new snapshot row (status `building`) under its `name:tag`
     /// if the workspace's snapshot count and storage quotas allow it (else
     /// 429); a snapshot that had that tag keeps its id but loses the tag.
-    async fn insert_building(
+    pub(crate) async fn insert_building(
         &self,
         ws: WorkspaceId,
         snap: &SnapshotRow,
@@ -320,7 +335,7 @@ impl Control {
         &self,
         mut snap: SnapshotRow,
         result: Result<Captured, String>,
-    ) {
+    ) -> SnapshotRow {
         match result {
             Ok(c) => {
                 snap.status = SnapshotStatus::Ready;
@@ -340,6 +355,7 @@ impl Control {
         if let Err(e) = self.db.update_snapshot(&snap).await {
             tracing::error!(snapshot = %snap.id, error = %e, "cannot record a snapshot's outcome");
         }
+        snap
     }
 
     /// Gives the ready snapshot `target` (an id or `name:tag`, the
@@ -374,42 +390,53 @@ impl Control {
         }
         let mut made = Vec::with_capacity(refs.len());
         for r in refs {
-            let mut snap = SnapshotRow {
-                labels: src.labels.clone(),
-                run_config: src.run_config.clone(),
-                docker_image: src.docker_image.clone(),
-                image_digest: src.image_digest.clone(),
-                description: src.description.clone(),
-                registry_id: src.registry_id.clone(),
-                memory_reserved: src.memory_bytes,
-                ..building(who.workspace_id, &r, &src.image, src.fs_capacity)
-            };
-            let Some(from) = src.volume.clone() else {
-                // A built-in image's tag: nothing in the store to copy.
-                snap.volume = None;
-                snap.status = SnapshotStatus::Ready;
-                snap.memory_reserved = None;
-                self.insert_building(who.workspace_id, &snap).await?;
-                made.push(snap);
-                continue;
-            };
-            self.insert_building(who.workspace_id, &snap).await?;
-            let to = snap.volume.clone().unwrap_or_default();
-            let result = self.copy_snapshot_data(&from, &to, &src).await;
-            // The new row's outcome either way: ready, or failed saying why.
-            self.finish_snapshot(snap.clone(), result.clone()).await;
-            if let Err(e) = result {
-                return Err(DomainError::HostFailed(format!(
-                    "cannot tag {}:{} as {}: {e}",
-                    src.name, src.tag, r.tag
-                )));
-            }
-            made.push(
-                self.resolve_any_snapshot(who.workspace_id, &snap.id.to_string())
-                    .await?,
-            );
+            made.push(self.copy_snapshot_as(who, &src, &r).await?);
         }
         Ok(made)
+    }
+
+    /// A new snapshot of the caller's workspace named `r`, holding the
+    /// ready snapshot `src`'s files and memory (its store volumes copies
+    /// sharing the source's chunks, none copied), with its labels and run
+    /// config; a tag another snapshot had moves, as a capture's does.
+    pub(crate) async fn copy_snapshot_as(
+        &self,
+        who: &Principal,
+        src: &SnapshotRow,
+        r: &hearth_api::SnapshotRef,
+    ) -> Result<SnapshotRow, DomainError> {
+        let mut snap = SnapshotRow {
+            labels: src.labels.clone(),
+            run_config: src.run_config.clone(),
+            docker_image: src.docker_image.clone(),
+            image_digest: src.image_digest.clone(),
+            description: src.description.clone(),
+            registry_id: src.registry_id.clone(),
+            memory_reserved: src.memory_bytes,
+            cpu: src.cpu,
+            ..building(who.workspace_id, r, &src.image, src.fs_capacity)
+        };
+        let Some(from) = src.volume.clone() else {
+            // A built-in image's tag: nothing in the store to copy.
+            snap.volume = None;
+            snap.status = SnapshotStatus::Ready;
+            snap.memory_reserved = None;
+            self.insert_building(who.workspace_id, &snap).await?;
+            return Ok(snap);
+        };
+        self.insert_building(who.workspace_id, &snap).await?;
+        let to = snap.volume.clone().unwrap_or_default();
+        let result = self.copy_snapshot_data(&from, &to, src).await;
+        // The new row's outcome either way: ready, or failed saying why.
+        self.finish_snapshot(snap.clone(), result.clone()).await;
+        if let Err(e) = result {
+            return Err(DomainError::HostFailed(format!(
+                "cannot copy {}:{} as {r}: {e}",
+                src.name, src.tag
+            )));
+        }
+        self.resolve_any_snapshot(who.workspace_id, &snap.id.to_string())
+            .await
     }
 
     /// Removes tags of the workspace's snapshot name `name` (E2B's
@@ -535,7 +562,7 @@ impl Control {
     }
 
     /// Any host (the store is shared, so any of them can import into it).
-    async fn any_host(&self) -> Result<(HostId, Arc<dyn HostApi>), DomainError> {
+    pub(crate) async fn any_host(&self) -> Result<(HostId, Arc<dyn HostApi>), DomainError> {
         self.live_hosts()
             .await
             .into_iter()
@@ -546,7 +573,7 @@ impl Control {
 
 /// A new snapshot row, `building`, whose data will be the store volume
 /// `snap-<id>`.
-fn building(
+pub(crate) fn building(
     ws: WorkspaceId,
     reference: &hearth_api::SnapshotRef,
     image: &str,
@@ -575,12 +602,13 @@ fn building(
         description: None,
         memory_reserved: None,
         registry_id: None,
+        cpu: None,
     }
 }
 
 /// Whether an image reference names a registry on loopback (reached over
 /// plain HTTP, as a local test or mirror registry is).
-fn on_loopback(reference: &str) -> bool {
+pub(crate) fn on_loopback(reference: &str) -> bool {
     let host = reference.split('/').next().unwrap_or("");
     let host = host.rsplit_once(':').map_or(host, |(h, port)| {
         if port.bytes().all(|b| b.is_ascii_digit()) {

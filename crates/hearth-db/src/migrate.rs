@@ -134,6 +134,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0019_volumes.sql"),
         postgres: include_str!("../migrations/postgres/0019_volumes.sql"),
     },
+    Migration {
+        version: 20,
+        name: "snapshot_cpu",
+        sqlite: include_str!("../migrations/sqlite/0020_snapshot_cpu.sql"),
+        postgres: include_str!("../migrations/postgres/0020_snapshot_cpu.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -270,6 +270,9 @@ pub struct SnapshotRow {
     pub description: Option<String>,
     /// The private registry it was pulled with (`registry_id`), if any.
     pub registry_id: Option<String>,
+    /// The CPUs of the VM whose memory it saved (a resume has them);
+    /// `None` without memory.
+    pub cpu: Option<MilliCpu>,
 }
 
 /// A sandbox record: the durable truth about one sandbox.

@@ -1,7 +1,7 @@
 //! Snapshots: built-in ones (no workspace, visible to all) and a
 //! workspace's own, addressed by id or by `name:tag`.
 
-use hearth_types::{ByteSize, SnapshotId, WorkspaceId};
+use hearth_types::{ByteSize, MilliCpu, SnapshotId, WorkspaceId};
 
 use crate::error::{is_unique_violation, DbError};
 use crate::model::{Page, SnapshotFilter, SnapshotRow, SnapshotSort, SnapshotStatus};
@@ -14,7 +14,7 @@ use crate::Db;
 pub(crate) const SNAPSHOT_COLS: &str = "id, workspace_id, name, tag, status, status_message, image, \
                              fs_capacity_bytes, labels, run_config, docker_image, created_at, updated_at, \
                              volume, memory_bytes, source_sandbox_id, image_digest, description, \
-                             memory_reserved_bytes, registry_id";
+                             memory_reserved_bytes, registry_id, cpu_millicores";
 
 /// Rows a workspace may see: its own and the built-ins. `$1` is the
 /// workspace id.
@@ -42,6 +42,9 @@ pub(crate) fn decode_snapshot(r: &dyn RowExt) -> Result<SnapshotRow, sqlx::Error
         description: r.opt_text("description")?,
         memory_reserved: r.opt_unsigned("memory_reserved_bytes")?.map(ByteSize),
         registry_id: r.opt_text("registry_id")?,
+        cpu: r
+            .opt_unsigned("cpu_millicores")?
+            .map(|c| MilliCpu(u32::try_from(c).unwrap_or(u32::MAX))),
     })
 }
 
@@ -90,7 +93,8 @@ fn snapshot_sql(
                 .map(|m| int(m.bytes(), op, "memory_reserved_bytes"))
                 .transpose()?,
         )
-        .arg(s.registry_id.as_deref()))
+        .arg(s.registry_id.as_deref())
+        .arg(s.cpu.map(|c| i64::from(c.0))))
 }
 
 /// What a snapshot charges against its workspace's storage quota: its
@@ -119,7 +123,7 @@ fn insert_sql(op: &'static str, s: &SnapshotRow, workspace: WorkspaceId) -> Resu
         &format!(
             "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-             $19, $20)"
+             $19, $20, $21)"
         ),
         s,
         Some(workspace),
@@ -167,7 +171,7 @@ impl Db {
             &format!(
                 "INSERT INTO snapshots ({SNAPSHOT_COLS}) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-             $19, $20) \
+             $19, $20, $21) \
                  ON CONFLICT (id) DO UPDATE SET name = excluded.name, tag = excluded.tag, \
                  status = excluded.status, status_message = excluded.status_message, \
                  image = excluded.image, fs_capacity_bytes = excluded.fs_capacity_bytes, \
@@ -297,7 +301,7 @@ impl Db {
         let sql = Sql::new(
             "UPDATE snapshots SET status = $2, status_message = $3, fs_capacity_bytes = $4, \
              run_config = $5, volume = $6, memory_bytes = $7, image_digest = $8, updated_at = $9, \
-             memory_reserved_bytes = $10 WHERE id = $1 AND workspace_id IS NOT NULL",
+             memory_reserved_bytes = $10, cpu_millicores = $11 WHERE id = $1 AND workspace_id IS NOT NULL",
         )
         .arg(s.id.to_string())
         .arg(s.status.as_str())
@@ -316,7 +320,8 @@ impl Db {
             s.memory_reserved
                 .map(|m| int(m.bytes(), op, "memory_reserved_bytes"))
                 .transpose()?,
-        );
+        )
+        .arg(s.cpu.map(|c| i64::from(c.0)));
         let n = self
             .pool
             .execute(&sql)

@@ -200,8 +200,12 @@ impl Control {
         let image = snapshot_image(snap)?;
         let from = boot_from(snap, plan.restore_memory);
         if let Some(m) = from.as_ref().and_then(|f| f.memory.as_ref()) {
-            // A resumed VM has the memory it was saved with.
+            // A resumed VM has the memory (and the CPUs, when the snapshot
+            // says) it was saved with.
             plan.spec.mem = m.memory_size;
+            if let Some(cpu) = snap.cpu {
+                plan.spec.cpu = cpu;
+            }
         }
         self.check_disk_size(plan.spec.fs_capacity)?;
         let resumes_memory = from.as_ref().is_some_and(|f| f.memory.is_some());

@@ -243,6 +243,7 @@ fn building_snapshot(ws: WorkspaceId) -> SnapshotRow {
         description: None,
         memory_reserved: Some(ByteSize::gib(1)),
         registry_id: None,
+        cpu: None,
     }
 }
 

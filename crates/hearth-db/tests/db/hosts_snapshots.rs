@@ -240,6 +240,7 @@ pub(crate) fn snapshot(name: &str, tag: &str) -> SnapshotRow {
         description: None,
         memory_reserved: None,
         registry_id: None,
+        cpu: None,
     }
 }
 
