@@ -42,6 +42,7 @@
 //! | `ready` with the VM `stopped` (a stop) | the host's VM list, in reconcile | marks it `stopped` and records saved memory the VM reports |
 //! | `deleting` (a delete) | not updated for `orphan_after` | deletes its VM again (a VM already gone is fine) and removes the row |
 //! | snapshot `building` (a capture or import) | its heartbeat ([`BUILD_HEARTBEAT`]) stopped for `orphan_after` | marks it `failed`, releasing its reserved memory |
+//! | template build `building` | its heartbeat ([`BUILD_HEARTBEAT`]) stopped for `orphan_after` | marks it `error`, saying its replica went away (its builder sandbox has a lifetime of its own) |
 //!
 //! Sandboxes placed on another replica's in-process host are skipped: only
 //! that process can command its host (replicas of a fleet run without one,
@@ -469,6 +470,14 @@ impl Control {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot list abandoned snapshot builds"),
+        }
+        match self.db.fail_orphaned_template_builds(before).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::warn!(builds = n, "failed template builds whose replica went away");
+                report.builds_failed += u32::try_from(n).unwrap_or(u32::MAX);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot fail abandoned template builds"),
         }
 
         if !leading.holds() {

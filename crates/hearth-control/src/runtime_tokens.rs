@@ -101,6 +101,23 @@ struct VolumeClaims {
     exp: i64,
 }
 
+/// The context of template file upload tokens (E2B's upload URLs).
+const UPLOAD_CONTEXT: &str = "hearth template upload v1";
+/// How long an upload URL opens.
+const UPLOAD_TTL_MS: i64 = 3600 * 1000;
+
+/// What an upload token pins: the files' hash, who obtained it, until
+/// when.
+#[derive(Debug, Serialize, Deserialize)]
+struct UploadClaims {
+    v: u8,
+    hash: String,
+    k: ApiKeyId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    via: Option<SandboxId>,
+    exp: i64,
+}
+
 /// What a runtime token pins. Short names: it travels in every request.
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
@@ -259,6 +276,47 @@ impl Control {
                 exp: expiry_of_mint(Timestamp::now().unix_ms()),
             },
         )
+    }
+
+    /// A token that lets its holder upload the template files `hash` into
+    /// `who`'s workspace for an hour (E2B's upload URL).
+    pub(crate) fn upload_token(&self, who: &Principal, hash: &str) -> String {
+        self.links.seal(
+            UPLOAD_CONTEXT,
+            &UploadClaims {
+                v: VERSION,
+                hash: hash.to_owned(),
+                k: who.key_id,
+                via: who.delegated_by,
+                exp: Timestamp::now().unix_ms() + UPLOAD_TTL_MS,
+            },
+        )
+    }
+
+    /// Who `token` lets upload template files, and their hash, checked now
+    /// against the records: the key that obtained it is live and may still
+    /// create sandboxes.
+    pub(crate) async fn check_upload_token(
+        &self,
+        token: &str,
+    ) -> Result<Result<(Principal, String), TokenRefusal>, DomainError> {
+        let claims: Option<UploadClaims> = self.links.open(UPLOAD_CONTEXT, token);
+        let Some(claims) = claims.filter(|c| c.v == VERSION) else {
+            return Ok(Err(TokenRefusal::Invalid));
+        };
+        if Timestamp::now().unix_ms() >= claims.exp {
+            return Ok(Err(TokenRefusal::Expired));
+        }
+        let holder = match self.holder(claims.k, claims.via).await? {
+            Ok(h) => h,
+            Err(why) => return Ok(Err(TokenRefusal::Revoked(why))),
+        };
+        if holder.require("sandboxes:create").is_err() {
+            return Ok(Err(TokenRefusal::Revoked(
+                "its holder may no longer build templates".into(),
+            )));
+        }
+        Ok(Ok((holder, claims.hash)))
     }
 
     /// Who `token` lets open the content of the volume `id`, checked now

@@ -536,6 +536,18 @@ impl Control {
                 }
             }
         }
+        // A template's last tag takes its build cache with it.
+        if !snap.name.starts_with(hearth_types::rules::LAYER_PREFIX) {
+            match self.db.snapshot_tags(ws, &snap.name).await {
+                Ok(tags) if tags.is_empty() => {
+                    Box::pin(self.remove_template_layers(who, &snap.name)).await;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(snapshot = %snap.id, error = %e, "cannot list a name's tags; its template layers stay")
+                }
+            }
+        }
         Ok(())
     }
 

@@ -36,6 +36,7 @@ mod registries;
 mod sandboxes;
 mod snapshots;
 mod sql;
+mod templates;
 mod time;
 mod volumes;
 mod workspace_secrets;
@@ -59,6 +60,9 @@ pub use pools::{MemberRow, MemberStatus, PoolRow, MAX_POOL_SIZE};
 pub use registries::{RegistryRow, MAX_REGISTRIES};
 pub use sandboxes::SandboxBrief;
 pub use snapshots::{dangling_tag, is_published_tag, snapshot_size};
+pub use templates::{
+    BuildLogLine, BuildStatus, TemplateBuildRow, TemplateFile, MAX_BUILD_LOG_LINES,
+};
 pub use time::Timestamp;
 pub use volumes::{Attachment, VolumeAttach, VolumeRow, MAX_VOLUMES};
 pub use workspace_secrets::{SecretWrite, WorkspaceSecretMeta, MAX_WORKSPACE_SECRETS};

@@ -140,6 +140,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0020_snapshot_cpu.sql"),
         postgres: include_str!("../migrations/postgres/0020_snapshot_cpu.sql"),
     },
+    Migration {
+        version: 21,
+        name: "template_builds",
+        sqlite: include_str!("../migrations/sqlite/0021_template_builds.sql"),
+        postgres: include_str!("../migrations/postgres/0021_template_builds.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

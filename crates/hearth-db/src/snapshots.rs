@@ -435,10 +435,12 @@ impl Db {
             f.page_size,
             f.cursor.as_deref(),
         )?;
+        // The template build cache's layers are Hearth's, never listed.
         let mut sql = Sql::new(&format!(
-            "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE {VISIBLE}"
+            "SELECT {SNAPSHOT_COLS} FROM snapshots WHERE {VISIBLE} AND name NOT LIKE $2"
         ))
-        .arg(workspace_id.to_string());
+        .arg(workspace_id.to_string())
+        .arg(format!("{}%", hearth_types::rules::LAYER_PREFIX));
         push_name_and_status(
             &mut sql,
             f.name_contains.as_deref(),

@@ -21,6 +21,7 @@ pub(crate) enum Arg {
     Text(Option<String>),
     Int(Option<i64>),
     Bool(bool),
+    Blob(Vec<u8>),
 }
 
 impl From<String> for Arg {
@@ -56,6 +57,11 @@ impl From<i64> for Arg {
 impl From<Option<i64>> for Arg {
     fn from(v: Option<i64>) -> Self {
         Arg::Int(v)
+    }
+}
+impl From<Vec<u8>> for Arg {
+    fn from(v: Vec<u8>) -> Self {
+        Arg::Blob(v)
     }
 }
 impl From<bool> for Arg {
@@ -125,6 +131,7 @@ macro_rules! query {
                 Arg::Text(v) => q.bind(v.clone()),
                 Arg::Int(v) => q.bind(*v),
                 Arg::Bool(v) => q.bind(*v),
+                Arg::Blob(v) => q.bind(v.clone()),
             };
         }
         q
@@ -138,6 +145,7 @@ pub(crate) trait RowExt {
     fn int(&self, col: &str) -> Result<i64, sqlx::Error>;
     fn opt_int(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
     fn flag(&self, col: &str) -> Result<bool, sqlx::Error>;
+    fn blob(&self, col: &str) -> Result<Vec<u8>, sqlx::Error>;
 }
 
 macro_rules! impl_row_ext {
@@ -156,6 +164,9 @@ macro_rules! impl_row_ext {
                 self.try_get(col)
             }
             fn flag(&self, col: &str) -> Result<bool, sqlx::Error> {
+                self.try_get(col)
+            }
+            fn blob(&self, col: &str) -> Result<Vec<u8>, sqlx::Error> {
                 self.try_get(col)
             }
         }

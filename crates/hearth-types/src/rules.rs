@@ -162,6 +162,16 @@ pub fn check_sandbox_name(field: &str, name: &str) -> Result<(), Invalid> {
 /// The label Hearth gives the sandboxes that serve a volume's content
 /// (its value: the volume's id); no request may set it.
 pub const RESERVED_LABEL: &str = "hearth.volume-content";
+/// The label Hearth gives the sandboxes that build a template (its value:
+/// the build's id); no request may set it.
+pub const BUILDER_LABEL: &str = "hearth.template-build";
+/// The label of a template build's snapshots (its value: the template's
+/// name): a create from one shares its memory with the template's other
+/// sandboxes on their host.
+pub const TEMPLATE_LABEL: &str = "hearth.template";
+/// The name prefix of the template build cache's hidden snapshots; no
+/// request may name one.
+pub const LAYER_PREFIX: &str = "hearth-layer-";
 
 pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
     if labels.len() > MAX_LABELS {
@@ -176,6 +186,12 @@ pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
             return Err(Invalid::new(
                 &field,
                 format!("labels: '{k}' is reserved: Hearth marks the sandboxes that serve a volume's content with it"),
+            ));
+        }
+        if k == BUILDER_LABEL {
+            return Err(Invalid::new(
+                &field,
+                format!("labels: '{k}' is reserved: Hearth marks the sandboxes that build templates with it"),
             ));
         }
         let key_chars = k.chars().count();
@@ -265,6 +281,11 @@ impl FromStr for SnapshotRef {
             .any(|c| c.is_whitespace() || c.is_control() || c == '/' || c == ':')
         {
             return Err(err("the name contains whitespace, ':' or '/'"));
+        }
+        if name.starts_with(LAYER_PREFIX) {
+            return Err(err(
+                "names starting with 'hearth-layer-' are Hearth's build cache",
+            ));
         }
         if tag.is_empty() {
             return Err(err("the tag is empty"));

@@ -34,8 +34,10 @@ const MAX_BOOT_REPLACEMENTS: usize = 2;
 const PLACEMENT_ATTEMPTS: u32 = 4;
 #[derive(Clone)]
 pub(crate) enum Boot {
-    /// A new sandbox: a fresh VM with a fresh disk.
-    Create,
+    /// A new sandbox: a fresh VM with a fresh disk. `share_memory`: it
+    /// resumes a template's memory, which its host keeps as one sealed
+    /// copy that every VM of the template maps copy-on-write.
+    Create { share_memory: bool },
     /// A stopped or failed sandbox: boot again from its disk (or fresh, if
     /// not persistent, or if the host has no trace of it), resuming the
     /// memory its last stop `saved` when it moves to another host.
@@ -209,6 +211,12 @@ impl Control {
         }
         self.check_disk_size(plan.spec.fs_capacity)?;
         let resumes_memory = from.as_ref().is_some_and(|f| f.memory.is_some());
+        // A template's sandboxes share its memory on their host (see
+        // `domain/templates.rs`).
+        let share_memory = resumes_memory
+            && snap
+                .labels
+                .contains_key(hearth_types::rules::TEMPLATE_LABEL);
         let volumes = self.resolve_volumes(who, &mut plan, resumes_memory).await?;
         let mut net = self.sandbox_net(who.workspace_id, &plan.spec).await?;
         // Nothing is written before placement succeeds: the SDK replays a
@@ -290,7 +298,7 @@ impl Control {
                     async move { db.insert_sandbox_holding(&row, volumes).await.map(|()| row) }
                 })
                 .await?
-                .map(|(row, host_id)| (row, host_id, Boot::Create)),
+                .map(|(row, host_id)| (row, host_id, Boot::Create { share_memory })),
             Err(e) => Err(e),
         };
         let (row, host_id, how) = match placed {
@@ -551,7 +559,7 @@ impl Control {
             network: Some(net.clone()),
             saved: None,
             pooled: false,
-            share_memory: false,
+            share_memory: matches!(how, Boot::Create { share_memory: true }),
         };
         // A start applies what a PATCH changed since the last boot.
         let resize = Resize {
@@ -562,7 +570,7 @@ impl Control {
             network: Some(net),
         };
         match how {
-            Boot::Create => host.create_vm(create).await.map(drop),
+            Boot::Create { .. } => host.create_vm(create).await.map(drop),
             Boot::Claim => {
                 let claim = hearth_hostapi::ClaimVm {
                     network: resize.network.clone().unwrap_or_default(),

@@ -11,6 +11,7 @@ pub(crate) mod lifetime;
 pub(crate) mod model;
 pub(crate) mod queries;
 pub(crate) mod state;
+pub(crate) mod templates;
 pub(crate) mod volume_content;
 pub(crate) mod volumes;
 

@@ -4,6 +4,6 @@
 //! place, and the door cannot reach the store itself.
 
 pub(crate) use hearth_db::{
-    Deadline, OnExpiry, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus, SnapshotFilter,
-    SnapshotRow, SnapshotStatus, SortOrder, Timestamp,
+    BuildLogLine, Deadline, OnExpiry, SandboxFilter, SandboxRow, SandboxSort, SandboxStatus,
+    SnapshotFilter, SnapshotRow, SnapshotStatus, SortOrder, TemplateBuildRow, Timestamp,
 };

@@ -15,6 +15,7 @@
 //! `{"code", "message"}` with the status its SDK maps.
 
 mod api;
+mod builds;
 pub(crate) use api::not_served_route;
 mod connect;
 mod envd;
@@ -249,19 +250,25 @@ pub const ROUTES: &[E2bRoute] = &[
     route("DELETE", "/volumecontent/{id}/path", false),
     route("GET", "/volumecontent/{id}/file", false),
     route("PUT", "/volumecontent/{id}/file", true),
-    // E2B's template builds (e2b 2.63's API clients): a 501 naming each,
-    // never a 404 that `Template.alias_exists` would read as "does not
-    // exist".
+    // E2B's templates and their builds (e2b 2.63's API clients); what is
+    // not served is a 501 naming it, never a 404 that
+    // `Template.alias_exists` would read as "does not exist".
     unserved("GET", "/default-templates", false),
     unserved("GET", "/templates", false),
+    unserved("GET", "/templates/{id}", false),
+    unserved("PATCH", "/templates/{id}", true),
     route("GET", "/templates/aliases/{alias}", false),
     route("GET", "/templates/{id}/tags", false),
     route("POST", "/templates/tags", true),
     route("DELETE", "/templates/tags", true),
-    unserved("POST", "/v3/templates", true),
+    route("POST", "/v3/templates", true),
+    route("GET", "/templates/{id}/files/{hash}", false),
+    route("PUT", "/template-files/{token}", true),
+    route("POST", "/v2/templates/{id}/builds/{build}", true),
+    route("GET", "/templates/{id}/builds/{build}/status", false),
+    unserved("GET", "/templates/{id}/builds/{build}/logs", false),
     unserved("GET", "/v2/templates", false),
     unserved("PATCH", "/v2/templates/{id}", true),
-    unserved("POST", "/v2/templates/{id}/builds/{build}", true),
     route("POST", "/process.Process/StreamInput", true),
     route("POST", "/process.Process/{method}", true),
     route("POST", "/filesystem.Filesystem/{method}", true),
@@ -357,6 +364,13 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("GET", "/templates/{id}/tags") => on(m, api::template_tags_list),
         ("POST", "/templates/tags") => on(m, api::assign_tags),
         ("DELETE", "/templates/tags") => on(m, api::remove_tags),
+        ("POST", "/v3/templates") => on(m, builds::request),
+        ("GET", "/templates/{id}/files/{hash}") => on(m, builds::files),
+        ("PUT", "/template-files/{token}") => {
+            on(m, builds::upload).layer(DefaultBodyLimit::disable())
+        }
+        ("POST", "/v2/templates/{id}/builds/{build}") => on(m, builds::start),
+        ("GET", "/templates/{id}/builds/{build}/status") => on(m, builds::status),
         ("POST", "/sandboxes/{id}/fork") => on(m, api::fork),
         ("PUT", "/sandboxes/{id}/network") => on(m, api::update_network),
         ("GET", "/secrets") => on(m, secrets::list),

@@ -1449,10 +1449,11 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
     // not exist" (`Template.alias_exists`).
     for (method, path) in [
         ("GET", "/templates"),
-        ("POST", "/v3/templates"),
+        ("GET", "/templates/t1"),
+        ("PATCH", "/templates/t1"),
+        ("GET", "/templates/t1/builds/b1/logs"),
         ("GET", "/v2/templates"),
         ("PATCH", "/v2/templates/t1"),
-        ("POST", "/v2/templates/t1/builds/b1"),
         ("GET", "/default-templates"),
         ("GET", "/sandboxes/abc/unknown"),
         ("GET", "/snapshots/x/y"),
@@ -1468,10 +1469,10 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
         assert!(message.contains(path), "{method} {path}: {message}");
     }
     // A method a route lacks: a 405 in the shape of its door.
-    let r = call(&s, "GET", "/v3/templates", &key, json!({})).await;
+    let r = call(&s, "DELETE", "/v3/templates", &key, json!({})).await;
     let (code, message) = e2b_error(&r);
     assert_eq!((r.status, code), (405, 405), "{}", r.text());
-    assert!(message.contains("GET"), "{message}");
+    assert!(message.contains("DELETE"), "{message}");
     let r = call(&s, "PUT", "/api/v2/sandboxes/boxes", &key, json!({})).await;
     assert_eq!(r.status, 405, "{}", r.text());
     assert_eq!(r.json().unwrap()["detail"]["error"], "MethodNotAllowed");

@@ -39,6 +39,7 @@ mod sdk_surface;
 mod secrets_in_logs;
 mod snapshot_quota;
 mod store_health;
+mod templates;
 mod volumes;
 mod workspace_secrets;
 

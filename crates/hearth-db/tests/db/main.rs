@@ -12,6 +12,7 @@ mod pools;
 mod registries;
 mod sandboxes;
 mod snapshot_quota;
+mod templates;
 mod volumes;
 mod workspace_secrets;
 mod workspaces;
