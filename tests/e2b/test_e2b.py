@@ -4,7 +4,8 @@ E2B_API_KEY (a Hearth API key), E2B_API_URL and E2B_SANDBOX_URL (both
 Hearth's address), HEARTH_E2B_OTHER_KEY (a key of another workspace) and
 HEARTH_E2B_TEMPLATE (a snapshot to create from), HEARTH_E2B_DOMAIN (the
 sandbox domain, `hearth.localhost:<port>`) and SSL_CERT_FILE (the CA of
-Hearth's TLS).
+Hearth's TLS), HEARTH_E2B_TEMPLATE_IMAGE (a Debian image in a local
+registry, for the template builds).
 
 Each test prints PASS or FAIL; the exit status is 1 if any failed.
 """
@@ -25,6 +26,8 @@ from e2b import PtySize, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException, SandboxException, SandboxNotRunningException
 
 TEMPLATE = os.environ.get("HEARTH_E2B_TEMPLATE", "base")
+# A Debian image in a local registry (tests/e2b/make_debian_image.py).
+TEMPLATE_IMAGE = os.environ.get("HEARTH_E2B_TEMPLATE_IMAGE")
 OTHER_KEY = os.environ["HEARTH_E2B_OTHER_KEY"]
 created = []
 
@@ -1179,6 +1182,138 @@ def test_code_interpreter_keeps_state_and_returns_rich_results():
     created.remove(sb.sandbox_id)
 
 
+def make_wheel(path):
+    """A pure-Python wheel of the package `hello_pkg`: pip installs it
+    offline."""
+    import base64
+    import hashlib
+    import zipfile
+    files = {
+        "hello_pkg/__init__.py": "GREETING = 'hello from a wheel'\n",
+        "hello_pkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hello-pkg\nVersion: 1.0\n",
+        "hello_pkg-1.0.dist-info/WHEEL":
+            "Wheel-Version: 1.0\nGenerator: hearth-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            data = text.encode()
+            # A fixed date: the same wheel, the same files hash.
+            z.writestr(zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0)), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(data)}")
+        record.append("hello_pkg-1.0.dist-info/RECORD,,")
+        z.writestr(zipfile.ZipInfo("hello_pkg-1.0.dist-info/RECORD", (2026, 1, 1, 0, 0, 0)),
+                   "\n".join(record) + "\n")
+
+
+def test_a_template_built_from_an_image_starts_with_its_server_running():
+    """Issue 41: `Template` from a registry image with run_cmd, copy,
+    set_envs, set_workdir, set_user, pip_install and a start command;
+    `Template.build` with logs; a sandbox of it answers on the server's port
+    at once (the server was running in the captured memory), with the
+    files, environment and user as built. A rebuild of the unchanged
+    template comes from the cache (at most a tenth of the first build's
+    time); a template from a Dockerfile; tags; a failing step fails the
+    build naming it."""
+    import tempfile
+    from e2b import Template, wait_for_port
+    from e2b.exceptions import BuildException
+    check(TEMPLATE_IMAGE, "HEARTH_E2B_TEMPLATE_IMAGE (a Debian image in a local registry) is set")
+    ctx = tempfile.mkdtemp()
+    os.makedirs(f"{ctx}/app")
+    with open(f"{ctx}/app/index.html", "w") as f:
+        f.write("template-index")
+    make_wheel(f"{ctx}/hello_pkg-1.0-py3-none-any.whl")
+    name = f"tpl-{os.getpid()}"
+    t = (Template(file_context_path=ctx)
+         .from_image(TEMPLATE_IMAGE)
+         .set_envs({"APP_MODE": "built"})
+         .run_cmd("useradd -m -s /bin/bash app", user="root")
+         .copy("app", "/srv/app/", user="app")
+         .copy("hello_pkg-1.0-py3-none-any.whl", "/tmp/")
+         .pip_install(["/tmp/hello_pkg-1.0-py3-none-any.whl"])
+         .set_workdir("/srv/app")
+         .set_user("app")
+         .run_cmd("python3 -c 'import hello_pkg; print(hello_pkg.GREETING)' > greeting.txt")
+         .set_start_cmd("python3 -m http.server 8000", wait_for_port(8000)))
+    logs = []
+    started = time.monotonic()
+    try:
+        info = Template.build(t, name, on_build_logs=logs.append)
+    except BuildException:
+        print("\n".join(f"  | {e.message}" for e in logs[-40:]), flush=True)
+        raise
+    first = time.monotonic() - started
+    print(f"  built {name} in {first:.1f}s ({len(logs)} log entries)", flush=True)
+    check(info.template_id == name and info.tags == ["latest"], f"the build: {info}")
+    said = "\n".join(e.message for e in logs)
+    # (The image and the first steps may be cached by an earlier run on
+    # the same server.)
+    check(f"Pulled {TEMPLATE_IMAGE}" in said or f"CACHED {TEMPLATE_IMAGE}" in said,
+          f"the build's log names the image: {said[-2000:]}")
+    for expected in ["RUN useradd", "[8/8] RUN python3", "Ready in", "Published " + name + ":latest"]:
+        check(expected in said, f"the build's log says {expected!r}: {said[-2000:]}")
+    check(Template.exists(name), "the template exists")
+
+    # A sandbox of it resumes its memory: the server answers at once.
+    started = time.monotonic()
+    sb = Sandbox.create(name, timeout=120)
+    created.append(sb.sandbox_id)
+    r = sb.commands.run("curl -s --max-time 2 localhost:8000/index.html")
+    print(f"  create to the server's first answer {time.monotonic() - started:.2f}s", flush=True)
+    check(r.stdout == "template-index", f"the server runs in the new sandbox: {r.stdout!r} {r.stderr!r}")
+    r = sb.commands.run("whoami; pwd; echo $APP_MODE; cat greeting.txt; stat -c %U:%G index.html; id -un 1000")
+    check(r.stdout.split("\n")[:6] == ["app", "/srv/app", "built", "hello from a wheel", "app:app", "user"],
+          f"user, workdir, env, the wheel, the copy's owner, E2B's `user` made: {r.stdout!r}")
+
+    # The unchanged template rebuilds from the cache.
+    started = time.monotonic()
+    again_logs = []
+    Template.build(t, name, on_build_logs=again_logs.append)
+    again = time.monotonic() - started
+    print(f"  rebuilt unchanged in {again:.2f}s (first {first:.1f}s)", flush=True)
+    check(again <= first / 10, f"a rebuild from the cache took {again:.1f}s against {first:.1f}s")
+    check(any(e.message.startswith("CACHED") for e in again_logs), "the rebuild says CACHED")
+
+    # Tags: another tag of the same build; a create by name:tag.
+    Template.assign_tags(f"{name}:latest", ["v1"])
+    check(sorted(x.tag for x in Template.get_tags(name)) == ["latest", "v1"], "the tags")
+    kid = Sandbox.create(f"{name}:v1", timeout=120)
+    created.append(kid.sandbox_id)
+    check(kid.commands.run("curl -s --max-time 2 localhost:8000/index.html").stdout == "template-index",
+          "a sandbox of the new tag runs the server too")
+
+    # A template from a Dockerfile (the SDK parses it into steps), on top
+    # of the first template.
+    df = Template(file_context_path=ctx).from_dockerfile(
+        f"FROM {TEMPLATE_IMAGE}\n"
+        "ENV STAGE=dockerfile\n"
+        "WORKDIR /opt/df\n"
+        "COPY app/index.html ./\n"
+        "RUN echo from-a-dockerfile > note.txt && chown -R user /opt/df\n"
+        "USER user\n")
+    Template.build(df, name + "-df")
+    d = Sandbox.create(name + "-df", timeout=120)
+    created.append(d.sandbox_id)
+    r = d.commands.run("whoami; pwd; echo $STAGE; cat note.txt index.html")
+    check(r.stdout == "user\n/opt/df\ndockerfile\nfrom-a-dockerfile\ntemplate-index",
+          f"the Dockerfile's user, workdir, env and files: {r.stdout!r}")
+
+    # A failing step fails the build, naming it, with its output in the log.
+    bad = (Template().from_template(name)
+           .run_cmd("echo ok")
+           .run_cmd("echo about-to-fail && exit 3", user="root"))
+    failed_logs = []
+    try:
+        Template.build(bad, name + "-bad", on_build_logs=failed_logs.append)
+        check(False, "the failing build succeeded")
+    except BuildException as e:
+        check("step 2" in str(e) and "exit code 3" in str(e), f"the failure names its step: {e}")
+    check(any("about-to-fail" in e.message for e in failed_logs), "the failing step's output is logged")
+    check(not Template.exists(name + "-bad"), "no template of a failed build")
+
+
 TESTS = [
     test_create_run_files_and_kill,
     test_commands_and_files_act_as_user_by_default,
@@ -1199,6 +1334,7 @@ TESTS = [
     test_a_port_that_speaks_tls_is_reached_over_tls,
     test_sandbox_hosts_by_name_over_tls,
     test_code_interpreter_keeps_state_and_returns_rich_results,
+    test_a_template_built_from_an_image_starts_with_its_server_running,
     test_the_async_sdk,
 ]
 

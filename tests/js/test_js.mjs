@@ -8,7 +8,10 @@
 // Each test prints PASS or FAIL; the exit status is 1 if any failed.
 
 import { SandboxClient, LangSmithResourceNotFoundError } from "langsmith/sandbox";
-import { Sandbox, NotFoundError, Volume } from "e2b";
+import { Sandbox, NotFoundError, Volume, Template, waitForFile } from "e2b";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Sandbox as CodeInterpreter } from "@e2b/code-interpreter";
 
 const SNAPSHOT = process.env.HEARTH_JS_SNAPSHOT || "busybox";
@@ -183,16 +186,46 @@ async function e2bCodeInterpreterRunsCode() {
   made.e2b.pop();
 }
 
+// E2B's Template builder: a copy, env, a command and a start command,
+// built with its logs; a sandbox of it starts with the start command
+// running (the build captured its memory).
+async function e2bTemplateBuildsAndStartsRunning() {
+  const dir = mkdtempSync(join(tmpdir(), "hearth-js-template-"));
+  writeFileSync(join(dir, "hello.txt"), "from-js\n");
+  const name = `js-template-${process.pid}`;
+  const t = Template({ fileContextPath: dir })
+    .fromTemplate(SNAPSHOT)
+    .setEnvs({ JS_MODE: "built" })
+    .copy("hello.txt", "/home/user/")
+    .runCmd("echo js-step > /home/user/step.txt")
+    .setStartCmd("while true; do date +%s > /tmp/alive; sleep 1; done", waitForFile("/tmp/alive"));
+  const logs = [];
+  const info = await Template.build(t, name, { onBuildLogs: (e) => logs.push(e.message) });
+  check(info.name === name, `built ${JSON.stringify(info)}`);
+  check(logs.some((m) => m.includes("RUN echo js-step")), `logs: ${logs.join(" | ")}`);
+  check(await Template.exists(name), "the template exists");
+  const sbx = await Sandbox.create(name, { timeoutMs: 120_000 });
+  made.e2b.push(sbx.sandboxId);
+  const r = await sbx.commands.run(
+    "cat /home/user/hello.txt /home/user/step.txt; echo $JS_MODE; a=$(cat /tmp/alive); sleep 2; [ $(cat /tmp/alive) -gt $a ] && echo running",
+  );
+  check(r.stdout === "from-js\njs-step\nbuilt\nrunning\n", `the sandbox: ${JSON.stringify(r.stdout)}`);
+  await sbx.kill();
+  made.e2b.pop();
+}
+
 const tests = [
   langsmithSandboxRunsCommandsAndFiles,
   langsmithStreamsACommand,
   e2bSandboxRunsCommandsAndFiles,
   e2bVolumesOutliveTheirSandboxes,
   e2bCodeInterpreterRunsCode,
+  e2bTemplateBuildsAndStartsRunning,
 ];
 
 let failed = 0;
-for (const t of tests) {
+const only = process.argv.slice(2);
+for (const t of tests.filter((t) => only.length === 0 || only.includes(t.name))) {
   const started = Date.now();
   try {
     await t();

@@ -617,6 +617,81 @@ impl Drop for OciRegistry {
     }
 }
 
+/// A `docker-registry` on a free loopback port holding `debian:t`, the
+/// tree of the default image as an OCI image (tests/e2b/make_debian_image.py),
+/// for E2B's template builds from an image; killed by its PID on drop.
+struct DebianRegistry {
+    child: Child,
+    reference: String,
+}
+
+impl DebianRegistry {
+    /// Builds the default image if it is not yet, and pushes its tree.
+    fn start(dir: &Path, python: &Path) -> Self {
+        hearth(dir, &["image", "build", "--image", "default"]);
+        let artifacts = dir.join("artifacts");
+        let rootfs = std::fs::read_dir(&artifacts)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path().join("rootfs.ext4"))
+            .find(|p| {
+                p.parent()
+                    .and_then(|d| d.file_name())
+                    .is_some_and(|n| n.to_string_lossy().starts_with("rootfs-default-"))
+                    && p.is_file()
+            })
+            .unwrap_or_else(|| panic!("no default image under {}", artifacts.display()));
+        let reg = dir.join("debian-registry");
+        std::fs::create_dir_all(&reg).unwrap();
+        let port = free_port();
+        let config = reg.join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+                 http:\n  addr: 127.0.0.1:{port}\n",
+                reg.join("registry").display()
+            ),
+        )
+        .unwrap();
+        let mut child = serve_registry(&config, port);
+        let layout = reg.join("layout");
+        let reference = format!("127.0.0.1:{port}/debian:t");
+        let pushed = run_out(
+            Command::new(python)
+                .arg(repo().join("tests/e2b/make_debian_image.py"))
+                .arg(&rootfs)
+                .arg(&layout)
+                .arg("t"),
+        )
+        .and_then(|()| {
+            run_out(
+                Command::new("skopeo")
+                    .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+                    .arg(format!("oci:{}:t", layout.display()))
+                    .arg(format!("docker://{reference}")),
+            )
+        });
+        if let Err(e) = pushed {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("build and push the Debian test image: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&layout);
+        println!("Debian image {reference} in a local registry");
+        Self { child, reference }
+    }
+}
+
+impl Drop for DebianRegistry {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The sum over hosts of a `/metrics` gauge.
 fn metric(text: &str, name: &str) -> Option<u64> {
     let values: Vec<u64> = text
@@ -892,7 +967,9 @@ const E2B_FIRST_HALF: &[&str] = &[
 ];
 
 /// The rest: fork, a pause at the timeout that a request resumes, the
-/// default user, volumes, and the code interpreter on its own image (about 55 s once the image is built).
+/// default user, volumes, the code interpreter on its own image, and
+/// template builds from a Debian image in a local registry (about 140 s
+/// once the images are built).
 const E2B_SECOND_HALF: &[&str] = &[
     "test_fork_children_resume_the_parent_each_on_its_own",
     "test_a_timeout_pauses_and_a_request_resumes",
@@ -902,6 +979,7 @@ const E2B_SECOND_HALF: &[&str] = &[
     "test_code_interpreter_keeps_state_and_returns_rich_results",
     "test_volumes_outlive_their_sandboxes_with_one_writer",
     "test_a_port_that_speaks_tls_is_reached_over_tls",
+    "test_a_template_built_from_an_image_starts_with_its_server_running",
 ];
 
 #[test]
@@ -946,6 +1024,10 @@ fn e2b_suite(part: &str, tests: &[&str]) {
         // The code interpreter's image, built before any create waits for it.
         hearth(&dir, &["image", "build", "--image", "code-interpreter"]);
     }
+    // Template builds from an image: a Debian image in a local registry.
+    let debian = tests
+        .contains(&"test_a_template_built_from_an_image_starts_with_its_server_running")
+        .then(|| DebianRegistry::start(&dir, &python));
     let workspace = hearth(&dir, &["keys", "create-workspace", "--name", "e2b-other"]);
     let other_key = hearth(&dir, &["keys", "create", "--workspace", &workspace]);
     let origin = format!("http://127.0.0.1:{}", server.port);
@@ -979,6 +1061,10 @@ fn e2b_suite(part: &str, tests: &[&str]) {
         .env("LANGSMITH_API_KEY", &server.api_key)
         .env("HEARTH_E2B_OTHER_KEY", &other_key)
         .env("HEARTH_E2B_TEMPLATE", "busybox")
+        .env(
+            "HEARTH_E2B_TEMPLATE_IMAGE",
+            debian.as_ref().map_or("", |d| d.reference.as_str()),
+        )
         // Sandbox hosts by name: `hearth up`'s default domain on
         // loopback, over TLS from its own CA (which pyqwest, under the
         // SDK, loads from SSL_CERT_FILE).
@@ -991,6 +1077,7 @@ fn e2b_suite(part: &str, tests: &[&str]) {
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    drop(debian);
     conclude_script("E2B", &output, server, &dir, started);
 }
 
