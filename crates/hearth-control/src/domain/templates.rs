@@ -465,7 +465,8 @@ impl Control {
         Ok(row)
     }
 
-    /// A build's log lines from `offset`, at most `limit`.
+    /// A build's log lines from `offset`, at most `limit` (and at most the
+    /// [`hearth_db::MAX_BUILD_LOG_LINES`] a build keeps).
     pub(crate) async fn template_build_log(
         &self,
         build: &TemplateBuildRow,
@@ -473,7 +474,7 @@ impl Control {
         limit: u64,
     ) -> Result<Vec<BuildLogLine>, DomainError> {
         self.db
-            .build_log(&build.id, offset, limit)
+            .build_log(&build.id, offset, limit.min(hearth_db::MAX_BUILD_LOG_LINES))
             .await
             .map_err(DomainError::from)
     }

@@ -499,3 +499,74 @@ pub async fn status(
     })
     .into_response())
 }
+
+/// E2B's `TemplateBuildLogsResponse`.
+#[derive(Serialize)]
+struct LogsBody {
+    logs: Vec<LogEntry>,
+}
+
+/// `GET /templates/{id}/builds/{build}/logs`: the build's log by time:
+/// from `cursor` (unix milliseconds) `forward` (the default) or back to it
+/// `backward` (newest first), at most `limit` (100) entries of at least
+/// `level`. `source` may name either of E2B's stores: a build has one log.
+pub async fn logs(
+    State(c): State<Arc<Control>>,
+    who: Result<Principal, Refusal>,
+    Path((template, build)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> E2bResult<Response> {
+    let who = who?;
+    let (mut cursor, mut limit, mut backward, mut level) = (None::<i64>, MAX_ENTRIES, false, 0u8);
+    for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        let bad = |what: &str| E2bError::bad_request(format!("{k}: {what}, got {v:?}"));
+        match k.as_ref() {
+            "cursor" => cursor = Some(v.parse().map_err(|_| bad("unix milliseconds"))?),
+            "limit" => {
+                limit = v
+                    .parse::<u64>()
+                    .map_err(|_| bad("a whole number"))?
+                    .min(MAX_ENTRIES)
+            }
+            "direction" => match v.as_ref() {
+                "forward" => backward = false,
+                "backward" => backward = true,
+                _ => return Err(bad("forward or backward")),
+            },
+            "level" => match v.as_ref() {
+                "debug" | "info" | "warn" | "error" => level = rank(&v),
+                _ => return Err(bad("debug, info, warn or error")),
+            },
+            "source" => {
+                if !matches!(v.as_ref(), "temporary" | "persistent") {
+                    return Err(bad("temporary or persistent"));
+                }
+            }
+            other => {
+                return Err(E2bError::bad_request(format!(
+                    "unknown query parameter {other:?} (cursor, limit, direction, level, source)"
+                )))
+            }
+        }
+    }
+    let row = c
+        .template_build(&who, &template, &build)
+        .await
+        .map_err(not_found_as_e2b)?;
+    let all = c.template_build_log(&row, 0, u64::MAX).await?;
+    let kept = all.into_iter().filter(|l| rank(&l.level) >= level);
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let logs: Vec<LogEntry> = if backward {
+        let until = cursor.unwrap_or(i64::MAX);
+        let mut picked: Vec<BuildLogLine> = kept.filter(|l| l.at.unix_ms() <= until).collect();
+        picked.reverse();
+        picked.into_iter().take(limit).map(entry).collect()
+    } else {
+        let from = cursor.unwrap_or(0);
+        kept.filter(|l| l.at.unix_ms() >= from)
+            .take(limit)
+            .map(entry)
+            .collect()
+    };
+    Ok(Json(LogsBody { logs }).into_response())
+}

@@ -266,7 +266,7 @@ pub const ROUTES: &[E2bRoute] = &[
     route("PUT", "/template-files/{token}", true),
     route("POST", "/v2/templates/{id}/builds/{build}", true),
     route("GET", "/templates/{id}/builds/{build}/status", false),
-    unserved("GET", "/templates/{id}/builds/{build}/logs", false),
+    route("GET", "/templates/{id}/builds/{build}/logs", false),
     unserved("GET", "/v2/templates", false),
     unserved("PATCH", "/v2/templates/{id}", true),
     route("POST", "/process.Process/StreamInput", true),
@@ -371,6 +371,7 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         }
         ("POST", "/v2/templates/{id}/builds/{build}") => on(m, builds::start),
         ("GET", "/templates/{id}/builds/{build}/status") => on(m, builds::status),
+        ("GET", "/templates/{id}/builds/{build}/logs") => on(m, builds::logs),
         ("POST", "/sandboxes/{id}/fork") => on(m, api::fork),
         ("PUT", "/sandboxes/{id}/network") => on(m, api::update_network),
         ("GET", "/secrets") => on(m, secrets::list),

@@ -1451,7 +1451,6 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
         ("GET", "/templates"),
         ("GET", "/templates/t1"),
         ("PATCH", "/templates/t1"),
-        ("GET", "/templates/t1/builds/b1/logs"),
         ("GET", "/v2/templates"),
         ("PATCH", "/v2/templates/t1"),
         ("GET", "/default-templates"),

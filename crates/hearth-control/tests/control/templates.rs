@@ -223,6 +223,57 @@ async fn a_template_build_runs_its_steps_in_a_builder_and_caches_them() {
         "{}",
         r.text()
     );
+    // The build's log by time (E2B's logs API): forward from a cursor,
+    // backward newest first, by level.
+    let first_at = entries[0]["timestamp"].as_str().unwrap().to_owned();
+    let r = call(
+        &s,
+        "GET",
+        &format!("/templates/app/builds/{build}/logs?limit=3"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let logs = r.json().unwrap()["logs"].as_array().unwrap().clone();
+    assert_eq!(logs.len(), 3);
+    assert_eq!(logs[0]["timestamp"].as_str().unwrap(), first_at);
+    let r = call(
+        &s,
+        "GET",
+        &format!("/templates/app/builds/{build}/logs?direction=backward&limit=1"),
+        &key,
+        json!({}),
+    )
+    .await;
+    let newest = r.json().unwrap()["logs"][0]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(newest.contains("Build finished"), "{newest}");
+    let r = call(
+        &s,
+        "GET",
+        &format!("/templates/app/builds/{build}/logs?level=warn"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        r.json().unwrap()["logs"].as_array().unwrap().len(),
+        0,
+        "{}",
+        r.text()
+    );
+    let r = call(
+        &s,
+        "GET",
+        &format!("/templates/app/builds/{build}/logs?direction=up"),
+        &key,
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
     // A sandbox of it.
     let r = call(&s, "POST", "/sandboxes", &key, json!({"templateID": "app"})).await;
     assert_eq!(r.status, 201, "{}", r.text());

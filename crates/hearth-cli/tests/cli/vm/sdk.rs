@@ -950,7 +950,8 @@ fn suite(part: &str, tests: &[&str]) {
 
 /// The E2B script's tests on busybox sandboxes: commands, files,
 /// terminals, watchers, both doors, hosts by name, the async SDK, pause
-/// and snapshots with memory (about 70 s here).
+/// and snapshots with memory; and template builds from a Debian image in
+/// a local registry (about 130 s here).
 const E2B_FIRST_HALF: &[&str] = &[
     "test_create_run_files_and_kill",
     "test_pause_keeps_processes_and_connect_resumes",
@@ -964,12 +965,12 @@ const E2B_FIRST_HALF: &[&str] = &[
     "test_sandbox_hosts_by_name_over_tls",
     "test_the_async_sdk",
     "test_volume_content_through_its_api_and_its_holder",
+    "test_a_template_built_from_an_image_starts_with_its_server_running",
 ];
 
 /// The rest: fork, a pause at the timeout that a request resumes, the
-/// default user, volumes, the code interpreter on its own image, and
-/// template builds from a Debian image in a local registry (about 140 s
-/// once the images are built).
+/// default user, volumes, and the code interpreter on its own image (about
+/// 170 s once the image is built).
 const E2B_SECOND_HALF: &[&str] = &[
     "test_fork_children_resume_the_parent_each_on_its_own",
     "test_a_timeout_pauses_and_a_request_resumes",
@@ -979,7 +980,6 @@ const E2B_SECOND_HALF: &[&str] = &[
     "test_code_interpreter_keeps_state_and_returns_rich_results",
     "test_volumes_outlive_their_sandboxes_with_one_writer",
     "test_a_port_that_speaks_tls_is_reached_over_tls",
-    "test_a_template_built_from_an_image_starts_with_its_server_running",
 ];
 
 #[test]
