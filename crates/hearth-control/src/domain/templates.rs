@@ -1693,9 +1693,10 @@ impl Builder {
             }
         };
         for l in layers {
-            if l.labels.get(LAYER_TEMPLATE_LABEL) != Some(&self.build.name)
-                || keep.contains(&l.name)
-            {
+            // Kept: another template's, and this build's own (a forced
+            // rebuild's layer took its key's tag: the one it moved from goes).
+            let ours = l.labels.get(LAYER_TEMPLATE_LABEL) == Some(&self.build.name);
+            if !ours || (keep.contains(&l.name) && l.tag == DEFAULT_TAG) {
                 continue;
             }
             if let Err(e) = self
