@@ -1709,3 +1709,73 @@ impl Builder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_follows_every_step_and_its_order() {
+        let a = chain(CACHE_VERSION, "base x");
+        let b = chain(&a, "step 1");
+        assert_eq!(b, chain(&chain(CACHE_VERSION, "base x"), "step 1"));
+        assert_ne!(b, chain(&chain(CACHE_VERSION, "base y"), "step 1"));
+        assert_ne!(chain(&b, "step 2"), chain(&chain(&a, "step 2"), "step 1"));
+        assert_eq!(b.len(), 64);
+        // A layer's name is the key's first 40 digits.
+        let r = layer_ref(&b);
+        assert_eq!(r.name, format!("{LAYER_PREFIX}{}", &b[..40]));
+        assert_eq!(r.tag, DEFAULT_TAG);
+        // No request may name one.
+        assert!(r.name.parse::<SnapshotRef>().is_err());
+    }
+
+    #[test]
+    fn a_copy_is_keyed_by_its_files() {
+        let copy = |hash: &str| StepKind::Copy {
+            src: "app".into(),
+            dest: "/srv/".into(),
+            owner: None,
+            mode: None,
+            files_hash: hash.into(),
+        };
+        let text = |k: &StepKind| serde_json::to_string(k).unwrap();
+        assert_ne!(text(&copy(&"a".repeat(64))), text(&copy(&"b".repeat(64))));
+        assert!(copy("x").writes());
+        assert!(!StepKind::Env(vec![]).writes());
+        assert!(!StepKind::Workdir("/a".into()).writes());
+    }
+
+    #[test]
+    fn output_becomes_whole_lines() {
+        let mut l = Lines::default();
+        assert!(l.push(b"par").is_empty());
+        assert_eq!(l.push(b"tial\nnext\r\n\nthird"), ["partial", "next"]);
+        assert_eq!(l.rest().as_deref(), Some("third"));
+        assert_eq!(l.rest(), None);
+        // A line without an end is cut at the limit rather than held.
+        let long = vec![b'x'; MAX_LINE + 1];
+        assert_eq!(l.push(&long).len(), 1);
+        assert!(cut(&"é".repeat(MAX_LINE)).len() <= MAX_LINE + "…".len());
+    }
+
+    #[test]
+    fn settings_apply_in_order() {
+        let mut s = Settings::default();
+        let apply = |s: &mut Settings, k: StepKind| match k {
+            StepKind::Env(vars) => s.env.extend(vars),
+            StepKind::Workdir(d) => s.workdir = Some(d),
+            StepKind::User(u) => s.user = Some(u),
+            _ => {}
+        };
+        apply(&mut s, StepKind::Env(vec![("A".into(), "1".into())]));
+        apply(&mut s, StepKind::User("app".into()));
+        let req = s.exec("true", None);
+        assert_eq!(req.user.as_deref(), Some("app"));
+        assert_eq!(req.env.get("A").map(String::as_str), Some("1"));
+        // A step's own user wins.
+        assert_eq!(s.exec("true", Some("root")).user.as_deref(), Some("root"));
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        assert!(is_files_hash(&"ab".repeat(32)) && !is_files_hash("ab"));
+    }
+}

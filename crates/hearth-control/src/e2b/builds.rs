@@ -570,3 +570,100 @@ pub async fn logs(
     };
     Ok(Json(LogsBody { logs }).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(body: serde_json::Value) -> E2bResult<Recipe> {
+        recipe(serde_json::from_value(body).map_err(|e| E2bError::bad_request(e.to_string()))?)
+    }
+
+    #[test]
+    fn the_sdks_steps_parse_into_a_recipe() {
+        let r = start(serde_json::json!({
+            "fromImage": "127.0.0.1:5000/debian:t",
+            "fromImageRegistry": {"type": "registry", "username": "u", "password": "p"},
+            "force": true,
+            "steps": [
+                {"type": "RUN", "args": ["echo hi", "root"], "force": false},
+                {"type": "COPY", "args": ["app", "/srv/", "app", "0755"],
+                 "filesHash": "ab".repeat(32), "force": false, "forceUpload": true},
+                {"type": "ENV", "args": ["A", "1", "B", "2"]},
+                {"type": "WORKDIR", "args": ["/srv"]},
+                {"type": "USER", "args": ["app"], "force": true},
+            ],
+            "startCmd": "server",
+            "readyCmd": "",
+        }))
+        .unwrap();
+        assert_eq!(
+            r.base,
+            TemplateBase::Image {
+                reference: "127.0.0.1:5000/debian:t".into(),
+                auth: Some(("u".into(), "p".into()))
+            }
+        );
+        assert!(r.force && r.steps[4].force && !r.steps[0].force);
+        assert_eq!(
+            r.steps[1].kind,
+            StepKind::Copy {
+                src: "app".into(),
+                dest: "/srv/".into(),
+                owner: Some("app".into()),
+                mode: Some(0o755),
+                files_hash: "ab".repeat(32),
+            }
+        );
+        assert_eq!(r.start_cmd.as_deref(), Some("server"));
+        // An empty ready command is none.
+        assert_eq!(r.ready_cmd, None);
+    }
+
+    #[test]
+    fn what_a_recipe_cannot_be_is_named() {
+        for (body, says) in [
+            (
+                serde_json::json!({"steps": []}),
+                "fromImage or fromTemplate",
+            ),
+            (
+                serde_json::json!({"fromTemplate": "t", "fromImageRegistry": {"type": "registry"}}),
+                "only with fromImage",
+            ),
+            (
+                serde_json::json!({"fromImage": "x", "fromImageRegistry": {"type": "aws"}}),
+                "not served",
+            ),
+            (
+                serde_json::json!({"fromImage": "x", "fromImageRegistry": {"type": "registry", "username": "u"}}),
+                "username and password",
+            ),
+            (
+                serde_json::json!({"fromTemplate": "t", "steps": [{"type": "COPY", "args": ["a", "b"]}]}),
+                "filesHash",
+            ),
+            (
+                serde_json::json!({"fromTemplate": "t", "steps": [{"type": "COPY", "args": ["a", "b", "", "999"], "filesHash": "x"}]}),
+                "octal",
+            ),
+            (
+                serde_json::json!({"fromTemplate": "t", "steps": [{"type": "RUN", "args": ["a"], "filesHash": "x"}]}),
+                "only a COPY",
+            ),
+            (
+                serde_json::json!({"fromTemplate": "t", "steps": [{"type": "ENV", "args": ["A=B", "1"]}]}),
+                "steps[0]",
+            ),
+            (
+                serde_json::json!({"fromTemplate": "t", "steps": [{"type": "WORKDIR", "args": ["a", "b"]}]}),
+                "[directory]",
+            ),
+        ] {
+            let e = start(body.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{body} parsed"));
+            assert!(e.message.contains(says), "{body}: {}", e.message);
+        }
+    }
+}
