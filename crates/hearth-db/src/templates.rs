@@ -457,3 +457,28 @@ impl Db {
             .map_err(DbError::backend("list template layers"))
     }
 }
+
+impl Db {
+    /// The published snapshots of `workspace` (every name's tags; not the
+    /// build cache's layers, nor snapshots a moved tag left untagged), by
+    /// name then tag.
+    pub async fn published_snapshots(
+        &self,
+        workspace: WorkspaceId,
+    ) -> Result<Vec<crate::SnapshotRow>, DbError> {
+        let sql = Sql::new(&format!(
+            "SELECT {} FROM snapshots WHERE workspace_id = $1 AND name NOT LIKE $2 \
+             AND tag NOT LIKE '#%' ORDER BY name, tag",
+            crate::snapshots::SNAPSHOT_COLS
+        ))
+        .arg(workspace.to_string())
+        .arg(format!("{}%", hearth_types::rules::LAYER_PREFIX));
+        let mut rows = self
+            .pool
+            .fetch_all(&sql, crate::snapshots::decode_snapshot)
+            .await
+            .map_err(DbError::backend("list published snapshots"))?;
+        rows.sort_by(|a, b| (&a.name, &a.tag).cmp(&(&b.name, &b.tag)));
+        Ok(rows)
+    }
+}

@@ -801,6 +801,74 @@ impl Control {
     }
 }
 
+/// A template as both doors may show it: a snapshot name of the
+/// workspace, the snapshot its `latest` tag (else its first) names, and
+/// its builds, newest first.
+#[derive(Debug, Clone)]
+pub(crate) struct TemplateView {
+    pub name: String,
+    pub snapshot: SnapshotRow,
+    pub tags: Vec<String>,
+    pub builds: Vec<TemplateBuildRow>,
+}
+
+impl Control {
+    /// The caller's workspace's templates: each snapshot name it has
+    /// published (built, captured or pulled), by name.
+    pub(crate) async fn templates(
+        &self,
+        who: &Principal,
+    ) -> Result<Vec<TemplateView>, DomainError> {
+        who.require("sandboxes:read")?;
+        let rows = self
+            .db
+            .published_snapshots(who.workspace_id)
+            .await
+            .map_err(DomainError::from)?;
+        let mut out: Vec<TemplateView> = Vec::new();
+        for row in rows {
+            match out.last_mut() {
+                Some(t) if t.name == row.name => {
+                    t.tags.push(row.tag.clone());
+                    if row.tag == DEFAULT_TAG {
+                        t.snapshot = row;
+                    }
+                }
+                _ => out.push(TemplateView {
+                    name: row.name.clone(),
+                    tags: vec![row.tag.clone()],
+                    snapshot: row,
+                    builds: Vec::new(),
+                }),
+            }
+        }
+        for t in &mut out {
+            t.builds = self
+                .db
+                .template_builds(who.workspace_id, &t.name)
+                .await
+                .map_err(DomainError::from)?;
+        }
+        Ok(out)
+    }
+
+    /// One template of the caller's workspace, by name.
+    pub(crate) async fn template(
+        &self,
+        who: &Principal,
+        name: &str,
+    ) -> Result<TemplateView, DomainError> {
+        self.templates(who)
+            .await?
+            .into_iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| DomainError::NotFound {
+                kind: "template",
+                name: name.to_owned(),
+            })
+    }
+}
+
 /// Bytes per stored chunk of an upload.
 const UPLOAD_CHUNK: usize = 1 << 20;
 /// The largest upload of template files.

@@ -254,8 +254,8 @@ pub const ROUTES: &[E2bRoute] = &[
     // not served is a 501 naming it, never a 404 that
     // `Template.alias_exists` would read as "does not exist".
     unserved("GET", "/default-templates", false),
-    unserved("GET", "/templates", false),
-    unserved("GET", "/templates/{id}", false),
+    route("GET", "/templates", false),
+    route("GET", "/templates/{id}", false),
     unserved("PATCH", "/templates/{id}", true),
     route("GET", "/templates/aliases/{alias}", false),
     route("GET", "/templates/{id}/tags", false),
@@ -360,6 +360,8 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("POST", "/sandboxes/{id}/snapshots") => on(m, api::create_snapshot),
         ("GET", "/snapshots") => on(m, api::list_snapshots),
         ("DELETE", "/templates/{id}") => on(m, api::delete_template),
+        ("GET", "/templates") => on(m, builds::list),
+        ("GET", "/templates/{id}") => on(m, builds::get),
         ("GET", "/templates/aliases/{alias}") => on(m, api::template_alias),
         ("GET", "/templates/{id}/tags") => on(m, api::template_tags_list),
         ("POST", "/templates/tags") => on(m, api::assign_tags),

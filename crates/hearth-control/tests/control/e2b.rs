@@ -1448,8 +1448,6 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
     // What the SDK's Template class calls: a 404 would be read as "does
     // not exist" (`Template.alias_exists`).
     for (method, path) in [
-        ("GET", "/templates"),
-        ("GET", "/templates/t1"),
         ("PATCH", "/templates/t1"),
         ("GET", "/v2/templates"),
         ("PATCH", "/v2/templates/t1"),

@@ -323,6 +323,32 @@ async fn a_template_build_runs_its_steps_in_a_builder_and_caches_them() {
         "{said}"
     );
 
+    // The workspace's templates: E2B's list and one with its builds.
+    let r = call(&s, "GET", "/templates", &key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let all = r.json().unwrap();
+    let app = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["templateID"] == "app")
+        .unwrap_or_else(|| panic!("{all}"))
+        .clone();
+    assert_eq!(app["buildCount"], 3, "{app}");
+    assert_eq!(app["buildStatus"], "ready");
+    assert_eq!(app["names"], json!(["app:latest"]));
+    assert!(!all.to_string().contains("hearth-layer-"), "{all}");
+    let r = call(&s, "GET", "/templates/app?limit=2", &key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json().unwrap();
+    assert_eq!(v["builds"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["builds"][0]["buildID"], third, "newest first: {v}");
+    assert_eq!(v["builds"][0]["status"], "ready");
+    let r = call(&s, "GET", "/templates/nothing", &key, json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = call(&s, "GET", "/templates?teamID=t", &key, json!({})).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+
     // A step that fails fails the build, naming it (the simulated guest
     // writes no files, so a copy fails there).
     let bad = request(&s, &key, "bad").await;
