@@ -80,7 +80,7 @@ pub(crate) const MAX_STEPS: usize = 512;
 const IMAGE_CAPACITY: ByteSize = ByteSize::gib(4);
 /// The seed of every layer key: changed whenever what a step does changes
 /// (so no build stands on a layer an older builder made differently).
-const CACHE_VERSION: &str = "hearth-template-v3";
+const CACHE_VERSION: &str = "hearth-template-v4";
 /// Where a builder puts uploaded files before copying them.
 const STAGING: &str = "/tmp/.hearth-build";
 /// E2B's own base image, served by the built-in `default` image.
@@ -270,6 +270,59 @@ fn cut(line: &str) -> String {
         end -= 1;
     }
     format!("{}…", &line[..end])
+}
+
+/// The search path a variable named `PATH` has before any step sets it
+/// (Debian's, and most images').
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// `value` with `$NAME` and `${NAME}` replaced by the environment so far,
+/// as Docker's `ENV` does (`PATH` is the usual one when unset; any other
+/// unset name is empty; `\$` is a dollar sign).
+fn expand(value: &str, env: &BTreeMap<String, String>) -> String {
+    let lookup = |name: &str| match env.get(name) {
+        Some(v) => v.clone(),
+        None if name == "PATH" => DEFAULT_PATH.to_owned(),
+        None => String::new(),
+    };
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(i) = rest.find(['$', '\\']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(after) = tail.strip_prefix("\\$") {
+            out.push('$');
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix('\\') {
+            out.push('\\');
+            rest = after;
+        } else if let Some(braced) = tail.strip_prefix("${") {
+            match braced.find('}') {
+                Some(end) if braced[..end].chars().all(is_name) && end > 0 => {
+                    out.push_str(&lookup(&braced[..end]));
+                    rest = &braced[end + 1..];
+                }
+                _ => {
+                    out.push('$');
+                    rest = &tail[1..];
+                }
+            }
+        } else {
+            let name_len = tail[1..]
+                .find(|c: char| !is_name(c))
+                .unwrap_or(tail.len() - 1);
+            if name_len == 0 || tail[1..].starts_with(|c: char| c.is_ascii_digit()) {
+                out.push('$');
+                rest = &tail[1..];
+            } else {
+                out.push_str(&lookup(&tail[1..1 + name_len]));
+                rest = &tail[1 + name_len..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Single-quotes `s` for a POSIX shell.
@@ -1124,7 +1177,8 @@ impl Builder {
         match kind {
             StepKind::Env(vars) => {
                 for (k, v) in vars {
-                    self.settings.env.insert(k.clone(), v.clone());
+                    let v = expand(v, &self.settings.env);
+                    self.settings.env.insert(k.clone(), v);
                 }
             }
             StepKind::Workdir(d) => {
@@ -1825,6 +1879,20 @@ mod tests {
         let long = vec![b'x'; MAX_LINE + 1];
         assert_eq!(l.push(&long).len(), 1);
         assert!(cut(&"é".repeat(MAX_LINE)).len() <= MAX_LINE + "…".len());
+    }
+
+    #[test]
+    fn env_values_expand_as_dockers_do() {
+        let env: BTreeMap<String, String> = [("HOME".into(), "/home/app".into())].into();
+        assert_eq!(
+            expand("/opt/bin:$PATH", &env),
+            format!("/opt/bin:{DEFAULT_PATH}")
+        );
+        assert_eq!(expand("${HOME}/x:$HOME", &env), "/home/app/x:/home/app");
+        assert_eq!(expand("$NOPE-a", &env), "-a");
+        assert_eq!(expand(r"price \$5 and $", &env), "price $5 and $");
+        assert_eq!(expand("${bad name} $1", &env), "${bad name} $1");
+        assert_eq!(expand("plain", &env), "plain");
     }
 
     #[test]
