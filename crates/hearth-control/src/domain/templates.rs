@@ -460,10 +460,14 @@ impl Control {
             ));
         }
         // The builder's shape, refused now rather than at its boot.
+        let (vcpus, mem_bytes) = template_shape(
+            req.cpu_count.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+            req.memory_mb.map(|m| u64::try_from(m).unwrap_or(0)),
+        );
         resolve_sizing(&SizingRequest {
-            vcpus: req.cpu_count,
+            vcpus,
             cpu_millicores: None,
-            mem_bytes: req.memory_mb.map(|m| m.saturating_mul(1 << 20)),
+            mem_bytes,
             fs_capacity_bytes: None,
             persistent: true,
             snapshot_fs_capacity: ByteSize::gib(1),
@@ -1029,13 +1033,9 @@ impl Builder {
         self.publish(&done).await
     }
 
-    /// The builder's (and so the template's) vCPUs and memory in MiB: as
-    /// the build asked, else E2B's defaults.
-    fn shape(&self) -> (i64, u64) {
-        (
-            self.build.cpu_count.map_or(DEFAULT_CPUS, i64::from),
-            self.build.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
-        )
+    /// The builder's (and so the template's) vCPUs and memory in bytes.
+    fn shape(&self) -> (Option<i64>, Option<i64>) {
+        template_shape(self.build.cpu_count, self.build.memory_mb)
     }
 
     /// The base snapshot: pulled from a registry (kept as a layer keyed by
@@ -1210,6 +1210,17 @@ const DEFAULT_CPUS: i64 = 1;
 /// time that grows with it.
 const DEFAULT_MEMORY_MB: u64 = 2048;
 
+/// The vCPUs and memory (bytes) a template's builder asks the sizing
+/// rules for: as its build asked (one of them derives the other), else
+/// [`DEFAULT_CPUS`] and [`DEFAULT_MEMORY_MB`].
+fn template_shape(cpus: Option<u32>, memory_mb: Option<u64>) -> (Option<i64>, Option<i64>) {
+    let bytes = |mb: u64| i64::try_from(mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX);
+    match (cpus, memory_mb) {
+        (None, None) => (Some(DEFAULT_CPUS), Some(bytes(DEFAULT_MEMORY_MB))),
+        (c, m) => (c.map(i64::from), m.map(bytes)),
+    }
+}
+
 /// Who a template's sandboxes act as unless its recipe says otherwise
 /// (E2B's default user; every image Hearth ships has it).
 const DEFAULT_USER: &str = "user";
@@ -1295,11 +1306,11 @@ impl Builder {
                 &format!("Starting a builder microVM from {}:{}", from.name, from.tag),
             )
             .await;
-        let (cpus, memory_mb) = self.shape();
+        let (vcpus, mem_bytes) = self.shape();
         let sizing = resolve_sizing(&SizingRequest {
-            vcpus: Some(cpus),
+            vcpus,
             cpu_millicores: None,
-            mem_bytes: Some(i64::try_from(memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX)),
+            mem_bytes,
             fs_capacity_bytes: Some(i64::try_from(self.fs_capacity.bytes()).unwrap_or(i64::MAX)),
             persistent: true,
             snapshot_fs_capacity: from.fs_capacity,
@@ -1913,5 +1924,26 @@ mod tests {
         assert_eq!(s.exec("true", Some("root")).user.as_deref(), Some("root"));
         assert_eq!(quote("it's"), r"'it'\''s'");
         assert!(is_files_hash(&"ab".repeat(32)) && !is_files_hash("ab"));
+    }
+
+    #[test]
+    fn a_templates_shape_is_asked_or_the_default() {
+        assert_eq!(template_shape(None, None), (Some(1), Some(2 << 30)));
+        // One asked: the sizing rules derive the other.
+        assert_eq!(template_shape(Some(2), None), (Some(2), None));
+        assert_eq!(template_shape(None, Some(8192)), (None, Some(8 << 30)));
+        let sized = |(vcpus, mem_bytes): (Option<i64>, Option<i64>)| {
+            resolve_sizing(&SizingRequest {
+                vcpus,
+                cpu_millicores: None,
+                mem_bytes,
+                fs_capacity_bytes: None,
+                persistent: true,
+                snapshot_fs_capacity: ByteSize::gib(1),
+            })
+        };
+        assert!(sized(template_shape(None, None)).is_ok());
+        assert!(sized(template_shape(None, Some(8192))).is_ok());
+        assert!(sized(template_shape(Some(2), Some(512))).is_err());
     }
 }
