@@ -854,8 +854,11 @@ def test_a_snapshot_resumes_its_processes_in_new_sandboxes():
 
 def fetch_once_listening(req, ctx):
     """The body at `req` (a URL or a Request), retried while the sandbox's
-    server is not listening yet (Hearth's 502); None if it never does."""
-    for _ in range(50):
+    server is not listening yet (Hearth's 502), for a minute (a loaded CI
+    host starts a Python server in a TCG guest slowly); None if it never
+    does."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         try:
             return urllib.request.urlopen(req, context=ctx, timeout=10).read()
         except urllib.error.HTTPError as e:
