@@ -44,6 +44,28 @@ pub const MAX_LAYERS: usize = 128;
 /// any real image.
 pub const MIN_CAPACITY: ByteSize = ByteSize(16 * 1024 * 1024);
 
+/// Where the Debian images' `docker load` keeps archives in the guest
+/// (see `rootfs/buildkit.rs`), each as `<sha256 of a name it carries>.tar`.
+pub const LOADED_IMAGES_DIR: &str = "/var/lib/hearth/docker/images";
+
+/// The guest paths where `docker load` would have kept the image
+/// `reference` (one per spelling of its name), for a capture with
+/// `docker_image` to read the first that exists.
+pub fn loaded_archive_paths(reference: &str) -> Result<Vec<String>, OciError> {
+    use sha2::Digest;
+    Ok(reference::Reference::loaded_names(reference)?
+        .into_iter()
+        .map(|n| {
+            let key = hex_lower(&sha2::Sha256::digest(n.as_bytes()));
+            format!("{LOADED_IMAGES_DIR}/{key}.tar")
+        })
+        .collect())
+}
+
+fn hex_lower(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The registry an image reference pulls from, as `host[:port]` of its
 /// API in lowercase (Docker Hub's names are `registry-1.docker.io`): what
 /// a registry's credentials must name before they go with the pull.

@@ -98,6 +98,34 @@ impl Reference {
     }
 }
 
+impl Reference {
+    /// The spellings `docker load` may have recorded this image under, the
+    /// input first: Docker's familiar one (`alpine:3`, `user/app:v1`) and
+    /// the full one (`docker.io/library/alpine:3`, as buildah writes). A
+    /// digest is no archive's name: only the input.
+    pub(crate) fn loaded_names(input: &str) -> Result<Vec<String>, OciError> {
+        let r = Self::parse(input)?;
+        let mut names = vec![input.to_owned()];
+        if !r.reference.starts_with("sha256:") {
+            let tag = &r.reference;
+            if r.registry == DOCKER_HUB_API {
+                let familiar = r
+                    .repository
+                    .strip_prefix("library/")
+                    .unwrap_or(&r.repository);
+                names.push(format!("{familiar}:{tag}"));
+                names.push(format!("{DOCKER_HUB}/{}:{tag}", r.repository));
+            } else {
+                names.push(format!("{}/{}:{tag}", r.registry, r.repository));
+            }
+        }
+        names.dedup();
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        Ok(names)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +160,30 @@ mod tests {
             parse(&format!("ghcr.io/o/r:t@{d}")),
             ("ghcr.io".into(), "o/r".into(), d)
         );
+    }
+
+    #[test]
+    fn loaded_names_are_the_familiar_and_the_full_spelling() {
+        let names = |s: &str| Reference::loaded_names(s).unwrap();
+        assert_eq!(
+            names("langsmith-snapshot-build:abc"),
+            [
+                "langsmith-snapshot-build:abc",
+                "docker.io/library/langsmith-snapshot-build:abc"
+            ]
+        );
+        assert_eq!(
+            names("docker.io/user/app"),
+            [
+                "docker.io/user/app",
+                "user/app:latest",
+                "docker.io/user/app:latest"
+            ]
+        );
+        assert_eq!(names("reg.io:5000/a/b:1"), ["reg.io:5000/a/b:1"]);
+        let d = format!("x@sha256:{}", "a".repeat(64));
+        assert_eq!(names(&d), vec![d]);
+        assert!(Reference::loaded_names("Bad").is_err());
     }
 
     #[test]

@@ -16,7 +16,8 @@ pub(super) const VARIANT: &str = "minbase";
 /// [`allow_pip_install`]); `rg` is ripgrep; `ip` and `ss` are iproute2;
 /// `rclone` and `fuse3` make bucket mounts (S3, GCS) in the guest; `node`
 /// and boto3 are what the SDKs' examples run in a sandbox (npm comes from
-/// its own registry package: see `npm.rs`).
+/// its own registry package: see `npm.rs`; `buildah`, for the Dockerfile
+/// builds of LangSmith's SDK, is installed after: see [`finish`]).
 pub(super) const INCLUDE: [&str; 19] = [
     "bash",
     "sudo",
@@ -101,9 +102,13 @@ pub(super) fn copy_tree(from: &Path, to: &Path) -> Result<(), ImageError> {
 /// Applies Hearth's changes to a bootstrapped `tree`: the `extra` packages,
 /// npm, user `user` (with passwordless sudo), and what a sandbox must not inherit from the build.
 pub(super) fn finish(tree: &Path, extra: &[&str], p: &dyn Progress) -> Result<(), ImageError> {
-    if !extra.is_empty() {
-        install_extra(tree, extra, p)?;
-    }
+    // buildah through apt (a debootstrap `--include` of it fails to
+    // configure golang-github-containers-common), with the commands that
+    // make it answer as BuildKit and Docker.
+    let mut packages = vec![super::buildkit::PACKAGE];
+    packages.extend_from_slice(extra);
+    install_extra(tree, &packages, p)?;
+    super::buildkit::install(tree)?;
     super::npm::install(tree, p)?;
 
     add_user(tree)?;

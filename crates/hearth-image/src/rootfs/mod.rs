@@ -7,6 +7,7 @@
 //! mirror serves the same packages). Old recipe versions are left in place:
 //! existing sandboxes may still be layered on them.
 
+mod buildkit;
 mod busybox;
 mod code_interpreter;
 mod debian;
@@ -264,6 +265,7 @@ fn recipe_inputs(
                 "npm".to_owned(),
                 format!("{} {}", npm::VERSION, npm::INTEGRITY),
             );
+            inputs.insert("buildkit_blake3".to_owned(), buildkit::fingerprint());
         }
         ImageName::CodeInterpreter => {
             inputs.insert("suite".to_owned(), cfg.suite.clone());
@@ -275,6 +277,7 @@ fn recipe_inputs(
                 format!("{} {}", npm::VERSION, npm::INTEGRITY),
             );
             inputs.insert("files_blake3".to_owned(), code_interpreter::fingerprint());
+            inputs.insert("buildkit_blake3".to_owned(), buildkit::fingerprint());
         }
     }
     Ok(inputs)
