@@ -118,19 +118,25 @@ impl HostApi for InProcessHost {
     }
 
     async fn import_image(&self, req: ImportImage) -> HostResult<ImportedImage> {
-        let source = hearth_image::OciSource::Registry {
-            reference: req.reference,
-            auth: req.auth.map(|a| hearth_image::RegistryAuth {
-                username: a.username,
-                password: a.password,
-            }),
-            insecure_http: req.insecure_http,
-        };
-        let (captured, image) = self
-            .0
-            .import_oci(source, req.capacity, &req.volume)
-            .await
-            .map_err(|e| self.error(e))?;
+        let (captured, image) = match &req.from_vm {
+            Some(archive) => {
+                self.0
+                    .import_from_guest(archive, req.capacity, &req.volume)
+                    .await
+            }
+            None => {
+                let source = hearth_image::OciSource::Registry {
+                    reference: req.reference,
+                    auth: req.auth.map(|a| hearth_image::RegistryAuth {
+                        username: a.username,
+                        password: a.password,
+                    }),
+                    insecure_http: req.insecure_http,
+                };
+                self.0.import_oci(source, req.capacity, &req.volume).await
+            }
+        }
+        .map_err(|e| self.error(e))?;
         Ok(ImportedImage {
             captured,
             digest: image.digest,

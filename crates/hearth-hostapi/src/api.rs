@@ -106,11 +106,16 @@ pub struct StopVm {
     pub save_memory: bool,
 }
 
-/// Builds a snapshot's disk from an OCI image in a registry.
+/// Builds a snapshot's disk from an OCI image in a registry, or from an
+/// image archive inside one of the host's VMs ([`ImportImage::from_vm`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportImage {
     /// `[registry/]name[:tag][@digest]`.
     pub reference: String,
+    /// The image is a `docker save` archive inside this VM, not in a
+    /// registry (`reference` only names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_vm: Option<VmArchive>,
     /// Plain HTTP (registries on loopback).
     #[serde(default)]
     pub insecure_http: bool,
@@ -122,6 +127,15 @@ pub struct ImportImage {
     /// `registry_id`); none pulls anonymously.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<ImportAuth>,
+}
+
+/// An image archive inside a VM: the first of `paths` that exists, read
+/// through the VM's guest agent (at most `max_bytes`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmArchive {
+    pub vm: VmId,
+    pub paths: Vec<String>,
+    pub max_bytes: u64,
 }
 
 /// Registry credentials for an import; `Debug` never shows the password.

@@ -33,7 +33,7 @@ pub mod types;
 
 pub use api::{
     ErrorKind, HostApi, HostApiError, HostResult, HostStatus, ImportAuth, ImportImage,
-    ImportedImage, StopVm, StoreGc, TemplateUsage, VmUsage,
+    ImportedImage, StopVm, StoreGc, TemplateUsage, VmArchive, VmUsage,
 };
 pub use changes::{ChangeCursor, ChangeJournal, VmChanges};
 pub use guest::{

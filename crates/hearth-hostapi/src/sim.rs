@@ -560,6 +560,14 @@ impl HostApi for SimHost {
                 "an import needs an image reference and a volume",
             ));
         }
+        if let Some(a) = &req.from_vm {
+            // The archive is read from the VM's guest: it must be running.
+            let mut st = self.state();
+            let rec = vm_mut(&mut st, a.vm)?;
+            if rec.state != VmState::Ready {
+                return Err(wrong_state(a.vm, rec.state, "ready"));
+            }
+        }
         self.state().volumes.insert(req.volume.clone());
         self.state().imports.push(req.clone());
         Ok(ImportedImage {
@@ -1154,6 +1162,7 @@ mod tests {
             paused_ms: None,
         };
         let import = ImportImage {
+            from_vm: None,
             reference: "alpine".into(),
             insecure_http: false,
             capacity: ByteSize::gib(1),
@@ -1246,6 +1255,7 @@ mod tests {
 
         let imported = h
             .import_image(ImportImage {
+                from_vm: None,
                 reference: "docker.io/library/alpine:3".into(),
                 insecure_http: false,
                 capacity: ByteSize::gib(1),

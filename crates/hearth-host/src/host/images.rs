@@ -69,6 +69,83 @@ impl Host {
         ))
     }
 
+    /// Builds a snapshot from an image archive inside the VM
+    /// `archive.vm` (what `docker load` kept there): the first of its paths
+    /// that exists is read through the guest agent into a file of the
+    /// host's (at most `max_bytes`: the guest is not trusted to stop) and
+    /// imported as [`Host::import_oci`] imports a `docker save` tarball.
+    pub async fn import_from_guest(
+        &self,
+        archive: &hearth_hostapi::VmArchive,
+        capacity: ByteSize,
+        name: &str,
+    ) -> Result<(Captured, hearth_image::OciImage), HostError> {
+        use tokio::io::AsyncWriteExt;
+        let id = archive.vm;
+        let guest = self.guest(id)?;
+        let dir = self.cfg.data_dir.join("imports");
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| HostError::Io { id, what, source }
+        };
+        private_dir(&dir).map_err(io("create the imports dir"))?;
+        let file = dir.join(format!("{name}.tar"));
+        let copied = async {
+            let mut reader = None;
+            for path in &archive.paths {
+                match guest.read_file(path, 0, None).await {
+                    Ok(r) => {
+                        reader = Some(r);
+                        break;
+                    }
+                    Err(e) if e.op_kind() == Some(hearth_guest_proto::OpErrorKind::NotFound) => {}
+                    Err(e) => return Err(HostError::Guest(e)),
+                }
+            }
+            let mut reader = reader.ok_or_else(|| {
+                HostError::Invalid(
+                    "the sandbox has no such image: build it (buildctl … --output type=docker) \
+                     or `docker load` it first"
+                        .into(),
+                )
+            })?;
+            if reader.size > archive.max_bytes {
+                return Err(HostError::Invalid(format!(
+                    "the image's archive is {} bytes, more than the {} a capture reads",
+                    reader.size, archive.max_bytes
+                )));
+            }
+            let mut out = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&file)
+                .await
+                .map_err(io("create the image archive"))?;
+            while let Some(chunk) = reader.next_chunk().await? {
+                out.write_all(&chunk)
+                    .await
+                    .map_err(io("write the image archive"))?;
+            }
+            out.flush().await.map_err(io("write the image archive"))?;
+            Ok(())
+        }
+        .await;
+        let result = match copied {
+            Ok(()) => {
+                self.import_oci(
+                    hearth_image::OciSource::Archive(file.clone()),
+                    capacity,
+                    name,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        remove_file_logged(&file);
+        result
+    }
+
     /// Collects the store's garbage: old generations beyond the newest few
     /// of each volume, then chunks no manifest references (see
     /// `hearth_store::gc`). Exactly one process per store may run it.
