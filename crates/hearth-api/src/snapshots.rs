@@ -100,8 +100,9 @@ pub struct CaptureSnapshotRequest {
     /// from the snapshot resume its processes. Default false.
     #[serde(default)]
     pub include_memory: bool,
-    /// Export a Docker image that exists inside the sandbox (not supported:
-    /// rejected with 422).
+    /// Export this Docker image inside the sandbox (as `docker load` kept
+    /// it: LangSmith's Dockerfile snapshots) instead of its root
+    /// filesystem; its `User`, `WorkingDir` and `Env` become the run config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub docker_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,11 +151,13 @@ pub const MAX_DESCRIPTION: usize = 1024;
 impl CaptureSnapshotRequest {
     /// The checked request: its `name:tag`.
     pub fn validate(&self) -> Result<crate::SnapshotRef, ApiError> {
-        if self.docker_image.is_some() {
-            return Err(ApiError::validation(
-                "docker_image",
-                "exporting a Docker image from inside a sandbox is not supported; capture the root filesystem",
-            ));
+        if let Some(image) = &self.docker_image {
+            if image.trim().is_empty() || image.len() > 512 {
+                return Err(ApiError::validation(
+                    "docker_image",
+                    "docker_image must be an image reference of at most 512 bytes",
+                ));
+            }
         }
         if self.checkpoint.is_some() {
             return Err(ApiError::validation(

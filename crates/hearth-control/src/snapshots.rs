@@ -73,6 +73,7 @@ impl Control {
             include_memory: req.include_memory,
             run_config: req.run_config,
             fs_capacity_bytes: req.fs_capacity_bytes,
+            docker_image: req.docker_image,
             labels: req.labels,
             description: req.description,
         };
@@ -102,6 +103,9 @@ impl Control {
         // becomes the creator of whatever starts from it, so it needs the
         // same right as reading them, as fork and links do.
         who.require_runtime(&row)?;
+        if let Some(image) = &req.docker_image {
+            return self.capture_image(who, row, reference, image, req).await;
+        }
         if !row.persistent {
             return Err(DomainError::conflict(format!(
                 "sandbox {} is not persistent: its writes are discarded, so it cannot be captured",
@@ -204,6 +208,91 @@ impl Control {
         Ok(snap)
     }
 
+    /// A capture of the image `image` inside the sandbox (`row`, the
+    /// caller's to read) rather than of its disk: the archive `docker load`
+    /// kept there is read by the sandbox's host and imported as a
+    /// registry's image is, its configuration (under the request's) the
+    /// snapshot's run config. The sandbox must be running (its guest reads
+    /// the file); persistence does not matter, as the disk is not taken.
+    async fn capture_image(
+        self: &Arc<Self>,
+        who: &Principal,
+        row: hearth_db::SandboxRow,
+        reference: hearth_types::rules::SnapshotRef,
+        image: &str,
+        req: &Capture,
+    ) -> Result<SnapshotRow, DomainError> {
+        if req.include_memory {
+            return Err(DomainError::invalid(
+                "include_memory",
+                "include_memory captures the sandbox's memory; an image exported with docker_image has none",
+            ));
+        }
+        let paths = hearth_image::oci::loaded_archive_paths(image)
+            .map_err(|e| DomainError::invalid("docker_image", format!("docker_image: {e}")))?;
+        if row.status != SandboxStatus::Ready {
+            return Err(DomainError::conflict(format!(
+                "sandbox {} is {}; exporting an image from it needs it running",
+                row.name,
+                row.status.as_str()
+            )));
+        }
+        let host_id = row
+            .host_id
+            .ok_or_else(|| DomainError::conflict(format!("sandbox {} has no host", row.name)))?;
+        let capacity = match req.fs_capacity_bytes {
+            None => row.fs_capacity,
+            Some(b) => hearth_types::ByteSize(
+                u64::try_from(b)
+                    .ok()
+                    .filter(|&b| b >= hearth_image::oci::MIN_CAPACITY.bytes())
+                    .ok_or_else(|| {
+                        DomainError::invalid(
+                            "fs_capacity_bytes",
+                            format!("fs_capacity_bytes must be at least 16 MiB, got {b}"),
+                        )
+                    })?,
+            ),
+        };
+        self.check_disk_size(capacity)?;
+        let host = self
+            .host(host_id)
+            .await
+            .ok_or_else(|| DomainError::Unreachable(format!("host {host_id} is not reachable")))?;
+        let snap = SnapshotRow {
+            labels: req.labels.clone().unwrap_or_default(),
+            docker_image: Some(image.to_owned()),
+            description: req.description.clone(),
+            source_sandbox_id: Some(row.id),
+            // Its kernel and initramfs; the disk is the image's.
+            ..building(
+                who.workspace_id,
+                &reference,
+                hearth_types::image::ImageName::Busybox.as_str(),
+                capacity,
+            )
+        };
+        self.insert_building(who.workspace_id, &snap).await?;
+        let import = ImportImage {
+            reference: image.to_owned(),
+            from_vm: Some(hearth_hostapi::VmArchive {
+                vm: vm_id(row.id),
+                paths,
+                // The archive lives on the sandbox's disk.
+                max_bytes: row.fs_capacity.bytes(),
+            }),
+            insecure_http: false,
+            auth: None,
+            capacity,
+            volume: snap.volume.clone().unwrap_or_default(),
+        };
+        let (control, building, over) = (self.clone(), snap.clone(), req.run_config.clone());
+        tokio::spawn(async move {
+            control.import_into(building, host, import, over).await;
+        });
+        Ok(snap)
+    }
+
     /// `POST /snapshots`: build a snapshot from an OCI image in a
     /// registry. Registries on loopback are reached over plain HTTP, all
     /// others over HTTPS; with `registry_id`, as that registry's `url`
@@ -247,6 +336,7 @@ impl Control {
         let image_ref = req.docker_image.clone();
         tokio::spawn(async move {
             let import = ImportImage {
+                from_vm: None,
                 insecure_http: plain_http,
                 reference: image_ref,
                 auth,

@@ -17,8 +17,12 @@ pub(crate) struct Capture {
     /// Replaces the captured run configuration's `user`/`work_dir` and
     /// merges its `env_vars` (LangSmith's `run_config`, as stored).
     pub run_config: Option<hearth_api::RunConfig>,
-    /// A larger disk for what is made from it; never smaller.
+    /// A larger disk for what is made from it; never smaller. With
+    /// `docker_image`, the image's disk (any size the rules allow).
     pub fs_capacity_bytes: Option<i64>,
+    /// Not the sandbox's disk but this image inside it, as `docker load`
+    /// kept it (LangSmith's Dockerfile snapshots).
+    pub docker_image: Option<String>,
     /// The snapshot's labels; none: the sandbox's.
     pub labels: Option<BTreeMap<String, String>>,
     pub description: Option<String>,

@@ -1137,6 +1137,7 @@ impl Builder {
             .await
             .map_err(|e| fail(e.to_string()))?;
         let import = ImportImage {
+            from_vm: None,
             insecure_http: crate::snapshots::on_loopback(reference),
             reference: reference.to_owned(),
             auth: auth.map(|(username, password)| ImportAuth { username, password }),
@@ -1718,6 +1719,7 @@ impl Builder {
             include_memory: memory,
             run_config: Some(self.settings.run_config()),
             fs_capacity_bytes: None,
+            docker_image: None,
             labels: Some([(LAYER_TEMPLATE_LABEL.to_owned(), self.build.name.clone())].into()),
             description: Some(format!("template {} (build cache)", self.build.name)),
         };

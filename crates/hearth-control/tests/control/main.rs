@@ -23,6 +23,7 @@ mod console;
 mod control_keys;
 mod delegation;
 mod dependency_graph;
+mod dockerfile;
 mod e2b;
 mod e2b_fuzz;
 mod e2b_surface;

@@ -451,6 +451,11 @@ fn exercises() -> Vec<(&'static str, Value)> {
                    "labels": {"kind": "captured"}, "description": "captured by the guard"}),
         ),
         (
+            "capture",
+            json!({"name": "surface-image", "docker_image": "langsmith-snapshot-build:x",
+                   "fs_capacity_bytes": GIB}),
+        ),
+        (
             "create_registry",
             json!({"name": "surface-reg", "url": "https://registry.test", "auth_type": "DOCKER_CONFIG",
                    "username": "robot", "password": "first"}),

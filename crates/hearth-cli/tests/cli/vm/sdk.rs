@@ -63,11 +63,12 @@ const FIRST_HALF: &[&str] = &[
 ];
 
 /// The rest, each standing alone: snapshots with memory, an OCI image
-/// (and a private registry's), volumes, usage and batch delete, a fork, and the burst (last: it empties the workspace first).
+/// (and a private registry's), a Dockerfile's snapshot, volumes, usage and batch delete, a fork, and the burst (last: it empties the workspace first).
 const SECOND_HALF: &[&str] = &[
     "test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not",
     "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env",
     "test_private_registry_pulls_with_its_credentials_over_tls",
+    DOCKERFILE_TEST,
     "test_volumes_have_one_writer_any_readers_and_outlive_their_sandboxes",
     "test_usage_and_batch_delete_through_the_api_client",
     "test_fork_children_resume_the_parents_processes_each_a_machine_of_its_own",
@@ -76,6 +77,7 @@ const SECOND_HALF: &[&str] = &[
 
 const BURST_TEST: &str = "test_burst_of_creates_ends_ready_or_with_clear_errors";
 const OCI_TEST: &str = "test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env";
+const DOCKERFILE_TEST: &str = "test_snapshot_from_dockerfile_builds_stages_with_args_and_a_target";
 /// The first start on a machine builds the default Debian image.
 const START_LIMIT: Duration = Duration::from_secs(30 * 60);
 
@@ -134,8 +136,13 @@ impl Server {
         // The code interpreter's image is built by the test that uses
         // it, on first use; the others need not wait for it.
         cmd.args(["up", "--listen", &format!("127.0.0.1:{port}")])
-            .arg("--no-code-interpreter-image")
-            .env("HEARTH_DATA_DIR", dir)
+            .arg("--no-code-interpreter-image");
+        // The suite's own settings (`allow_guest_registry`), if any.
+        let config = dir.join("hearth.toml");
+        if config.is_file() {
+            cmd.arg("--config").arg(config);
+        }
+        cmd.env("HEARTH_DATA_DIR", dir)
             .env("NO_COLOR", "1")
             .env("HEARTH_LOG", "info")
             .stdin(Stdio::null())
@@ -411,6 +418,11 @@ fn test_tls(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 /// Starts `docker-registry` on `config` and waits until it listens.
 fn serve_registry(config: &Path, port: u16) -> Child {
+    serve_registry_at(config, [127, 0, 0, 1], port)
+}
+
+/// [`serve_registry`] on loopback address `ip`.
+fn serve_registry_at(config: &Path, ip: [u8; 4], port: u16) -> Child {
     let child = Command::new("docker-registry")
         .arg("serve")
         .arg(config)
@@ -419,7 +431,7 @@ fn serve_registry(config: &Path, port: u16) -> Child {
         .spawn()
         .expect("start docker-registry");
     let t = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while TcpStream::connect((std::net::Ipv4Addr::from(ip), port)).is_err() {
         assert!(
             t.elapsed() < Duration::from_secs(30),
             "docker-registry did not listen on {port}"
@@ -615,6 +627,168 @@ impl Drop for OciRegistry {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Where sandboxes reach [`GuestRegistry`]: a loopback address no other
+/// test uses, which the suite's `hearth up` allows its egress proxy to
+/// reach (`allow_private`), under a name it resolves there (`hosts`).
+const GUEST_REGISTRY_IP: [u8; 4] = [127, 0, 0, 77];
+const GUEST_REGISTRY_NAME: &str = "registry.hearth.test";
+
+/// What `hearth up` needs for sandboxes to reach a [`GuestRegistry`]:
+/// written as `<dir>/hearth.toml`, which [`Server::start`] passes.
+fn allow_guest_registry(dir: &Path) {
+    let ip = std::net::Ipv4Addr::from(GUEST_REGISTRY_IP);
+    std::fs::write(
+        dir.join("hearth.toml"),
+        format!(
+            "[network]\nallow_private = [\"{ip}/32\"]\n\n[network.hosts]\n\"{GUEST_REGISTRY_NAME}\" = [\"{ip}\"]\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// A `docker-registry` that sandboxes pull from themselves (the Dockerfile
+/// builds' `FROM`), through their egress proxy, over TLS: its certificate
+/// for [`GUEST_REGISTRY_NAME`] is signed by the server's egress CA, which
+/// every guest trusts (the proxy splices the connection untouched). It
+/// holds `busybox:t`, busybox with the applets a Dockerfile's `RUN` uses.
+struct GuestRegistry {
+    child: Child,
+    reference: String,
+}
+
+impl GuestRegistry {
+    /// Starts it for the server on `dir` (its egress CA made).
+    fn start(dir: &Path) -> Result<Self, String> {
+        let reg = dir.join("guest-registry");
+        std::fs::create_dir_all(&reg).unwrap();
+        let ca = dir.join("egress-ca");
+        let (key, csr, cert, ext) = (
+            reg.join("server.key"),
+            reg.join("server.csr"),
+            reg.join("server.pem"),
+            reg.join("server.ext"),
+        );
+        run_out(
+            Command::new("openssl")
+                .args(["req", "-new", "-newkey", "ec", "-pkeyopt"])
+                .args(["ec_paramgen_curve:prime256v1", "-nodes", "-keyout"])
+                .arg(&key)
+                .args(["-subj", &format!("/CN={GUEST_REGISTRY_NAME}"), "-out"])
+                .arg(&csr),
+        )?;
+        std::fs::write(
+            &ext,
+            format!("subjectAltName=DNS:{GUEST_REGISTRY_NAME}\nextendedKeyUsage=serverAuth\n"),
+        )
+        .unwrap();
+        run_out(
+            Command::new("openssl")
+                .args(["x509", "-req", "-days", "2", "-in"])
+                .arg(&csr)
+                .arg("-CA")
+                .arg(ca.join("ca.pem"))
+                .arg("-CAkey")
+                .arg(ca.join("ca.key"))
+                .arg("-CAcreateserial")
+                .arg("-CAserial")
+                .arg(reg.join("ca.srl"))
+                .arg("-extfile")
+                .arg(&ext)
+                .arg("-out")
+                .arg(&cert),
+        )?;
+        let port = free_port();
+        let ip = std::net::Ipv4Addr::from(GUEST_REGISTRY_IP);
+        let config = reg.join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+                 http:\n  addr: {ip}:{port}\n  tls:\n    certificate: {}\n    key: {}\n",
+                reg.join("registry").display(),
+                cert.display(),
+                key.display()
+            ),
+        )
+        .unwrap();
+        let mut child = serve_registry_at(&config, GUEST_REGISTRY_IP, port);
+        let pushed = push_busybox_tools(&reg, &format!("{ip}:{port}/busybox:t"));
+        if let Err(e) = pushed {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+        Ok(Self {
+            child,
+            reference: format!("{GUEST_REGISTRY_NAME}:{port}/busybox:t"),
+        })
+    }
+}
+
+impl Drop for GuestRegistry {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Builds `busybox:t` (busybox with links for the applets a Dockerfile's
+/// steps use, `PATH=/bin`) with umoci in `dir` and pushes it to
+/// `reference` (over TLS, not verified: the test's own registry).
+fn push_busybox_tools(dir: &Path, reference: &str) -> Result<(), String> {
+    let layout = dir.join("layout");
+    let bundle = dir.join("bundle");
+    let image = format!("{}:t", layout.display());
+    run_out(
+        Command::new("umoci")
+            .arg("init")
+            .arg("--layout")
+            .arg(&layout),
+    )?;
+    run_out(Command::new("umoci").args(["new", "--image", &image]))?;
+    run_out(
+        Command::new("umoci")
+            .args(["unpack", "--image", &image])
+            .arg(&bundle),
+    )?;
+    let root = bundle.join("rootfs");
+    for d in ["bin", "etc", "tmp"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    for applet in [
+        "sh", "echo", "cat", "cp", "mkdir", "ls", "id", "pwd", "test", "true", "false", "env",
+    ] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n").unwrap();
+    run_out(
+        Command::new("umoci")
+            .args(["repack", "--image", &image])
+            .arg(&bundle),
+    )?;
+    run_out(Command::new("umoci").args([
+        "config",
+        "--image",
+        &image,
+        "--config.env",
+        "PATH=/bin",
+    ]))?;
+    run_out(
+        Command::new("skopeo")
+            .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+            .arg(format!("oci:{image}"))
+            .arg(format!("docker://{reference}")),
+    )
 }
 
 /// A `docker-registry` on a free loopback port holding `debian:t`, the
@@ -817,6 +991,10 @@ fn suite(part: &str, tests: &[&str]) {
     } else {
         None
     };
+    let dockerfile = tests.contains(&DOCKERFILE_TEST) && registry.is_some();
+    if dockerfile {
+        allow_guest_registry(&dir);
+    }
     let burst = tests.contains(&BURST_TEST);
     // The private registry's CA, trusted by the server's pulls.
     let trust: Vec<(&str, PathBuf)> = registry
@@ -824,6 +1002,10 @@ fn suite(part: &str, tests: &[&str]) {
         .map(|r| ("SSL_CERT_FILE", r.private.ca_bundle.clone()))
         .collect();
     let mut server = Server::start(&dir, &trust);
+    // After the start: its certificate is signed by the server's egress CA.
+    let guest_registry = dockerfile.then(|| {
+        GuestRegistry::start(&dir).unwrap_or_else(|e| panic!("the guests' registry: {e}"))
+    });
 
     // A second workspace with its own key: its view must not include the
     // default workspace's sandboxes.
@@ -856,6 +1038,9 @@ fn suite(part: &str, tests: &[&str]) {
             .env("HEARTH_SDK_PRIVATE_IMAGE", &registry.private.reference)
             .env("HEARTH_SDK_PRIVATE_USER", PRIVATE_USER)
             .env("HEARTH_SDK_PRIVATE_PASSWORD", PRIVATE_PASSWORD);
+    }
+    if let Some(g) = &guest_registry {
+        cmd.env("HEARTH_SDK_GUEST_IMAGE", &g.reference);
     }
     let suite_started = Instant::now();
     let mut py = cmd.spawn().unwrap();
