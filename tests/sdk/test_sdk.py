@@ -874,14 +874,21 @@ def test_snapshot_with_memory_resumes_a_server_and_restore_memory_false_does_not
     expect_error(ResourceNotFoundError, client.get_snapshot, snap_id)
 
 
-def test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env():
-    ref = os.environ.get("HEARTH_SDK_OCI_IMAGE")
-    if not ref:
-        msg = "HEARTH_SDK_OCI_IMAGE (an image in a local registry, pushed by sdk.rs) is not set"
+def oci_env(name, what):
+    """The variable `name` that sdk.rs sets when the OCI tools are here;
+    without it the test skips loudly, or fails under HEARTH_REQUIRE_OCI."""
+    value = os.environ.get(name)
+    if not value:
+        msg = f"{name} ({what}) is not set"
         if os.environ.get("HEARTH_REQUIRE_OCI"):
             raise AssertionError(f"HEARTH_REQUIRE_OCI is set but {msg}")
         log(f"!!!!!!!! SKIPPED: {msg} !!!!!!!!")
         raise Skip(msg)
+    return value
+
+
+def test_snapshot_from_oci_image_runs_its_entrypoint_with_its_env():
+    ref = oci_env("HEARTH_SDK_OCI_IMAGE", "an image in a local registry, pushed by sdk.rs")
     name = unique("sdk-oci")
     t = time.monotonic()
     snap = client.create_snapshot(name, docker_image=ref, fs_capacity_bytes=256 * MIB, timeout=SNAPSHOT_TIMEOUT)
@@ -929,13 +936,7 @@ def test_snapshot_from_dockerfile_builds_stages_with_args_and_a_target():
     unknown instruction fail the build, each named in the build's log."""
     import tempfile
 
-    base = os.environ.get("HEARTH_SDK_GUEST_IMAGE")
-    if not base:
-        msg = "HEARTH_SDK_GUEST_IMAGE (a registry sandboxes reach, from sdk.rs) is not set"
-        if os.environ.get("HEARTH_REQUIRE_OCI"):
-            raise AssertionError(f"HEARTH_REQUIRE_OCI is set but {msg}")
-        log(f"!!!!!!!! SKIPPED: {msg} !!!!!!!!")
-        raise Skip(msg)
+    base = oci_env("HEARTH_SDK_GUEST_IMAGE", "an image in a registry sandboxes reach, from sdk.rs")
     ctx = tempfile.mkdtemp(prefix="hearth-dockerfile-")
     with open(os.path.join(ctx, "Dockerfile"), "w") as f:
         f.write(DOCKERFILE.format(base=base))

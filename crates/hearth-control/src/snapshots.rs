@@ -261,16 +261,9 @@ impl Control {
             .ok_or_else(|| DomainError::Unreachable(format!("host {host_id} is not reachable")))?;
         let snap = SnapshotRow {
             labels: req.labels.clone().unwrap_or_default(),
-            docker_image: Some(image.to_owned()),
             description: req.description.clone(),
             source_sandbox_id: Some(row.id),
-            // Its kernel and initramfs; the disk is the image's.
-            ..building(
-                who.workspace_id,
-                &reference,
-                hearth_types::image::ImageName::Busybox.as_str(),
-                capacity,
-            )
+            ..building_image(who.workspace_id, &reference, image, capacity)
         };
         self.insert_building(who.workspace_id, &snap).await?;
         let import = ImportImage {
@@ -318,16 +311,9 @@ impl Control {
         let (_, host) = self.any_host().await?;
         let snap = SnapshotRow {
             labels: req.labels.clone().unwrap_or_default(),
-            docker_image: Some(req.docker_image.clone()),
             description: req.description.clone(),
             registry_id: req.registry_id.map(|id| id.to_string()),
-            // Its kernel and initramfs; the disk is the image's.
-            ..building(
-                who.workspace_id,
-                &reference,
-                hearth_types::image::ImageName::Busybox.as_str(),
-                capacity,
-            )
+            ..building_image(who.workspace_id, &reference, &req.docker_image, capacity)
         };
         self.insert_building(who.workspace_id, &snap).await?;
         let control = self.clone();
@@ -675,6 +661,25 @@ impl Control {
 
 /// A new snapshot row, `building`, whose data will be the store volume
 /// `snap-<id>`.
+/// [`building`] for a snapshot of the OCI image `image`: the image is its
+/// disk; its kernel and initramfs are busybox's.
+fn building_image(
+    ws: WorkspaceId,
+    reference: &hearth_api::SnapshotRef,
+    image: &str,
+    capacity: hearth_types::ByteSize,
+) -> SnapshotRow {
+    SnapshotRow {
+        docker_image: Some(image.to_owned()),
+        ..building(
+            ws,
+            reference,
+            hearth_types::image::ImageName::Busybox.as_str(),
+            capacity,
+        )
+    }
+}
+
 pub(crate) fn building(
     ws: WorkspaceId,
     reference: &hearth_api::SnapshotRef,

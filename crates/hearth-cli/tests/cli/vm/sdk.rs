@@ -566,6 +566,34 @@ impl OciRegistry {
 /// OCI layout reference of the image.
 fn push_hello(dir: &Path, reference: &str) -> Result<String, String> {
     use std::os::unix::fs::PermissionsExt;
+    let config = [
+        "--config.env",
+        "GREETING=hi-from-oci",
+        "--config.entrypoint",
+        "/hello",
+        "--config.workingdir",
+        "/work",
+    ];
+    push_busybox_image(dir, reference, &config, |root| {
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::create_dir_all(root.join("work")).unwrap();
+        std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+        std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+        let hello = root.join("hello");
+        std::fs::write(&hello, "#!/bin/sh\necho \"greeting: $GREETING\"\n").unwrap();
+        std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).unwrap();
+    })
+}
+
+/// Makes an image with umoci in `dir` (its tree filled by `fill`, its
+/// configuration `umoci config` options), pushes it to `reference` with
+/// skopeo; the OCI layout reference of the image.
+fn push_busybox_image(
+    dir: &Path,
+    reference: &str,
+    config: &[&str],
+    fill: impl FnOnce(&Path),
+) -> Result<String, String> {
     let layout = dir.join("layout");
     let bundle = dir.join("bundle");
     let image = format!("{}:t", layout.display());
@@ -581,30 +609,17 @@ fn push_hello(dir: &Path, reference: &str) -> Result<String, String> {
             .args(["unpack", "--image", &image])
             .arg(&bundle),
     )?;
-    let root = bundle.join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(root.join("work")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
-    let hello = root.join("hello");
-    std::fs::write(&hello, "#!/bin/sh\necho \"greeting: $GREETING\"\n").unwrap();
-    std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fill(&bundle.join("rootfs"));
     run_out(
         Command::new("umoci")
             .args(["repack", "--image", &image])
             .arg(&bundle),
     )?;
-    run_out(Command::new("umoci").args([
-        "config",
-        "--image",
-        &image,
-        "--config.env",
-        "GREETING=hi-from-oci",
-        "--config.entrypoint",
-        "/hello",
-        "--config.workingdir",
-        "/work",
-    ]))?;
+    run_out(
+        Command::new("umoci")
+            .args(["config", "--image", &image])
+            .args(config),
+    )?;
     run_out(
         Command::new("skopeo")
             .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
@@ -740,55 +755,24 @@ impl Drop for GuestRegistry {
 /// steps use, `PATH=/bin`) with umoci in `dir` and pushes it to
 /// `reference` (over TLS, not verified: the test's own registry).
 fn push_busybox_tools(dir: &Path, reference: &str) -> Result<(), String> {
-    let layout = dir.join("layout");
-    let bundle = dir.join("bundle");
-    let image = format!("{}:t", layout.display());
-    run_out(
-        Command::new("umoci")
-            .arg("init")
-            .arg("--layout")
-            .arg(&layout),
-    )?;
-    run_out(Command::new("umoci").args(["new", "--image", &image]))?;
-    run_out(
-        Command::new("umoci")
-            .args(["unpack", "--image", &image])
-            .arg(&bundle),
-    )?;
-    let root = bundle.join("rootfs");
-    for d in ["bin", "etc", "tmp"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    for applet in [
-        "sh", "echo", "cat", "cp", "mkdir", "ls", "id", "pwd", "test", "true", "false", "env",
-    ] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-    }
-    std::fs::write(
-        root.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n",
-    )
-    .unwrap();
-    std::fs::write(root.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n").unwrap();
-    run_out(
-        Command::new("umoci")
-            .args(["repack", "--image", &image])
-            .arg(&bundle),
-    )?;
-    run_out(Command::new("umoci").args([
-        "config",
-        "--image",
-        &image,
-        "--config.env",
-        "PATH=/bin",
-    ]))?;
-    run_out(
-        Command::new("skopeo")
-            .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
-            .arg(format!("oci:{image}"))
-            .arg(format!("docker://{reference}")),
-    )
+    push_busybox_image(dir, reference, &["--config.env", "PATH=/bin"], |root| {
+        for d in ["bin", "etc", "tmp"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+        for applet in [
+            "sh", "echo", "cat", "cp", "mkdir", "ls", "id", "pwd", "test", "true", "false", "env",
+        ] {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+        }
+        std::fs::write(
+            root.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n").unwrap();
+    })
+    .map(drop)
 }
 
 /// A `docker-registry` on a free loopback port holding `debian:t`, the
@@ -1126,6 +1110,7 @@ fn suite(part: &str, tests: &[&str]) {
     }
     // The registry's command line names the data directory too.
     drop(registry);
+    drop(guest_registry);
     let left = processes_mentioning(&dir);
     if !left.is_empty() {
         failures.push(format!("processes outlived hearth up: {left:?}"));
