@@ -166,6 +166,14 @@ impl ServerError {
                 (error, msgs.join("; "))
             }
             Some(Value::String(s)) => (None, s.clone()),
+            // E2B's door: `{code, message}`.
+            None if json.as_ref().and_then(|j| j["message"].as_str()).is_some() => (
+                None,
+                json.as_ref()
+                    .and_then(|j| j["message"].as_str())
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
             _ if text.is_empty() || text.len() > 300 => (None, reason.to_owned()),
             _ => (None, text.replace('\n', " ")),
         };
@@ -258,6 +266,21 @@ impl Api {
     /// `{base}/boxes/{name}` and friends: `segments` are encoded one each.
     pub fn path(&self, segments: &[&str]) -> String {
         let mut p = self.base_path.clone();
+        for s in segments {
+            p.push('/');
+            p.push_str(&encode(s));
+        }
+        p
+    }
+
+    /// `{root}/{segments…}`, each encoded: a path outside the sandbox
+    /// API (E2B's `/templates…` on the same server).
+    pub fn root_path(&self, segments: &[&str]) -> String {
+        let mut p = self
+            .base_path
+            .strip_suffix("/api/v2/sandboxes")
+            .unwrap_or_default()
+            .to_owned();
         for s in segments {
             p.push('/');
             p.push_str(&encode(s));

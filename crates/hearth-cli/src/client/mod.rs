@@ -52,6 +52,7 @@ pub use http::socket_endpoints;
 mod pools;
 mod registries;
 mod secrets;
+mod templates;
 mod term;
 mod tunnel;
 mod ws;
@@ -180,6 +181,12 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: secrets::SecretsCommand,
     },
+    /// Templates (built with E2B's `Template` SDK or LangSmith's
+    /// Dockerfile snapshots): list, their builds, a build's log, delete.
+    Template {
+        #[command(subcommand)]
+        command: templates::TemplateCommand,
+    },
 }
 
 pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
@@ -219,6 +226,7 @@ pub async fn run(cmd: ClientCommand, ep: Endpoint) -> anyhow::Result<u8> {
         ClientCommand::Pool { command } => pools::run(&api, command, json).await,
         ClientCommand::Registries { command } => registries::run(&api, command, json).await,
         ClientCommand::Secrets { command } => secrets::run(&api, command, json).await,
+        ClientCommand::Template { command } => templates::run(&api, command, json).await,
     };
     result.map_err(|e| http::hint(e, &api))
 }
