@@ -1329,6 +1329,26 @@ def test_a_template_built_from_an_image_starts_with_its_server_running():
     check(any("about-to-fail" in e.message for e in failed_logs), "the failing step's output is logged")
     check(not Template.exists(name + "-bad"), "no template of a failed build")
 
+    # The same templates through `hearth template` (LangSmith's key).
+    hearth = os.environ.get("HEARTH_BIN")
+    if hearth:
+        import subprocess
+        def cli(*args):
+            return subprocess.run([hearth, *args], capture_output=True, text=True, timeout=60)
+        r = cli("template", "get", name)
+        check(r.returncode == 0 and name in r.stdout and "latest,v1" in r.stdout
+              and bg.build_id in r.stdout, f"hearth template get: {r.stdout} {r.stderr}")
+        r = cli("template", "logs", name, bg.build_id)
+        check(r.returncode == 0 and f"Published {name}:latest" in r.stdout,
+              f"hearth template logs: {r.stdout[-1000:]} {r.stderr}")
+        d.kill()
+        created.remove(d.sandbox_id)
+        r = cli("template", "delete", name + "-df")
+        check(r.returncode == 0, f"hearth template delete: {r.stderr}")
+        r = cli("template", "get", name + "-df")
+        check(r.returncode == 1 and "not found" in r.stderr, f"a deleted template: {r.stderr}")
+        check(not Template.exists(name + "-df"), "the SDK sees the deletion")
+
 
 TESTS = [
     test_create_run_files_and_kill,

@@ -1231,6 +1231,7 @@ fn e2b_suite(part: &str, tests: &[&str]) {
         // The same sandboxes through LangSmith's SDK too.
         .env("LANGSMITH_ENDPOINT", &origin)
         .env("LANGSMITH_API_KEY", &server.api_key)
+        .env("HEARTH_BIN", env!("CARGO_BIN_EXE_hearth"))
         .env("HEARTH_E2B_OTHER_KEY", &other_key)
         .env("HEARTH_E2B_TEMPLATE", "busybox")
         .env(
