@@ -12,6 +12,7 @@ import { Usage } from "./charts.js";
 
 const html = htm.bind(h);
 const GiB = 1024 ** 3;
+const MiB = 1024 ** 2;
 const STATUSES = ["provisioning", "ready", "stopping", "stopped", "failed", "deleting"];
 
 // ---------------------------------------------------------------------------
@@ -482,6 +483,96 @@ function Snapshots() {
   </section>`;
 }
 
+// ---------------------------------------------------------------------------
+// Templates (E2B's template API on the same server: built with E2B's
+// `Template` SDK or LangSmith's Dockerfile snapshots)
+
+function Templates() {
+  const [list, error, reload] = usePoll(() => api("GET", "/templates"), 5000, []);
+  const [run, busy, actionError] = useAction();
+  const remove = (t) => {
+    if (confirm(`Delete template ${t.templateID}? Sandboxes or pools using it keep it.`)) {
+      run(async () => {
+        await api("DELETE", `/templates/${enc(t.templateID)}`);
+        reload();
+      });
+    }
+  };
+  const tags = (t) => (t.names || []).map((n) => n.slice(n.lastIndexOf(":") + 1)).join(", ");
+  return html`<section aria-labelledby="templates-title">
+    <h1 id="templates-title">Templates</h1>
+    <p class="hint">Built with E2B's Template SDK or LangSmith's create_snapshot_from_dockerfile; a sandbox of one resumes its memory.</p>
+    <${Alert} error=${actionError || error} />
+    <div class="table-wrap"><table>
+      <thead><tr><th scope="col">Name</th><th scope="col">Tags</th><th scope="col">Status</th>
+        <th scope="col">Builds</th><th scope="col">Size</th><th scope="col">Updated</th>
+        <th scope="col"><span class="visually-hidden">Actions</span></th></tr></thead>
+      <tbody>${(list || []).map((t) => html`<tr key=${t.templateID} data-template=${t.templateID}>
+        <td><a href=${`#/templates/${enc(t.templateID)}`}>${t.templateID}</a></td><td>${tags(t)}</td>
+        <td><${Status} status=${t.buildStatus} /></td><td>${t.buildCount}</td>
+        <td>${t.cpuCount} vCPU, ${bytes(t.memoryMB * MiB)} memory, ${bytes(t.diskSizeMB * MiB)} disk</td>
+        <td>${since(t.updatedAt)}</td>
+        <td><button class="danger" onClick=${() => remove(t)} disabled=${busy}
+          aria-label=${`Delete template ${t.templateID}`}>Delete</button></td>
+      </tr>`)}</tbody>
+    </table></div>
+  </section>`;
+}
+
+function TemplatePage({ name }) {
+  const [t, error] = usePoll(() => api("GET", `/templates/${enc(name)}`), 5000, [name]);
+  const [shown, setShown] = useState(null);
+  const builds = (t && t.builds) || [];
+  return html`<section aria-labelledby="template-title">
+    <div class="heading"><h1 id="template-title">${name}</h1>${t && html`<${Status} status=${t.buildStatus} />`}</div>
+    <p><a href="#/templates">All templates</a></p>
+    <${Alert} error=${error} />
+    <div class="table-wrap"><table aria-label="Builds">
+      <thead><tr><th scope="col">Build</th><th scope="col">Status</th><th scope="col">Started</th><th scope="col">Finished</th></tr></thead>
+      <tbody>${builds.map((b) => html`<tr key=${b.buildID} data-build=${b.buildID}>
+        <td><button class="link" onClick=${() => setShown(b.buildID)} aria-label=${`Log of build ${b.buildID}`}>${b.buildID}</button></td>
+        <td><${Status} status=${b.status} /></td><td>${b.createdAt}</td><td>${b.finishedAt || ""}</td>
+      </tr>`)}</tbody>
+    </table></div>
+    ${shown && html`<${BuildLog} key=${shown} name=${name} build=${shown} />`}
+  </section>`;
+}
+
+/** A build's log, read by offset as E2B's SDK reads it, until the build ends. */
+function BuildLog({ name, build }) {
+  const [lines, setLines] = useState([]);
+  const [state, setState] = useState({ status: "building" });
+  const [error, setError] = useState(null);
+  useEffect(() => {
+    let stop = false;
+    let offset = 0;
+    const path = `/templates/${enc(name)}/builds/${enc(build)}/status`;
+    (async () => {
+      while (!stop) {
+        try {
+          const v = await api("GET", `${path}?logsOffset=${offset}`);
+          const page = v.logEntries || [];
+          offset += page.length;
+          if (page.length) setLines((old) => old.concat(page));
+          setState(v);
+          if (!page.length && (v.status === "ready" || v.status === "error")) break;
+          if (!page.length) await new Promise((r) => setTimeout(r, 1000));
+        } catch (e) {
+          setError(e);
+          break;
+        }
+      }
+    })();
+    return () => { stop = true; };
+  }, [name, build]);
+  return html`<div class="card">
+    <div class="heading"><h2>Log of build ${build}</h2><${Status} status=${state.status} /></div>
+    ${state.reason && html`<p class="notice">Failed${state.reason.step ? ` at step ${state.reason.step}` : ""}: ${state.reason.message}</p>`}
+    <${Alert} error=${error} />
+    <pre class="build-log" aria-label="Build log">${lines.map((l) => `${l.timestamp} ${l.level} ${l.message}\n`).join("")}</pre>
+  </div>`;
+}
+
 function Secrets() {
   const path = "/api/v1/workspaces/current/secrets";
   const [list, error, reload] = usePoll(() => api("GET", path), 0, []);
@@ -755,6 +846,8 @@ function App() {
   const m = route.match(/^\/sandboxes\/(.+)$/);
   if (m) page = html`<${SandboxPage} name=${decodeURIComponent(m[1])} />`;
   else if (route === "/snapshots") page = html`<${Snapshots} />`;
+  else if (route === "/templates") page = html`<${Templates} />`;
+  else if (route.startsWith("/templates/")) page = html`<${TemplatePage} name=${decodeURIComponent(route.slice("/templates/".length))} />`;
   else if (route === "/secrets") page = html`<${Secrets} />`;
   else if (route === "/keys") page = html`<${Keys} />`;
   else if (route === "/pools") page = html`<${Pools} />`;
@@ -767,6 +860,7 @@ function App() {
       <nav aria-label="Main">
         <a href="#/" aria-current=${current("/")}>Sandboxes</a>
         <a href="#/snapshots" aria-current=${current("/snapshots")}>Snapshots</a>
+        <a href="#/templates" aria-current=${route.startsWith("/templates") ? "page" : undefined}>Templates</a>
         <a href="#/secrets" aria-current=${current("/secrets")}>Secrets</a>
         <a href="#/pools" aria-current=${current("/pools")}>Pools</a>
         <a href="#/keys" aria-current=${current("/keys")}>API keys</a>
