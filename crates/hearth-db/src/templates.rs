@@ -321,6 +321,32 @@ impl Db {
             .map_err(DbError::backend("read build log"))
     }
 
+    /// What explains a failed build: the last `n` of its lines that are
+    /// errors or belong to `step` (the step it failed at; none: the lines
+    /// of no step), oldest first. One bounded read, however long the log.
+    pub async fn build_failure_lines(
+        &self,
+        build: &str,
+        step: Option<&str>,
+        n: u64,
+    ) -> Result<Vec<BuildLogLine>, DbError> {
+        let sql = Sql::new(
+            "SELECT seq, at, level, step, message FROM template_build_logs \
+             WHERE build_id = $1 AND (level = 'error' OR COALESCE(step, '') = $2) \
+             ORDER BY seq DESC LIMIT $3",
+        )
+        .arg(build)
+        .arg(step.unwrap_or(""))
+        .arg(int(n));
+        let mut lines = self
+            .pool
+            .fetch_all(&sql, decode_line)
+            .await
+            .map_err(DbError::backend("read a failed build's lines"))?;
+        lines.reverse();
+        Ok(lines)
+    }
+
     /// The complete upload of the files `hash` of `workspace`, if any.
     pub async fn template_file(
         &self,

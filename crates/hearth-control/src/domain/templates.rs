@@ -71,6 +71,8 @@ const CAPTURE_WAIT: Duration = Duration::from_secs(1800);
 /// How often a running build refreshes its heartbeat (the reaper fails a
 /// build whose heartbeat stopped).
 const HEARTBEAT: Duration = crate::reap::BUILD_HEARTBEAT;
+/// Lines a failed build's status shows with its reason (E2B's `reason.logEntries`).
+const REASON_LINES: u64 = 20;
 /// The longest log line kept; longer ones are cut there.
 const MAX_LINE: usize = 4096;
 /// Most steps one recipe may have.
@@ -532,6 +534,18 @@ impl Control {
     ) -> Result<Vec<BuildLogLine>, DomainError> {
         self.db
             .build_log(&build.id, offset, limit.min(hearth_db::MAX_BUILD_LOG_LINES))
+            .await
+            .map_err(DomainError::from)
+    }
+
+    /// The lines that explain a failed build (its errors and the lines of
+    /// the step it failed at), the last [`REASON_LINES`], oldest first.
+    pub(crate) async fn template_build_failure(
+        &self,
+        build: &TemplateBuildRow,
+    ) -> Result<Vec<BuildLogLine>, DomainError> {
+        self.db
+            .build_failure_lines(&build.id, build.reason_step.as_deref(), REASON_LINES)
             .await
             .map_err(DomainError::from)
     }

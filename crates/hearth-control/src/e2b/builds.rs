@@ -468,21 +468,16 @@ pub async fn status(
     let lines = c.template_build_log(&row, offset, limit).await?;
     let min = level.as_deref().map_or(0, rank);
     let reason = match (&row.reason, row.status.as_str()) {
-        (Some(message), _) => {
-            let tail = c
-                .template_build_log(&row, 0, u64::MAX)
+        (Some(message), _) => Some(Reason {
+            message: message.clone(),
+            step: row.reason_step.clone(),
+            log_entries: c
+                .template_build_failure(&row)
                 .await?
                 .into_iter()
-                .filter(|l| l.level == "error" || l.step == row.reason_step)
-                .rev()
-                .take(20)
-                .collect::<Vec<_>>();
-            Some(Reason {
-                message: message.clone(),
-                step: row.reason_step.clone(),
-                log_entries: tail.into_iter().rev().map(entry).collect(),
-            })
-        }
+                .map(entry)
+                .collect(),
+        }),
         _ => None,
     };
     Ok(Json(BuildInfo {

@@ -71,6 +71,26 @@ async fn a_build_starts_once_ends_once_and_pages_its_log() {
         let now = db.get_template_build(ws.id, &b.id).await.unwrap();
         assert_eq!(now.status, BuildStatus::Error);
         assert_eq!(now.reason_step.as_deref(), Some("2"));
+        // What explains it: the step's lines and any error, the last few,
+        // oldest first.
+        db.append_build_log(
+            &b.id,
+            &[BuildLogLine {
+                seq: 250,
+                at: Timestamp::now(),
+                level: "error".into(),
+                step: Some("finalize".into()),
+                message: "the failure".into(),
+            }],
+        )
+        .await
+        .unwrap();
+        let why = db.build_failure_lines(&b.id, Some("2"), 3).await.unwrap();
+        let said: Vec<&str> = why.iter().map(|l| l.message.as_str()).collect();
+        assert_eq!(said, ["line 248", "line 249", "the failure"]);
+        let why = db.build_failure_lines(&b.id, Some("1"), 200).await.unwrap();
+        assert_eq!(why.len(), 101, "step 1's hundred lines and the error");
+        assert_eq!(why[0].message, "line 100");
         assert!(!db.touch_template_build(&b.id).await.unwrap());
 
         // A build whose heartbeat stopped is failed, saying why.
