@@ -210,6 +210,23 @@ impl Db {
             .map_err(DbError::backend("list template builds"))
     }
 
+    /// How many builds each template name of `workspace` has had (names
+    /// with none are absent).
+    pub async fn template_build_counts(
+        &self,
+        workspace: WorkspaceId,
+    ) -> Result<Vec<(String, u64)>, DbError> {
+        let sql = Sql::new(
+            "SELECT name, COUNT(*) AS builds FROM template_builds \
+             WHERE workspace_id = $1 GROUP BY name",
+        )
+        .arg(workspace.to_string());
+        self.pool
+            .fetch_all(&sql, |r| Ok((r.text("name")?, r.unsigned("builds")?)))
+            .await
+            .map_err(DbError::backend("count template builds"))
+    }
+
     /// Moves a build from `from` to `to` (its reason and snapshot as `b`
     /// has them, `updated_at` now); `Stale` when it was not in `from`
     /// (another call started it, or it ended meanwhile).
@@ -491,14 +508,20 @@ impl Db {
     pub async fn published_snapshots(
         &self,
         workspace: WorkspaceId,
+        name: Option<&str>,
     ) -> Result<Vec<crate::SnapshotRow>, DbError> {
         let sql = Sql::new(&format!(
             "SELECT {} FROM snapshots WHERE workspace_id = $1 AND name NOT LIKE $2 \
-             AND tag NOT LIKE '#%' ORDER BY name, tag",
-            crate::snapshots::SNAPSHOT_COLS
+             AND tag NOT LIKE '#%'{} ORDER BY name, tag",
+            crate::snapshots::SNAPSHOT_COLS,
+            if name.is_some() { " AND name = $3" } else { "" }
         ))
         .arg(workspace.to_string())
         .arg(format!("{}%", hearth_types::rules::LAYER_PREFIX));
+        let sql = match name {
+            Some(n) => sql.arg(n),
+            None => sql,
+        };
         let mut rows = self
             .pool
             .fetch_all(&sql, crate::snapshots::decode_snapshot)

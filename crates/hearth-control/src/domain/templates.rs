@@ -30,7 +30,7 @@
 //! `base`, `1`… (the recipe's steps, counted from 1) or `finalize`; a
 //! failure names its step, as E2B's SDK expects.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -880,6 +880,9 @@ pub(crate) struct TemplateView {
     pub name: String,
     pub snapshot: SnapshotRow,
     pub tags: Vec<String>,
+    /// How many builds it has had.
+    pub build_count: u64,
+    /// Its builds, newest first ([`Control::template`] only).
     pub builds: Vec<TemplateBuildRow>,
 }
 
@@ -891,9 +894,54 @@ impl Control {
         who: &Principal,
     ) -> Result<Vec<TemplateView>, DomainError> {
         who.require("sandboxes:read")?;
+        let mut out = self.template_views(who, None).await?;
+        let counts: HashMap<String, u64> = self
+            .db
+            .template_build_counts(who.workspace_id)
+            .await
+            .map_err(DomainError::from)?
+            .into_iter()
+            .collect();
+        for t in &mut out {
+            t.build_count = counts.get(&t.name).copied().unwrap_or(0);
+        }
+        Ok(out)
+    }
+
+    /// One template of the caller's workspace, by name, with its builds.
+    pub(crate) async fn template(
+        &self,
+        who: &Principal,
+        name: &str,
+    ) -> Result<TemplateView, DomainError> {
+        who.require("sandboxes:read")?;
+        let mut t = self
+            .template_views(who, Some(name))
+            .await?
+            .pop()
+            .ok_or_else(|| DomainError::NotFound {
+                kind: "template",
+                name: name.to_owned(),
+            })?;
+        t.builds = self
+            .db
+            .template_builds(who.workspace_id, name)
+            .await
+            .map_err(DomainError::from)?;
+        t.build_count = t.builds.len() as u64;
+        Ok(t)
+    }
+
+    /// The workspace's published snapshot names (or the one `name`), each
+    /// with its tags and the snapshot its `latest` (else its first) names.
+    async fn template_views(
+        &self,
+        who: &Principal,
+        name: Option<&str>,
+    ) -> Result<Vec<TemplateView>, DomainError> {
         let rows = self
             .db
-            .published_snapshots(who.workspace_id)
+            .published_snapshots(who.workspace_id, name)
             .await
             .map_err(DomainError::from)?;
         let mut out: Vec<TemplateView> = Vec::new();
@@ -909,34 +957,12 @@ impl Control {
                     name: row.name.clone(),
                     tags: vec![row.tag.clone()],
                     snapshot: row,
+                    build_count: 0,
                     builds: Vec::new(),
                 }),
             }
         }
-        for t in &mut out {
-            t.builds = self
-                .db
-                .template_builds(who.workspace_id, &t.name)
-                .await
-                .map_err(DomainError::from)?;
-        }
         Ok(out)
-    }
-
-    /// One template of the caller's workspace, by name.
-    pub(crate) async fn template(
-        &self,
-        who: &Principal,
-        name: &str,
-    ) -> Result<TemplateView, DomainError> {
-        self.templates(who)
-            .await?
-            .into_iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| DomainError::NotFound {
-                kind: "template",
-                name: name.to_owned(),
-            })
     }
 }
 

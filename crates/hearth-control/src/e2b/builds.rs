@@ -703,7 +703,7 @@ struct TemplateBody {
     /// Hearth does not count a template's sandboxes (0, and null).
     last_spawned_at: Option<String>,
     spawn_count: u64,
-    build_count: usize,
+    build_count: u64,
     envd_version: &'static str,
     build_status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -760,7 +760,7 @@ fn template_body(t: TemplateView, with_builds: Option<usize>) -> TemplateBody {
         created_by: None,
         last_spawned_at: None,
         spawn_count: 0,
-        build_count: t.builds.len(),
+        build_count: t.build_count,
         envd_version: super::ENVD_VERSION,
         build_status: status,
         description: s.description.clone(),
