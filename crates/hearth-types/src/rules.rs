@@ -315,6 +315,23 @@ pub enum SnapshotSelector {
     Ref(SnapshotRef),
 }
 
+/// E2B's name for its default template: the server's default snapshot.
+pub const BASE_TEMPLATE: &str = "base";
+
+impl SnapshotSelector {
+    /// A template as E2B's SDKs name one: none or [`BASE_TEMPLATE`], the
+    /// default snapshot; a UUID, a snapshot by id; else `name[:tag]`.
+    pub fn of_template(key: &str) -> Result<Self, ParseSnapshotRefError> {
+        if key.is_empty() || key == BASE_TEMPLATE {
+            return Ok(Self::Default);
+        }
+        if let Ok(id) = uuid::Uuid::parse_str(key) {
+            return Ok(Self::Id(id));
+        }
+        key.parse().map(Self::Ref)
+    }
+}
+
 /// Memory per vCPU of the default ratio.
 pub const MEM_PER_VCPU: ByteSize = ByteSize::gib(4);
 /// Largest memory of one sandbox.
@@ -559,6 +576,26 @@ pub fn show_cpu(millicores: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_e2b_template_key_selects_a_snapshot() {
+        for key in ["", BASE_TEMPLATE] {
+            assert_eq!(
+                SnapshotSelector::of_template(key),
+                Ok(SnapshotSelector::Default)
+            );
+        }
+        let id = uuid::Uuid::new_v4();
+        assert_eq!(
+            SnapshotSelector::of_template(&id.to_string()),
+            Ok(SnapshotSelector::Id(id))
+        );
+        assert_eq!(
+            SnapshotSelector::of_template("app:v1"),
+            Ok(SnapshotSelector::Ref("app:v1".parse().unwrap()))
+        );
+        assert!(SnapshotSelector::of_template("app:").is_err());
+    }
 
     #[test]
     fn a_refusal_names_its_field() {

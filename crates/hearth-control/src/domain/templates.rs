@@ -932,6 +932,23 @@ impl Control {
         Ok(t)
     }
 
+    /// The snapshot name a template key names: E2B's `base`, the default
+    /// snapshot's; an id, that snapshot's name (the caller's, else not
+    /// found); else the key itself.
+    pub(crate) async fn template_snapshot_name(
+        &self,
+        who: &Principal,
+        key: &str,
+    ) -> Result<String, DomainError> {
+        if key == hearth_types::rules::BASE_TEMPLATE {
+            return Ok(self.cfg.default_snapshot.0.clone());
+        }
+        if uuid::Uuid::parse_str(key).is_ok() {
+            return Ok(self.snapshot(who, key).await?.name);
+        }
+        Ok(key.to_owned())
+    }
+
     /// The workspace's published snapshot names (or the one `name`), each
     /// with its tags and the snapshot its `latest` (else its first) names.
     async fn template_views(

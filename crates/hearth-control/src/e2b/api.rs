@@ -581,15 +581,7 @@ pub(crate) const E2B_DEFAULT_USER: &str = "user";
 
 /// The template of a create as a snapshot selector.
 fn template(t: &str) -> E2bResult<SnapshotSelector> {
-    if t.is_empty() || t == "base" {
-        return Ok(SnapshotSelector::Default);
-    }
-    if let Ok(id) = uuid::Uuid::parse_str(t) {
-        return Ok(SnapshotSelector::Id(id));
-    }
-    t.parse()
-        .map(SnapshotSelector::Ref)
-        .map_err(|e| E2bError::bad_request(format!("templateID: {e}")))
+    SnapshotSelector::of_template(t).map_err(|e| E2bError::bad_request(format!("templateID: {e}")))
 }
 
 /// The plan of an E2B create against its template's snapshot, living
@@ -1245,19 +1237,14 @@ pub async fn delete_template(
 /// The snapshot name an E2B template key names: `base` is the default
 /// snapshot; a template id, its snapshot's name; else the key itself.
 async fn template_name(c: &Control, who: &Principal, key: &str) -> E2bResult<String> {
-    if key == "base" {
-        return Ok(c.cfg.default_snapshot.0.clone());
-    }
-    if uuid::Uuid::parse_str(key).is_ok() {
-        return match c.snapshot(who, key).await {
-            Ok(s) => Ok(s.name),
-            Err(DomainError::NotFound { .. }) => {
-                Err(E2bError::not_found(format!("template {key} not found")))
+    c.template_snapshot_name(who, key)
+        .await
+        .map_err(|e| match e {
+            DomainError::NotFound { .. } => {
+                E2bError::not_found(format!("template {key} not found"))
             }
-            Err(e) => Err(e.into()),
-        };
-    }
-    Ok(key.to_owned())
+            other => other.into(),
+        })
 }
 
 /// The snapshots of a template (its tags), or 404 in E2B's words.

@@ -315,7 +315,12 @@ fn recipe(body: StartBody) -> E2bResult<Recipe> {
                     "fromImageRegistry: only with fromImage",
                 ));
             }
-            TemplateBase::Snapshot(if t == "base" { String::new() } else { t })
+            // E2B's `base`: the default snapshot, as an empty name says.
+            TemplateBase::Snapshot(if t == hearth_types::rules::BASE_TEMPLATE {
+                String::new()
+            } else {
+                t
+            })
         }
         (None, None) => {
             return Err(E2bError::bad_request(
