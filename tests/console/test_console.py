@@ -479,7 +479,8 @@ def test_templates_page_shows_builds_and_a_failing_builds_log(d):
     # sandbox of it, made and deleted in the background; a delete while
     # that sandbox lives is refused (the page says so), and is tried again.
     for attempt in range(12):
-        d.find_element(By.XPATH, f"//button[@aria-label='Delete template {name}']").click()
+        wait(d, EC.element_to_be_clickable(
+            (By.XPATH, f"//button[@aria-label='Delete template {name}']")), 20, "the list").click()
         wait(d, EC.alert_is_present(), 5, "the confirmation").accept()
         try:
             wait(d, lambda d: text_of(d, f"tr[data-template='{name}']") is None, 10, "the template gone")

@@ -567,7 +567,7 @@ function BuildLog({ name, build }) {
   }, [name, build]);
   return html`<div class="card">
     <div class="heading"><h2>Log of build ${build}</h2><${Status} status=${state.status} /></div>
-    ${state.reason && html`<p class="notice">Failed${state.reason.step ? ` at step ${state.reason.step}` : ""}: ${state.reason.message}</p>`}
+    ${state.reason && html`<p class="notice">Failed: ${state.reason.message}</p>`}
     <${Alert} error=${error} />
     <pre class="build-log" aria-label="Build log">${lines.map((l) => `${l.timestamp} ${l.level} ${l.message}\n`).join("")}</pre>
   </div>`;
