@@ -146,6 +146,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("../migrations/sqlite/0021_template_builds.sql"),
         postgres: include_str!("../migrations/postgres/0021_template_builds.sql"),
     },
+    Migration {
+        version: 22,
+        name: "layers_uncounted",
+        sqlite: include_str!("../migrations/sqlite/0022_layers_uncounted.sql"),
+        postgres: include_str!("../migrations/postgres/0022_layers_uncounted.sql"),
+    },
 ];
 
 /// Arbitrary constant naming Hearth's migration lock among advisory locks.

@@ -275,18 +275,22 @@ pub(crate) fn check_storage(quotas: &Quotas, usage: &Usage, more: ByteSize) -> R
 }
 
 /// Fails with `Quota` if one more snapshot of `size` does not fit: first
-/// the count, then storage.
+/// the count (when it `counts`: a template's build-cache layer does not),
+/// then storage.
 pub(crate) fn check_snapshot(
     quotas: &Quotas,
     usage: &Usage,
     size: ByteSize,
+    counts: bool,
 ) -> Result<(), DbError> {
-    check(
-        QuotaKind::Snapshots,
-        quotas.max_snapshots,
-        usage.snapshots,
-        1,
-    )?;
+    if counts {
+        check(
+            QuotaKind::Snapshots,
+            quotas.max_snapshots,
+            usage.snapshots,
+            1,
+        )?;
+    }
     check_storage(quotas, usage, size)
 }
 

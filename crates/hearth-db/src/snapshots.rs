@@ -113,7 +113,10 @@ async fn within_quota(
     s: &SnapshotRow,
 ) -> Result<(), DbError> {
     let (quotas, usage) = quota_and_usage(tx, op, workspace, None).await?;
-    check_snapshot(&quotas, &usage, snapshot_size(s))
+    // A template's build-cache layers take storage, not a place in the
+    // count (migration 22 counts them so).
+    let counts = !s.name.starts_with(hearth_types::rules::LAYER_PREFIX);
+    check_snapshot(&quotas, &usage, snapshot_size(s), counts)
 }
 
 /// The insert of a workspace's snapshot.

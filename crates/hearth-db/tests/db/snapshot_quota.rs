@@ -161,3 +161,45 @@ async fn finding5_snapshot_count_limit_is_enforced() {
         }
     });
 }
+
+#[tokio::test]
+async fn a_templates_cache_layers_take_storage_not_a_place_in_the_count() {
+    each_backend!(|db| {
+        let ws = workspace(
+            db,
+            Quotas {
+                max_snapshots: Some(1),
+                max_storage: Some(ByteSize::gib(3)),
+                ..Quotas::default()
+            },
+        )
+        .await
+        .id;
+        let layer = |i: u32| own(ws, &format!("hearth-layer-{i:040}"), ByteSize::gib(1));
+        db.publish_snapshot(ws, &layer(1)).await.unwrap();
+        db.publish_snapshot(ws, &own(ws, "app", ByteSize::gib(1)))
+            .await
+            .unwrap();
+        db.publish_snapshot(ws, &layer(2)).await.unwrap();
+        let usage = db.workspace_usage(ws).await.unwrap();
+        assert_eq!(usage.snapshots, 1, "{usage:?}");
+        // The count holds for snapshots; storage holds for all.
+        let refused = db
+            .publish_snapshot(ws, &own(ws, "other", ByteSize::gib(1)))
+            .await;
+        assert_eq!(
+            quota_kind(&refused).map(|q| q.0),
+            Some(QuotaKind::Snapshots)
+        );
+        let refused = db.publish_snapshot(ws, &layer(3)).await;
+        assert_eq!(quota_kind(&refused).map(|q| q.0), Some(QuotaKind::Storage));
+        // A deleted layer frees its bytes, and the count stays.
+        let first = db
+            .find_snapshot_by_ref(ws, &format!("hearth-layer-{:040}", 1), "v1")
+            .await
+            .unwrap();
+        db.delete_snapshot(ws, first.id).await.unwrap();
+        assert_eq!(db.workspace_usage(ws).await.unwrap().snapshots, 1);
+        db.publish_snapshot(ws, &layer(3)).await.unwrap();
+    });
+}

@@ -7,13 +7,13 @@ use crate::{each_backend, sandbox, workspace};
 async fn migrations_are_idempotent_and_recorded() {
     for t in testing::backends().await {
         eprintln!("-- backend {:?}", t.backend());
-        assert_eq!(t.schema_version().await.unwrap(), 21);
+        assert_eq!(t.schema_version().await.unwrap(), 22);
         assert_eq!(t.migrate().await.unwrap(), Vec::<i64>::new());
         // A second process opening the same database finds nothing to do,
         // and sees the first one's data.
         let ws = workspace(&t, Quotas::default()).await;
         let again = Db::connect(&t.url).await.unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 21);
+        assert_eq!(again.schema_version().await.unwrap(), 22);
         assert_eq!(again.get_workspace(ws.id).await.unwrap(), ws);
         again.close().await;
     }
@@ -154,7 +154,7 @@ async fn replicas_starting_together_migrate_once() {
             .collect();
         for c in connects {
             let db = c.await.unwrap().expect("concurrent connect");
-            assert_eq!(db.schema_version().await.unwrap(), 21);
+            assert_eq!(db.schema_version().await.unwrap(), 22);
             db.close().await;
         }
     }
