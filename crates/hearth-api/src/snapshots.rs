@@ -152,12 +152,7 @@ impl CaptureSnapshotRequest {
     /// The checked request: its `name:tag`.
     pub fn validate(&self) -> Result<crate::SnapshotRef, ApiError> {
         if let Some(image) = &self.docker_image {
-            if image.trim().is_empty() || image.len() > 512 {
-                return Err(ApiError::validation(
-                    "docker_image",
-                    "docker_image must be an image reference of at most 512 bytes",
-                ));
-            }
+            check_image_ref(image)?;
         }
         if self.checkpoint.is_some() {
             return Err(ApiError::validation(
@@ -176,12 +171,7 @@ impl CaptureSnapshotRequest {
 impl CreateSnapshotRequest {
     /// The checked request: its `name:tag` and capacity.
     pub fn validate(&self) -> Result<(crate::SnapshotRef, u64), ApiError> {
-        if self.docker_image.trim().is_empty() || self.docker_image.len() > 512 {
-            return Err(ApiError::validation(
-                "docker_image",
-                "docker_image must be an image reference of at most 512 bytes",
-            ));
-        }
+        check_image_ref(&self.docker_image)?;
         let capacity = u64::try_from(self.fs_capacity_bytes)
             .ok()
             .filter(|&c| c >= 16 << 20)
@@ -204,6 +194,18 @@ impl CreateSnapshotRequest {
         let tag = self.tag.as_deref().or(image_tag);
         Ok((snapshot_ref("name", &self.name, tag)?, capacity))
     }
+}
+
+/// `docker_image`: a non-empty reference of at most 512 bytes (the image
+/// itself is judged where it is pulled or read).
+fn check_image_ref(image: &str) -> Result<(), ApiError> {
+    if image.trim().is_empty() || image.len() > 512 {
+        return Err(ApiError::validation(
+            "docker_image",
+            "docker_image must be an image reference of at most 512 bytes",
+        ));
+    }
+    Ok(())
 }
 
 fn check_description(d: Option<&str>) -> Result<(), ApiError> {
