@@ -780,6 +780,104 @@ async fn pool_members_of_a_shape_are_copies_of_one_template() {
     );
 }
 
+/// Waits (at most 2 s) until the host holds `n` templates.
+async fn wait_for_templates(host: &Host, n: u32) {
+    let started = Instant::now();
+    while host.template_usage().count != n {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{} templates, not {n}",
+            host.template_usage().count
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A create of a built-in image's shape (`share_memory` without a
+/// snapshot's memory) boots cold the first time and never waits for a
+/// template; the host makes one beside it, and the creates of that shape
+/// that follow are its copies, each with an identity of its own at once.
+/// A template that cannot be made leaves the shape booting cold without
+/// trying again; a host makes templates for creates only up to
+/// `CREATE_TEMPLATES_MAX`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_of_a_shape_after_the_first_are_copies_of_its_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, host, templates) = with_templates_dir(&dir).await;
+    let shared = |mib| CreateVm {
+        share_memory: true,
+        memory: ByteSize::mib(mib),
+        ..small()
+    };
+    let first = host.create_vm(shared(64)).await.expect("first boots");
+    assert_eq!(first.record().template, None, "the first boots cold");
+    assert_eq!(first.state(), VmState::Ready);
+    wait_for_templates(&host, 1).await;
+    assert_eq!(
+        (fake.boots(), fake.restores()),
+        (2, 0),
+        "its own, the template's"
+    );
+    assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 1);
+
+    let (a, b) = tokio::join!(host.create_vm(shared(64)), host.create_vm(shared(64)));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((fake.boots(), fake.restores()), (2, 2));
+    let t = a.record().template.expect("a copy of the template");
+    assert_eq!(b.record().template, Some(t));
+    assert!(!fake.is_running(t), "the template's own vmm is gone");
+    for vm in [&a, &b] {
+        assert_eq!(vm.state(), VmState::Ready);
+        assert!(!vm.record().pooled);
+        let out = host.guest(vm.id).unwrap().run(echo("copy")).await.unwrap();
+        assert_eq!(out.stdout, b"copy\n");
+    }
+    let (ia, ib) = (
+        fake.identity(a.id).expect("a fresh identity at once"),
+        fake.identity(b.id).expect("a fresh identity at once"),
+    );
+    assert_ne!(ia.entropy, ib.entropy);
+    assert_ne!(ia.machine_id, ib.machine_id);
+    // A VM that does not share memory boots, whatever the host holds.
+    let plain = host.create_vm(small()).await.unwrap();
+    assert_eq!(plain.record().template, None);
+    assert_eq!(fake.boots(), 3);
+
+    // A template that cannot be saved: the shape goes on booting cold,
+    // and no template is tried again before the retry.
+    fake.fail_saves(true);
+    let cold = host.create_vm(shared(96)).await.unwrap();
+    assert_eq!(cold.record().template, None);
+    let started = Instant::now();
+    while fake.boots() < 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the template's try"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    fake.fail_saves(false);
+    let again = host.create_vm(shared(96)).await.unwrap();
+    assert_eq!(again.record().template, None);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.boots(), 6, "one cold boot: no template tried");
+    assert_eq!(host.template_usage().count, 1);
+
+    // Up to the cap, each new shape gets one; past it, none.
+    for (mib, held) in [(128, 2), (160, 3), (192, 4)] {
+        host.create_vm(shared(mib)).await.unwrap();
+        wait_for_templates(&host, held).await;
+    }
+    let boots = fake.boots();
+    host.create_vm(shared(224)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.boots(), boots + 1, "no template past the cap");
+    assert_eq!(host.template_usage().count, 4);
+    host.shutdown().await;
+    assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 0);
+}
+
 /// A host (20 s boot timeout) and one pool member that has waited paused
 /// for 300 ms, its clock that far behind.
 async fn member_paused_300ms(dir: &tempfile::TempDir) -> (FakeVmm, Arc<Host>, Arc<Vm>) {

@@ -178,7 +178,10 @@ pub struct CreateVm {
     /// Several VMs are about to be made from this snapshot's memory (a
     /// fork's children): the host makes one template of it, and each VM
     /// maps its pages copy-on-write instead of loading the stream into
-    /// memory of its own. Ignored without `from.memory`.
+    /// memory of its own. Without `from.memory` (a built-in image's
+    /// create): the VM is a copy of the host's template of a fresh boot
+    /// of its shape when the host holds one (a fresh identity at once),
+    /// else it boots and the host makes one for the next.
     #[serde(default)]
     pub share_memory: bool,
 }

@@ -125,8 +125,11 @@ impl Host {
         let (instance, turn) = match resume {
             None => match how {
                 BootAs::Member(t) => {
-                    // A snapshot's memory, as every VM made from it has.
-                    shared_memory = t.of_memory();
+                    // A snapshot's memory, as every VM made from it has,
+                    // or a fresh boot's that a create (not a member, whose
+                    // claim gives it one) resumes: it needs an identity
+                    // of its own at once.
+                    shared_memory = t.of_memory() || !rec.pooled;
                     (self.vmm.restore(&spec, &t.restore()).await?, None)
                 }
                 BootAs::Sandbox | BootAs::TemplateSource => self.boot_cold(vm, &spec).await?,

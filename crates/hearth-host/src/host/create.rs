@@ -30,11 +30,14 @@ impl Host {
         *vm.net_config.lock().unwrap_or_else(|p| p.into_inner()) = req.network.clone();
         self.vms().insert(id, vm.clone());
         // A pool member, or one of several VMs made from one snapshot's
-        // memory, is its shape's template's copy (see `host/templates.rs`),
-        // else booted like any VM.
-        let template = match req.pooled || req.share_memory {
-            true => self.pool_template(&req, &artifacts).await,
-            false => None,
+        // memory, is its shape's template's copy (see `host/templates.rs`);
+        // a create of a built-in image is one when its host holds a
+        // template of its shape; any other VM boots.
+        let of_memory = req.from.as_ref().is_some_and(|f| f.memory.is_some());
+        let template = match (req.pooled, req.share_memory, of_memory) {
+            (true, _, _) | (_, true, true) => self.pool_template(&req, &artifacts).await,
+            (false, true, false) => self.create_template(&req),
+            (false, false, _) => None,
         };
         let how = template.as_deref().map_or(BootAs::Sandbox, BootAs::Member);
         let vm = match self.boot_or_fail(vm, &artifacts, !req.existing, how).await {
@@ -49,8 +52,16 @@ impl Host {
                 return Err(e);
             }
         };
-        if let Some(t) = &template {
-            tracing::info!(vm = %id, template = %t.source(), boot_ms = vm.record().boot_ms, "pool member restored from its template");
+        match &template {
+            Some(t) => {
+                tracing::info!(vm = %id, template = %t.source(), boot_ms = vm.record().boot_ms, "restored from its shape's template");
+            }
+            // Booted cold: the creates of its shape that follow are
+            // copies of a template made now, beside it.
+            None if req.share_memory && !req.pooled && !of_memory => {
+                self.make_create_template(&req, &artifacts);
+            }
+            None => {}
         }
         if req.pooled {
             self.warm_up(&vm).await;

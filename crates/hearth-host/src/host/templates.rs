@@ -52,6 +52,10 @@ pub const TEMPLATE_IDLE: Duration = Duration::from_secs(600);
 /// cold without trying again (each try is a cold boot of its own).
 pub const TEMPLATE_RETRY: Duration = Duration::from_secs(300);
 
+/// How many templates a host may hold before a create of a shape it has
+/// none of makes no more (pools' members always may).
+pub const CREATE_TEMPLATES_MAX: u32 = 4;
+
 /// What members must share to share a template.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct TemplateKey {
@@ -67,8 +71,10 @@ pub(crate) struct TemplateKey {
 }
 
 impl TemplateKey {
-    /// The key of a pool member's create, or of one of several VMs made
-    /// from one snapshot's memory (`share_memory`); `None` for any other.
+    /// The key of a pool member's create, or of a create that shares
+    /// memory (`share_memory`: one of several VMs made from one
+    /// snapshot's memory, or a fresh boot's template of a built-in
+    /// image); `None` for any other.
     pub(crate) fn of(req: &CreateVm) -> Option<Self> {
         if req.existing || req.saved.is_some() {
             return None;
@@ -78,8 +84,7 @@ impl TemplateKey {
             .as_ref()
             .and_then(|f| f.memory.as_ref())
             .map(|m| m.memory.clone());
-        let several_of_one_memory = req.share_memory && memory_from.is_some();
-        if !(req.pooled || several_of_one_memory) {
+        if !(req.pooled || req.share_memory) {
             return None;
         }
         Some(Self {
@@ -262,8 +267,66 @@ impl Host {
         if self.templates.failed_lately(&key) {
             return None;
         }
+        self.fill_slot(&mut held, req, key, artifacts, &gens).await
+    }
+
+    /// The template a create of a built-in image's fresh boot
+    /// (`share_memory` without a snapshot's memory) is restored from,
+    /// when this host holds one of its shape. A create never waits for
+    /// one: without it, it boots cold, and then asks for one for the
+    /// creates that follow ([`Host::make_create_template`]).
+    pub(crate) fn create_template(&self, req: &CreateVm) -> Option<Arc<PoolTemplate>> {
+        let key = TemplateKey::of(req)?;
+        let held = self.templates.slot(&key).try_lock_owned().ok()?;
+        let t = held.as_ref()?;
+        t.touch();
+        Some(t.clone())
+    }
+
+    /// Makes a template of `req`'s shape beside whatever runs, unless one
+    /// is held or being made, or it failed lately, or this host holds
+    /// [`CREATE_TEMPLATES_MAX`] templates already (each holds up to its
+    /// guest's RAM).
+    pub(crate) fn make_create_template(
+        self: &Arc<Self>,
+        req: &CreateVm,
+        artifacts: &GuestArtifacts,
+    ) {
+        let Some(key) = TemplateKey::of(req) else {
+            return;
+        };
+        let Some(gens) = self.generations.clone() else {
+            return;
+        };
+        let Ok(mut held) = self.templates.slot(&key).try_lock_owned() else {
+            return;
+        };
+        if held.is_some()
+            || self.templates.failed_lately(&key)
+            || self.templates.usage().count >= CREATE_TEMPLATES_MAX
+        {
+            return;
+        }
+        let (host, req, artifacts) = (self.clone(), req.clone(), artifacts.clone());
+        tokio::spawn(async move {
+            host.fill_slot(&mut held, &req, key, &artifacts, &gens)
+                .await;
+        });
+    }
+
+    /// Makes `key`'s template into its slot (`held`, locked), or records
+    /// that it could not be made (logged: the shape boots cold until
+    /// [`TEMPLATE_RETRY`]).
+    async fn fill_slot(
+        self: &Arc<Self>,
+        held: &mut Option<Arc<PoolTemplate>>,
+        req: &CreateVm,
+        key: TemplateKey,
+        artifacts: &GuestArtifacts,
+        gens: &GenerationDisks,
+    ) -> Option<Arc<PoolTemplate>> {
         let started = Instant::now();
-        match self.make_template(req, &key, artifacts, &gens).await {
+        match self.make_template(req, &key, artifacts, gens).await {
             Ok(t) => {
                 tracing::info!(
                     image = %req.image,
@@ -277,7 +340,7 @@ impl Host {
                 Some(t)
             }
             Err(e) => {
-                tracing::warn!(image = %req.image, error = %error_chain(&e), retry_s = TEMPLATE_RETRY.as_secs(), "cannot make a pool template; members of this shape boot cold until the retry");
+                tracing::warn!(image = %req.image, error = %error_chain(&e), retry_s = TEMPLATE_RETRY.as_secs(), "cannot make a template; VMs of this shape boot cold until the retry");
                 self.templates
                     .failed
                     .lock()
