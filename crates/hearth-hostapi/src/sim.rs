@@ -84,6 +84,8 @@ struct State {
     /// Every image import asked of it, in order (credentials included, as
     /// a real host would pull with them).
     imports: Vec<ImportImage>,
+    /// Every create asked of it, in order.
+    creates: Vec<CreateVm>,
 }
 
 #[derive(Clone, Copy)]
@@ -173,6 +175,12 @@ impl SimHost {
     /// The image imports asked of it so far, in order.
     pub fn imports(&self) -> Vec<ImportImage> {
         self.state().imports.clone()
+    }
+
+    /// The last create asked of it for `id`, as it was asked.
+    pub fn created(&self, id: VmId) -> Option<CreateVm> {
+        let st = self.state();
+        st.creates.iter().rev().find(|c| c.id == Some(id)).cloned()
     }
 
     /// The VM's record, read directly (no latency, no fence).
@@ -341,6 +349,10 @@ impl HostApi for SimHost {
         let id = req.id.unwrap_or_default();
         {
             let mut st = self.state();
+            st.creates.push(CreateVm {
+                id: Some(id),
+                ..req.clone()
+            });
             check_fence(&mut st, id, req.fence)?;
             if req.memory.bytes() == 0 || req.cpu.0 == 0 {
                 return Err(HostApiError::new(

@@ -71,6 +71,26 @@ fn check_delegation(
     }
     Ok(())
 }
+/// Whether a new sandbox of `snap` is a copy of its host's template (see
+/// the host's `host/templates.rs`) rather than a VM of its own making:
+/// - a template's (E2B's, `domain/templates.rs`) sandboxes share the
+///   memory it was captured with;
+/// - a built-in image's share the host's template of a fresh boot of
+///   their shape (a resume, not a boot, once the host holds one; their
+///   contents are public, as a pool's of them are), unless they attach
+///   volumes, which a template's VM has no devices for.
+///
+/// Never a workspace's own snapshot without memory, nor a registry
+/// image's: a page cache shared between tenants is a side channel.
+fn shares_memory(snap: &SnapshotRow, resumes_memory: bool, has_volumes: bool) -> bool {
+    if resumes_memory {
+        return snap
+            .labels
+            .contains_key(hearth_types::rules::TEMPLATE_LABEL);
+    }
+    snap.workspace_id.is_none() && snap.volume.is_none() && !has_volumes
+}
+
 /// Whether a boot from `snap` may resume its memory.
 fn from_memory(snap: &SnapshotRow) -> bool {
     snap.volume.is_some() && snap.memory_bytes.is_some()
@@ -211,13 +231,8 @@ impl Control {
         }
         self.check_disk_size(plan.spec.fs_capacity)?;
         let resumes_memory = from.as_ref().is_some_and(|f| f.memory.is_some());
-        // A template's sandboxes share its memory on their host (see
-        // `domain/templates.rs`).
-        let share_memory = resumes_memory
-            && snap
-                .labels
-                .contains_key(hearth_types::rules::TEMPLATE_LABEL);
         let volumes = self.resolve_volumes(who, &mut plan, resumes_memory).await?;
+        let share_memory = shares_memory(snap, resumes_memory, !volumes.is_empty());
         let mut net = self.sandbox_net(who.workspace_id, &plan.spec).await?;
         // Nothing is written before placement succeeds: the SDK replays a
         // POST answered 503. The insert checks the chosen host's room (and

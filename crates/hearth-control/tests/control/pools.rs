@@ -475,3 +475,89 @@ async fn a_member_that_warms_while_its_host_is_listed_is_kept() {
     );
     s.stop().await;
 }
+
+/// Which creates are copies of their host's template (`share_memory`,
+/// decided once in the domain for both doors): a built-in image's, through
+/// either door (a resume once the host holds a template of its shape);
+/// not one that attaches a volume, nor one of a workspace's own snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_of_built_in_images_share_their_hosts_template_through_both_doors() {
+    let (s, sim) = Server::on_sim().await;
+    let key = s.other.clone();
+    let shares = |id: &str| {
+        let vm = hearth_types::VmId::from(uuid::Uuid::parse_str(id).unwrap());
+        sim.created(vm)
+            .expect("a create reached the host")
+            .share_memory
+    };
+    let boxes = "/api/v2/sandboxes/boxes";
+    let create = |body: Value| {
+        let (s, key) = (&s, &key);
+        async move {
+            let r = s.json("POST", boxes, Some(key), &body).await;
+            assert_eq!(r.status, 201, "{}", r.text());
+            r.json().unwrap()["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let plain = create(json!({"snapshot": "busybox", "wait_for_ready": true})).await;
+    assert!(shares(&plain), "a built-in image's create");
+    let e2b = s
+        .json(
+            "POST",
+            "/sandboxes",
+            Some(&key),
+            &json!({"templateID": "base"}),
+        )
+        .await;
+    assert_eq!(e2b.status, 201, "{}", e2b.text());
+    let e2b: Value = e2b.json().unwrap();
+    assert!(shares(e2b["sandboxID"].as_str().unwrap()), "E2B's base");
+
+    let r = s
+        .json(
+            "POST",
+            "/api/v2/sandboxes/volumes",
+            Some(&key),
+            &json!({"name": "data", "size_bytes": 1u64 << 30}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let with_volume = create(json!({"snapshot": "busybox", "wait_for_ready": true,
+        "volumes": [{"volume": "data", "mount_path": "/data"}]}))
+    .await;
+    assert!(
+        !shares(&with_volume),
+        "a template's VM has no volume devices"
+    );
+
+    let r = s
+        .json(
+            "POST",
+            &format!("{boxes}/{plain}/snapshot"),
+            Some(&key),
+            &json!({"name": "mine"}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = s
+            .json(
+                "GET",
+                "/api/v2/sandboxes/snapshots/mine",
+                Some(&key),
+                &Value::Null,
+            )
+            .await;
+        if r.json().unwrap()["status"] == "ready" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let of_mine = create(json!({"snapshot": "mine", "wait_for_ready": true})).await;
+    assert!(
+        !shares(&of_mine),
+        "a workspace's own snapshot shares no page cache"
+    );
+}
