@@ -222,7 +222,7 @@ impl Host {
             loop {
                 tick.tick().await;
                 let Some(host) = weak.upgrade() else { return };
-                host.sweep_templates(TEMPLATE_IDLE).await;
+                host.sweep_templates(false).await;
             }
         });
         Ok(host)

@@ -183,7 +183,7 @@ impl Host {
                 tracing::warn!(n = id, error = %error_chain(&e), "stop at shutdown failed");
             }
         }
-        self.sweep_templates(Duration::ZERO).await;
+        self.sweep_templates(true).await;
         if let Err(e) = std::fs::remove_dir_all(&self.cfg.run_root) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(dir = %self.cfg.run_root.display(), error = %e, "cannot remove the run directory");

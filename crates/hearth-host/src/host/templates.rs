@@ -21,6 +21,12 @@
 //!   stays stopped ([`hearth_vmm::Vmm::restore_frozen`]), and is saved
 //!   again. Its members keep the balloon the stream was saved with (a
 //!   restore needs the same devices): the seals refuse what they report.
+//! - A create of a built-in image's shape (`share_memory` without a
+//!   snapshot's memory: the control plane's rule) is a copy of a fresh
+//!   boot's template of that shape, as a pool's member is, when the host
+//!   holds one; without one it boots cold, never waiting, and the host
+//!   makes one beside it (at most [`CREATE_TEMPLATES_MAX`] held; kept
+//!   [`CREATE_TEMPLATE_IDLE`]). Its copies take a fresh identity at once.
 //! - Members lose free page reporting until their next cold boot (QEMU
 //!   7.2 punches every reported page out of the file it maps, which the
 //!   seals refuse); their memory goes back to the host when they stop.
@@ -47,6 +53,11 @@ use crate::HostError;
 
 /// How long a template is kept after it last made a member.
 pub const TEMPLATE_IDLE: Duration = Duration::from_secs(600);
+
+/// How long a template made for the creates of a built-in image's shape
+/// is kept after it last made one: creates come in bursts an
+/// interactive session apart, where a pool keeps its members itself.
+pub const CREATE_TEMPLATE_IDLE: Duration = Duration::from_secs(3600);
 
 /// How long after a shape's template could not be made its members boot
 /// cold without trying again (each try is a cold boot of its own).
@@ -110,6 +121,8 @@ pub(crate) struct PoolTemplate {
     /// The volume of the template's disk generation.
     pub(crate) disk: String,
     last_used: Mutex<Instant>,
+    /// How long it is kept without a new copy.
+    keep: Duration,
 }
 
 impl PoolTemplate {
@@ -175,9 +188,9 @@ impl Templates {
             .clone()
     }
 
-    /// Takes out every template idle for `idle` or longer (all with
-    /// `Duration::ZERO`); a slot being filled is left alone.
-    fn take_idle(&self, idle: Duration) -> Vec<Arc<PoolTemplate>> {
+    /// Takes out every template idle for as long as it is kept (every
+    /// one with `all`); a slot being filled is left alone.
+    fn take_idle(&self, all: bool) -> Vec<Arc<PoolTemplate>> {
         let mut out = Vec::new();
         let slots: Vec<Slot> = self
             .slots
@@ -190,7 +203,7 @@ impl Templates {
             let Ok(mut held) = slot.try_lock() else {
                 continue;
             };
-            if held.as_ref().is_some_and(|t| t.idle_for() >= idle) {
+            if held.as_ref().is_some_and(|t| all || t.idle_for() >= t.keep) {
                 out.extend(held.take());
             }
         }
@@ -395,7 +408,12 @@ impl Host {
             dir.clone(),
             run_dir,
         ));
-        let made = self.save_template(&vm, key, artifacts, gens).await;
+        let for_creates = !req.pooled && key.memory_from.is_none();
+        let keep = match for_creates {
+            true => CREATE_TEMPLATE_IDLE,
+            false => TEMPLATE_IDLE,
+        };
+        let made = self.save_template(&vm, key, artifacts, gens, keep).await;
         if made.is_err() {
             if let Some(inst) = vm.instance() {
                 if let Err(e) = inst.kill().await {
@@ -416,6 +434,7 @@ impl Host {
         key: &TemplateKey,
         artifacts: &GuestArtifacts,
         gens: &GenerationDisks,
+        keep: Duration,
     ) -> Result<PoolTemplate, HostError> {
         let id = vm.id;
         let rec = vm.record();
@@ -475,6 +494,7 @@ impl Host {
             memory: Arc::new(memory),
             disk: GenerationDisks::volume_of(id).to_string(),
             last_used: Mutex::new(Instant::now()),
+            keep,
         })
     }
 
@@ -523,9 +543,10 @@ impl Host {
         }
     }
 
-    /// Drops templates idle for [`TEMPLATE_IDLE`].
-    pub(crate) async fn sweep_templates(&self, idle: Duration) {
-        for t in self.templates.take_idle(idle) {
+    /// Drops templates idle for as long as they are kept
+    /// ([`TEMPLATE_IDLE`], [`CREATE_TEMPLATE_IDLE`]), or every one.
+    pub(crate) async fn sweep_templates(&self, all: bool) {
+        for t in self.templates.take_idle(all) {
             tracing::info!(template = %t.source, idle_s = t.idle_for().as_secs(), "dropping an idle pool template");
             self.remove_template_files(t.source, &t.dir).await;
         }
