@@ -395,6 +395,9 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     let fake = FakeVmm::new();
     let host = start(fake_config(&dir), &fake).await;
     let vm = host.create_vm(small()).await.unwrap();
+    let own = fake
+        .identity(vm.id)
+        .expect("a cold boot's identity of its own");
 
     // Saved while frozen, then run on in the same VMM: nothing restored,
     // and the guest connection from before answers.
@@ -429,7 +432,7 @@ async fn a_snapshot_with_memory_keeps_the_vm_running_and_new_vms_resume_from_it(
     // Every VM resumed from the snapshot's memory would carry the same
     // CRNG state and ids: each gets its own; the original keeps its own.
     let fresh = fake.identity(child.id).expect("the child took an identity");
-    assert!(fake.identity(vm.id).is_none());
+    assert_eq!(fake.identity(vm.id), Some(own));
     let second = host.create_vm(from_snapshot()).await.unwrap();
     let other = fake.identity(second.id).unwrap();
     assert_ne!(
@@ -470,6 +473,7 @@ async fn vms_made_together_from_a_snapshots_memory_share_one_template_of_it() {
     let dir = tempfile::tempdir().unwrap();
     let (fake, host, templates) = with_templates_dir(&dir).await;
     let parent = host.create_vm(small()).await.unwrap();
+    let own = fake.identity(parent.id);
     let captured = host.capture(parent.id, "snap-fork", true).await.unwrap();
     let child = |share_memory| CreateVm {
         from: Some(hearth_host::BootFrom {
@@ -504,10 +508,7 @@ async fn vms_made_together_from_a_snapshots_memory_share_one_template_of_it() {
         assert_eq!(out.stdout, b"kid\n");
     }
     assert_eq!(entropies.len(), 3, "identities differ");
-    assert!(
-        fake.identity(parent.id).is_none(),
-        "the parent keeps its own"
-    );
+    assert_eq!(fake.identity(parent.id), own, "the parent keeps its own");
     assert_eq!(std::fs::read_dir(&templates).unwrap().count(), 1);
 
     // A pool of that snapshot: its members are copies of the same
@@ -811,6 +812,10 @@ async fn creates_of_a_shape_after_the_first_are_copies_of_its_template() {
     };
     let first = host.create_vm(shared(64)).await.expect("first boots");
     assert_eq!(first.record().template, None, "the first boots cold");
+    assert!(
+        fake.identity(first.id).is_some(),
+        "a cold boot on a fresh disk takes an identity of its own too"
+    );
     assert_eq!(first.state(), VmState::Ready);
     wait_for_templates(&host, 1).await;
     assert_eq!(

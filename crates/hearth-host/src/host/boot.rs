@@ -150,8 +150,20 @@ impl Host {
         };
         self.attach(vm, instance).await?;
         drop(turn);
+        // A copy of memory others share takes an identity of its own at
+        // once; so does a cold boot on a fresh disk (its image's machine
+        // id and host name are every such VM's), so that a sandbox's
+        // identity does not depend on how it was made. A pool's member
+        // takes its own at its claim; a template's source none.
+        let fresh_machine =
+            fresh_disk && !restoring && !rec.pooled && matches!(how, BootAs::Sandbox);
         if shared_memory {
             self.refresh_identity(vm).await?;
+        } else if fresh_machine {
+            // Best effort: an image without `/etc` still boots.
+            if let Err(e) = self.refresh_identity(vm).await {
+                tracing::warn!(vm = %id, error = %error_chain(&e), "a cold boot keeps its image's machine id and host name");
+            }
         }
         self.make_mounts(vm).await?;
         let boot_ms = started.elapsed().as_millis() as u64;
