@@ -1,7 +1,8 @@
 """e2b-code-interpreter's create to its first result, claimed from the
 warm pool `hearth up` keeps (`code-interpreter`: one code interpreter
-paused and ready, its kernel running) against a cold boot of the same
-template in the same run (the pool set to 0, then back).
+paused and ready, its kernel running) against a create no member serves
+(the pool set to 0, then back): a copy of its host's template of that
+shape, the pool's, once it holds one, else a cold boot.
 
 Run against a live `hearth up` (the E2B_* and LANGSMITH_* lines it
 printed exported):
@@ -77,8 +78,8 @@ def main():
     p50 = statistics.median(claimed)
     print(f"create to first result, claimed from the pool: p50 {p50:.2f} s "
           f"(each: {', '.join(f'{x:.2f}' for x in claimed)})")
-    print(f"create to first result, cold boot: {cold:.2f} s")
-    print(f"claimed / cold: {p50 / cold:.3f}")
+    print(f"create to first result, no member (a copy of its host's template of the shape, else a cold boot): {cold:.2f} s")
+    print(f"claimed / no member: {p50 / cold:.3f}")
 
 
 if __name__ == "__main__":

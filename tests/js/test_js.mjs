@@ -113,8 +113,13 @@ async function e2bSandboxRunsCommandsAndFiles() {
     hidden = e instanceof NotFoundError || /not found/i.test(String(e));
   }
   check(hidden, "another workspace cannot connect to it");
-  // Its metrics: the guest's own samples over its life.
-  const metrics = await sbx.getMetrics();
+  // Its metrics: the guest's own samples over its life, one every five
+  // seconds (a copy of a template began its life a moment ago).
+  let metrics = await sbx.getMetrics();
+  for (let t = Date.now(); metrics.length === 0 && Date.now() - t < 15000; ) {
+    await new Promise((r) => setTimeout(r, 500));
+    metrics = await sbx.getMetrics();
+  }
   const last = metrics.at(-1);
   check(metrics.length >= 1 && last.memTotal > last.memUsed && last.memUsed > 0, `metrics ${JSON.stringify(metrics)}`);
   // Killed while a command runs: the command's wait rejects with the

@@ -1,7 +1,8 @@
 """Fork, end to end through the unmodified langsmith SDK (issue 18): the
 parent's pause, the time until a child answers an exec, 10 children at
 once, the parent's exec latency before and after, and host memory (PSS)
-per child against a cold-booted sandbox.
+per child against a plain create's (for a built-in image, a copy of its
+host's template of that shape once it holds one).
 
 Run against a live `hearth up` on this machine (LANGSMITH_ENDPOINT /
 LANGSMITH_API_KEY set; root, to read the VMMs' /proc for PSS):
@@ -78,7 +79,7 @@ def main():
         if n1 and n2:
             print(
                 f"PSS per VM, idle: forked child {kids_pss / n1 / 1024:.0f} MiB (n={n1}), "
-                f"cold-booted {cold_pss / n2 / 1024:.0f} MiB (n={n2})",
+                f"a plain create's {cold_pss / n2 / 1024:.0f} MiB (n={n2})",
                 flush=True,
             )
     finally:

@@ -5,7 +5,9 @@
 //! its baseline from the same run. Host memory (PSS of each sandbox's
 //! QEMU) is read from `/proc` when the server runs on this machine and
 //! this process may read its VMMs (root); otherwise it is left out.
-//! Deletes what it creates.
+//! A "plain" create is one no pool serves: a cold boot, or for a built-in
+//! image a copy of its host's template of that shape once the host holds
+//! one (`docs/architecture/pools-and-fork.md`). Deletes what it creates.
 
 use std::time::{Duration, Instant};
 
@@ -210,7 +212,7 @@ pub async fn pool(api: &Api, o: PoolOptions) -> anyhow::Result<()> {
         cold.push(dt);
         delete(api, &sb.name).await;
     }
-    let cold_p50 = summary(&format!("cold   create -> first exec [{snap}]"), &cold);
+    let cold_p50 = summary(&format!("plain  create -> first exec [{snap}]"), &cold);
 
     let name = format!("bench-{}", std::process::id());
     api.json(
@@ -249,7 +251,7 @@ async fn pool_runs(
     }
     let pooled_p50 = summary(&format!("pooled create -> first exec [{snap}]"), &pooled);
     println!(
-        "pooled / cold (p50): 1/{:.0}",
+        "pooled / plain (p50): 1/{:.0}",
         cold_p50.as_secs_f64() / pooled_p50.as_secs_f64()
     );
 
@@ -285,19 +287,19 @@ async fn pool_runs(
     wait_pool(api, name, 0).await?;
     let got = concurrent(api, snap, o.memory, o.size).await?;
     let times: Vec<Duration> = got.iter().map(|(_, d)| *d).collect();
-    summary(&format!("cold   {} at once [{snap}]", o.size), &times);
+    summary(&format!("plain  {} at once [{snap}]", o.size), &times);
     let made: Vec<Made> = got.into_iter().map(|(m, _)| m).collect();
     let cold_pss = pss_kib(&made);
     delete_all(api, &made).await;
     if let (Some((a, n1)), Some((b, n2))) = (claimed_pss, cold_pss) {
         println!(
-            "PSS per VM, idle: claimed from the pool {:.0} MiB (n={n1}), cold-booted {:.0} MiB (n={n2})",
+            "PSS per VM, idle: claimed from the pool {:.0} MiB (n={n1}), a plain create's {:.0} MiB (n={n2})",
             a as f64 / n1 as f64 / 1024.0,
             b as f64 / n2 as f64 / 1024.0
         );
         if let Some((m, n3)) = member_pss {
             println!(
-                "PSS per VM: pool member waiting paused {:.0} MiB (n={n3}); members / cold {:.2}",
+                "PSS per VM: pool member waiting paused {:.0} MiB (n={n3}); members / plain {:.2}",
                 m as f64 / n3 as f64 / 1024.0,
                 (m as f64 / n3 as f64) / (b as f64 / n2 as f64)
             );
@@ -400,7 +402,7 @@ async fn fork_runs(
     made.push(cold);
     if let (Some((a, n1)), Some((b, n2))) = (kids_pss, cold_pss) {
         println!(
-            "PSS per VM, idle: forked child {:.0} MiB (n={n1}), cold-booted {:.0} MiB (n={n2})",
+            "PSS per VM, idle: forked child {:.0} MiB (n={n1}), a plain create's {:.0} MiB (n={n2})",
             a as f64 / n1 as f64 / 1024.0,
             b as f64 / n2 as f64 / 1024.0
         );

@@ -515,9 +515,10 @@ impl Fleet {
         }
     }
 
-    /// The VM ids QEMU runs for host `i` (by `-name`, under its process).
+    /// The VM ids QEMU runs for host `i`'s sandboxes (by `-name`, under
+    /// its process; not its template VMs).
     pub fn qemu_vms(&self, i: usize) -> Vec<String> {
-        common::qemu_processes(self.hosts[i].proc.pid)
+        common::sandbox_qemu_processes(self.hosts[i].proc.pid, &self.hosts[i].dir)
             .into_iter()
             .map(|(_, id)| id)
             .collect()

@@ -231,6 +231,28 @@ mod python;
 #[allow(unused_imports)] // not every suite drives the SDK
 pub use python::{e2b_2_45_python, sdk_python};
 
+/// The VMs the host keeping its data in `data_dir` is making templates
+/// of, or holds (`<data>/templates/<id>`), named as [`qemu_processes`]
+/// names them: a host makes one beside the first create of a built-in
+/// image's shape, so its VMM may run beside a test's sandboxes.
+pub fn template_vms(data_dir: &std::path::Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(data_dir.join("templates"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().replace('-', ""))
+        .collect()
+}
+
+/// The QEMU processes of sandboxes `ancestor` started (not its hosts'
+/// template VMs, see [`template_vms`]).
+pub fn sandbox_qemu_processes(ancestor: u32, data_dir: &std::path::Path) -> Vec<(u32, String)> {
+    let mut qemus = qemu_processes(ancestor);
+    let templates = template_vms(data_dir);
+    qemus.retain(|(_, id)| !templates.contains(id));
+    qemus
+}
+
 /// The QEMU processes `ancestor` started, directly or through a jail's
 /// intermediate process: `(pid, vm id)` with the id's 32 hex digits from
 /// `-name hearth-vm-<id>`. Zombies do not count.

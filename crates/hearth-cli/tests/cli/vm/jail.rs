@@ -118,7 +118,7 @@ fn jailed_vmms_are_unprivileged_confined_and_held_to_their_limits() {
             "2G",
         ]);
     }
-    let qemus = qemu_processes(server_pid);
+    let qemus = sandbox_qemu_processes(server_pid, &srv.dir);
     assert_eq!(qemus.len(), 2, "two VMMs: {qemus:?}");
     let mut uids = BTreeSet::new();
     for (pid, vm) in &qemus {

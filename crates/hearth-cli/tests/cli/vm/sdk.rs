@@ -124,6 +124,8 @@ struct Server {
     /// printed it.
     e2b_key: String,
     log: PathBuf,
+    /// Its data directory.
+    dir: PathBuf,
 }
 
 impl Server {
@@ -196,6 +198,7 @@ impl Server {
             api_key: api_key.unwrap(),
             e2b_key: e2b_key.unwrap(),
             log,
+            dir: dir.to_owned(),
         }
     }
 
@@ -318,9 +321,9 @@ fn api_sandboxes(server: &Server) -> Result<Vec<(String, String, String)>, Strin
         .collect())
 }
 
-/// QEMU processes `parent` started, as VM ids.
-fn qemu_children(parent: u32) -> BTreeSet<String> {
-    common::qemu_processes(parent)
+/// QEMU processes of the sandboxes `server` runs, as VM ids.
+fn qemu_children(server: &Server) -> BTreeSet<String> {
+    common::sandbox_qemu_processes(server.pid(), &server.dir)
         .into_iter()
         .map(|(_, id)| id)
         .collect()
@@ -886,7 +889,7 @@ fn check_after_burst(server: &Server, checkpoint_json: &Path) -> Result<String, 
     // A VM being torn down may take a moment to leave the process table.
     let t = Instant::now();
     let vms = loop {
-        let vms = qemu_children(server.pid());
+        let vms = qemu_children(server);
         if vms == ids || t.elapsed() > Duration::from_secs(10) {
             break vms;
         }
@@ -1094,10 +1097,10 @@ fn suite(part: &str, tests: &[&str]) {
     // A deleted pool's members are removed in the background, by the next
     // pass of its reconciler: their VMs get that long to go.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut vms = qemu_children(server.pid());
+    let mut vms = qemu_children(&server);
     while !vms.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
-        vms = qemu_children(server.pid());
+        vms = qemu_children(&server);
     }
     if !vms.is_empty() {
         failures.push(format!("VMs left after the suite (30 s on): {vms:?}"));
