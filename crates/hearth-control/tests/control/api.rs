@@ -1594,6 +1594,13 @@ mod vm {
             .await;
         assert_eq!(s, StatusCode::OK);
 
+        // The host makes its template of this shape beside the first
+        // create, on a task holding the host: a real agent's death ends
+        // that task with it, this one must end before the host is gone.
+        let made = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+        while host1.template_usage().count == 0 && tokio::time::Instant::now() < made {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         // The host dies: its VMM is killed outright (no graceful stop).
         let vm = host1
             .get(hearth_types::VmId::from(id.parse::<uuid::Uuid>().unwrap()))

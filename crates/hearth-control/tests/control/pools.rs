@@ -44,6 +44,36 @@ async fn until_ready(s: &Server, name: &str, ready: u64) -> Value {
     }
 }
 
+/// Captures `sandbox` (its disk) as the snapshot `name`, and waits until
+/// it is ready.
+async fn capture(s: &Server, key: &str, sandbox: &str, name: &str) {
+    let r = s
+        .json(
+            "POST",
+            &format!("/api/v2/sandboxes/boxes/{sandbox}/snapshot"),
+            Some(key),
+            &json!({"name": name}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = s
+            .json(
+                "GET",
+                &format!("/api/v2/sandboxes/snapshots/{name}:latest"),
+                Some(key),
+                &Value::Null,
+            )
+            .await;
+        if r.json().unwrap()["status"] == "ready" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_claims_a_pool_member_and_the_pool_refills() {
     let (s, sim) = Server::on_sim().await;
@@ -260,31 +290,7 @@ async fn pools_refuse_bad_input_and_keep_their_snapshot() {
         .json("POST", "/api/v2/sandboxes/boxes", Some(&key), &src)
         .await;
     assert_eq!(r.status, 201, "{}", r.text());
-    let r = s
-        .json(
-            "POST",
-            "/api/v2/sandboxes/boxes/src/snapshot",
-            Some(&key),
-            &json!({"name": "snap1"}),
-        )
-        .await;
-    assert_eq!(r.status, 202, "{}", r.text());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = s
-            .json(
-                "GET",
-                "/api/v2/sandboxes/snapshots/snap1:latest",
-                Some(&key),
-                &Value::Null,
-            )
-            .await;
-        if r.json().unwrap()["status"] == "ready" {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{}", r.text());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    capture(&s, &key, "src", "snap1").await;
     let r = s
         .json(
             "POST",
@@ -530,31 +536,7 @@ async fn creates_of_built_in_images_share_their_hosts_template_through_both_door
         "a template's VM has no volume devices"
     );
 
-    let r = s
-        .json(
-            "POST",
-            &format!("{boxes}/{plain}/snapshot"),
-            Some(&key),
-            &json!({"name": "mine"}),
-        )
-        .await;
-    assert_eq!(r.status, 202, "{}", r.text());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = s
-            .json(
-                "GET",
-                "/api/v2/sandboxes/snapshots/mine",
-                Some(&key),
-                &Value::Null,
-            )
-            .await;
-        if r.json().unwrap()["status"] == "ready" {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{}", r.text());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    capture(&s, &key, &plain, "mine").await;
     let of_mine = create(json!({"snapshot": "mine", "wait_for_ready": true})).await;
     assert!(
         !shares(&of_mine),
