@@ -33,11 +33,13 @@ impl Host {
         // memory, is its shape's template's copy (see `host/templates.rs`);
         // a create of a built-in image is one when its host holds a
         // template of its shape; any other VM boots.
-        let of_memory = req.from.as_ref().is_some_and(|f| f.memory.is_some());
-        let template = match (req.pooled, req.share_memory, of_memory) {
-            (true, _, _) | (_, true, true) => self.pool_template(&req, &artifacts).await,
-            (false, true, false) => self.create_template(&req),
-            (false, false, _) => None,
+        let fresh_boot_create = super::templates::is_fresh_boot_create(&req);
+        let template = if fresh_boot_create {
+            self.create_template(&req)
+        } else if req.pooled || req.share_memory {
+            self.pool_template(&req, &artifacts).await
+        } else {
+            None
         };
         let how = template.as_deref().map_or(BootAs::Sandbox, BootAs::Member);
         let vm = match self.boot_or_fail(vm, &artifacts, !req.existing, how).await {
@@ -58,7 +60,7 @@ impl Host {
             }
             // Booted cold: the creates of its shape that follow are
             // copies of a template made now, beside it.
-            None if req.share_memory && !req.pooled && !of_memory => {
+            None if fresh_boot_create => {
                 self.make_create_template(&req, &artifacts);
             }
             None => {}

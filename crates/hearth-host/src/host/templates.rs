@@ -109,6 +109,14 @@ impl TemplateKey {
     }
 }
 
+/// Whether `req` is a create of a built-in image's fresh boot (no pool
+/// member, sharing memory without a snapshot's): a copy of its shape's
+/// template when the host holds one, never waiting for it.
+pub(crate) fn is_fresh_boot_create(req: &CreateVm) -> bool {
+    let of_memory = req.from.as_ref().is_some_and(|f| f.memory.is_some());
+    req.share_memory && !req.pooled && !of_memory
+}
+
 /// One shape's template: what a member is restored from.
 pub(crate) struct PoolTemplate {
     /// The shape it is the template of.
@@ -408,8 +416,7 @@ impl Host {
             dir.clone(),
             run_dir,
         ));
-        let for_creates = !req.pooled && key.memory_from.is_none();
-        let keep = match for_creates {
+        let keep = match is_fresh_boot_create(req) {
             true => CREATE_TEMPLATE_IDLE,
             false => TEMPLATE_IDLE,
         };
