@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use hearth_host::{CreateVm, Host, Liveness, VmState};
+use hearth_hostapi::clock::{MAX_UNCERTAINTY, STEP_THRESHOLD};
 use hearth_image::ImageName;
 use hearth_types::ByteSize;
 
@@ -150,11 +151,18 @@ const GUEST_NOW_NS: &str = "t=$(date +%s%N); case $t in *N) adjtimex | \
      *) echo $t;; esac";
 
 /// Reads the guest's `CLOCK_REALTIME` ([`GUEST_NOW_NS`]) and checks it
-/// against the host's clock read just before and after the exec: with
-/// the clocks within 100 ms of each other, the guest's reading lies in
-/// [before − 100 ms, after + 100 ms].
+/// against the host's clock read just before and after the exec: the
+/// guest's reading lies in [before − slack, after + slack]. The slack is
+/// what a settled sync leaves ([`STEP_THRESHOLD`] beyond a reading's
+/// [`MAX_UNCERTAINTY`], 110 ms) and the drift of a TCG guest starved of
+/// the host's CPU between the sync and this reading (seen at half a
+/// second a second on a loaded 2-core CI machine: a create's guest was
+/// 142–325 ms behind once), 500 ms in all; what it guards against was
+/// seconds off (4–6 s after a create, the 3 s slept before each resume).
 async fn assert_clock_is_the_hosts(g: &hearth_host::GuestClient, when: &str) {
-    const SLACK_NS: i128 = 100_000_000;
+    const SLACK_NS: i128 = 500_000_000;
+    const _: () =
+        assert!(STEP_THRESHOLD.as_nanos() + MAX_UNCERTAINTY.as_nanos() < SLACK_NS as u128);
     // A first exec after a boot or resume is slow (cold shell); the
     // measured one then brackets the guest's reading tightly.
     g.run(sh("true")).await.unwrap();
@@ -180,7 +188,8 @@ async fn assert_clock_is_the_hosts(g: &hearth_host::GuestClient, when: &str) {
 /// (the hello's time was taken when the host first wrote it, before the
 /// boot, and the guest stepped its RTC-set clock back to it). Now the
 /// host measures the guest's clock over the held stream and steps it at
-/// every handshake and resume: within 100 ms after a create, a stop and
+/// every handshake and resume: on time (see [`assert_clock_is_the_hosts`]
+/// for how near) after a create, a stop and
 /// start (a cold boot), a stop keeping memory and a start (a resume of
 /// the saved guest, whose clock stood still meanwhile), and a pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
