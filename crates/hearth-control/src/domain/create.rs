@@ -73,7 +73,7 @@ fn check_delegation(
 }
 /// Whether a new sandbox of `snap` is a copy of its host's template (see
 /// the host's `host/templates.rs`) rather than a VM of its own making:
-/// - a template's (E2B's, `domain/templates.rs`) sandboxes share the
+/// - a template's (E2B's, `domain/templates/`) sandboxes share the
 ///   memory it was captured with;
 /// - a built-in image's share the host's template of a fresh boot of
 ///   their shape (a resume, not a boot, once the host holds one; their

@@ -10,7 +10,7 @@
 //! server's default, any other name a snapshot's `name[:tag]` or id.
 //! Fields Hearth cannot honour are refused with a 400 naming them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,8 +21,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hearth_types::egress::{AccessSpec, EgressSpec};
 use hearth_types::rules::{
-    check_env_vars, check_labels, resolve_sizing, SizingRequest, SnapshotRef, SnapshotSelector,
-    DEFAULT_DELETE_AFTER_STOP, DEFAULT_TAG,
+    check_env_vars, check_labels, resolve_sizing, SizingRequest, SnapshotSelector,
+    DEFAULT_DELETE_AFTER_STOP,
 };
 use hearth_types::sandbox::{Lifetime, RestoreMemory, SandboxPlan, SandboxSpec, VolumeRequest};
 use hearth_types::SandboxId;
@@ -31,8 +31,6 @@ use serde_json::Value;
 
 use super::{E2bError, E2bResult, ENVD_VERSION};
 use crate::auth::Principal;
-use crate::domain::commands::Capture;
-use crate::domain::commands::SandboxChange;
 use crate::domain::error::DomainError;
 use crate::domain::lifetime::Pause;
 use crate::domain::queries::spec_of;
@@ -40,6 +38,8 @@ use crate::error::Refusal;
 use crate::extract::JsonBody;
 use crate::runtime_tokens::RuntimeTokens;
 use crate::Control;
+
+use super::network::{Network, ALL_TRAFFIC};
 
 /// A sandbox's `timeout` when the create names none (E2B's API default).
 const DEFAULT_TIMEOUT_SECS: i64 = 15;
@@ -88,170 +88,13 @@ struct VolumeMountBody {
     path: String,
 }
 
-/// E2B's `network` on create (`SandboxNetworkConfig`) and its update
-/// (`PUT /sandboxes/{id}/network`): who may reach the sandbox's ports and
-/// where it may go. Served: `allowPublicTraffic`, `maskRequestHost` (the
-/// `Host` its services see), `allowOut` and
-/// `denyOut` as Hearth's allow or deny list, or a deny list with
-/// exceptions (allow takes precedence; the egress proxy judges names as
-/// well as addresses), and transform `rules` as the proxy's header rules
-/// (`super::rules`), `httpsPorts` (on create) as ports reached over TLS.
-/// Refused by name: the rest (a SOCKS `egressProxy`, a non-empty
-/// `dnsServers`: a sandbox resolves names through the proxy, which applies
-/// the lists to the names themselves).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct Network {
-    allow_public_traffic: Option<bool>,
-    allow_out: Option<Vec<String>>,
-    deny_out: Option<Vec<String>>,
-    dns_servers: Option<Value>,
-    egress_proxy: Option<Value>,
-    mask_request_host: Option<String>,
-    https_ports: Option<Value>,
-    rules: Option<super::rules::Rules>,
-    /// Only on an update: `false` is `denyOut: ["0.0.0.0/0"]`.
-    #[serde(rename = "allow_internet_access")]
-    allow_internet_access: Option<bool>,
-}
-
-/// What denies every IPv4 destination in `denyOut`.
-const ALL_TRAFFIC: &str = "0.0.0.0/0";
-
-impl Network {
-    /// Whether anyone may reach the sandbox's ports by name (E2B's
-    /// default: yes).
-    pub(super) fn public(net: Option<&Network>) -> bool {
-        net.and_then(|n| n.allow_public_traffic).unwrap_or(true)
-    }
-
-    /// The access list the network asks for (`None`: the default, the
-    /// internet), `internet` being the create's `allow_internet_access`.
-    pub(super) fn access(
-        net: Option<&Network>,
-        internet: Option<bool>,
-    ) -> E2bResult<Option<AccessSpec>> {
-        let empty = Network::default();
-        let n = net.unwrap_or(&empty);
-        // An empty list asks for what a Hearth sandbox has: no DNS server
-        // but the proxy's, which resolves the names the lists allow (E2B's
-        // "allowed domains work without a reachable server").
-        let asked = |v: &Option<Value>| is_set(v) && *v != Some(Value::Array(Vec::new()));
-        for (field, set, why) in [
-            (
-                "network.dnsServers",
-                asked(&n.dns_servers),
-                "a Hearth sandbox's only DNS server is its egress proxy, which resolves the \
-                 names allowOut allows itself; no other server is reachable (send [] or leave \
-                 it out)",
-            ),
-            (
-                "network.egressProxy",
-                is_set(&n.egress_proxy),
-                "not served by Hearth's E2B API: the sandbox's traffic leaves through Hearth's \
-                 own egress proxy",
-            ),
-        ] {
-            if set {
-                return Err(not_served(field, why));
-            }
-        }
-        let allow = n.allow_out.clone().unwrap_or_default();
-        let deny = n.deny_out.clone().unwrap_or_default();
-        let internet = internet.or(n.allow_internet_access);
-        let deny_all = internet == Some(false) || deny.iter().any(|d| d.trim() == ALL_TRAFFIC);
-        if deny_all {
-            return Ok(Some(AccessSpec::AllowList(allow)));
-        }
-        match (deny.is_empty(), allow.is_empty()) {
-            (true, _) => Ok(None),
-            (false, true) => Ok(Some(AccessSpec::DenyList(deny))),
-            // Allow takes precedence (E2B's rule).
-            (false, false) => Ok(Some(AccessSpec::DenyExcept { deny, allow })),
-        }
-    }
-}
-
-/// Most ports `httpsPorts` may name.
-const MAX_TLS_PORTS: usize = 64;
-
-/// The placeholder of `maskRequestHost` that stands for the port.
-const PORT_PLACEHOLDER: &str = "${PORT}";
-
-impl Network {
-    /// The `Host` its services see (`maskRequestHost`), checked: a host
-    /// name or address and an optional port, `${PORT}` anywhere in it.
-    pub(super) fn port_host(net: Option<&Network>) -> E2bResult<Option<String>> {
-        let Some(mask) = net.and_then(|n| n.mask_request_host.as_deref()) else {
-            return Ok(None);
-        };
-        let bad = |why: &str| {
-            E2bError::bad_request(format!(
-                "network.maskRequestHost: {why}, as \"${{PORT}}-app.example.com\" or \"localhost:${{PORT}}\"; got {mask:?}"
-            ))
-        };
-        let sample = mask.replace(PORT_PLACEHOLDER, "65535");
-        if mask.is_empty() || mask.len() > 253 {
-            return Err(bad("a host of 1 to 253 characters"));
-        }
-        let ok = sample
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
-            && sample.parse::<axum::http::uri::Authority>().is_ok();
-        if !ok {
-            return Err(bad("a host name or address with an optional port"));
-        }
-        Ok(Some(mask.to_owned()))
-    }
-
-    /// The ports whose services speak TLS (`httpsPorts`), checked.
-    pub(super) fn tls_ports(net: Option<&Network>) -> E2bResult<BTreeSet<u16>> {
-        let Some(v) = net
-            .and_then(|n| n.https_ports.as_ref())
-            .filter(|v| !v.is_null())
-        else {
-            return Ok(BTreeSet::new());
-        };
-        let bad = || {
-            E2bError::bad_request(format!(
-                "network.httpsPorts: a list of ports (1 to 65535), got {v}"
-            ))
-        };
-        let list = v.as_array().ok_or_else(bad)?;
-        if list.len() > MAX_TLS_PORTS {
-            return Err(E2bError::bad_request(format!(
-                "network.httpsPorts: at most {MAX_TLS_PORTS} ports, got {}",
-                list.len()
-            )));
-        }
-        list.iter()
-            .map(|p| {
-                p.as_u64()
-                    .and_then(|p| u16::try_from(p).ok())
-                    .filter(|p| *p > 0)
-                    .ok_or_else(bad)
-            })
-            .collect()
-    }
-
-    /// The proxy's header rules of `rules` (none when there are none).
-    pub(super) fn proxy_rules(
-        net: Option<&Network>,
-    ) -> E2bResult<Vec<hearth_types::egress::RuleSpec>> {
-        match net.and_then(|n| n.rules.as_ref()) {
-            Some(r) => super::rules::proxy_rules(r),
-            None => Ok(Vec::new()),
-        }
-    }
-}
-
 /// A field Hearth does not serve, set to something other than its
 /// default: refused, naming it.
-fn not_served(field: &str, why: &str) -> E2bError {
+pub(super) fn not_served(field: &str, why: &str) -> E2bError {
     E2bError::bad_request(format!("{field}: {why}"))
 }
 
-fn is_set(v: &Option<Value>) -> bool {
+pub(super) fn is_set(v: &Option<Value>) -> bool {
     v.as_ref().is_some_and(|v| !v.is_null())
 }
 
@@ -323,7 +166,7 @@ impl NewSandbox {
     }
 }
 
-fn timeout_secs(s: i64) -> E2bResult<Duration> {
+pub(super) fn timeout_secs(s: i64) -> E2bResult<Duration> {
     if !(1..=MAX_TIMEOUT_SECS).contains(&s) {
         return Err(E2bError::bad_request(format!(
             "timeout: must be between 1 and {MAX_TIMEOUT_SECS} seconds, got {s}"
@@ -334,7 +177,7 @@ fn timeout_secs(s: i64) -> E2bResult<Duration> {
 
 /// E2B's `Sandbox` (create and connect).
 #[derive(Serialize)]
-struct SandboxBody {
+pub(super) struct SandboxBody {
     #[serde(rename = "templateID")]
     template_id: String,
     #[serde(rename = "sandboxID")]
@@ -489,7 +332,7 @@ fn end_at(row: &SandboxRow, deadline: Option<&Deadline>) -> String {
 }
 
 impl Control {
-    async fn e2b_snapshot(&self, row: &SandboxRow) -> (String, String) {
+    pub(super) async fn e2b_snapshot(&self, row: &SandboxRow) -> (String, String) {
         match self.made_from(row).await {
             Some(s) => (s.id.to_string(), s.name),
             None => (row.snapshot_id.to_string(), String::new()),
@@ -525,7 +368,7 @@ impl Control {
         })
     }
 
-    fn e2b_sandbox(
+    pub(super) fn e2b_sandbox(
         &self,
         row: &SandboxRow,
         snap: (String, String),
@@ -568,7 +411,7 @@ pub(super) fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> E2bResul
 }
 
 /// A body the SDK may leave out: empty is the defaults.
-fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> E2bResult<T> {
+pub(super) fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> E2bResult<T> {
     if body.is_empty() {
         Ok(T::default())
     } else {
@@ -815,7 +658,7 @@ pub(super) fn page_limit(v: &str) -> E2bResult<u32> {
 
 /// A list's failure: a `nextToken` this server did not give is the
 /// caller's mistake.
-fn page_error(e: DomainError) -> E2bError {
+pub(super) fn page_error(e: DomainError) -> E2bError {
     match e {
         DomainError::Invalid(_, i) if i.field == "cursor" => {
             E2bError::bad_request("nextToken: not a token this list gave")
@@ -987,479 +830,6 @@ pub async fn connect(
     };
     let tokens = c.runtime_tokens(&who, &row)?;
     Ok((status, Json(c.e2b_sandbox(&row, snap, tokens))).into_response())
-}
-
-/// Body of `POST /sandboxes/{id}/fork`.
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ForkBody {
-    /// The children's lifetime in seconds (E2B's default: 15).
-    timeout: Option<i64>,
-    /// Children to make (E2B allows 1 to 20, Hearth 1 to 16).
-    count: Option<i64>,
-}
-
-/// E2B's default lifetime of a fork's children, in seconds.
-const FORK_DEFAULT_TIMEOUT_SECS: i64 = 15;
-
-/// One entry of a fork's answer: the child, or why it did not start.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ForkEntry {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sandbox: Option<SandboxBody>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<Value>,
-}
-
-/// `POST /sandboxes/{id}/fork`: Hearth's fork ([`Control::fork_sandbox`]:
-/// children resume the parent's memory and processes, with disks that
-/// share its chunks and identities of their own), each child given E2B's
-/// deadline (`timeout`, killed at its end). 201 with one entry per child:
-/// its sandbox, or the error it failed with.
-pub async fn fork(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    Path(id): Path<String>,
-    body: Result<JsonBody, Refusal>,
-) -> E2bResult<Response> {
-    let who = who?;
-    let req: ForkBody = optional_body(&body?.0)?;
-    let timeout = timeout_secs(req.timeout.unwrap_or(FORK_DEFAULT_TIMEOUT_SECS))?;
-    let parent = c.e2b_find(&who, &id).await?;
-    let forked = c
-        .fork_sandbox(
-            &who,
-            &parent.id.to_string(),
-            req.count.unwrap_or(1),
-            None,
-            Some(Lifetime {
-                timeout,
-                on_expiry: OnExpiry::Delete,
-            }),
-        )
-        .await?;
-    let snap = c.e2b_snapshot(&parent).await;
-    let mut entries = Vec::with_capacity(forked.children.len());
-    for child in &forked.children {
-        let tokens = c.runtime_tokens(&who, child)?;
-        entries.push(if child.status == SandboxStatus::Ready {
-            ForkEntry {
-                sandbox: Some(c.e2b_sandbox(child, snap.clone(), tokens)),
-                error: None,
-            }
-        } else {
-            ForkEntry {
-                sandbox: None,
-                error: Some(serde_json::json!({
-                    "code": 500,
-                    "message": format!(
-                        "fork {} did not start: {}",
-                        child.id,
-                        child.status_message.clone().unwrap_or_else(|| child.status.as_str().to_owned())
-                    ),
-                })),
-            }
-        });
-    }
-    tracing::info!(sandbox = %parent.id, children = entries.len(), parent_pause_ms = forked.parent_pause_ms, "e2b fork");
-    Ok((StatusCode::CREATED, Json(entries)).into_response())
-}
-
-/// Body of `POST /sandboxes/{id}/snapshots`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SnapshotBody {
-    /// `name` or `name:tag`.
-    name: Option<String>,
-    /// `false`: the filesystem only (sandboxes made from it boot cold).
-    memory: Option<bool>,
-}
-
-/// E2B's `SnapshotInfo`.
-#[derive(Serialize)]
-struct SnapshotInfo {
-    #[serde(rename = "snapshotID")]
-    snapshot_id: String,
-    names: Vec<String>,
-}
-
-fn snapshot_info(s: &SnapshotRow) -> SnapshotInfo {
-    SnapshotInfo {
-        snapshot_id: s.id.to_string(),
-        names: vec![if s.tag == DEFAULT_TAG {
-            s.name.clone()
-        } else {
-            format!("{}:{}", s.name, s.tag)
-        }],
-    }
-}
-
-/// How long a snapshot may take to be stored before the request fails
-/// (it goes on building; the snapshot list shows it once ready).
-const SNAPSHOT_WAIT: Duration = Duration::from_secs(600);
-
-/// `POST /sandboxes/{id}/snapshots`: a snapshot of the running sandbox,
-/// with its memory unless `memory: false`, answered once it is stored.
-/// Its id is a template: `Sandbox.create(snapshot_id)` resumes it. The
-/// sandbox runs on (it is frozen only while its memory is copied).
-pub async fn create_snapshot(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    Path(id): Path<String>,
-    body: Result<JsonBody, Refusal>,
-) -> E2bResult<Response> {
-    let who = who?;
-    let req: SnapshotBody = optional_body(&body?.0)?;
-    let row = c.e2b_find(&who, &id).await?;
-    let reference = req
-        .name
-        .as_deref()
-        .map(str::parse::<SnapshotRef>)
-        .transpose()
-        .map_err(|e| E2bError::bad_request(format!("name: {e}")))?;
-    let capture = Capture {
-        reference,
-        include_memory: req.memory.unwrap_or(true),
-        ..Capture::default()
-    };
-    let building = c.capture(&who, &row.id.to_string(), &capture).await?;
-    let deadline = tokio::time::Instant::now() + SNAPSHOT_WAIT;
-    loop {
-        let now = c.snapshot(&who, &building.id.to_string()).await?;
-        match now.status {
-            crate::domain::model::SnapshotStatus::Ready => {
-                return Ok((StatusCode::CREATED, Json(snapshot_info(&now))).into_response())
-            }
-            crate::domain::model::SnapshotStatus::Building
-                if tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            crate::domain::model::SnapshotStatus::Building => {
-                return Err(E2bError::new(
-                    504,
-                    format!("snapshot {} is still being stored", now.id),
-                ))
-            }
-            _ => {
-                return Err(E2bError::new(
-                    500,
-                    format!(
-                        "snapshot of {id} failed: {}",
-                        now.status_message
-                            .unwrap_or_else(|| now.status.as_str().to_owned())
-                    ),
-                ))
-            }
-        }
-    }
-}
-
-/// `GET /snapshots`: the workspace's snapshots captured from sandboxes
-/// (through either API), newest first, `sandboxID` and `name` (a name,
-/// `name:tag` or an id) filtering, paged by `limit` and `nextToken`
-/// (`x-next-token`).
-pub async fn list_snapshots(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    RawQuery(raw): RawQuery,
-) -> E2bResult<Response> {
-    let who = who?;
-    let mut filter = crate::domain::model::SnapshotFilter {
-        captured_only: true,
-        status: Some(crate::domain::model::SnapshotStatus::Ready),
-        page_size: 100,
-        ..Default::default()
-    };
-    let mut name = None;
-    for (k, v) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
-        match &*k {
-            "sandboxID" => match c.e2b_find(&who, &v).await {
-                Ok(row) => filter.from_sandbox = Some(row.id),
-                // Another workspace's or no sandbox: it has no snapshots
-                // this caller may see.
-                Err(_) => return Ok(Json(Vec::<SnapshotInfo>::new()).into_response()),
-            },
-            "name" => name = Some(v.into_owned()),
-            "limit" => filter.page_size = page_limit(&v)?,
-            "nextToken" => filter.cursor = Some(v.into_owned()).filter(|t| !t.is_empty()),
-            other => {
-                return Err(E2bError::bad_request(format!(
-                    "{other}: not a query parameter Hearth's snapshot list serves"
-                )))
-            }
-        }
-    }
-    if let Some(n) = name {
-        // One snapshot by id or name[:tag], when it is one of the listed.
-        // A name that is not one is the caller's mistake, said as such.
-        if n.parse::<uuid::Uuid>().is_err() {
-            n.parse::<SnapshotRef>()
-                .map_err(|e| E2bError::bad_request(format!("name: {e}")))?;
-        }
-        let found = c.snapshot(&who, &n).await.ok();
-        let listed = found.filter(|s| {
-            s.status == crate::domain::model::SnapshotStatus::Ready
-                && s.source_sandbox_id.is_some()
-                && filter
-                    .from_sandbox
-                    .is_none_or(|f| s.source_sandbox_id == Some(f))
-        });
-        return Ok(Json(listed.iter().map(snapshot_info).collect::<Vec<_>>()).into_response());
-    }
-    let page = c
-        .snapshot_page(&who, &filter, 0)
-        .await
-        .map_err(page_error)?;
-    let items: Vec<_> = page.items.iter().map(snapshot_info).collect();
-    Ok(page_response(items, page.next_cursor))
-}
-
-/// `DELETE /templates/{id}`: E2B deletes a snapshot (a template) by its
-/// id or name; a snapshot a pool or a sandbox still needs is a 409.
-pub async fn delete_template(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    Path(id): Path<String>,
-) -> E2bResult<Response> {
-    let who = who?;
-    c.delete_snapshot(&who, &id).await.map_err(|e| {
-        if matches!(e, DomainError::NotFound { .. }) {
-            E2bError::not_found(format!("template {id} not found"))
-        } else {
-            e.into()
-        }
-    })?;
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// The snapshot name an E2B template key names: `base` is the default
-/// snapshot; a template id, its snapshot's name; else the key itself.
-async fn template_name(c: &Control, who: &Principal, key: &str) -> E2bResult<String> {
-    c.template_snapshot_name(who, key)
-        .await
-        .map_err(|e| match e {
-            DomainError::NotFound { .. } => {
-                E2bError::not_found(format!("template {key} not found"))
-            }
-            other => other.into(),
-        })
-}
-
-/// The snapshots of a template (its tags), or 404 in E2B's words.
-async fn template_tags(c: &Control, who: &Principal, key: &str) -> E2bResult<Vec<SnapshotRow>> {
-    let name = template_name(c, who, key).await?;
-    c.snapshot_tags(who, &name).await.map_err(|e| match e {
-        DomainError::NotFound { .. } => E2bError::not_found(format!("template {key} not found")),
-        other => other.into(),
-    })
-}
-
-/// E2B's `TemplateAliasResponse`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct AliasBody {
-    #[serde(rename = "templateID")]
-    template_id: String,
-    /// A built-in template is everyone's.
-    public: bool,
-}
-
-/// `GET /templates/aliases/{alias}` (`Template.exists`,
-/// `Template.alias_exists`): a template is a snapshot name of the
-/// workspace or a built-in one; its id is its `latest` tag's (else its
-/// first tag's).
-pub async fn template_alias(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    Path(alias): Path<String>,
-) -> E2bResult<Response> {
-    let who = who?;
-    let tags = template_tags(&c, &who, &alias).await?;
-    let snap = tags
-        .iter()
-        .find(|s| s.tag == "latest")
-        .or(tags.first())
-        .ok_or_else(|| E2bError::not_found(format!("template {alias} not found")))?;
-    Ok(Json(AliasBody {
-        template_id: snap.id.to_string(),
-        public: snap.workspace_id.is_none(),
-    })
-    .into_response())
-}
-
-/// `POST /templates/tags`'s body (`Template.assign_tags`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AssignTags {
-    /// `name:tag` (or `name`: its `latest`) of the build to tag.
-    target: String,
-    tags: Vec<String>,
-}
-
-/// E2B's `AssignedTemplateTags`.
-#[derive(Serialize)]
-struct AssignedBody {
-    tags: Vec<String>,
-    /// The snapshot the first tag names (each tag is a snapshot of its
-    /// own, holding the same files and memory).
-    #[serde(rename = "buildID")]
-    build_id: String,
-}
-
-/// Most tags one call may assign or remove.
-const MAX_TAGS: usize = 16;
-
-fn check_tags(tags: &[String]) -> E2bResult<()> {
-    if tags.is_empty() || tags.len() > MAX_TAGS {
-        return Err(E2bError::bad_request(format!(
-            "tags: 1 to {MAX_TAGS} tags, got {}",
-            tags.len()
-        )));
-    }
-    Ok(())
-}
-
-/// `POST /templates/tags`: more tags for a template's build; a tag that
-/// named another build moves.
-pub async fn assign_tags(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    body: Result<JsonBody, Refusal>,
-) -> E2bResult<Response> {
-    let who = who?;
-    let req: AssignTags = json_body(&body?.0)?;
-    check_tags(&req.tags)?;
-    let target = match req.target.split_once(':') {
-        Some((name, tag)) => format!("{}:{tag}", template_name(&c, &who, name).await?),
-        None => template_name(&c, &who, &req.target).await?,
-    };
-    let made = c
-        .tag_snapshot(&who, &target, &req.tags)
-        .await
-        .map_err(|e| match e {
-            DomainError::NotFound { .. } => {
-                E2bError::not_found(format!("template {} not found", req.target))
-            }
-            other => other.into(),
-        })?;
-    Ok((
-        StatusCode::CREATED,
-        Json(AssignedBody {
-            build_id: made.first().map(|s| s.id.to_string()).unwrap_or_default(),
-            tags: made.into_iter().map(|s| s.tag).collect(),
-        }),
-    )
-        .into_response())
-}
-
-/// `DELETE /templates/tags`'s body (`Template.remove_tags`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RemoveTags {
-    name: String,
-    tags: Vec<String>,
-}
-
-/// `DELETE /templates/tags`: each tag's build removed (all or none).
-pub async fn remove_tags(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    body: Result<JsonBody, Refusal>,
-) -> E2bResult<StatusCode> {
-    let who = who?;
-    let req: RemoveTags = json_body(&body?.0)?;
-    check_tags(&req.tags)?;
-    let name = template_name(&c, &who, &req.name).await?;
-    c.untag_snapshot(&who, &name, &req.tags)
-        .await
-        .map_err(|e| match e {
-            DomainError::NotFound { name, .. } => {
-                E2bError::not_found(format!("template tag {name} not found"))
-            }
-            other => other.into(),
-        })?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// E2B's `TemplateTag`.
-#[derive(Serialize)]
-struct TagBody {
-    tag: String,
-    #[serde(rename = "buildID")]
-    build_id: String,
-    #[serde(rename = "createdAt")]
-    created_at: String,
-}
-
-/// `GET /templates/{id or name}/tags` (`Template.get_tags`): each tag of
-/// the template's name, its build the tagged snapshot.
-pub async fn template_tags_list(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    Path(key): Path<String>,
-) -> E2bResult<Response> {
-    let who = who?;
-    let tags = template_tags(&c, &who, &key).await?;
-    Ok(Json(
-        tags.into_iter()
-            .map(|s| TagBody {
-                tag: s.tag,
-                build_id: s.id.to_string(),
-                created_at: s.created_at.to_rfc3339(),
-            })
-            .collect::<Vec<_>>(),
-    )
-    .into_response())
-}
-
-/// `PUT /sandboxes/{id}/network`: the sandbox's new egress lists and
-/// transform rules, in force when this answers 204 (pushed to the running
-/// VM first, as LangSmith's PATCH of `proxy_config`). The update is whole:
-/// what it leaves out is cleared. Rules of a `proxy_config` the sandbox
-/// has stay; only E2B's are replaced.
-pub async fn update_network(
-    State(c): State<Arc<Control>>,
-    who: Result<Principal, Refusal>,
-    Path(id): Path<String>,
-    body: Result<JsonBody, Refusal>,
-) -> E2bResult<StatusCode> {
-    let who = who?;
-    // Refused before the lookup (see `kill`).
-    who.require("sandboxes:update")?;
-    let net: Network = json_body(&body?.0)?;
-    for (field, set) in [
-        ("allowPublicTraffic", net.allow_public_traffic.is_some()),
-        ("maskRequestHost", net.mask_request_host.is_some()),
-        ("httpsPorts", is_set(&net.https_ports)),
-    ] {
-        if set {
-            return Err(not_served(
-                field,
-                "set on create; an update does not change it",
-            ));
-        }
-    }
-    let access = Network::access(Some(&net), None)?;
-    let rules = Network::proxy_rules(Some(&net))?;
-    let row = c.e2b_find(&who, &id).await?;
-    let rules = c.sealed_rules(who.workspace_id, rules)?;
-    let mut spec = spec_of(&row)?;
-    let mut egress = spec.egress.take().unwrap_or_default();
-    egress.access = access;
-    egress
-        .rules
-        .retain(|r| !r.name.starts_with(super::rules::RULE_PREFIX));
-    egress.rules.splice(0..0, rules);
-    spec.egress = (egress != EgressSpec::default()).then_some(egress);
-    let change = SandboxChange {
-        name: None,
-        spec,
-        network: true,
-    };
-    c.update_sandbox(&who, &row, change).await?;
-    Ok(StatusCode::NO_CONTENT)
 }
 
 /// E2B calls Hearth does not serve yet (metrics, logs, snapshots,

@@ -2,7 +2,7 @@
 //! `get_build_status` of the e2b SDKs): request a build, upload its files
 //! by hash, start it with its steps, poll its status and logs. This door
 //! parses E2B's wire shapes into the domain's [`Recipe`] and renders the
-//! build's status; what a build does is `domain/templates.rs`'s.
+//! build's status; what a build does is `domain/templates/`'s.
 //!
 //! A template's id is its name (its snapshots' name): `templateID` in
 //! every answer, and what `Sandbox.create` takes.

@@ -19,11 +19,15 @@ mod builds;
 pub(crate) use api::not_served_route;
 mod connect;
 mod envd;
+mod fork;
 pub(crate) mod hosts;
 mod logs;
 mod metrics;
+mod network;
 mod rules;
 mod secrets;
+mod snapshots;
+mod templates;
 mod volume_content;
 mod volumes;
 
@@ -357,15 +361,15 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("GET", "/sandboxes/metrics") => on(m, metrics::latest),
         ("GET", "/sandboxes/{id}/logs") => on(m, logs::logs_v1),
         ("GET", "/v2/sandboxes/{id}/logs") => on(m, logs::logs_v2),
-        ("POST", "/sandboxes/{id}/snapshots") => on(m, api::create_snapshot),
-        ("GET", "/snapshots") => on(m, api::list_snapshots),
-        ("DELETE", "/templates/{id}") => on(m, api::delete_template),
+        ("POST", "/sandboxes/{id}/snapshots") => on(m, snapshots::create_snapshot),
+        ("GET", "/snapshots") => on(m, snapshots::list_snapshots),
+        ("DELETE", "/templates/{id}") => on(m, templates::delete_template),
         ("GET", "/templates") => on(m, builds::list),
         ("GET", "/templates/{id}") => on(m, builds::get),
-        ("GET", "/templates/aliases/{alias}") => on(m, api::template_alias),
-        ("GET", "/templates/{id}/tags") => on(m, api::template_tags_list),
-        ("POST", "/templates/tags") => on(m, api::assign_tags),
-        ("DELETE", "/templates/tags") => on(m, api::remove_tags),
+        ("GET", "/templates/aliases/{alias}") => on(m, templates::template_alias),
+        ("GET", "/templates/{id}/tags") => on(m, templates::template_tags_list),
+        ("POST", "/templates/tags") => on(m, templates::assign_tags),
+        ("DELETE", "/templates/tags") => on(m, templates::remove_tags),
         ("POST", "/v3/templates") => on(m, builds::request),
         ("GET", "/templates/{id}/files/{hash}") => on(m, builds::files),
         ("PUT", "/template-files/{token}") => {
@@ -374,8 +378,8 @@ fn handler(r: &E2bRoute) -> MethodRouter<Arc<Control>> {
         ("POST", "/v2/templates/{id}/builds/{build}") => on(m, builds::start),
         ("GET", "/templates/{id}/builds/{build}/status") => on(m, builds::status),
         ("GET", "/templates/{id}/builds/{build}/logs") => on(m, builds::logs),
-        ("POST", "/sandboxes/{id}/fork") => on(m, api::fork),
-        ("PUT", "/sandboxes/{id}/network") => on(m, api::update_network),
+        ("POST", "/sandboxes/{id}/fork") => on(m, fork::fork),
+        ("PUT", "/sandboxes/{id}/network") => on(m, network::update_network),
         ("GET", "/secrets") => on(m, secrets::list),
         ("POST", "/secrets") => on(m, secrets::create),
         ("GET", "/secrets/{id}") => on(m, secrets::get),
