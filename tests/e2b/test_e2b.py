@@ -1190,6 +1190,38 @@ def test_code_interpreter_keeps_state_and_returns_rich_results():
           f"the server's own lines: {service[:5]}")
     sb.kill()
     created.remove(sb.sandbox_id)
+    check_copies_have_their_own_random(CodeSandbox)
+
+
+def check_copies_have_their_own_random(CodeSandbox):
+    """Two code interpreters made after the first are copies of the
+    host's template of their shape (made beside the first create): their
+    kernels are the template's one (the same pid, started at the same tick
+    of the same boot), and yet each one's `random` is its own. A pair that
+    is not two copies (the template not made yet on a loaded machine) is
+    tried again."""
+    import ast
+    probe = ("import os, random\n"
+             "(os.getpid(), open('/proc/self/stat').read().split()[21], random.random())")
+    for attempt in range(4):
+        pair = [CodeSandbox.create(timeout=120) for _ in range(2)]
+        created.extend(s.sandbox_id for s in pair)
+        seen = []
+        for s in pair:
+            e = s.run_code(probe)
+            check(e.error is None, f"the probe: {e.error}")
+            seen.append(ast.literal_eval(e.text))
+        for s in pair:
+            s.kill()
+            created.remove(s.sandbox_id)
+        (pid_a, tick_a, rand_a), (pid_b, tick_b, rand_b) = seen
+        if (pid_a, tick_a) == (pid_b, tick_b):
+            check(rand_a != rand_b, f"two copies' kernels drew the same random {rand_a}")
+            print(f"  two copies of one kernel (pid {pid_a}), each its own random", flush=True)
+            return
+        print(f"  attempt {attempt + 1}: not two copies ({seen}); again", flush=True)
+        time.sleep(10)
+    check(False, "no two code interpreters were copies of the host's template")
 
 
 def make_wheel(path):

@@ -40,6 +40,16 @@ LISTEN_WAIT = 25
 # The largest request body accepted (code and its environment).
 MAX_BODY = 16 << 20
 
+# Run in a kernel before its first execution: its `random` seeded again
+# from the sandbox's own CRNG. A sandbox claimed from a pool, or made as a
+# copy of its host's template, resumes a kernel started in the template,
+# whose `random` every such sandbox would share (the same "random"
+# numbers in each); the guest's CRNG was reseeded with the sandbox's
+# identity before anything ran. A kernel that has run code keeps the state
+# that code made (a fork's child continues its parent's, as it does every
+# other memory).
+RESEED = "import random as __hearth_random\n__hearth_random.seed()\ndel __hearth_random\n"
+
 # Jupyter's MIME types as the SDK's Result fields.
 MIME_FIELDS = {
     "text/plain": "text",
@@ -71,6 +81,8 @@ class Context:
         self.failed = None
         self.km = None
         self.kc = None
+        # No execution has run in the kernel yet (see RESEED).
+        self.fresh = True
         threading.Thread(target=self._start, daemon=True).start()
 
     def _start(self):
@@ -106,6 +118,7 @@ class Context:
             self.kc = self.km.client()
             self.kc.start_channels()
             self.kc.wait_for_ready(timeout=KERNEL_READY_TIMEOUT)
+            self.fresh = True
 
     def shutdown(self):
         try:
@@ -119,6 +132,9 @@ class Context:
         """Runs `code`, calling `emit(event)` for each output as it comes."""
         self.wait()
         with self.lock:
+            if self.fresh:
+                self._silent(RESEED)
+                self.fresh = False
             if env_vars:
                 self._silent(
                     "import os as __hearth_os\n"
