@@ -189,6 +189,40 @@ def test_create_run_files_and_kill():
     created.remove(sb.sandbox_id)
 
 
+def test_the_clis_template_routes_answer_the_sdks_models():
+    """The routes E2B's CLI lists and publishes templates with, through the
+    SDK's own generated client, each answer parsed into its model (every
+    required field there): the built-in templates, public, the one `base`
+    names aliased so; the workspace's templates paged by name; `public`
+    false acknowledged, true refused naming it."""
+    from e2b.api.client.api.templates import (
+        get_default_templates, get_v2_templates, patch_v_2_templates_template_id)
+    from e2b.api.client.models import Error, TemplateUpdateRequest
+    from e2b.api.client_sync import get_api_client
+    from e2b.connection_config import ConnectionConfig
+    client = get_api_client(ConnectionConfig())
+    builtins = get_default_templates.sync(client=client)
+    ids = [t.template_id for t in builtins]
+    check(ids == sorted(ids) and "code-interpreter-v1" in ids, f"built-ins {ids}")
+    check(all(t.public and t.is_default for t in builtins), f"public {builtins}")
+    check(sum("base" in t.aliases for t in builtins) == 1, f"base {[t.aliases for t in builtins]}")
+    # Run after the template test: the workspace has templates.
+    mine = get_v2_templates.sync(client=client, limit=1000)
+    check(isinstance(mine, list) and mine, f"the workspace's templates: {mine}")
+    names = [t.template_id for t in mine]
+    check(names == sorted(names), f"by name: {names}")
+    first = get_v2_templates.sync(client=client, limit=1)
+    check([t.template_id for t in first] == names[:1], f"a page of one: {first}")
+    name = names[0]
+    done = patch_v_2_templates_template_id.sync(
+        name, client=client, body=TemplateUpdateRequest(public=False))
+    check(done.names and all(n.startswith(f"{name}:") for n in done.names), f"updated {done}")
+    refused = patch_v_2_templates_template_id.sync(
+        name, client=client, body=TemplateUpdateRequest(public=True))
+    check(isinstance(refused, Error) and refused.code == 400 and "public" in refused.message,
+          f"public: true {refused}")
+
+
 def test_commands_and_files_act_as_user_by_default():
     """E2B's base template's default user: commands and files act as
     `user` (home and working directory /home/user, files 0644 and
@@ -1411,6 +1445,7 @@ TESTS = [
     test_code_interpreter_keeps_state_and_returns_rich_results,
     test_a_template_built_from_an_image_starts_with_its_server_running,
     test_the_async_sdk,
+    test_the_clis_template_routes_answer_the_sdks_models,
 ]
 
 

@@ -267,13 +267,7 @@ impl Control {
             })
             .await?;
         }
-        // Built-in images as snapshots; `code-interpreter-v1` is named as
-        // `e2b-code-interpreter`'s default template.
-        for (name, image, capacity) in [
-            ("default", "default", ByteSize::gib(2)),
-            ("busybox", "busybox", ByteSize::mib(64)),
-            ("code-interpreter-v1", "code-interpreter", ByteSize::gib(4)),
-        ] {
+        for (name, image, capacity) in BUILTIN_SNAPSHOTS {
             db.upsert_builtin_snapshot(&SnapshotRow {
                 id: SnapshotId::from_uuid(builtin_snapshot_id(name)),
                 workspace_id: None,
@@ -367,6 +361,15 @@ impl Control {
         }
     }
 }
+
+/// The built-in images as snapshots every workspace sees: name, image,
+/// disk size. `code-interpreter-v1` is named as `e2b-code-interpreter`'s
+/// default template.
+pub(crate) const BUILTIN_SNAPSHOTS: [(&str, &str, ByteSize); 3] = [
+    ("default", "default", ByteSize::gib(2)),
+    ("busybox", "busybox", ByteSize::mib(64)),
+    ("code-interpreter-v1", "code-interpreter", ByteSize::gib(4)),
+];
 
 /// Stable ids of the built-in snapshots.
 pub fn builtin_snapshot_id(name: &str) -> uuid::Uuid {

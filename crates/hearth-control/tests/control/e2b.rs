@@ -1448,10 +1448,7 @@ async fn an_unknown_e2b_path_is_a_501_naming_it() {
     // What the SDK's Template class calls: a 404 would be read as "does
     // not exist" (`Template.alias_exists`).
     for (method, path) in [
-        ("PATCH", "/templates/t1"),
-        ("GET", "/v2/templates"),
-        ("PATCH", "/v2/templates/t1"),
-        ("GET", "/default-templates"),
+        ("POST", "/sandboxes/abc/refreshes"),
         ("GET", "/sandboxes/abc/unknown"),
         ("GET", "/snapshots/x/y"),
     ] {

@@ -16,8 +16,8 @@
 //! A field a new SDK adds lands in neither and is refused by the parser
 //! (every body is `deny_unknown_fields`): this test then still passes,
 //! and only a field made to act must be added to an exercise. E2B's
-//! routes Hearth does not serve (volumes, template builds, refreshes)
-//! are a 501 whatever their body. On a simulated host, SQLite.
+//! routes Hearth does not serve (refreshes) are a 501 whatever their
+//! body. On a simulated host, SQLite.
 
 use std::collections::BTreeSet;
 

@@ -348,6 +348,7 @@ async fn a_template_build_runs_its_steps_in_a_builder_and_caches_them() {
     assert_eq!(r.status, 404, "{}", r.text());
     let r = call(&s, "GET", "/templates?teamID=t", &key, json!({})).await;
     assert_eq!(r.status, 400, "{}", r.text());
+    the_template_routes_of_e2bs_cli(&s, &key).await;
 
     // A step that fails fails the build, naming it (the simulated guest
     // writes no files, so a copy fails there).
@@ -416,4 +417,107 @@ async fn a_template_build_runs_its_steps_in_a_builder_and_caches_them() {
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
+}
+
+/// What E2B's CLI asks of the workspace's template `app` (and of no
+/// other): the list paged by name (`GET /v2/templates`), the built-in
+/// templates (`GET /default-templates`), and `PATCH` of a template, whose
+/// `public: true` is refused by name (a template is its workspace's).
+async fn the_template_routes_of_e2bs_cli(s: &Server, key: &str) {
+    let second = request(s, key, "zeta").await;
+    let r = call(
+        s,
+        "POST",
+        &format!("/v2/templates/zeta/builds/{second}"),
+        key,
+        json!({"fromTemplate": "busybox", "steps": [{"type": "RUN", "args": ["true"]}]}),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let (v, _) = wait(s, key, "zeta", &second).await;
+    assert_eq!(v["status"], "ready", "{v}");
+    let r = call(s, "GET", "/v2/templates?limit=1", key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let page = r.json().unwrap();
+    assert_eq!(page.as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page[0]["templateID"], "app", "{page}");
+    assert_eq!(r.header("x-next-token"), Some("app"));
+    let r = call(
+        s,
+        "GET",
+        "/v2/templates?limit=1&nextToken=app",
+        key,
+        json!({}),
+    )
+    .await;
+    let page = r.json().unwrap();
+    assert_eq!(page[0]["templateID"], "zeta", "{page}");
+    assert_eq!(r.header("x-next-token"), None, "the last page");
+    for bad in ["/v2/templates?limit=0", "/v2/templates?teamID=t"] {
+        let r = call(s, "GET", bad, key, json!({})).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+    }
+
+    let r = call(s, "GET", "/default-templates", key, json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let all = r.json().unwrap();
+    let ids: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["templateID"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["busybox", "code-interpreter-v1", "default"], "{all}");
+    for t in all.as_array().unwrap() {
+        assert_eq!(
+            (&t["public"], &t["isDefault"]),
+            (&json!(true), &json!(true)),
+            "{t}"
+        );
+    }
+    // The one E2B's `base` names (the server's default snapshot) has that
+    // alias too.
+    for t in all.as_array().unwrap() {
+        let id = t["templateID"].as_str().unwrap();
+        let aliases = if id == s.cfg.default_snapshot.0 {
+            json!([id, "base"])
+        } else {
+            json!([id])
+        };
+        assert_eq!(t["aliases"], aliases, "{all}");
+    }
+
+    let r = call(s, "PATCH", "/templates/app", key, json!({"public": false})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = call(
+        s,
+        "PATCH",
+        "/v2/templates/app",
+        key,
+        json!({"public": false}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json().unwrap(), json!({"names": ["app:latest"]}));
+    let r = call(
+        s,
+        "PATCH",
+        "/v2/templates/app",
+        key,
+        json!({"public": true}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("public"), "{}", r.text());
+    let r = call(s, "PATCH", "/templates/app", key, json!({"shared": true})).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("shared"), "{}", r.text());
+    for (path, who) in [
+        ("/templates/nothing", key),
+        ("/templates/busybox", key),
+        ("/templates/app", s.admin.as_str()),
+    ] {
+        let r = call(s, "PATCH", path, who, json!({"public": false})).await;
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+    }
 }

@@ -1155,6 +1155,7 @@ const E2B_SECOND_HALF: &[&str] = &[
     "test_volumes_outlive_their_sandboxes_with_one_writer",
     "test_a_port_that_speaks_tls_is_reached_over_tls",
     "test_a_template_built_from_an_image_starts_with_its_server_running",
+    "test_the_clis_template_routes_answer_the_sdks_models",
 ];
 
 #[test]

@@ -48,6 +48,60 @@ impl Control {
         Ok(t)
     }
 
+    /// The built-in templates (E2B's `GET /default-templates`): each
+    /// built-in snapshot, everyone's, by name.
+    pub(crate) async fn builtin_templates(
+        &self,
+        who: &Principal,
+    ) -> Result<Vec<TemplateView>, DomainError> {
+        who.require("sandboxes:read")?;
+        let mut out = Vec::with_capacity(crate::BUILTIN_SNAPSHOTS.len());
+        for (name, ..) in crate::BUILTIN_SNAPSHOTS {
+            let id = hearth_types::SnapshotId::from_uuid(crate::builtin_snapshot_id(name));
+            let snapshot = self
+                .db
+                .get_snapshot(who.workspace_id, id)
+                .await
+                .map_err(DomainError::from)?;
+            out.push(TemplateView {
+                name: name.to_owned(),
+                tags: vec![snapshot.tag.clone()],
+                snapshot,
+                build_count: 0,
+                builds: Vec::new(),
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Changes a template of the caller's workspace (E2B's `PATCH
+    /// /templates/{id}`), by its key (as [`Control::template_snapshot_name`]
+    /// reads it): whether it is public. No template is seen beyond its
+    /// workspace, so `public: true` is refused, naming it (a built-in one
+    /// is not the workspace's to change: not found). Its names,
+    /// `name:tag`.
+    pub(crate) async fn update_template(
+        &self,
+        who: &Principal,
+        key: &str,
+        public: Option<bool>,
+    ) -> Result<Vec<String>, DomainError> {
+        who.require("sandboxes:update")?;
+        let name = self.template_snapshot_name(who, key).await?;
+        let t = self.template(who, &name).await?;
+        if public == Some(true) {
+            return Err(DomainError::invalid(
+                "public",
+                "a template is its workspace's alone; Hearth makes none public",
+            ));
+        }
+        Ok(t.tags
+            .iter()
+            .map(|tag| format!("{}:{tag}", t.name))
+            .collect())
+    }
+
     /// The snapshot name a template key names: E2B's `base`, the default
     /// snapshot's; an id, that snapshot's name (the caller's, else not
     /// found); else the key itself.
