@@ -28,14 +28,19 @@ pub async fn delete_template(
     Path(id): Path<String>,
 ) -> E2bResult<Response> {
     let who = who?;
-    c.delete_snapshot(&who, &id).await.map_err(|e| {
-        if matches!(e, DomainError::NotFound { .. }) {
-            E2bError::not_found(format!("template {id} not found"))
-        } else {
-            e.into()
-        }
-    })?;
+    c.delete_snapshot(&who, &id)
+        .await
+        .map_err(template_not_found(&id))?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A domain error in E2B's words: not found names the template as the
+/// caller keyed it.
+fn template_not_found(key: &str) -> impl Fn(DomainError) -> E2bError + '_ {
+    move |e| match e {
+        DomainError::NotFound { .. } => E2bError::not_found(format!("template {key} not found")),
+        other => other.into(),
+    }
 }
 
 /// The snapshot name an E2B template key names: `base` is the default
@@ -43,21 +48,15 @@ pub async fn delete_template(
 async fn template_name(c: &Control, who: &Principal, key: &str) -> E2bResult<String> {
     c.template_snapshot_name(who, key)
         .await
-        .map_err(|e| match e {
-            DomainError::NotFound { .. } => {
-                E2bError::not_found(format!("template {key} not found"))
-            }
-            other => other.into(),
-        })
+        .map_err(template_not_found(key))
 }
 
 /// The snapshots of a template (its tags), or 404 in E2B's words.
 async fn template_tags(c: &Control, who: &Principal, key: &str) -> E2bResult<Vec<SnapshotRow>> {
     let name = template_name(c, who, key).await?;
-    c.snapshot_tags(who, &name).await.map_err(|e| match e {
-        DomainError::NotFound { .. } => E2bError::not_found(format!("template {key} not found")),
-        other => other.into(),
-    })
+    c.snapshot_tags(who, &name)
+        .await
+        .map_err(template_not_found(key))
 }
 
 /// E2B's `TemplateAliasResponse`.
