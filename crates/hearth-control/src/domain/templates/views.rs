@@ -89,7 +89,15 @@ impl Control {
     ) -> Result<Vec<String>, DomainError> {
         who.require("sandboxes:update")?;
         let name = self.template_snapshot_name(who, key).await?;
-        let t = self.template(who, &name).await?;
+        // Its tags only: not its builds, which `Control::template` reads too.
+        let t = self
+            .template_views(who, Some(&name))
+            .await?
+            .pop()
+            .ok_or_else(|| DomainError::NotFound {
+                kind: "template",
+                name: name.clone(),
+            })?;
         if public == Some(true) {
             return Err(DomainError::invalid(
                 "public",
